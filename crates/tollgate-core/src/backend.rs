@@ -1,0 +1,97 @@
+//! The `Backend` trait: where counters live.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::decision::Decision;
+use crate::key::Key;
+use crate::model::Op;
+use crate::policy::Policy;
+
+/// One decision asked of a backend.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// The limiter's name: the namespace of its keys.
+    pub limiter: &'a str,
+    /// Who the limit is counted for.
+    pub key: &'a Key,
+    /// The limiter's configured policy. A runtime override stored in the
+    /// backend (see [`Backend::set_override`]) takes precedence.
+    pub policy: &'a Policy,
+    /// What to do.
+    pub op: Op,
+}
+
+/// Which runtime override to set or read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope<'a> {
+    /// Every key of the limiter.
+    Limiter(&'a str),
+    /// One key of the limiter; wins over a limiter-wide override.
+    Key(&'a str, &'a Key),
+}
+
+impl Scope<'_> {
+    /// The limiter's name.
+    pub fn limiter(&self) -> &str {
+        match self {
+            Scope::Limiter(l) | Scope::Key(l, _) => l,
+        }
+    }
+}
+
+/// Storage for rate-limit counters, deciding atomically.
+///
+/// Backends are interchangeable: an application written against the Redis
+/// backend switches to the memory backend in its unit tests by changing one
+/// constructor. Every backend implements the [reference model](crate::model)
+/// exactly and passes the conformance suite in `tollgate-testkit`.
+///
+/// Implementations are cheap to clone (state behind an `Arc`), and clones
+/// share their counters.
+pub trait Backend: Send + Sync + 'static {
+    /// The backend's own failure type.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Decides one request atomically: reads the key's state, applies the
+    /// effective policy (key override, else limiter override, else
+    /// `req.policy`), stores the new state and returns the verdict.
+    fn decide(&self, req: Request<'_>) -> impl Future<Output = Result<Decision, Self::Error>> + Send;
+
+    /// Sets (`Some`) or clears (`None`) a runtime override. Every worker
+    /// sharing the backend sees it on its next decision.
+    fn set_override(
+        &self,
+        scope: Scope<'_>,
+        policy: Option<&Policy>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// The override set for exactly `scope`, if any.
+    fn get_override(
+        &self,
+        scope: Scope<'_>,
+    ) -> impl Future<Output = Result<Option<Policy>, Self::Error>> + Send;
+}
+
+impl<B: Backend> Backend for Arc<B> {
+    type Error = B::Error;
+
+    fn decide(&self, req: Request<'_>) -> impl Future<Output = Result<Decision, Self::Error>> + Send {
+        (**self).decide(req)
+    }
+
+    fn set_override(
+        &self,
+        scope: Scope<'_>,
+        policy: Option<&Policy>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        (**self).set_override(scope, policy)
+    }
+
+    fn get_override(
+        &self,
+        scope: Scope<'_>,
+    ) -> impl Future<Output = Result<Option<Policy>, Self::Error>> + Send {
+        (**self).get_override(scope)
+    }
+}

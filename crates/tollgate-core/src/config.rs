@@ -1,0 +1,606 @@
+//! Layered configuration: limits are data, not code.
+//!
+//! A limiter's settings come from, in increasing precedence:
+//!
+//! 1. the platform defaults (a TOML file or string shipped by the platform),
+//! 2. the deployment's TOML file,
+//! 3. environment variables `TOLLGATE_…`, nested with `__`
+//!    (`TOLLGATE_LIMITERS__LOGIN_IP__LIMIT=20`).
+//!
+//! Layering is done by [`figment`]; durations are human (`"15m"`, `"50ms"`,
+//! parsed by [`humantime`]) and rates read `"60/min"`, `"10/s"`, `"5/15m"`.
+//!
+//! ```toml
+//! [defaults]
+//! prefix = "tollgate"
+//! fail_mode = "closed"
+//! timeout = "50ms"
+//!
+//! [limiters.login_ip]
+//! strategy = "sliding_window"
+//! limit = 20
+//! window = "15m"
+//!
+//! [limiters.api_keys]
+//! strategy = "token_bucket"
+//! capacity = 100
+//! refill = "60/min"
+//! fail_mode = "open"
+//! ```
+//!
+//! Everything is validated when loaded: an unknown field, an unknown
+//! strategy, a zero capacity or window, a field that does not belong to the
+//! strategy, a default cost the limit can never grant: each fails with an
+//! error naming the limiter and the field.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+use crate::backend::Backend;
+use crate::breaker::BreakerConfig;
+use crate::limiter::{DEFAULT_TIMEOUT, FailMode, Limiter};
+use crate::policy::{Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy, TokenBucket};
+
+/// The environment prefix.
+pub const ENV_PREFIX: &str = "TOLLGATE_";
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A layer could not be read or parsed (unknown field, wrong type,
+    /// unreadable file); the message names the key path.
+    #[error("invalid tollgate configuration: {0}")]
+    Parse(#[from] Box<figment::Error>),
+    /// A value is present but not acceptable.
+    #[error("invalid tollgate configuration: {path}.{field}: {reason}")]
+    Invalid {
+        /// `limiters.<name>` or `defaults`.
+        path: String,
+        /// The field, as spelled in configuration.
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// A consumer asked for a limiter that the configuration lacks.
+    #[error("invalid tollgate configuration: no limiter named {0:?} (add [limiters.{0}])")]
+    Missing(String),
+}
+
+impl ConfigError {
+    fn invalid(limiter: &str, field: &'static str, reason: impl Into<String>) -> Self {
+        Self::Invalid {
+            path: format!("limiters.{limiter}"),
+            field,
+            reason: reason.into(),
+        }
+    }
+
+    fn from_policy(limiter: &str, e: PolicyError) -> Self {
+        Self::invalid(limiter, e.field, e.reason)
+    }
+}
+
+/// Settings that apply to every limiter unless it sets its own.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDefaults {
+    prefix: Option<String>,
+    fail_mode: Option<String>,
+    timeout: Option<String>,
+    breaker_threshold: Option<u32>,
+    breaker_backoff: Option<String>,
+    breaker_max_backoff: Option<String>,
+}
+
+/// One limiter as written in configuration: every field optional, so that
+/// layers can each set a few.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimiter {
+    strategy: Option<String>,
+    // token bucket
+    capacity: Option<u64>,
+    refill: Option<String>,
+    // sliding window
+    limit: Option<u64>,
+    window: Option<String>,
+    penalise_refused: Option<bool>,
+    // progressive delay
+    free_attempts: Option<u64>,
+    base_delay: Option<String>,
+    factor: Option<u64>,
+    max_delay: Option<String>,
+    forget_after: Option<String>,
+    // common
+    cost: Option<u64>,
+    fail_mode: Option<String>,
+    timeout: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    defaults: RawDefaults,
+    #[serde(default)]
+    limiters: BTreeMap<String, RawLimiter>,
+}
+
+/// Gathers configuration layers; [`load`](Self::load) merges and validates
+/// them.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct ConfigBuilder {
+    figment: Figment,
+}
+
+impl ConfigBuilder {
+    /// Adds a TOML string layer (e.g. platform defaults built into a
+    /// binary with `include_str!`).
+    pub fn toml_str(mut self, toml: &str) -> Self {
+        self.figment = self.figment.merge(Toml::string(toml));
+        self
+    }
+
+    /// Adds a TOML file layer that must exist.
+    pub fn file(mut self, path: impl AsRef<Path>) -> Self {
+        let path: PathBuf = path.as_ref().into();
+        self.figment = self.figment.merge(Toml::file_exact(path));
+        self
+    }
+
+    /// Adds a TOML file layer that is skipped when the file does not exist.
+    pub fn optional_file(mut self, path: impl AsRef<Path>) -> Self {
+        if path.as_ref().exists() {
+            self = self.file(path);
+        }
+        self
+    }
+
+    /// Adds the `TOLLGATE_*` environment variables.
+    pub fn env(mut self) -> Self {
+        self.figment = self.figment.merge(Env::prefixed(ENV_PREFIX).split("__"));
+        self
+    }
+
+    /// Merges the layers and validates every limiter.
+    pub fn load(self) -> Result<Config, ConfigError> {
+        let raw: RawConfig = self.figment.extract().map_err(Box::new)?;
+        Config::from_raw(raw)
+    }
+}
+
+/// Everything a limiter needs besides its backend.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimiterConfig {
+    /// The limiter's name.
+    pub name: String,
+    /// Its policy.
+    pub policy: Policy,
+    /// The cost of one request unless the consumer says otherwise.
+    pub cost: u64,
+    /// Its fail mode.
+    pub fail_mode: FailMode,
+    /// Its per-decision timeout.
+    pub timeout: Duration,
+    /// Its circuit breaker.
+    pub breaker: BreakerConfig,
+}
+
+impl LimiterConfig {
+    /// A limiter built from this configuration.
+    pub fn build<B: Backend>(&self, backend: B) -> Limiter<B> {
+        Limiter::builder(self.name.clone(), self.policy, backend)
+            .fail_mode(self.fail_mode)
+            .timeout(self.timeout)
+            .breaker(self.breaker)
+            .build()
+    }
+}
+
+/// A validated configuration.
+///
+/// # Examples
+///
+/// ```
+/// use tollgate_core::Config;
+///
+/// let config = Config::builder()
+///     .toml_str(r#"
+///         [limiters.login_ip]
+///         strategy = "sliding_window"
+///         limit = 20
+///         window = "15m"
+///     "#)
+///     .load()?;
+/// assert_eq!(config.limiter("login_ip")?.policy.limit(), 20);
+///
+/// let err = Config::builder()
+///     .toml_str("[limiters.api]\nstrategy = \"token_bucket\"\ncapacity = 0\nrefill = \"1/s\"")
+///     .load()
+///     .unwrap_err();
+/// assert!(err.to_string().contains("limiters.api.capacity"));
+/// # Ok::<(), tollgate_core::ConfigError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Config {
+    prefix: String,
+    limiters: BTreeMap<String, LimiterConfig>,
+}
+
+impl Config {
+    /// An empty builder.
+    pub fn builder() -> ConfigBuilder {
+        ConfigBuilder {
+            figment: Figment::from(Serialized::defaults(RawConfig::default())),
+        }
+    }
+
+    /// The key prefix in the backend (default `tollgate`).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The configuration of limiter `name`.
+    pub fn limiter(&self, name: &str) -> Result<&LimiterConfig, ConfigError> {
+        self.limiters
+            .get(name)
+            .ok_or_else(|| ConfigError::Missing(name.to_owned()))
+    }
+
+    /// Every configured limiter, by name.
+    pub fn limiters(&self) -> impl Iterator<Item = &LimiterConfig> {
+        self.limiters.values()
+    }
+
+    fn from_raw(raw: RawConfig) -> Result<Self, ConfigError> {
+        let d = &raw.defaults;
+        let dflt = |field: &'static str, reason: String| ConfigError::Invalid {
+            path: "defaults".into(),
+            field,
+            reason,
+        };
+        let prefix = d.prefix.clone().unwrap_or_else(|| "tollgate".into());
+        if prefix.is_empty() || prefix.contains(['{', '}', ':']) {
+            return Err(dflt("prefix", "must be non-empty, without '{', '}' or ':'".into()));
+        }
+        let fail_mode = match &d.fail_mode {
+            Some(s) => s.parse().map_err(|e| dflt("fail_mode", e))?,
+            None => FailMode::default(),
+        };
+        let timeout = opt_duration(d.timeout.as_deref())
+            .map_err(|e| dflt("timeout", e))?
+            .unwrap_or(DEFAULT_TIMEOUT);
+        let base = BreakerConfig::default();
+        let breaker = BreakerConfig {
+            threshold: d.breaker_threshold.unwrap_or(base.threshold),
+            backoff: opt_duration(d.breaker_backoff.as_deref())
+                .map_err(|e| dflt("breaker_backoff", e))?
+                .unwrap_or(base.backoff),
+            max_backoff: opt_duration(d.breaker_max_backoff.as_deref())
+                .map_err(|e| dflt("breaker_max_backoff", e))?
+                .unwrap_or(base.max_backoff),
+        };
+        let mut limiters = BTreeMap::new();
+        for (name, l) in raw.limiters {
+            if name.is_empty() || name.contains(['{', '}', ':']) {
+                return Err(ConfigError::invalid(
+                    &name,
+                    "name",
+                    "limiter names must be non-empty, without '{', '}' or ':'",
+                ));
+            }
+            let cfg = validate(&name, &l, fail_mode, timeout, breaker)?;
+            limiters.insert(name, cfg);
+        }
+        Ok(Self { prefix, limiters })
+    }
+}
+
+fn validate(
+    name: &str,
+    l: &RawLimiter,
+    fail_mode: FailMode,
+    timeout: Duration,
+    breaker: BreakerConfig,
+) -> Result<LimiterConfig, ConfigError> {
+    let err = |field, reason: String| ConfigError::invalid(name, field, reason);
+    let strategy = match l.strategy.as_deref() {
+        Some("token_bucket") => Strategy::TokenBucket,
+        Some("sliding_window") => Strategy::SlidingWindow,
+        Some("progressive_delay") => Strategy::ProgressiveDelay,
+        Some(other) => {
+            return Err(err(
+                "strategy",
+                format!(
+                    "unknown strategy {other:?}; expected token_bucket, sliding_window or progressive_delay"
+                ),
+            ));
+        }
+        None => return Err(err("strategy", "missing".into())),
+    };
+    // Each strategy's own fields; any other strategy's field is a mistake
+    // worth reporting (a `window` on a token bucket does nothing).
+    let present: [(&'static str, bool, Strategy); 10] = [
+        ("capacity", l.capacity.is_some(), Strategy::TokenBucket),
+        ("refill", l.refill.is_some(), Strategy::TokenBucket),
+        ("limit", l.limit.is_some(), Strategy::SlidingWindow),
+        ("window", l.window.is_some(), Strategy::SlidingWindow),
+        ("penalise_refused", l.penalise_refused.is_some(), Strategy::SlidingWindow),
+        ("free_attempts", l.free_attempts.is_some(), Strategy::ProgressiveDelay),
+        ("base_delay", l.base_delay.is_some(), Strategy::ProgressiveDelay),
+        ("factor", l.factor.is_some(), Strategy::ProgressiveDelay),
+        ("max_delay", l.max_delay.is_some(), Strategy::ProgressiveDelay),
+        ("forget_after", l.forget_after.is_some(), Strategy::ProgressiveDelay),
+    ];
+    if let Some((field, _, s)) = present.iter().find(|(_, set, s)| *set && *s != strategy) {
+        return Err(err(field, format!("belongs to {s}, not to {strategy}")));
+    }
+    let req = |field: &'static str, v: Option<u64>| v.ok_or_else(|| err(field, "missing".into()));
+    let dur = |field: &'static str, v: &Option<String>| -> Result<Duration, ConfigError> {
+        opt_duration(v.as_deref())
+            .map_err(|e| err(field, e))?
+            .ok_or_else(|| err(field, "missing".into()))
+    };
+    let policy: Policy = match strategy {
+        Strategy::TokenBucket => {
+            let capacity = req("capacity", l.capacity)?;
+            let (refill, period) = match &l.refill {
+                Some(r) => parse_rate(r).map_err(|e| err("refill", e))?,
+                None => return Err(err("refill", "missing (e.g. \"60/min\")".into())),
+            };
+            TokenBucket::new(capacity, refill, period)
+                .map_err(|e| ConfigError::from_policy(name, e))?
+                .into()
+        }
+        Strategy::SlidingWindow => SlidingWindow::new(req("limit", l.limit)?, dur("window", &l.window)?)
+            .map_err(|e| ConfigError::from_policy(name, e))?
+            .penalise_refused(l.penalise_refused.unwrap_or(false))
+            .into(),
+        Strategy::ProgressiveDelay => ProgressiveDelay::new(
+            req("free_attempts", l.free_attempts)?,
+            dur("base_delay", &l.base_delay)?,
+            l.factor.unwrap_or(2),
+            dur("max_delay", &l.max_delay)?,
+            dur("forget_after", &l.forget_after)?,
+        )
+        .map_err(|e| ConfigError::from_policy(name, e))?
+        .into(),
+    };
+    let cost = l.cost.unwrap_or(1);
+    if cost == 0 {
+        return Err(err("cost", "must be at least 1".into()));
+    }
+    policy
+        .check_cost(cost)
+        .map_err(|e| ConfigError::from_policy(name, e))?;
+    let fail_mode = match &l.fail_mode {
+        Some(s) => s.parse().map_err(|e| err("fail_mode", e))?,
+        None => fail_mode,
+    };
+    let timeout = opt_duration(l.timeout.as_deref())
+        .map_err(|e| err("timeout", e))?
+        .unwrap_or(timeout);
+    if timeout.is_zero() {
+        return Err(err("timeout", "must be above zero".into()));
+    }
+    Ok(LimiterConfig {
+        name: name.to_owned(),
+        policy,
+        cost,
+        fail_mode,
+        timeout,
+        breaker,
+    })
+}
+
+fn opt_duration(s: Option<&str>) -> Result<Option<Duration>, String> {
+    s.map(|s| humantime::parse_duration(s.trim()).map_err(|e| format!("{e} in {s:?} (e.g. \"15m\", \"50ms\")")))
+        .transpose()
+}
+
+/// Parses a rate such as `"60/min"`, `"10/s"` or `"5/15m"` into
+/// (count, period).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(tollgate_core::parse_rate("60/min"), Ok((60, Duration::from_secs(60))));
+/// assert_eq!(tollgate_core::parse_rate("5/15m"), Ok((5, Duration::from_secs(900))));
+/// ```
+pub fn parse_rate(s: &str) -> Result<(u64, Duration), String> {
+    let (count, per) = s
+        .split_once('/')
+        .ok_or_else(|| format!("expected <count>/<period> such as \"60/min\", found {s:?}"))?;
+    let count: u64 = count
+        .trim()
+        .parse()
+        .map_err(|_| format!("{:?} is not a whole number in rate {s:?}", count.trim()))?;
+    let per = per.trim();
+    // "min" means one minute: humantime wants a number in front.
+    let period = if per.starts_with(|c: char| c.is_ascii_digit()) {
+        humantime::parse_duration(per)
+    } else {
+        humantime::parse_duration(&format!("1{per}"))
+    }
+    .map_err(|e| format!("{e} in rate {s:?}"))?;
+    Ok((count, period))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(toml: &str) -> Result<Config, ConfigError> {
+        Config::builder().toml_str(toml).load()
+    }
+
+    fn err(toml: &str) -> String {
+        load(toml).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn full_example_loads() {
+        let c = load(
+            r#"
+            [defaults]
+            fail_mode = "closed"
+            timeout = "20ms"
+            [limiters.login_ip]
+            strategy = "sliding_window"
+            limit = 20
+            window = "15m"
+            penalise_refused = true
+            [limiters.login_account]
+            strategy = "progressive_delay"
+            free_attempts = 5
+            base_delay = "1s"
+            max_delay = "15m"
+            forget_after = "1h"
+            [limiters.api]
+            strategy = "token_bucket"
+            capacity = 100
+            refill = "60/min"
+            fail_mode = "open"
+            timeout = "5ms"
+            "#,
+        )
+        .unwrap();
+        let api = c.limiter("api").unwrap();
+        assert_eq!(api.fail_mode, FailMode::Open);
+        assert_eq!(api.timeout, Duration::from_millis(5));
+        match api.policy {
+            Policy::TokenBucket(tb) => assert_eq!(tb.interval(), Duration::from_secs(1)),
+            _ => panic!("wrong strategy"),
+        }
+        let ip = c.limiter("login_ip").unwrap();
+        assert_eq!(ip.timeout, Duration::from_millis(20));
+        assert_eq!(ip.fail_mode, FailMode::Closed);
+        assert_eq!(ip.policy.window(), Duration::from_secs(900));
+        assert_eq!(c.limiters().count(), 3);
+        assert_eq!(c.prefix(), "tollgate");
+    }
+
+    #[test]
+    fn zero_capacity_names_limiter_and_field() {
+        let e = err("[limiters.api]\nstrategy='token_bucket'\ncapacity=0\nrefill='1/s'");
+        assert!(e.contains("limiters.api.capacity"), "{e}");
+    }
+
+    #[test]
+    fn zero_window_names_limiter_and_field() {
+        let e = err("[limiters.hooks]\nstrategy='sliding_window'\nlimit=5\nwindow='0s'");
+        assert!(e.contains("limiters.hooks.window"), "{e}");
+    }
+
+    #[test]
+    fn unknown_strategy_is_refused() {
+        let e = err("[limiters.x]\nstrategy='leaky_bucket'");
+        assert!(e.contains("limiters.x.strategy") && e.contains("leaky_bucket"), "{e}");
+    }
+
+    #[test]
+    fn unknown_field_is_refused() {
+        let e = err("[limiters.x]\nstrategy='sliding_window'\nlimit=5\nwindow='1m'\nwindwo='2m'");
+        assert!(e.contains("windwo") && e.contains("limiters.x"), "{e}");
+        let e = err("[defaults]\nfailmode='open'");
+        assert!(e.contains("failmode"), "{e}");
+    }
+
+    #[test]
+    fn cost_above_limit_is_refused() {
+        let e = err("[limiters.llm]\nstrategy='token_bucket'\ncapacity=10\nrefill='1/s'\ncost=11");
+        assert!(e.contains("limiters.llm.cost"), "{e}");
+    }
+
+    #[test]
+    fn field_of_another_strategy_is_refused() {
+        let e = err("[limiters.x]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/s'\nwindow='1m'");
+        assert!(e.contains("limiters.x.window") && e.contains("sliding_window"), "{e}");
+    }
+
+    #[test]
+    fn missing_and_malformed_values_are_named() {
+        let e = err("[limiters.x]\nstrategy='sliding_window'\nlimit=5");
+        assert!(e.contains("limiters.x.window: missing"), "{e}");
+        let e = err("[limiters.x]\nstrategy='sliding_window'\nlimit=5\nwindow='soon'");
+        assert!(e.contains("limiters.x.window"), "{e}");
+        let e = err("[limiters.x]\nstrategy='token_bucket'\ncapacity=5\nrefill='fast'");
+        assert!(e.contains("limiters.x.refill"), "{e}");
+        let e = err("[limiters.x]\nstrategy='token_bucket'\ncapacity='many'\nrefill='1/s'");
+        assert!(e.contains("limiters.x.capacity") || e.contains("capacity"), "{e}");
+        let e = err("[limiters.x]\nstrategy='token_bucket'\ncapacity=5\nrefill='1/s'\nfail_mode='ajar'");
+        assert!(e.contains("limiters.x.fail_mode"), "{e}");
+        let e = err("[defaults]\ntimeout='forever'");
+        assert!(e.contains("defaults.timeout"), "{e}");
+    }
+
+    #[test]
+    fn missing_limiter_is_named() {
+        let c = load("").unwrap();
+        let e = c.limiter("nope").unwrap_err().to_string();
+        assert!(e.contains("\"nope\""), "{e}");
+    }
+
+    #[test]
+    fn rates_parse() {
+        assert_eq!(parse_rate("10/s").unwrap(), (10, Duration::from_secs(1)));
+        assert_eq!(parse_rate(" 60 / min ").unwrap(), (60, Duration::from_secs(60)));
+        assert_eq!(parse_rate("1000/h").unwrap(), (1000, Duration::from_secs(3600)));
+        assert!(parse_rate("60").is_err());
+        assert!(parse_rate("x/s").is_err());
+        assert!(parse_rate("1/fortnight").is_err());
+    }
+
+    #[test]
+    fn layers_override_in_order_and_env_wins() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "deploy.toml",
+                "[limiters.api]\ncapacity = 50\n[defaults]\ntimeout = '30ms'",
+            )?;
+            jail.set_env("TOLLGATE_LIMITERS__API__CAPACITY", "75");
+            jail.set_env("TOLLGATE_DEFAULTS__FAIL_MODE", "open");
+            let c = Config::builder()
+                .toml_str("[limiters.api]\nstrategy='token_bucket'\ncapacity=10\nrefill='1/s'")
+                .file("deploy.toml")
+                .optional_file("absent.toml")
+                .env()
+                .load()
+                .map_err(|e| e.to_string())?;
+            let api = c.limiter("api").map_err(|e| e.to_string())?;
+            assert_eq!(api.policy.limit(), 75);
+            assert_eq!(api.timeout, Duration::from_millis(30));
+            assert_eq!(api.fail_mode, FailMode::Open);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn bad_env_value_names_the_field() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("TOLLGATE_LIMITERS__API__CAPACITY", "0");
+            let e = Config::builder()
+                .toml_str("[limiters.api]\nstrategy='token_bucket'\ncapacity=10\nrefill='1/s'")
+                .env()
+                .load()
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("limiters.api.capacity"), "{e}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn missing_file_is_an_error() {
+        let e = Config::builder().file("/nonexistent/tollgate.toml").load().unwrap_err();
+        assert!(e.to_string().contains("tollgate.toml"), "{e}");
+    }
+}

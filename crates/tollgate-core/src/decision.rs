@@ -1,0 +1,127 @@
+//! The answer to "may this request pass?".
+
+use std::time::Duration;
+
+/// A limiter's verdict on one request, with the numbers a caller needs to
+/// tell its client (HTTP headers, gRPC metadata, a back-off).
+///
+/// A refusal is a value, not an error: [`Err`](crate::Error) is kept for
+/// infrastructure failures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Decision {
+    allowed: bool,
+    limit: u64,
+    remaining: u64,
+    retry_after: Duration,
+    reset_after: Duration,
+}
+
+impl Decision {
+    /// A decision that let the request through.
+    pub fn allowed(limit: u64, remaining: u64, reset_after: Duration) -> Self {
+        Self {
+            allowed: true,
+            limit,
+            remaining,
+            retry_after: Duration::ZERO,
+            reset_after,
+        }
+    }
+
+    /// A decision that refused the request.
+    pub fn denied(limit: u64, remaining: u64, retry_after: Duration, reset_after: Duration) -> Self {
+        Self {
+            allowed: false,
+            limit,
+            remaining,
+            retry_after,
+            reset_after,
+        }
+    }
+
+    /// Builds a decision from microsecond figures, as backends compute them.
+    pub fn from_micros(
+        allowed: bool,
+        limit: u64,
+        remaining: u64,
+        retry_after_us: u64,
+        reset_after_us: u64,
+    ) -> Self {
+        Self {
+            allowed,
+            limit,
+            remaining,
+            retry_after: Duration::from_micros(retry_after_us),
+            reset_after: Duration::from_micros(reset_after_us),
+        }
+    }
+
+    /// Whether the request may pass.
+    pub fn is_allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// Whether the request was refused.
+    pub fn is_denied(&self) -> bool {
+        !self.allowed
+    }
+
+    /// The policy's headline number (capacity, window limit, free attempts).
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Units of cost still available right after this decision.
+    pub fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    /// How long to wait before the same request would pass (zero when
+    /// allowed).
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
+    }
+
+    /// [`retry_after`](Self::retry_after) in whole seconds, rounded up, and
+    /// never 0 for a refusal: a client told "retry in 0 s" retries at once.
+    pub fn retry_after_secs(&self) -> u64 {
+        if self.allowed {
+            return 0;
+        }
+        ceil_secs(self.retry_after).max(1)
+    }
+
+    /// How long until the key's state equals a fresh key's (bucket full,
+    /// window empty, failures forgotten).
+    pub fn reset_after(&self) -> Duration {
+        self.reset_after
+    }
+
+    /// [`reset_after`](Self::reset_after) in whole seconds, rounded up.
+    pub fn reset_after_secs(&self) -> u64 {
+        ceil_secs(self.reset_after)
+    }
+}
+
+/// Whole seconds, rounded up.
+pub fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_and_is_never_zero() {
+        let d = Decision::denied(1, 0, Duration::from_millis(1), Duration::ZERO);
+        assert_eq!(d.retry_after_secs(), 1);
+        let d = Decision::denied(1, 0, Duration::from_millis(1001), Duration::ZERO);
+        assert_eq!(d.retry_after_secs(), 2);
+        let d = Decision::denied(1, 0, Duration::ZERO, Duration::ZERO);
+        assert_eq!(d.retry_after_secs(), 1);
+        let a = Decision::allowed(1, 0, Duration::from_millis(1500));
+        assert_eq!(a.retry_after_secs(), 0);
+        assert_eq!(a.reset_after_secs(), 2);
+    }
+}

@@ -1,0 +1,61 @@
+//! The core of [tollgate]: one rate-limiting primitive for a whole platform.
+//!
+//! This crate holds what every backend and consumer shares, and nothing that
+//! talks to Redis or HTTP:
+//!
+//! * [policies](Policy): [`TokenBucket`], exact [`SlidingWindow`],
+//!   [`ProgressiveDelay`];
+//! * the [`Decision`] a limiter answers with (a refusal is a value);
+//! * the [`Backend`] trait that the memory and Redis backends implement;
+//! * the [`Limiter`]: a named policy over a backend, with a per-decision
+//!   timeout, a circuit breaker, a [`FailMode`] and runtime overrides;
+//! * [`Key`]s that are bounded and never hold secrets in clear;
+//! * layered [`Config`]uration;
+//! * [`Clock`]s, with a [`MockClock`] for tests;
+//! * the [reference model](model) every backend must agree with.
+//!
+//! # Examples
+//!
+//! The reference model is a plain state machine, usable on its own:
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate_core::{model::{Op, State}, Policy, TokenBucket};
+//!
+//! let policy = Policy::from(TokenBucket::new(2, 1, Duration::from_secs(1))?);
+//! let mut key = State::fresh(&policy);
+//! let now = 1_000_000;
+//! assert!(key.apply(now, &policy, Op::Acquire(1)).is_allowed());
+//! assert!(key.apply(now, &policy, Op::Acquire(1)).is_allowed());
+//! let refused = key.apply(now, &policy, Op::Acquire(1));
+//! assert!(refused.is_denied());
+//! assert_eq!(refused.retry_after(), Duration::from_secs(1));
+//! # Ok::<(), tollgate_core::PolicyError>(())
+//! ```
+//!
+//! With a backend (here `tollgate-memory`'s), a [`Limiter`] answers
+//! [`Verdict`]s; see the `tollgate` facade crate for the full picture.
+//!
+//! [tollgate]: https://docs.rs/tollgate
+
+pub mod backend;
+mod breaker;
+pub mod config;
+pub mod decision;
+pub mod error;
+pub mod key;
+pub mod limiter;
+pub mod model;
+pub mod policy;
+pub mod time;
+
+pub use backend::{Backend, Request, Scope};
+pub use breaker::BreakerConfig;
+pub use config::{Config, ConfigBuilder, ConfigError, LimiterConfig, parse_rate};
+pub use decision::Decision;
+pub use error::{BoxError, Error};
+pub use key::Key;
+pub use limiter::{Denied, FailMode, Limiter, LimiterBuilder, Verdict};
+pub use model::Op;
+pub use policy::{Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy, TokenBucket};
+pub use time::{Clock, MockClock, SystemClock, Timestamp};

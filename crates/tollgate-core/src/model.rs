@@ -1,0 +1,356 @@
+//! The reference model: each strategy as a pure function of
+//! (state, now, policy, operation).
+//!
+//! The memory backend runs these functions directly; the Redis Lua scripts
+//! implement the same arithmetic (integer microseconds, in the same order),
+//! and the conformance suite checks every backend against them decision by
+//! decision. Read this module to know exactly what a limiter does.
+
+use std::collections::VecDeque;
+
+use crate::decision::Decision;
+use crate::policy::{Policy, ProgressiveDelay, SlidingWindow, TokenBucket};
+use crate::time::Timestamp;
+
+/// What a request does to a key's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Take `cost` units (tokens, window slots, or recorded failures for a
+    /// progressive delay). A cost of 0 only looks: it reports whether a
+    /// request of cost 1 would pass, and changes nothing.
+    Acquire(u64),
+    /// Forget the key: it becomes a fresh key (for a progressive delay, a
+    /// successful login).
+    Reset,
+}
+
+impl Op {
+    /// Looks without consuming.
+    pub const PEEK: Op = Op::Acquire(0);
+}
+
+/// State of one token-bucket key: its theoretical arrival time (GCRA).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenBucketState {
+    /// When the bucket will be full again; 0 for a fresh key.
+    pub tat: Timestamp,
+}
+
+impl TokenBucketState {
+    /// Applies `cost` at `now`.
+    pub fn acquire(&mut self, now: Timestamp, p: &TokenBucket, cost: u64) -> Decision {
+        let t = p.interval_micros();
+        let tau = p.capacity() * t;
+        let tat = self.tat.max(now);
+        let debt = tat - now;
+        if cost == 0 {
+            let allowed = debt + t <= tau;
+            let retry = if allowed { 0 } else { debt + t - tau };
+            return Decision::from_micros(allowed, p.capacity(), (tau - debt) / t, retry, debt);
+        }
+        let new_debt = debt.saturating_add(cost.saturating_mul(t));
+        if new_debt <= tau {
+            self.tat = now + new_debt;
+            Decision::from_micros(true, p.capacity(), (tau - new_debt) / t, 0, new_debt)
+        } else {
+            Decision::from_micros(false, p.capacity(), (tau - debt) / t, new_debt - tau, debt)
+        }
+    }
+
+    /// When this state becomes equal to a fresh key's.
+    pub fn expires_at(&self) -> Timestamp {
+        self.tat
+    }
+}
+
+/// State of one sliding-window key: the log of admitted (and, if
+/// penalised, refused) events, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlidingWindowState {
+    /// `(timestamp, cost)`, timestamps non-decreasing.
+    pub events: VecDeque<(Timestamp, u64)>,
+    /// Sum of the costs in `events`.
+    pub total: u64,
+}
+
+impl SlidingWindowState {
+    /// Applies `cost` at `now`.
+    ///
+    /// `now` is clamped to the newest event, so a clock that steps back
+    /// cannot reorder the log.
+    pub fn acquire(&mut self, now: Timestamp, p: &SlidingWindow, cost: u64) -> Decision {
+        let w = p.window_micros();
+        let now = self.events.back().map_or(now, |&(ts, _)| now.max(ts));
+        while let Some(&(ts, c)) = self.events.front() {
+            if ts + w > now {
+                break;
+            }
+            self.total -= c;
+            self.events.pop_front();
+        }
+        let limit = p.limit();
+        let want = cost.max(1);
+        let fits = self.total.saturating_add(want) <= limit;
+        if cost > 0 && (fits || p.penalises_refused()) {
+            match self.events.back_mut() {
+                Some((ts, c)) if *ts == now => *c += cost,
+                _ => self.events.push_back((now, cost)),
+            }
+            self.total += cost;
+        }
+        let retry = if fits { 0 } else { self.retry_after(now, w, limit, want) };
+        let reset = self.events.back().map_or(0, |&(ts, _)| ts + w - now);
+        Decision::from_micros(fits, limit, limit.saturating_sub(self.total), retry, reset)
+    }
+
+    /// The exact moment a request of `cost` fits: when the oldest events
+    /// that block it leave the window.
+    fn retry_after(&self, now: Timestamp, w: u64, limit: u64, cost: u64) -> u64 {
+        let needed = (self.total + cost).saturating_sub(limit);
+        let mut freed = 0;
+        for &(ts, c) in &self.events {
+            freed += c;
+            if freed >= needed {
+                return ts + w - now;
+            }
+        }
+        // Only reached for a cost above the limit, which never fits.
+        w
+    }
+
+    /// When this state becomes equal to a fresh key's.
+    pub fn expires_at(&self, p: &SlidingWindow) -> Timestamp {
+        self.events.back().map_or(0, |&(ts, _)| ts + p.window_micros())
+    }
+}
+
+/// State of one progressive-delay key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProgressiveDelayState {
+    /// Failures recorded since the key was last fresh.
+    pub failures: u64,
+    /// The key is blocked before this instant.
+    pub blocked_until: Timestamp,
+    /// The last recorded failure.
+    pub last_failure: Timestamp,
+}
+
+impl ProgressiveDelayState {
+    /// Records `failures` failures at `now` (0 only checks).
+    pub fn acquire(&mut self, now: Timestamp, p: &ProgressiveDelay, failures: u64) -> Decision {
+        if self.failures > 0 && self.expires_at(p) <= now {
+            *self = Self::default();
+        }
+        if failures > 0 {
+            self.failures = self.failures.saturating_add(failures);
+            self.last_failure = now;
+            let delay = p.delay_micros(self.failures);
+            if delay > 0 {
+                self.blocked_until = self.blocked_until.max(now + delay);
+            }
+        }
+        let allowed = now >= self.blocked_until;
+        let retry = self.blocked_until.saturating_sub(now);
+        let reset = self.expires_at(p).saturating_sub(now);
+        let remaining = p.free_attempts().saturating_sub(self.failures);
+        Decision::from_micros(allowed, p.free_attempts(), remaining, retry, reset)
+    }
+
+    /// When this state becomes equal to a fresh key's.
+    pub fn expires_at(&self, p: &ProgressiveDelay) -> Timestamp {
+        if self.failures == 0 {
+            return 0;
+        }
+        (self.last_failure + p.forget_after_micros()).max(self.blocked_until)
+    }
+}
+
+/// The state of one key under any strategy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// See [`TokenBucketState`].
+    TokenBucket(TokenBucketState),
+    /// See [`SlidingWindowState`].
+    SlidingWindow(SlidingWindowState),
+    /// See [`ProgressiveDelayState`].
+    ProgressiveDelay(ProgressiveDelayState),
+}
+
+impl State {
+    /// A fresh key's state under `policy`.
+    pub fn fresh(policy: &Policy) -> Self {
+        match policy {
+            Policy::TokenBucket(_) => Self::TokenBucket(TokenBucketState::default()),
+            Policy::SlidingWindow(_) => Self::SlidingWindow(SlidingWindowState::default()),
+            Policy::ProgressiveDelay(_) => {
+                Self::ProgressiveDelay(ProgressiveDelayState::default())
+            }
+        }
+    }
+
+    /// Applies `op` at `now` under `policy`.
+    ///
+    /// A state of another strategy than the policy's (the policy was
+    /// replaced by one of a different kind) counts as fresh.
+    pub fn apply(&mut self, now: Timestamp, policy: &Policy, op: Op) -> Decision {
+        let cost = match op {
+            Op::Acquire(cost) => cost,
+            Op::Reset => {
+                *self = Self::fresh(policy);
+                0
+            }
+        };
+        match (&mut *self, policy) {
+            (Self::TokenBucket(s), Policy::TokenBucket(p)) => s.acquire(now, p, cost),
+            (Self::SlidingWindow(s), Policy::SlidingWindow(p)) => s.acquire(now, p, cost),
+            (Self::ProgressiveDelay(s), Policy::ProgressiveDelay(p)) => s.acquire(now, p, cost),
+            _ => {
+                *self = Self::fresh(policy);
+                self.apply(now, policy, op)
+            }
+        }
+    }
+
+    /// When this state becomes equal to a fresh key's under `policy`: a
+    /// stored key may be dropped from then on (its TTL).
+    pub fn expires_at(&self, policy: &Policy) -> Timestamp {
+        match (self, policy) {
+            (Self::TokenBucket(s), _) => s.expires_at(),
+            (Self::SlidingWindow(s), Policy::SlidingWindow(p)) => s.expires_at(p),
+            (Self::ProgressiveDelay(s), Policy::ProgressiveDelay(p)) => s.expires_at(p),
+            _ => 0,
+        }
+    }
+}
+
+/// One policy's reference model for a whole key space: what an ideal
+/// backend answers. The conformance suite replays traces through it.
+#[derive(Debug, Clone, Default)]
+pub struct Model {
+    keys: std::collections::HashMap<String, State>,
+}
+
+impl Model {
+    /// An empty model.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Applies `op` to `key` at `now` under `policy`.
+    pub fn apply(&mut self, key: &str, now: Timestamp, policy: &Policy, op: Op) -> Decision {
+        let state = self
+            .keys
+            .entry(key.to_owned())
+            .or_insert_with(|| State::fresh(policy));
+        state.apply(now, policy, op)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const S: u64 = 1_000_000;
+
+    #[test]
+    fn token_bucket_bursts_then_refills() {
+        let p = TokenBucket::new(3, 1, Duration::from_secs(1)).unwrap();
+        let mut s = TokenBucketState::default();
+        let now = 1_000 * S;
+        for left in [2, 1, 0] {
+            let d = s.acquire(now, &p, 1);
+            assert!(d.is_allowed());
+            assert_eq!(d.remaining(), left);
+        }
+        let d = s.acquire(now, &p, 1);
+        assert!(d.is_denied());
+        assert_eq!(d.retry_after(), Duration::from_secs(1));
+        assert_eq!(d.reset_after(), Duration::from_secs(3));
+        // A refused request consumed nothing: one token back after 1s.
+        assert!(s.acquire(now + S, &p, 1).is_allowed());
+        assert!(s.acquire(now + S, &p, 1).is_denied());
+        // Tokens never exceed capacity.
+        let d = s.acquire(now + 100 * S, &p, 0);
+        assert_eq!(d.remaining(), 3);
+    }
+
+    #[test]
+    fn token_bucket_cost_waits_for_enough_tokens() {
+        let p = TokenBucket::new(10, 1, Duration::from_secs(1)).unwrap();
+        let mut s = TokenBucketState::default();
+        assert!(s.acquire(0, &p, 8).is_allowed());
+        let d = s.acquire(0, &p, 5);
+        assert!(d.is_denied());
+        assert_eq!(d.remaining(), 2);
+        assert_eq!(d.retry_after(), Duration::from_secs(3));
+    }
+
+    #[test]
+    fn sliding_window_is_exact() {
+        let p = SlidingWindow::new(3, Duration::from_secs(10)).unwrap();
+        let mut s = SlidingWindowState::default();
+        assert!(s.acquire(0, &p, 1).is_allowed());
+        assert!(s.acquire(2 * S, &p, 1).is_allowed());
+        assert!(s.acquire(4 * S, &p, 1).is_allowed());
+        let d = s.acquire(5 * S, &p, 1);
+        assert!(d.is_denied());
+        // The first event leaves the window at t=10s.
+        assert_eq!(d.retry_after(), Duration::from_secs(5));
+        assert!(s.acquire(10 * S - 1, &p, 1).is_denied());
+        assert!(s.acquire(10 * S, &p, 1).is_allowed());
+        // Cost 2 needs the events at 2s and 4s gone: at 14s.
+        let d = s.acquire(10 * S, &p, 2);
+        assert_eq!(d.retry_after(), Duration::from_secs(4));
+    }
+
+    #[test]
+    fn sliding_window_penalises_when_asked() {
+        let p = SlidingWindow::new(1, Duration::from_secs(10))
+            .unwrap()
+            .penalise_refused(true);
+        let mut s = SlidingWindowState::default();
+        assert!(s.acquire(0, &p, 1).is_allowed());
+        assert!(s.acquire(9 * S, &p, 1).is_denied());
+        // Without the penalty this would pass at 10s; the refused hits at
+        // 9s and 10s are recorded too, so a quiet client passes at 20s.
+        let d = s.acquire(10 * S, &p, 1);
+        assert!(d.is_denied());
+        assert_eq!(d.retry_after(), Duration::from_secs(10));
+        assert!(s.acquire(20 * S, &p, 1).is_allowed());
+    }
+
+    #[test]
+    fn progressive_delay_blocks_then_forgets() {
+        let p = ProgressiveDelay::new(
+            2,
+            Duration::from_secs(1),
+            2,
+            Duration::from_secs(60),
+            Duration::from_secs(600),
+        )
+        .unwrap();
+        let mut s = ProgressiveDelayState::default();
+        assert!(s.acquire(0, &p, 1).is_allowed());
+        assert!(s.acquire(0, &p, 1).is_allowed());
+        let d = s.acquire(0, &p, 1);
+        assert!(d.is_denied());
+        assert_eq!(d.retry_after(), Duration::from_secs(1));
+        let d = s.acquire(S, &p, 1);
+        assert_eq!(d.retry_after(), Duration::from_secs(2));
+        assert!(s.acquire(3 * S, &p, 0).is_allowed());
+        // Forgotten 600s after the last failure.
+        assert_eq!(s.acquire(601 * S, &p, 0).remaining(), 2);
+        assert_eq!(s.failures, 0);
+    }
+
+    #[test]
+    fn reset_makes_a_fresh_key() {
+        let p = Policy::from(TokenBucket::new(1, 1, Duration::from_secs(60)).unwrap());
+        let mut s = State::fresh(&p);
+        assert!(s.apply(0, &p, Op::Acquire(1)).is_allowed());
+        assert!(s.apply(0, &p, Op::Acquire(1)).is_denied());
+        assert!(s.apply(0, &p, Op::Reset).is_allowed());
+        assert!(s.apply(0, &p, Op::Acquire(1)).is_allowed());
+    }
+}

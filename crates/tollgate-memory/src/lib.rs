@@ -1,0 +1,420 @@
+//! In-process backend for [tollgate](https://docs.rs/tollgate): the same
+//! semantics as the Redis backend, in memory.
+//!
+//! It is the embedded default (a single process needs no Redis) and the test
+//! double: an application written against the Redis backend switches to
+//! [`MemoryBackend`] in its unit tests by changing one constructor. It runs
+//! the core's [reference model](tollgate_core::model) directly, passes the
+//! same conformance suite as the Redis backend, takes a [`MockClock`] for
+//! tests, and can inject failures and delays to exercise fail modes.
+//!
+//! Keys are spread over mutex-guarded shards; a key whose state has become
+//! equal to a fresh key's is dropped, and each shard sweeps its expired keys
+//! whenever it has doubled since the last sweep, so memory stays bounded by
+//! the keys that are live.
+//!
+//! # Examples
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate_core::{Key, Limiter, TokenBucket};
+//! use tollgate_memory::MemoryBackend;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limiter = Limiter::new(
+//!     "api",
+//!     TokenBucket::new(2, 1, Duration::from_secs(1))?,
+//!     MemoryBackend::new(),
+//! );
+//! let key = Key::new("client-1");
+//! assert!(limiter.check(&key).await.is_allowed());
+//! assert!(limiter.check(&key).await.is_allowed());
+//! assert!(!limiter.check(&key).await.is_allowed());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`MockClock`]: tollgate_core::MockClock
+
+use std::fmt;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use hashbrown::{DefaultHashBuilder, Equivalent, HashMap};
+use tollgate_core::model::State;
+use tollgate_core::{Backend, Clock, Decision, Key, Policy, Request, Scope, SystemClock, Timestamp};
+
+const SHARDS: usize = 64;
+const MIN_SWEEP: usize = 1024;
+
+/// Why the memory backend failed: only ever on purpose.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MemoryError {
+    /// A failure injected with [`MemoryBackend::fail_next`] or
+    /// [`MemoryBackend::set_failing`].
+    #[error("injected failure")]
+    Injected,
+}
+
+/// The in-memory backend.
+///
+/// Cheap to clone; clones share counters, overrides and fault settings.
+pub struct MemoryBackend<C = SystemClock> {
+    shared: Arc<Shared<C>>,
+}
+
+struct Shared<C> {
+    clock: C,
+    hasher: DefaultHashBuilder,
+    shards: Box<[Mutex<Shard>]>,
+    has_overrides: AtomicBool,
+    overrides: RwLock<std::collections::HashMap<(String, Option<Key>), Policy>>,
+    faults: Faults,
+}
+
+#[derive(Default)]
+struct Faults {
+    armed: AtomicBool,
+    failing: AtomicBool,
+    fail_next: AtomicU64,
+    delay_us: AtomicU64,
+    calls: AtomicU64,
+}
+
+struct Shard {
+    map: HashMap<StoreKey, Entry>,
+    sweep_at: usize,
+}
+
+struct Entry {
+    state: State,
+    expires_at: Timestamp,
+}
+
+#[derive(PartialEq, Eq, Hash)]
+struct StoreKey {
+    limiter: Box<str>,
+    key: Key,
+}
+
+/// A borrowed [`StoreKey`], hashing exactly as the owned one, so lookups
+/// allocate nothing.
+struct Lookup<'a> {
+    limiter: &'a str,
+    key: &'a Key,
+}
+
+impl Hash for Lookup<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.limiter.hash(state);
+        self.key.hash(state);
+    }
+}
+
+impl Equivalent<StoreKey> for Lookup<'_> {
+    fn equivalent(&self, k: &StoreKey) -> bool {
+        *k.limiter == *self.limiter && k.key == *self.key
+    }
+}
+
+impl From<&Lookup<'_>> for StoreKey {
+    fn from(l: &Lookup<'_>) -> Self {
+        Self {
+            limiter: l.limiter.into(),
+            key: l.key.clone(),
+        }
+    }
+}
+
+impl MemoryBackend<SystemClock> {
+    /// A backend on the system clock.
+    pub fn new() -> Self {
+        Self::with_clock(SystemClock)
+    }
+}
+
+impl Default for MemoryBackend<SystemClock> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<C> Clone for MemoryBackend<C> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<C: Clock> fmt::Debug for MemoryBackend<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field("keys", &self.len())
+            .field("clock", &std::any::type_name::<C>())
+            .finish()
+    }
+}
+
+impl<C: Clock> MemoryBackend<C> {
+    /// A backend that takes its time from `clock` (a
+    /// [`MockClock`](tollgate_core::MockClock) in tests).
+    pub fn with_clock(clock: C) -> Self {
+        let shards = (0..SHARDS)
+            .map(|_| {
+                Mutex::new(Shard {
+                    map: HashMap::new(),
+                    sweep_at: MIN_SWEEP,
+                })
+            })
+            .collect();
+        Self {
+            shared: Arc::new(Shared {
+                clock,
+                hasher: DefaultHashBuilder::default(),
+                shards,
+                has_overrides: AtomicBool::new(false),
+                overrides: RwLock::new(Default::default()),
+                faults: Faults::default(),
+            }),
+        }
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &C {
+        &self.shared.clock
+    }
+
+    fn decide_now(&self, req: &Request<'_>) -> Decision {
+        let now = self.shared.clock.now();
+        let policy = self.effective_policy(req);
+        let lookup = Lookup {
+            limiter: req.limiter,
+            key: req.key,
+        };
+        let shard = &self.shared.shards[self.shard_of(&lookup)];
+        let mut shard = lock(shard);
+        let (decision, expires_at) = match shard.map.get_mut(&lookup) {
+            Some(entry) => {
+                if entry.expires_at <= now {
+                    entry.state = State::fresh(&policy);
+                }
+                let d = entry.state.apply(now, &policy, req.op);
+                entry.expires_at = entry.state.expires_at(&policy);
+                (d, entry.expires_at)
+            }
+            None => {
+                let mut state = State::fresh(&policy);
+                let d = state.apply(now, &policy, req.op);
+                let expires_at = state.expires_at(&policy);
+                if expires_at > now {
+                    shard.map.insert(StoreKey::from(&lookup), Entry { state, expires_at });
+                    shard.sweep_if_due(now);
+                }
+                return d;
+            }
+        };
+        if expires_at <= now {
+            // The key is as good as fresh: keep nothing.
+            shard.map.remove(&lookup);
+        }
+        decision
+    }
+
+    fn shard_of(&self, lookup: &Lookup<'_>) -> usize {
+        // Top bits: the maps inside the shards use the low ones.
+        (self.shared.hasher.hash_one(lookup) >> 58) as usize % SHARDS
+    }
+
+    fn effective_policy(&self, req: &Request<'_>) -> Policy {
+        if !self.shared.has_overrides.load(Ordering::Acquire) {
+            return *req.policy;
+        }
+        let overrides = self.shared.overrides.read().unwrap_or_else(|e| e.into_inner());
+        let limiter = req.limiter.to_owned();
+        overrides
+            .get(&(limiter.clone(), Some(req.key.clone())))
+            .or_else(|| overrides.get(&(limiter, None)))
+            .copied()
+            .unwrap_or(*req.policy)
+    }
+
+    /// The number of keys held (live or not yet swept).
+    pub fn len(&self) -> usize {
+        self.shared.shards.iter().map(|s| lock(s).map.len()).sum()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every expired key now (normally done as shards grow).
+    pub fn sweep(&self) {
+        let now = self.shared.clock.now();
+        for s in &self.shared.shards {
+            lock(s).sweep(now);
+        }
+    }
+
+    /// Makes the next `n` calls fail with [`MemoryError::Injected`].
+    pub fn fail_next(&self, n: u64) {
+        self.shared.faults.fail_next.store(n, Ordering::SeqCst);
+        self.rearm();
+    }
+
+    /// Makes every call fail (`true`) until set back to `false`.
+    pub fn set_failing(&self, failing: bool) {
+        self.shared.faults.failing.store(failing, Ordering::SeqCst);
+        self.rearm();
+    }
+
+    /// Delays every call by `delay` (on tokio's clock), to exercise
+    /// timeouts. `Duration::ZERO` removes the delay.
+    pub fn set_delay(&self, delay: Duration) {
+        let us = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
+        self.shared.faults.delay_us.store(us, Ordering::SeqCst);
+        self.rearm();
+    }
+
+    /// Removes every injected fault.
+    pub fn clear_faults(&self) {
+        let f = &self.shared.faults;
+        f.failing.store(false, Ordering::SeqCst);
+        f.fail_next.store(0, Ordering::SeqCst);
+        f.delay_us.store(0, Ordering::SeqCst);
+        self.rearm();
+    }
+
+    /// Calls made while a fault was set (whether or not they failed): lets a
+    /// test see that a breaker stopped calling the backend.
+    pub fn faulty_calls(&self) -> u64 {
+        self.shared.faults.calls.load(Ordering::SeqCst)
+    }
+
+    fn rearm(&self) {
+        let f = &self.shared.faults;
+        let armed = f.failing.load(Ordering::SeqCst)
+            || f.fail_next.load(Ordering::SeqCst) > 0
+            || f.delay_us.load(Ordering::SeqCst) > 0;
+        f.armed.store(armed, Ordering::SeqCst);
+    }
+
+    /// Applies injected faults: the delay to wait, or the failure.
+    fn inject(&self) -> Result<Duration, MemoryError> {
+        let f = &self.shared.faults;
+        if !f.armed.load(Ordering::Relaxed) {
+            return Ok(Duration::ZERO);
+        }
+        f.calls.fetch_add(1, Ordering::SeqCst);
+        let delay = Duration::from_micros(f.delay_us.load(Ordering::SeqCst));
+        if f.failing.load(Ordering::SeqCst) {
+            return Err(MemoryError::Injected);
+        }
+        let took = f
+            .fail_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if took.is_ok() {
+            return Err(MemoryError::Injected);
+        }
+        Ok(delay)
+    }
+}
+
+impl Shard {
+    fn sweep_if_due(&mut self, now: Timestamp) {
+        if self.map.len() >= self.sweep_at {
+            self.sweep(now);
+        }
+    }
+
+    fn sweep(&mut self, now: Timestamp) {
+        self.map.retain(|_, e| e.expires_at > now);
+        self.sweep_at = (self.map.len() * 2).max(MIN_SWEEP);
+    }
+}
+
+enum Pending<C> {
+    Ready(Result<Decision, MemoryError>),
+    Delayed {
+        backend: MemoryBackend<C>,
+        delay: Duration,
+        limiter: String,
+        key: Key,
+        policy: Policy,
+        op: tollgate_core::Op,
+    },
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while a shard is held cannot leave an entry half-updated in a
+    // way that breaks the model's invariants worse than losing the key, so
+    // keep serving.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl<C: Clock> Backend for MemoryBackend<C> {
+    type Error = MemoryError;
+
+    fn decide(&self, req: Request<'_>) -> impl Future<Output = Result<Decision, MemoryError>> + Send {
+        // Decide at once (not when polled) unless a delay is injected: the
+        // common path costs no more than the map lookup, and allocates
+        // nothing.
+        let pending = match self.inject() {
+            Ok(delay) if delay.is_zero() => Pending::Ready(Ok(self.decide_now(&req))),
+            Err(e) => Pending::Ready(Err(e)),
+            Ok(delay) => Pending::Delayed {
+                backend: self.clone(),
+                delay,
+                limiter: req.limiter.to_owned(),
+                key: req.key.clone(),
+                policy: *req.policy,
+                op: req.op,
+            },
+        };
+        async move {
+            match pending {
+                Pending::Ready(r) => r,
+                Pending::Delayed { backend, delay, limiter, key, policy, op } => {
+                    tokio::time::sleep(delay).await;
+                    Ok(backend.decide_now(&Request { limiter: &limiter, key: &key, policy: &policy, op }))
+                }
+            }
+        }
+    }
+
+    async fn set_override(&self, scope: Scope<'_>, policy: Option<&Policy>) -> Result<(), MemoryError> {
+        self.inject()?;
+        let k = match scope {
+            Scope::Limiter(l) => (l.to_owned(), None),
+            Scope::Key(l, key) => (l.to_owned(), Some(key.clone())),
+        };
+        let mut overrides = self.shared.overrides.write().unwrap_or_else(|e| e.into_inner());
+        match policy {
+            Some(p) => {
+                overrides.insert(k, *p);
+            }
+            None => {
+                overrides.remove(&k);
+            }
+        }
+        self.shared
+            .has_overrides
+            .store(!overrides.is_empty(), Ordering::Release);
+        Ok(())
+    }
+
+    async fn get_override(&self, scope: Scope<'_>) -> Result<Option<Policy>, MemoryError> {
+        self.inject()?;
+        let k = match scope {
+            Scope::Limiter(l) => (l.to_owned(), None),
+            Scope::Key(l, key) => (l.to_owned(), Some(key.clone())),
+        };
+        let overrides = self.shared.overrides.read().unwrap_or_else(|e| e.into_inner());
+        Ok(overrides.get(&k).copied())
+    }
+}
