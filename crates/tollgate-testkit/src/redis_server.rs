@@ -1,0 +1,2 @@
+//! Throwaway `redis-server` processes on free loopback ports (owned by the
+//! Redis backend work; see issue 3).
