@@ -47,6 +47,7 @@ pub mod key;
 pub mod limiter;
 pub mod model;
 pub mod policy;
+pub mod aimd;
 pub mod time;
 
 pub use backend::{Backend, Request, Scope};

@@ -1,0 +1,1 @@
+//! The AIMD controller for adaptive (outbound) limits (being written).
