@@ -1,0 +1,3 @@
+//! Tower layers for tollgate.
+
+pub mod outbound;

@@ -1,0 +1,1 @@
+//! The outbound adaptive layer.
