@@ -223,11 +223,75 @@ impl State {
     }
 }
 
-/// One policy's reference model for a whole key space: what an ideal
-/// backend answers. The conformance suite replays traces through it.
+/// Whether `op`, answered with `decision` under `policy`, recorded
+/// something in the key's state (tokens taken, an event logged, a failure
+/// counted). Only such writes set a key's expiry: reads and refusals leave
+/// it as it was.
+pub fn records(policy: &Policy, op: Op, decision: &Decision) -> bool {
+    match (op, policy) {
+        (Op::Acquire(0) | Op::Reset, _) => false,
+        (Op::Acquire(_), Policy::TokenBucket(_)) => decision.is_allowed(),
+        (Op::Acquire(_), Policy::SlidingWindow(p)) => decision.is_allowed() || p.penalises_refused(),
+        (Op::Acquire(_), Policy::ProgressiveDelay(_)) => true,
+    }
+}
+
+/// One stored key: its state and the instant it expires.
+///
+/// This is how every backend stores a key. The expiry (a Redis TTL) is set,
+/// under the policy in force, whenever a request [`records`] something; from
+/// then on the key reads as fresh. With an unchanged policy the expiry is
+/// exactly when the state becomes equal to a fresh key's, so it changes no
+/// verdict; when an override changes the policy mid-life, the expiry set by
+/// the last write still rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    /// The key's state.
+    pub state: State,
+    /// The key reads as fresh from this instant on.
+    pub expires_at: Timestamp,
+}
+
+impl Slot {
+    /// A fresh key under `policy`.
+    pub fn fresh(policy: &Policy) -> Self {
+        Self {
+            state: State::fresh(policy),
+            expires_at: 0,
+        }
+    }
+
+    /// Applies `op` at `now` under `policy`.
+    pub fn apply(&mut self, now: Timestamp, policy: &Policy, op: Op) -> Decision {
+        if self.expires_at <= now {
+            self.state = State::fresh(policy);
+            self.expires_at = 0;
+        }
+        let decision = self.state.apply(now, policy, op);
+        if op == Op::Reset {
+            self.expires_at = 0;
+        } else if records(policy, op, &decision) {
+            self.expires_at = self.state.expires_at(policy);
+        }
+        decision
+    }
+
+    /// Whether the key still holds state at `now` (a backend may drop it
+    /// otherwise).
+    pub fn is_live(&self, now: Timestamp) -> bool {
+        self.expires_at > now
+    }
+}
+
+/// The reference model for a whole key space: what an ideal backend
+/// answers, runtime overrides included. The conformance suite replays
+/// random traces through it and through a backend, and compares every
+/// decision.
 #[derive(Debug, Clone, Default)]
 pub struct Model {
-    keys: std::collections::HashMap<String, State>,
+    keys: std::collections::HashMap<(String, String), Slot>,
+    limiter_overrides: std::collections::HashMap<String, Policy>,
+    key_overrides: std::collections::HashMap<(String, String), Policy>,
 }
 
 impl Model {
@@ -236,13 +300,37 @@ impl Model {
         Self::default()
     }
 
-    /// Applies `op` to `key` at `now` under `policy`.
-    pub fn apply(&mut self, key: &str, now: Timestamp, policy: &Policy, op: Op) -> Decision {
-        let state = self
-            .keys
-            .entry(key.to_owned())
-            .or_insert_with(|| State::fresh(policy));
-        state.apply(now, policy, op)
+    /// Applies `op` to `key` of `limiter` at `now`; `policy` is the
+    /// limiter's configured policy, which overrides take precedence over.
+    pub fn apply(&mut self, limiter: &str, key: &str, now: Timestamp, policy: &Policy, op: Op) -> Decision {
+        let k = (limiter.to_owned(), key.to_owned());
+        let policy = *self
+            .key_overrides
+            .get(&k)
+            .or_else(|| self.limiter_overrides.get(limiter))
+            .unwrap_or(policy);
+        self.keys
+            .entry(k)
+            .or_insert_with(|| Slot::fresh(&policy))
+            .apply(now, &policy, op)
+    }
+
+    /// Sets or clears an override for a limiter (`key = None`) or one key.
+    pub fn set_override(&mut self, limiter: &str, key: Option<&str>, policy: Option<Policy>) {
+        match (key, policy) {
+            (Some(k), Some(p)) => {
+                self.key_overrides.insert((limiter.to_owned(), k.to_owned()), p);
+            }
+            (Some(k), None) => {
+                self.key_overrides.remove(&(limiter.to_owned(), k.to_owned()));
+            }
+            (None, Some(p)) => {
+                self.limiter_overrides.insert(limiter.to_owned(), p);
+            }
+            (None, None) => {
+                self.limiter_overrides.remove(limiter);
+            }
+        }
     }
 }
 

@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use hashbrown::{DefaultHashBuilder, Equivalent, HashMap};
-use tollgate_core::model::State;
+use tollgate_core::model::Slot;
 use tollgate_core::{Backend, Clock, Decision, Key, Policy, Request, Scope, SystemClock, Timestamp};
 
 const SHARDS: usize = 64;
@@ -86,13 +86,8 @@ struct Faults {
 }
 
 struct Shard {
-    map: HashMap<StoreKey, Entry>,
+    map: HashMap<StoreKey, Slot>,
     sweep_at: usize,
-}
-
-struct Entry {
-    state: State,
-    expires_at: Timestamp,
 }
 
 #[derive(PartialEq, Eq, Hash)]
@@ -198,31 +193,25 @@ impl<C: Clock> MemoryBackend<C> {
         };
         let shard = &self.shared.shards[self.shard_of(&lookup)];
         let mut shard = lock(shard);
-        let (decision, expires_at) = match shard.map.get_mut(&lookup) {
-            Some(entry) => {
-                if entry.expires_at <= now {
-                    entry.state = State::fresh(&policy);
+        match shard.map.get_mut(&lookup) {
+            Some(slot) => {
+                let decision = slot.apply(now, &policy, req.op);
+                if !slot.is_live(now) {
+                    // The key is as good as fresh: keep nothing.
+                    shard.map.remove(&lookup);
                 }
-                let d = entry.state.apply(now, &policy, req.op);
-                entry.expires_at = entry.state.expires_at(&policy);
-                (d, entry.expires_at)
+                decision
             }
             None => {
-                let mut state = State::fresh(&policy);
-                let d = state.apply(now, &policy, req.op);
-                let expires_at = state.expires_at(&policy);
-                if expires_at > now {
-                    shard.map.insert(StoreKey::from(&lookup), Entry { state, expires_at });
+                let mut slot = Slot::fresh(&policy);
+                let decision = slot.apply(now, &policy, req.op);
+                if slot.is_live(now) {
+                    shard.map.insert(StoreKey::from(&lookup), slot);
                     shard.sweep_if_due(now);
                 }
-                return d;
+                decision
             }
-        };
-        if expires_at <= now {
-            // The key is as good as fresh: keep nothing.
-            shard.map.remove(&lookup);
         }
-        decision
     }
 
     fn shard_of(&self, lookup: &Lookup<'_>) -> usize {
@@ -333,7 +322,7 @@ impl Shard {
     }
 
     fn sweep(&mut self, now: Timestamp) {
-        self.map.retain(|_, e| e.expires_at > now);
+        self.map.retain(|_, slot| slot.is_live(now));
         self.sweep_at = (self.map.len() * 2).max(MIN_SWEEP);
     }
 }
