@@ -43,17 +43,20 @@ impl TokenBucketState {
         let tau = p.capacity() * t;
         let tat = self.tat.max(now);
         let debt = tat - now;
+        // The debt can exceed tau when an override shrank the bucket: then
+        // nothing remains (never a negative count).
+        let remaining = tau.saturating_sub(debt) / t;
         if cost == 0 {
             let allowed = debt + t <= tau;
             let retry = if allowed { 0 } else { debt + t - tau };
-            return Decision::from_micros(allowed, p.capacity(), (tau - debt) / t, retry, debt);
+            return Decision::from_micros(allowed, p.capacity(), remaining, retry, debt);
         }
         let new_debt = debt.saturating_add(cost.saturating_mul(t));
         if new_debt <= tau {
             self.tat = now + new_debt;
             Decision::from_micros(true, p.capacity(), (tau - new_debt) / t, 0, new_debt)
         } else {
-            Decision::from_micros(false, p.capacity(), (tau - debt) / t, new_debt - tau, debt)
+            Decision::from_micros(false, p.capacity(), remaining, new_debt - tau, debt)
         }
     }
 

@@ -1,1 +1,481 @@
-//! The backend conformance suite (being written).
+//! The backend conformance suite.
+//!
+//! Every check is a generic async function over any [`Backend`] that takes
+//! its time from a [`MockClock`] (the caller-time mode of the Redis backend,
+//! `MemoryBackend::with_clock` for the memory one). A backend's test crate
+//! runs the whole suite with one line:
+//!
+//! ```ignore
+//! tollgate_testkit::conformance_tests!(async {
+//!     let clock = tollgate_core::MockClock::new();
+//!     (tollgate_memory::MemoryBackend::with_clock(clock.clone()), clock)
+//! });
+//! ```
+//!
+//! Checks use limiter names unique to the process, so one backend (one
+//! Redis server) can serve every check at once.
+//!
+//! The heart of the suite is [`agrees_with_model`]: thousands of random
+//! traces (requests of random cost on a few keys, time steps, peeks,
+//! resets, runtime overrides) replayed through the backend and through the
+//! core's reference [`Model`], comparing every decision.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
+use tollgate_core::model::Model;
+use tollgate_core::{
+    Backend, Clock, Decision, Key, Limiter, MockClock, Op, Policy, ProgressiveDelay, Request,
+    Scope, SlidingWindow, TokenBucket,
+};
+
+const S: Duration = Duration::from_secs(1);
+
+/// A limiter name no other check in this process uses.
+pub fn unique_name(base: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!("{base}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+fn limiter<B: Backend>(base: &str, policy: impl Into<Policy>, backend: B) -> Limiter<B> {
+    // Generous timeout: conformance is about verdicts, not latency.
+    Limiter::builder(unique_name(base), policy, backend)
+        .timeout(Duration::from_secs(5))
+        .build()
+}
+
+async fn decide<B: Backend>(l: &Limiter<B>, key: &Key, cost: u64) -> Decision {
+    l.try_acquire(key, cost)
+        .await
+        .unwrap_or_else(|e| panic!("backend failed: {e:?}"))
+}
+
+/// A new key starts full, a burst of `capacity` passes, the next request is
+/// refused with the exact wait, consumes nothing, and tokens drip back at
+/// the refill rate up to capacity and no further.
+pub async fn token_bucket_burst_and_refill<B: Backend>(backend: B, clock: MockClock) {
+    let l = limiter("tb", TokenBucket::new(5, 1, S).unwrap(), backend);
+    let k = Key::new("burst");
+    for left in (0..5).rev() {
+        let d = decide(&l, &k, 1).await;
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), left);
+        assert_eq!(d.limit(), 5);
+    }
+    let d = decide(&l, &k, 1).await;
+    assert!(d.is_denied());
+    assert_eq!(d.retry_after(), S);
+    assert_eq!(d.reset_after(), 5 * S);
+    // Refused requests consume nothing: still exactly one second to wait.
+    for _ in 0..3 {
+        assert_eq!(decide(&l, &k, 1).await.retry_after(), S);
+    }
+    clock.advance(Duration::from_millis(999));
+    assert!(decide(&l, &k, 1).await.is_denied());
+    clock.advance(Duration::from_millis(1));
+    assert!(decide(&l, &k, 1).await.is_allowed());
+    // Never more than capacity.
+    clock.advance(Duration::from_secs(3600));
+    let d = decide(&l, &k, 0).await;
+    assert_eq!(d.remaining(), 5);
+    assert_eq!(d.reset_after(), Duration::ZERO);
+}
+
+/// A request of cost `n` waits for `n` tokens, and a refused costly request
+/// does not block cheaper ones.
+pub async fn token_bucket_cost<B: Backend>(backend: B, clock: MockClock) {
+    let l = limiter("tbc", TokenBucket::new(10, 2, S).unwrap(), backend);
+    let k = Key::new("llm");
+    assert!(decide(&l, &k, 7).await.is_allowed());
+    let d = decide(&l, &k, 5).await;
+    assert!(d.is_denied());
+    assert_eq!(d.remaining(), 3);
+    // 2 missing tokens at 2 per second.
+    assert_eq!(d.retry_after(), S);
+    assert!(decide(&l, &k, 3).await.is_allowed());
+    clock.advance(Duration::from_millis(2500));
+    let d = decide(&l, &k, 5).await;
+    assert!(d.is_allowed());
+    assert_eq!(d.remaining(), 0);
+    // Cost above capacity is refused before the backend is asked.
+    assert!(l.try_acquire(&k, 11).await.is_err());
+}
+
+/// The window is exact: events leave it exactly `window` after they
+/// happened, and the retry-after is the moment the blocking ones leave.
+pub async fn sliding_window_exact<B: Backend>(backend: B, clock: MockClock) {
+    let l = limiter("sw", SlidingWindow::new(3, 10 * S).unwrap(), backend);
+    let k = Key::new("203.0.113.9");
+    assert!(decide(&l, &k, 1).await.is_allowed());
+    clock.advance(2 * S);
+    assert!(decide(&l, &k, 1).await.is_allowed());
+    clock.advance(2 * S);
+    let d = decide(&l, &k, 1).await;
+    assert!(d.is_allowed());
+    assert_eq!(d.remaining(), 0);
+    assert_eq!(d.reset_after(), 10 * S);
+    clock.advance(S);
+    let d = decide(&l, &k, 1).await;
+    assert!(d.is_denied());
+    assert_eq!(d.retry_after(), 5 * S);
+    clock.advance(5 * S - Duration::from_micros(1));
+    assert!(decide(&l, &k, 1).await.is_denied());
+    clock.advance(Duration::from_micros(1));
+    assert!(decide(&l, &k, 1).await.is_allowed());
+    // Cost 2 needs the events of t=2s and t=4s gone: 4s from now (t=10s).
+    let d = decide(&l, &k, 2).await;
+    assert!(d.is_denied());
+    assert_eq!(d.retry_after(), 4 * S);
+    assert_eq!(d.remaining(), 0);
+}
+
+/// With "penalise refused", refusals are logged too: a client that keeps
+/// hammering stays out; one that stops gets back in.
+pub async fn sliding_window_penalise<B: Backend>(backend: B, clock: MockClock) {
+    let policy = SlidingWindow::new(2, 10 * S).unwrap().penalise_refused(true);
+    let l = limiter("swp", policy, backend);
+    let k = Key::new("flood");
+    assert!(decide(&l, &k, 1).await.is_allowed());
+    assert!(decide(&l, &k, 1).await.is_allowed());
+    for _ in 0..5 {
+        clock.advance(3 * S);
+        assert!(decide(&l, &k, 1).await.is_denied());
+    }
+    clock.advance(10 * S);
+    assert!(decide(&l, &k, 1).await.is_allowed());
+}
+
+/// Failures beyond the free attempts block for growing, capped delays;
+/// a success clears the key; state is forgotten after `forget_after`.
+pub async fn progressive_delay<B: Backend>(backend: B, clock: MockClock) {
+    let p = ProgressiveDelay::new(2, S, 2, 5 * S, 60 * S).unwrap();
+    let l = limiter("pd", p, backend);
+    let k = Key::email("victim@example.com");
+    assert!(decide(&l, &k, 0).await.is_allowed());
+    assert!(decide(&l, &k, 1).await.is_allowed());
+    let d = decide(&l, &k, 1).await;
+    assert!(d.is_allowed());
+    assert_eq!(d.remaining(), 0);
+    let mut expected = [1, 2, 4, 5, 5].into_iter().map(|s| s * S);
+    for _ in 0..5 {
+        let d = decide(&l, &k, 1).await;
+        let want = expected.next().unwrap();
+        assert!(d.is_denied());
+        assert_eq!(d.retry_after(), want);
+        assert!(decide(&l, &k, 0).await.is_denied());
+        clock.advance(want);
+        assert!(decide(&l, &k, 0).await.is_allowed(), "a delay, not a lock-out");
+    }
+    // A success (reset) clears everything.
+    l.reset(&k).await.unwrap();
+    let d = decide(&l, &k, 1).await;
+    assert!(d.is_allowed());
+    assert_eq!(d.remaining(), 1);
+    // Forgotten 60s after the last failure.
+    clock.advance(60 * S);
+    assert_eq!(decide(&l, &k, 0).await.remaining(), 2);
+}
+
+/// A peek (cost 0) changes nothing; a reset makes the key fresh.
+pub async fn peek_and_reset<B: Backend>(backend: B, _clock: MockClock) {
+    let l = limiter("pr", TokenBucket::new(2, 1, 60 * S).unwrap(), backend);
+    let k = Key::new("peek");
+    for _ in 0..5 {
+        let d = decide(&l, &k, 0).await;
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), 2);
+    }
+    assert!(decide(&l, &k, 2).await.is_allowed());
+    let d = decide(&l, &k, 0).await;
+    assert!(d.is_denied());
+    assert_eq!(d.retry_after(), 60 * S);
+    let d = l.reset(&k).await.unwrap();
+    assert_eq!(d.remaining(), 2);
+    assert!(decide(&l, &k, 2).await.is_allowed());
+}
+
+/// Keys and limiters count apart.
+pub async fn isolation<B: Backend + Clone>(backend: B, _clock: MockClock) {
+    let policy = SlidingWindow::new(1, 60 * S).unwrap();
+    let a = limiter("iso", policy, backend.clone());
+    let b = limiter("iso", policy, backend);
+    let (x, y) = (Key::new("x"), Key::new("y"));
+    assert!(decide(&a, &x, 1).await.is_allowed());
+    assert!(decide(&a, &x, 1).await.is_denied());
+    assert!(decide(&a, &y, 1).await.is_allowed());
+    assert!(decide(&b, &x, 1).await.is_allowed());
+}
+
+/// Runtime overrides: limiter-wide, per key (which wins), cleared; an
+/// override of another strategy is refused.
+pub async fn overrides<B: Backend>(backend: B, _clock: MockClock) {
+    let l = limiter("ovr", SlidingWindow::new(1, 60 * S).unwrap(), backend);
+    let (vip, other) = (Key::new("vip"), Key::new("other"));
+    assert_eq!(l.get_override(None).await.unwrap(), None);
+    let three = Policy::from(SlidingWindow::new(3, 60 * S).unwrap());
+    let five = Policy::from(SlidingWindow::new(5, 60 * S).unwrap());
+    l.set_override(None, Some(three)).await.unwrap();
+    l.set_override(Some(&vip), Some(five)).await.unwrap();
+    assert_eq!(l.get_override(None).await.unwrap(), Some(three));
+    assert_eq!(l.get_override(Some(&vip)).await.unwrap(), Some(five));
+    assert_eq!(l.get_override(Some(&other)).await.unwrap(), None);
+    let mut n = 0;
+    while decide(&l, &vip, 1).await.is_allowed() {
+        n += 1;
+    }
+    assert_eq!(n, 5);
+    assert_eq!(decide(&l, &vip, 0).await.limit(), 5);
+    let mut n = 0;
+    while decide(&l, &other, 1).await.is_allowed() {
+        n += 1;
+    }
+    assert_eq!(n, 3);
+    // Cleared: back to the configured limit of 1 (already used up).
+    l.set_override(None, None).await.unwrap();
+    l.set_override(Some(&vip), None).await.unwrap();
+    assert_eq!(l.get_override(None).await.unwrap(), None);
+    let fresh = Key::new("fresh");
+    assert!(decide(&l, &fresh, 1).await.is_allowed());
+    let d = decide(&l, &fresh, 1).await;
+    assert!(d.is_denied());
+    assert_eq!(d.limit(), 1);
+    let wrong = Policy::from(TokenBucket::new(1, 1, S).unwrap());
+    assert!(l.set_override(None, Some(wrong)).await.is_err());
+}
+
+async fn hammer<B: Backend + Clone>(l: Limiter<B>, tasks: usize, tries: usize) -> u64 {
+    let l = Arc::new(l);
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| {
+            let l = Arc::clone(&l);
+            tokio::spawn(async move {
+                let k = Key::new("hot");
+                let mut ok = 0u64;
+                for _ in 0..tries {
+                    if decide(&l, &k, 1).await.is_allowed() {
+                        ok += 1;
+                    }
+                }
+                ok
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for h in handles {
+        total += h.await.expect("task panicked");
+    }
+    total
+}
+
+/// Many concurrent tasks on one key, time frozen: exactly `capacity`
+/// requests pass, no more, no fewer.
+pub async fn concurrent_token_bucket<B: Backend + Clone>(backend: B, _clock: MockClock) {
+    let l = limiter("ctb", TokenBucket::new(100, 1, 3600 * S).unwrap(), backend);
+    assert_eq!(hammer(l, 32, 10).await, 100);
+}
+
+/// Many concurrent tasks on one key, time frozen: exactly `limit` requests
+/// enter the window.
+pub async fn concurrent_sliding_window<B: Backend + Clone>(backend: B, _clock: MockClock) {
+    let l = limiter("csw", SlidingWindow::new(77, 60 * S).unwrap(), backend);
+    assert_eq!(hammer(l, 32, 10).await, 77);
+}
+
+/// One step of a random trace.
+#[derive(Debug, Clone)]
+pub enum Step {
+    /// Let time pass (microseconds).
+    Advance(u64),
+    /// Ask for `cost` on key number `key` (0 peeks).
+    Acquire {
+        /// Which of the trace's keys.
+        key: usize,
+        /// The cost.
+        cost: u64,
+    },
+    /// Reset key number `key`.
+    Reset(usize),
+    /// Set (`Some`) or clear an override, on the limiter (`key = None`) or
+    /// one key. The policy is a variant of the trace's strategy.
+    Override(Option<usize>, Option<Policy>),
+}
+
+const KEYS: usize = 3;
+
+fn durations() -> impl Strategy<Value = u64> {
+    // Microseconds: from 1µs to 20s, weighted towards the scales that make
+    // limits bite.
+    prop_oneof![1u64..1_000, 1_000u64..2_000_000, 2_000_000u64..20_000_000]
+}
+
+/// Random policies of every strategy, small enough that traces hit the
+/// limits often.
+pub fn policies() -> impl Strategy<Value = Policy> {
+    prop_oneof![
+        (1u64..8, 1u64..5, 1u64..4_000_000).prop_map(|(cap, refill, period)| {
+            Policy::from(TokenBucket::new(cap, refill, Duration::from_micros(period)).unwrap())
+        }),
+        (1u64..8, 1u64..6_000_000, any::<bool>()).prop_map(|(limit, window, penalise)| {
+            Policy::from(
+                SlidingWindow::new(limit, Duration::from_micros(window))
+                    .unwrap()
+                    .penalise_refused(penalise),
+            )
+        }),
+        (0u64..3, 1u64..1_000_000, 1u64..4, 1u64..4, 1u64..10_000_000).prop_map(
+            |(free, base, factor, max_mult, forget)| {
+                Policy::from(
+                    ProgressiveDelay::new(
+                        free,
+                        Duration::from_micros(base),
+                        factor,
+                        Duration::from_micros(base * max_mult),
+                        Duration::from_micros(forget),
+                    )
+                    .unwrap(),
+                )
+            }
+        ),
+    ]
+}
+
+/// A policy of the same strategy as `base`, with other parameters.
+fn variant(base: &Policy) -> BoxedStrategy<Policy> {
+    let kind = base.strategy();
+    policies()
+        .prop_filter("same strategy", move |p| p.strategy() == kind)
+        .boxed()
+}
+
+/// A random trace: a policy and up to `len` steps.
+pub fn traces(len: usize) -> impl Strategy<Value = (Policy, Vec<Step>)> {
+    policies().prop_flat_map(move |policy| {
+        let max = policy.max_cost().unwrap_or(3);
+        let step = prop_oneof![
+            4 => durations().prop_map(Step::Advance),
+            8 => (0..KEYS, 1..=max).prop_map(|(key, cost)| Step::Acquire { key, cost }),
+            2 => (0..KEYS).prop_map(|key| Step::Acquire { key, cost: 0 }),
+            1 => (0..KEYS).prop_map(Step::Reset),
+            1 => (proptest::option::of(0..KEYS), proptest::option::of(variant(&policy)))
+                .prop_map(|(k, p)| Step::Override(k, p)),
+        ];
+        (Just(policy), proptest::collection::vec(step, 1..len))
+    })
+}
+
+/// Replays one trace through `backend` and the model; the first decision
+/// that differs fails the case.
+pub async fn replay<B: Backend>(
+    backend: &B,
+    clock: &MockClock,
+    policy: &Policy,
+    steps: &[Step],
+) -> Result<(), TestCaseError> {
+    let name = unique_name("model");
+    let keys: Vec<Key> = (0..KEYS).map(|i| Key::new(format!("k{i}"))).collect();
+    let mut model = Model::new();
+    for (i, step) in steps.iter().enumerate() {
+        let (key, op) = match step {
+            Step::Advance(us) => {
+                clock.advance_micros(*us);
+                continue;
+            }
+            Step::Override(key, p) => {
+                let scope = match key {
+                    Some(k) => Scope::Key(&name, &keys[*k]),
+                    None => Scope::Limiter(&name),
+                };
+                backend
+                    .set_override(scope, p.as_ref())
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("set_override failed: {e}")))?;
+                model.set_override(&name, key.map(|k| keys[k].as_str()), *p);
+                continue;
+            }
+            Step::Acquire { key, cost } => (*key, Op::Acquire(*cost)),
+            Step::Reset(key) => (*key, Op::Reset),
+        };
+        let now = clock.now();
+        let got = backend
+            .decide(Request {
+                limiter: &name,
+                key: &keys[key],
+                policy,
+                op,
+            })
+            .await
+            .map_err(|e| TestCaseError::fail(format!("step {i}: backend failed: {e}")))?;
+        let want = model.apply(&name, keys[key].as_str(), now, policy, op);
+        prop_assert_eq!(got, want, "step {} ({:?} on k{}) of {:?}", i, op, key, steps);
+    }
+    Ok(())
+}
+
+/// Replays `cases` random traces through the backend and the reference
+/// model (call from a plain `#[test]`, not inside a runtime).
+///
+/// `setup` builds the backend once; each trace uses its own limiter name.
+pub fn agrees_with_model<B, F, Fut>(setup: F, cases: u32)
+where
+    B: Backend,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = (B, MockClock)>,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let (backend, clock) = rt.block_on(setup());
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&traces(60), |(policy, steps)| {
+            rt.block_on(replay(&backend, &clock, &policy, &steps))
+        })
+        .unwrap_or_else(|e| panic!("backend disagrees with the reference model: {e}"));
+}
+
+/// Generates the whole suite as `#[tokio::test]`s in a module named
+/// `conformance`.
+///
+/// `$setup` is an `async` expression evaluating to `(backend, MockClock)`,
+/// the backend taking its time from that clock. The optional `cases` is the
+/// number of random traces checked against the model (default 1000).
+#[macro_export]
+macro_rules! conformance_tests {
+    ($setup:expr) => {
+        $crate::conformance_tests!($setup, cases = 1000);
+    };
+    ($setup:expr, cases = $cases:expr) => {
+        mod conformance {
+            #[allow(unused_imports)]
+            use super::*;
+
+            $crate::conformance_tests!(@each $setup;
+                token_bucket_burst_and_refill, token_bucket_cost, sliding_window_exact,
+                sliding_window_penalise, progressive_delay, peek_and_reset, isolation,
+                overrides, concurrent_token_bucket, concurrent_sliding_window);
+
+            #[test]
+            fn agrees_with_model() {
+                $crate::conformance::agrees_with_model(|| $setup, $cases);
+            }
+        }
+    };
+    (@each $setup:expr; $($name:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let (backend, clock) = $setup.await;
+                $crate::conformance::$name(backend, clock).await;
+            }
+        )*
+    };
+}
