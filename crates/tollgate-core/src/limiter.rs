@@ -324,16 +324,15 @@ impl<B: Backend> Limiter<B> {
             }
         }
         let scope = self.scope(key);
-        let fut = self.inner.backend.set_override(scope, policy.as_ref());
-        self.guard(fut).await
+        self.guard(|| self.inner.backend.set_override(scope, policy.as_ref()))
+            .await
     }
 
     /// The override in force for exactly this key (or, with `None`, the
     /// limiter-wide one).
     pub async fn get_override(&self, key: Option<&Key>) -> Result<Option<Policy>, Error> {
         let scope = self.scope(key);
-        let fut = self.inner.backend.get_override(scope);
-        self.guard(fut).await
+        self.guard(|| self.inner.backend.get_override(scope)).await
     }
 
     fn scope<'a>(&'a self, key: Option<&'a Key>) -> Scope<'a> {
@@ -347,25 +346,30 @@ impl<B: Backend> Limiter<B> {
         if let Op::Acquire(cost) = op {
             self.inner.policy.check_cost(cost)?;
         }
-        let fut = self.inner.backend.decide(Request {
-            limiter: &self.inner.name,
-            key,
-            policy: &self.inner.policy,
-            op,
-        });
-        self.guard(fut).await
+        self.guard(|| {
+            self.inner.backend.decide(Request {
+                limiter: &self.inner.name,
+                key,
+                policy: &self.inner.policy,
+                op,
+            })
+        })
+        .await
     }
 
-    /// Runs one backend call under the timeout and the breaker.
-    async fn guard<T, F>(&self, fut: F) -> Result<T, Error>
+    /// Runs one backend call under the timeout and the breaker. The call is
+    /// made only once the breaker admits it: a backend may start its work
+    /// when the future is created.
+    async fn guard<T, F, Fut>(&self, call: F) -> Result<T, Error>
     where
-        F: std::future::Future<Output = Result<T, B::Error>>,
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<T, B::Error>>,
     {
         let inner = &*self.inner;
         if let Admit::No(_) = inner.breaker.admit() {
             return Err(Error::BreakerOpen);
         }
-        let result = match tokio::time::timeout(inner.timeout, fut).await {
+        let result = match tokio::time::timeout(inner.timeout, call()).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(Error::Backend(Box::new(e))),
             Err(_) => Err(Error::Timeout(inner.timeout)),

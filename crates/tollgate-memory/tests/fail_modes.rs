@@ -1,0 +1,154 @@
+//! What a `Limiter` answers when its backend fails: fail modes, timeout,
+//! circuit breaker, and quiet logging. Driven by the memory backend's fault
+//! injection on tokio's paused clock.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tollgate_core::{BreakerConfig, Error, FailMode, Key, Limiter, TokenBucket, Verdict};
+use tollgate_memory::MemoryBackend;
+
+fn limiter(backend: &MemoryBackend, mode: FailMode, breaker: BreakerConfig) -> Limiter<MemoryBackend> {
+    Limiter::builder("api", TokenBucket::new(10, 1, Duration::from_secs(1)).unwrap(), backend.clone())
+        .fail_mode(mode)
+        .timeout(Duration::from_millis(50))
+        .breaker(breaker)
+        .build()
+}
+
+const NO_BREAKER: BreakerConfig = BreakerConfig {
+    threshold: 0,
+    backoff: Duration::from_secs(1),
+    max_backoff: Duration::from_secs(1),
+};
+
+#[tokio::test(start_paused = true)]
+async fn fail_closed_is_the_default_and_refuses() {
+    let backend = MemoryBackend::new();
+    let l = Limiter::new("login", TokenBucket::new(10, 1, Duration::from_secs(1)).unwrap(), backend.clone());
+    assert_eq!(l.fail_mode(), FailMode::Closed);
+    backend.fail_next(1);
+    let v = l.check(&Key::new("a")).await;
+    assert!(!v.is_allowed());
+    assert!(matches!(v, Verdict::FailedClosed(Error::Backend(_), _)));
+    let denied = v.into_result().unwrap_err();
+    assert!(denied.decision.is_none());
+    assert!(denied.error.is_some());
+    assert!(denied.retry_after > Duration::ZERO);
+    // The injected failure is spent: the next call is decided.
+    assert!(matches!(l.check(&Key::new("a")).await, Verdict::Decided(d) if d.is_allowed()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn fail_open_lets_requests_through() {
+    let backend = MemoryBackend::new();
+    let l = limiter(&backend, FailMode::Open, NO_BREAKER);
+    backend.set_failing(true);
+    for _ in 0..20 {
+        let v = l.check(&Key::new("a")).await;
+        assert!(v.is_allowed());
+        assert!(matches!(v, Verdict::FailedOpen(Error::Backend(_))));
+        assert_eq!(v.into_result().unwrap(), None);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn slow_backend_times_out_at_the_deadline() {
+    let backend = MemoryBackend::new();
+    let l = limiter(&backend, FailMode::Closed, NO_BREAKER);
+    backend.set_delay(Duration::from_secs(5));
+    let start = Instant::now();
+    let v = l.check(&Key::new("a")).await;
+    assert!(matches!(v, Verdict::FailedClosed(Error::Timeout(t), _) if t == Duration::from_millis(50)));
+    // Paused clock: this is the timeout logic, not a speed measurement.
+    assert_eq!(start.elapsed(), Duration::from_millis(50));
+    backend.clear_faults();
+    assert!(l.check(&Key::new("a")).await.is_allowed());
+}
+
+#[tokio::test(start_paused = true)]
+async fn breaker_stops_calling_a_dead_backend_and_probes() {
+    let backend = MemoryBackend::new();
+    let breaker = BreakerConfig {
+        threshold: 3,
+        backoff: Duration::from_secs(1),
+        max_backoff: Duration::from_secs(4),
+    };
+    let l = limiter(&backend, FailMode::Closed, breaker);
+    let k = Key::new("a");
+    backend.set_failing(true);
+    for _ in 0..3 {
+        assert!(matches!(l.check(&k).await, Verdict::FailedClosed(Error::Backend(_), _)));
+    }
+    assert_eq!(backend.faulty_calls(), 3);
+    // Open: answered at once from the fail mode, the backend is left alone.
+    for _ in 0..100 {
+        assert!(matches!(l.check(&k).await, Verdict::FailedClosed(Error::BreakerOpen, _)));
+    }
+    assert_eq!(backend.faulty_calls(), 3);
+    // After the back-off one probe goes through; it fails, the back-off doubles.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(matches!(l.check(&k).await, Verdict::FailedClosed(Error::Backend(_), _)));
+    assert_eq!(backend.faulty_calls(), 4);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(matches!(l.check(&k).await, Verdict::FailedClosed(Error::BreakerOpen, _)));
+    assert_eq!(backend.faulty_calls(), 4);
+    // The backend recovers; the next probe closes the breaker.
+    backend.clear_faults();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(matches!(l.check(&k).await, Verdict::Decided(_)));
+    for _ in 0..5 {
+        assert!(matches!(l.check(&k).await, Verdict::Decided(_)));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn impossible_cost_is_refused_even_when_failing_open() {
+    let backend = MemoryBackend::new();
+    let l = limiter(&backend, FailMode::Open, NO_BREAKER);
+    let v = l.check_cost(&Key::new("a"), 11).await;
+    assert!(!v.is_allowed());
+    assert!(matches!(v.error(), Some(Error::Policy(_))));
+    assert!(!v.error().unwrap().is_unavailable());
+}
+
+/// Collects the warn events the limiter emits.
+#[derive(Clone, Default)]
+struct Warnings(Arc<Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            struct Fields(String);
+            impl tracing::field::Visit for Fields {
+                fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                    self.0.push_str(&format!("{}={:?} ", f.name(), v));
+                }
+            }
+            let mut fields = Fields(String::new());
+            event.record(&mut fields);
+            self.0.lock().unwrap().push(fields.0);
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn failures_are_logged_without_flooding() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let warnings = Warnings::default();
+    let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
+    let backend = MemoryBackend::new();
+    let l = limiter(&backend, FailMode::Open, NO_BREAKER);
+    backend.set_failing(true);
+    for _ in 0..100 {
+        let _ = l.check(&Key::new("a")).await;
+    }
+    assert_eq!(warnings.0.lock().unwrap().len(), 1);
+    tokio::time::advance(Duration::from_secs(10)).await;
+    let _ = l.check(&Key::new("a")).await;
+    let logged = warnings.0.lock().unwrap().clone();
+    assert_eq!(logged.len(), 2);
+    assert!(logged[1].contains("suppressed=99"), "{logged:?}");
+    assert!(logged[1].contains("limiter=\"api\""), "{logged:?}");
+}
