@@ -1,1 +1,45 @@
-//! placeholder
+//! tollgate: one rate-limiting primitive for a whole platform.
+//!
+//! Modules do not count limits themselves: they ask a shared counter — a
+//! Redis (or Redis Cluster) in production, an in-process map in unit tests
+//! and single-process tools — through one [`Limiter`] type and, for
+//! services, tower layers.
+//!
+//! This facade re-exports the workspace behind features:
+//!
+//! | feature | brings |
+//! |---|---|
+//! | `memory` (default) | [`memory::MemoryBackend`] |
+//!
+//! # Examples
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate::{Key, Limiter, SlidingWindow, memory::MemoryBackend};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // At most 3 webhook events per channel per minute, refusing when the
+//! // backend is down (the default, fail-closed).
+//! let limiter = Limiter::new(
+//!     "webhooks",
+//!     SlidingWindow::new(3, Duration::from_secs(60))?,
+//!     MemoryBackend::new(),
+//! );
+//! let channel = Key::new("C024BE91L");
+//! for _ in 0..3 {
+//!     assert!(limiter.check(&channel).await.is_allowed());
+//! }
+//! let refused = limiter.check(&channel).await.into_result().unwrap_err();
+//! assert!(refused.retry_after <= Duration::from_secs(60));
+//! # Ok(())
+//! # }
+//! ```
+
+pub use tollgate_core::*;
+
+/// The in-process backend (`memory` feature).
+#[cfg(feature = "memory")]
+pub mod memory {
+    pub use tollgate_memory::*;
+}
