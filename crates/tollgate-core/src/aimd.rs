@@ -1,1 +1,973 @@
-//! The AIMD controller for adaptive (outbound) limits (being written).
+//! Adaptive (AIMD) limits for outbound requests: a rate that the remote
+//! side sets.
+//!
+//! A crawler does not know how fast a source lets it go; the source tells
+//! it, by refusing (`429`, `503`) when it goes too fast. An [`AimdLimiter`]
+//! keeps one token bucket per *scope* (an account, a site) whose rate rises
+//! additively while requests succeed and is cut multiplicatively when the
+//! source refuses, within `[min_rate, max_rate]`:
+//!
+//! * [`acquire`](AimdLimiter::acquire) waits (asynchronously) until the scope
+//!   has a token;
+//! * [`feedback`](AimdLimiter::feedback) reports what the source answered:
+//!   [`Outcome::Success`] ramps the rate up by `increase` (at most once per
+//!   reaction window), [`Outcome::Refused`] cuts it by the `decrease` factor
+//!   (at most once per reaction window: in-flight requests that fail
+//!   together are one signal) and, with a `Retry-After`, holds the scope
+//!   until then; [`Outcome::Failed`] (a network error, a 500) says nothing
+//!   about the rate and changes nothing.
+//!
+//! # Shared state
+//!
+//! Every decision that must hold across workers lives in the shared
+//! [`Backend`], under the limiter's name `<name>` and four auxiliary
+//! limiter names derived from it, all keyed by the scope:
+//!
+//! | limiter name   | strategy          | role |
+//! |----------------|-------------------|------|
+//! | `<name>`       | token bucket      | the scope's bucket. Its policy is the initial rate; the adapted rate is a per-key [runtime override](Backend::set_override), so every worker spends tokens from one bucket at one rate. |
+//! | `<name>-cut`   | token bucket, capacity 1, one token per reaction window | the cut gate: a refusal cuts the rate only if it takes the token. The refusals of one burst find the gate empty and count as one signal, whichever worker sees them. |
+//! | `<name>-grow`  | same              | the growth gate: one additive step per reaction window for the whole fleet, and none while the cut gate is empty (a cut in the last window). |
+//! | `<name>-hold`  | progressive delay | the remote's `Retry-After`: a refusal records one failure blocking the key until then; every [`acquire`](AimdLimiter::acquire) first looks at it (a cost-0 check). |
+//! | `<name>-seen`  | progressive delay that never blocks, forgotten after `idle_expiry` | when the scope was last used: a scope found fresh after `idle_expiry` forgets its adapted rate and starts again from `initial_rate`. |
+//!
+//! Gates and holds are atomic backend decisions, so "one cut per window"
+//! and "hold until Retry-After" hold across any number of workers. The rate
+//! itself is read and written as an override (last writer wins): a growth
+//! racing a cut within one round trip may undo it, which the next refusal
+//! corrects a window later; growth is vetoed for a window after a cut to
+//! keep that race rare. Every key but the override expires by itself (a
+//! full bucket, an open gate, a lapsed hold); the override is cleared when
+//! an idle scope comes back (or by [`forget`](AimdLimiter::forget)).
+//!
+//! A worker asks the backend two questions per [`acquire`](AimdLimiter::acquire)
+//! (the hold, then the bucket), and refreshes its view of the rate (the
+//! `seen` touch and an override read) at most once per reaction window per
+//! scope.
+//!
+//! # Failure
+//!
+//! An adaptive limit is a rate optimisation: it fails open. Every backend
+//! call runs under a timeout and a circuit breaker; when the backend fails,
+//! the worker keeps going alone at the last rate it knew, with an
+//! in-process token bucket per scope. It still honours `Retry-After` and
+//! cuts its own rate on refusals, but does not ramp up until it can
+//! coordinate again (N uncoordinated workers ramping would overshoot N
+//! times). Note that N workers each running at the shared rate offer the
+//! source N times that rate until its refusals cut them down.
+//!
+//! # Examples
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate_core::Key;
+//! use tollgate_core::aimd::{AimdConfig, AimdLimiter, Outcome};
+//! use tollgate_memory::MemoryBackend;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = AimdConfig::from_toml(
+//!     r#"
+//!     initial_rate = "10/s"
+//!     min_rate = "1/min"
+//!     max_rate = "50/s"
+//!     increase = "1/s"
+//!     decrease = 0.5
+//!     reaction_window = "1s"
+//!     "#,
+//! )?;
+//! let harvester = AimdLimiter::new("harvester", config, MemoryBackend::new())?;
+//! let site = Key::new("example.org");
+//!
+//! harvester.acquire(&site).await;
+//! // ... send the request; the source answered 429, Retry-After: 1
+//! harvester
+//!     .feedback(&site, Outcome::Refused { retry_after: Some(Duration::from_secs(1)) })
+//!     .await;
+//! assert_eq!(harvester.rate(&site), 5.0);
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Format, Toml};
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use crate::backend::{Backend, Request, Scope};
+use crate::breaker::{Admit, Breaker, BreakerConfig};
+use crate::config::{ConfigError, parse_rate};
+use crate::decision::Decision;
+use crate::error::Error;
+use crate::key::Key;
+use crate::limiter::DEFAULT_TIMEOUT;
+use crate::model::Op;
+use crate::policy::{MAX_SPAN_MICROS, Policy, ProgressiveDelay, TokenBucket};
+use crate::time::micros;
+
+/// Rates are stored as whole milli-requests per [`RATE_PERIOD`]-long
+/// period: exact to 0.001 request per second, in integers that a Lua script
+/// handles exactly.
+const RATE_SCALE: f64 = 1000.0;
+const RATE_PERIOD: Duration = Duration::from_secs(1000);
+/// The slowest and fastest rates a token bucket of that scale can express.
+const MIN_RATE: f64 = 1.0 / RATE_SCALE;
+const MAX_RATE: f64 = 1_000_000.0;
+/// The `seen` key's free attempts: never reached, and exact in Lua.
+const SEEN_FREE: u64 = 1 << 50;
+/// The shortest hold: a `Retry-After: 0` still pauses the scope briefly.
+const MIN_HOLD: Duration = Duration::from_millis(1);
+
+/// Settings of an [`AimdLimiter`].
+///
+/// Deserializes (with [`serde`]) from a table whose durations are human
+/// (`"1s"`, `"6h"`, parsed by [`humantime`]) and whose rates read `"10/s"`,
+/// `"600/min"` or a number of requests per second; every field is optional
+/// and unknown fields are refused:
+///
+/// ```toml
+/// initial_rate = "1/s"       # a new scope's rate
+/// min_rate = "1/min"         # never slower
+/// max_rate = "100/s"         # never faster
+/// increase = "1/s"           # added per reaction window of success
+/// decrease = 0.75            # factor applied by a cut, in (0, 1)
+/// reaction_window = "1s"     # one cut, one step up at most per window
+/// burst = 1                  # the bucket's capacity
+/// max_hold = "15m"           # longest Retry-After honoured
+/// idle_expiry = "6h"         # an idle scope forgets its rate after this
+/// timeout = "50ms"           # per backend call
+/// breaker_threshold = 5      # consecutive failures that open the breaker
+/// breaker_backoff = "500ms"
+/// breaker_max_backoff = "30s"
+/// ```
+///
+/// The reaction window should exceed the source's response time, so that
+/// the refusals of one burst of in-flight requests land in one window.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(try_from = "RawAimdConfig")]
+pub struct AimdConfig {
+    /// The rate of a new (or long idle) scope, in requests per second.
+    pub initial_rate: f64,
+    /// The lowest rate a cut can reach, in requests per second (at least
+    /// 0.001).
+    pub min_rate: f64,
+    /// The highest rate growth can reach, in requests per second.
+    pub max_rate: f64,
+    /// Requests per second added to the rate per reaction window in which
+    /// requests succeed.
+    pub increase: f64,
+    /// The factor a cut multiplies the rate by, strictly between 0 and 1.
+    pub decrease: f64,
+    /// At most one cut and one step up per window, across every worker.
+    pub reaction_window: Duration,
+    /// The bucket's capacity: how many requests may leave back to back.
+    pub burst: u64,
+    /// The longest `Retry-After` honoured; longer ones are capped.
+    pub max_hold: Duration,
+    /// A scope unused this long forgets its adapted rate.
+    pub idle_expiry: Duration,
+    /// How long one backend call may take before it counts as a failure.
+    pub timeout: Duration,
+    /// Circuit-breaker settings for the backend.
+    pub breaker: BreakerConfig,
+}
+
+impl Default for AimdConfig {
+    fn default() -> Self {
+        Self {
+            initial_rate: 1.0,
+            min_rate: 1.0 / 60.0,
+            max_rate: 100.0,
+            increase: 1.0,
+            decrease: 0.75,
+            reaction_window: Duration::from_secs(1),
+            burst: 1,
+            max_hold: Duration::from_secs(15 * 60),
+            idle_expiry: Duration::from_secs(6 * 3600),
+            timeout: DEFAULT_TIMEOUT,
+            breaker: BreakerConfig::default(),
+        }
+    }
+}
+
+impl AimdConfig {
+    /// Reads a configuration from a TOML table (see the type's docs) and
+    /// validates it.
+    ///
+    /// To keep it in a larger file, deserialize the type from that file's
+    /// table with any serde format; validation runs as part of it.
+    pub fn from_toml(toml: &str) -> Result<Self, ConfigError> {
+        Figment::from(Toml::string(toml))
+            .extract()
+            .map_err(|e| ConfigError::Parse(Box::new(e)))
+    }
+
+    /// Checks that every value can be enforced; the error names the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_at("aimd")
+    }
+
+    fn validate_at(&self, path: &str) -> Result<(), ConfigError> {
+        let bad = |field: &'static str, reason: String| ConfigError::Invalid {
+            path: path.to_owned(),
+            field,
+            reason,
+        };
+        let rate = |field: &'static str, r: f64| {
+            if r.is_finite() && (MIN_RATE..=MAX_RATE).contains(&r) {
+                Ok(())
+            } else {
+                Err(bad(
+                    field,
+                    format!("{r} requests/s is outside [{MIN_RATE}, {MAX_RATE}]"),
+                ))
+            }
+        };
+        rate("min_rate", self.min_rate)?;
+        rate("max_rate", self.max_rate)?;
+        rate("initial_rate", self.initial_rate)?;
+        if self.max_rate < self.min_rate {
+            return Err(bad("max_rate", "must be at least min_rate".into()));
+        }
+        if !(self.min_rate..=self.max_rate).contains(&self.initial_rate) {
+            return Err(bad("initial_rate", "must be within [min_rate, max_rate]".into()));
+        }
+        if !(self.increase.is_finite() && self.increase > 0.0) {
+            return Err(bad("increase", "must be a positive rate".into()));
+        }
+        if !(self.decrease > 0.0 && self.decrease < 1.0) {
+            return Err(bad("decrease", format!("{} is not strictly between 0 and 1", self.decrease)));
+        }
+        let span = |field: &'static str, d: Duration| {
+            let us = micros(d);
+            if us == 0 || us > MAX_SPAN_MICROS {
+                Err(bad(field, "must be between 1µs and 10 years".into()))
+            } else {
+                Ok(())
+            }
+        };
+        span("reaction_window", self.reaction_window)?;
+        span("max_hold", self.max_hold)?;
+        span("idle_expiry", self.idle_expiry)?;
+        span("timeout", self.timeout)?;
+        if self.idle_expiry <= self.reaction_window {
+            return Err(bad("idle_expiry", "must be longer than reaction_window".into()));
+        }
+        if self.burst == 0 {
+            return Err(bad("burst", "must be at least 1".into()));
+        }
+        // The slowest bucket must be expressible (a full refill within the
+        // policy's span limit).
+        try_bucket(self.burst, self.min_rate).map_err(|e| bad("burst", e.reason))?;
+        Ok(())
+    }
+}
+
+/// [`AimdConfig`] as written: every field optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAimdConfig {
+    initial_rate: Option<RawRate>,
+    min_rate: Option<RawRate>,
+    max_rate: Option<RawRate>,
+    increase: Option<RawRate>,
+    decrease: Option<f64>,
+    reaction_window: Option<String>,
+    burst: Option<u64>,
+    max_hold: Option<String>,
+    idle_expiry: Option<String>,
+    timeout: Option<String>,
+    breaker_threshold: Option<u32>,
+    breaker_backoff: Option<String>,
+    breaker_max_backoff: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawRate {
+    PerSecond(f64),
+    Text(String),
+}
+
+impl TryFrom<RawAimdConfig> for AimdConfig {
+    type Error = ConfigError;
+
+    fn try_from(raw: RawAimdConfig) -> Result<Self, ConfigError> {
+        let bad = |field: &'static str, reason: String| ConfigError::Invalid {
+            path: "aimd".into(),
+            field,
+            reason,
+        };
+        let rate = |field: &'static str, r: Option<RawRate>, default: f64| match r {
+            None => Ok(default),
+            Some(RawRate::PerSecond(r)) => Ok(r),
+            Some(RawRate::Text(s)) => {
+                let (n, per) = parse_rate(&s).map_err(|e| bad(field, e))?;
+                if per.is_zero() {
+                    return Err(bad(field, format!("zero period in {s:?}")));
+                }
+                Ok(n as f64 / per.as_secs_f64())
+            }
+        };
+        let dur = |field: &'static str, d: Option<String>, default: Duration| match d {
+            None => Ok(default),
+            Some(s) => humantime::parse_duration(s.trim())
+                .map_err(|e| bad(field, format!("{e} in {s:?} (e.g. \"1s\", \"6h\")"))),
+        };
+        let d = AimdConfig::default();
+        let config = AimdConfig {
+            initial_rate: rate("initial_rate", raw.initial_rate, d.initial_rate)?,
+            min_rate: rate("min_rate", raw.min_rate, d.min_rate)?,
+            max_rate: rate("max_rate", raw.max_rate, d.max_rate)?,
+            increase: rate("increase", raw.increase, d.increase)?,
+            decrease: raw.decrease.unwrap_or(d.decrease),
+            reaction_window: dur("reaction_window", raw.reaction_window, d.reaction_window)?,
+            burst: raw.burst.unwrap_or(d.burst),
+            max_hold: dur("max_hold", raw.max_hold, d.max_hold)?,
+            idle_expiry: dur("idle_expiry", raw.idle_expiry, d.idle_expiry)?,
+            timeout: dur("timeout", raw.timeout, d.timeout)?,
+            breaker: BreakerConfig {
+                threshold: raw.breaker_threshold.unwrap_or(d.breaker.threshold),
+                backoff: dur("breaker_backoff", raw.breaker_backoff, d.breaker.backoff)?,
+                max_backoff: dur("breaker_max_backoff", raw.breaker_max_backoff, d.breaker.max_backoff)?,
+            },
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+fn try_bucket(burst: u64, rate: f64) -> Result<TokenBucket, crate::PolicyError> {
+    // Saturating float-to-int cast; at least one milli-request per period.
+    let refill = ((rate * RATE_SCALE).round() as u64).max(1);
+    TokenBucket::new(burst, refill, RATE_PERIOD)
+}
+
+/// The rate a token bucket refills at, in requests per second.
+fn rate_of(tb: &TokenBucket) -> f64 {
+    tb.refill() as f64 / tb.period().as_secs_f64()
+}
+
+/// What the remote source answered to a request sent under an
+/// [`AimdLimiter`]'s token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The source served the request: the rate may grow.
+    Success,
+    /// The source refused for rate (`429`, `503`): the rate is cut, and
+    /// with a `Retry-After` the scope is held until then.
+    Refused {
+        /// How long the source asked to wait, if it said.
+        retry_after: Option<Duration>,
+    },
+    /// Anything else (a network error, another status): no signal about
+    /// the rate.
+    Failed,
+}
+
+/// A token granted by [`AimdLimiter::acquire`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Grant {
+    rate: f64,
+    local: bool,
+}
+
+impl Grant {
+    /// The scope's rate as this worker knew it when granting, in requests
+    /// per second.
+    pub fn rate(&self) -> f64 {
+        self.rate
+    }
+
+    /// Whether the token came from the worker's in-process fallback
+    /// bucket because the backend failed.
+    pub fn is_local(&self) -> bool {
+        self.local
+    }
+}
+
+/// An adaptive token bucket per scope, shared across workers through a
+/// [`Backend`]; see the [module docs](self) for the algorithm and the
+/// storage layout.
+///
+/// Cheap to clone; clones share their breaker and their per-scope view of
+/// the rate. Two limiters built on one backend (two workers, or two
+/// processes over one Redis) share every decision but keep their own
+/// fallback state.
+pub struct AimdLimiter<B> {
+    inner: Arc<Inner<B>>,
+}
+
+struct Inner<B> {
+    names: Names,
+    config: AimdConfig,
+    /// The scope bucket's configured policy: the initial rate.
+    base: Policy,
+    /// Capacity 1, one token per reaction window.
+    gate: Policy,
+    /// Any progressive delay: a cost-0 check of a hold reads its deadline.
+    hold_probe: Policy,
+    seen: Policy,
+    backend: B,
+    breaker: Breaker,
+    log: Mutex<LogState>,
+    scopes: Mutex<Scopes>,
+}
+
+struct Names {
+    rate: String,
+    cut: String,
+    grow: String,
+    hold: String,
+    seen: String,
+}
+
+/// What one worker knows about one scope.
+#[derive(Debug)]
+struct Local {
+    /// The last rate seen or set in the backend (or set locally while it
+    /// fails).
+    rate: f64,
+    synced: Option<Instant>,
+    hold_until: Option<Instant>,
+    grow_after: Option<Instant>,
+    cut_after: Option<Instant>,
+    /// The fallback bucket's theoretical arrival time (GCRA).
+    tat: Option<Instant>,
+    used: Instant,
+    /// Queues this worker's waiters of the scope, first come first served,
+    /// so that only one of them polls the backend at a time.
+    queue: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Local {
+    fn fresh(rate: f64, now: Instant) -> Self {
+        Self {
+            rate,
+            synced: None,
+            hold_until: None,
+            grow_after: None,
+            cut_after: None,
+            tat: None,
+            used: now,
+            queue: Arc::default(),
+        }
+    }
+}
+
+struct Scopes {
+    map: HashMap<Key, Local>,
+    sweep_at: usize,
+}
+
+const MIN_SWEEP: usize = 1024;
+
+#[derive(Default)]
+struct LogState {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl<B> Clone for AimdLimiter<B> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<B> fmt::Debug for AimdLimiter<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AimdLimiter")
+            .field("name", &self.inner.names.rate)
+            .field("config", &self.inner.config)
+            .field("backend", &std::any::type_name::<B>())
+            .finish()
+    }
+}
+
+fn after(deadline: Option<Instant>, now: Instant) -> bool {
+    deadline.is_some_and(|d| d > now)
+}
+
+impl<B: Backend> AimdLimiter<B> {
+    /// An adaptive limiter named `name` (the namespace of its keys in the
+    /// backend; without `{`, `}` or `:`), checking `config`.
+    pub fn new(name: impl Into<String>, config: AimdConfig, backend: B) -> Result<Self, ConfigError> {
+        let name = name.into();
+        let path = format!("adaptive.{name}");
+        if name.is_empty() || name.contains(['{', '}', ':']) {
+            return Err(ConfigError::Invalid {
+                path,
+                field: "name",
+                reason: "must be non-empty, without '{', '}' or ':'".into(),
+            });
+        }
+        config.validate_at(&path)?;
+        let invalid = |field: &'static str, e: crate::PolicyError| ConfigError::Invalid {
+            path: path.clone(),
+            field,
+            reason: e.reason,
+        };
+        let base = try_bucket(config.burst, config.initial_rate).map_err(|e| invalid("initial_rate", e))?;
+        let gate = TokenBucket::new(1, 1, config.reaction_window).map_err(|e| invalid("reaction_window", e))?;
+        let second = Duration::from_secs(1);
+        let hold_probe = ProgressiveDelay::new(0, second, 1, second, second).map_err(|e| invalid("max_hold", e))?;
+        let seen = ProgressiveDelay::new(SEEN_FREE, second, 1, second, config.idle_expiry)
+            .map_err(|e| invalid("idle_expiry", e))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                names: Names {
+                    cut: format!("{name}-cut"),
+                    grow: format!("{name}-grow"),
+                    hold: format!("{name}-hold"),
+                    seen: format!("{name}-seen"),
+                    rate: name,
+                },
+                base: base.into(),
+                gate: gate.into(),
+                hold_probe: hold_probe.into(),
+                seen: seen.into(),
+                breaker: Breaker::new(config.breaker),
+                config,
+                backend,
+                log: Mutex::default(),
+                scopes: Mutex::new(Scopes {
+                    map: HashMap::new(),
+                    sweep_at: MIN_SWEEP,
+                }),
+            }),
+        })
+    }
+
+    /// The limiter's name.
+    pub fn name(&self) -> &str {
+        &self.inner.names.rate
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &AimdConfig {
+        &self.inner.config
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.inner.backend
+    }
+
+    /// Waits until `scope` has a token and takes it.
+    ///
+    /// Waiters of one scope in this worker are served first come, first
+    /// served. It never fails: when the backend does, the token comes from
+    /// the worker's fallback bucket (see [`Grant::is_local`]).
+    pub async fn acquire(&self, scope: &Key) -> Grant {
+        let queue = {
+            let mut scopes = self.scopes();
+            Arc::clone(&self.local(&mut scopes, scope, Instant::now()).queue)
+        };
+        let _turn = queue.lock().await;
+        loop {
+            match self.try_acquire(scope).await {
+                Ok(grant) => return grant,
+                Err(wait) => tokio::time::sleep(wait).await,
+            }
+        }
+    }
+
+    /// Takes a token for `scope` if one is available now; otherwise says
+    /// how long to wait (a hold, or the bucket's next token).
+    pub async fn try_acquire(&self, scope: &Key) -> Result<Grant, Duration> {
+        let now = Instant::now();
+        let refresh = {
+            let mut scopes = self.scopes();
+            let local = self.local(&mut scopes, scope, now);
+            if let Some(until) = local.hold_until.filter(|&u| u > now) {
+                return Err(until - now);
+            }
+            let due = local
+                .synced
+                .is_none_or(|t| now.duration_since(t) >= self.inner.config.reaction_window);
+            if due {
+                // Marked before asking, so concurrent callers refresh once.
+                local.synced = Some(now);
+            }
+            due
+        };
+        if refresh {
+            self.refresh(scope).await;
+        }
+        let names = &self.inner.names;
+        match self.decide(&names.hold, scope, &self.inner.hold_probe, Op::PEEK).await {
+            Ok(d) if d.is_denied() => {
+                let wait = d.retry_after();
+                self.with_local(scope, |l| l.hold_until = Some(Instant::now() + wait));
+                return Err(wait);
+            }
+            Ok(_) => {}
+            Err(_) => return self.take_local(scope),
+        }
+        match self.decide(&names.rate, scope, &self.inner.base, Op::Acquire(1)).await {
+            Ok(d) if d.is_allowed() => Ok(Grant {
+                rate: self.rate(scope),
+                local: false,
+            }),
+            Ok(d) => Err(d.retry_after()),
+            Err(_) => self.take_local(scope),
+        }
+    }
+
+    /// Reports what the source answered to a request sent under a token
+    /// of `scope`.
+    ///
+    /// Backend failures are absorbed: the worker then adapts its own
+    /// fallback rate (see the [module docs](self#failure)).
+    pub async fn feedback(&self, scope: &Key, outcome: Outcome) {
+        match outcome {
+            Outcome::Success => self.grow(scope).await,
+            Outcome::Refused { retry_after } => {
+                if let Some(wait) = retry_after {
+                    self.hold(scope, wait).await;
+                }
+                self.cut(scope).await;
+            }
+            Outcome::Failed => {}
+        }
+    }
+
+    /// The rate of `scope` as this worker last knew it, in requests per
+    /// second (the initial rate for a scope it has not used).
+    pub fn rate(&self, scope: &Key) -> f64 {
+        self.scopes()
+            .map
+            .get(scope)
+            .map_or(self.inner.config.initial_rate, |l| l.rate)
+    }
+
+    /// The rate of `scope` stored in the backend, in requests per second.
+    pub async fn shared_rate(&self, scope: &Key) -> Result<f64, Error> {
+        self.read_rate(scope).await
+    }
+
+    /// Forgets everything adapted for `scope`: the next request starts from
+    /// the initial rate.
+    pub async fn forget(&self, scope: &Key) -> Result<(), Error> {
+        self.scopes().map.remove(scope);
+        let fut = self
+            .inner
+            .backend
+            .set_override(Scope::Key(&self.inner.names.rate, scope), None);
+        self.guard(fut).await
+    }
+
+    fn scopes(&self) -> MutexGuard<'_, Scopes> {
+        // Plain values only: a panic elsewhere cannot leave them broken.
+        self.inner.scopes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The worker's state for `scope`, fresh if unknown or idle for longer
+    /// than `idle_expiry`; sweeps idle scopes as the map grows.
+    fn local<'a>(&self, scopes: &'a mut Scopes, scope: &Key, now: Instant) -> &'a mut Local {
+        let config = &self.inner.config;
+        if scopes.map.len() >= scopes.sweep_at && !scopes.map.contains_key(scope) {
+            scopes
+                .map
+                .retain(|_, l| now.duration_since(l.used) < config.idle_expiry);
+            scopes.sweep_at = (scopes.map.len() * 2).max(MIN_SWEEP);
+        }
+        let local = scopes
+            .map
+            .entry(scope.clone())
+            .or_insert_with(|| Local::fresh(config.initial_rate, now));
+        if now.duration_since(local.used) >= config.idle_expiry {
+            *local = Local::fresh(config.initial_rate, now);
+        }
+        local.used = now;
+        local
+    }
+
+    fn with_local<T>(&self, scope: &Key, f: impl FnOnce(&mut Local) -> T) -> T {
+        let mut scopes = self.scopes();
+        f(self.local(&mut scopes, scope, Instant::now()))
+    }
+
+    /// Takes a token from the worker's own bucket at its last known rate.
+    fn take_local(&self, scope: &Key) -> Result<Grant, Duration> {
+        let burst = self.inner.config.burst;
+        self.with_local(scope, |l| {
+            let now = Instant::now();
+            let interval = Duration::from_secs_f64(1.0 / l.rate);
+            let tau = interval.saturating_mul(u32::try_from(burst).unwrap_or(u32::MAX));
+            let tat = l.tat.map_or(now, |t| t.max(now));
+            let debt = tat - now;
+            if debt + interval <= tau {
+                l.tat = Some(tat + interval);
+                Ok(Grant {
+                    rate: l.rate,
+                    local: true,
+                })
+            } else {
+                Err(debt + interval - tau)
+            }
+        })
+    }
+
+    /// Touches the scope's `seen` key and reads its rate; a scope idle for
+    /// `idle_expiry` forgets its adapted rate.
+    async fn refresh(&self, scope: &Key) {
+        let names = &self.inner.names;
+        let rate = match self.decide(&names.seen, scope, &self.inner.seen, Op::Acquire(1)).await {
+            // One failure recorded on a fresh key: nobody used the scope
+            // within idle_expiry (or ever).
+            Ok(d) if d.remaining() == SEEN_FREE - 1 => {
+                let fut = self.inner.backend.set_override(Scope::Key(&names.rate, scope), None);
+                self.guard(fut).await.ok().map(|()| self.inner.config.initial_rate)
+            }
+            Ok(_) => self.read_rate(scope).await.ok(),
+            Err(_) => None,
+        };
+        if let Some(rate) = rate {
+            self.with_local(scope, |l| l.rate = rate);
+        }
+    }
+
+    async fn hold(&self, scope: &Key, wait: Duration) {
+        let wait = wait.clamp(MIN_HOLD, self.inner.config.max_hold);
+        self.with_local(scope, |l| {
+            let until = Instant::now() + wait;
+            l.hold_until = Some(l.hold_until.map_or(until, |u| u.max(until)));
+        });
+        // A failure leaves the hold local to this worker: other workers
+        // learn it from their own refusals.
+        let Ok(policy) = ProgressiveDelay::new(0, wait, 1, wait, wait) else {
+            return;
+        };
+        let _ = self
+            .decide(&self.inner.names.hold, scope, &policy.into(), Op::Acquire(1))
+            .await;
+    }
+
+    async fn cut(&self, scope: &Key) {
+        let window = self.inner.config.reaction_window;
+        let skip = self.with_local(scope, |l| {
+            let now = Instant::now();
+            if after(l.cut_after, now) {
+                return true;
+            }
+            // Until the gate answers, this worker's other refusals of the
+            // same burst need not ask it.
+            l.cut_after = Some(now + window);
+            false
+        });
+        if skip {
+            return;
+        }
+        let names = &self.inner.names;
+        let shared = match self.decide(&names.cut, scope, &self.inner.gate, Op::Acquire(1)).await {
+            Ok(d) if d.is_denied() => {
+                // Another refusal of this burst already cut the rate.
+                self.with_local(scope, |l| l.cut_after = Some(Instant::now() + d.retry_after()));
+                return;
+            }
+            Ok(_) => true,
+            Err(_) => false,
+        };
+        let known = self.rate(scope);
+        let current = if shared {
+            self.read_rate(scope).await.unwrap_or(known)
+        } else {
+            known
+        };
+        let rate = (current * self.inner.config.decrease).max(self.inner.config.min_rate);
+        if shared {
+            let _ = self.write_rate(scope, rate).await;
+        }
+        tracing::debug!(limiter = %names.rate, %scope, from = current, to = rate, shared, "aimd cut");
+        self.with_local(scope, |l| l.rate = rate);
+    }
+
+    async fn grow(&self, scope: &Key) {
+        let window = self.inner.config.reaction_window;
+        let skip = self.with_local(scope, |l| {
+            let now = Instant::now();
+            if after(l.grow_after, now) {
+                return true;
+            }
+            l.grow_after = Some(now + window);
+            false
+        });
+        if skip {
+            return;
+        }
+        let names = &self.inner.names;
+        match self.decide(&names.grow, scope, &self.inner.gate, Op::Acquire(1)).await {
+            Ok(d) if d.is_denied() => {
+                self.with_local(scope, |l| l.grow_after = Some(Instant::now() + d.retry_after()));
+                return;
+            }
+            Ok(_) => {}
+            // Without the backend, keep the last known rate: uncoordinated
+            // workers ramping up together would overshoot.
+            Err(_) => return,
+        }
+        // An empty cut gate means a cut in the last window: no step up yet.
+        match self.decide(&names.cut, scope, &self.inner.gate, Op::PEEK).await {
+            Ok(d) if d.is_allowed() => {}
+            _ => return,
+        }
+        let Ok(current) = self.read_rate(scope).await else {
+            return;
+        };
+        let rate = (current + self.inner.config.increase).min(self.inner.config.max_rate);
+        if rate > current && self.write_rate(scope, rate).await.is_err() {
+            return;
+        }
+        tracing::trace!(limiter = %names.rate, %scope, from = current, to = rate, "aimd step up");
+        self.with_local(scope, |l| l.rate = rate);
+    }
+
+    async fn read_rate(&self, scope: &Key) -> Result<f64, Error> {
+        let fut = self
+            .inner
+            .backend
+            .get_override(Scope::Key(&self.inner.names.rate, scope));
+        let rate = match self.guard(fut).await? {
+            Some(Policy::TokenBucket(tb)) => rate_of(&tb),
+            _ => self.inner.config.initial_rate,
+        };
+        Ok(rate.clamp(self.inner.config.min_rate, self.inner.config.max_rate))
+    }
+
+    async fn write_rate(&self, scope: &Key, rate: f64) -> Result<(), Error> {
+        let policy = Policy::from(try_bucket(self.inner.config.burst, rate)?);
+        let fut = self
+            .inner
+            .backend
+            .set_override(Scope::Key(&self.inner.names.rate, scope), Some(&policy));
+        self.guard(fut).await
+    }
+
+    async fn decide(&self, limiter: &str, key: &Key, policy: &Policy, op: Op) -> Result<Decision, Error> {
+        let fut = self.inner.backend.decide(Request {
+            limiter,
+            key,
+            policy,
+            op,
+        });
+        self.guard(fut).await
+    }
+
+    /// Runs one backend call under the timeout and the breaker.
+    async fn guard<T, F>(&self, fut: F) -> Result<T, Error>
+    where
+        F: Future<Output = Result<T, B::Error>>,
+    {
+        let inner = &*self.inner;
+        if let Admit::No(_) = inner.breaker.admit() {
+            return Err(Error::BreakerOpen);
+        }
+        let result = match tokio::time::timeout(inner.config.timeout, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(Error::Backend(Box::new(e))),
+            Err(_) => Err(Error::Timeout(inner.config.timeout)),
+        };
+        match &result {
+            Ok(_) => {
+                if inner.breaker.is_open() {
+                    tracing::info!(limiter = %inner.names.rate, "adaptive limiter backend recovered");
+                }
+                inner.breaker.on_success();
+            }
+            Err(e) => {
+                let opened = inner.breaker.on_failure();
+                self.warn(e, opened);
+            }
+        }
+        result
+    }
+
+    /// Logs a backend failure at warn level, at most once per 10 s, with a
+    /// count of those kept quiet.
+    fn warn(&self, error: &Error, opened: bool) {
+        let now = Instant::now();
+        let suppressed = {
+            let mut log = self.inner.log.lock().unwrap_or_else(|e| e.into_inner());
+            let due = log
+                .last
+                .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10));
+            if !(due || opened) {
+                log.suppressed += 1;
+                return;
+            }
+            log.last = Some(now);
+            std::mem::take(&mut log.suppressed)
+        };
+        let error: &dyn std::error::Error = error;
+        tracing::warn!(
+            limiter = %self.inner.names.rate,
+            error,
+            suppressed,
+            breaker_opened = opened,
+            "adaptive limiter backend failure; running on the local fallback rate"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_reads_rates_and_durations() {
+        let c = AimdConfig::from_toml(
+            r#"
+            initial_rate = "120/min"
+            min_rate = 0.5
+            max_rate = "50/s"
+            increase = "1/s"
+            decrease = 0.5
+            reaction_window = "500ms"
+            idle_expiry = "3h"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.initial_rate, 2.0);
+        assert_eq!(c.min_rate, 0.5);
+        assert_eq!(c.max_rate, 50.0);
+        assert_eq!(c.reaction_window, Duration::from_millis(500));
+        assert_eq!(c.idle_expiry, Duration::from_secs(3 * 3600));
+        assert_eq!(c.burst, 1);
+    }
+
+    #[test]
+    fn bad_config_names_the_field() {
+        for (toml, field) in [
+            ("decrease = 1.0", "aimd.decrease"),
+            ("min_rate = 0", "aimd.min_rate"),
+            ("initial_rate = \"1000/s\"", "aimd.initial_rate"),
+            ("max_rate = \"1/min\"\nmin_rate = \"1/s\"\ninitial_rate = \"1/s\"", "aimd.max_rate"),
+            ("reaction_window = \"soon\"", "aimd.reaction_window"),
+            ("burst = 0", "aimd.burst"),
+            ("idle_expiry = \"1s\"", "aimd.idle_expiry"),
+            ("increase = \"fast\"", "aimd.increase"),
+        ] {
+            let e = AimdConfig::from_toml(toml).unwrap_err().to_string();
+            assert!(e.contains(field), "{toml}: {e}");
+        }
+        let e = AimdConfig::from_toml("rate = 3").unwrap_err().to_string();
+        assert!(e.contains("rate"), "{e}");
+    }
+
+    #[test]
+    fn rates_round_trip_through_a_bucket() {
+        for r in [0.001, 1.0 / 60.0, 0.5, 7.25, 1234.5] {
+            let tb = try_bucket(1, r).unwrap();
+            assert!((rate_of(&tb) - r).abs() <= 0.0005, "{r} -> {}", rate_of(&tb));
+        }
+    }
+}

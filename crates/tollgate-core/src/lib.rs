@@ -51,6 +51,7 @@ pub mod aimd;
 pub mod time;
 
 pub use backend::{Backend, Request, Scope};
+pub use aimd::{AimdConfig, AimdLimiter};
 pub use breaker::BreakerConfig;
 pub use config::{Config, ConfigBuilder, ConfigError, LimiterConfig, parse_rate};
 pub use decision::Decision;
