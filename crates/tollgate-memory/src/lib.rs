@@ -43,7 +43,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use hashbrown::{DefaultHashBuilder, Equivalent, HashMap};
+use hashbrown::{DefaultHashBuilder, HashTable};
 use tollgate_core::model::Slot;
 use tollgate_core::{Backend, Clock, Decision, Key, Policy, Request, Scope, SystemClock, Timestamp};
 
@@ -86,11 +86,12 @@ struct Faults {
 }
 
 struct Shard {
-    map: HashMap<StoreKey, Slot>,
+    /// Entries with the key hash computed once per decision (it also
+    /// picks the shard).
+    map: HashTable<(StoreKey, Slot)>,
     sweep_at: usize,
 }
 
-#[derive(PartialEq, Eq, Hash)]
 struct StoreKey {
     limiter: Box<str>,
     key: Key,
@@ -110,17 +111,15 @@ impl Hash for Lookup<'_> {
     }
 }
 
-impl Equivalent<StoreKey> for Lookup<'_> {
-    fn equivalent(&self, k: &StoreKey) -> bool {
+impl Lookup<'_> {
+    fn matches(&self, k: &StoreKey) -> bool {
         *k.limiter == *self.limiter && k.key == *self.key
     }
-}
 
-impl From<&Lookup<'_>> for StoreKey {
-    fn from(l: &Lookup<'_>) -> Self {
-        Self {
-            limiter: l.limiter.into(),
-            key: l.key.clone(),
+    fn to_owned(&self) -> StoreKey {
+        StoreKey {
+            limiter: self.limiter.into(),
+            key: self.key.clone(),
         }
     }
 }
@@ -162,7 +161,7 @@ impl<C: Clock> MemoryBackend<C> {
         let shards = (0..SHARDS)
             .map(|_| {
                 Mutex::new(Shard {
-                    map: HashMap::new(),
+                    map: HashTable::new(),
                     sweep_at: MIN_SWEEP,
                 })
             })
@@ -191,32 +190,36 @@ impl<C: Clock> MemoryBackend<C> {
             limiter: req.limiter,
             key: req.key,
         };
-        let shard = &self.shared.shards[self.shard_of(&lookup)];
+        let hash = self.shared.hasher.hash_one(&lookup);
+        // Top bits pick the shard; the table inside uses the low ones.
+        let shard = &self.shared.shards[(hash >> 58) as usize % SHARDS];
         let mut shard = lock(shard);
-        match shard.map.get_mut(&lookup) {
-            Some(slot) => {
+        match shard.map.find_entry(hash, |(k, _)| lookup.matches(k)) {
+            Ok(mut entry) => {
+                let slot = &mut entry.get_mut().1;
                 let decision = slot.apply(now, &policy, req.op);
                 if !slot.is_live(now) {
                     // The key is as good as fresh: keep nothing.
-                    shard.map.remove(&lookup);
+                    entry.remove();
                 }
                 decision
             }
-            None => {
+            Err(_) => {
                 let mut slot = Slot::fresh(&policy);
                 let decision = slot.apply(now, &policy, req.op);
                 if slot.is_live(now) {
-                    shard.map.insert(StoreKey::from(&lookup), slot);
+                    let hasher = &self.shared.hasher;
+                    shard.map.insert_unique(hash, (lookup.to_owned(), slot), |(k, _)| {
+                        hasher.hash_one(Lookup {
+                            limiter: &k.limiter,
+                            key: &k.key,
+                        })
+                    });
                     shard.sweep_if_due(now);
                 }
                 decision
             }
         }
-    }
-
-    fn shard_of(&self, lookup: &Lookup<'_>) -> usize {
-        // Top bits: the maps inside the shards use the low ones.
-        (self.shared.hasher.hash_one(lookup) >> 58) as usize % SHARDS
     }
 
     fn effective_policy(&self, req: &Request<'_>) -> Policy {
@@ -322,7 +325,7 @@ impl Shard {
     }
 
     fn sweep(&mut self, now: Timestamp) {
-        self.map.retain(|_, slot| slot.is_live(now));
+        self.map.retain(|(_, slot)| slot.is_live(now));
         self.sweep_at = (self.map.len() * 2).max(MIN_SWEEP);
     }
 }
