@@ -1,0 +1,381 @@
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use http::HeaderMap;
+use http::header::{FORWARDED, HeaderName};
+use ipnet::{IpNet, Ipv6Net};
+use tollgate_core::Key;
+
+use super::KeyExtractor;
+
+/// Forwarding entries examined at most; a longer chain stops at the last
+/// one examined, so a huge header costs bounded work.
+const MAX_HOPS: usize = 32;
+
+/// The peer address of a connection, for servers other than axum and
+/// tonic: insert it into the request's extensions and [`ClientIp`] reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// Which forwarding header a trusted proxy writes.
+///
+/// Exactly one is read: if [`ClientIp`] honoured both, a client could add
+/// the one its proxy does not write and pass it through untouched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ProxyHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2` (nginx, most load
+    /// balancers).
+    #[default]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded: for=client, for=proxy1`.
+    Forwarded,
+}
+
+/// The client's IP address.
+///
+/// By default it is the socket's peer address, read from the request's
+/// extensions: axum's `ConnectInfo<SocketAddr>` (feature `axum`; serve with
+/// `into_make_service_with_connect_info::<SocketAddr>()`), tonic's
+/// `TcpConnectInfo` (feature `tonic`) or a [`PeerAddr`].
+///
+/// When the peer is one of the [trusted proxies](Self::trust_proxies), the
+/// forwarding header is walked **right to left**: each entry was appended by
+/// the hop to its right, so the client is the first address from the right
+/// that is not itself a trusted proxy. Entries further left were written by
+/// the client and are never believed. A peer outside the trusted ranges is
+/// the client, whatever headers it sends. An entry that does not parse
+/// (`unknown`, an obfuscated name, garbage) stops the walk at the trusted
+/// hop that passed it on, so such requests share that hop's limit rather
+/// than choosing their own key.
+///
+/// IPv4-mapped IPv6 addresses count as IPv4. With
+/// [`ipv6_prefix`](Self::ipv6_prefix), IPv6 clients are grouped by network
+/// (one host usually holds a whole /64).
+///
+/// A request with no peer address has no key: the layer's
+/// [`MissingKey`](crate::MissingKey) policy decides.
+///
+/// Clones share the list of trusted proxies.
+///
+/// # Examples
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use tollgate_tower::extract::{ClientIp, KeyExtractor, PeerAddr};
+///
+/// let client_ip = ClientIp::new().trust_proxies(["10.0.0.0/8".parse()?]);
+///
+/// let mut via_proxy = http::Request::builder()
+///     .header("x-forwarded-for", "198.51.100.1, 203.0.113.9, 10.1.2.3")
+///     .body(())?;
+/// via_proxy.extensions_mut().insert(PeerAddr("10.0.0.1:4000".parse()?));
+/// // 10.1.2.3 is trusted; 203.0.113.9 is the first untrusted hop.
+/// assert_eq!(client_ip.extract(&via_proxy).unwrap().as_str(), "203.0.113.9");
+///
+/// let mut direct = http::Request::builder()
+///     .header("x-forwarded-for", "198.51.100.1")
+///     .body(())?;
+/// direct.extensions_mut().insert(PeerAddr("192.0.2.7:5000".parse()?));
+/// // Not from a trusted proxy: the header is ignored.
+/// assert_eq!(client_ip.extract(&direct).unwrap().as_str(), "192.0.2.7");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ClientIp {
+    trusted: Arc<[IpNet]>,
+    header: ProxyHeader,
+    ipv6_prefix: Option<u8>,
+}
+
+impl ClientIp {
+    /// The socket's peer address; no proxy trusted.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Trusts the forwarding header from peers in these networks (a single
+    /// address is a `/32` or `/128` network).
+    pub fn trust_proxies(mut self, nets: impl IntoIterator<Item = IpNet>) -> Self {
+        self.trusted = nets.into_iter().map(|n| n.trunc()).collect();
+        self
+    }
+
+    /// Which forwarding header the trusted proxies write (default
+    /// `X-Forwarded-For`).
+    pub fn header(mut self, header: ProxyHeader) -> Self {
+        self.header = header;
+        self
+    }
+
+    /// Groups IPv6 clients by their first `len` bits (64 is usual); the
+    /// key is then the network, e.g. `2001:db8:1:2::/64`. Values above 128
+    /// are taken as 128.
+    pub fn ipv6_prefix(mut self, len: u8) -> Self {
+        self.ipv6_prefix = Some(len.min(128));
+        self
+    }
+
+    /// The client address, before grouping.
+    pub fn client_ip<B>(&self, req: &http::Request<B>) -> Option<IpAddr> {
+        let peer = peer_addr(req)?.ip().to_canonical();
+        Some(self.walk(peer, req.headers()))
+    }
+
+    fn is_trusted(&self, ip: IpAddr) -> bool {
+        self.trusted.iter().any(|n| n.contains(&ip))
+    }
+
+    fn walk(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        let mut current = peer;
+        if !self.is_trusted(current) {
+            return current;
+        }
+        let name: HeaderName = match self.header {
+            ProxyHeader::XForwardedFor => HeaderName::from_static("x-forwarded-for"),
+            ProxyHeader::Forwarded => FORWARDED,
+        };
+        // Several header lines form one list, in order.
+        let mut lines = Vec::new();
+        for value in headers.get_all(&name) {
+            match value.to_str() {
+                Ok(s) => lines.push(s),
+                // An unreadable line: nothing left of it can be believed.
+                Err(_) => lines.clear(),
+            }
+        }
+        let hops = lines.iter().rev().flat_map(|l| l.rsplit(','));
+        for hop in hops.take(MAX_HOPS) {
+            let parsed = match self.header {
+                ProxyHeader::XForwardedFor => parse_node(hop.trim()),
+                ProxyHeader::Forwarded => forwarded_for(hop),
+            };
+            let Some(ip) = parsed else { break };
+            current = ip.to_canonical();
+            if !self.is_trusted(current) {
+                break;
+            }
+        }
+        current
+    }
+}
+
+fn peer_addr<B>(req: &http::Request<B>) -> Option<SocketAddr> {
+    let ext = req.extensions();
+    #[cfg(feature = "axum")]
+    if let Some(axum::extract::ConnectInfo(addr)) =
+        ext.get::<axum::extract::ConnectInfo<SocketAddr>>()
+    {
+        return Some(*addr);
+    }
+    #[cfg(feature = "tonic")]
+    if let Some(addr) = ext
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(|i| i.remote_addr())
+    {
+        return Some(addr);
+    }
+    ext.get::<PeerAddr>().map(|p| p.0)
+}
+
+/// An address as proxies write it: `ip`, `ip:port`, `[v6]` or `[v6]:port`.
+fn parse_node(s: &str) -> Option<IpAddr> {
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Ok(sa) = s.parse::<SocketAddr>() {
+        return Some(sa.ip());
+    }
+    s.strip_prefix('[')?.strip_suffix(']')?.parse().ok()
+}
+
+/// The `for=` parameter of one `Forwarded` element.
+fn forwarded_for(element: &str) -> Option<IpAddr> {
+    element.split(';').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        if !k.trim().eq_ignore_ascii_case("for") {
+            return None;
+        }
+        let v = v.trim();
+        let v = v
+            .strip_prefix('"')
+            .and_then(|v| v.strip_suffix('"'))
+            .unwrap_or(v);
+        parse_node(v)
+    })
+}
+
+impl<B> KeyExtractor<http::Request<B>> for ClientIp {
+    fn extract(&self, req: &http::Request<B>) -> Option<Key> {
+        let ip = self.client_ip(req)?;
+        Some(match (ip, self.ipv6_prefix) {
+            (IpAddr::V6(v6), Some(len)) => {
+                // `len` is at most 128, so the network always exists.
+                let net = Ipv6Net::new(v6, len).map(|n| n.trunc());
+                match net {
+                    Ok(net) => Key::new(net.to_string()),
+                    Err(_) => Key::from(ip),
+                }
+            }
+            _ => Key::from(ip),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(peer: &str, headers: &[(&str, &[u8])]) -> http::Request<()> {
+        let mut r = http::Request::new(());
+        for (k, v) in headers {
+            r.headers_mut().append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                http::HeaderValue::from_bytes(v).unwrap(),
+            );
+        }
+        r.extensions_mut().insert(PeerAddr(peer.parse().unwrap()));
+        r
+    }
+
+    fn proxies() -> ClientIp {
+        ClientIp::new().trust_proxies(["10.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()])
+    }
+
+    fn key(x: &ClientIp, r: &http::Request<()>) -> String {
+        x.extract(r).unwrap().as_str().to_owned()
+    }
+
+    #[test]
+    fn untrusted_peer_headers_are_ignored() {
+        let r = req(
+            "203.0.113.5:1",
+            &[
+                ("x-forwarded-for", b"1.2.3.4"),
+                ("forwarded", b"for=1.2.3.4"),
+            ],
+        );
+        assert_eq!(key(&proxies(), &r), "203.0.113.5");
+        assert_eq!(
+            key(&proxies().header(ProxyHeader::Forwarded), &r),
+            "203.0.113.5"
+        );
+    }
+
+    #[test]
+    fn walks_right_to_left_over_trusted_hops() {
+        // The client prepended a fake 1.1.1.1; the real client is 198.51.100.7.
+        let r = req(
+            "10.0.0.1:1",
+            &[
+                ("x-forwarded-for", b"1.1.1.1, 198.51.100.7"),
+                ("x-forwarded-for", b"10.9.9.9"),
+            ],
+        );
+        assert_eq!(key(&proxies(), &r), "198.51.100.7");
+    }
+
+    #[test]
+    fn only_the_configured_header_is_read() {
+        let r = req(
+            "10.0.0.1:1",
+            &[
+                ("forwarded", b"for=1.1.1.1"),
+                ("x-forwarded-for", b"198.51.100.7"),
+            ],
+        );
+        assert_eq!(key(&proxies(), &r), "198.51.100.7");
+        let r = req(
+            "10.0.0.1:1",
+            &[
+                ("x-forwarded-for", b"1.1.1.1"),
+                (
+                    "forwarded",
+                    b"for=1.1.1.1, For=\"[2001:db8::1]:443\";proto=https",
+                ),
+            ],
+        );
+        assert_eq!(
+            key(&proxies().header(ProxyHeader::Forwarded), &r),
+            "2001:db8::1"
+        );
+    }
+
+    #[test]
+    fn all_trusted_means_the_leftmost() {
+        let r = req("10.0.0.1:1", &[("x-forwarded-for", b"10.0.0.7, 10.0.0.8")]);
+        assert_eq!(key(&proxies(), &r), "10.0.0.7");
+        let r = req("10.0.0.1:1", &[]);
+        assert_eq!(key(&proxies(), &r), "10.0.0.1");
+    }
+
+    #[test]
+    fn malformed_entries_stop_at_the_trusted_hop() {
+        for bad in [
+            &b"garbage"[..],
+            b"",
+            b" , ",
+            b"unknown",
+            b"1.2.3.4.5",
+            b"\xff\xfe",
+            b"[::1",
+        ] {
+            let r = req("10.0.0.1:1", &[("x-forwarded-for", bad)]);
+            assert_eq!(key(&proxies(), &r), "10.0.0.1", "{bad:?}");
+        }
+        let r = req(
+            "10.0.0.1:1",
+            &[("x-forwarded-for", b"1.1.1.1, bogus, 10.0.0.2")],
+        );
+        assert_eq!(key(&proxies(), &r), "10.0.0.2");
+        let r = req(
+            "10.0.0.1:1",
+            &[("forwarded", b"for=_hidden, for=unknown;by=x")],
+        );
+        assert_eq!(
+            key(&proxies().header(ProxyHeader::Forwarded), &r),
+            "10.0.0.1"
+        );
+        let r = req("10.0.0.1:1", &[("forwarded", b"proto=https")]);
+        assert_eq!(
+            key(&proxies().header(ProxyHeader::Forwarded), &r),
+            "10.0.0.1"
+        );
+    }
+
+    #[test]
+    fn ports_brackets_and_mapped_addresses() {
+        let r = req("10.0.0.1:1", &[("x-forwarded-for", b"[2001:db8::5]:8080")]);
+        assert_eq!(key(&proxies(), &r), "2001:db8::5");
+        let r = req("10.0.0.1:1", &[("x-forwarded-for", b"192.0.2.1:8080")]);
+        assert_eq!(key(&proxies(), &r), "192.0.2.1");
+        let r = req("[::ffff:192.0.2.9]:1", &[]);
+        assert_eq!(key(&proxies(), &r), "192.0.2.9");
+    }
+
+    #[test]
+    fn ipv6_grouping() {
+        let x = ClientIp::new().ipv6_prefix(64);
+        let a = req("[2001:db8:1:2:aaaa::1]:1", &[]);
+        let b = req("[2001:db8:1:2:bbbb::2]:1", &[]);
+        assert_eq!(key(&x, &a), "2001:db8:1:2::/64");
+        assert_eq!(x.extract(&a), x.extract(&b));
+        assert_eq!(key(&x, &req("192.0.2.1:1", &[])), "192.0.2.1");
+        assert_eq!(
+            key(&ClientIp::new().ipv6_prefix(200), &a),
+            "2001:db8:1:2:aaaa::1/128"
+        );
+    }
+
+    #[test]
+    fn no_peer_no_key() {
+        assert_eq!(proxies().extract(&http::Request::new(())), None);
+    }
+
+    #[test]
+    fn long_chains_are_bounded() {
+        let chain = vec!["10.0.0.3"; 10_000].join(",");
+        let r = req("10.0.0.1:1", &[("x-forwarded-for", chain.as_bytes())]);
+        assert_eq!(key(&proxies(), &r), "10.0.0.3");
+    }
+}

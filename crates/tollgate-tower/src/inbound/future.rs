@@ -1,0 +1,283 @@
+//! The response future of [`RateLimit`](super::RateLimit).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use pin_project_lite::pin_project;
+use tollgate_core::{Backend, Decision, Key, Limiter, Verdict};
+use tower_service::Service;
+use tracing::Instrument;
+
+use super::hooks::{Classify, Outcome};
+use super::service::Post;
+use crate::respond::{Quota, Refusal, Respond};
+use crate::telemetry;
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// One request's claim on a limiter.
+pub(crate) struct Ticket<B> {
+    pub(crate) limiter: Limiter<B>,
+    pub(crate) key: Key,
+    pub(crate) cost: u64,
+}
+
+pin_project! {
+    /// The response future of [`RateLimit`](super::RateLimit): asks the
+    /// limiter, then calls the inner service or answers the refusal.
+    pub struct ResponseFuture<S, Req, B, R, V>
+    where
+        S: Service<Req>,
+        R: Respond<S::Response>,
+    {
+        #[pin]
+        state: State<S, Req, B, R::Response>,
+        ticket: Option<Ticket<B>>,
+        decision: Option<Decision>,
+        post: Arc<Post<R, V>>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, Req, B, Out>
+    where
+        S: Service<Req>,
+    {
+        Checking {
+            check: BoxFuture<(Verdict, Ticket<B>)>,
+            service: Option<S>,
+            req: Option<Req>,
+        },
+        Inner {
+            #[pin]
+            fut: S::Future,
+        },
+        Settling {
+            settle: BoxFuture<Option<Decision>>,
+            response: Option<S::Response>,
+        },
+        Rejected {
+            response: Option<Out>,
+        },
+    }
+}
+
+impl<S, Req, B, R, V> ResponseFuture<S, Req, B, R, V>
+where
+    S: Service<Req>,
+    R: Respond<S::Response>,
+    B: Backend,
+{
+    pub(crate) fn checking(
+        ticket: Ticket<B>,
+        upfront: bool,
+        service: S,
+        req: Req,
+        post: Arc<Post<R, V>>,
+    ) -> Self {
+        Self {
+            state: State::Checking {
+                check: check(ticket, upfront),
+                service: Some(service),
+                req: Some(req),
+            },
+            ticket: None,
+            decision: None,
+            post,
+        }
+    }
+
+    pub(crate) fn pass(fut: S::Future, post: Arc<Post<R, V>>) -> Self {
+        Self {
+            state: State::Inner { fut },
+            ticket: None,
+            decision: None,
+            post,
+        }
+    }
+
+    pub(crate) fn rejected(response: R::Response, post: Arc<Post<R, V>>) -> Self {
+        Self {
+            state: State::Rejected {
+                response: Some(response),
+            },
+            ticket: None,
+            decision: None,
+            post,
+        }
+    }
+}
+
+/// Asks the limiter: takes the cost now (`upfront`), or only looks, the
+/// charge waiting for the response.
+fn check<B: Backend>(ticket: Ticket<B>, upfront: bool) -> BoxFuture<(Verdict, Ticket<B>)> {
+    let span =
+        tracing::debug_span!("rate_limit", limiter = ticket.limiter.name(), key = %ticket.key);
+    Box::pin(
+        async move {
+            let timer = telemetry::Timer::start();
+            let verdict = if upfront {
+                ticket.limiter.check_cost(&ticket.key, ticket.cost).await
+            } else {
+                match ticket.limiter.policy().check_cost(ticket.cost) {
+                    // Only the check is deferred: a cost that can never
+                    // pass is refused as `check_cost` would refuse it.
+                    Err(_) => ticket.limiter.check_cost(&ticket.key, ticket.cost).await,
+                    Ok(()) => ticket.limiter.peek(&ticket.key).await,
+                }
+            };
+            timer.record(ticket.limiter.name());
+            (verdict, ticket)
+        }
+        .instrument(span),
+    )
+}
+
+/// Charges (or forgets) after the response, per the classifier.
+fn settle<B: Backend>(ticket: &Ticket<B>, outcome: Outcome) -> Option<BoxFuture<Option<Decision>>> {
+    let (limiter, key, cost) = (ticket.limiter.clone(), ticket.key.clone(), ticket.cost);
+    match outcome {
+        Outcome::Ignore => None,
+        Outcome::Count => Some(Box::pin(async move {
+            limiter.check_cost(&key, cost).await.decision().copied()
+        })),
+        Outcome::Reset => Some(Box::pin(async move { limiter.reset(&key).await.ok() })),
+    }
+}
+
+impl<S, Req, B, R, V> Future for ResponseFuture<S, Req, B, R, V>
+where
+    S: Service<Req>,
+    R: Respond<S::Response>,
+    V: Classify<S::Response>,
+    B: Backend,
+{
+    type Output = Result<R::Response, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Checking {
+                    check,
+                    service,
+                    req,
+                } => {
+                    let (verdict, ticket) = ready!(check.as_mut().poll(cx));
+                    let name = ticket.limiter.name();
+                    let refused = match verdict {
+                        Verdict::Decided(d) if d.is_allowed() => {
+                            telemetry::allowed(name);
+                            *this.decision = Some(d);
+                            None
+                        }
+                        Verdict::Decided(d) => {
+                            telemetry::denied(name, &ticket.key, &d);
+                            let quota = Quota::new(name, ticket.limiter.policy(), &d);
+                            Some(this.post.responder.refused(&Refusal::Limited(quota)))
+                        }
+                        Verdict::FailedOpen(e) => {
+                            telemetry::backend_failed(name, false, &e);
+                            None
+                        }
+                        Verdict::FailedClosed(e, retry_after) => {
+                            telemetry::backend_failed(name, true, &e);
+                            let refusal = Refusal::Unavailable {
+                                limiter: name,
+                                retry_after,
+                            };
+                            Some(this.post.responder.refused(&refusal))
+                        }
+                    };
+                    match refused {
+                        None => {
+                            let mut service = service.take().expect("polled after completion");
+                            let req = req.take().expect("polled after completion");
+                            *this.ticket = Some(ticket);
+                            this.state.set(State::Inner {
+                                fut: service.call(req),
+                            });
+                        }
+                        Some(response) => this.state.set(State::Rejected {
+                            response: Some(response),
+                        }),
+                    }
+                }
+                StateProj::Inner { fut } => {
+                    let response = ready!(fut.poll(cx))?;
+                    if !V::UPFRONT {
+                        let outcome = this.post.classify.classify(&response);
+                        let settle = this.ticket.as_ref().and_then(|t| settle(t, outcome));
+                        if let Some(settle) = settle {
+                            this.state.set(State::Settling {
+                                settle,
+                                response: Some(response),
+                            });
+                            continue;
+                        }
+                    }
+                    return Poll::Ready(Ok(respond_allowed(
+                        &this.post.responder,
+                        response,
+                        this.ticket.as_ref(),
+                        this.decision.as_ref(),
+                    )));
+                }
+                StateProj::Settling { settle, response } => {
+                    // A failed charge keeps the check's figures.
+                    if let Some(d) = ready!(settle.as_mut().poll(cx)) {
+                        *this.decision = Some(d);
+                    }
+                    let response = response.take().expect("polled after completion");
+                    return Poll::Ready(Ok(respond_allowed(
+                        &this.post.responder,
+                        response,
+                        this.ticket.as_ref(),
+                        this.decision.as_ref(),
+                    )));
+                }
+                StateProj::Rejected { response } => {
+                    let response = response.take().expect("polled after completion");
+                    return Poll::Ready(Ok(response));
+                }
+            }
+        }
+    }
+}
+
+fn respond_allowed<B: Backend, Res, R: Respond<Res>>(
+    responder: &R,
+    response: Res,
+    ticket: Option<&Ticket<B>>,
+    decision: Option<&Decision>,
+) -> R::Response {
+    match (ticket, decision) {
+        (Some(t), Some(d)) => {
+            let quota = Quota::new(t.limiter.name(), t.limiter.policy(), d);
+            responder.allowed(response, Some(&quota))
+        }
+        _ => responder.allowed(response, None),
+    }
+}
+
+impl<S, Req, B, R, V> fmt::Debug for ResponseFuture<S, Req, B, R, V>
+where
+    S: Service<Req>,
+    R: Respond<S::Response>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Checking { .. } => "Checking",
+            State::Inner { .. } => "Inner",
+            State::Settling { .. } => "Settling",
+            State::Rejected { .. } => "Rejected",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}

@@ -1,0 +1,183 @@
+//! The per-request choices of a [`RateLimitLayer`](super::RateLimitLayer):
+//! which limiter, what cost, whether a response counts, and what to do
+//! without a key.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use tollgate_core::{Backend, Key, Limiter};
+
+/// Chooses the limiter that decides a request.
+///
+/// A [`Limiter`] chooses itself. [`PerRequest`] wraps a closure
+/// `Fn(&Req) -> Limiter<B>` for per-role (per-plan, per-tenant) quotas:
+/// each quota is its own named limiter, built from configuration like any
+/// other, and the closure picks one. Counters are kept per limiter, so a
+/// key that changes role starts afresh under its new quota.
+pub trait SelectLimiter<Req> {
+    /// The backend of the limiters chosen from.
+    type Backend: Backend;
+
+    /// The limiter for `req` (limiters are cheap to clone).
+    fn select(&self, req: &Req) -> Limiter<Self::Backend>;
+}
+
+impl<B: Backend, Req> SelectLimiter<Req> for Limiter<B> {
+    type Backend = B;
+
+    fn select(&self, _: &Req) -> Limiter<B> {
+        self.clone()
+    }
+}
+
+/// A policy resolver: a closure choosing the limiter per request. See
+/// [`RateLimitLayer::per_request`](super::RateLimitLayer::per_request).
+pub struct PerRequest<F, B> {
+    f: F,
+    _backend: PhantomData<fn() -> B>,
+}
+
+impl<F, B> PerRequest<F, B> {
+    /// Wraps `f`.
+    pub fn new(f: F) -> Self {
+        Self {
+            f,
+            _backend: PhantomData,
+        }
+    }
+}
+
+impl<F: Clone, B> Clone for PerRequest<F, B> {
+    fn clone(&self) -> Self {
+        Self::new(self.f.clone())
+    }
+}
+
+impl<F, B> fmt::Debug for PerRequest<F, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PerRequest")
+            .field("f", &std::any::type_name::<F>())
+            .finish()
+    }
+}
+
+impl<F, B, Req> SelectLimiter<Req> for PerRequest<F, B>
+where
+    F: Fn(&Req) -> Limiter<B>,
+    B: Backend,
+{
+    type Backend = B;
+
+    fn select(&self, req: &Req) -> Limiter<B> {
+        (self.f)(req)
+    }
+}
+
+/// The cost of a request: a fixed `u64` (1 by default) or a closure
+/// `Fn(&Req) -> u64` (weighted endpoints, LLM calls charged by tokens).
+///
+/// A cost the limiter's policy can never grant is refused (fail-closed,
+/// whatever the fail mode): a request cannot escape a limit by claiming
+/// an impossible cost.
+pub trait Cost<Req> {
+    /// The units `req` takes.
+    fn cost(&self, req: &Req) -> u64;
+}
+
+impl<Req> Cost<Req> for u64 {
+    fn cost(&self, _: &Req) -> u64 {
+        *self
+    }
+}
+
+impl<F, Req> Cost<Req> for F
+where
+    F: Fn(&Req) -> u64,
+{
+    fn cost(&self, req: &Req) -> u64 {
+        self(req)
+    }
+}
+
+/// What a response does to the count. See [`Classify`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Charge the request's cost.
+    Count,
+    /// Charge nothing (a 5xx the client is not to blame for; a successful
+    /// login when only failures count).
+    Ignore,
+    /// Forget the key: it becomes a fresh key (a successful login clears
+    /// a progressive delay).
+    Reset,
+}
+
+/// Response-based counting: decides from the inner service's response
+/// whether the request counts.
+///
+/// With the default, [`Upfront`], the cost is taken atomically before the
+/// request is handed on, and every admitted request counts. With a
+/// classifier (any closure `Fn(&Res) -> Outcome`) the layer instead
+/// *checks* before (a refused key is refused without reaching the
+/// service) and *charges after*, once the response says whether the
+/// request counts; the response is returned once the charge is recorded,
+/// so the client's next request sees it.
+///
+/// Checking and charging are two backend calls rather than one atomic
+/// one, so concurrent requests of one key may all pass the check before
+/// any is charged: at most the number of requests in flight can exceed
+/// the limit. That is the price of counting by outcome (login protection
+/// counts failed logins, which only the response knows). A response the
+/// inner service failed to produce (`Err`) is not charged.
+pub trait Classify<Res> {
+    /// Whether the cost is taken before the request is handed on (and
+    /// [`classify`](Self::classify) never called).
+    const UPFRONT: bool = false;
+
+    /// What `response` does to the count.
+    fn classify(&self, response: &Res) -> Outcome;
+}
+
+/// Every admitted request counts, charged atomically before it is handed
+/// on (the default).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Upfront;
+
+impl<Res> Classify<Res> for Upfront {
+    const UPFRONT: bool = true;
+
+    fn classify(&self, _: &Res) -> Outcome {
+        Outcome::Count
+    }
+}
+
+impl<F, Res> Classify<Res> for F
+where
+    F: Fn(&Res) -> Outcome,
+{
+    fn classify(&self, response: &Res) -> Outcome {
+        self(response)
+    }
+}
+
+/// What to do with a request whose extractor found no key.
+///
+/// Whatever the choice, a request without a key never escapes a
+/// fail-closed limiter: [`Allow`](Self::Allow) only applies to fail-open
+/// ones.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// Refuse it (HTTP 400, gRPC `INVALID_ARGUMENT`). The default.
+    #[default]
+    Reject,
+    /// Let it through uncounted, if the limiter is fail-open (a rate
+    /// optimisation, where anonymous requests are limited elsewhere). A
+    /// fail-closed limiter is a security control that dropping a header
+    /// must not switch off: there, the request is rejected as with
+    /// [`Reject`](Self::Reject).
+    Allow,
+    /// Count it under this shared key: every keyless request shares one
+    /// budget.
+    Fallback(Key),
+}

@@ -1,0 +1,143 @@
+use std::fmt;
+use std::mem;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tollgate_core::FailMode;
+use tower_service::Service;
+
+use super::future::{ResponseFuture, Ticket};
+use super::hooks::{Classify, Cost, MissingKey, SelectLimiter};
+use crate::extract::KeyExtractor;
+use crate::respond::{Refusal, Respond};
+use crate::telemetry;
+
+/// What the service needs before the request is handed on.
+pub(crate) struct Shared<L, K, C> {
+    pub(crate) limiter: L,
+    pub(crate) extractor: K,
+    pub(crate) cost: C,
+    pub(crate) missing: MissingKey,
+}
+
+/// What the response future needs after.
+pub(crate) struct Post<R, V> {
+    pub(crate) responder: R,
+    pub(crate) classify: V,
+}
+
+/// A keyed rate limit in front of a service. Made by
+/// [`RateLimitLayer`](super::RateLimitLayer).
+///
+/// `poll_ready` is the inner service's: the key is only known in `call`,
+/// so a limit is never backpressure; a refusal is a response (429, a gRPC
+/// status) and the inner service is not called.
+pub struct RateLimit<S, L, K, R, C, V> {
+    inner: S,
+    shared: Arc<Shared<L, K, C>>,
+    post: Arc<Post<R, V>>,
+}
+
+impl<S, L, K, R, C, V> RateLimit<S, L, K, R, C, V> {
+    pub(crate) fn from_parts(
+        inner: S,
+        shared: Arc<Shared<L, K, C>>,
+        post: Arc<Post<R, V>>,
+    ) -> Self {
+        Self {
+            inner,
+            shared,
+            post,
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, L, K, R, C, V> Clone for RateLimit<S, L, K, R, C, V> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+            post: Arc::clone(&self.post),
+        }
+    }
+}
+
+impl<S: fmt::Debug, L: fmt::Debug, K, R: fmt::Debug, C, V> fmt::Debug
+    for RateLimit<S, L, K, R, C, V>
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("limiter", &self.shared.limiter)
+            .field("extractor", &std::any::type_name::<K>())
+            .field("responder", &self.post.responder)
+            .field("missing", &self.shared.missing)
+            .finish()
+    }
+}
+
+impl<S, L, K, R, C, V, Req> Service<Req> for RateLimit<S, L, K, R, C, V>
+where
+    S: Service<Req> + Clone,
+    L: SelectLimiter<Req>,
+    K: KeyExtractor<Req>,
+    C: Cost<Req>,
+    R: Respond<S::Response>,
+    V: Classify<S::Response>,
+{
+    type Response = R::Response;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, Req, L::Backend, R, V>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let shared = &*self.shared;
+        let limiter = shared.limiter.select(&req);
+        let key = match shared.extractor.extract(&req) {
+            Some(key) => key,
+            None => match &shared.missing {
+                MissingKey::Fallback(key) => key.clone(),
+                MissingKey::Allow if limiter.fail_mode() == FailMode::Open => {
+                    telemetry::missing_key(limiter.name(), true);
+                    // `self.inner` is the service polled ready: call it.
+                    return ResponseFuture::pass(self.inner.call(req), Arc::clone(&self.post));
+                }
+                // Reject, or Allow on a fail-closed limiter: dropping a
+                // header must not switch a security control off.
+                _ => {
+                    telemetry::missing_key(limiter.name(), false);
+                    let refusal = Refusal::MissingKey {
+                        limiter: limiter.name(),
+                    };
+                    let response = self.post.responder.refused(&refusal);
+                    return ResponseFuture::rejected(response, Arc::clone(&self.post));
+                }
+            },
+        };
+        let cost = shared.cost.cost(&req);
+        // The ready service is the one that will be called, once the
+        // limiter has answered; a fresh clone takes its place here.
+        let clone = self.inner.clone();
+        let inner = mem::replace(&mut self.inner, clone);
+        let ticket = Ticket { limiter, key, cost };
+        ResponseFuture::checking(ticket, V::UPFRONT, inner, req, Arc::clone(&self.post))
+    }
+}

@@ -1,0 +1,188 @@
+//! Answers: how an allowed request's response is decorated and how a
+//! refusal is told to the caller.
+//!
+//! A layer hands its [`Respond`] implementation either the inner service's
+//! response with the [`Quota`] that let it through, or a [`Refusal`]. Two
+//! are built in:
+//!
+//! * [`Http`]: `429 Too Many Requests` with `Retry-After` (whole seconds,
+//!   rounded up, never 0), the IETF `RateLimit-Policy` / `RateLimit` fields
+//!   and a problem+json body; `503` with a short `Retry-After` when a
+//!   fail-closed limiter's backend failed; `400` for a request without a
+//!   key. Allowed responses carry the rate-limit fields too (configurable).
+//! * [`Grpc`]: the same refusals as gRPC statuses (`RESOURCE_EXHAUSTED`,
+//!   `UNAVAILABLE`, `INVALID_ARGUMENT`) with the retry delay in metadata.
+//!
+//! For a different body or status, give [`Http::on_refusal`] a closure, or
+//! implement [`Respond`].
+
+mod body;
+mod grpc;
+pub(crate) mod http_responder;
+
+use std::time::Duration;
+
+use http::HeaderValue;
+use tollgate_core::decision::ceil_secs;
+use tollgate_core::{Decision, Policy};
+
+pub use body::ResponseBody;
+pub use grpc::Grpc;
+pub use http_responder::Http;
+
+/// The `RateLimit-Policy` header name.
+pub const RATELIMIT_POLICY: http::HeaderName = http::HeaderName::from_static("ratelimit-policy");
+/// The `RateLimit` header name.
+pub const RATELIMIT: http::HeaderName = http::HeaderName::from_static("ratelimit");
+
+/// One limiter's decision on a request, with what is needed to describe
+/// it to the client.
+#[derive(Debug, Clone, Copy)]
+pub struct Quota<'a> {
+    /// The limiter's name: the policy's name in the header fields.
+    pub name: &'a str,
+    /// The limiter's configured policy (for the window).
+    pub policy: &'a Policy,
+    /// The backend's decision.
+    pub decision: &'a Decision,
+}
+
+impl<'a> Quota<'a> {
+    /// Bundles a decision with its limiter's name and policy.
+    pub fn new(name: &'a str, policy: &'a Policy, decision: &'a Decision) -> Self {
+        Self {
+            name,
+            policy,
+            decision,
+        }
+    }
+
+    /// Seconds until the quota resets for this client: for a refusal, the
+    /// time until the request would pass (so `Retry-After` is never
+    /// earlier than the `t` the fields announce), otherwise the time until
+    /// the quota is whole again.
+    pub fn reset_secs(&self) -> u64 {
+        if self.decision.is_denied() {
+            self.decision.retry_after_secs()
+        } else {
+            self.decision.reset_after_secs()
+        }
+    }
+
+    /// `RateLimit-Policy: "name";q=<limit>;w=<window seconds>`.
+    pub fn policy_header(&self) -> HeaderValue {
+        let s = format!(
+            "{};q={};w={}",
+            sf_string(self.name),
+            self.decision.limit(),
+            ceil_secs(self.policy.window()).max(1)
+        );
+        HeaderValue::try_from(s).unwrap_or_else(|_| HeaderValue::from_static("\"\""))
+    }
+
+    /// `RateLimit: "name";r=<remaining>;t=<seconds to reset>`.
+    pub fn header(&self) -> HeaderValue {
+        let s = format!(
+            "{};r={};t={}",
+            sf_string(self.name),
+            self.decision.remaining(),
+            self.reset_secs()
+        );
+        HeaderValue::try_from(s).unwrap_or_else(|_| HeaderValue::from_static("\"\""))
+    }
+}
+
+/// A structured-field string: printable ASCII only, quotes and backslashes
+/// escaped; anything else becomes `_`.
+fn sf_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('_'),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Refusal<'a> {
+    /// The limit is reached.
+    Limited(Quota<'a>),
+    /// The backend failed and the limiter is fail-closed.
+    Unavailable {
+        /// The limiter's name.
+        limiter: &'a str,
+        /// When to try again (short).
+        retry_after: Duration,
+    },
+    /// The request carries no key and the layer refuses such requests.
+    MissingKey {
+        /// The limiter's name.
+        limiter: &'a str,
+    },
+}
+
+impl Refusal<'_> {
+    /// The limiter that refused.
+    pub fn limiter(&self) -> &str {
+        match self {
+            Refusal::Limited(q) => q.name,
+            Refusal::Unavailable { limiter, .. } | Refusal::MissingKey { limiter } => limiter,
+        }
+    }
+
+    /// Whole seconds to wait, rounded up and never 0; `None` when waiting
+    /// will not help (a missing key).
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            Refusal::Limited(q) => Some(q.decision.retry_after_secs()),
+            Refusal::Unavailable { retry_after, .. } => Some(ceil_secs(*retry_after).max(1)),
+            Refusal::MissingKey { .. } => None,
+        }
+    }
+}
+
+/// Turns outcomes into responses.
+///
+/// `Res` is the inner service's response type; `Response` what the layered
+/// service answers (the same type for every outcome).
+pub trait Respond<Res> {
+    /// The layered service's response.
+    type Response;
+
+    /// The inner service's response to an allowed request. `quota` is
+    /// `None` when no decision was made (a fail-open limiter whose backend
+    /// failed, or a request without a key that the layer lets pass).
+    fn allowed(&self, response: Res, quota: Option<&Quota<'_>>) -> Self::Response;
+
+    /// The answer to a refused request.
+    fn refused(&self, refusal: &Refusal<'_>) -> Self::Response;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::TokenBucket;
+
+    #[test]
+    fn header_fields_follow_the_draft_syntax() {
+        let policy = Policy::from(TokenBucket::new(100, 100, Duration::from_secs(60)).unwrap());
+        let allowed = Decision::allowed(100, 50, Duration::from_millis(29_001));
+        let q = Quota::new("api", &policy, &allowed);
+        assert_eq!(q.policy_header(), "\"api\";q=100;w=60");
+        assert_eq!(q.header(), "\"api\";r=50;t=30");
+
+        let denied = Decision::denied(100, 0, Duration::from_millis(1), Duration::from_secs(60));
+        let q = Quota::new("a\"b\\c\u{e9}", &policy, &denied);
+        assert_eq!(q.header(), "\"a\\\"b\\\\c_\";r=0;t=1");
+    }
+}
