@@ -1,6 +1,7 @@
 //! A circuit breaker that keeps callers from waiting on a dead backend.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -42,6 +43,9 @@ enum State {
 #[derive(Debug)]
 pub(crate) struct Breaker {
     config: BreakerConfig,
+    /// True while the state is `Closed { failures: 0 }`: the hot path reads
+    /// only this flag and never takes the lock.
+    healthy: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -60,6 +64,7 @@ impl Breaker {
     pub(crate) fn new(config: BreakerConfig) -> Self {
         Self {
             config,
+            healthy: AtomicBool::new(true),
             state: Mutex::new(State::Closed { failures: 0 }),
         }
     }
@@ -71,7 +76,7 @@ impl Breaker {
     }
 
     pub(crate) fn admit(&self) -> Admit {
-        if self.config.threshold == 0 {
+        if self.config.threshold == 0 || self.healthy.load(Ordering::Acquire) {
             return Admit::Yes;
         }
         let mut state = self.lock();
@@ -91,13 +96,12 @@ impl Breaker {
     }
 
     pub(crate) fn on_success(&self) {
-        if self.config.threshold == 0 {
+        if self.config.threshold == 0 || self.healthy.load(Ordering::Acquire) {
             return;
         }
         let mut state = self.lock();
-        if !matches!(*state, State::Closed { failures: 0 }) {
-            *state = State::Closed { failures: 0 };
-        }
+        *state = State::Closed { failures: 0 };
+        self.healthy.store(true, Ordering::Release);
     }
 
     /// Records a failure; returns true when this failure opened the breaker.
@@ -106,6 +110,7 @@ impl Breaker {
             return false;
         }
         let mut state = self.lock();
+        self.healthy.store(false, Ordering::Release);
         let (open, backoff) = match *state {
             State::Closed { failures } if failures + 1 >= self.config.threshold => {
                 (true, self.config.backoff)
@@ -131,7 +136,7 @@ impl Breaker {
 
     /// Whether the breaker is open (not counting a probe in flight).
     pub(crate) fn is_open(&self) -> bool {
-        !matches!(*self.lock(), State::Closed { .. })
+        !self.healthy.load(Ordering::Acquire) && !matches!(*self.lock(), State::Closed { .. })
     }
 }
 

@@ -5,6 +5,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::Mutex;
+use std::future::Future;
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -363,13 +365,21 @@ impl<B: Backend> Limiter<B> {
     async fn guard<T, F, Fut>(&self, call: F) -> Result<T, Error>
     where
         F: FnOnce() -> Fut,
-        Fut: std::future::Future<Output = Result<T, B::Error>>,
+        Fut: Future<Output = Result<T, B::Error>>,
     {
         let inner = &*self.inner;
         if let Admit::No(_) = inner.breaker.admit() {
             return Err(Error::BreakerOpen);
         }
-        let result = match tokio::time::timeout(inner.timeout, call()).await {
+        // Poll once before arming the timer: an in-process backend answers
+        // at once, and a timer costs more than its decision.
+        let mut fut = std::pin::pin!(call());
+        let first = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
+        let answer = match first {
+            Poll::Ready(r) => Ok(r),
+            Poll::Pending => tokio::time::timeout(inner.timeout, fut).await,
+        };
+        let result = match answer {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(Error::Backend(Box::new(e))),
             Err(_) => Err(Error::Timeout(inner.timeout)),

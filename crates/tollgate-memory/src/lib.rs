@@ -88,39 +88,36 @@ struct Faults {
 struct Shard {
     /// Entries with the key hash computed once per decision (it also
     /// picks the shard).
-    map: HashTable<(StoreKey, Slot)>,
+    map: HashTable<(u64, StoreKey, Slot)>,
     sweep_at: usize,
 }
 
-struct StoreKey {
-    limiter: Box<str>,
-    key: Key,
-}
+/// A stored key: the limiter name and the key in one allocation
+/// (`limiter NUL key`), so a lookup follows one pointer.
+struct StoreKey(Box<str>);
 
-/// A borrowed [`StoreKey`], hashing exactly as the owned one, so lookups
-/// allocate nothing.
+/// A borrowed key, hashing and comparing without allocating.
+#[derive(Hash)]
 struct Lookup<'a> {
     limiter: &'a str,
-    key: &'a Key,
-}
-
-impl Hash for Lookup<'_> {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.limiter.hash(state);
-        self.key.hash(state);
-    }
+    key: &'a str,
 }
 
 impl Lookup<'_> {
     fn matches(&self, k: &StoreKey) -> bool {
-        *k.limiter == *self.limiter && k.key == *self.key
+        let (l, n) = (self.limiter.len(), self.key.len());
+        k.0.len() == l + 1 + n
+            && k.0.as_bytes()[l] == 0
+            && k.0.starts_with(self.limiter)
+            && k.0.ends_with(self.key)
     }
 
     fn to_owned(&self) -> StoreKey {
-        StoreKey {
-            limiter: self.limiter.into(),
-            key: self.key.clone(),
-        }
+        let mut s = String::with_capacity(self.limiter.len() + 1 + self.key.len());
+        s.push_str(self.limiter);
+        s.push('\0');
+        s.push_str(self.key);
+        StoreKey(s.into())
     }
 }
 
@@ -188,15 +185,15 @@ impl<C: Clock> MemoryBackend<C> {
         let policy = self.effective_policy(req);
         let lookup = Lookup {
             limiter: req.limiter,
-            key: req.key,
+            key: req.key.as_str(),
         };
         let hash = self.shared.hasher.hash_one(&lookup);
         // Top bits pick the shard; the table inside uses the low ones.
         let shard = &self.shared.shards[(hash >> 58) as usize % SHARDS];
         let mut shard = lock(shard);
-        match shard.map.find_entry(hash, |(k, _)| lookup.matches(k)) {
+        match shard.map.find_entry(hash, |(h, k, _)| *h == hash && lookup.matches(k)) {
             Ok(mut entry) => {
-                let slot = &mut entry.get_mut().1;
+                let slot = &mut entry.get_mut().2;
                 let decision = slot.apply(now, &policy, req.op);
                 if !slot.is_live(now) {
                     // The key is as good as fresh: keep nothing.
@@ -208,13 +205,10 @@ impl<C: Clock> MemoryBackend<C> {
                 let mut slot = Slot::fresh(&policy);
                 let decision = slot.apply(now, &policy, req.op);
                 if slot.is_live(now) {
-                    let hasher = &self.shared.hasher;
-                    shard.map.insert_unique(hash, (lookup.to_owned(), slot), |(k, _)| {
-                        hasher.hash_one(Lookup {
-                            limiter: &k.limiter,
-                            key: &k.key,
-                        })
-                    });
+                    // Growing rehashes from the stored hash.
+                    shard
+                        .map
+                        .insert_unique(hash, (hash, lookup.to_owned(), slot), |e| e.0);
                     shard.sweep_if_due(now);
                 }
                 decision
@@ -325,7 +319,7 @@ impl Shard {
     }
 
     fn sweep(&mut self, now: Timestamp) {
-        self.map.retain(|(_, slot)| slot.is_live(now));
+        self.map.retain(|(_, _, slot)| slot.is_live(now));
         self.sweep_at = (self.map.len() * 2).max(MIN_SWEEP);
     }
 }
