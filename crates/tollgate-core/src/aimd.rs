@@ -236,13 +236,19 @@ impl AimdConfig {
             return Err(bad("max_rate", "must be at least min_rate".into()));
         }
         if !(self.min_rate..=self.max_rate).contains(&self.initial_rate) {
-            return Err(bad("initial_rate", "must be within [min_rate, max_rate]".into()));
+            return Err(bad(
+                "initial_rate",
+                "must be within [min_rate, max_rate]".into(),
+            ));
         }
         if !(self.increase.is_finite() && self.increase > 0.0) {
             return Err(bad("increase", "must be a positive rate".into()));
         }
         if !(self.decrease > 0.0 && self.decrease < 1.0) {
-            return Err(bad("decrease", format!("{} is not strictly between 0 and 1", self.decrease)));
+            return Err(bad(
+                "decrease",
+                format!("{} is not strictly between 0 and 1", self.decrease),
+            ));
         }
         let span = |field: &'static str, d: Duration| {
             let us = micros(d);
@@ -257,7 +263,10 @@ impl AimdConfig {
         span("idle_expiry", self.idle_expiry)?;
         span("timeout", self.timeout)?;
         if self.idle_expiry <= self.reaction_window {
-            return Err(bad("idle_expiry", "must be longer than reaction_window".into()));
+            return Err(bad(
+                "idle_expiry",
+                "must be longer than reaction_window".into(),
+            ));
         }
         if self.burst == 0 {
             return Err(bad("burst", "must be at least 1".into()));
@@ -335,7 +344,11 @@ impl TryFrom<RawAimdConfig> for AimdConfig {
             breaker: BreakerConfig {
                 threshold: raw.breaker_threshold.unwrap_or(d.breaker.threshold),
                 backoff: dur("breaker_backoff", raw.breaker_backoff, d.breaker.backoff)?,
-                max_backoff: dur("breaker_max_backoff", raw.breaker_max_backoff, d.breaker.max_backoff)?,
+                max_backoff: dur(
+                    "breaker_max_backoff",
+                    raw.breaker_max_backoff,
+                    d.breaker.max_backoff,
+                )?,
             },
         };
         config.validate()?;
@@ -499,7 +512,11 @@ fn after(deadline: Option<Instant>, now: Instant) -> bool {
 impl<B: Backend> AimdLimiter<B> {
     /// An adaptive limiter named `name` (the namespace of its keys in the
     /// backend; without `{`, `}` or `:`), checking `config`.
-    pub fn new(name: impl Into<String>, config: AimdConfig, backend: B) -> Result<Self, ConfigError> {
+    pub fn new(
+        name: impl Into<String>,
+        config: AimdConfig,
+        backend: B,
+    ) -> Result<Self, ConfigError> {
         let name = name.into();
         let path = format!("adaptive.{name}");
         if name.is_empty() || name.contains(['{', '}', ':']) {
@@ -515,10 +532,13 @@ impl<B: Backend> AimdLimiter<B> {
             field,
             reason: e.reason,
         };
-        let base = try_bucket(config.burst, config.initial_rate).map_err(|e| invalid("initial_rate", e))?;
-        let gate = TokenBucket::new(1, 1, config.reaction_window).map_err(|e| invalid("reaction_window", e))?;
+        let base = try_bucket(config.burst, config.initial_rate)
+            .map_err(|e| invalid("initial_rate", e))?;
+        let gate = TokenBucket::new(1, 1, config.reaction_window)
+            .map_err(|e| invalid("reaction_window", e))?;
         let second = Duration::from_secs(1);
-        let hold_probe = ProgressiveDelay::new(0, second, 1, second, second).map_err(|e| invalid("max_hold", e))?;
+        let hold_probe = ProgressiveDelay::new(0, second, 1, second, second)
+            .map_err(|e| invalid("max_hold", e))?;
         let seen = ProgressiveDelay::new(SEEN_FREE, second, 1, second, config.idle_expiry)
             .map_err(|e| invalid("idle_expiry", e))?;
         Ok(Self {
@@ -603,7 +623,10 @@ impl<B: Backend> AimdLimiter<B> {
             self.refresh(scope).await;
         }
         let names = &self.inner.names;
-        match self.decide(&names.hold, scope, &self.inner.hold_probe, Op::PEEK).await {
+        match self
+            .decide(&names.hold, scope, &self.inner.hold_probe, Op::PEEK)
+            .await
+        {
             Ok(d) if d.is_denied() => {
                 let wait = d.retry_after();
                 self.with_local(scope, |l| l.hold_until = Some(Instant::now() + wait));
@@ -612,7 +635,10 @@ impl<B: Backend> AimdLimiter<B> {
             Ok(_) => {}
             Err(_) => return self.take_local(scope),
         }
-        match self.decide(&names.rate, scope, &self.inner.base, Op::Acquire(1)).await {
+        match self
+            .decide(&names.rate, scope, &self.inner.base, Op::Acquire(1))
+            .await
+        {
             Ok(d) if d.is_allowed() => Ok(Grant {
                 rate: self.rate(scope),
                 local: false,
@@ -721,12 +747,21 @@ impl<B: Backend> AimdLimiter<B> {
     /// `idle_expiry` forgets its adapted rate.
     async fn refresh(&self, scope: &Key) {
         let names = &self.inner.names;
-        let rate = match self.decide(&names.seen, scope, &self.inner.seen, Op::Acquire(1)).await {
+        let rate = match self
+            .decide(&names.seen, scope, &self.inner.seen, Op::Acquire(1))
+            .await
+        {
             // One failure recorded on a fresh key: nobody used the scope
             // within idle_expiry (or ever).
             Ok(d) if d.remaining() == SEEN_FREE - 1 => {
-                let fut = self.inner.backend.set_override(Scope::Key(&names.rate, scope), None);
-                self.guard(fut).await.ok().map(|()| self.inner.config.initial_rate)
+                let fut = self
+                    .inner
+                    .backend
+                    .set_override(Scope::Key(&names.rate, scope), None);
+                self.guard(fut)
+                    .await
+                    .ok()
+                    .map(|()| self.inner.config.initial_rate)
             }
             Ok(_) => self.read_rate(scope).await.ok(),
             Err(_) => None,
@@ -748,7 +783,12 @@ impl<B: Backend> AimdLimiter<B> {
             return;
         };
         let _ = self
-            .decide(&self.inner.names.hold, scope, &policy.into(), Op::Acquire(1))
+            .decide(
+                &self.inner.names.hold,
+                scope,
+                &policy.into(),
+                Op::Acquire(1),
+            )
             .await;
     }
 
@@ -768,10 +808,15 @@ impl<B: Backend> AimdLimiter<B> {
             return;
         }
         let names = &self.inner.names;
-        let shared = match self.decide(&names.cut, scope, &self.inner.gate, Op::Acquire(1)).await {
+        let shared = match self
+            .decide(&names.cut, scope, &self.inner.gate, Op::Acquire(1))
+            .await
+        {
             Ok(d) if d.is_denied() => {
                 // Another refusal of this burst already cut the rate.
-                self.with_local(scope, |l| l.cut_after = Some(Instant::now() + d.retry_after()));
+                self.with_local(scope, |l| {
+                    l.cut_after = Some(Instant::now() + d.retry_after())
+                });
                 return;
             }
             Ok(_) => true,
@@ -805,9 +850,14 @@ impl<B: Backend> AimdLimiter<B> {
             return;
         }
         let names = &self.inner.names;
-        match self.decide(&names.grow, scope, &self.inner.gate, Op::Acquire(1)).await {
+        match self
+            .decide(&names.grow, scope, &self.inner.gate, Op::Acquire(1))
+            .await
+        {
             Ok(d) if d.is_denied() => {
-                self.with_local(scope, |l| l.grow_after = Some(Instant::now() + d.retry_after()));
+                self.with_local(scope, |l| {
+                    l.grow_after = Some(Instant::now() + d.retry_after())
+                });
                 return;
             }
             Ok(_) => {}
@@ -816,7 +866,10 @@ impl<B: Backend> AimdLimiter<B> {
             Err(_) => return,
         }
         // An empty cut gate means a cut in the last window: no step up yet.
-        match self.decide(&names.cut, scope, &self.inner.gate, Op::PEEK).await {
+        match self
+            .decide(&names.cut, scope, &self.inner.gate, Op::PEEK)
+            .await
+        {
             Ok(d) if d.is_allowed() => {}
             _ => return,
         }
@@ -852,7 +905,13 @@ impl<B: Backend> AimdLimiter<B> {
         self.guard(fut).await
     }
 
-    async fn decide(&self, limiter: &str, key: &Key, policy: &Policy, op: Op) -> Result<Decision, Error> {
+    async fn decide(
+        &self,
+        limiter: &str,
+        key: &Key,
+        policy: &Policy,
+        op: Op,
+    ) -> Result<Decision, Error> {
         let fut = self.inner.backend.decide(Request {
             limiter,
             key,
@@ -950,7 +1009,10 @@ mod tests {
             ("decrease = 1.0", "aimd.decrease"),
             ("min_rate = 0", "aimd.min_rate"),
             ("initial_rate = \"1000/s\"", "aimd.initial_rate"),
-            ("max_rate = \"1/min\"\nmin_rate = \"1/s\"\ninitial_rate = \"1/s\"", "aimd.max_rate"),
+            (
+                "max_rate = \"1/min\"\nmin_rate = \"1/s\"\ninitial_rate = \"1/s\"",
+                "aimd.max_rate",
+            ),
             ("reaction_window = \"soon\"", "aimd.reaction_window"),
             ("burst = 0", "aimd.burst"),
             ("idle_expiry = \"1s\"", "aimd.idle_expiry"),
@@ -967,7 +1029,11 @@ mod tests {
     fn rates_round_trip_through_a_bucket() {
         for r in [0.001, 1.0 / 60.0, 0.5, 7.25, 1234.5] {
             let tb = try_bucket(1, r).unwrap();
-            assert!((rate_of(&tb) - r).abs() <= 0.0005, "{r} -> {}", rate_of(&tb));
+            assert!(
+                (rate_of(&tb) - r).abs() <= 0.0005,
+                "{r} -> {}",
+                rate_of(&tb)
+            );
         }
     }
 }

@@ -50,8 +50,8 @@ pub mod policy;
 pub mod aimd;
 pub mod time;
 
-pub use backend::{Backend, Request, Scope};
 pub use aimd::{AimdConfig, AimdLimiter};
+pub use backend::{Backend, Request, Scope};
 pub use breaker::BreakerConfig;
 pub use config::{Config, ConfigBuilder, ConfigError, LimiterConfig, parse_rate};
 pub use decision::Decision;

@@ -1,0 +1,474 @@
+//! The AIMD limiter against a simulated remote source, on tokio's paused
+//! clock: every test runs hours of simulated time in milliseconds, and its
+//! figures are deterministic.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tollgate_core::aimd::{AimdConfig, AimdLimiter, Outcome};
+use tollgate_core::time::micros;
+use tollgate_core::{Clock, Key, Timestamp};
+use tollgate_memory::MemoryBackend;
+
+/// A clock for the backend that follows tokio's: with time paused, the
+/// backend's buckets refill exactly as the limiter's sleeps advance.
+#[derive(Debug, Clone)]
+struct TokioClock {
+    origin: Instant,
+    base: Timestamp,
+}
+
+impl TokioClock {
+    fn new() -> Self {
+        Self {
+            origin: Instant::now(),
+            base: 1_767_225_600_000_000,
+        }
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> Timestamp {
+        self.base + micros(self.origin.elapsed())
+    }
+}
+
+type Backend = MemoryBackend<TokioClock>;
+
+fn backend() -> Backend {
+    MemoryBackend::with_clock(TokioClock::new())
+}
+
+fn config() -> AimdConfig {
+    AimdConfig {
+        initial_rate: 1.0,
+        min_rate: 0.1,
+        max_rate: 200.0,
+        increase: 2.0,
+        decrease: 0.75,
+        reaction_window: Duration::from_millis(500),
+        ..AimdConfig::default()
+    }
+}
+
+fn limiter(config: AimdConfig, backend: Backend) -> AimdLimiter<Backend> {
+    AimdLimiter::new("harvester", config, backend).unwrap()
+}
+
+/// The remote source: a token bucket of capacity 1 at a hidden rate that
+/// the test may change, refusing with 429 above it.
+#[derive(Debug)]
+struct Remote {
+    state: Mutex<(f64, Option<Instant>)>,
+    retry_after: Option<Duration>,
+    served: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl Remote {
+    fn new(rate: f64) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new((rate, None)),
+            retry_after: None,
+            served: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        })
+    }
+
+    fn set_rate(&self, rate: f64) {
+        self.state.lock().unwrap().0 = rate;
+    }
+
+    fn hit(&self) -> Outcome {
+        let now = Instant::now();
+        let mut state = self.state.lock().unwrap();
+        let interval = Duration::from_secs_f64(1.0 / state.0);
+        let tat = state.1.map_or(now, |t| t.max(now));
+        if tat <= now {
+            state.1 = Some(tat + interval);
+            self.served.fetch_add(1, Ordering::SeqCst);
+            Outcome::Success
+        } else {
+            self.refused.fetch_add(1, Ordering::SeqCst);
+            Outcome::Refused {
+                retry_after: self.retry_after,
+            }
+        }
+    }
+}
+
+/// Runs `tasks` concurrent crawling loops of one worker until `until`:
+/// take a token, spend 50 ms on the wire, report the answer.
+fn crawl(
+    limiter: &AimdLimiter<Backend>,
+    remote: &Arc<Remote>,
+    scope: &Key,
+    tasks: usize,
+    until: Instant,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..tasks)
+        .map(|_| {
+            let (limiter, remote, scope) = (limiter.clone(), Arc::clone(remote), scope.clone());
+            tokio::spawn(async move {
+                while Instant::now() < until {
+                    limiter.acquire(&scope).await;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let outcome = remote.hit();
+                    limiter.feedback(&scope, outcome).await;
+                }
+            })
+        })
+        .collect()
+}
+
+/// Samples the shared rate every 100 ms until `until`.
+fn sample(
+    limiter: &AimdLimiter<Backend>,
+    scope: &Key,
+    until: Instant,
+) -> tokio::task::JoinHandle<Vec<(f64, f64)>> {
+    let (limiter, scope) = (limiter.clone(), scope.clone());
+    tokio::spawn(async move {
+        let start = Instant::now();
+        let mut samples = Vec::new();
+        while Instant::now() < until {
+            let rate = limiter.shared_rate(&scope).await.unwrap();
+            samples.push((start.elapsed().as_secs_f64(), rate));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        samples
+    })
+}
+
+fn mean_between(samples: &[(f64, f64)], from: f64, to: f64) -> f64 {
+    let window: Vec<f64> = samples
+        .iter()
+        .filter(|(t, _)| (from..to).contains(t))
+        .map(|&(_, r)| r)
+        .collect();
+    assert!(!window.is_empty());
+    window.iter().sum::<f64>() / window.len() as f64
+}
+
+async fn join(handles: Vec<tokio::task::JoinHandle<()>>) {
+    for h in handles {
+        h.await.unwrap();
+    }
+}
+
+fn within(value: f64, target: f64, tolerance: f64) -> bool {
+    (value - target).abs() <= tolerance * target
+}
+
+#[tokio::test(start_paused = true)]
+async fn converges_to_the_hidden_rate() {
+    let limiter = limiter(config(), backend());
+    let remote = Remote::new(20.0);
+    let scope = Key::new("example.org");
+    let until = Instant::now() + Duration::from_secs(120);
+    let sampler = sample(&limiter, &scope, until);
+    join(crawl(&limiter, &remote, &scope, 4, until)).await;
+    let samples = sampler.await.unwrap();
+
+    // Past the ramp-up, the rate saws around the hidden rate.
+    let mean = mean_between(&samples, 30.0, 120.0);
+    assert!(within(mean, 20.0, 0.2), "mean rate {mean}");
+    let peak = samples.iter().map(|&(_, r)| r).fold(0.0, f64::max);
+    assert!(peak < 20.0 * 1.5, "peak rate {peak}");
+    // The source served close to its limit, and refused a small share.
+    let served = remote.served.load(Ordering::SeqCst) as f64;
+    let refused = remote.refused.load(Ordering::SeqCst) as f64;
+    assert!(served / 120.0 > 20.0 * 0.7, "served {served}");
+    assert!(refused < served * 0.1, "served {served}, refused {refused}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn recovers_when_the_source_allows_more() {
+    let limiter = limiter(config(), backend());
+    let remote = Remote::new(10.0);
+    let scope = Key::new("example.org");
+    let start = Instant::now();
+    let until = start + Duration::from_secs(120);
+    let sampler = sample(&limiter, &scope, until);
+    let crawlers = crawl(&limiter, &remote, &scope, 8, until);
+    tokio::time::sleep_until(start + Duration::from_secs(60)).await;
+    remote.set_rate(40.0);
+    join(crawlers).await;
+    let samples = sampler.await.unwrap();
+
+    let before = mean_between(&samples, 30.0, 60.0);
+    assert!(within(before, 10.0, 0.2), "rate before the rise {before}");
+    let after = mean_between(&samples, 90.0, 120.0);
+    assert!(within(after, 40.0, 0.2), "rate after the rise {after}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_workers_share_one_rate() {
+    let backend = backend();
+    let a = limiter(config(), backend.clone());
+    let b = limiter(config(), backend);
+    let remote = Remote::new(20.0);
+    let scope = Key::new("example.org");
+    let until = Instant::now() + Duration::from_secs(120);
+    let sampler = sample(&a, &scope, until);
+    let mut crawlers = crawl(&a, &remote, &scope, 3, until);
+    crawlers.extend(crawl(&b, &remote, &scope, 3, until));
+    join(crawlers).await;
+    let samples = sampler.await.unwrap();
+
+    // One shared bucket: together the workers converge on the source's
+    // rate. Two independent limiters would each offer it, and half of
+    // their requests would be refused.
+    let mean = mean_between(&samples, 30.0, 120.0);
+    assert!(within(mean, 20.0, 0.2), "mean rate {mean}");
+    let served = remote.served.load(Ordering::SeqCst) as f64;
+    let refused = remote.refused.load(Ordering::SeqCst) as f64;
+    assert!(refused < served * 0.1, "served {served}, refused {refused}");
+    // Each worker's view follows the shared rate.
+    let shared = a.shared_rate(&scope).await.unwrap();
+    b.acquire(&scope).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    b.acquire(&scope).await;
+    assert_eq!(b.rate(&scope), shared);
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_workers_spend_one_bucket() {
+    let backend = backend();
+    let config = AimdConfig {
+        initial_rate: 10.0,
+        ..config()
+    };
+    let a = limiter(config.clone(), backend.clone());
+    let b = limiter(config, backend);
+    let scope = Key::new("example.org");
+    let granted = Arc::new(AtomicU64::new(0));
+    let until = Instant::now() + Duration::from_secs(10);
+    let handles: Vec<_> = [a, b]
+        .into_iter()
+        .map(|limiter| {
+            let (scope, granted) = (scope.clone(), Arc::clone(&granted));
+            tokio::spawn(async move {
+                while Instant::now() < until {
+                    assert!(!limiter.acquire(&scope).await.is_local());
+                    granted.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    join(handles).await;
+    // 10 s at 10/s, plus the first token: the workers took turns.
+    let granted = granted.load(Ordering::SeqCst);
+    assert!((100..=102).contains(&granted), "granted {granted}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_refusals_cuts_once_per_window() {
+    let backend = backend();
+    let config = AimdConfig {
+        initial_rate: 16.0,
+        ..config()
+    };
+    let a = limiter(config.clone(), backend.clone());
+    let b = limiter(config, backend);
+    let scope = Key::new("example.org");
+
+    // Ten in-flight requests, spread over two workers, refused together.
+    let refused = Outcome::Refused { retry_after: None };
+    let handles: Vec<_> = (0..10)
+        .map(|i| {
+            let (limiter, scope) = (
+                if i % 2 == 0 { a.clone() } else { b.clone() },
+                scope.clone(),
+            );
+            tokio::spawn(async move { limiter.feedback(&scope, refused).await })
+        })
+        .collect();
+    join(handles).await;
+    assert_eq!(a.shared_rate(&scope).await.unwrap(), 12.0);
+
+    // Late refusals of the same burst, still within the window: no cut.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    b.feedback(&scope, refused).await;
+    assert_eq!(a.shared_rate(&scope).await.unwrap(), 12.0);
+
+    // A refusal in the next window is a new signal.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    b.feedback(&scope, refused).await;
+    assert_eq!(a.shared_rate(&scope).await.unwrap(), 9.0);
+    // No step up in the window after a cut, whoever succeeds.
+    a.feedback(&scope, Outcome::Success).await;
+    assert_eq!(a.shared_rate(&scope).await.unwrap(), 9.0);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    a.feedback(&scope, Outcome::Success).await;
+    assert_eq!(a.shared_rate(&scope).await.unwrap(), 11.0);
+    // And one step up per window across workers.
+    b.feedback(&scope, Outcome::Success).await;
+    assert_eq!(a.shared_rate(&scope).await.unwrap(), 11.0);
+    // Other failures say nothing about the rate.
+    a.feedback(&scope, Outcome::Failed).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    b.feedback(&scope, Outcome::Failed).await;
+    assert_eq!(a.shared_rate(&scope).await.unwrap(), 11.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn rate_stays_within_bounds() {
+    let config = AimdConfig {
+        initial_rate: 2.0,
+        min_rate: 1.0,
+        max_rate: 5.0,
+        ..config()
+    };
+    let limiter = limiter(config, backend());
+    let scope = Key::new("example.org");
+    for _ in 0..10 {
+        limiter
+            .feedback(&scope, Outcome::Refused { retry_after: None })
+            .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(limiter.shared_rate(&scope).await.unwrap(), 1.0);
+    for _ in 0..10 {
+        limiter.feedback(&scope, Outcome::Success).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(limiter.shared_rate(&scope).await.unwrap(), 5.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_holds_the_scope_for_every_worker() {
+    let backend = backend();
+    let config = AimdConfig {
+        initial_rate: 100.0,
+        max_hold: Duration::from_secs(60),
+        ..config()
+    };
+    let a = limiter(config.clone(), backend.clone());
+    let b = limiter(config, backend);
+    let scope = Key::new("example.org");
+    let other = Key::new("example.com");
+    a.acquire(&scope).await;
+    b.acquire(&scope).await;
+
+    a.feedback(
+        &scope,
+        Outcome::Refused {
+            retry_after: Some(Duration::from_secs(5)),
+        },
+    )
+    .await;
+    let start = Instant::now();
+    b.acquire(&scope).await;
+    let waited = start.elapsed();
+    assert!(waited >= Duration::from_secs(5), "b waited {waited:?}");
+    assert!(waited < Duration::from_secs(6), "b waited {waited:?}");
+    // Other scopes are not held.
+    let start = Instant::now();
+    b.acquire(&other).await;
+    assert!(start.elapsed() < Duration::from_secs(1));
+
+    // An absurd Retry-After is capped at max_hold.
+    b.feedback(
+        &scope,
+        Outcome::Refused {
+            retry_after: Some(Duration::from_secs(86_400)),
+        },
+    )
+    .await;
+    let start = Instant::now();
+    a.acquire(&scope).await;
+    let waited = start.elapsed();
+    assert!(waited >= Duration::from_secs(60), "a waited {waited:?}");
+    assert!(waited < Duration::from_secs(61), "a waited {waited:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn fails_open_at_the_last_known_rate() {
+    let backend = backend();
+    let config = AimdConfig {
+        initial_rate: 5.0,
+        increase: 1.0,
+        ..config()
+    };
+    let limiter = limiter(config, backend.clone());
+    let scope = Key::new("example.org");
+    // Healthy: a few steps up.
+    for _ in 0..5 {
+        assert!(!limiter.acquire(&scope).await.is_local());
+        limiter.feedback(&scope, Outcome::Success).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let known = limiter.shared_rate(&scope).await.unwrap();
+    assert_eq!(known, 10.0);
+
+    // The backend dies: requests keep flowing, from the local bucket, at
+    // the last known rate, without ramping up.
+    backend.set_failing(true);
+    let start = Instant::now();
+    let mut granted = 0;
+    while start.elapsed() < Duration::from_secs(10) {
+        let grant = limiter.acquire(&scope).await;
+        if start.elapsed() > Duration::from_secs(1) {
+            assert!(grant.is_local());
+        }
+        granted += 1;
+        limiter.feedback(&scope, Outcome::Success).await;
+    }
+    assert!(
+        within(granted as f64, known * 10.0, 0.1),
+        "granted {granted}"
+    );
+    assert_eq!(limiter.rate(&scope), known);
+
+    // Refusals still cut (locally) and Retry-After still holds.
+    limiter
+        .feedback(
+            &scope,
+            Outcome::Refused {
+                retry_after: Some(Duration::from_secs(3)),
+            },
+        )
+        .await;
+    assert_eq!(limiter.rate(&scope), known * 0.75);
+    let start = Instant::now();
+    limiter.acquire(&scope).await;
+    assert!(start.elapsed() >= Duration::from_secs(3));
+
+    // The backend comes back: after the breaker's back-off, the shared
+    // bucket decides again.
+    backend.set_failing(false);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    limiter.acquire(&scope).await;
+    assert!(!limiter.acquire(&scope).await.is_local());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_scope_forgets_its_rate() {
+    let limiter = limiter(config(), backend());
+    let scope = Key::new("example.org");
+    limiter.acquire(&scope).await;
+    for _ in 0..3 {
+        limiter.feedback(&scope, Outcome::Success).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(limiter.shared_rate(&scope).await.unwrap(), 7.0);
+
+    // Still remembered after an hour of silence.
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    limiter.acquire(&scope).await;
+    assert_eq!(limiter.rate(&scope), 7.0);
+    // Forgotten after idle_expiry (6 h) without a request, by a fresh
+    // worker as well as by this one.
+    tokio::time::sleep(Duration::from_secs(6 * 3600)).await;
+    let fresh = limiter_on(&limiter);
+    fresh.acquire(&scope).await;
+    assert_eq!(fresh.rate(&scope), 1.0);
+    assert_eq!(limiter.shared_rate(&scope).await.unwrap(), 1.0);
+}
+
+fn limiter_on(other: &AimdLimiter<Backend>) -> AimdLimiter<Backend> {
+    limiter(other.config().clone(), other.backend().clone())
+}
