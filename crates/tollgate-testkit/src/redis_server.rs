@@ -1,2 +1,438 @@
-//! Throwaway `redis-server` processes on free loopback ports (owned by the
-//! Redis backend work; see issue 3).
+//! Throwaway `redis-server` processes on free loopback ports, and a
+//! 3-master Redis Cluster, for tests against a real Redis.
+//!
+//! Servers listen on 127.0.0.1 only, keep their data in a temporary
+//! directory, and are killed when dropped. Each one runs under a small
+//! `sh` guard that kills it when the test process exits (its stdin, a pipe
+//! from the test, closes), so a server held in a `static` or leaked by a
+//! panic does not outlive the test binary.
+//!
+//! When `redis-server` is not installed, [`RedisServer::start`] returns
+//! `None` and says so loudly on stderr, so a developer without Redis can
+//! still run the other tests; under `CI=true` it panics instead: in CI a
+//! missing Redis is a failure, never a silent skip.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use tollgate_testkit::redis_server::RedisServer;
+//!
+//! let Some(server) = RedisServer::start() else { return };
+//! let url = server.url(); // redis://127.0.0.1:<port>
+//! # let _ = url;
+//! ```
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Whether `redis-server` and `redis-cli` can be run. Under `CI=true` a
+/// missing binary panics; elsewhere it prints why the Redis tests are
+/// skipped and returns `false`.
+pub fn available() -> bool {
+    static FOUND: OnceLock<bool> = OnceLock::new();
+    let found = *FOUND.get_or_init(|| {
+        ["redis-server", "redis-cli"].iter().all(|bin| {
+            Command::new(bin)
+                .arg("--version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+    });
+    if !found {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!(
+                "redis-server / redis-cli not found, and CI=true: the Redis tests must run in CI \
+                 (apt-get install -y redis-server redis-tools)"
+            );
+        }
+        eprintln!(
+            "\n*** SKIPPING Redis tests: redis-server / redis-cli not found on PATH \
+             (apt-get install -y redis-server redis-tools) ***\n"
+        );
+    }
+    found
+}
+
+/// Settings of a [`RedisServer`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct RedisServerBuilder {
+    appendonly: bool,
+    maxmemory_policy: String,
+    extra: Vec<String>,
+}
+
+impl Default for RedisServerBuilder {
+    fn default() -> Self {
+        Self {
+            appendonly: false,
+            maxmemory_policy: "noeviction".into(),
+            extra: Vec::new(),
+        }
+    }
+}
+
+impl RedisServerBuilder {
+    /// Turns on the append-only file with `appendfsync always`, so a
+    /// killed server loses nothing it acknowledged.
+    pub fn appendonly(mut self, yes: bool) -> Self {
+        self.appendonly = yes;
+        self
+    }
+
+    /// Sets `maxmemory-policy` (default `noeviction`).
+    pub fn maxmemory_policy(mut self, policy: &str) -> Self {
+        self.maxmemory_policy = policy.into();
+        self
+    }
+
+    /// Adds a raw `--name value` pair to the command line.
+    pub fn arg(mut self, name: &str, value: &str) -> Self {
+        self.extra.push(format!("--{name}"));
+        self.extra.push(value.into());
+        self
+    }
+
+    /// Starts the server; `None` when Redis is not installed (outside CI).
+    pub fn start(self) -> Option<RedisServer> {
+        if !available() {
+            return None;
+        }
+        let dir = temp_dir("redis");
+        let mut last_err = String::new();
+        // A port found free can be taken before redis binds it: retry.
+        for _ in 0..5 {
+            let port = free_port(false);
+            let mut server = RedisServer {
+                port,
+                dir: dir.clone(),
+                args: self.args(),
+                process: None,
+            };
+            match server.spawn() {
+                Ok(()) => return Some(server),
+                Err(e) => last_err = e,
+            }
+        }
+        panic!("could not start redis-server: {last_err}");
+    }
+
+    fn args(&self) -> Vec<String> {
+        let mut a: Vec<String> = vec![
+            "--save".into(),
+            String::new(),
+            "--appendonly".into(),
+            if self.appendonly { "yes" } else { "no" }.into(),
+            "--maxmemory-policy".into(),
+            self.maxmemory_policy.clone(),
+        ];
+        if self.appendonly {
+            a.extend(["--appendfsync".into(), "always".into()]);
+        }
+        a.extend(self.extra.iter().cloned());
+        a
+    }
+}
+
+struct Process {
+    /// The `sh` guard.
+    guard: Child,
+    /// Its stdin: closing it makes the guard kill the server.
+    stdin: Option<ChildStdin>,
+    /// The redis-server's own pid.
+    pid: u32,
+}
+
+/// A throwaway `redis-server` on `127.0.0.1`, killed on drop.
+pub struct RedisServer {
+    port: u16,
+    dir: PathBuf,
+    args: Vec<String>,
+    process: Option<Process>,
+}
+
+impl std::fmt::Debug for RedisServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisServer")
+            .field("port", &self.port)
+            .field("dir", &self.dir)
+            .field("running", &self.process.is_some())
+            .finish()
+    }
+}
+
+impl RedisServer {
+    /// A server with the default settings (no persistence, `noeviction`);
+    /// `None` when Redis is not installed (outside CI).
+    pub fn start() -> Option<Self> {
+        Self::builder().start()
+    }
+
+    /// Settings for a new server.
+    pub fn builder() -> RedisServerBuilder {
+        RedisServerBuilder::default()
+    }
+
+    /// One server for the whole test binary (tests share it by using
+    /// unique key prefixes); `None` when Redis is not installed.
+    pub fn shared() -> Option<&'static Mutex<RedisServer>> {
+        static SHARED: OnceLock<Option<Mutex<RedisServer>>> = OnceLock::new();
+        SHARED.get_or_init(|| Self::start().map(Mutex::new)).as_ref()
+    }
+
+    /// The URL of the shared server (see [`shared`](Self::shared)).
+    pub fn shared_url() -> Option<String> {
+        Self::shared().map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).url())
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The data directory (AOF, logs).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether the server process is running (as far as we know).
+    pub fn is_running(&self) -> bool {
+        self.process.is_some()
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let log = self.dir.join(format!("redis-{}.log", self.port));
+        // The guard starts redis, prints its pid, waits for its stdin to
+        // close (the test process ended or dropped us), then kills it.
+        let script = r#"redis-server "$@" & pid=$!; echo "$pid"; read _ignored; kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null"#;
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(script)
+            .arg("sh")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--logfile")
+            .arg(&log)
+            .args(&self.args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut guard = cmd.spawn().map_err(|e| format!("spawn sh: {e}"))?;
+        let stdin = guard.stdin.take();
+        let mut line = String::new();
+        let stdout = guard.stdout.take().ok_or("no stdout")?;
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .map_err(|e| format!("read pid: {e}"))?;
+        let pid: u32 = line.trim().parse().map_err(|_| format!("bad pid line {line:?}"))?;
+        self.process = Some(Process { guard, stdin, pid });
+        if wait_ready(self.port, Duration::from_secs(10)) {
+            Ok(())
+        } else {
+            let tail = std::fs::read_to_string(&log).unwrap_or_default();
+            self.kill();
+            Err(format!("redis-server on port {} did not come up; log:\n{tail}", self.port))
+        }
+    }
+
+    /// Kills the server at once (`SIGKILL`, like a crash). Only the pid this
+    /// harness started is signalled.
+    pub fn kill(&mut self) {
+        if let Some(mut p) = self.process.take() {
+            let _ = Command::new("kill")
+                .args(["-9", &p.pid.to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            drop(p.stdin.take());
+            let _ = p.guard.wait();
+            // Wait until the port is closed, so a restart can bind it.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while TcpStream::connect(("127.0.0.1", self.port)).is_ok() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+
+    /// Starts the server again on the same port and data directory (after
+    /// [`kill`](Self::kill); kills it first if it is running).
+    pub fn restart(&mut self) {
+        self.kill();
+        let mut last = String::new();
+        for _ in 0..50 {
+            match self.spawn() {
+                Ok(()) => return,
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("could not restart redis-server: {last}");
+    }
+
+    /// Runs `redis-cli` against this server and returns its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        cli(self.port, args)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A 3-master Redis Cluster (no replicas) on loopback ports, made with
+/// `redis-cli --cluster create`; killed on drop.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts three nodes and joins them; `None` when Redis is not
+    /// installed (outside CI).
+    pub fn start() -> Option<Self> {
+        if !available() {
+            return None;
+        }
+        let mut nodes = Vec::new();
+        for _ in 0..3 {
+            let dir = temp_dir("redis-cluster");
+            let mut started = None;
+            for _ in 0..5 {
+                // The cluster bus listens on port + 10000.
+                let port = free_port(true);
+                let mut server = RedisServer {
+                    port,
+                    dir: dir.clone(),
+                    args: RedisServerBuilder::default()
+                        .arg("cluster-enabled", "yes")
+                        .arg("cluster-config-file", "nodes.conf")
+                        .arg("cluster-node-timeout", "2000")
+                        .args(),
+                    process: None,
+                };
+                if server.spawn().is_ok() {
+                    started = Some(server);
+                    break;
+                }
+            }
+            nodes.push(started.expect("could not start a cluster node"));
+        }
+        let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let mut args = vec!["--cluster", "create"];
+        args.extend(addrs.iter().map(String::as_str));
+        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        let out = Command::new("redis-cli")
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cluster = Self { nodes };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !cluster.is_ok() {
+            assert!(Instant::now() < deadline, "cluster did not reach state ok");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Some(cluster)
+    }
+
+    /// One cluster for the whole test binary; `None` when Redis is not
+    /// installed.
+    pub fn shared() -> Option<&'static RedisCluster> {
+        static SHARED: OnceLock<Option<RedisCluster>> = OnceLock::new();
+        SHARED.get_or_init(Self::start).as_ref()
+    }
+
+    fn is_ok(&self) -> bool {
+        self.nodes.iter().all(|n| {
+            let info = n.cli(&["cluster", "info"]);
+            // Every node must also know all three masters, or a client
+            // may be redirected to a node that does not know the slot yet.
+            info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3")
+        })
+    }
+
+    /// `redis://127.0.0.1:<port>` of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The nodes.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+}
+
+fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run redis-cli");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Whether a server answers PING on `port`, waiting up to `timeout`.
+fn wait_ready(port: u16, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+            let mut buf = [0u8; 64];
+            // -LOADING while the AOF is replayed: keep waiting.
+            if s.write_all(b"PING\r\n").is_ok() && s.read(&mut buf).is_ok_and(|n| buf[..n].starts_with(b"+PONG")) {
+                return true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// A loopback port nobody listens on (and, for a cluster node, whose bus
+/// port, port + 10000, is free too).
+fn free_port(with_bus: bool) -> u16 {
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        let port = l.local_addr().expect("local addr").port();
+        if !with_bus {
+            return port;
+        }
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+fn temp_dir(kind: &str) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "tollgate-{kind}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("create a temporary directory");
+    dir
+}

@@ -1,0 +1,110 @@
+-- tollgate: helpers shared by every strategy script.
+--
+-- This file is prepended to token_bucket.lua, sliding_window.lua and
+-- progressive_delay.lua (see src/scripts.rs); it is never loaded alone.
+-- Every strategy script takes the same KEYS and ARGV:
+--
+-- KEYS[1]  state     <prefix>:<limiter>:{<key>}            HASH
+--            s  strategy of the stored state: 't' | 'w' | 'p'
+--            x  expiry (µs): from then on the key reads as fresh
+--            (+ the strategy's own fields)
+-- KEYS[2]  log       <prefix>:<limiter>:{<key>}:log        LIST (sliding window)
+-- KEYS[3]  key ovr   <prefix>:<limiter>:{<key>}:override   STRING (encoded policy)
+-- KEYS[4]  lim ovr   <prefix>:<limiter>:override           STRING (single node only;
+--                    absent in cluster mode, where ARGV[4] carries it)
+--
+-- ARGV[1]  now in µs since the epoch, or '' to use the server's TIME
+-- ARGV[2]  cost: >= 0 to acquire (0 peeks), -1 to reset the key
+-- ARGV[3]  the limiter's configured policy, encoded (see decode below)
+-- ARGV[4]  the limiter-wide override known to the client (cluster mode), or ''
+-- ARGV[5]  the least TTL in ms to give a written key (0 in production; a
+--          floor for tests whose caller clock runs slower than real time)
+--
+-- Returns {allowed (1|0), limit, remaining, retry_after_us, reset_after_us},
+-- or {-1, strategy} when the policy in force is of another strategy than
+-- this script's: the client then runs that strategy's script.
+--
+-- Arithmetic is the reference model's (tollgate-core src/model.rs), in the
+-- same order, on integers below 2^53 (exact in a Lua double). Integers are
+-- stored with string.format('%d'), never tostring (which would write 1e+15).
+
+local function fmt(x)
+  return string.format('%d', x)
+end
+
+-- floor(a / b) for non-negative integers, exact: the double quotient can
+-- round up to the next integer, so correct it by one.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local function now_us()
+  if ARGV[1] ~= '' then
+    return tonumber(ARGV[1])
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- Policy encoding, version 1 (fields joined by ':'):
+--   1:t:<capacity>:<refill>:<period_us>:<interval_us>   token bucket
+--   1:w:<limit>:<window_us>:<penalise 0|1>              sliding window
+--   1:p:<free>:<base_us>:<factor>:<max_us>:<forget_us>  progressive delay
+local function decode(enc)
+  local f = {}
+  for part in string.gmatch(enc, '[^:]+') do
+    f[#f + 1] = part
+  end
+  if f[1] ~= '1' then
+    error('tollgate: unknown policy encoding version')
+  end
+  local kind = f[2]
+  if kind == 't' then
+    return { kind = kind, capacity = tonumber(f[3]), interval = tonumber(f[6]) }
+  elseif kind == 'w' then
+    return { kind = kind, limit = tonumber(f[3]), window = tonumber(f[4]), penalise = f[5] == '1' }
+  elseif kind == 'p' then
+    return {
+      kind = kind,
+      free = tonumber(f[3]),
+      base = tonumber(f[4]),
+      factor = tonumber(f[5]),
+      max = tonumber(f[6]),
+      forget = tonumber(f[7]),
+    }
+  end
+  error('tollgate: unknown strategy in policy encoding')
+end
+
+-- The policy in force: the key's override, else the limiter's, else the
+-- configured one.
+local function policy_in_force()
+  local enc = redis.call('GET', KEYS[3])
+  if not enc and KEYS[4] then
+    enc = redis.call('GET', KEYS[4])
+  end
+  if not enc and ARGV[4] ~= '' then
+    enc = ARGV[4]
+  end
+  if not enc then
+    enc = ARGV[3]
+  end
+  return decode(enc)
+end
+
+-- Sets the TTL of a written key: the time until its expiry, rounded up to
+-- a millisecond, so Redis never drops it before the script would.
+local function expire(key, expires_at, now)
+  local ms = math.floor((expires_at - now + 999) / 1000)
+  local floor = tonumber(ARGV[5])
+  if ms < floor then
+    ms = floor
+  end
+  redis.call('PEXPIRE', key, fmt(ms))
+end

@@ -1,0 +1,234 @@
+//! The start-up durability check: is the counter's Redis "redis-durable"?
+//!
+//! A rate-limit counter that Redis may evict or lose on restart silently
+//! hands out fresh quotas. The backend asks each server (each master of a
+//! cluster) for `appendonly` and `maxmemory-policy` with `CONFIG GET`:
+//!
+//! * `appendonly yes`: the counters survive a restart;
+//! * `maxmemory-policy noeviction`: writes fail rather than evict keys.
+//!   Every tollgate key has a TTL, so the `volatile-*` policies evict them
+//!   first, and `allkeys-*` may too.
+//!
+//! Where `CONFIG` is renamed or denied by an ACL the setting is reported as
+//! unknown; in [`Durability::Strict`] mode an unknown setting refuses the
+//! start like a bad one (grant the backend's user `+config|get` to prove
+//! the server instead).
+
+use std::collections::HashMap;
+use std::fmt;
+
+use redis::Value;
+
+/// What the backend does with the durability check at start-up.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Durability {
+    /// Check, log the report (`warn` for problems, `info` otherwise) and
+    /// start anyway (the default).
+    #[default]
+    Report,
+    /// Check and refuse to start unless every server is shown to be durable.
+    Strict,
+    /// Do not check.
+    Skip,
+}
+
+/// A setting as read from one server.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Setting {
+    /// The server's value.
+    Known(String),
+    /// The server would not say (`CONFIG` renamed or denied); the reason.
+    Unknown(String),
+}
+
+impl Setting {
+    fn is(&self, want: &str) -> Option<bool> {
+        match self {
+            Self::Known(v) => Some(v.eq_ignore_ascii_case(want)),
+            Self::Unknown(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for Setting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Known(v) => f.write_str(v),
+            Self::Unknown(why) => write!(f, "unknown ({why})"),
+        }
+    }
+}
+
+/// The durability settings of one server.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct NodeReport {
+    /// The server (`host:port`).
+    pub node: String,
+    /// `appendonly`: `yes` is required.
+    pub appendonly: Setting,
+    /// `appendfsync`, for information (`everysec` loses at most about a
+    /// second of decisions on a crash, `always` none).
+    pub appendfsync: Setting,
+    /// `maxmemory-policy`: `noeviction` is required.
+    pub maxmemory_policy: Setting,
+}
+
+impl NodeReport {
+    /// What is wrong with this server (empty when it is durable).
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        match self.appendonly.is("yes") {
+            Some(true) => {}
+            Some(false) => out.push(format!("{}: appendonly is not yes: counters are lost on restart", self.node)),
+            None => out.push(format!("{}: appendonly {}", self.node, self.appendonly)),
+        }
+        match self.maxmemory_policy.is("noeviction") {
+            Some(true) => {}
+            Some(false) => out.push(format!(
+                "{}: maxmemory-policy is {}, not noeviction: rate-limit keys (all with a TTL) may be evicted",
+                self.node, self.maxmemory_policy
+            )),
+            None => out.push(format!("{}: maxmemory-policy {}", self.node, self.maxmemory_policy)),
+        }
+        out
+    }
+}
+
+/// The result of the durability check: one entry per server.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct DurabilityReport {
+    /// Every server checked (every master of a cluster).
+    pub nodes: Vec<NodeReport>,
+}
+
+impl DurabilityReport {
+    /// Whether every server is shown to be durable (an unknown setting is
+    /// not).
+    pub fn is_durable(&self) -> bool {
+        !self.nodes.is_empty() && self.nodes.iter().all(|n| n.problems().is_empty())
+    }
+
+    /// Whether a server is known to be evicting or non-persistent (as
+    /// opposed to merely unknown).
+    pub fn is_known_bad(&self) -> bool {
+        self.nodes.iter().any(|n| {
+            n.appendonly.is("yes") == Some(false) || n.maxmemory_policy.is("noeviction") == Some(false)
+        })
+    }
+
+    /// Every problem found.
+    pub fn problems(&self) -> Vec<String> {
+        self.nodes.iter().flat_map(NodeReport::problems).collect()
+    }
+
+    pub(crate) fn log(&self) {
+        let problems = self.problems();
+        if problems.is_empty() {
+            tracing::info!(nodes = self.nodes.len(), "redis is durable (appendonly yes, noeviction)");
+        } else {
+            for p in &problems {
+                tracing::warn!(problem = %p, "redis durability check");
+            }
+        }
+    }
+}
+
+impl fmt::Display for DurabilityReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let problems = self.problems();
+        if problems.is_empty() {
+            return write!(f, "{} server(s) durable", self.nodes.len());
+        }
+        f.write_str(&problems.join("; "))
+    }
+}
+
+const SETTINGS: [&str; 3] = ["appendonly", "appendfsync", "maxmemory-policy"];
+
+fn setting(name: &str, reply: Result<Value, redis::RedisError>) -> Setting {
+    let value = reply.and_then(|v| match v {
+        Value::ServerError(e) => Err(e.into()),
+        v => redis::from_redis_value::<HashMap<String, String>>(v).map_err(Into::into),
+    });
+    match value {
+        Ok(mut m) => m
+            .remove(name)
+            .map_or_else(|| Setting::Unknown("no such setting".into()), Setting::Known),
+        Err(e) => Setting::Unknown(e.to_string()),
+    }
+}
+
+fn node_report(node: String, mut settings: Vec<Setting>) -> NodeReport {
+    let maxmemory_policy = settings.pop().unwrap_or(Setting::Unknown("missing".into()));
+    let appendfsync = settings.pop().unwrap_or(Setting::Unknown("missing".into()));
+    let appendonly = settings.pop().unwrap_or(Setting::Unknown("missing".into()));
+    NodeReport {
+        node,
+        appendonly,
+        appendfsync,
+        maxmemory_policy,
+    }
+}
+
+/// Reads the settings of one server over `conn`.
+pub(crate) async fn check_node<C: redis::aio::ConnectionLike>(node: String, conn: &mut C) -> NodeReport {
+    let mut settings = Vec::new();
+    for name in SETTINGS {
+        let reply = redis::cmd("CONFIG").arg("GET").arg(name).query_async(conn).await;
+        settings.push(setting(name, reply));
+    }
+    node_report(node, settings)
+}
+
+/// Reads the settings of every master of a cluster.
+#[cfg(feature = "cluster")]
+pub(crate) async fn check_cluster(
+    conn: &mut redis::cluster_async::ClusterConnection,
+) -> Result<DurabilityReport, crate::RedisError> {
+    use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+    let mut by_node: std::collections::BTreeMap<String, Vec<Setting>> = Default::default();
+    for name in SETTINGS {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg(name);
+        let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+        let reply = conn.route_command(cmd, routing).await?;
+        let Value::Map(nodes) = reply else {
+            return Err(crate::RedisError::Protocol(format!("CONFIG GET on all masters: {reply:?}")));
+        };
+        for (node, v) in nodes {
+            let node: String = redis::from_redis_value(node).map_err(redis::RedisError::from)?;
+            by_node.entry(node).or_default().push(setting(name, Ok(v)));
+        }
+    }
+    Ok(DurabilityReport {
+        nodes: by_node.into_iter().map(|(n, s)| node_report(n, s)).collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(aof: &str, policy: Setting) -> NodeReport {
+        NodeReport {
+            node: "n".into(),
+            appendonly: Setting::Known(aof.into()),
+            appendfsync: Setting::Known("everysec".into()),
+            maxmemory_policy: policy,
+        }
+    }
+
+    #[test]
+    fn judges_settings() {
+        let good = DurabilityReport { nodes: vec![node("yes", Setting::Known("noeviction".into()))] };
+        assert!(good.is_durable() && !good.is_known_bad());
+        let lru = DurabilityReport { nodes: vec![node("yes", Setting::Known("volatile-lru".into()))] };
+        assert!(!lru.is_durable() && lru.is_known_bad());
+        assert!(lru.to_string().contains("volatile-lru"));
+        let unknown = DurabilityReport { nodes: vec![node("yes", Setting::Unknown("NOPERM".into()))] };
+        assert!(!unknown.is_durable() && !unknown.is_known_bad());
+        assert!(!DurabilityReport::default().is_durable());
+    }
+}

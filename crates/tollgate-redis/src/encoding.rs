@@ -1,0 +1,157 @@
+//! The compact, versioned encoding of a [`Policy`] stored in Redis (runtime
+//! overrides) and passed to the scripts (the configured policy).
+//!
+//! Version 1 is a `:`-separated list of decimal integers after a version
+//! and a strategy letter:
+//!
+//! | strategy | encoding |
+//! |---|---|
+//! | token bucket | `1:t:<capacity>:<refill>:<period_us>:<interval_us>` |
+//! | sliding window | `1:w:<limit>:<window_us>:<penalise 0\|1>` |
+//! | progressive delay | `1:p:<free>:<base_us>:<factor>:<max_us>:<forget_us>` |
+//!
+//! The token bucket carries its interval (rounded up by the core) so the
+//! script never divides; the other fields let [`decode`] rebuild the exact
+//! policy. Every number the scripts compute with must stay below 2^53, the
+//! range of exact integers in a Lua double: [`encode`] refuses the rest.
+//!
+//! # Examples
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate_core::{Policy, TokenBucket};
+//! use tollgate_redis::encoding::{decode, encode};
+//!
+//! let p = Policy::from(TokenBucket::new(10, 1, Duration::from_secs(1))?);
+//! let enc = encode(&p)?;
+//! assert_eq!(enc, "1:t:10:1:1000000:1000000");
+//! assert_eq!(decode(&enc)?, p);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::time::Duration;
+
+use tollgate_core::{Policy, PolicyError, ProgressiveDelay, SlidingWindow, TokenBucket};
+
+/// The largest integer a Lua number holds exactly.
+pub const MAX_EXACT: u64 = 1 << 53;
+
+/// A policy that cannot be encoded, or a stored value that is not a policy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EncodingError {
+    /// A field is too large for the scripts' exact arithmetic.
+    #[error("{0} is above 2^53, beyond the exact integers of the Redis scripts")]
+    OutOfRange(&'static str),
+    /// A strategy this version of the encoding does not know.
+    #[error("no encoding for strategy {0}")]
+    UnknownStrategy(&'static str),
+    /// The stored value is not a version-1 encoding.
+    #[error("malformed policy encoding {0:?}")]
+    Malformed(String),
+    /// The stored fields do not make a valid policy.
+    #[error("invalid stored policy")]
+    Invalid(#[source] PolicyError),
+}
+
+fn exact(field: &'static str, v: u64) -> Result<u64, EncodingError> {
+    if v > MAX_EXACT {
+        return Err(EncodingError::OutOfRange(field));
+    }
+    Ok(v)
+}
+
+fn us(d: Duration) -> u64 {
+    tollgate_core::time::micros(d)
+}
+
+/// Encodes a policy (version 1).
+pub fn encode(policy: &Policy) -> Result<String, EncodingError> {
+    Ok(match policy {
+        Policy::TokenBucket(p) => format!(
+            "1:t:{}:{}:{}:{}",
+            exact("capacity", p.capacity())?,
+            exact("refill", p.refill())?,
+            exact("period", us(p.period()))?,
+            exact("interval", p.interval_micros())?,
+        ),
+        Policy::SlidingWindow(p) => format!(
+            "1:w:{}:{}:{}",
+            exact("limit", p.limit())?,
+            exact("window", p.window_micros())?,
+            u8::from(p.penalises_refused()),
+        ),
+        // The factor may be any size: a product beyond the cap is capped
+        // either way, exact or not.
+        Policy::ProgressiveDelay(p) => format!(
+            "1:p:{}:{}:{}:{}:{}",
+            exact("free_attempts", p.free_attempts())?,
+            exact("base_delay", p.base_delay_micros())?,
+            p.factor(),
+            exact("max_delay", p.max_delay_micros())?,
+            exact("forget_after", p.forget_after_micros())?,
+        ),
+        other => return Err(EncodingError::UnknownStrategy(other.strategy().as_str())),
+    })
+}
+
+/// Decodes a stored policy, validating it as the constructors do.
+pub fn decode(s: &str) -> Result<Policy, EncodingError> {
+    let malformed = || EncodingError::Malformed(s.chars().take(64).collect());
+    let mut parts = s.split(':');
+    if parts.next() != Some("1") {
+        return Err(malformed());
+    }
+    let kind = parts.next().ok_or_else(malformed)?;
+    let nums = parts
+        .map(|p| p.parse::<u64>().map_err(|_| malformed()))
+        .collect::<Result<Vec<u64>, _>>()?;
+    let micros = Duration::from_micros;
+    let policy = match (kind, nums.as_slice()) {
+        ("t", &[capacity, refill, period, interval]) => {
+            let p = TokenBucket::new(capacity, refill, micros(period)).map_err(EncodingError::Invalid)?;
+            if p.interval_micros() != interval {
+                return Err(malformed());
+            }
+            Policy::from(p)
+        }
+        ("w", &[limit, window, penalise @ (0 | 1)]) => Policy::from(
+            SlidingWindow::new(limit, micros(window))
+                .map_err(EncodingError::Invalid)?
+                .penalise_refused(penalise == 1),
+        ),
+        ("p", &[free, base, factor, max, forget]) => Policy::from(
+            ProgressiveDelay::new(free, micros(base), factor, micros(max), micros(forget))
+                .map_err(EncodingError::Invalid)?,
+        ),
+        _ => return Err(malformed()),
+    };
+    Ok(policy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn rejects_garbage_and_unknown_versions() {
+        for s in ["", "2:t:1:1:1:1", "1:x:1", "1:t:1:1", "1:w:1:1:2", "1:w:a:1:0", "1:t:1:1:1000000:7"] {
+            assert!(decode(s).is_err(), "{s}");
+        }
+        assert!(matches!(decode("1:w:0:1:0"), Err(EncodingError::Invalid(_))));
+    }
+
+    #[test]
+    fn refuses_numbers_lua_cannot_hold() {
+        let p = Policy::from(SlidingWindow::new(u64::MAX, Duration::from_secs(1)).unwrap());
+        assert_eq!(encode(&p), Err(EncodingError::OutOfRange("limit")));
+    }
+
+    proptest! {
+        #[test]
+        fn round_trips(p in tollgate_testkit::conformance::policies()) {
+            prop_assert_eq!(decode(&encode(&p).unwrap()).unwrap(), p);
+        }
+    }
+}

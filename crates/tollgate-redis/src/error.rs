@@ -1,0 +1,47 @@
+//! The Redis backend's failures.
+
+use std::time::Duration;
+
+use crate::durability::DurabilityReport;
+use crate::encoding::EncodingError;
+
+/// Why the Redis backend could not answer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RedisError {
+    /// Redis (or the connection to it) returned an error.
+    #[error("redis command failed")]
+    Redis(#[source] redis::RedisError),
+    /// No connection could be had from the pool in time.
+    #[error("no redis connection available within {0:?}")]
+    PoolTimeout(Duration),
+    /// A script answered something it never answers: a version mismatch.
+    #[error("unexpected reply from a tollgate script: {0}")]
+    Protocol(String),
+    /// A policy that cannot be encoded, or a stored override that cannot be
+    /// decoded.
+    #[error("policy encoding")]
+    Encoding(#[from] EncodingError),
+    /// A limiter name that would break the key layout (it holds `{` or
+    /// `}`, which would move the Redis Cluster hash tag).
+    #[error("invalid limiter name {0:?}: braces are reserved for the hash tag")]
+    InvalidLimiterName(String),
+    /// A cost too large for the scripts' exact arithmetic (above 2^53).
+    #[error("cost {0} is out of range")]
+    CostOutOfRange(u64),
+    /// The builder was asked for something this build cannot do (a
+    /// `rediss://` URL without the `tls` feature, a cluster without the
+    /// `cluster` feature).
+    #[error("unsupported configuration: {0}")]
+    Unsupported(&'static str),
+    /// Strict durability was asked for and the server is not shown to be
+    /// durable.
+    #[error("redis is not durable: {0}")]
+    NotDurable(Box<DurabilityReport>),
+}
+
+impl From<redis::RedisError> for RedisError {
+    fn from(e: redis::RedisError) -> Self {
+        Self::Redis(e)
+    }
+}

@@ -1,0 +1,534 @@
+//! Redis backend for [tollgate](https://docs.rs/tollgate): every decision is
+//! one atomic Lua script in Redis.
+//!
+//! [`RedisBackend`] implements [`tollgate_core::Backend`]. Each decision is a
+//! single `EVALSHA` of the strategy's script (`lua/token_bucket.lua`,
+//! `lua/sliding_window.lua`, `lua/progressive_delay.lua`, reloaded
+//! transparently after a `SCRIPT FLUSH` or a restart): it reads the key's
+//! state, applies the policy in force, writes the new state and answers the
+//! verdict. No read-modify-write crosses the network, so any number of
+//! workers share one exact counter.
+//!
+//! * **Semantics**: the scripts compute the core's
+//!   [reference model](tollgate_core::model) in integer microseconds, in the
+//!   same order; the conformance suite checks them against it decision by
+//!   decision.
+//! * **Time**: the Redis server's `TIME` by default, so workers with skewed
+//!   clocks agree; [`RedisBackendBuilder::caller_time`] takes it from a
+//!   [`Clock`] instead (a [`MockClock`](tollgate_core::MockClock) in tests,
+//!   replays).
+//! * **Keys**: `<prefix>:<limiter>:{<key>}` (a HASH), plus `…:log` (the
+//!   sliding-window log) and `…:override` (a per-key override), all in the
+//!   key's hash slot; `<prefix>:<limiter>:override` holds a limiter-wide
+//!   override. Every key's TTL is the time until its state equals a fresh
+//!   key's, rounded up to a millisecond; a key that becomes fresh is deleted.
+//! * **Overrides** are stored in Redis and read by the script itself, so
+//!   every worker sees a change on its next decision. In a cluster the
+//!   limiter-wide override lives in another slot: it is read by the client
+//!   and cached for at most [`RedisBackendBuilder::override_cache_ttl`]
+//!   (see `docs/redis.md`).
+//! * **Connections**: a bb8-redis pool of multiplexed connections (see
+//!   [`RedisBackendBuilder::pool_size`]); Redis Cluster through the redis
+//!   crate's cluster client with the feature `cluster`; `rediss://` URLs with
+//!   the feature `tls`. Credentials go in the URL
+//!   (`redis://user:password@host:6379`).
+//! * **Durability**: at start-up the backend checks `appendonly` and
+//!   `maxmemory-policy` and logs a [`DurabilityReport`]; with
+//!   [`Durability::Strict`] it refuses to start on a server it cannot show
+//!   to be durable.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tollgate_core::{Key, Limiter, SlidingWindow};
+//! use tollgate_redis::{Durability, RedisBackend};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let backend = RedisBackend::builder("redis://127.0.0.1:6379")
+//!     .prefix("myapp")
+//!     .durability(Durability::Strict)
+//!     .build()
+//!     .await?;
+//! let login = Limiter::new("login-ip", SlidingWindow::new(20, Duration::from_secs(900))?, backend);
+//! let verdict = login.check(&Key::new("203.0.113.7")).await;
+//! if !verdict.is_allowed() {
+//!     // answer 429
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+mod conn;
+pub mod durability;
+pub mod encoding;
+mod error;
+pub mod scripts;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::Value;
+use tokio::time::Instant;
+use tollgate_core::{Backend, Clock, Decision, Key, Op, Policy, Request, Scope, Strategy};
+
+pub use durability::{Durability, DurabilityReport, NodeReport, Setting};
+pub use error::RedisError;
+
+use conn::Conn;
+
+/// The default key prefix.
+pub const DEFAULT_PREFIX: &str = "tollgate";
+
+/// The Redis backend.
+///
+/// Cheap to clone; clones share the connections (and so the counters,
+/// which live in Redis anyway).
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Conn,
+    prefix: String,
+    clock: Option<Arc<dyn Clock>>,
+    min_ttl_ms: u64,
+    override_cache_ttl: Duration,
+    /// Cluster mode only: limiter-wide overrides read by the client.
+    override_cache: Mutex<HashMap<String, (Instant, Option<String>)>>,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("prefix", &self.inner.prefix)
+            .field("cluster", &self.inner.conn.is_cluster())
+            .field("caller_time", &self.inner.clock.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`RedisBackend`].
+#[must_use]
+pub struct RedisBackendBuilder {
+    urls: Vec<String>,
+    cluster: bool,
+    prefix: String,
+    pool_size: u32,
+    exclusive_checkout: bool,
+    test_on_check_out: bool,
+    pool_timeout: Duration,
+    clock: Option<Arc<dyn Clock>>,
+    min_ttl: Duration,
+    durability: Durability,
+    override_cache_ttl: Duration,
+}
+
+impl fmt::Debug for RedisBackendBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // URLs may hold a password: show only where they point.
+        let hosts: Vec<&str> = self
+            .urls
+            .iter()
+            .map(|u| u.rsplit('@').next().unwrap_or(u))
+            .collect();
+        f.debug_struct("RedisBackendBuilder")
+            .field("hosts", &hosts)
+            .field("cluster", &self.cluster)
+            .field("prefix", &self.prefix)
+            .field("pool_size", &self.pool_size)
+            .field("exclusive_checkout", &self.exclusive_checkout)
+            .field("test_on_check_out", &self.test_on_check_out)
+            .field("pool_timeout", &self.pool_timeout)
+            .field("caller_time", &self.clock.is_some())
+            .field("min_ttl", &self.min_ttl)
+            .field("durability", &self.durability)
+            .field("override_cache_ttl", &self.override_cache_ttl)
+            .finish()
+    }
+}
+
+impl RedisBackendBuilder {
+    fn new(urls: Vec<String>, cluster: bool) -> Self {
+        Self {
+            urls,
+            cluster,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            pool_size: 4,
+            exclusive_checkout: false,
+            test_on_check_out: false,
+            pool_timeout: Duration::from_secs(1),
+            clock: None,
+            min_ttl: Duration::ZERO,
+            durability: Durability::default(),
+            override_cache_ttl: Duration::from_secs(1),
+        }
+    }
+
+    /// The first part of every key (default `"tollgate"`). Braces are not
+    /// allowed (they would move the hash tag).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The number of connections (default 4).
+    ///
+    /// Each connection is multiplexed: a call takes one from the pool only
+    /// long enough to clone it, so many concurrent decisions are pipelined
+    /// on a few connections. A few connections keep both Redis cores-worth
+    /// of I/O busy; more only add syscalls (see `docs/benchmarks.md`).
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.pool_size = size.max(1);
+        self
+    }
+
+    /// Holds a pooled connection for the whole call, like a classic pool
+    /// (default `false`). Then at most [`pool_size`](Self::pool_size)
+    /// decisions are in flight and the others wait for a connection: size
+    /// the pool to the concurrency.
+    pub fn exclusive_checkout(mut self, yes: bool) -> Self {
+        self.exclusive_checkout = yes;
+        self
+    }
+
+    /// Sends a `PING` on every checkout (default `false`: it costs a round
+    /// trip per decision; a connection that fails is dropped instead).
+    pub fn test_on_check_out(mut self, yes: bool) -> Self {
+        self.test_on_check_out = yes;
+        self
+    }
+
+    /// How long to wait for a connection from the pool (default 1 s; a
+    /// limiter's own timeout is usually shorter).
+    pub fn pool_timeout(mut self, timeout: Duration) -> Self {
+        self.pool_timeout = timeout;
+        self
+    }
+
+    /// Takes "now" from `clock` instead of the Redis server's `TIME`: for
+    /// tests (a [`MockClock`](tollgate_core::MockClock)) and replays.
+    ///
+    /// Workers whose clocks disagree would then disagree on limits: keep the
+    /// server's time in production.
+    pub fn caller_time(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// The least TTL given to a written key (default zero).
+    ///
+    /// The scripts store each key's expiry and honour it in the caller's
+    /// time, but Redis drops keys in real time: a test whose mock clock
+    /// stands still while real time passes needs this floor so that Redis
+    /// does not drop a key its clock still counts. Leave it at zero in
+    /// production: it lets keys outlive their state.
+    pub fn min_ttl(mut self, ttl: Duration) -> Self {
+        self.min_ttl = ttl;
+        self
+    }
+
+    /// What to do with the durability check (default
+    /// [`Durability::Report`]).
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Cluster mode: how long a limiter-wide override read by this client
+    /// may be used before it is read again (default 1 s). It bounds how
+    /// long other workers keep deciding under a limiter-wide override that
+    /// was changed; per-key overrides are always read by the script.
+    pub fn override_cache_ttl(mut self, ttl: Duration) -> Self {
+        self.override_cache_ttl = ttl;
+        self
+    }
+
+    /// Connects, loads the scripts and runs the durability check.
+    pub async fn build(self) -> Result<RedisBackend, RedisError> {
+        if self.prefix.contains(['{', '}']) {
+            return Err(RedisError::InvalidLimiterName(self.prefix));
+        }
+        if self.urls.iter().any(|u| u.starts_with("rediss://")) {
+            #[cfg(not(feature = "tls"))]
+            return Err(RedisError::Unsupported("rediss:// needs the `tls` feature"));
+            #[cfg(feature = "tls")]
+            {
+                // Several rustls providers may be compiled in; pick ring.
+                let _ = rustls::crypto::ring::default_provider().install_default();
+            }
+        }
+        let conn = if self.cluster {
+            self.cluster_conn().await?
+        } else {
+            let url = self.urls.first().ok_or(RedisError::Unsupported("no URL"))?;
+            let manager = bb8_redis::RedisConnectionManager::new(url.as_str())?;
+            let pool = bb8::Pool::builder()
+                .max_size(self.pool_size)
+                .test_on_check_out(self.test_on_check_out)
+                .connection_timeout(self.pool_timeout)
+                // Fail fast while Redis is down: the limiter's fail mode
+                // answers, and the next call tries to connect again.
+                .retry_connection(false)
+                .build(conn::Manager::new(manager))
+                .await?;
+            Conn::Pool {
+                pool,
+                exclusive: self.exclusive_checkout,
+                timeout: self.pool_timeout,
+            }
+        };
+        let backend = RedisBackend {
+            inner: Arc::new(Inner {
+                conn,
+                prefix: self.prefix,
+                clock: self.clock,
+                min_ttl_ms: u64::try_from(self.min_ttl.as_millis()).unwrap_or(u64::MAX),
+                override_cache_ttl: self.override_cache_ttl,
+                override_cache: Mutex::default(),
+            }),
+        };
+        for code in scripts::ALL {
+            let mut load = redis::cmd("SCRIPT");
+            load.arg("LOAD").arg(code);
+            let _: Value = backend.inner.conn.query(&load).await?;
+        }
+        match self.durability {
+            Durability::Skip => {}
+            mode => {
+                let report = backend.check_durability().await?;
+                report.log();
+                if mode == Durability::Strict && !report.is_durable() {
+                    return Err(RedisError::NotDurable(Box::new(report)));
+                }
+            }
+        }
+        Ok(backend)
+    }
+
+    #[cfg(feature = "cluster")]
+    async fn cluster_conn(&self) -> Result<Conn, RedisError> {
+        let client = redis::cluster::ClusterClientBuilder::new(self.urls.iter().map(String::as_str))
+            .connection_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_millis(500))
+            .build()?;
+        Ok(Conn::Cluster(client.get_async_connection().await?))
+    }
+
+    #[cfg(not(feature = "cluster"))]
+    async fn cluster_conn(&self) -> Result<Conn, RedisError> {
+        Err(RedisError::Unsupported("Redis Cluster needs the `cluster` feature"))
+    }
+}
+
+impl RedisBackend {
+    /// Starts building a backend for one Redis server (`redis://` or
+    /// `rediss://`, with `user:password@` for ACL users).
+    pub fn builder(url: impl Into<String>) -> RedisBackendBuilder {
+        RedisBackendBuilder::new(vec![url.into()], false)
+    }
+
+    /// Starts building a backend for a Redis Cluster, from one or more of
+    /// its nodes (feature `cluster`).
+    #[cfg(feature = "cluster")]
+    pub fn cluster_builder<I, S>(urls: I) -> RedisBackendBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisBackendBuilder::new(urls.into_iter().map(Into::into).collect(), true)
+    }
+
+    /// A backend for one server with the default settings.
+    pub async fn connect(url: impl Into<String>) -> Result<Self, RedisError> {
+        Self::builder(url).build().await
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The Redis key holding `key`'s state for `limiter`:
+    /// `<prefix>:<limiter>:{<key>}`.
+    pub fn state_key(&self, limiter: &str, key: &Key) -> String {
+        format!("{}:{limiter}:{{{}}}", self.inner.prefix, key.as_str())
+    }
+
+    fn limiter_override_key(&self, limiter: &str) -> String {
+        format!("{}:{limiter}:override", self.inner.prefix)
+    }
+
+    fn override_key(&self, scope: Scope<'_>) -> Result<String, RedisError> {
+        check_limiter(scope.limiter())?;
+        Ok(match scope {
+            Scope::Limiter(l) => self.limiter_override_key(l),
+            Scope::Key(l, k) => self.state_key(l, k) + ":override",
+        })
+    }
+
+    /// Runs the durability check now (it also runs at start-up unless
+    /// [`Durability::Skip`]).
+    pub async fn check_durability(&self) -> Result<DurabilityReport, RedisError> {
+        match &self.inner.conn {
+            Conn::Pool { .. } => {
+                let mut c = self.inner.conn.single().await?;
+                let node = String::from("redis");
+                Ok(DurabilityReport {
+                    nodes: vec![durability::check_node(node, &mut c).await],
+                })
+            }
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => durability::check_cluster(&mut c.clone()).await,
+        }
+    }
+
+    /// The limiter-wide override to pass in ARGV (cluster mode), from the
+    /// short client cache.
+    async fn limiter_override_arg(&self, limiter: &str) -> Result<String, RedisError> {
+        let now = Instant::now();
+        if let Some((at, v)) = lock(&self.inner.override_cache).get(limiter) {
+            if now.duration_since(*at) < self.inner.override_cache_ttl {
+                return Ok(v.clone().unwrap_or_default());
+            }
+        }
+        let v: Option<String> = self
+            .inner
+            .conn
+            .query(redis::cmd("GET").arg(self.limiter_override_key(limiter)))
+            .await?;
+        lock(&self.inner.override_cache).insert(limiter.to_owned(), (now, v.clone()));
+        Ok(v.unwrap_or_default())
+    }
+
+    async fn decide_inner(&self, req: Request<'_>) -> Result<Decision, RedisError> {
+        check_limiter(req.limiter)?;
+        let cost: i64 = match req.op {
+            Op::Acquire(c) if c > encoding::MAX_EXACT => return Err(RedisError::CostOutOfRange(c)),
+            Op::Acquire(c) => c as i64,
+            Op::Reset => -1,
+        };
+        let policy = encoding::encode(req.policy)?;
+        let now = match &self.inner.clock {
+            Some(c) => c.now().to_string(),
+            None => String::new(),
+        };
+        let state = self.state_key(req.limiter, req.key);
+        let log = format!("{state}:log");
+        let key_override = format!("{state}:override");
+        let cluster = self.inner.conn.is_cluster();
+        let limiter_override = if cluster {
+            self.limiter_override_arg(req.limiter).await?
+        } else {
+            String::new()
+        };
+        let limiter_override_key = self.limiter_override_key(req.limiter);
+        let mut strategy = req.policy.strategy();
+        // The policy in force may be an override of another strategy: the
+        // script then names the one to run. Overrides changing under our
+        // feet can bounce us at most a couple of times.
+        for _ in 0..3 {
+            let script = scripts::for_strategy(strategy);
+            let mut inv = script.prepare_invoke();
+            inv.key(&state).key(&log).key(&key_override);
+            if !cluster {
+                inv.key(&limiter_override_key);
+            }
+            inv.arg(&now)
+                .arg(cost)
+                .arg(&policy)
+                .arg(&limiter_override)
+                .arg(self.inner.min_ttl_ms);
+            let reply: Vec<Value> = self.inner.conn.invoke(&inv).await?;
+            match parse_reply(&reply)? {
+                Reply::Decision(d) => return Ok(d),
+                Reply::Redirect(s) => strategy = s,
+            }
+        }
+        Err(RedisError::Protocol("policy strategy kept changing".into()))
+    }
+}
+
+enum Reply {
+    Decision(Decision),
+    Redirect(Strategy),
+}
+
+fn parse_reply(v: &[Value]) -> Result<Reply, RedisError> {
+    let int = |i: usize| -> Result<i64, RedisError> {
+        match v.get(i) {
+            Some(Value::Int(n)) => Ok(*n),
+            other => Err(RedisError::Protocol(format!("item {i}: {other:?}"))),
+        }
+    };
+    let uint = |i: usize| -> Result<u64, RedisError> {
+        u64::try_from(int(i)?).map_err(|_| RedisError::Protocol(format!("item {i} is negative")))
+    };
+    if int(0)? == -1 {
+        let letter = match v.get(1) {
+            Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            other => return Err(RedisError::Protocol(format!("redirect: {other:?}"))),
+        };
+        return scripts::strategy_of(&letter)
+            .map(Reply::Redirect)
+            .ok_or_else(|| RedisError::Protocol(format!("unknown strategy {letter:?}")));
+    }
+    if v.len() != 5 {
+        return Err(RedisError::Protocol(format!("{} items", v.len())));
+    }
+    Ok(Reply::Decision(Decision::from_micros(
+        int(0)? == 1,
+        uint(1)?,
+        uint(2)?,
+        uint(3)?,
+        uint(4)?,
+    )))
+}
+
+fn check_limiter(name: &str) -> Result<(), RedisError> {
+    if name.contains(['{', '}']) {
+        return Err(RedisError::InvalidLimiterName(name.to_owned()));
+    }
+    Ok(())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Backend for RedisBackend {
+    type Error = RedisError;
+
+    fn decide(&self, req: Request<'_>) -> impl Future<Output = Result<Decision, RedisError>> + Send {
+        self.decide_inner(req)
+    }
+
+    async fn set_override(&self, scope: Scope<'_>, policy: Option<&Policy>) -> Result<(), RedisError> {
+        let key = self.override_key(scope)?;
+        let encoded = policy.map(encoding::encode).transpose()?;
+        let mut cmd = match &encoded {
+            Some(_) => redis::cmd("SET"),
+            None => redis::cmd("DEL"),
+        };
+        cmd.arg(&key);
+        if let Some(enc) = &encoded {
+            cmd.arg(enc);
+        }
+        let _: Value = self.inner.conn.query(&cmd).await?;
+        if let Scope::Limiter(l) = scope {
+            // This worker sees its own change at once.
+            lock(&self.inner.override_cache).insert(l.to_owned(), (Instant::now(), encoded));
+        }
+        Ok(())
+    }
+
+    async fn get_override(&self, scope: Scope<'_>) -> Result<Option<Policy>, RedisError> {
+        let key = self.override_key(scope)?;
+        let v: Option<String> = self.inner.conn.query(redis::cmd("GET").arg(&key)).await?;
+        Ok(v.as_deref().map(encoding::decode).transpose()?)
+    }
+}

@@ -1,0 +1,59 @@
+//! The Lua scripts, one per strategy, each prefixed with the shared helpers
+//! of `lua/common.lua`.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+use tollgate_core::Strategy;
+
+macro_rules! code {
+    ($file:literal) => {
+        concat!(
+            include_str!("../lua/common.lua"),
+            include_str!(concat!("../lua/", $file))
+        )
+    };
+}
+
+/// The token-bucket script's source.
+pub(crate) const TOKEN_BUCKET_CODE: &str = code!("token_bucket.lua");
+/// The sliding-window script's source.
+pub(crate) const SLIDING_WINDOW_CODE: &str = code!("sliding_window.lua");
+/// The progressive-delay script's source.
+pub(crate) const PROGRESSIVE_DELAY_CODE: &str = code!("progressive_delay.lua");
+
+static TOKEN_BUCKET: LazyLock<Script> = LazyLock::new(|| Script::new(TOKEN_BUCKET_CODE));
+static SLIDING_WINDOW: LazyLock<Script> = LazyLock::new(|| Script::new(SLIDING_WINDOW_CODE));
+static PROGRESSIVE_DELAY: LazyLock<Script> = LazyLock::new(|| Script::new(PROGRESSIVE_DELAY_CODE));
+
+/// The script deciding for `strategy`.
+pub(crate) fn for_strategy(strategy: Strategy) -> &'static Script {
+    match strategy {
+        Strategy::TokenBucket => &TOKEN_BUCKET,
+        Strategy::SlidingWindow => &SLIDING_WINDOW,
+        Strategy::ProgressiveDelay => &PROGRESSIVE_DELAY,
+    }
+}
+
+/// The source of the script deciding for `strategy` (what the load tool
+/// sends through a bare client).
+pub fn source(strategy: Strategy) -> &'static str {
+    match strategy {
+        Strategy::TokenBucket => TOKEN_BUCKET_CODE,
+        Strategy::SlidingWindow => SLIDING_WINDOW_CODE,
+        Strategy::ProgressiveDelay => PROGRESSIVE_DELAY_CODE,
+    }
+}
+
+/// The strategy a script letter names.
+pub(crate) fn strategy_of(letter: &str) -> Option<Strategy> {
+    match letter {
+        "t" => Some(Strategy::TokenBucket),
+        "w" => Some(Strategy::SlidingWindow),
+        "p" => Some(Strategy::ProgressiveDelay),
+        _ => None,
+    }
+}
+
+/// Every script's source, to preload.
+pub(crate) const ALL: [&str; 3] = [TOKEN_BUCKET_CODE, SLIDING_WINDOW_CODE, PROGRESSIVE_DELAY_CODE];
