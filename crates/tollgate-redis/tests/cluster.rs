@@ -1,0 +1,92 @@
+//! The Redis backend on a 3-master Redis Cluster (feature `cluster`): the
+//! conformance suite, the durability check of every master, and keys of one
+//! decision sharing a slot.
+#![cfg(feature = "cluster")]
+
+use std::time::Duration;
+
+use tollgate_core::{Backend, Key, Limiter, MockClock, Policy, Scope, SlidingWindow, TokenBucket};
+use tollgate_redis::{Durability, RedisBackend};
+use tollgate_testkit::redis_server::RedisCluster;
+
+async fn backend(prefix: &str, clock: &MockClock) -> RedisBackend {
+    let cluster = RedisCluster::shared().expect("the cluster tests need redis-server");
+    RedisBackend::cluster_builder(cluster.urls())
+        .prefix(tollgate_testkit::conformance::unique_name(prefix))
+        .caller_time(clock.clone())
+        .min_ttl(Duration::from_secs(600))
+        .durability(Durability::Skip)
+        .build()
+        .await
+        .expect("connect to the cluster")
+}
+
+async fn setup() -> (RedisBackend, MockClock) {
+    let clock = MockClock::new();
+    (backend("cconf", &clock).await, clock)
+}
+
+tollgate_testkit::conformance_tests!(setup(), cases = 300);
+
+/// Keys spread over the three masters all decide (no CROSSSLOT error): the
+/// state, log and per-key override share the key's hash tag.
+#[tokio::test]
+async fn keys_on_every_master_decide() {
+    let clock = MockClock::new();
+    let b = backend("slots", &clock).await;
+    let l = Limiter::new("spread", SlidingWindow::new(1, Duration::from_secs(60)).unwrap(), b.clone());
+    let per_key = Policy::from(SlidingWindow::new(2, Duration::from_secs(60)).unwrap());
+    for i in 0..50 {
+        let k = Key::new(format!("user-{i}"));
+        b.set_override(Scope::Key("spread", &k), Some(&per_key)).await.unwrap();
+        assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+        assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+        assert!(l.try_acquire(&k, 1).await.unwrap().is_denied());
+    }
+}
+
+/// A limiter-wide override set by one worker reaches another one within
+/// the client cache's TTL (it lives in another slot than the keys).
+#[tokio::test]
+async fn limiter_override_reaches_other_workers_within_cache_ttl() {
+    let clock = MockClock::new();
+    let cluster = RedisCluster::shared().expect("redis-server");
+    let prefix = tollgate_testkit::conformance::unique_name("ovr");
+    let make = || {
+        RedisBackend::cluster_builder(cluster.urls())
+            .prefix(prefix.clone())
+            .caller_time(clock.clone())
+            .override_cache_ttl(Duration::from_millis(200))
+            .durability(Durability::Skip)
+            .build()
+    };
+    let (a, b) = (make().await.unwrap(), make().await.unwrap());
+    let policy = TokenBucket::new(1, 1, Duration::from_secs(3600)).unwrap();
+    let la = Limiter::new("api", policy, a);
+    let lb = Limiter::new("api", policy, b);
+    let k = Key::new("k");
+    // Worker b caches "no override".
+    assert_eq!(lb.peek(&k).await.decision().unwrap().limit(), 1);
+    let five = Policy::from(TokenBucket::new(5, 1, Duration::from_secs(3600)).unwrap());
+    la.set_override(None, Some(five)).await.unwrap();
+    assert_eq!(la.peek(&k).await.decision().unwrap().limit(), 5, "the writer sees it at once");
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(lb.peek(&k).await.decision().unwrap().limit(), 5, "others after the cache TTL");
+}
+
+/// The durability check asks every master.
+#[tokio::test]
+async fn durability_check_covers_every_master() {
+    let clock = MockClock::new();
+    let b = backend("dur", &clock).await;
+    let report = b.check_durability().await.unwrap();
+    assert_eq!(report.nodes.len(), 3, "{report:?}");
+    // The test cluster runs without AOF: reported, and strict mode refuses.
+    assert!(report.is_known_bad());
+    let cluster = RedisCluster::shared().unwrap();
+    let strict = RedisBackend::cluster_builder(cluster.urls())
+        .durability(Durability::Strict)
+        .build()
+        .await;
+    assert!(matches!(strict, Err(tollgate_redis::RedisError::NotDurable(_))));
+}
