@@ -65,7 +65,10 @@ impl<F, B: Backend, K> RateLimitLayer<PerRequest<F, B>, K> {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn per_request(resolver: F, extractor: K) -> Self {
+    pub fn per_request<Req>(resolver: F, extractor: K) -> Self
+    where
+        F: Fn(&Req) -> Limiter<B>,
+    {
         Self::with_limiter(PerRequest::new(resolver), extractor)
     }
 }

@@ -1,0 +1,119 @@
+use std::fmt;
+use std::mem;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tollgate_core::Backend;
+use tollgate_core::aimd::{AimdLimiter, Outcome};
+use tower_service::Service;
+
+use super::future::{Report, ResponseFuture};
+use super::layer::Classify;
+use crate::extract::KeyExtractor;
+
+/// Waits for a token of the call's scope before calling the inner HTTP
+/// client, then feeds the response back to the [`AimdLimiter`]: a `429` or
+/// `503` cuts the scope's rate (and its `Retry-After` holds the scope), a
+/// success lets it grow.
+///
+/// Unlike an inbound limit, this one waits rather than refuses: slowing
+/// down is what a client of a rate-limited source wants. `poll_ready`
+/// delegates to the inner service; the wait happens in the response
+/// future, once the scope is known. Bound it with a timeout layer if a
+/// caller cannot wait for a long `Retry-After`.
+///
+/// Made by [`AdaptiveLayer`](super::AdaptiveLayer).
+pub struct Adaptive<S, B, E> {
+    inner: S,
+    limiter: AimdLimiter<B>,
+    scope: E,
+    classify: Classify,
+}
+
+impl<S, B, E> Adaptive<S, B, E> {
+    pub(crate) fn new(inner: S, limiter: AimdLimiter<B>, scope: E, classify: Classify) -> Self {
+        Self {
+            inner,
+            limiter,
+            scope,
+            classify,
+        }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// The limiter.
+    pub fn limiter(&self) -> &AimdLimiter<B> {
+        &self.limiter
+    }
+}
+
+impl<S: Clone, B, E: Clone> Clone for Adaptive<S, B, E> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            limiter: self.limiter.clone(),
+            scope: self.scope.clone(),
+            classify: self.classify,
+        }
+    }
+}
+
+impl<S: fmt::Debug, B, E> fmt::Debug for Adaptive<S, B, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Adaptive")
+            .field("inner", &self.inner)
+            .field("limiter", &self.limiter)
+            .field("scope", &std::any::type_name::<E>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, B, E, ReqBody, ResBody> Service<Request<ReqBody>> for Adaptive<S, B, E>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    B: Backend,
+    E: KeyExtractor<Request<ReqBody>>,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, Request<ReqBody>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        // The service that was polled ready is the one called; a clone
+        // takes its place.
+        let clone = self.inner.clone();
+        let mut inner = mem::replace(&mut self.inner, clone);
+        let Some(scope) = self.scope.extract(&req) else {
+            return ResponseFuture::unlimited(inner.call(req));
+        };
+        let limiter = self.limiter.clone();
+        let waiting = {
+            let (limiter, scope) = (limiter.clone(), scope.clone());
+            Box::pin(async move {
+                limiter.acquire(&scope).await;
+            })
+        };
+        let report: Report = Box::new(move |outcome: Outcome| {
+            Box::pin(async move { limiter.feedback(&scope, outcome).await })
+        });
+        ResponseFuture::waiting(waiting, inner, req, report, self.classify)
+    }
+}

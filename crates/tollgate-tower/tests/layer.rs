@@ -1,0 +1,457 @@
+//! The layer in front of a plain tower service, with the memory backend
+//! on a mock clock (and tokio's paused clock for timeouts).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use tollgate_core::{FailMode, Key, Limiter, MockClock, ProgressiveDelay, SlidingWindow, TokenBucket};
+use tollgate_memory::MemoryBackend;
+use tollgate_tower::extract::{ApiKey, ClientIp, PeerAddr};
+use tollgate_tower::respond::{Grpc, Http, Refusal};
+use tollgate_tower::{MissingKey, Outcome, RateLimitLayer, ResponseBody};
+use tower::{Layer, Service, ServiceExt, service_fn};
+
+type Res = Response<ResponseBody<String>>;
+
+/// A service answering the status in the `x-status` header (200 without
+/// one), counting its calls.
+#[derive(Clone, Default)]
+struct Echo {
+    calls: Arc<AtomicUsize>,
+}
+
+impl Echo {
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    fn service(
+        &self,
+    ) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
+    + Clone
+    + Send
+    + use<>
+    {
+        let calls = Arc::clone(&self.calls);
+        service_fn(move |req: Request<String>| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let status = req
+                .headers()
+                .get("x-status")
+                .and_then(|v| v.to_str().ok()?.parse::<u16>().ok())
+                .unwrap_or(200);
+            let mut res = Response::new(format!("echo {}", req.into_body()));
+            *res.status_mut() = StatusCode::from_u16(status).unwrap();
+            async move { Ok::<_, Infallible>(res) }
+        })
+    }
+}
+
+fn req(key: Option<&str>) -> Request<String> {
+    let mut b = Request::builder();
+    if let Some(k) = key {
+        b = b.header("authorization", format!("Bearer {k}"));
+    }
+    b.body(String::new()).unwrap()
+}
+
+async fn call<S>(svc: &S, req: Request<String>) -> Res
+where
+    S: Service<Request<String>, Response = Res, Error = Infallible> + Clone,
+{
+    svc.clone().oneshot(req).await.unwrap()
+}
+
+async fn body(res: Res) -> String {
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+fn header<'a>(res: &'a Res, name: &str) -> Vec<&'a str> {
+    res.headers()
+        .get_all(name)
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect()
+}
+
+fn bucket(capacity: u64, per: Duration) -> TokenBucket {
+    TokenBucket::new(capacity, capacity, per).unwrap()
+}
+
+#[tokio::test]
+async fn refuses_with_429_retry_after_and_ietf_fields() {
+    let clock = MockClock::new();
+    let backend = MemoryBackend::with_clock(clock.clone());
+    // 2 tokens, one back every 30 s.
+    let limiter = Limiter::new("api", TokenBucket::new(2, 1, Duration::from_secs(30)).unwrap(), backend);
+    let echo = Echo::default();
+    let svc = RateLimitLayer::new(limiter, ApiKey::bearer()).layer(echo.service());
+
+    let first = call(&svc, req(Some("k"))).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(header(&first, "ratelimit-policy"), ["\"api\";q=2;w=60"]);
+    assert_eq!(header(&first, "ratelimit"), ["\"api\";r=1;t=30"]);
+    assert!(header(&first, "retry-after").is_empty());
+    assert_eq!(body(first).await, "echo ");
+
+    assert_eq!(call(&svc, req(Some("k"))).await.status(), StatusCode::OK);
+
+    clock.advance(Duration::from_millis(500));
+    let refused = call(&svc, req(Some("k"))).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    // 29.5 s to wait: rounded up, and equal to the announced t.
+    assert_eq!(header(&refused, "retry-after"), ["30"]);
+    assert_eq!(header(&refused, "ratelimit"), ["\"api\";r=0;t=30"]);
+    assert_eq!(header(&refused, "content-type"), ["application/problem+json"]);
+    let problem: serde_json::Value = serde_json::from_str(&body(refused).await).unwrap();
+    assert_eq!(
+        problem["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(problem["status"], 429);
+    assert_eq!(problem["violated-policies"][0], "api");
+    assert_eq!(echo.calls(), 2, "a refused request never reaches the service");
+
+    // Other keys are not affected; the key recovers once a token is back.
+    assert_eq!(call(&svc, req(Some("other"))).await.status(), StatusCode::OK);
+    clock.advance(Duration::from_millis(29_500));
+    assert_eq!(call(&svc, req(Some("k"))).await.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn retry_after_is_never_zero() {
+    let clock = MockClock::new();
+    let backend = MemoryBackend::with_clock(clock.clone());
+    let limiter = Limiter::new("fast", TokenBucket::per_second(1, 1000).unwrap(), backend);
+    let svc = RateLimitLayer::new(limiter, ApiKey::bearer()).layer(Echo::default().service());
+    assert_eq!(call(&svc, req(Some("k"))).await.status(), StatusCode::OK);
+    let refused = call(&svc, req(Some("k"))).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&refused, "retry-after"), ["1"]);
+}
+
+#[tokio::test]
+async fn headers_on_allowed_can_be_turned_off() {
+    let limiter = Limiter::new("api", bucket(5, Duration::from_secs(1)), MemoryBackend::new());
+    let svc = RateLimitLayer::new(limiter, ApiKey::bearer())
+        .responder(Http::new().headers_on_allowed(false))
+        .layer(Echo::default().service());
+    let res = call(&svc, req(Some("k"))).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(res.headers().get("ratelimit").is_none());
+    assert!(res.headers().get("ratelimit-policy").is_none());
+}
+
+#[tokio::test]
+async fn fail_closed_answers_503_apart_from_429_and_fail_open_passes() {
+    let backend = MemoryBackend::new();
+    let closed = Limiter::new("closed", bucket(5, Duration::from_secs(1)), backend.clone());
+    let open = Limiter::builder("open", bucket(5, Duration::from_secs(1)), backend.clone())
+        .fail_mode(FailMode::Open)
+        .build();
+    let echo = Echo::default();
+    let closed_svc = RateLimitLayer::new(closed, ApiKey::bearer()).layer(echo.service());
+    let open_svc = RateLimitLayer::new(open, ApiKey::bearer()).layer(echo.service());
+
+    backend.set_failing(true);
+    let res = call(&closed_svc, req(Some("k"))).await;
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(header(&res, "retry-after"), ["1"]);
+    assert!(res.headers().get("ratelimit").is_none());
+    let problem: serde_json::Value = serde_json::from_str(&body(res).await).unwrap();
+    assert_eq!(problem["status"], 503);
+    assert_ne!(
+        problem["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(echo.calls(), 0);
+
+    let res = call(&open_svc, req(Some("k"))).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    // No decision was made: no figures to announce.
+    assert!(res.headers().get("ratelimit").is_none());
+    assert_eq!(echo.calls(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_backend_times_out_into_the_fail_mode() {
+    let backend = MemoryBackend::new();
+    let limiter = Limiter::builder("slow", bucket(5, Duration::from_secs(1)), backend.clone())
+        .timeout(Duration::from_millis(20))
+        .build();
+    let svc = RateLimitLayer::new(limiter, ApiKey::bearer()).layer(Echo::default().service());
+    backend.set_delay(Duration::from_secs(1));
+    let res = call(&svc, req(Some("k"))).await;
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    backend.clear_faults();
+    let res = call(&svc, req(Some("k"))).await;
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn missing_key_policies() {
+    let backend = MemoryBackend::new();
+    let closed = Limiter::new("closed", bucket(2, Duration::from_secs(60)), backend.clone());
+    let open = Limiter::builder("open", bucket(2, Duration::from_secs(60)), backend.clone())
+        .fail_mode(FailMode::Open)
+        .build();
+    let echo = Echo::default();
+
+    // Default: reject with 400.
+    let svc = RateLimitLayer::new(open.clone(), ApiKey::bearer()).layer(echo.service());
+    let res = call(&svc, req(None)).await;
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(header(&res, "content-type"), ["application/problem+json"]);
+
+    // Allow on a fail-open limiter: through, uncounted.
+    let svc = RateLimitLayer::new(open, ApiKey::bearer())
+        .on_missing_key(MissingKey::Allow)
+        .layer(echo.service());
+    for _ in 0..5 {
+        assert_eq!(call(&svc, req(None)).await.status(), StatusCode::OK);
+    }
+
+    // Allow on a fail-closed limiter: still rejected.
+    let svc = RateLimitLayer::new(closed.clone(), ApiKey::bearer())
+        .on_missing_key(MissingKey::Allow)
+        .layer(echo.service());
+    assert_eq!(call(&svc, req(None)).await.status(), StatusCode::BAD_REQUEST);
+
+    // Fallback: every keyless request shares one budget, even when the
+    // backend fails (the limiter's fail mode still applies).
+    let svc = RateLimitLayer::new(closed, ApiKey::bearer())
+        .on_missing_key(MissingKey::Fallback(Key::new("anonymous")))
+        .layer(echo.service());
+    assert_eq!(call(&svc, req(None)).await.status(), StatusCode::OK);
+    assert_eq!(call(&svc, req(None)).await.status(), StatusCode::OK);
+    assert_eq!(call(&svc, req(None)).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(call(&svc, req(Some("k"))).await.status(), StatusCode::OK);
+    backend.set_failing(true);
+    assert_eq!(call(&svc, req(None)).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(echo.calls(), 5 + 3);
+}
+
+#[tokio::test]
+async fn cost_from_a_closure() {
+    let limiter = Limiter::new("llm", bucket(10, Duration::from_secs(60)), MemoryBackend::new());
+    let svc = RateLimitLayer::new(limiter, ApiKey::bearer())
+        .cost(|req: &Request<String>| {
+            req.headers()
+                .get("x-tokens")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(1)
+        })
+        .layer(Echo::default().service());
+    let weighted = |n: u64| {
+        let mut r = req(Some("k"));
+        r.headers_mut().insert("x-tokens", n.into());
+        r
+    };
+    let res = call(&svc, weighted(7)).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(header(&res, "ratelimit"), ["\"llm\";r=3;t=42"]);
+    assert_eq!(call(&svc, weighted(4)).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(call(&svc, weighted(3)).await.status(), StatusCode::OK);
+    // A cost no policy can grant is refused, never let through.
+    assert_eq!(
+        call(&svc, weighted(11)).await.status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+}
+
+#[tokio::test]
+async fn per_role_quotas_from_a_resolver() {
+    let backend = MemoryBackend::new();
+    let free = Limiter::new("api_free", bucket(1, Duration::from_secs(60)), backend.clone());
+    let pro = Limiter::new("api_pro", bucket(3, Duration::from_secs(60)), backend);
+    let svc = RateLimitLayer::per_request(
+        move |req: &Request<String>| {
+            if req.headers().get("x-plan").is_some_and(|v| v == "pro") {
+                pro.clone()
+            } else {
+                free.clone()
+            }
+        },
+        ApiKey::bearer(),
+    )
+    .layer(Echo::default().service());
+    let pro_req = || {
+        let mut r = req(Some("p"));
+        r.headers_mut().insert("x-plan", "pro".parse().unwrap());
+        r
+    };
+    assert_eq!(call(&svc, req(Some("f"))).await.status(), StatusCode::OK);
+    assert_eq!(call(&svc, req(Some("f"))).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    for _ in 0..3 {
+        let res = call(&svc, pro_req()).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert!(header(&res, "ratelimit-policy")[0].starts_with("\"api_pro\";q=3"));
+    }
+    assert_eq!(call(&svc, pro_req()).await.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn stacked_layers_count_per_ip_and_per_key() {
+    let backend = MemoryBackend::new();
+    let per_ip = Limiter::new("ip", bucket(3, Duration::from_secs(60)), backend.clone());
+    let per_key = Limiter::new("key", bucket(2, Duration::from_secs(60)), backend);
+    let svc = tower::ServiceBuilder::new()
+        .layer(RateLimitLayer::new(per_ip, ClientIp::new()))
+        .layer(RateLimitLayer::new(per_key, ApiKey::bearer()))
+        .service(Echo::default().service());
+    let from = |ip: &str, key: &str| {
+        let mut r = req(Some(key));
+        r.extensions_mut().insert(PeerAddr(format!("{ip}:1000").parse().unwrap()));
+        r
+    };
+    let call2 = |r| {
+        let svc = svc.clone();
+        async move { svc.oneshot(r).await.unwrap() }
+    };
+    let res = call2(from("192.0.2.1", "a")).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    // Both policies are announced, the inner layer's first.
+    let fields: Vec<_> = res.headers().get_all("ratelimit").iter().collect();
+    assert_eq!(fields, ["\"key\";r=1;t=30", "\"ip\";r=2;t=20"]);
+    assert_eq!(call2(from("192.0.2.1", "a")).await.status(), StatusCode::OK);
+    // The key is spent...
+    assert_eq!(call2(from("192.0.2.1", "a")).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    // ...and so is the IP, whatever the key.
+    let res = call2(from("192.0.2.1", "b")).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(res.headers().get("ratelimit").unwrap().to_str().unwrap().starts_with("\"ip\""));
+    assert_eq!(call2(from("192.0.2.2", "b")).await.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn server_errors_can_be_left_uncounted() {
+    let limiter = Limiter::new("api", bucket(2, Duration::from_secs(60)), MemoryBackend::new());
+    let svc = RateLimitLayer::new(limiter, ApiKey::bearer())
+        .classify(|res: &Response<String>| {
+            if res.status().is_server_error() {
+                Outcome::Ignore
+            } else {
+                Outcome::Count
+            }
+        })
+        .layer(Echo::default().service());
+    let failing = || {
+        let mut r = req(Some("k"));
+        r.headers_mut().insert("x-status", 500.into());
+        r
+    };
+    for _ in 0..5 {
+        assert_eq!(call(&svc, failing()).await.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+    let res = call(&svc, req(Some("k"))).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    // The figures are the charge's, taken before the response was returned.
+    assert_eq!(header(&res, "ratelimit"), ["\"api\";r=1;t=30"]);
+    assert_eq!(call(&svc, req(Some("k"))).await.status(), StatusCode::OK);
+    assert_eq!(call(&svc, req(Some("k"))).await.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn only_failures_count_and_success_resets() {
+    // Login protection: failures delay the account, a success clears it.
+    let clock = MockClock::new();
+    let backend = MemoryBackend::with_clock(clock.clone());
+    let policy = ProgressiveDelay::new(
+        2,
+        Duration::from_secs(10),
+        2,
+        Duration::from_secs(300),
+        Duration::from_secs(900),
+    )
+    .unwrap();
+    let limiter = Limiter::new("login", policy, backend);
+    let echo = Echo::default();
+    let svc = RateLimitLayer::new(limiter, ApiKey::bearer())
+        .classify(|res: &Response<String>| match res.status() {
+            StatusCode::UNAUTHORIZED => Outcome::Count,
+            s if s.is_success() => Outcome::Reset,
+            _ => Outcome::Ignore,
+        })
+        .layer(echo.service());
+    let attempt = |ok: bool| {
+        let mut r = req(Some("alice"));
+        if !ok {
+            r.headers_mut().insert("x-status", 401.into());
+        }
+        r
+    };
+    // Two free failures, then the third blocks the account for 10 s.
+    for _ in 0..3 {
+        assert_eq!(call(&svc, attempt(false)).await.status(), StatusCode::UNAUTHORIZED);
+    }
+    let blocked = call(&svc, attempt(true)).await;
+    assert_eq!(blocked.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&blocked, "retry-after"), ["10"]);
+    assert_eq!(echo.calls(), 3);
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(call(&svc, attempt(true)).await.status(), StatusCode::OK);
+    // The success forgot the failures: two free ones again.
+    for _ in 0..3 {
+        assert_eq!(call(&svc, attempt(false)).await.status(), StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(call(&svc, attempt(false)).await.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn custom_refusal_hook_keeps_the_standard_headers() {
+    let limiter = Limiter::new("api", SlidingWindow::new(1, Duration::from_secs(60)).unwrap(), MemoryBackend::new());
+    let svc = RateLimitLayer::new(limiter, ApiKey::bearer())
+        .responder(Http::new().on_refusal(|refusal: &Refusal<'_>| {
+            let mut res = Response::new(Bytes::from(format!("slow down ({})", refusal.limiter())));
+            *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            res
+        }))
+        .layer(Echo::default().service());
+    assert_eq!(call(&svc, req(Some("k"))).await.status(), StatusCode::OK);
+    let res = call(&svc, req(Some("k"))).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "retry-after"), ["60"]);
+    assert_eq!(header(&res, "ratelimit"), ["\"api\";r=0;t=60"]);
+    assert_eq!(body(res).await, "slow down (api)");
+}
+
+#[tokio::test]
+async fn grpc_refusals_are_statuses_with_retry_metadata() {
+    let backend = MemoryBackend::new();
+    let limiter = Limiter::new("rpc", SlidingWindow::new(1, Duration::from_secs(5)).unwrap(), backend.clone());
+    let svc = RateLimitLayer::new(limiter, ApiKey::bearer())
+        .responder(Grpc::new())
+        .layer(Echo::default().service());
+    assert_eq!(call(&svc, req(Some("k"))).await.status(), StatusCode::OK);
+    let res = call(&svc, req(Some("k"))).await;
+    // gRPC carries its status in headers of an HTTP 200.
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(header(&res, "content-type"), ["application/grpc"]);
+    assert_eq!(header(&res, "grpc-status"), ["8"]);
+    assert_eq!(header(&res, "retry-after"), ["5"]);
+    assert_eq!(header(&res, "grpc-retry-pushback-ms"), ["5000"]);
+    assert!(res.headers().contains_key(HeaderName::from_static("grpc-status-details-bin")));
+
+    backend.set_failing(true);
+    let res = call(&svc, req(Some("k"))).await;
+    assert_eq!(header(&res, "grpc-status"), ["14"]);
+    let res = call(&svc, req(None)).await;
+    assert_eq!(header(&res, "grpc-status"), ["3"]);
+}
+
+#[tokio::test]
+async fn clones_of_the_layer_share_limits() {
+    let limiter = Limiter::new("api", bucket(2, Duration::from_secs(60)), MemoryBackend::new());
+    let layer = RateLimitLayer::new(limiter, ApiKey::bearer());
+    let a = layer.clone().layer(Echo::default().service());
+    let b = layer.layer(Echo::default().service());
+    assert_eq!(call(&a, req(Some("k"))).await.status(), StatusCode::OK);
+    assert_eq!(call(&b, req(Some("k"))).await.status(), StatusCode::OK);
+    assert_eq!(call(&a, req(Some("k"))).await.status(), StatusCode::TOO_MANY_REQUESTS);
+}
