@@ -9,7 +9,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderName, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use tollgate_core::{FailMode, Key, Limiter, MockClock, ProgressiveDelay, SlidingWindow, TokenBucket};
+use tollgate_core::{
+    FailMode, Key, Limiter, MockClock, ProgressiveDelay, SlidingWindow, TokenBucket,
+};
 use tollgate_memory::MemoryBackend;
 use tollgate_tower::extract::{ApiKey, ClientIp, PeerAddr};
 use tollgate_tower::respond::{Grpc, Http, Refusal};
@@ -35,8 +37,7 @@ impl Echo {
     ) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
     + Clone
     + Send
-    + use<>
-    {
+    + use<> {
         let calls = Arc::clone(&self.calls);
         service_fn(move |req: Request<String>| {
             calls.fetch_add(1, Ordering::SeqCst);
@@ -89,7 +90,11 @@ async fn refuses_with_429_retry_after_and_ietf_fields() {
     let clock = MockClock::new();
     let backend = MemoryBackend::with_clock(clock.clone());
     // 2 tokens, one back every 30 s.
-    let limiter = Limiter::new("api", TokenBucket::new(2, 1, Duration::from_secs(30)).unwrap(), backend);
+    let limiter = Limiter::new(
+        "api",
+        TokenBucket::new(2, 1, Duration::from_secs(30)).unwrap(),
+        backend,
+    );
     let echo = Echo::default();
     let svc = RateLimitLayer::new(limiter, ApiKey::bearer()).layer(echo.service());
 
@@ -108,7 +113,10 @@ async fn refuses_with_429_retry_after_and_ietf_fields() {
     // 29.5 s to wait: rounded up, and equal to the announced t.
     assert_eq!(header(&refused, "retry-after"), ["30"]);
     assert_eq!(header(&refused, "ratelimit"), ["\"api\";r=0;t=30"]);
-    assert_eq!(header(&refused, "content-type"), ["application/problem+json"]);
+    assert_eq!(
+        header(&refused, "content-type"),
+        ["application/problem+json"]
+    );
     let problem: serde_json::Value = serde_json::from_str(&body(refused).await).unwrap();
     assert_eq!(
         problem["type"],
@@ -116,10 +124,17 @@ async fn refuses_with_429_retry_after_and_ietf_fields() {
     );
     assert_eq!(problem["status"], 429);
     assert_eq!(problem["violated-policies"][0], "api");
-    assert_eq!(echo.calls(), 2, "a refused request never reaches the service");
+    assert_eq!(
+        echo.calls(),
+        2,
+        "a refused request never reaches the service"
+    );
 
     // Other keys are not affected; the key recovers once a token is back.
-    assert_eq!(call(&svc, req(Some("other"))).await.status(), StatusCode::OK);
+    assert_eq!(
+        call(&svc, req(Some("other"))).await.status(),
+        StatusCode::OK
+    );
     clock.advance(Duration::from_millis(29_500));
     assert_eq!(call(&svc, req(Some("k"))).await.status(), StatusCode::OK);
 }
@@ -138,7 +153,11 @@ async fn retry_after_is_never_zero() {
 
 #[tokio::test]
 async fn headers_on_allowed_can_be_turned_off() {
-    let limiter = Limiter::new("api", bucket(5, Duration::from_secs(1)), MemoryBackend::new());
+    let limiter = Limiter::new(
+        "api",
+        bucket(5, Duration::from_secs(1)),
+        MemoryBackend::new(),
+    );
     let svc = RateLimitLayer::new(limiter, ApiKey::bearer())
         .responder(Http::new().headers_on_allowed(false))
         .layer(Echo::default().service());
@@ -197,7 +216,11 @@ async fn a_slow_backend_times_out_into_the_fail_mode() {
 #[tokio::test]
 async fn missing_key_policies() {
     let backend = MemoryBackend::new();
-    let closed = Limiter::new("closed", bucket(2, Duration::from_secs(60)), backend.clone());
+    let closed = Limiter::new(
+        "closed",
+        bucket(2, Duration::from_secs(60)),
+        backend.clone(),
+    );
     let open = Limiter::builder("open", bucket(2, Duration::from_secs(60)), backend.clone())
         .fail_mode(FailMode::Open)
         .build();
@@ -221,7 +244,10 @@ async fn missing_key_policies() {
     let svc = RateLimitLayer::new(closed.clone(), ApiKey::bearer())
         .on_missing_key(MissingKey::Allow)
         .layer(echo.service());
-    assert_eq!(call(&svc, req(None)).await.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        call(&svc, req(None)).await.status(),
+        StatusCode::BAD_REQUEST
+    );
 
     // Fallback: every keyless request shares one budget, even when the
     // backend fails (the limiter's fail mode still applies).
@@ -230,16 +256,26 @@ async fn missing_key_policies() {
         .layer(echo.service());
     assert_eq!(call(&svc, req(None)).await.status(), StatusCode::OK);
     assert_eq!(call(&svc, req(None)).await.status(), StatusCode::OK);
-    assert_eq!(call(&svc, req(None)).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        call(&svc, req(None)).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
     assert_eq!(call(&svc, req(Some("k"))).await.status(), StatusCode::OK);
     backend.set_failing(true);
-    assert_eq!(call(&svc, req(None)).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        call(&svc, req(None)).await.status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
     assert_eq!(echo.calls(), 5 + 3);
 }
 
 #[tokio::test]
 async fn cost_from_a_closure() {
-    let limiter = Limiter::new("llm", bucket(10, Duration::from_secs(60)), MemoryBackend::new());
+    let limiter = Limiter::new(
+        "llm",
+        bucket(10, Duration::from_secs(60)),
+        MemoryBackend::new(),
+    );
     let svc = RateLimitLayer::new(limiter, ApiKey::bearer())
         .cost(|req: &Request<String>| {
             req.headers()
@@ -256,7 +292,10 @@ async fn cost_from_a_closure() {
     let res = call(&svc, weighted(7)).await;
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(header(&res, "ratelimit"), ["\"llm\";r=3;t=42"]);
-    assert_eq!(call(&svc, weighted(4)).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        call(&svc, weighted(4)).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
     assert_eq!(call(&svc, weighted(3)).await.status(), StatusCode::OK);
     // A cost no policy can grant is refused, never let through.
     assert_eq!(
@@ -268,7 +307,11 @@ async fn cost_from_a_closure() {
 #[tokio::test]
 async fn per_role_quotas_from_a_resolver() {
     let backend = MemoryBackend::new();
-    let free = Limiter::new("api_free", bucket(1, Duration::from_secs(60)), backend.clone());
+    let free = Limiter::new(
+        "api_free",
+        bucket(1, Duration::from_secs(60)),
+        backend.clone(),
+    );
     let pro = Limiter::new("api_pro", bucket(3, Duration::from_secs(60)), backend);
     let svc = RateLimitLayer::per_request(
         move |req: &Request<String>| {
@@ -287,13 +330,19 @@ async fn per_role_quotas_from_a_resolver() {
         r
     };
     assert_eq!(call(&svc, req(Some("f"))).await.status(), StatusCode::OK);
-    assert_eq!(call(&svc, req(Some("f"))).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        call(&svc, req(Some("f"))).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
     for _ in 0..3 {
         let res = call(&svc, pro_req()).await;
         assert_eq!(res.status(), StatusCode::OK);
         assert!(header(&res, "ratelimit-policy")[0].starts_with("\"api_pro\";q=3"));
     }
-    assert_eq!(call(&svc, pro_req()).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        call(&svc, pro_req()).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
 
 #[tokio::test]
@@ -307,7 +356,8 @@ async fn stacked_layers_count_per_ip_and_per_key() {
         .service(Echo::default().service());
     let from = |ip: &str, key: &str| {
         let mut r = req(Some(key));
-        r.extensions_mut().insert(PeerAddr(format!("{ip}:1000").parse().unwrap()));
+        r.extensions_mut()
+            .insert(PeerAddr(format!("{ip}:1000").parse().unwrap()));
         r
     };
     let call2 = |r| {
@@ -321,17 +371,31 @@ async fn stacked_layers_count_per_ip_and_per_key() {
     assert_eq!(fields, ["\"key\";r=1;t=30", "\"ip\";r=2;t=20"]);
     assert_eq!(call2(from("192.0.2.1", "a")).await.status(), StatusCode::OK);
     // The key is spent...
-    assert_eq!(call2(from("192.0.2.1", "a")).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        call2(from("192.0.2.1", "a")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
     // ...and so is the IP, whatever the key.
     let res = call2(from("192.0.2.1", "b")).await;
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert!(res.headers().get("ratelimit").unwrap().to_str().unwrap().starts_with("\"ip\""));
+    assert!(
+        res.headers()
+            .get("ratelimit")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with("\"ip\"")
+    );
     assert_eq!(call2(from("192.0.2.2", "b")).await.status(), StatusCode::OK);
 }
 
 #[tokio::test]
 async fn server_errors_can_be_left_uncounted() {
-    let limiter = Limiter::new("api", bucket(2, Duration::from_secs(60)), MemoryBackend::new());
+    let limiter = Limiter::new(
+        "api",
+        bucket(2, Duration::from_secs(60)),
+        MemoryBackend::new(),
+    );
     let svc = RateLimitLayer::new(limiter, ApiKey::bearer())
         .classify(|res: &Response<String>| {
             if res.status().is_server_error() {
@@ -347,14 +411,20 @@ async fn server_errors_can_be_left_uncounted() {
         r
     };
     for _ in 0..5 {
-        assert_eq!(call(&svc, failing()).await.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(
+            call(&svc, failing()).await.status(),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
     }
     let res = call(&svc, req(Some("k"))).await;
     assert_eq!(res.status(), StatusCode::OK);
     // The figures are the charge's, taken before the response was returned.
     assert_eq!(header(&res, "ratelimit"), ["\"api\";r=1;t=30"]);
     assert_eq!(call(&svc, req(Some("k"))).await.status(), StatusCode::OK);
-    assert_eq!(call(&svc, req(Some("k"))).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        call(&svc, req(Some("k"))).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
 
 #[tokio::test]
@@ -388,7 +458,10 @@ async fn only_failures_count_and_success_resets() {
     };
     // Two free failures, then the third blocks the account for 10 s.
     for _ in 0..3 {
-        assert_eq!(call(&svc, attempt(false)).await.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            call(&svc, attempt(false)).await.status(),
+            StatusCode::UNAUTHORIZED
+        );
     }
     let blocked = call(&svc, attempt(true)).await;
     assert_eq!(blocked.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -398,14 +471,24 @@ async fn only_failures_count_and_success_resets() {
     assert_eq!(call(&svc, attempt(true)).await.status(), StatusCode::OK);
     // The success forgot the failures: two free ones again.
     for _ in 0..3 {
-        assert_eq!(call(&svc, attempt(false)).await.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            call(&svc, attempt(false)).await.status(),
+            StatusCode::UNAUTHORIZED
+        );
     }
-    assert_eq!(call(&svc, attempt(false)).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        call(&svc, attempt(false)).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
 
 #[tokio::test]
 async fn custom_refusal_hook_keeps_the_standard_headers() {
-    let limiter = Limiter::new("api", SlidingWindow::new(1, Duration::from_secs(60)).unwrap(), MemoryBackend::new());
+    let limiter = Limiter::new(
+        "api",
+        SlidingWindow::new(1, Duration::from_secs(60)).unwrap(),
+        MemoryBackend::new(),
+    );
     let svc = RateLimitLayer::new(limiter, ApiKey::bearer())
         .responder(Http::new().on_refusal(|refusal: &Refusal<'_>| {
             let mut res = Response::new(Bytes::from(format!("slow down ({})", refusal.limiter())));
@@ -424,7 +507,11 @@ async fn custom_refusal_hook_keeps_the_standard_headers() {
 #[tokio::test]
 async fn grpc_refusals_are_statuses_with_retry_metadata() {
     let backend = MemoryBackend::new();
-    let limiter = Limiter::new("rpc", SlidingWindow::new(1, Duration::from_secs(5)).unwrap(), backend.clone());
+    let limiter = Limiter::new(
+        "rpc",
+        SlidingWindow::new(1, Duration::from_secs(5)).unwrap(),
+        backend.clone(),
+    );
     let svc = RateLimitLayer::new(limiter, ApiKey::bearer())
         .responder(Grpc::new())
         .layer(Echo::default().service());
@@ -436,7 +523,10 @@ async fn grpc_refusals_are_statuses_with_retry_metadata() {
     assert_eq!(header(&res, "grpc-status"), ["8"]);
     assert_eq!(header(&res, "retry-after"), ["5"]);
     assert_eq!(header(&res, "grpc-retry-pushback-ms"), ["5000"]);
-    assert!(res.headers().contains_key(HeaderName::from_static("grpc-status-details-bin")));
+    assert!(
+        res.headers()
+            .contains_key(HeaderName::from_static("grpc-status-details-bin"))
+    );
 
     backend.set_failing(true);
     let res = call(&svc, req(Some("k"))).await;
@@ -447,11 +537,18 @@ async fn grpc_refusals_are_statuses_with_retry_metadata() {
 
 #[tokio::test]
 async fn clones_of_the_layer_share_limits() {
-    let limiter = Limiter::new("api", bucket(2, Duration::from_secs(60)), MemoryBackend::new());
+    let limiter = Limiter::new(
+        "api",
+        bucket(2, Duration::from_secs(60)),
+        MemoryBackend::new(),
+    );
     let layer = RateLimitLayer::new(limiter, ApiKey::bearer());
     let a = layer.clone().layer(Echo::default().service());
     let b = layer.layer(Echo::default().service());
     assert_eq!(call(&a, req(Some("k"))).await.status(), StatusCode::OK);
     assert_eq!(call(&b, req(Some("k"))).await.status(), StatusCode::OK);
-    assert_eq!(call(&a, req(Some("k"))).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        call(&a, req(Some("k"))).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
