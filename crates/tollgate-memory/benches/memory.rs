@@ -58,6 +58,23 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+    // The same with a mock clock: what the system clock read costs.
+    let mocked = MemoryBackend::with_clock(tollgate_core::MockClock::new());
+    let key0 = Key::new("user-0");
+    group.bench_function("tollgate-memory-mockclock/1", |b| {
+        b.iter(|| {
+            let d = ready(mocked.decide(Request {
+                limiter: "bench",
+                key: &key0,
+                policy: &policy,
+                op: Op::Acquire(1),
+            }));
+            black_box(d.unwrap())
+        })
+    });
+    group.bench_function("system-clock-read", |b| {
+        b.iter(|| black_box(tollgate_core::Clock::now(&tollgate_core::SystemClock)))
+    });
     // The whole Limiter path (timeout and breaker) on a runtime.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()

@@ -38,9 +38,11 @@
 //! [`MockClock`]: tollgate_core::MockClock
 
 use std::fmt;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hashbrown::{DefaultHashBuilder, HashTable};
@@ -324,16 +326,23 @@ impl Shard {
     }
 }
 
-enum Pending<C> {
-    Ready(Result<Decision, MemoryError>),
-    Delayed {
-        backend: MemoryBackend<C>,
-        delay: Duration,
-        limiter: String,
-        key: Key,
-        policy: Policy,
-        op: tollgate_core::Op,
-    },
+/// The future of a memory decision: the verdict itself, or (only with an
+/// injected delay) a boxed wait. Small, so the common path moves little.
+#[must_use = "futures do nothing unless polled"]
+enum Decide {
+    Ready(Option<Result<Decision, MemoryError>>),
+    Delayed(Pin<Box<dyn Future<Output = Result<Decision, MemoryError>> + Send>>),
+}
+
+impl Future for Decide {
+    type Output = Result<Decision, MemoryError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut *self {
+            Decide::Ready(r) => Poll::Ready(r.take().expect("polled after completion")),
+            Decide::Delayed(f) => f.as_mut().poll(cx),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -350,25 +359,17 @@ impl<C: Clock> Backend for MemoryBackend<C> {
         // Decide at once (not when polled) unless a delay is injected: the
         // common path costs no more than the map lookup, and allocates
         // nothing.
-        let pending = match self.inject() {
-            Ok(delay) if delay.is_zero() => Pending::Ready(Ok(self.decide_now(&req))),
-            Err(e) => Pending::Ready(Err(e)),
-            Ok(delay) => Pending::Delayed {
-                backend: self.clone(),
-                delay,
-                limiter: req.limiter.to_owned(),
-                key: req.key.clone(),
-                policy: *req.policy,
-                op: req.op,
-            },
-        };
-        async move {
-            match pending {
-                Pending::Ready(r) => r,
-                Pending::Delayed { backend, delay, limiter, key, policy, op } => {
+        match self.inject() {
+            Ok(delay) if delay.is_zero() => Decide::Ready(Some(Ok(self.decide_now(&req)))),
+            Err(e) => Decide::Ready(Some(Err(e))),
+            Ok(delay) => {
+                let backend = self.clone();
+                let (limiter, key, policy, op) =
+                    (req.limiter.to_owned(), req.key.clone(), *req.policy, req.op);
+                Decide::Delayed(Box::pin(async move {
                     tokio::time::sleep(delay).await;
                     Ok(backend.decide_now(&Request { limiter: &limiter, key: &key, policy: &policy, op }))
-                }
+                }))
             }
         }
     }
