@@ -100,6 +100,16 @@ impl RedisServerBuilder {
         self
     }
 
+    /// Adds raw command-line words, e.g. `["--rename-command", "CONFIG", ""]`.
+    pub fn raw_args<I, S>(mut self, words: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.extra.extend(words.into_iter().map(Into::into));
+        self
+    }
+
     /// Starts the server; `None` when Redis is not installed (outside CI).
     pub fn start(self) -> Option<RedisServer> {
         if !available() {
@@ -216,11 +226,14 @@ impl RedisServer {
         let log = self.dir.join(format!("redis-{}.log", self.port));
         // The guard starts redis, prints its pid, waits for its stdin to
         // close (the test process ended or dropped us), then kills it.
-        let script = r#"redis-server "$@" & pid=$!; echo "$pid"; read _ignored; kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null"#;
+        // On end of input (the test process is gone) it also removes the
+        // data directory; `kill` says "keep" first, for a restart.
+        let script = r#"dir="$1"; shift; redis-server "$@" & pid=$!; echo "$pid"; read line; kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; [ "$line" = keep ] || rm -rf "$dir""#;
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
             .arg(script)
             .arg("sh")
+            .arg(&self.dir)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--daemonize", "no"])
             .arg("--dir")
             .arg(&self.dir)
@@ -257,7 +270,9 @@ impl RedisServer {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status();
-            drop(p.stdin.take());
+            if let Some(mut stdin) = p.stdin.take() {
+                let _ = stdin.write_all(b"keep\n");
+            }
             let _ = p.guard.wait();
             // Wait until the port is closed, so a restart can bind it.
             let deadline = Instant::now() + Duration::from_secs(5);
