@@ -53,7 +53,13 @@ pin_project! {
 }
 
 impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
-    pub(crate) fn waiting(token: BoxFuture<()>, service: S, req: Req, report: Report, classify: Classify) -> Self {
+    pub(crate) fn waiting(
+        token: BoxFuture<()>,
+        service: S,
+        req: Req,
+        report: Report,
+        classify: Classify,
+    ) -> Self {
         Self {
             state: State::Waiting {
                 token,

@@ -85,6 +85,11 @@ impl<S, B, E: Clone> Layer<S> for AdaptiveLayer<B, E> {
     type Service = Adaptive<S, B, E>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Adaptive::new(inner, self.limiter.clone(), self.scope.clone(), self.classify)
+        Adaptive::new(
+            inner,
+            self.limiter.clone(),
+            self.scope.clone(),
+            self.classify,
+        )
     }
 }

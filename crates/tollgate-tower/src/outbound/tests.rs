@@ -1,0 +1,204 @@
+//! The layer against a simulated source, on tokio's paused clock.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use tokio::time::Instant;
+use tollgate_core::aimd::{AimdConfig, AimdLimiter};
+use tollgate_core::time::micros;
+use tollgate_core::{Clock, Key, Timestamp};
+use tollgate_memory::MemoryBackend;
+use tower::{Service, ServiceExt, service_fn};
+
+use super::AdaptiveLayer;
+use tower_layer::Layer;
+
+/// A backend clock that follows tokio's paused clock.
+#[derive(Debug, Clone)]
+struct TokioClock(Instant);
+
+impl Clock for TokioClock {
+    fn now(&self) -> Timestamp {
+        1_767_225_600_000_000 + micros(self.0.elapsed())
+    }
+}
+
+type Backend = MemoryBackend<TokioClock>;
+
+fn limiter(initial_rate: f64) -> AimdLimiter<Backend> {
+    let config = AimdConfig {
+        initial_rate,
+        min_rate: 0.1,
+        max_rate: 200.0,
+        increase: 2.0,
+        reaction_window: Duration::from_millis(500),
+        ..AimdConfig::default()
+    };
+    let backend = MemoryBackend::with_clock(TokioClock(Instant::now()));
+    AimdLimiter::new("harvester", config, backend).unwrap()
+}
+
+/// A source serving `rate` requests per second (capacity 1) and answering
+/// 429 with `Retry-After: 1` above it.
+#[derive(Debug)]
+struct Source {
+    rate: f64,
+    next: Mutex<Option<Instant>>,
+    served: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl Source {
+    fn new(rate: f64) -> Arc<Self> {
+        Arc::new(Self {
+            rate,
+            next: Mutex::new(None),
+            served: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        })
+    }
+
+    fn answer(&self) -> Response<&'static str> {
+        let now = Instant::now();
+        let mut next = self.next.lock().unwrap();
+        if next.is_none_or(|t| t <= now) {
+            *next =
+                Some(next.map_or(now, |t| t.max(now)) + Duration::from_secs_f64(1.0 / self.rate));
+            self.served.fetch_add(1, Ordering::SeqCst);
+            Response::new("page")
+        } else {
+            self.refused.fetch_add(1, Ordering::SeqCst);
+            Response::builder()
+                .status(StatusCode::TOO_MANY_REQUESTS)
+                .header("retry-after", "1")
+                .body("slow down")
+                .unwrap()
+        }
+    }
+}
+
+fn client(
+    source: &Arc<Source>,
+) -> impl Service<Request<()>, Response = Response<&'static str>, Error = Infallible, Future: Send>
++ Clone
++ Send
++ 'static {
+    let source = Arc::clone(source);
+    service_fn(move |_req: Request<()>| {
+        let source = Arc::clone(&source);
+        async move {
+            // Time on the wire.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            Ok::<_, Infallible>(source.answer())
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn converges_on_the_source_rate_through_the_layer() {
+    let limiter = limiter(1.0);
+    let source = Source::new(20.0);
+    let layer = AdaptiveLayer::new(limiter.clone());
+    let scope = Key::new("source.test");
+    let until = Instant::now() + Duration::from_secs(120);
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let svc = layer.layer(client(&source));
+            tokio::spawn(async move {
+                while Instant::now() < until {
+                    let req = Request::get("http://source.test/page").body(()).unwrap();
+                    svc.clone().oneshot(req).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    while Instant::now() < until {
+        if start.elapsed() > Duration::from_secs(30) {
+            samples.push(limiter.shared_rate(&scope).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mean = samples.iter().sum::<f64>() / samples.len() as f64;
+    assert!((mean - 20.0).abs() <= 0.2 * 20.0, "mean rate {mean}");
+    // Each refusal held the site for its Retry-After, so refusals stay rare.
+    let served = source.served.load(Ordering::SeqCst);
+    let refused = source.refused.load(Ordering::SeqCst);
+    assert!(refused * 10 < served, "served {served}, refused {refused}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refusal_cuts_the_rate_and_holds_the_host() {
+    let limiter = limiter(10.0);
+    let source = Source::new(1.0);
+    let mut svc = AdaptiveLayer::new(limiter.clone()).layer(client(&source));
+    let scope = Key::new("source.test");
+    let get = || Request::get("http://source.test/").body(()).unwrap();
+
+    let ok = svc.ready().await.unwrap().call(get()).await.unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+    assert_eq!(limiter.shared_rate(&scope).await.unwrap(), 12.0);
+    let refused = svc.ready().await.unwrap().call(get()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(limiter.shared_rate(&scope).await.unwrap(), 12.0 * 0.75);
+
+    // The next call waits out the Retry-After before leaving.
+    let start = Instant::now();
+    let ok = svc.ready().await.unwrap().call(get()).await.unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+    assert!(
+        start.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn other_hosts_and_scopeless_calls_are_not_held() {
+    let limiter = limiter(1.0);
+    let source = Source::new(1.0);
+    let svc = AdaptiveLayer::new(limiter.clone()).layer(client(&source));
+    limiter
+        .feedback(
+            &Key::new("source.test"),
+            tollgate_core::aimd::Outcome::Refused {
+                retry_after: Some(Duration::from_secs(30)),
+            },
+        )
+        .await;
+    let start = Instant::now();
+    let req = Request::get("http://other.test/").body(()).unwrap();
+    svc.clone().oneshot(req).await.unwrap();
+    let req = Request::get("/relative-without-host").body(()).unwrap();
+    svc.clone().oneshot(req).await.unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn transport_errors_leave_the_rate_alone() {
+    let limiter = limiter(4.0);
+    let failing =
+        service_fn(|_req: Request<()>| async { Err::<Response<()>, _>("connection reset") });
+    let svc = AdaptiveLayer::new(limiter.clone())
+        .scope(|_: &Request<()>| Some(Key::new("account-7")))
+        .layer(failing);
+    for _ in 0..3 {
+        let req = Request::get("http://source.test/").body(()).unwrap();
+        assert!(svc.clone().oneshot(req).await.is_err());
+    }
+    assert_eq!(
+        limiter.shared_rate(&Key::new("account-7")).await.unwrap(),
+        4.0
+    );
+}
