@@ -9,7 +9,14 @@
 //!
 //! | feature | brings |
 //! |---|---|
-//! | `memory` (default) | [`memory::MemoryBackend`] |
+//! | `memory` (default) | `memory::MemoryBackend`, the in-process backend |
+//! | `redis` | `redis::RedisBackend`: atomic Lua scripts, bb8 pool, durability check |
+//! | `redis-cluster` | Redis Cluster through the redis crate's cluster client |
+//! | `redis-tls` | `rediss://` URLs |
+//! | `tower` | `tower::RateLimitLayer`, extractors, responders, the outbound adaptive layer |
+//! | `axum` | client IP from axum's `ConnectInfo` |
+//! | `tonic` | gRPC `RESOURCE_EXHAUSTED` and client IP for tonic |
+//! | `metrics` | counters and a latency histogram through the `metrics` crate |
 //!
 //! # Examples
 //!
@@ -42,4 +49,16 @@ pub use tollgate_core::*;
 #[cfg(feature = "memory")]
 pub mod memory {
     pub use tollgate_memory::*;
+}
+
+/// The Redis backend (`redis` feature).
+#[cfg(feature = "redis")]
+pub mod redis {
+    pub use tollgate_redis::*;
+}
+
+/// Tower layers (`tower` feature).
+#[cfg(feature = "tower")]
+pub mod tower {
+    pub use tollgate_tower::*;
 }
