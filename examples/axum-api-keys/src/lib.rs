@@ -1,0 +1,128 @@
+//! An axum API limited per API key, with per-plan quotas, and per client
+//! IP: the `tollgate-tower` layer over the memory backend, or Redis when
+//! `REDIS_URL` is set.
+//!
+//! The limits come from `limits.toml` (built in) and `TOLLGATE_*`
+//! environment variables.
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use bytes::Bytes;
+use http::{HeaderName, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tollgate_core::{Backend, Config, ConfigError};
+use tollgate_tower::RateLimitLayer;
+use tollgate_tower::extract::{ApiKey, ClientIp};
+
+/// The built-in limits.
+pub const LIMITS: &str = include_str!("../limits.toml");
+
+/// The limits: the built-in ones, overridden by `TOLLGATE_*` variables.
+pub fn limits() -> Result<Config, ConfigError> {
+    Config::builder().toml_str(LIMITS).env().load()
+}
+
+/// The API, limited per client IP, then per API key (`x-api-key` or
+/// `Authorization: Bearer`), with the plan's quota: keys starting with
+/// `pro_` are on the pro plan. A request without a key is refused (400).
+///
+/// With `limited = false`, the same API without the layers (to measure
+/// what they cost).
+pub fn app<B: Backend + Clone>(
+    config: &Config,
+    backend: B,
+    limited: bool,
+) -> Result<Router, ConfigError> {
+    let router = Router::new()
+        .route("/", get(|| async { "hello\n" }))
+        .route("/v1/items", get(|| async { r#"{"items":[1,2,3]}"# }));
+    if !limited {
+        return Ok(router);
+    }
+    let per_ip = config.limiter("api_ip")?.build(backend.clone());
+    let free = config.limiter("api_free")?.build(backend.clone());
+    let pro = config.limiter("api_pro")?.build(backend);
+
+    let api_key = ApiKey::header(HeaderName::from_static("x-api-key")).or_bearer();
+    let plan_of = api_key.clone();
+    let per_key = RateLimitLayer::per_request(
+        move |req: &Request<Body>| {
+            // A real service looks the key's plan up; the example reads it
+            // from the key itself.
+            if plan_of
+                .credential(req)
+                .is_some_and(|k| k.starts_with("pro_"))
+            {
+                pro.clone()
+            } else {
+                free.clone()
+            }
+        },
+        api_key,
+    );
+    // Layers added last run first: the IP is counted before the key.
+    Ok(router
+        .layer(per_key)
+        .layer(RateLimitLayer::new(per_ip, ClientIp::new())))
+}
+
+/// Serves `router` on `listener`, with the peer addresses the per-IP
+/// limit needs.
+pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io::Result<()> {
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await
+}
+
+/// One answer of [`burst`].
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// The status.
+    pub status: StatusCode,
+    /// The `RateLimit` fields, joined.
+    pub ratelimit: String,
+    /// `Retry-After`, if any.
+    pub retry_after: Option<String>,
+}
+
+/// Sends `n` requests with API key `key` to `addr`, one after the other,
+/// with a real HTTP client.
+pub async fn burst(
+    addr: SocketAddr,
+    key: &str,
+    n: usize,
+) -> Result<Vec<Reply>, Box<dyn std::error::Error>> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut replies = Vec::with_capacity(n);
+    for _ in 0..n {
+        let req = Request::get(format!("http://{addr}/v1/items"))
+            .header("x-api-key", key)
+            .body(Full::default())?;
+        let res = client.request(req).await?;
+        let header = |name: &str| {
+            let values: Vec<_> = res
+                .headers()
+                .get_all(name)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .collect();
+            (!values.is_empty()).then(|| values.join(", "))
+        };
+        let reply = Reply {
+            status: res.status(),
+            ratelimit: header("ratelimit").unwrap_or_default(),
+            retry_after: header("retry-after"),
+        };
+        // Read the body so the connection is reused.
+        res.into_body().collect().await?;
+        replies.push(reply);
+    }
+    Ok(replies)
+}

@@ -1,0 +1,70 @@
+//! `cargo run -p axum-api-keys`: starts the API on a loopback port, sends
+//! it a burst of requests with one API key and prints each status with its
+//! rate-limit fields: the 200s turn into 429s.
+//!
+//! `cargo run -p axum-api-keys -- --serve [ADDR]` keeps serving (default
+//! `127.0.0.1:3000`); add `--no-limit` to serve without the layers.
+//! `REDIS_URL=redis://127.0.0.1:6379` counts in Redis instead of memory.
+
+use std::error::Error;
+
+use axum::Router;
+use tollgate_memory::MemoryBackend;
+use tollgate_redis::RedisBackend;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let serve = args.iter().any(|a| a == "--serve");
+    let limited = !args.iter().any(|a| a == "--no-limit");
+    let bind = args
+        .iter()
+        .find(|a| !a.starts_with("--"))
+        .map_or("127.0.0.1:3000", String::as_str);
+
+    let config = axum_api_keys::limits()?;
+    let router: Router = match std::env::var("REDIS_URL") {
+        Ok(url) => {
+            let backend = RedisBackend::builder(url)
+                .prefix(config.prefix())
+                .build()
+                .await?;
+            eprintln!("counting in Redis");
+            axum_api_keys::app(&config, backend, limited)?
+        }
+        Err(_) => axum_api_keys::app(&config, MemoryBackend::new(), limited)?,
+    };
+
+    if serve {
+        let listener = tokio::net::TcpListener::bind(bind).await?;
+        eprintln!("listening on http://{}", listener.local_addr()?);
+        axum_api_keys::serve(listener, router).await?;
+        return Ok(());
+    }
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(axum_api_keys::serve(listener, router));
+    println!("GET http://{addr}/v1/items  x-api-key: demo_key  (free plan: 5 per minute)");
+    for (i, r) in axum_api_keys::burst(addr, "demo_key", 8)
+        .await?
+        .iter()
+        .enumerate()
+    {
+        let retry = r
+            .retry_after
+            .as_deref()
+            .map(|s| format!("  Retry-After: {s}"))
+            .unwrap_or_default();
+        println!(
+            "{:>2}  {}  RateLimit: {}{retry}",
+            i + 1,
+            r.status,
+            r.ratelimit
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,58 @@
+//! The demo's burst: 200s, then 429s once the free plan's 5 are spent.
+
+use http::StatusCode;
+use tollgate_memory::MemoryBackend;
+
+async fn start(limited: bool) -> std::net::SocketAddr {
+    let config = axum_api_keys::limits().unwrap();
+    let router = axum_api_keys::app(&config, MemoryBackend::new(), limited).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(axum_api_keys::serve(listener, router));
+    addr
+}
+
+#[tokio::test]
+async fn the_burst_turns_200s_into_429s() {
+    let addr = start(true).await;
+    let replies = axum_api_keys::burst(addr, "demo_key", 8).await.unwrap();
+    let statuses: Vec<_> = replies.iter().map(|r| r.status).collect();
+    assert_eq!(statuses[..5], [StatusCode::OK; 5]);
+    assert_eq!(statuses[5..], [StatusCode::TOO_MANY_REQUESTS; 3]);
+    assert!(
+        replies[0].ratelimit.contains("\"api_free\";r=4;"),
+        "{:?}",
+        replies[0]
+    );
+    assert!(
+        replies[0].ratelimit.contains("\"api_ip\";r=99;"),
+        "{:?}",
+        replies[0]
+    );
+    assert!(replies[0].retry_after.is_none());
+    let retry: u64 = replies[5].retry_after.as_deref().unwrap().parse().unwrap();
+    assert!((1..=12).contains(&retry), "{retry}");
+}
+
+#[tokio::test]
+async fn the_pro_plan_has_its_own_quota() {
+    let addr = start(true).await;
+    let replies = axum_api_keys::burst(addr, "pro_key", 8).await.unwrap();
+    assert!(replies.iter().all(|r| r.status == StatusCode::OK));
+    assert!(
+        replies[0].ratelimit.contains("\"api_pro\";r=49;"),
+        "{:?}",
+        replies[0]
+    );
+}
+
+#[tokio::test]
+async fn without_the_layers_nothing_is_limited() {
+    let addr = start(false).await;
+    let replies = axum_api_keys::burst(addr, "demo_key", 8).await.unwrap();
+    assert!(
+        replies
+            .iter()
+            .all(|r| r.status == StatusCode::OK && r.ratelimit.is_empty())
+    );
+}

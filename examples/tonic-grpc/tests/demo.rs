@@ -1,0 +1,45 @@
+//! The demo's burst: three `Ok`, then `ResourceExhausted` with a retry
+//! delay; `Unavailable` when the fail-closed backend fails.
+
+use tollgate_memory::MemoryBackend;
+use tonic::Code;
+
+async fn start(backend: MemoryBackend) -> std::net::SocketAddr {
+    let config = tonic_grpc::limits().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { tonic_grpc::serve(&config, backend, listener).await.unwrap() });
+    addr
+}
+
+#[tokio::test]
+async fn ok_then_resource_exhausted() {
+    let addr = start(MemoryBackend::new()).await;
+    let replies = tonic_grpc::burst(addr, 5).await.unwrap();
+    let codes: Vec<_> = replies.iter().map(|r| r.code).collect();
+    assert_eq!(
+        codes,
+        [
+            Code::Ok,
+            Code::Ok,
+            Code::Ok,
+            Code::ResourceExhausted,
+            Code::ResourceExhausted
+        ]
+    );
+    assert_eq!(
+        replies[0].ratelimit.as_deref(),
+        Some("\"grpc_ip\";r=2;t=10")
+    );
+    assert_eq!(replies[3].retry_after.as_deref(), Some("10"));
+}
+
+#[tokio::test]
+async fn unavailable_when_the_backend_fails() {
+    let backend = MemoryBackend::new();
+    backend.set_failing(true);
+    let addr = start(backend).await;
+    let replies = tonic_grpc::burst(addr, 1).await.unwrap();
+    assert_eq!(replies[0].code, Code::Unavailable);
+    assert_eq!(replies[0].retry_after.as_deref(), Some("1"));
+}
