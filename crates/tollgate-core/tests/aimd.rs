@@ -472,3 +472,82 @@ async fn an_idle_scope_forgets_its_rate() {
 fn limiter_on(other: &AimdLimiter<Backend>) -> AimdLimiter<Backend> {
     limiter(other.config().clone(), other.backend().clone())
 }
+
+mod invariants {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone, Copy)]
+    enum Step {
+        Feedback { worker: usize, outcome: Outcome },
+        Wait(u64),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        let outcome = prop_oneof![
+            Just(Outcome::Success),
+            Just(Outcome::Failed),
+            Just(Outcome::Refused { retry_after: None }),
+            (0u64..3).prop_map(|s| Outcome::Refused {
+                retry_after: Some(Duration::from_secs(s))
+            }),
+        ];
+        prop_oneof![
+            (0usize..2, outcome).prop_map(|(worker, outcome)| Step::Feedback { worker, outcome }),
+            (1u64..1500).prop_map(Step::Wait),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Whatever two workers report, the shared rate stays within its
+        /// bounds, falls only on a refusal, at most once per reaction
+        /// window, and rises only on a success, by one step, never within
+        /// a window of a cut.
+        #[test]
+        fn cuts_and_steps_keep_their_rules(steps in prop::collection::vec(step(), 1..60)) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let backend = backend();
+                let config = AimdConfig { initial_rate: 10.0, min_rate: 2.0, max_rate: 16.0, ..config() };
+                let window = config.reaction_window;
+                let workers = [limiter(config.clone(), backend.clone()), limiter(config.clone(), backend)];
+                let scope = Key::new("example.org");
+                let mut rate = workers[0].shared_rate(&scope).await.unwrap();
+                let mut last_cut: Option<Instant> = None;
+                for step in steps {
+                    let (worker, outcome) = match step {
+                        Step::Wait(ms) => {
+                            tokio::time::sleep(Duration::from_millis(ms)).await;
+                            continue;
+                        }
+                        Step::Feedback { worker, outcome } => (worker, outcome),
+                    };
+                    workers[worker].feedback(&scope, outcome).await;
+                    let now_rate = workers[0].shared_rate(&scope).await.unwrap();
+                    prop_assert!((config.min_rate..=config.max_rate).contains(&now_rate));
+                    if now_rate < rate {
+                        prop_assert!(matches!(outcome, Outcome::Refused { .. }), "cut by {outcome:?}");
+                        prop_assert!((now_rate - (rate * config.decrease).max(config.min_rate)).abs() < 0.001);
+                        let now = Instant::now();
+                        if let Some(t) = last_cut {
+                            prop_assert!(now - t >= window, "two cuts {:?} apart", now - t);
+                        }
+                        last_cut = Some(now);
+                    } else if now_rate > rate {
+                        prop_assert_eq!(outcome, Outcome::Success);
+                        prop_assert!((now_rate - (rate + config.increase).min(config.max_rate)).abs() < 0.001);
+                        prop_assert!(last_cut.is_none_or(|t| Instant::now() - t >= window));
+                    }
+                    rate = now_rate;
+                }
+                Ok(())
+            })?;
+        }
+    }
+}
