@@ -1,8 +1,8 @@
 //! Connections: a bb8-redis pool of multiplexed connections, or (feature
 //! `cluster`) the redis crate's cluster client.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -55,22 +55,45 @@ impl bb8::ManageConnection for Manager {
 /// Whether an error means the connection itself is gone (as opposed to a
 /// command error on a healthy connection).
 fn breaks(e: &redis::RedisError) -> bool {
-    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_unrecoverable_error()
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_unrecoverable_error()
 }
 
 pub(crate) enum Conn {
     Pool {
         pool: bb8::Pool<Manager>,
         /// Hold the checkout for the whole call (a classic pool) instead of
-        /// cloning the multiplexed connection and returning it at once.
+        /// sharing multiplexed connections.
         exclusive: bool,
         timeout: Duration,
+        /// One multiplexed connection per slot, cloned for each call (calls
+        /// pipeline on it) and taken again from the pool once it breaks:
+        /// the hot path never waits on the pool.
+        slots: Box<[Mutex<Option<Pooled>>]>,
+        next: AtomicUsize,
     },
     #[cfg(feature = "cluster")]
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
 impl Conn {
+    pub(crate) fn pool(
+        pool: bb8::Pool<Manager>,
+        exclusive: bool,
+        timeout: Duration,
+        size: u32,
+    ) -> Self {
+        Self::Pool {
+            pool,
+            exclusive,
+            timeout,
+            slots: (0..size.max(1)).map(|_| Mutex::new(None)).collect(),
+            next: AtomicUsize::new(0),
+        }
+    }
+
     pub(crate) fn is_cluster(&self) -> bool {
         match self {
             Self::Pool { .. } => false,
@@ -99,21 +122,52 @@ impl Conn {
         Err(RedisError::PoolTimeout(timeout))
     }
 
-    pub(crate) async fn invoke<T: FromRedisValue>(&self, inv: &ScriptInvocation<'_>) -> Result<T, RedisError> {
+    /// A healthy multiplexed connection, round robin over the slots.
+    async fn shared(&self) -> Result<Pooled, RedisError> {
+        let (pool, timeout, slots, next) = match self {
+            Self::Pool {
+                pool,
+                timeout,
+                slots,
+                next,
+                ..
+            } => (pool, timeout, slots, next),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(_) => return Err(RedisError::Unsupported("not a single server")),
+        };
+        let slot = &slots[next.fetch_add(1, Ordering::Relaxed) % slots.len()];
+        if let Some(c) = lock(slot)
+            .as_ref()
+            .filter(|c| !c.broken.load(Ordering::Relaxed))
+        {
+            return Ok(c.clone());
+        }
+        let c = Pooled::clone(&*Self::checkout(pool, *timeout).await?);
+        *lock(slot) = Some(c.clone());
+        Ok(c)
+    }
+
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        inv: &ScriptInvocation<'_>,
+    ) -> Result<T, RedisError> {
         match self {
-            Self::Pool { pool, exclusive, timeout } => {
+            Self::Pool {
+                pool,
+                exclusive: true,
+                timeout,
+                ..
+            } => {
                 let mut guard = Self::checkout(pool, *timeout).await?;
-                let r = if *exclusive {
-                    inv.invoke_async(&mut guard.conn).await
-                } else {
-                    let mut c = Pooled::clone(&guard);
-                    drop(guard);
-                    let r = inv.invoke_async(&mut c.conn).await;
-                    flag(&c, &r);
-                    return r.map_err(RedisError::Redis);
-                };
+                let r = inv.invoke_async(&mut guard.conn).await;
                 flag(&guard, &r);
-                r.map_err(RedisError::Redis)
+                Ok(r?)
+            }
+            Self::Pool { .. } => {
+                let mut c = self.shared().await?;
+                let r = inv.invoke_async(&mut c.conn).await;
+                flag(&c, &r);
+                Ok(r?)
             }
             #[cfg(feature = "cluster")]
             Self::Cluster(c) => Ok(inv.invoke_async(&mut c.clone()).await?),
@@ -122,10 +176,8 @@ impl Conn {
 
     pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, RedisError> {
         match self {
-            Self::Pool { pool, timeout, .. } => {
-                let guard = Self::checkout(pool, *timeout).await?;
-                let mut c = Pooled::clone(&guard);
-                drop(guard);
+            Self::Pool { .. } => {
+                let mut c = self.shared().await?;
                 let r = cmd.query_async(&mut c.conn).await;
                 flag(&c, &r);
                 Ok(r?)
@@ -137,18 +189,18 @@ impl Conn {
 
     /// One connection for the durability check of a single server.
     pub(crate) async fn single(&self) -> Result<MultiplexedConnection, RedisError> {
-        match self {
-            Self::Pool { pool, timeout, .. } => Ok(Self::checkout(pool, *timeout).await?.conn.clone()),
-            #[cfg(feature = "cluster")]
-            Self::Cluster(_) => Err(RedisError::Unsupported("not a single server")),
-        }
+        Ok(self.shared().await?.conn)
     }
 }
 
 fn flag<T>(c: &Pooled, r: &RedisResult<T>) {
-    if let Err(e) = r {
-        if breaks(e) {
-            c.broken.store(true, Ordering::Relaxed);
-        }
+    if let Err(e) = r
+        && breaks(e)
+    {
+        c.broken.store(true, Ordering::Relaxed);
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

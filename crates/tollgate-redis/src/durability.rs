@@ -81,7 +81,10 @@ impl NodeReport {
         let mut out = Vec::new();
         match self.appendonly.is("yes") {
             Some(true) => {}
-            Some(false) => out.push(format!("{}: appendonly is not yes: counters are lost on restart", self.node)),
+            Some(false) => out.push(format!(
+                "{}: appendonly is not yes: counters are lost on restart",
+                self.node
+            )),
             None => out.push(format!("{}: appendonly {}", self.node, self.appendonly)),
         }
         match self.maxmemory_policy.is("noeviction") {
@@ -114,7 +117,8 @@ impl DurabilityReport {
     /// opposed to merely unknown).
     pub fn is_known_bad(&self) -> bool {
         self.nodes.iter().any(|n| {
-            n.appendonly.is("yes") == Some(false) || n.maxmemory_policy.is("noeviction") == Some(false)
+            n.appendonly.is("yes") == Some(false)
+                || n.maxmemory_policy.is("noeviction") == Some(false)
         })
     }
 
@@ -126,7 +130,10 @@ impl DurabilityReport {
     pub(crate) fn log(&self) {
         let problems = self.problems();
         if problems.is_empty() {
-            tracing::info!(nodes = self.nodes.len(), "redis is durable (appendonly yes, noeviction)");
+            tracing::info!(
+                nodes = self.nodes.len(),
+                "redis is durable (appendonly yes, noeviction)"
+            );
         } else {
             for p in &problems {
                 tracing::warn!(problem = %p, "redis durability check");
@@ -153,9 +160,10 @@ fn setting(name: &str, reply: Result<Value, redis::RedisError>) -> Setting {
         v => redis::from_redis_value::<HashMap<String, String>>(v).map_err(Into::into),
     });
     match value {
-        Ok(mut m) => m
-            .remove(name)
-            .map_or_else(|| Setting::Unknown("no such setting".into()), Setting::Known),
+        Ok(mut m) => m.remove(name).map_or_else(
+            || Setting::Unknown("no such setting".into()),
+            Setting::Known,
+        ),
         Err(e) => Setting::Unknown(e.to_string()),
     }
 }
@@ -173,10 +181,17 @@ fn node_report(node: String, mut settings: Vec<Setting>) -> NodeReport {
 }
 
 /// Reads the settings of one server over `conn`.
-pub(crate) async fn check_node<C: redis::aio::ConnectionLike>(node: String, conn: &mut C) -> NodeReport {
+pub(crate) async fn check_node<C: redis::aio::ConnectionLike>(
+    node: String,
+    conn: &mut C,
+) -> NodeReport {
     let mut settings = Vec::new();
     for name in SETTINGS {
-        let reply = redis::cmd("CONFIG").arg("GET").arg(name).query_async(conn).await;
+        let reply = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg(name)
+            .query_async(conn)
+            .await;
         settings.push(setting(name, reply));
     }
     node_report(node, settings)
@@ -195,7 +210,9 @@ pub(crate) async fn check_cluster(
         let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
         let reply = conn.route_command(cmd, routing).await?;
         let Value::Map(nodes) = reply else {
-            return Err(crate::RedisError::Protocol(format!("CONFIG GET on all masters: {reply:?}")));
+            return Err(crate::RedisError::Protocol(format!(
+                "CONFIG GET on all masters: {reply:?}"
+            )));
         };
         for (node, v) in nodes {
             let node: String = redis::from_redis_value(node).map_err(redis::RedisError::from)?;
@@ -203,7 +220,10 @@ pub(crate) async fn check_cluster(
         }
     }
     Ok(DurabilityReport {
-        nodes: by_node.into_iter().map(|(n, s)| node_report(n, s)).collect(),
+        nodes: by_node
+            .into_iter()
+            .map(|(n, s)| node_report(n, s))
+            .collect(),
     })
 }
 
@@ -222,12 +242,18 @@ mod tests {
 
     #[test]
     fn judges_settings() {
-        let good = DurabilityReport { nodes: vec![node("yes", Setting::Known("noeviction".into()))] };
+        let good = DurabilityReport {
+            nodes: vec![node("yes", Setting::Known("noeviction".into()))],
+        };
         assert!(good.is_durable() && !good.is_known_bad());
-        let lru = DurabilityReport { nodes: vec![node("yes", Setting::Known("volatile-lru".into()))] };
+        let lru = DurabilityReport {
+            nodes: vec![node("yes", Setting::Known("volatile-lru".into()))],
+        };
         assert!(!lru.is_durable() && lru.is_known_bad());
         assert!(lru.to_string().contains("volatile-lru"));
-        let unknown = DurabilityReport { nodes: vec![node("yes", Setting::Unknown("NOPERM".into()))] };
+        let unknown = DurabilityReport {
+            nodes: vec![node("yes", Setting::Unknown("NOPERM".into()))],
+        };
         assert!(!unknown.is_durable() && !unknown.is_known_bad());
         assert!(!DurabilityReport::default().is_durable());
     }

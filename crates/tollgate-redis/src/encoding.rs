@@ -109,7 +109,8 @@ pub fn decode(s: &str) -> Result<Policy, EncodingError> {
     let micros = Duration::from_micros;
     let policy = match (kind, nums.as_slice()) {
         ("t", &[capacity, refill, period, interval]) => {
-            let p = TokenBucket::new(capacity, refill, micros(period)).map_err(EncodingError::Invalid)?;
+            let p = TokenBucket::new(capacity, refill, micros(period))
+                .map_err(EncodingError::Invalid)?;
             if p.interval_micros() != interval {
                 return Err(malformed());
             }
@@ -136,10 +137,21 @@ mod tests {
 
     #[test]
     fn rejects_garbage_and_unknown_versions() {
-        for s in ["", "2:t:1:1:1:1", "1:x:1", "1:t:1:1", "1:w:1:1:2", "1:w:a:1:0", "1:t:1:1:1000000:7"] {
+        for s in [
+            "",
+            "2:t:1:1:1:1",
+            "1:x:1",
+            "1:t:1:1",
+            "1:w:1:1:2",
+            "1:w:a:1:0",
+            "1:t:1:1:1000000:7",
+        ] {
             assert!(decode(s).is_err(), "{s}");
         }
-        assert!(matches!(decode("1:w:0:1:0"), Err(EncodingError::Invalid(_))));
+        assert!(matches!(
+            decode("1:w:0:1:0"),
+            Err(EncodingError::Invalid(_))
+        ));
     }
 
     #[test]

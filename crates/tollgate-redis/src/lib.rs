@@ -270,17 +270,21 @@ impl RedisBackendBuilder {
             let pool = bb8::Pool::builder()
                 .max_size(self.pool_size)
                 .test_on_check_out(self.test_on_check_out)
+                // Open every connection up front so the slots get distinct
+                // ones (in shared mode a checkout is returned at once).
+                .min_idle(self.pool_size)
                 .connection_timeout(self.pool_timeout)
                 // Fail fast while Redis is down: the limiter's fail mode
                 // answers, and the next call tries to connect again.
                 .retry_connection(false)
                 .build(conn::Manager::new(manager))
                 .await?;
-            Conn::Pool {
+            Conn::pool(
                 pool,
-                exclusive: self.exclusive_checkout,
-                timeout: self.pool_timeout,
-            }
+                self.exclusive_checkout,
+                self.pool_timeout,
+                self.pool_size,
+            )
         };
         let backend = RedisBackend {
             inner: Arc::new(Inner {
@@ -312,16 +316,19 @@ impl RedisBackendBuilder {
 
     #[cfg(feature = "cluster")]
     async fn cluster_conn(&self) -> Result<Conn, RedisError> {
-        let client = redis::cluster::ClusterClientBuilder::new(self.urls.iter().map(String::as_str))
-            .connection_timeout(Duration::from_secs(1))
-            .response_timeout(Duration::from_millis(500))
-            .build()?;
+        let client =
+            redis::cluster::ClusterClientBuilder::new(self.urls.iter().map(String::as_str))
+                .connection_timeout(Duration::from_secs(1))
+                .response_timeout(Duration::from_millis(500))
+                .build()?;
         Ok(Conn::Cluster(client.get_async_connection().await?))
     }
 
     #[cfg(not(feature = "cluster"))]
     async fn cluster_conn(&self) -> Result<Conn, RedisError> {
-        Err(RedisError::Unsupported("Redis Cluster needs the `cluster` feature"))
+        Err(RedisError::Unsupported(
+            "Redis Cluster needs the `cluster` feature",
+        ))
     }
 }
 
@@ -391,10 +398,10 @@ impl RedisBackend {
     /// short client cache.
     async fn limiter_override_arg(&self, limiter: &str) -> Result<String, RedisError> {
         let now = Instant::now();
-        if let Some((at, v)) = lock(&self.inner.override_cache).get(limiter) {
-            if now.duration_since(*at) < self.inner.override_cache_ttl {
-                return Ok(v.clone().unwrap_or_default());
-            }
+        if let Some((at, v)) = lock(&self.inner.override_cache).get(limiter)
+            && now.duration_since(*at) < self.inner.override_cache_ttl
+        {
+            return Ok(v.clone().unwrap_or_default());
         }
         let v: Option<String> = self
             .inner
@@ -503,11 +510,18 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Backend for RedisBackend {
     type Error = RedisError;
 
-    fn decide(&self, req: Request<'_>) -> impl Future<Output = Result<Decision, RedisError>> + Send {
+    fn decide(
+        &self,
+        req: Request<'_>,
+    ) -> impl Future<Output = Result<Decision, RedisError>> + Send {
         self.decide_inner(req)
     }
 
-    async fn set_override(&self, scope: Scope<'_>, policy: Option<&Policy>) -> Result<(), RedisError> {
+    async fn set_override(
+        &self,
+        scope: Scope<'_>,
+        policy: Option<&Policy>,
+    ) -> Result<(), RedisError> {
         let key = self.override_key(scope)?;
         let encoded = policy.map(encoding::encode).transpose()?;
         let mut cmd = match &encoded {

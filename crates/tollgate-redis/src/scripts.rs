@@ -56,4 +56,8 @@ pub(crate) fn strategy_of(letter: &str) -> Option<Strategy> {
 }
 
 /// Every script's source, to preload.
-pub(crate) const ALL: [&str; 3] = [TOKEN_BUCKET_CODE, SLIDING_WINDOW_CODE, PROGRESSIVE_DELAY_CODE];
+pub(crate) const ALL: [&str; 3] = [
+    TOKEN_BUCKET_CODE,
+    SLIDING_WINDOW_CODE,
+    PROGRESSIVE_DELAY_CODE,
+];

@@ -34,11 +34,17 @@ tollgate_testkit::conformance_tests!(setup(), cases = 300);
 async fn keys_on_every_master_decide() {
     let clock = MockClock::new();
     let b = backend("slots", &clock).await;
-    let l = Limiter::new("spread", SlidingWindow::new(1, Duration::from_secs(60)).unwrap(), b.clone());
+    let l = Limiter::new(
+        "spread",
+        SlidingWindow::new(1, Duration::from_secs(60)).unwrap(),
+        b.clone(),
+    );
     let per_key = Policy::from(SlidingWindow::new(2, Duration::from_secs(60)).unwrap());
     for i in 0..50 {
         let k = Key::new(format!("user-{i}"));
-        b.set_override(Scope::Key("spread", &k), Some(&per_key)).await.unwrap();
+        b.set_override(Scope::Key("spread", &k), Some(&per_key))
+            .await
+            .unwrap();
         assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
         assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
         assert!(l.try_acquire(&k, 1).await.unwrap().is_denied());
@@ -69,9 +75,17 @@ async fn limiter_override_reaches_other_workers_within_cache_ttl() {
     assert_eq!(lb.peek(&k).await.decision().unwrap().limit(), 1);
     let five = Policy::from(TokenBucket::new(5, 1, Duration::from_secs(3600)).unwrap());
     la.set_override(None, Some(five)).await.unwrap();
-    assert_eq!(la.peek(&k).await.decision().unwrap().limit(), 5, "the writer sees it at once");
+    assert_eq!(
+        la.peek(&k).await.decision().unwrap().limit(),
+        5,
+        "the writer sees it at once"
+    );
     tokio::time::sleep(Duration::from_millis(250)).await;
-    assert_eq!(lb.peek(&k).await.decision().unwrap().limit(), 5, "others after the cache TTL");
+    assert_eq!(
+        lb.peek(&k).await.decision().unwrap().limit(),
+        5,
+        "others after the cache TTL"
+    );
 }
 
 /// The durability check asks every master.
@@ -88,5 +102,8 @@ async fn durability_check_covers_every_master() {
         .durability(Durability::Strict)
         .build()
         .await;
-    assert!(matches!(strict, Err(tollgate_redis::RedisError::NotDurable(_))));
+    assert!(matches!(
+        strict,
+        Err(tollgate_redis::RedisError::NotDurable(_))
+    ));
 }

@@ -8,8 +8,8 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use tollgate_core::model::Model;
 use tollgate_core::{
-    Backend, Clock, Key, Limiter, MockClock, Op, Policy, ProgressiveDelay, Request, Scope, SlidingWindow,
-    TokenBucket,
+    Backend, Clock, Key, Limiter, MockClock, Op, Policy, ProgressiveDelay, Request, Scope,
+    SlidingWindow, TokenBucket,
 };
 use tollgate_redis::{Durability, RedisBackend, RedisError, Setting};
 use tollgate_testkit::conformance::unique_name;
@@ -51,7 +51,10 @@ async fn server_time_token_bucket() {
     let d = l.try_acquire(&k, 1).await.unwrap();
     assert!(d.is_denied());
     // About an hour (minus the microseconds that passed).
-    assert!(d.retry_after() > 3599 * S && d.retry_after() <= 3600 * S, "{d:?}");
+    assert!(
+        d.retry_after() > 3599 * S && d.retry_after() <= 3600 * S,
+        "{d:?}"
+    );
 }
 
 /// Every key's TTL is the time until its state is fresh again, rounded up
@@ -75,7 +78,10 @@ async fn ttls_match_expiry_and_fresh_keys_are_deleted() {
     let state = b.state_key("tb", &k);
     assert_eq!(state, format!("{prefix}:tb:{{k}}"));
     assert!(tb.peek(&k).await.is_allowed());
-    assert!(!r.exists::<_, bool>(&state).await.unwrap(), "a peek writes nothing");
+    assert!(
+        !r.exists::<_, bool>(&state).await.unwrap(),
+        "a peek writes nothing"
+    );
     clock.advance_micros(123);
     for _ in 0..3 {
         assert!(tb.try_acquire(&k, 1).await.unwrap().is_allowed());
@@ -84,7 +90,10 @@ async fn ttls_match_expiry_and_fresh_keys_are_deleted() {
     let pttl: i64 = r.pttl(&state).await.unwrap();
     assert!(pttl > 2_900 && pttl <= 3_000, "pttl {pttl}");
     tb.reset(&k).await.unwrap();
-    assert!(!r.exists::<_, bool>(&state).await.unwrap(), "a reset deletes the key");
+    assert!(
+        !r.exists::<_, bool>(&state).await.unwrap(),
+        "a reset deletes the key"
+    );
 
     let sw = Limiter::new("sw", SlidingWindow::new(5, 10 * S).unwrap(), b.clone());
     assert!(sw.try_acquire(&k, 1).await.unwrap().is_allowed());
@@ -119,9 +128,17 @@ async fn script_flush_is_invisible() {
     let mut allowed = 0;
     for i in 0..20 {
         if i % 3 == 0 {
-            let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut r).await.unwrap();
+            let _: () = redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query_async(&mut r)
+                .await
+                .unwrap();
         }
-        if l.try_acquire(&k, 1).await.expect("no error after SCRIPT FLUSH").is_allowed() {
+        if l.try_acquire(&k, 1)
+            .await
+            .expect("no error after SCRIPT FLUSH")
+            .is_allowed()
+        {
             allowed += 1;
         }
     }
@@ -146,19 +163,36 @@ async fn override_of_another_strategy_is_obeyed() {
     let other = Policy::from(SlidingWindow::new(3, 10 * S).unwrap());
     let k = Key::new("k");
     let mut model = Model::new();
-    let ops = [Op::Acquire(1), Op::Acquire(1), Op::PEEK, Op::Acquire(1), Op::Acquire(1)];
+    let ops = [
+        Op::Acquire(1),
+        Op::Acquire(1),
+        Op::PEEK,
+        Op::Acquire(1),
+        Op::Acquire(1),
+    ];
     for (i, op) in ops.into_iter().chain(ops).enumerate() {
         if i == 3 {
-            b.set_override(Scope::Key("l", &k), Some(&other)).await.unwrap();
+            b.set_override(Scope::Key("l", &k), Some(&other))
+                .await
+                .unwrap();
             model.set_override("l", Some("k"), Some(other));
         }
         if i == 7 {
             b.set_override(Scope::Key("l", &k), None).await.unwrap();
             model.set_override("l", Some("k"), None);
         }
-        let req = Request { limiter: "l", key: &k, policy: &configured, op };
+        let req = Request {
+            limiter: "l",
+            key: &k,
+            policy: &configured,
+            op,
+        };
         let got = b.decide(req).await.unwrap();
-        assert_eq!(got, model.apply("l", "k", clock.now(), &configured, op), "step {i}");
+        assert_eq!(
+            got,
+            model.apply("l", "k", clock.now(), &configured, op),
+            "step {i}"
+        );
         clock.advance_micros(300_000);
     }
 }
@@ -171,19 +205,35 @@ async fn garbage_override_is_an_error() {
     let b = server_time(&url, &prefix).await;
     let mut r = raw(&url).await;
     let _: () = r.set(format!("{prefix}:l:override"), "9:zz").await.unwrap();
-    assert!(matches!(b.get_override(Scope::Limiter("l")).await, Err(RedisError::Encoding(_))));
+    assert!(matches!(
+        b.get_override(Scope::Limiter("l")).await,
+        Err(RedisError::Encoding(_))
+    ));
     let p = Policy::from(TokenBucket::new(1, 1, S).unwrap());
-    let req = Request { limiter: "l", key: &Key::new("k"), policy: &p, op: Op::Acquire(1) };
+    let req = Request {
+        limiter: "l",
+        key: &Key::new("k"),
+        policy: &p,
+        op: Op::Acquire(1),
+    };
     assert!(b.decide(req).await.is_err(), "the script refuses it too");
-    let bad = Request { limiter: "a{b}", ..req };
-    assert!(matches!(b.decide(bad).await, Err(RedisError::InvalidLimiterName(_))));
+    let bad = Request {
+        limiter: "a{b}",
+        ..req
+    };
+    assert!(matches!(
+        b.decide(bad).await,
+        Err(RedisError::InvalidLimiterName(_))
+    ));
 }
 
 /// Redis killed: decisions fail (within the limiter's timeout, answered by
 /// its fail mode); once Redis is back, the backend reconnects by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_errors_then_reconnects() {
-    let Some(mut server) = RedisServer::start() else { return };
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
     let b = server_time(&server.url(), "crash").await;
     let l = Limiter::builder("api", TokenBucket::new(1000, 1, S).unwrap(), b)
         .timeout(Duration::from_millis(300))
@@ -213,7 +263,9 @@ async fn crash_errors_then_reconnects() {
 /// With AOF (`appendfsync always`), a crash and restart keep the counters.
 #[tokio::test]
 async fn aof_restart_keeps_counters() {
-    let Some(mut server) = RedisServer::builder().appendonly(true).start() else { return };
+    let Some(mut server) = RedisServer::builder().appendonly(true).start() else {
+        return;
+    };
     let url = server.url();
     let tb = TokenBucket::new(5, 1, 3600 * S).unwrap();
     let sw = SlidingWindow::new(3, 3600 * S).unwrap();
@@ -232,7 +284,10 @@ async fn aof_restart_keeps_counters() {
     server.kill();
     server.restart();
     let b = server_time(&url, "aof").await;
-    let d = Limiter::new("tb", tb, b.clone()).try_acquire(&k, 1).await.unwrap();
+    let d = Limiter::new("tb", tb, b.clone())
+        .try_acquire(&k, 1)
+        .await
+        .unwrap();
     assert!(d.is_denied(), "token bucket state survived: {d:?}");
     let d = Limiter::new("sw", sw, b).try_acquire(&k, 1).await.unwrap();
     assert!(d.is_denied(), "sliding window log survived: {d:?}");
@@ -243,16 +298,30 @@ async fn aof_restart_keeps_counters() {
 /// is disabled is reported as unknown and refused in strict mode only.
 #[tokio::test]
 async fn durability_check() {
-    let Some(bad) = RedisServer::builder().maxmemory_policy("volatile-lru").start() else { return };
-    let b = RedisBackend::builder(bad.url()).build().await.expect("report mode starts anyway");
+    let Some(bad) = RedisServer::builder()
+        .maxmemory_policy("volatile-lru")
+        .start()
+    else {
+        return;
+    };
+    let b = RedisBackend::builder(bad.url())
+        .build()
+        .await
+        .expect("report mode starts anyway");
     let report = b.check_durability().await.unwrap();
     assert!(report.is_known_bad() && !report.is_durable());
     let node = &report.nodes[0];
     assert_eq!(node.appendonly, Setting::Known("no".into()));
     assert_eq!(node.maxmemory_policy, Setting::Known("volatile-lru".into()));
     let text = report.to_string();
-    assert!(text.contains("appendonly") && text.contains("volatile-lru"), "{text}");
-    let strict = RedisBackend::builder(bad.url()).durability(Durability::Strict).build().await;
+    assert!(
+        text.contains("appendonly") && text.contains("volatile-lru"),
+        "{text}"
+    );
+    let strict = RedisBackend::builder(bad.url())
+        .durability(Durability::Strict)
+        .build()
+        .await;
     assert!(matches!(strict, Err(RedisError::NotDurable(_))));
 
     let good = RedisServer::builder().appendonly(true).start().unwrap();
@@ -268,11 +337,20 @@ async fn durability_check() {
         .raw_args(["--rename-command", "CONFIG", ""])
         .start()
         .unwrap();
-    let b = RedisBackend::builder(hidden.url()).build().await.expect("report mode copes");
+    let b = RedisBackend::builder(hidden.url())
+        .build()
+        .await
+        .expect("report mode copes");
     let report = b.check_durability().await.unwrap();
-    assert!(matches!(report.nodes[0].appendonly, Setting::Unknown(_)), "{report:?}");
+    assert!(
+        matches!(report.nodes[0].appendonly, Setting::Unknown(_)),
+        "{report:?}"
+    );
     assert!(!report.is_known_bad() && !report.is_durable());
-    let strict = RedisBackend::builder(hidden.url()).durability(Durability::Strict).build().await;
+    let strict = RedisBackend::builder(hidden.url())
+        .durability(Durability::Strict)
+        .build()
+        .await;
     assert!(matches!(strict, Err(RedisError::NotDurable(_))));
 }
 
@@ -280,26 +358,60 @@ async fn durability_check() {
 /// scripts need; CONFIG denied is reported, not fatal.
 #[tokio::test]
 async fn acl_user_from_url() {
-    let Some(server) = RedisServer::start() else { return };
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
     // Exactly the list docs/redis.md gives: what the client sends, and
     // what the scripts call.
     let acl = [
-        "ACL", "SETUSER", "limiter", "on", ">s3cret", "~tollgate:*", "resetchannels", "-@all",
-        "+evalsha", "+script|load", "+get", "+set", "+del", "+ping",
-        "+time", "+hmget", "+hset", "+pexpire", "+lrange", "+lindex", "+ltrim", "+lset", "+rpush",
+        "ACL",
+        "SETUSER",
+        "limiter",
+        "on",
+        ">s3cret",
+        "~tollgate:*",
+        "resetchannels",
+        "-@all",
+        "+evalsha",
+        "+script|load",
+        "+get",
+        "+set",
+        "+del",
+        "+ping",
+        "+time",
+        "+hmget",
+        "+hset",
+        "+pexpire",
+        "+lrange",
+        "+lindex",
+        "+ltrim",
+        "+lset",
+        "+rpush",
     ];
     assert_eq!(server.cli(&acl).trim(), "OK");
     let url = format!("redis://limiter:s3cret@127.0.0.1:{}", server.port());
-    let b = RedisBackend::builder(&url).build().await.expect("connect as an ACL user");
+    let b = RedisBackend::builder(&url)
+        .build()
+        .await
+        .expect("connect as an ACL user");
     let report = b.check_durability().await.unwrap();
-    assert!(matches!(&report.nodes[0].appendonly, Setting::Unknown(why) if why.to_lowercase().contains("noperm")), "{report:?}");
+    assert!(
+        matches!(&report.nodes[0].appendonly, Setting::Unknown(why) if why.to_lowercase().contains("noperm")),
+        "{report:?}"
+    );
     let l = Limiter::new("api", SlidingWindow::new(2, 60 * S).unwrap(), b.clone());
     let k = Key::new("k");
     assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
     assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
     assert!(l.try_acquire(&k, 1).await.unwrap().is_denied());
     let wrong = format!("redis://limiter:nope@127.0.0.1:{}", server.port());
-    assert!(RedisBackend::builder(wrong).durability(Durability::Skip).build().await.is_err());
+    assert!(
+        RedisBackend::builder(wrong)
+            .durability(Durability::Skip)
+            .build()
+            .await
+            .is_err()
+    );
 }
 
 const CHILD_ENV: &str = "TOLLGATE_REDIS_CHILD";
@@ -308,9 +420,15 @@ const CHILD_ENV: &str = "TOLLGATE_REDIS_CHILD";
 /// runs in child processes (it does nothing unless the env var is set).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn child_worker() {
-    let Ok(spec) = std::env::var(CHILD_ENV) else { return };
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
     let mut parts = spec.split(' ');
-    let (url, prefix, kind) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+    let (url, prefix, kind) = (
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+    );
     let b = server_time(url, prefix).await;
     let policy = match kind {
         "tb" => Policy::from(TokenBucket::new(200, 1, 3600 * S).unwrap()),

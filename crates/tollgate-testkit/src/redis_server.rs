@@ -194,7 +194,9 @@ impl RedisServer {
     /// unique key prefixes); `None` when Redis is not installed.
     pub fn shared() -> Option<&'static Mutex<RedisServer>> {
         static SHARED: OnceLock<Option<Mutex<RedisServer>>> = OnceLock::new();
-        SHARED.get_or_init(|| Self::start().map(Mutex::new)).as_ref()
+        SHARED
+            .get_or_init(|| Self::start().map(Mutex::new))
+            .as_ref()
     }
 
     /// The URL of the shared server (see [`shared`](Self::shared)).
@@ -234,7 +236,14 @@ impl RedisServer {
             .arg(script)
             .arg("sh")
             .arg(&self.dir)
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--daemonize", "no"])
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--daemonize",
+                "no",
+            ])
             .arg("--dir")
             .arg(&self.dir)
             .arg("--logfile")
@@ -250,14 +259,20 @@ impl RedisServer {
         BufReader::new(stdout)
             .read_line(&mut line)
             .map_err(|e| format!("read pid: {e}"))?;
-        let pid: u32 = line.trim().parse().map_err(|_| format!("bad pid line {line:?}"))?;
+        let pid: u32 = line
+            .trim()
+            .parse()
+            .map_err(|_| format!("bad pid line {line:?}"))?;
         self.process = Some(Process { guard, stdin, pid });
         if wait_ready(self.port, Duration::from_secs(10)) {
             Ok(())
         } else {
             let tail = std::fs::read_to_string(&log).unwrap_or_default();
             self.kill();
-            Err(format!("redis-server on port {} did not come up; log:\n{tail}", self.port))
+            Err(format!(
+                "redis-server on port {} did not come up; log:\n{tail}",
+                self.port
+            ))
         }
     }
 
@@ -276,7 +291,8 @@ impl RedisServer {
             let _ = p.guard.wait();
             // Wait until the port is closed, so a restart can bind it.
             let deadline = Instant::now() + Duration::from_secs(5);
-            while TcpStream::connect(("127.0.0.1", self.port)).is_ok() && Instant::now() < deadline {
+            while TcpStream::connect(("127.0.0.1", self.port)).is_ok() && Instant::now() < deadline
+            {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
@@ -348,7 +364,10 @@ impl RedisCluster {
             }
             nodes.push(started.expect("could not start a cluster node"));
         }
-        let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
         let mut args = vec!["--cluster", "create"];
         args.extend(addrs.iter().map(String::as_str));
         args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
@@ -417,7 +436,10 @@ fn wait_ready(port: u16, timeout: Duration) -> bool {
             let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
             let mut buf = [0u8; 64];
             // -LOADING while the AOF is replayed: keep waiting.
-            if s.write_all(b"PING\r\n").is_ok() && s.read(&mut buf).is_ok_and(|n| buf[..n].starts_with(b"+PONG")) {
+            if s.write_all(b"PING\r\n").is_ok()
+                && s.read(&mut buf)
+                    .is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
+            {
                 return true;
             }
         }

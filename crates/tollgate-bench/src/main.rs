@@ -1,0 +1,337 @@
+//! `tollgate-bench`: the load tool.
+//!
+//! Measures decisions per second and latency percentiles of a backend at a
+//! given concurrency and key spread. For the Redis backend it also sends the
+//! same script (same KEYS, same ARGV) through a bare redis client in the
+//! same run, alternating rounds, and prints the ratio library / bare.
+//!
+//! ```text
+//! cargo run --release -p tollgate-bench -- --backend redis --spawn-server \
+//!     --concurrency 64 --keys 10000 --duration 5s
+//! ```
+//!
+//! Only loopback servers are targets: `--url` must point at 127.0.0.0/8 or
+//! localhost, and every run is bounded by `--duration` (at most 60 s).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use redis::aio::MultiplexedConnection;
+use tollgate_core::{Backend, Key, Limiter, Policy, SlidingWindow, TokenBucket};
+use tollgate_memory::MemoryBackend;
+use tollgate_redis::{Durability, RedisBackend, encoding, scripts};
+use tollgate_testkit::redis_server::RedisServer;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BackendKind {
+    Memory,
+    Redis,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum StrategyKind {
+    TokenBucket,
+    SlidingWindow,
+}
+
+#[derive(Debug, Parser)]
+#[command(about = "Load tool for tollgate backends (loopback only, bounded runs)")]
+struct Args {
+    /// Which backend to measure.
+    #[arg(long, value_enum, default_value = "redis")]
+    backend: BackendKind,
+    /// The Redis server (loopback only).
+    #[arg(long, default_value = "redis://127.0.0.1:6379", env = "REDIS_URL")]
+    url: String,
+    /// Start a throwaway redis-server on a free loopback port instead.
+    #[arg(long)]
+    spawn_server: bool,
+    /// Concurrent tasks issuing decisions.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Distinct keys, chosen at random per decision (1 = one hot key).
+    #[arg(long, default_value_t = 10_000)]
+    keys: u64,
+    /// Measuring time per path (split over the rounds), e.g. `5s`.
+    #[arg(long, default_value = "4s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Rounds per path, alternating library and bare client.
+    #[arg(long, default_value_t = 2)]
+    rounds: u32,
+    /// Strategy of the limiter.
+    #[arg(long, value_enum, default_value = "token-bucket")]
+    strategy: StrategyKind,
+    /// Pool size of the Redis backend.
+    #[arg(long, default_value_t = 4)]
+    pool_size: u32,
+    /// Hold a pooled connection for the whole call (classic pool).
+    #[arg(long)]
+    exclusive_checkout: bool,
+    /// PING on every checkout.
+    #[arg(long)]
+    test_on_check_out: bool,
+    /// Skip the bare-client comparison.
+    #[arg(long)]
+    no_bare: bool,
+    /// Tokio worker threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = n.parse().map_err(|_| format!("bad duration {s:?}"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" | "" => Duration::from_secs(n),
+        _ => return Err(format!("bad duration unit in {s:?} (ms or s)")),
+    };
+    if d.is_zero() || d > Duration::from_secs(60) {
+        return Err("duration must be between 1ms and 60s".into());
+    }
+    Ok(d)
+}
+
+fn is_loopback(url: &str) -> bool {
+    let rest = url.split("://").nth(1).unwrap_or("");
+    let host_port = rest.rsplit('@').next().unwrap_or("");
+    let host = host_port.split(['/', '?']).next().unwrap_or("");
+    let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
+    host == "localhost" || host.starts_with("127.") || host == "[::1]"
+}
+
+/// Latencies and counts of one path.
+#[derive(Debug, Default)]
+struct Stats {
+    decisions: u64,
+    errors: u64,
+    elapsed: Duration,
+    latencies_us: Vec<u32>,
+}
+
+impl Stats {
+    fn merge(&mut self, other: Stats) {
+        self.decisions += other.decisions;
+        self.errors += other.errors;
+        self.elapsed += other.elapsed;
+        self.latencies_us.extend(other.latencies_us);
+    }
+
+    fn rate(&self) -> f64 {
+        self.decisions as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn percentile(&mut self, p: f64) -> u32 {
+        if self.latencies_us.is_empty() {
+            return 0;
+        }
+        self.latencies_us.sort_unstable();
+        let i = ((self.latencies_us.len() - 1) as f64 * p).round() as usize;
+        self.latencies_us[i]
+    }
+
+    fn line(&mut self, name: &str) -> String {
+        format!(
+            "{name:<8} {:>10.0} decisions/s   p50 {:>5} µs   p99 {:>5} µs   errors {}",
+            self.rate(),
+            self.percentile(0.50),
+            self.percentile(0.99),
+            self.errors
+        )
+    }
+}
+
+/// A small xorshift: key choice must cost nothing next to a decision.
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+/// Runs `concurrency` tasks calling `op(key index)` until `duration` is up.
+async fn drive<F, Fut>(concurrency: usize, keys: u64, duration: Duration, op: F) -> Stats
+where
+    F: Fn(u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = bool> + Send,
+{
+    let op = Arc::new(op);
+    let start = Instant::now();
+    let deadline = start + duration;
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|i| {
+            let op = Arc::clone(&op);
+            tokio::spawn(async move {
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (i as u64 + 1);
+                let mut s = Stats::default();
+                while Instant::now() < deadline {
+                    let k = if keys <= 1 { 0 } else { next(&mut rng) % keys };
+                    let t = Instant::now();
+                    let ok = op(k).await;
+                    s.latencies_us
+                        .push(u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX));
+                    if ok {
+                        s.decisions += 1;
+                    } else {
+                        s.errors += 1;
+                    }
+                }
+                s
+            })
+        })
+        .collect();
+    let mut total = Stats::default();
+    for t in tasks {
+        total.merge(t.await.expect("task panicked"));
+    }
+    total.elapsed = start.elapsed();
+    total
+}
+
+fn policy(kind: StrategyKind) -> Policy {
+    match kind {
+        // Large enough that most decisions pass and write.
+        StrategyKind::TokenBucket => TokenBucket::new(1_000, 1_000, Duration::from_secs(1))
+            .unwrap()
+            .into(),
+        StrategyKind::SlidingWindow => SlidingWindow::new(100, Duration::from_secs(1))
+            .unwrap()
+            .into(),
+    }
+}
+
+fn key_names(keys: u64) -> Arc<Vec<Key>> {
+    Arc::new(
+        (0..keys.max(1))
+            .map(|i| Key::new(format!("client-{i}")))
+            .collect(),
+    )
+}
+
+async fn library<B: Backend + Clone>(args: &Args, backend: B, duration: Duration) -> Stats {
+    let limiter = Limiter::builder("bench", policy(args.strategy), backend)
+        .timeout(Duration::from_secs(1))
+        .build();
+    let names = key_names(args.keys);
+    drive(args.concurrency, args.keys, duration, move |k| {
+        let limiter = limiter.clone();
+        let names = Arc::clone(&names);
+        async move { limiter.try_acquire(&names[k as usize], 1).await.is_ok() }
+    })
+    .await
+}
+
+/// The same EVALSHA a decision sends (same keys, same arguments, built the
+/// same way), on one shared multiplexed connection of a bare redis client.
+async fn bare(args: &Args, conn: MultiplexedConnection, duration: Duration) -> Stats {
+    let policy = policy(args.strategy);
+    let script = Arc::new(redis::Script::new(scripts::source(policy.strategy())));
+    let encoded = Arc::new(encoding::encode(&policy).unwrap());
+    let names = key_names(args.keys);
+    drive(args.concurrency, args.keys, duration, move |k| {
+        let (script, encoded, names) = (
+            Arc::clone(&script),
+            Arc::clone(&encoded),
+            Arc::clone(&names),
+        );
+        let mut conn = conn.clone();
+        async move {
+            let state = format!("bench-bare:bench:{{{}}}", names[k as usize].as_str());
+            let log = format!("{state}:log");
+            let key_override = format!("{state}:override");
+            let mut inv = script.prepare_invoke();
+            inv.key(&state)
+                .key(&log)
+                .key(&key_override)
+                .key("bench-bare:bench:override")
+                .arg("")
+                .arg(1)
+                .arg(encoded.as_str())
+                .arg("")
+                .arg(0);
+            inv.invoke_async::<Vec<redis::Value>>(&mut conn)
+                .await
+                .is_ok()
+        }
+    })
+    .await
+}
+
+fn main() {
+    let args = Args::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads.max(1))
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(run(args));
+}
+
+async fn run(args: Args) {
+    let slice = args.duration / args.rounds.max(1);
+    println!(
+        "backend {:?}, strategy {:?}, concurrency {}, keys {}, {} round(s) of {:?} per path",
+        args.backend, args.strategy, args.concurrency, args.keys, args.rounds, slice
+    );
+    if args.backend == BackendKind::Memory {
+        let mut s = Stats::default();
+        for _ in 0..args.rounds.max(1) {
+            s.merge(library(&args, MemoryBackend::new(), slice).await);
+        }
+        println!("{}", s.line("library"));
+        return;
+    }
+
+    let _server;
+    let url = if args.spawn_server {
+        let server = RedisServer::start().expect("redis-server is not installed");
+        let url = server.url();
+        _server = server;
+        url
+    } else {
+        if !is_loopback(&args.url) {
+            eprintln!(
+                "refusing {}: the load tool only targets loopback servers",
+                args.url
+            );
+            std::process::exit(2);
+        }
+        args.url.clone()
+    };
+    println!(
+        "pool_size {}, exclusive_checkout {}, test_on_check_out {}",
+        args.pool_size, args.exclusive_checkout, args.test_on_check_out
+    );
+    let backend = RedisBackend::builder(&url)
+        .prefix("bench-lib")
+        .pool_size(args.pool_size)
+        .exclusive_checkout(args.exclusive_checkout)
+        .test_on_check_out(args.test_on_check_out)
+        .durability(Durability::Skip)
+        .build()
+        .await
+        .expect("connect the backend");
+    let conn = redis::Client::open(url.as_str())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect the bare client");
+    // Warm up both paths (connections, script cache).
+    let _ = library(&args, backend.clone(), Duration::from_millis(200)).await;
+    if !args.no_bare {
+        let _ = bare(&args, conn.clone(), Duration::from_millis(200)).await;
+    }
+    let (mut lib, mut raw) = (Stats::default(), Stats::default());
+    for _ in 0..args.rounds.max(1) {
+        lib.merge(library(&args, backend.clone(), slice).await);
+        if !args.no_bare {
+            raw.merge(bare(&args, conn.clone(), slice).await);
+        }
+    }
+    println!("{}", lib.line("library"));
+    if !args.no_bare {
+        println!("{}", raw.line("bare"));
+        println!("ratio library/bare: {:.3}", lib.rate() / raw.rate());
+    }
+}
