@@ -56,7 +56,10 @@ pub trait Backend: Send + Sync + 'static {
     /// Decides one request atomically: reads the key's state, applies the
     /// effective policy (key override, else limiter override, else
     /// `req.policy`), stores the new state and returns the verdict.
-    fn decide(&self, req: Request<'_>) -> impl Future<Output = Result<Decision, Self::Error>> + Send;
+    fn decide(
+        &self,
+        req: Request<'_>,
+    ) -> impl Future<Output = Result<Decision, Self::Error>> + Send;
 
     /// Sets (`Some`) or clears (`None`) a runtime override. Every worker
     /// sharing the backend sees it on its next decision.
@@ -76,7 +79,10 @@ pub trait Backend: Send + Sync + 'static {
 impl<B: Backend> Backend for Arc<B> {
     type Error = B::Error;
 
-    fn decide(&self, req: Request<'_>) -> impl Future<Output = Result<Decision, Self::Error>> + Send {
+    fn decide(
+        &self,
+        req: Request<'_>,
+    ) -> impl Future<Output = Result<Decision, Self::Error>> + Send {
         (**self).decide(req)
     }
 

@@ -268,7 +268,10 @@ impl Config {
         };
         let prefix = d.prefix.clone().unwrap_or_else(|| "tollgate".into());
         if prefix.is_empty() || prefix.contains(['{', '}', ':']) {
-            return Err(dflt("prefix", "must be non-empty, without '{', '}' or ':'".into()));
+            return Err(dflt(
+                "prefix",
+                "must be non-empty, without '{', '}' or ':'".into(),
+            ));
         }
         let fail_mode = match &d.fail_mode {
             Some(s) => s.parse().map_err(|e| dflt("fail_mode", e))?,
@@ -332,12 +335,32 @@ fn validate(
         ("refill", l.refill.is_some(), Strategy::TokenBucket),
         ("limit", l.limit.is_some(), Strategy::SlidingWindow),
         ("window", l.window.is_some(), Strategy::SlidingWindow),
-        ("penalise_refused", l.penalise_refused.is_some(), Strategy::SlidingWindow),
-        ("free_attempts", l.free_attempts.is_some(), Strategy::ProgressiveDelay),
-        ("base_delay", l.base_delay.is_some(), Strategy::ProgressiveDelay),
+        (
+            "penalise_refused",
+            l.penalise_refused.is_some(),
+            Strategy::SlidingWindow,
+        ),
+        (
+            "free_attempts",
+            l.free_attempts.is_some(),
+            Strategy::ProgressiveDelay,
+        ),
+        (
+            "base_delay",
+            l.base_delay.is_some(),
+            Strategy::ProgressiveDelay,
+        ),
         ("factor", l.factor.is_some(), Strategy::ProgressiveDelay),
-        ("max_delay", l.max_delay.is_some(), Strategy::ProgressiveDelay),
-        ("forget_after", l.forget_after.is_some(), Strategy::ProgressiveDelay),
+        (
+            "max_delay",
+            l.max_delay.is_some(),
+            Strategy::ProgressiveDelay,
+        ),
+        (
+            "forget_after",
+            l.forget_after.is_some(),
+            Strategy::ProgressiveDelay,
+        ),
     ];
     if let Some((field, _, s)) = present.iter().find(|(_, set, s)| *set && *s != strategy) {
         return Err(err(field, format!("belongs to {s}, not to {strategy}")));
@@ -359,10 +382,12 @@ fn validate(
                 .map_err(|e| ConfigError::from_policy(name, e))?
                 .into()
         }
-        Strategy::SlidingWindow => SlidingWindow::new(req("limit", l.limit)?, dur("window", &l.window)?)
-            .map_err(|e| ConfigError::from_policy(name, e))?
-            .penalise_refused(l.penalise_refused.unwrap_or(false))
-            .into(),
+        Strategy::SlidingWindow => {
+            SlidingWindow::new(req("limit", l.limit)?, dur("window", &l.window)?)
+                .map_err(|e| ConfigError::from_policy(name, e))?
+                .penalise_refused(l.penalise_refused.unwrap_or(false))
+                .into()
+        }
         Strategy::ProgressiveDelay => ProgressiveDelay::new(
             req("free_attempts", l.free_attempts)?,
             dur("base_delay", &l.base_delay)?,
@@ -401,8 +426,11 @@ fn validate(
 }
 
 fn opt_duration(s: Option<&str>) -> Result<Option<Duration>, String> {
-    s.map(|s| humantime::parse_duration(s.trim()).map_err(|e| format!("{e} in {s:?} (e.g. \"15m\", \"50ms\")")))
-        .transpose()
+    s.map(|s| {
+        humantime::parse_duration(s.trim())
+            .map_err(|e| format!("{e} in {s:?} (e.g. \"15m\", \"50ms\")"))
+    })
+    .transpose()
 }
 
 /// Parses a rate such as `"60/min"`, `"10/s"` or `"5/15m"` into
@@ -435,6 +463,8 @@ pub fn parse_rate(s: &str) -> Result<(u64, Duration), String> {
 }
 
 #[cfg(test)]
+// figment's Jail closures return its large error type; that is its API.
+#[allow(clippy::result_large_err)]
 mod tests {
     use super::*;
 
@@ -503,7 +533,10 @@ mod tests {
     #[test]
     fn unknown_strategy_is_refused() {
         let e = err("[limiters.x]\nstrategy='leaky_bucket'");
-        assert!(e.contains("limiters.x.strategy") && e.contains("leaky_bucket"), "{e}");
+        assert!(
+            e.contains("limiters.x.strategy") && e.contains("leaky_bucket"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -523,7 +556,10 @@ mod tests {
     #[test]
     fn field_of_another_strategy_is_refused() {
         let e = err("[limiters.x]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/s'\nwindow='1m'");
-        assert!(e.contains("limiters.x.window") && e.contains("sliding_window"), "{e}");
+        assert!(
+            e.contains("limiters.x.window") && e.contains("sliding_window"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -535,8 +571,13 @@ mod tests {
         let e = err("[limiters.x]\nstrategy='token_bucket'\ncapacity=5\nrefill='fast'");
         assert!(e.contains("limiters.x.refill"), "{e}");
         let e = err("[limiters.x]\nstrategy='token_bucket'\ncapacity='many'\nrefill='1/s'");
-        assert!(e.contains("limiters.x.capacity") || e.contains("capacity"), "{e}");
-        let e = err("[limiters.x]\nstrategy='token_bucket'\ncapacity=5\nrefill='1/s'\nfail_mode='ajar'");
+        assert!(
+            e.contains("limiters.x.capacity") || e.contains("capacity"),
+            "{e}"
+        );
+        let e = err(
+            "[limiters.x]\nstrategy='token_bucket'\ncapacity=5\nrefill='1/s'\nfail_mode='ajar'",
+        );
         assert!(e.contains("limiters.x.fail_mode"), "{e}");
         let e = err("[defaults]\ntimeout='forever'");
         assert!(e.contains("defaults.timeout"), "{e}");
@@ -552,8 +593,14 @@ mod tests {
     #[test]
     fn rates_parse() {
         assert_eq!(parse_rate("10/s").unwrap(), (10, Duration::from_secs(1)));
-        assert_eq!(parse_rate(" 60 / min ").unwrap(), (60, Duration::from_secs(60)));
-        assert_eq!(parse_rate("1000/h").unwrap(), (1000, Duration::from_secs(3600)));
+        assert_eq!(
+            parse_rate(" 60 / min ").unwrap(),
+            (60, Duration::from_secs(60))
+        );
+        assert_eq!(
+            parse_rate("1000/h").unwrap(),
+            (1000, Duration::from_secs(3600))
+        );
         assert!(parse_rate("60").is_err());
         assert!(parse_rate("x/s").is_err());
         assert!(parse_rate("1/fortnight").is_err());
@@ -600,7 +647,10 @@ mod tests {
 
     #[test]
     fn missing_file_is_an_error() {
-        let e = Config::builder().file("/nonexistent/tollgate.toml").load().unwrap_err();
+        let e = Config::builder()
+            .file("/nonexistent/tollgate.toml")
+            .load()
+            .unwrap_err();
         assert!(e.to_string().contains("tollgate.toml"), "{e}");
     }
 }

@@ -29,7 +29,12 @@ impl Decision {
     }
 
     /// A decision that refused the request.
-    pub fn denied(limit: u64, remaining: u64, retry_after: Duration, reset_after: Duration) -> Self {
+    pub fn denied(
+        limit: u64,
+        remaining: u64,
+        retry_after: Duration,
+        reset_after: Duration,
+    ) -> Self {
         Self {
             allowed: false,
             limit,

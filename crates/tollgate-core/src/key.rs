@@ -132,7 +132,10 @@ mod tests {
         assert!(Key::new("a{b}").as_str().starts_with("h:"));
         assert!(Key::new("").as_str().starts_with("h:"));
         assert!(Key::new("a\nb").as_str().starts_with("h:"));
-        assert_eq!(Key::new("x".repeat(MAX_KEY_LEN)).as_str().len(), MAX_KEY_LEN);
+        assert_eq!(
+            Key::new("x".repeat(MAX_KEY_LEN)).as_str().len(),
+            MAX_KEY_LEN
+        );
     }
 
     #[test]

@@ -38,6 +38,7 @@
 //!
 //! [tollgate]: https://docs.rs/tollgate
 
+pub mod aimd;
 pub mod backend;
 mod breaker;
 pub mod config;
@@ -47,7 +48,6 @@ pub mod key;
 pub mod limiter;
 pub mod model;
 pub mod policy;
-pub mod aimd;
 pub mod time;
 
 pub use aimd::{AimdConfig, AimdLimiter};

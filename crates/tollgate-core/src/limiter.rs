@@ -2,10 +2,10 @@
 //! backend fails.
 
 use std::fmt;
+use std::future::Future;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::future::Future;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -239,7 +239,11 @@ impl<B> fmt::Debug for Limiter<B> {
 
 impl<B: Backend> Limiter<B> {
     /// Starts building a limiter named `name` (the namespace of its keys).
-    pub fn builder(name: impl Into<String>, policy: impl Into<Policy>, backend: B) -> LimiterBuilder<B> {
+    pub fn builder(
+        name: impl Into<String>,
+        policy: impl Into<Policy>,
+        backend: B,
+    ) -> LimiterBuilder<B> {
         LimiterBuilder {
             name: name.into(),
             policy: policy.into(),
@@ -311,19 +315,23 @@ impl<B: Backend> Limiter<B> {
     /// Every worker sharing the backend sees it on its next decision.
     ///
     /// The override must use the limiter's strategy.
-    pub async fn set_override(&self, key: Option<&Key>, policy: Option<Policy>) -> Result<(), Error> {
-        if let Some(p) = &policy {
-            if p.strategy() != self.inner.policy.strategy() {
-                return Err(Error::Policy(PolicyError::new(
-                    "strategy",
-                    format!(
-                        "an override of limiter {:?} must be a {}, not a {}",
-                        self.inner.name,
-                        self.inner.policy.strategy(),
-                        p.strategy()
-                    ),
-                )));
-            }
+    pub async fn set_override(
+        &self,
+        key: Option<&Key>,
+        policy: Option<Policy>,
+    ) -> Result<(), Error> {
+        if let Some(p) = &policy
+            && p.strategy() != self.inner.policy.strategy()
+        {
+            return Err(Error::Policy(PolicyError::new(
+                "strategy",
+                format!(
+                    "an override of limiter {:?} must be a {}, not a {}",
+                    self.inner.name,
+                    self.inner.policy.strategy(),
+                    p.strategy()
+                ),
+            )));
         }
         let scope = self.scope(key);
         self.guard(|| self.inner.backend.set_override(scope, policy.as_ref()))
@@ -431,7 +439,9 @@ impl LogThrottle {
         let now = Instant::now();
         let suppressed = {
             let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            let due = state.0.is_none_or(|last| now.duration_since(last) >= self.period);
+            let due = state
+                .0
+                .is_none_or(|last| now.duration_since(last) >= self.period);
             if !(due || opened) {
                 state.1 += 1;
                 return;

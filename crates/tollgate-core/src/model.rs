@@ -101,7 +101,11 @@ impl SlidingWindowState {
             }
             self.total += cost;
         }
-        let retry = if fits { 0 } else { self.retry_after(now, w, limit, want) };
+        let retry = if fits {
+            0
+        } else {
+            self.retry_after(now, w, limit, want)
+        };
         let reset = self.events.back().map_or(0, |&(ts, _)| ts + w - now);
         Decision::from_micros(fits, limit, limit.saturating_sub(self.total), retry, reset)
     }
@@ -123,7 +127,9 @@ impl SlidingWindowState {
 
     /// When this state becomes equal to a fresh key's.
     pub fn expires_at(&self, p: &SlidingWindow) -> Timestamp {
-        self.events.back().map_or(0, |&(ts, _)| ts + p.window_micros())
+        self.events
+            .back()
+            .map_or(0, |&(ts, _)| ts + p.window_micros())
     }
 }
 
@@ -185,9 +191,7 @@ impl State {
         match policy {
             Policy::TokenBucket(_) => Self::TokenBucket(TokenBucketState::default()),
             Policy::SlidingWindow(_) => Self::SlidingWindow(SlidingWindowState::default()),
-            Policy::ProgressiveDelay(_) => {
-                Self::ProgressiveDelay(ProgressiveDelayState::default())
-            }
+            Policy::ProgressiveDelay(_) => Self::ProgressiveDelay(ProgressiveDelayState::default()),
         }
     }
 
@@ -234,7 +238,9 @@ pub fn records(policy: &Policy, op: Op, decision: &Decision) -> bool {
     match (op, policy) {
         (Op::Acquire(0) | Op::Reset, _) => false,
         (Op::Acquire(_), Policy::TokenBucket(_)) => decision.is_allowed(),
-        (Op::Acquire(_), Policy::SlidingWindow(p)) => decision.is_allowed() || p.penalises_refused(),
+        (Op::Acquire(_), Policy::SlidingWindow(p)) => {
+            decision.is_allowed() || p.penalises_refused()
+        }
         (Op::Acquire(_), Policy::ProgressiveDelay(_)) => true,
     }
 }
@@ -305,7 +311,14 @@ impl Model {
 
     /// Applies `op` to `key` of `limiter` at `now`; `policy` is the
     /// limiter's configured policy, which overrides take precedence over.
-    pub fn apply(&mut self, limiter: &str, key: &str, now: Timestamp, policy: &Policy, op: Op) -> Decision {
+    pub fn apply(
+        &mut self,
+        limiter: &str,
+        key: &str,
+        now: Timestamp,
+        policy: &Policy,
+        op: Op,
+    ) -> Decision {
         let k = (limiter.to_owned(), key.to_owned());
         let policy = *self
             .key_overrides
@@ -322,10 +335,12 @@ impl Model {
     pub fn set_override(&mut self, limiter: &str, key: Option<&str>, policy: Option<Policy>) {
         match (key, policy) {
             (Some(k), Some(p)) => {
-                self.key_overrides.insert((limiter.to_owned(), k.to_owned()), p);
+                self.key_overrides
+                    .insert((limiter.to_owned(), k.to_owned()), p);
             }
             (Some(k), None) => {
-                self.key_overrides.remove(&(limiter.to_owned(), k.to_owned()));
+                self.key_overrides
+                    .remove(&(limiter.to_owned(), k.to_owned()));
             }
             (None, Some(p)) => {
                 self.limiter_overrides.insert(limiter.to_owned(), p);

@@ -229,10 +229,7 @@ impl ProgressiveDelay {
             return Err(PolicyError::new("factor", "must be at least 1"));
         }
         if max_delay_us < base_delay_us {
-            return Err(PolicyError::new(
-                "max_delay",
-                "must be at least base_delay",
-            ));
+            return Err(PolicyError::new("max_delay", "must be at least base_delay"));
         }
         Ok(Self {
             free_attempts,
@@ -424,7 +421,10 @@ mod tests {
             TokenBucket::new(1, 2_000_000, s).unwrap_err().field,
             "refill"
         );
-        assert_eq!(TokenBucket::new(1, 1, Duration::ZERO).unwrap_err().field, "period");
+        assert_eq!(
+            TokenBucket::new(1, 1, Duration::ZERO).unwrap_err().field,
+            "period"
+        );
         assert_eq!(
             TokenBucket::new(u64::MAX / 2, 1, s).unwrap_err().field,
             "capacity"

@@ -6,6 +6,9 @@
 //! `cargo bench -p tollgate-memory --bench memory`; docs/benchmarks.md
 //! reports the ratios.
 
+// criterion_group! generates an undocumented public function.
+#![allow(missing_docs)]
+
 use std::future::Future;
 use std::hint::black_box;
 use std::num::NonZeroU32;

@@ -39,15 +39,17 @@
 
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 use tollgate_core::model::Slot;
-use tollgate_core::{Backend, Clock, Decision, Key, Policy, Request, Scope, SystemClock, Timestamp};
+use tollgate_core::{
+    Backend, Clock, Decision, Key, Policy, Request, Scope, SystemClock, Timestamp,
+};
 
 const SHARDS: usize = 64;
 const MIN_SWEEP: usize = 1024;
@@ -158,7 +160,9 @@ impl Default for MonotonicClock {
 
 impl fmt::Debug for MonotonicClock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MonotonicClock").field("anchor", &self.anchor).finish()
+        f.debug_struct("MonotonicClock")
+            .field("anchor", &self.anchor)
+            .finish()
     }
 }
 
@@ -239,7 +243,10 @@ impl<C: Clock> MemoryBackend<C> {
         // Top bits pick the shard; the table inside uses the low ones.
         let shard = &self.shared.shards[(hash >> 58) as usize % SHARDS];
         let mut shard = lock(shard);
-        match shard.map.find_entry(hash, |(h, k, _)| *h == hash && lookup.matches(k)) {
+        match shard
+            .map
+            .find_entry(hash, |(h, k, _)| *h == hash && lookup.matches(k))
+        {
             Ok(mut entry) => {
                 let slot = &mut entry.get_mut().2;
                 let decision = slot.apply(now, &policy, req.op);
@@ -268,7 +275,11 @@ impl<C: Clock> MemoryBackend<C> {
         if !self.shared.has_overrides.load(Ordering::Acquire) {
             return *req.policy;
         }
-        let overrides = self.shared.overrides.read().unwrap_or_else(|e| e.into_inner());
+        let overrides = self
+            .shared
+            .overrides
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
         let limiter = req.limiter.to_owned();
         overrides
             .get(&(limiter.clone(), Some(req.key.clone())))
@@ -401,7 +412,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl<C: Clock> Backend for MemoryBackend<C> {
     type Error = MemoryError;
 
-    fn decide(&self, req: Request<'_>) -> impl Future<Output = Result<Decision, MemoryError>> + Send {
+    fn decide(
+        &self,
+        req: Request<'_>,
+    ) -> impl Future<Output = Result<Decision, MemoryError>> + Send {
         // Decide at once (not when polled) unless a delay is injected: the
         // common path costs no more than the map lookup, and allocates
         // nothing.
@@ -414,19 +428,32 @@ impl<C: Clock> Backend for MemoryBackend<C> {
                     (req.limiter.to_owned(), req.key.clone(), *req.policy, req.op);
                 Decide::Delayed(Box::pin(async move {
                     tokio::time::sleep(delay).await;
-                    Ok(backend.decide_now(&Request { limiter: &limiter, key: &key, policy: &policy, op }))
+                    Ok(backend.decide_now(&Request {
+                        limiter: &limiter,
+                        key: &key,
+                        policy: &policy,
+                        op,
+                    }))
                 }))
             }
         }
     }
 
-    async fn set_override(&self, scope: Scope<'_>, policy: Option<&Policy>) -> Result<(), MemoryError> {
+    async fn set_override(
+        &self,
+        scope: Scope<'_>,
+        policy: Option<&Policy>,
+    ) -> Result<(), MemoryError> {
         self.inject()?;
         let k = match scope {
             Scope::Limiter(l) => (l.to_owned(), None),
             Scope::Key(l, key) => (l.to_owned(), Some(key.clone())),
         };
-        let mut overrides = self.shared.overrides.write().unwrap_or_else(|e| e.into_inner());
+        let mut overrides = self
+            .shared
+            .overrides
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
         match policy {
             Some(p) => {
                 overrides.insert(k, *p);
@@ -447,7 +474,11 @@ impl<C: Clock> Backend for MemoryBackend<C> {
             Scope::Limiter(l) => (l.to_owned(), None),
             Scope::Key(l, key) => (l.to_owned(), Some(key.clone())),
         };
-        let overrides = self.shared.overrides.read().unwrap_or_else(|e| e.into_inner());
+        let overrides = self
+            .shared
+            .overrides
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
         Ok(overrides.get(&k).copied())
     }
 }

@@ -16,7 +16,12 @@ async fn a_million_keys_leave_only_the_live_ones() {
     for i in 0..1_000_000u32 {
         let key = Key::new(format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255));
         let d = backend
-            .decide(Request { limiter: "ip", key: &key, policy: &policy, op: Op::Acquire(1) })
+            .decide(Request {
+                limiter: "ip",
+                key: &key,
+                policy: &policy,
+                op: Op::Acquire(1),
+            })
             .await
             .unwrap();
         assert!(d.is_allowed());
@@ -40,7 +45,14 @@ async fn fresh_state_is_not_stored() {
     let backend = MemoryBackend::with_clock(clock.clone());
     let policy = Policy::from(SlidingWindow::new(1, Duration::from_secs(1)).unwrap());
     let key = Key::new("k");
-    let ask = |op| backend.decide(Request { limiter: "l", key: &key, policy: &policy, op });
+    let ask = |op| {
+        backend.decide(Request {
+            limiter: "l",
+            key: &key,
+            policy: &policy,
+            op,
+        })
+    };
     // Peeks at an unknown key keep nothing.
     ask(Op::PEEK).await.unwrap();
     assert!(backend.is_empty());

@@ -9,12 +9,20 @@ use tokio::time::Instant;
 use tollgate_core::{BreakerConfig, Error, FailMode, Key, Limiter, TokenBucket, Verdict};
 use tollgate_memory::MemoryBackend;
 
-fn limiter(backend: &MemoryBackend, mode: FailMode, breaker: BreakerConfig) -> Limiter<MemoryBackend> {
-    Limiter::builder("api", TokenBucket::new(10, 1, Duration::from_secs(1)).unwrap(), backend.clone())
-        .fail_mode(mode)
-        .timeout(Duration::from_millis(50))
-        .breaker(breaker)
-        .build()
+fn limiter(
+    backend: &MemoryBackend,
+    mode: FailMode,
+    breaker: BreakerConfig,
+) -> Limiter<MemoryBackend> {
+    Limiter::builder(
+        "api",
+        TokenBucket::new(10, 1, Duration::from_secs(1)).unwrap(),
+        backend.clone(),
+    )
+    .fail_mode(mode)
+    .timeout(Duration::from_millis(50))
+    .breaker(breaker)
+    .build()
 }
 
 const NO_BREAKER: BreakerConfig = BreakerConfig {
@@ -26,7 +34,11 @@ const NO_BREAKER: BreakerConfig = BreakerConfig {
 #[tokio::test(start_paused = true)]
 async fn fail_closed_is_the_default_and_refuses() {
     let backend = MemoryBackend::new();
-    let l = Limiter::new("login", TokenBucket::new(10, 1, Duration::from_secs(1)).unwrap(), backend.clone());
+    let l = Limiter::new(
+        "login",
+        TokenBucket::new(10, 1, Duration::from_secs(1)).unwrap(),
+        backend.clone(),
+    );
     assert_eq!(l.fail_mode(), FailMode::Closed);
     backend.fail_next(1);
     let v = l.check(&Key::new("a")).await;
@@ -60,7 +72,9 @@ async fn slow_backend_times_out_at_the_deadline() {
     backend.set_delay(Duration::from_secs(5));
     let start = Instant::now();
     let v = l.check(&Key::new("a")).await;
-    assert!(matches!(v, Verdict::FailedClosed(Error::Timeout(t), _) if t == Duration::from_millis(50)));
+    assert!(
+        matches!(v, Verdict::FailedClosed(Error::Timeout(t), _) if t == Duration::from_millis(50))
+    );
     // Paused clock: this is the timeout logic, not a speed measurement.
     assert_eq!(start.elapsed(), Duration::from_millis(50));
     backend.clear_faults();
@@ -79,20 +93,32 @@ async fn breaker_stops_calling_a_dead_backend_and_probes() {
     let k = Key::new("a");
     backend.set_failing(true);
     for _ in 0..3 {
-        assert!(matches!(l.check(&k).await, Verdict::FailedClosed(Error::Backend(_), _)));
+        assert!(matches!(
+            l.check(&k).await,
+            Verdict::FailedClosed(Error::Backend(_), _)
+        ));
     }
     assert_eq!(backend.faulty_calls(), 3);
     // Open: answered at once from the fail mode, the backend is left alone.
     for _ in 0..100 {
-        assert!(matches!(l.check(&k).await, Verdict::FailedClosed(Error::BreakerOpen, _)));
+        assert!(matches!(
+            l.check(&k).await,
+            Verdict::FailedClosed(Error::BreakerOpen, _)
+        ));
     }
     assert_eq!(backend.faulty_calls(), 3);
     // After the back-off one probe goes through; it fails, the back-off doubles.
     tokio::time::advance(Duration::from_secs(1)).await;
-    assert!(matches!(l.check(&k).await, Verdict::FailedClosed(Error::Backend(_), _)));
+    assert!(matches!(
+        l.check(&k).await,
+        Verdict::FailedClosed(Error::Backend(_), _)
+    ));
     assert_eq!(backend.faulty_calls(), 4);
     tokio::time::advance(Duration::from_secs(1)).await;
-    assert!(matches!(l.check(&k).await, Verdict::FailedClosed(Error::BreakerOpen, _)));
+    assert!(matches!(
+        l.check(&k).await,
+        Verdict::FailedClosed(Error::BreakerOpen, _)
+    ));
     assert_eq!(backend.faulty_calls(), 4);
     // The backend recovers; the next probe closes the breaker.
     backend.clear_faults();
@@ -137,7 +163,8 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
 async fn failures_are_logged_without_flooding() {
     use tracing_subscriber::layer::SubscriberExt;
     let warnings = Warnings::default();
-    let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
     let backend = MemoryBackend::new();
     let l = limiter(&backend, FailMode::Open, NO_BREAKER);
     backend.set_failing(true);

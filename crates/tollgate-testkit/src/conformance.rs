@@ -38,7 +38,11 @@ const S: Duration = Duration::from_secs(1);
 /// A limiter name no other check in this process uses.
 pub fn unique_name(base: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!("{base}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{base}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 fn limiter<B: Backend>(base: &str, policy: impl Into<Policy>, backend: B) -> Limiter<B> {
@@ -136,7 +140,9 @@ pub async fn sliding_window_exact<B: Backend>(backend: B, clock: MockClock) {
 /// With "penalise refused", refusals are logged too: a client that keeps
 /// hammering stays out; one that stops gets back in.
 pub async fn sliding_window_penalise<B: Backend>(backend: B, clock: MockClock) {
-    let policy = SlidingWindow::new(2, 10 * S).unwrap().penalise_refused(true);
+    let policy = SlidingWindow::new(2, 10 * S)
+        .unwrap()
+        .penalise_refused(true);
     let l = limiter("swp", policy, backend);
     let k = Key::new("flood");
     assert!(decide(&l, &k, 1).await.is_allowed());
@@ -168,7 +174,10 @@ pub async fn progressive_delay<B: Backend>(backend: B, clock: MockClock) {
         assert_eq!(d.retry_after(), want);
         assert!(decide(&l, &k, 0).await.is_denied());
         clock.advance(want);
-        assert!(decide(&l, &k, 0).await.is_allowed(), "a delay, not a lock-out");
+        assert!(
+            decide(&l, &k, 0).await.is_allowed(),
+            "a delay, not a lock-out"
+        );
     }
     // A success (reset) clears everything.
     l.reset(&k).await.unwrap();
@@ -410,7 +419,15 @@ pub async fn replay<B: Backend>(
             .await
             .map_err(|e| TestCaseError::fail(format!("step {i}: backend failed: {e}")))?;
         let want = model.apply(&name, keys[key].as_str(), now, policy, op);
-        prop_assert_eq!(got, want, "step {} ({:?} on k{}) of {:?}", i, op, key, steps);
+        prop_assert_eq!(
+            got,
+            want,
+            "step {} ({:?} on k{}) of {:?}",
+            i,
+            op,
+            key,
+            steps
+        );
     }
     Ok(())
 }
