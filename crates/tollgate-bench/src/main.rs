@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use redis::aio::MultiplexedConnection;
-use tollgate_core::{Backend, Key, Limiter, Policy, SlidingWindow, TokenBucket};
+use tollgate_core::{Backend, Key, Limiter, Op, Policy, Request, SlidingWindow, TokenBucket};
 use tollgate_memory::MemoryBackend;
 use tollgate_redis::{Durability, RedisBackend, encoding, scripts};
 use tollgate_testkit::redis_server::RedisServer;
@@ -33,6 +33,12 @@ enum BackendKind {
 enum StrategyKind {
     TokenBucket,
     SlidingWindow,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PathKind {
+    Limiter,
+    Backend,
 }
 
 #[derive(Debug, Parser)]
@@ -63,7 +69,7 @@ struct Args {
     #[arg(long, value_enum, default_value = "token-bucket")]
     strategy: StrategyKind,
     /// Pool size of the Redis backend.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 1)]
     pool_size: u32,
     /// Hold a pooled connection for the whole call (classic pool).
     #[arg(long)]
@@ -71,6 +77,10 @@ struct Args {
     /// PING on every checkout.
     #[arg(long)]
     test_on_check_out: bool,
+    /// What the library path calls: the `Limiter` (timeout, breaker: what
+    /// consumers use) or `Backend::decide` directly.
+    #[arg(long, value_enum, default_value = "limiter")]
+    path: PathKind,
     /// Skip the bare-client comparison.
     #[arg(long)]
     no_bare: bool,
@@ -210,10 +220,27 @@ fn key_names(keys: u64) -> Arc<Vec<Key>> {
 }
 
 async fn library<B: Backend + Clone>(args: &Args, backend: B, duration: Duration) -> Stats {
+    let names = key_names(args.keys);
+    if args.path == PathKind::Backend {
+        let policy = policy(args.strategy);
+        return drive(args.concurrency, args.keys, duration, move |k| {
+            let backend = backend.clone();
+            let names = Arc::clone(&names);
+            async move {
+                let req = Request {
+                    limiter: "bench",
+                    key: &names[k as usize],
+                    policy: &policy,
+                    op: Op::Acquire(1),
+                };
+                backend.decide(req).await.is_ok()
+            }
+        })
+        .await;
+    }
     let limiter = Limiter::builder("bench", policy(args.strategy), backend)
         .timeout(Duration::from_secs(1))
         .build();
-    let names = key_names(args.keys);
     drive(args.concurrency, args.keys, duration, move |k| {
         let limiter = limiter.clone();
         let names = Arc::clone(&names);
@@ -271,8 +298,8 @@ fn main() {
 async fn run(args: Args) {
     let slice = args.duration / args.rounds.max(1);
     println!(
-        "backend {:?}, strategy {:?}, concurrency {}, keys {}, {} round(s) of {:?} per path",
-        args.backend, args.strategy, args.concurrency, args.keys, args.rounds, slice
+        "backend {:?} via {:?}, strategy {:?}, concurrency {}, keys {}, {} round(s) of {:?} per path",
+        args.backend, args.path, args.strategy, args.concurrency, args.keys, args.rounds, slice
     );
     if args.backend == BackendKind::Memory {
         let mut s = Stats::default();

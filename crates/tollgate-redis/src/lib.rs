@@ -158,7 +158,7 @@ impl RedisBackendBuilder {
             urls,
             cluster,
             prefix: DEFAULT_PREFIX.to_owned(),
-            pool_size: 4,
+            pool_size: 1,
             exclusive_checkout: false,
             test_on_check_out: false,
             pool_timeout: Duration::from_secs(1),
@@ -176,12 +176,14 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// The number of connections (default 4).
+    /// The number of multiplexed connections (default 1).
     ///
-    /// Each connection is multiplexed: a call takes one from the pool only
-    /// long enough to clone it, so many concurrent decisions are pipelined
-    /// on a few connections. A few connections keep both Redis cores-worth
-    /// of I/O busy; more only add syscalls (see `docs/benchmarks.md`).
+    /// A call does not hold a connection for its round trip: it clones a
+    /// slot's multiplexed connection, and concurrent decisions are pipelined
+    /// on it. On one Redis server a single connection is the fastest
+    /// measured here (Redis reads and answers whole batches per syscall; see
+    /// `docs/benchmarks.md`); add connections when the client has many
+    /// cores and one connection's I/O task becomes the bottleneck.
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size.max(1);
         self
