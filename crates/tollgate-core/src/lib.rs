@@ -43,6 +43,7 @@ pub mod backend;
 mod breaker;
 pub mod config;
 pub mod decision;
+mod deny_cache;
 pub mod error;
 pub mod key;
 pub mod limiter;

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use crate::backend::{Backend, Request, Scope};
 use crate::breaker::{Admit, Breaker, BreakerConfig};
 use crate::decision::Decision;
+use crate::deny_cache::DenyCache;
 use crate::error::Error;
 use crate::key::Key;
 use crate::model::Op;
@@ -138,9 +139,24 @@ pub struct LimiterBuilder<B> {
     fail_mode: FailMode,
     timeout: Duration,
     breaker: BreakerConfig,
+    local_denials: Option<Duration>,
 }
 
 impl<B: Backend> LimiterBuilder<B> {
+    /// Answers repeated requests on a key that is over its limit locally,
+    /// without a round trip, until the refusal's retry-after (at most
+    /// `max_ttl`): a flood on one key does not become a backend storm.
+    ///
+    /// Only refusals the backend would repeat are cached (never those of a
+    /// sliding window that penalises refusals). `max_ttl` bounds how long
+    /// this worker may miss a reset or an override made by another worker;
+    /// its own [`Limiter::reset`] and [`Limiter::set_override`] take effect
+    /// at once. Off by default.
+    pub fn local_denials(mut self, max_ttl: Duration) -> Self {
+        self.local_denials = Some(max_ttl);
+        self
+    }
+
     /// What to answer when the backend fails (default: closed).
     pub fn fail_mode(mut self, mode: FailMode) -> Self {
         self.fail_mode = mode;
@@ -171,6 +187,7 @@ impl<B: Backend> LimiterBuilder<B> {
                 timeout: self.timeout,
                 breaker: Breaker::new(self.breaker),
                 log: LogThrottle::new(Duration::from_secs(10)),
+                denials: self.local_denials.map(DenyCache::new),
             }),
         }
     }
@@ -215,6 +232,7 @@ struct Inner<B> {
     timeout: Duration,
     breaker: Breaker,
     log: LogThrottle,
+    denials: Option<DenyCache>,
 }
 
 impl<B> Clone for Limiter<B> {
@@ -251,6 +269,7 @@ impl<B: Backend> Limiter<B> {
             fail_mode: FailMode::default(),
             timeout: DEFAULT_TIMEOUT,
             breaker: BreakerConfig::default(),
+            local_denials: None,
         }
     }
 
@@ -290,7 +309,21 @@ impl<B: Backend> Limiter<B> {
     /// A cost the policy can never grant is refused without asking the
     /// backend, whatever the fail mode.
     pub async fn check_cost(&self, key: &Key, cost: u64) -> Verdict {
-        self.settle(self.try_op(key, Op::Acquire(cost)).await)
+        let cache = self
+            .inner
+            .denials
+            .as_ref()
+            .filter(|_| DenyCache::applies(&self.inner.policy, cost));
+        if let Some(denied) = cache.and_then(|c| c.get(key, cost)) {
+            return Verdict::Decided(denied);
+        }
+        let result = self.try_op(key, Op::Acquire(cost)).await;
+        if let (Some(cache), Ok(d)) = (cache, &result)
+            && d.is_denied()
+        {
+            cache.insert(key, cost, d);
+        }
+        self.settle(result)
     }
 
     /// Reports whether one unit is available, consuming nothing.
@@ -301,6 +334,9 @@ impl<B: Backend> Limiter<B> {
     /// Forgets `key`: it becomes a fresh key (unblocks a user after a false
     /// positive; a successful login for a progressive delay).
     pub async fn reset(&self, key: &Key) -> Result<Decision, Error> {
+        if let Some(cache) = &self.inner.denials {
+            cache.forget(key);
+        }
         self.try_op(key, Op::Reset).await
     }
 
@@ -334,8 +370,17 @@ impl<B: Backend> Limiter<B> {
             )));
         }
         let scope = self.scope(key);
-        self.guard(|| self.inner.backend.set_override(scope, policy.as_ref()))
-            .await
+        let result = self
+            .guard(|| self.inner.backend.set_override(scope, policy.as_ref()))
+            .await;
+        // Cached refusals were decided under the old policy.
+        if let Some(cache) = &self.inner.denials {
+            match key {
+                Some(k) => cache.forget(k),
+                None => cache.clear(),
+            }
+        }
+        result
     }
 
     /// The override in force for exactly this key (or, with `None`, the

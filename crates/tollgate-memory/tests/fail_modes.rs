@@ -179,3 +179,40 @@ async fn failures_are_logged_without_flooding() {
     assert!(logged[1].contains("suppressed=99"), "{logged:?}");
     assert!(logged[1].contains("limiter=\"api\""), "{logged:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn local_denials_answer_a_flood_without_the_backend() {
+    let backend = MemoryBackend::new();
+    let l = Limiter::builder(
+        "flood",
+        tollgate_core::SlidingWindow::new(2, Duration::from_secs(60)).unwrap(),
+        backend.clone(),
+    )
+    .local_denials(Duration::from_secs(1))
+    .build();
+    let k = Key::new("203.0.113.1");
+    assert!(l.check(&k).await.is_allowed());
+    assert!(l.check(&k).await.is_allowed());
+    assert!(!l.check(&k).await.is_allowed());
+    // From now on the backend would fail: answers still come, from the
+    // cache, as real refusals, and the backend is not called.
+    backend.set_failing(true);
+    for _ in 0..1000 {
+        let v = l.check(&k).await;
+        assert!(matches!(v, Verdict::Decided(d) if d.is_denied()));
+    }
+    assert_eq!(backend.faulty_calls(), 0);
+    // Another key is not affected by the cache.
+    assert!(matches!(
+        l.check(&Key::new("x")).await,
+        Verdict::FailedClosed(..)
+    ));
+    // After max_ttl the backend is asked again.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(matches!(l.check(&k).await, Verdict::FailedClosed(..)));
+    // A reset through this limiter is seen at once.
+    backend.clear_faults();
+    assert!(!l.check(&k).await.is_allowed());
+    l.reset(&k).await.unwrap();
+    assert!(l.check(&k).await.is_allowed());
+}

@@ -1,0 +1,175 @@
+//! Local answers to a flood: keys known to be refused until an instant.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::decision::Decision;
+use crate::key::Key;
+use crate::policy::Policy;
+
+const SHARDS: usize = 16;
+/// Entries per shard before the shard is emptied: the cache is an
+/// optimisation, and forgetting costs only a round trip.
+const SHARD_CAPACITY: usize = 4096;
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    until: Instant,
+    at: Instant,
+    cost: u64,
+    decision: Decision,
+}
+
+/// Refusals remembered per key, so that a storm of requests on a key that
+/// is over its limit is answered without asking the backend.
+///
+/// Only refusals that the backend would repeat are cached: a request of at
+/// least the refused cost cannot pass before the refusal's retry-after
+/// under a token bucket or a sliding window (a refusal records nothing
+/// there), nor can a check of a blocked progressive delay. A sliding window
+/// that penalises refusals must record each one, so it is never answered
+/// locally. An entry lives at most `max_ttl`, which bounds how late this
+/// worker sees a reset or an override made by another worker.
+#[derive(Debug)]
+pub(crate) struct DenyCache {
+    max_ttl: Duration,
+    shards: Box<[Mutex<HashMap<Key, Entry>>]>,
+}
+
+impl DenyCache {
+    pub(crate) fn new(max_ttl: Duration) -> Self {
+        Self {
+            max_ttl,
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+        }
+    }
+
+    fn shard(&self, key: &Key) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
+        use std::hash::{BuildHasher, RandomState};
+        // A fixed-seed hasher: only the spread matters here.
+        static HASHER: std::sync::OnceLock<RandomState> = std::sync::OnceLock::new();
+        let h = HASHER.get_or_init(RandomState::new).hash_one(key);
+        self.shards[h as usize % SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether refusals of `policy` for a request of `cost` can be cached.
+    pub(crate) fn applies(policy: &Policy, cost: u64) -> bool {
+        match policy {
+            Policy::TokenBucket(_) => true,
+            Policy::SlidingWindow(p) => !p.penalises_refused(),
+            Policy::ProgressiveDelay(_) => cost == 0,
+        }
+    }
+
+    /// The remembered refusal for `key` and `cost`, aged to now.
+    pub(crate) fn get(&self, key: &Key, cost: u64) -> Option<Decision> {
+        let now = Instant::now();
+        let mut shard = self.shard(key);
+        let e = *shard.get(key)?;
+        if now >= e.until {
+            shard.remove(key);
+            return None;
+        }
+        if cost < e.cost {
+            return None;
+        }
+        let elapsed = now - e.at;
+        let d = e.decision;
+        Some(Decision::denied(
+            d.limit(),
+            d.remaining(),
+            d.retry_after().saturating_sub(elapsed),
+            d.reset_after().saturating_sub(elapsed),
+        ))
+    }
+
+    /// Remembers a refusal of a request of `cost`.
+    pub(crate) fn insert(&self, key: &Key, cost: u64, decision: &Decision) {
+        let ttl = decision.retry_after().min(self.max_ttl);
+        if ttl.is_zero() {
+            return;
+        }
+        let at = Instant::now();
+        let mut shard = self.shard(key);
+        if shard.len() >= SHARD_CAPACITY && !shard.contains_key(key) {
+            shard.retain(|_, e| e.until > at);
+            if shard.len() >= SHARD_CAPACITY {
+                shard.clear();
+            }
+        }
+        let entry = Entry {
+            until: at + ttl,
+            at,
+            cost,
+            decision: *decision,
+        };
+        shard
+            .entry(key.clone())
+            .and_modify(|e| {
+                // Keep the smallest refused cost: it answers more requests.
+                if cost <= e.cost || e.until <= at {
+                    *e = entry;
+                }
+            })
+            .or_insert(entry);
+    }
+
+    pub(crate) fn forget(&self, key: &Key) {
+        self.shard(key).remove(key);
+    }
+
+    pub(crate) fn clear(&self) {
+        for s in &*self.shards {
+            s.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{SlidingWindow, TokenBucket};
+
+    #[tokio::test(start_paused = true)]
+    async fn answers_until_the_retry_after_and_ages_the_numbers() {
+        let c = DenyCache::new(Duration::from_secs(10));
+        let k = Key::new("k");
+        let d = Decision::denied(5, 0, Duration::from_secs(2), Duration::from_secs(3));
+        c.insert(&k, 2, &d);
+        assert!(c.get(&k, 1).is_none(), "a cheaper request may pass");
+        tokio::time::advance(Duration::from_millis(500)).await;
+        let aged = c.get(&k, 2).unwrap();
+        assert_eq!(aged.retry_after(), Duration::from_millis(1500));
+        assert_eq!(aged.reset_after(), Duration::from_millis(2500));
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        assert!(c.get(&k, 2).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn entries_live_at_most_max_ttl() {
+        let c = DenyCache::new(Duration::from_millis(100));
+        let k = Key::new("k");
+        c.insert(
+            &k,
+            1,
+            &Decision::denied(1, 0, Duration::from_secs(60), Duration::ZERO),
+        );
+        assert!(c.get(&k, 1).is_some());
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert!(c.get(&k, 1).is_none());
+    }
+
+    #[test]
+    fn penalising_windows_are_never_cached() {
+        let w = SlidingWindow::new(1, Duration::from_secs(1)).unwrap();
+        assert!(DenyCache::applies(&w.into(), 1));
+        assert!(!DenyCache::applies(&w.penalise_refused(true).into(), 1));
+        let tb = TokenBucket::per_second(1, 1).unwrap();
+        assert!(DenyCache::applies(&tb.into(), 3));
+    }
+}
