@@ -126,6 +126,8 @@ pub struct RedisBackendBuilder {
     min_ttl: Duration,
     durability: Durability,
     override_cache_ttl: Duration,
+    #[cfg(feature = "tls")]
+    root_cert: Option<Vec<u8>>,
 }
 
 impl fmt::Debug for RedisBackendBuilder {
@@ -166,7 +168,17 @@ impl RedisBackendBuilder {
             min_ttl: Duration::ZERO,
             durability: Durability::default(),
             override_cache_ttl: Duration::from_secs(1),
+            #[cfg(feature = "tls")]
+            root_cert: None,
         }
+    }
+
+    /// Trusts only this CA certificate (PEM) for `rediss://` servers,
+    /// instead of the system and Mozilla roots (feature `tls`).
+    #[cfg(feature = "tls")]
+    pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_cert = Some(pem.into());
+        self
     }
 
     /// The first part of every key (default `"tollgate"`). Braces are not
@@ -268,7 +280,7 @@ impl RedisBackendBuilder {
             self.cluster_conn().await?
         } else {
             let url = self.urls.first().ok_or(RedisError::Unsupported("no URL"))?;
-            let manager = bb8_redis::RedisConnectionManager::new(url.as_str())?;
+            let manager = bb8_redis::RedisConnectionManager::new(self.connection_info(url)?)?;
             let pool = bb8::Pool::builder()
                 .max_size(self.pool_size)
                 .test_on_check_out(self.test_on_check_out)
@@ -316,13 +328,35 @@ impl RedisBackendBuilder {
         Ok(backend)
     }
 
+    fn connection_info(&self, url: &str) -> Result<redis::ConnectionInfo, RedisError> {
+        #[cfg(feature = "tls")]
+        if let Some(pem) = &self.root_cert {
+            let certs = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            };
+            return Ok(redis::Client::build_with_tls(url, certs)?
+                .get_connection_info()
+                .clone());
+        }
+        Ok(redis::IntoConnectionInfo::into_connection_info(url)?)
+    }
+
     #[cfg(feature = "cluster")]
     async fn cluster_conn(&self) -> Result<Conn, RedisError> {
-        let client =
+        #[allow(unused_mut)]
+        let mut builder =
             redis::cluster::ClusterClientBuilder::new(self.urls.iter().map(String::as_str))
                 .connection_timeout(Duration::from_secs(1))
-                .response_timeout(Duration::from_millis(500))
-                .build()?;
+                .response_timeout(Duration::from_millis(500));
+        #[cfg(feature = "tls")]
+        if let Some(pem) = &self.root_cert {
+            builder = builder.certs(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            });
+        }
+        let client = builder.build()?;
         Ok(Conn::Cluster(client.get_async_connection().await?))
     }
 

@@ -489,3 +489,40 @@ fn processes_share_one_counter() {
         assert_eq!(total, want, "{kind}: allowed across processes");
     }
 }
+
+/// `rediss://` with the `tls` feature: decisions over TLS, the server's
+/// certificate checked against the given CA; a plain client cannot talk to
+/// the TLS port.
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn tls_url() {
+    let Some(server) = RedisServer::builder().tls(true).start() else {
+        return;
+    };
+    let url = server.tls_url().unwrap();
+    let b = RedisBackend::builder(&url)
+        .tls_root_cert(server.ca_cert_pem().unwrap())
+        .durability(Durability::Skip)
+        .build()
+        .await
+        .expect("connect over TLS");
+    let l = Limiter::new("tls", TokenBucket::new(1, 1, 60 * S).unwrap(), b);
+    let k = Key::new("k");
+    assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+    assert!(l.try_acquire(&k, 1).await.unwrap().is_denied());
+    // Without our CA the certificate is not trusted.
+    let untrusted = RedisBackend::builder(&url)
+        .durability(Durability::Skip)
+        .build()
+        .await;
+    assert!(untrusted.is_err(), "an unknown CA must be refused");
+}
+
+/// Without the `tls` feature a `rediss://` URL is refused, never
+/// downgraded to plain text.
+#[cfg(not(feature = "tls"))]
+#[tokio::test]
+async fn rediss_without_tls_feature_is_refused() {
+    let r = RedisBackend::builder("rediss://127.0.0.1:1").build().await;
+    assert!(matches!(r, Err(RedisError::Unsupported(_))));
+}

@@ -64,6 +64,7 @@ pub fn available() -> bool {
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct RedisServerBuilder {
+    tls: bool,
     appendonly: bool,
     maxmemory_policy: String,
     extra: Vec<String>,
@@ -72,6 +73,7 @@ pub struct RedisServerBuilder {
 impl Default for RedisServerBuilder {
     fn default() -> Self {
         Self {
+            tls: false,
             appendonly: false,
             maxmemory_policy: "noeviction".into(),
             extra: Vec::new(),
@@ -100,6 +102,14 @@ impl RedisServerBuilder {
         self
     }
 
+    /// Also listens with TLS on a second port ([`RedisServer::tls_url`]),
+    /// with a throwaway CA and a certificate for 127.0.0.1 made by the
+    /// `openssl` command ([`RedisServer::ca_cert_pem`]).
+    pub fn tls(mut self, yes: bool) -> Self {
+        self.tls = yes;
+        self
+    }
+
     /// Adds raw command-line words, e.g. `["--rename-command", "CONFIG", ""]`.
     pub fn raw_args<I, S>(mut self, words: I) -> Self
     where
@@ -120,10 +130,32 @@ impl RedisServerBuilder {
         // A port found free can be taken before redis binds it: retry.
         for _ in 0..5 {
             let port = free_port(false);
+            let mut args = self.args();
+            let tls_port = if self.tls {
+                let tls_port = free_port(false);
+                make_certs(&dir);
+                let file = |name: &str| dir.join(name).to_string_lossy().into_owned();
+                args.extend([
+                    "--tls-port".into(),
+                    tls_port.to_string(),
+                    "--tls-cert-file".into(),
+                    file("server.crt"),
+                    "--tls-key-file".into(),
+                    file("server.key"),
+                    "--tls-ca-cert-file".into(),
+                    file("ca.crt"),
+                    "--tls-auth-clients".into(),
+                    "no".into(),
+                ]);
+                Some(tls_port)
+            } else {
+                None
+            };
             let mut server = RedisServer {
                 port,
+                tls_port,
                 dir: dir.clone(),
-                args: self.args(),
+                args,
                 process: None,
             };
             match server.spawn() {
@@ -163,6 +195,7 @@ struct Process {
 /// A throwaway `redis-server` on `127.0.0.1`, killed on drop.
 pub struct RedisServer {
     port: u16,
+    tls_port: Option<u16>,
     dir: PathBuf,
     args: Vec<String>,
     process: Option<Process>,
@@ -207,6 +240,18 @@ impl RedisServer {
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `rediss://127.0.0.1:<tls port>` for a server started with
+    /// [`RedisServerBuilder::tls`].
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls_port.map(|p| format!("rediss://127.0.0.1:{p}"))
+    }
+
+    /// The PEM of the CA that signed a TLS server's certificate.
+    pub fn ca_cert_pem(&self) -> Option<Vec<u8>> {
+        self.tls_port?;
+        std::fs::read(self.dir.join("ca.crt")).ok()
     }
 
     /// The port.
@@ -349,6 +394,7 @@ impl RedisCluster {
                 let port = free_port(true);
                 let mut server = RedisServer {
                     port,
+                    tls_port: None,
                     dir: dir.clone(),
                     args: RedisServerBuilder::default()
                         .arg("cluster-enabled", "yes")
@@ -426,6 +472,84 @@ fn cli(port: u16, args: &[&str]) -> String {
         .output()
         .expect("run redis-cli");
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A throwaway CA and a server certificate for 127.0.0.1 in `dir`, made
+/// with the `openssl` command (a failure to run it panics: a TLS test must
+/// not pass without TLS).
+fn make_certs(dir: &Path) {
+    if dir.join("server.crt").exists() {
+        return;
+    }
+    let ext = dir.join("server.ext");
+    std::fs::write(
+        &ext,
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .expect("write server.ext");
+    let steps: [&[&str]; 3] = [
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=tollgate test CA",
+        ],
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+        ],
+    ];
+    for args in steps {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run openssl (apt-get install -y openssl)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 /// Whether a server answers PING on `port`, waiting up to `timeout`.
