@@ -65,8 +65,10 @@
 pub mod buffer_body;
 pub mod extract;
 pub mod inbound;
+pub mod login;
 pub mod outbound;
 pub mod respond;
+pub mod stream;
 mod telemetry;
 
 pub use buffer_body::BufferBodyLayer;

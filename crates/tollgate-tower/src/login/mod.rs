@@ -1,0 +1,103 @@
+//! Login protection: a sliding window per client IP on the login route and
+//! a progressive delay per account that counts failed logins only.
+//!
+//! [`LoginLayer`] puts three layers in front of a login handler:
+//!
+//! 1. a [`RateLimitLayer`](crate::RateLimitLayer) per [client IP](crate::extract::ClientIp),
+//!    counting every attempt (a sliding window, e.g. 20 per 15 minutes):
+//!    one address cannot try many accounts;
+//! 2. a [`BufferBodyLayer`](crate::BufferBodyLayer) that reads the bounded
+//!    body and finds the email (JSON or form field, trimmed, lower-cased,
+//!    hashed: the backend never holds an address);
+//! 3. a `RateLimitLayer` per account, over a
+//!    [`ProgressiveDelay`](tollgate_core::ProgressiveDelay) limiter, that
+//!    *checks* before the handler (a delayed account is answered `429`
+//!    without reaching it) and *counts by the response*: a failure
+//!    (401/403) is recorded, a success (2xx) clears the account, anything
+//!    else changes nothing. See [`FailedLogins`].
+//!
+//! Or count explicitly: build the layer with
+//! [`count_by_status(false)`](LoginLayer::count_by_status) and report from
+//! the handler with [`LoginAttempts::failed`] and
+//! [`LoginAttempts::succeeded`] (a form login that redirects either way,
+//! an MFA step that decides later).
+//!
+//! What makes it safe:
+//!
+//! * **The same answer whether the account exists or not.** The delay is
+//!   kept per email, existing or not, and it is decided before the handler
+//!   runs, so a delayed unknown address and a delayed real one both get the
+//!   same `429` with the same `Retry-After`. The handler must do its part:
+//!   one `401` body for "no such user" and "wrong password", and the same
+//!   work (hash a dummy password) for both.
+//! * **A delay, never a lock-out.** Failures beyond the free attempts block
+//!   the account for `base_delay * factor^n`, capped at `max_delay`, and are
+//!   forgotten `forget_after` the last one. The real user gets in once the
+//!   delay is over; their success clears the count.
+//! * **Fail-closed.** Build both limiters fail-closed (the default): if the
+//!   counter is down, logins are answered `503` rather than left open to
+//!   brute force.
+//!
+//! Counting by response checks, then charges: concurrent attempts on one
+//! account may all pass the check before any is charged, so at most the
+//! number of requests in flight can exceed the free attempts. The per-IP
+//! window, charged up front, bounds that.
+//!
+//! # Examples
+//!
+//! ```
+//! use std::time::Duration;
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::Full;
+//! use bytes::Bytes;
+//! use tollgate_core::{Limiter, ProgressiveDelay, SlidingWindow};
+//! use tollgate_memory::MemoryBackend;
+//! use tollgate_tower::extract::{ClientIp, PeerAddr};
+//! use tollgate_tower::login::LoginLayer;
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let backend = MemoryBackend::new();
+//! let per_ip = Limiter::new("login_ip", SlidingWindow::new(20, Duration::from_secs(900))?, backend.clone());
+//! let per_account = Limiter::new(
+//!     "login_account",
+//!     ProgressiveDelay::new(3, Duration::from_secs(1), 2, Duration::from_secs(900), Duration::from_secs(3600))?,
+//!     backend,
+//! );
+//!
+//! let login = ServiceBuilder::new()
+//!     .layer(LoginLayer::new(per_ip, per_account, ClientIp::new()))
+//!     .service(service_fn(|req: Request<Full<Bytes>>| async move {
+//!         // A real handler checks the password against a slow hash.
+//!         let _body = req.into_body();
+//!         let mut res = Response::new(Full::<Bytes>::from("invalid email or password"));
+//!         *res.status_mut() = StatusCode::UNAUTHORIZED;
+//!         Ok::<_, std::convert::Infallible>(res)
+//!     }));
+//!
+//! let attempt = || {
+//!     let mut req = Request::post("/login")
+//!         .header("content-type", "application/json")
+//!         .body(Full::from(r#"{"email":"alice@example.com","password":"guess"}"#))
+//!         .unwrap();
+//!     req.extensions_mut().insert(PeerAddr("192.0.2.7:4000".parse().unwrap()));
+//!     req
+//! };
+//! let mut statuses = Vec::new();
+//! for _ in 0..6 {
+//!     statuses.push(login.clone().oneshot(attempt()).await?.status());
+//! }
+//! // Three free failures, the fourth starts a delay, then 429 until it ends.
+//! assert_eq!(statuses, [401, 401, 401, 401, 429, 429]);
+//! # Ok(())
+//! # }
+//! ```
+
+mod attempts;
+mod classify;
+mod layer;
+
+pub use attempts::LoginAttempts;
+pub use classify::FailedLogins;
+pub use layer::{DEFAULT_BODY_LIMIT, Login, LoginLayer};

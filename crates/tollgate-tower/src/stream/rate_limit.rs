@@ -1,0 +1,443 @@
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use futures_core::Stream;
+use pin_project_lite::pin_project;
+use tollgate_core::{Backend, FailMode, Key, Limiter, Verdict};
+
+use crate::extract::KeyExtractor;
+use crate::inbound::{Cost, MissingKey};
+use crate::telemetry;
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// What becomes of an event over the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Excess {
+    /// Drop it and count it (see [`StreamStats`]).
+    Drop,
+    /// Hold the stream until it may pass, then yield it.
+    Delay,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    passed: AtomicU64,
+    limited: AtomicU64,
+    unavailable: AtomicU64,
+    missing_key: AtomicU64,
+    delayed: AtomicU64,
+}
+
+/// What a [`RateLimitStream`] did, readable while the stream runs.
+///
+/// Cheap to clone; clones read the same counters.
+#[derive(Debug, Clone, Default)]
+pub struct StreamStats {
+    counters: Arc<Counters>,
+}
+
+impl StreamStats {
+    /// Events yielded.
+    pub fn passed(&self) -> u64 {
+        self.counters.passed.load(Ordering::Relaxed)
+    }
+
+    /// Events dropped because their key was over the limit.
+    pub fn limited(&self) -> u64 {
+        self.counters.limited.load(Ordering::Relaxed)
+    }
+
+    /// Events dropped because a fail-closed limiter's backend failed.
+    pub fn unavailable(&self) -> u64 {
+        self.counters.unavailable.load(Ordering::Relaxed)
+    }
+
+    /// Events dropped because they had no key.
+    pub fn missing_key(&self) -> u64 {
+        self.counters.missing_key.load(Ordering::Relaxed)
+    }
+
+    /// Events dropped, for any reason.
+    pub fn dropped(&self) -> u64 {
+        self.limited() + self.unavailable() + self.missing_key()
+    }
+
+    /// Times an event was held back ([`Excess::Delay`]): once per wait, so
+    /// an event that waits twice counts twice.
+    pub fn delayed(&self) -> u64 {
+        self.counters.delayed.load(Ordering::Relaxed)
+    }
+
+    fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+pin_project! {
+    /// A stream of events limited per key. Made by
+    /// [`RateLimitStreamExt::rate_limit`] or [`RateLimitStream::new`]; see
+    /// the [module docs](super).
+    ///
+    /// Each event is checked once it is pulled from the inner stream; the
+    /// next one is not pulled before the check is answered (and, with
+    /// [`Excess::Delay`], before the wait is over), so events keep their
+    /// order and the limiter sees them one at a time.
+    #[must_use = "streams do nothing unless polled"]
+    pub struct RateLimitStream<St, B, K, C = u64>
+    where
+        St: Stream,
+    {
+        #[pin]
+        stream: St,
+        limiter: Limiter<B>,
+        extractor: K,
+        cost: C,
+        excess: Excess,
+        missing: MissingKey,
+        stats: StreamStats,
+        // The event being decided, with its key and cost.
+        current: Option<(St::Item, Key, u64)>,
+        check: Option<BoxFuture<Verdict>>,
+        sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    }
+}
+
+impl<St: Stream, B: Backend, K> RateLimitStream<St, B, K> {
+    /// Limits `stream`'s events with `limiter`, keyed by `extractor`, each
+    /// event costing 1; the excess goes by `excess`; events without a key
+    /// are dropped.
+    pub fn new(stream: St, limiter: Limiter<B>, extractor: K, excess: Excess) -> Self {
+        Self {
+            stream,
+            limiter,
+            extractor,
+            cost: 1,
+            excess,
+            missing: MissingKey::Reject,
+            stats: StreamStats::default(),
+            current: None,
+            check: None,
+            sleep: None,
+        }
+    }
+}
+
+impl<St: Stream, B, K, C> RateLimitStream<St, B, K, C> {
+    /// The cost of each event: a fixed `u64` or a closure
+    /// `Fn(&Item) -> u64` (see [`Cost`]).
+    pub fn cost<C2>(self, cost: C2) -> RateLimitStream<St, B, K, C2> {
+        RateLimitStream {
+            stream: self.stream,
+            limiter: self.limiter,
+            extractor: self.extractor,
+            cost,
+            excess: self.excess,
+            missing: self.missing,
+            stats: self.stats,
+            current: self.current,
+            check: self.check,
+            sleep: self.sleep,
+        }
+    }
+
+    /// What to do with an event that has no key (default: drop it).
+    pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
+        self.missing = missing;
+        self
+    }
+
+    /// The stream's counters: keep a handle before consuming the stream.
+    pub fn stats(&self) -> StreamStats {
+        self.stats.clone()
+    }
+
+    /// The inner stream.
+    pub fn get_ref(&self) -> &St {
+        &self.stream
+    }
+
+    /// The inner stream, unwrapped (an event being decided is lost).
+    pub fn into_inner(self) -> St {
+        self.stream
+    }
+}
+
+impl<St, B, K, C> Stream for RateLimitStream<St, B, K, C>
+where
+    St: Stream,
+    B: Backend,
+    K: KeyExtractor<St::Item>,
+    C: Cost<St::Item>,
+{
+    type Item = St::Item;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let mut this = self.project();
+        let counters = &this.stats.counters;
+        loop {
+            if let Some(sleep) = this.sleep.as_mut() {
+                ready!(sleep.as_mut().poll(cx));
+                *this.sleep = None;
+                if let Some((_, key, cost)) = this.current.as_ref() {
+                    *this.check = Some(check(this.limiter.clone(), key.clone(), *cost));
+                }
+            }
+            if let Some(fut) = this.check.as_mut() {
+                let verdict = ready!(fut.as_mut().poll(cx));
+                *this.check = None;
+                let name = this.limiter.name();
+                let wait = match &verdict {
+                    Verdict::Decided(d) if d.is_allowed() => {
+                        telemetry::allowed(name);
+                        None
+                    }
+                    Verdict::FailedOpen(e) => {
+                        telemetry::backend_failed(name, false, e);
+                        None
+                    }
+                    Verdict::Decided(d) => {
+                        if let Some((_, key, _)) = this.current.as_ref() {
+                            telemetry::denied(name, key, d);
+                        }
+                        Some((d.retry_after(), &counters.limited))
+                    }
+                    Verdict::FailedClosed(e, retry_after) => {
+                        telemetry::backend_failed(name, true, e);
+                        Some((*retry_after, &counters.unavailable))
+                    }
+                };
+                match wait {
+                    None => {
+                        StreamStats::bump(&counters.passed);
+                        let (item, _, _) = this.current.take().expect("checked an event");
+                        return Poll::Ready(Some(item));
+                    }
+                    Some((retry_after, dropped)) => match this.excess {
+                        Excess::Drop => {
+                            StreamStats::bump(dropped);
+                            *this.current = None;
+                        }
+                        Excess::Delay => {
+                            StreamStats::bump(&counters.delayed);
+                            // A zero wait would spin on the backend.
+                            let wait = retry_after.max(Duration::from_millis(1));
+                            *this.sleep = Some(Box::pin(tokio::time::sleep(wait)));
+                        }
+                    },
+                }
+                continue;
+            }
+            let Some(item) = ready!(this.stream.as_mut().poll_next(cx)) else {
+                return Poll::Ready(None);
+            };
+            let key = match this.extractor.extract(&item) {
+                Some(key) => key,
+                None => match &*this.missing {
+                    MissingKey::Fallback(key) => key.clone(),
+                    MissingKey::Allow if this.limiter.fail_mode() == FailMode::Open => {
+                        telemetry::missing_key(this.limiter.name(), true);
+                        StreamStats::bump(&counters.passed);
+                        return Poll::Ready(Some(item));
+                    }
+                    // Reject, or Allow on a fail-closed limiter (see
+                    // `MissingKey::Allow`): waiting would not give it a key.
+                    _ => {
+                        telemetry::missing_key(this.limiter.name(), false);
+                        StreamStats::bump(&counters.missing_key);
+                        continue;
+                    }
+                },
+            };
+            let cost = this.cost.cost(&item);
+            *this.check = Some(check(this.limiter.clone(), key.clone(), cost));
+            *this.current = Some((item, key, cost));
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        // Any event may be dropped.
+        let pending = usize::from(self.current.is_some());
+        let (_, upper) = self.stream.size_hint();
+        (0, upper.and_then(|u| u.checked_add(pending)))
+    }
+}
+
+fn check<B: Backend>(limiter: Limiter<B>, key: Key, cost: u64) -> BoxFuture<Verdict> {
+    Box::pin(async move { limiter.check_cost(&key, cost).await })
+}
+
+impl<St, B, K, C> fmt::Debug for RateLimitStream<St, B, K, C>
+where
+    St: Stream + fmt::Debug,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitStream")
+            .field("stream", &self.stream)
+            .field("limiter", &self.limiter)
+            .field("extractor", &std::any::type_name::<K>())
+            .field("excess", &self.excess)
+            .field("missing", &self.missing)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+/// Adds [`rate_limit`](Self::rate_limit) to every [`Stream`].
+pub trait RateLimitStreamExt: Stream + Sized {
+    /// Limits this stream's events with `limiter`, keyed by `extractor`
+    /// (a closure `Fn(&Item) -> Option<Key>`); the excess goes by
+    /// `excess`. See [`RateLimitStream`].
+    fn rate_limit<B: Backend, K>(
+        self,
+        limiter: Limiter<B>,
+        extractor: K,
+        excess: Excess,
+    ) -> RateLimitStream<Self, B, K> {
+        RateLimitStream::new(self, limiter, extractor, excess)
+    }
+}
+
+impl<St: Stream> RateLimitStreamExt for St {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::{StreamExt, stream};
+    use tollgate_core::{MockClock, SlidingWindow, TokenBucket};
+    use tollgate_memory::MemoryBackend;
+
+    fn channel(e: &(&'static str, u32)) -> Option<Key> {
+        Some(Key::new(e.0))
+    }
+
+    fn window(limit: u64, backend: MemoryBackend<MockClock>) -> Limiter<MemoryBackend<MockClock>> {
+        Limiter::new(
+            "channel",
+            SlidingWindow::new(limit, Duration::from_secs(60)).unwrap(),
+            backend,
+        )
+    }
+
+    #[tokio::test]
+    async fn drop_counts_and_keeps_other_keys_flowing() {
+        let backend = MemoryBackend::with_clock(MockClock::new());
+        let events = stream::iter([("a", 1), ("a", 2), ("a", 3), ("b", 4), ("a", 5), ("b", 6)]);
+        let limited = events.rate_limit(window(2, backend), channel, Excess::Drop);
+        let stats = limited.stats();
+        let out: Vec<u32> = limited.map(|e| e.1).collect().await;
+        assert_eq!(out, [1, 2, 4, 6]);
+        assert_eq!(
+            (stats.passed(), stats.limited(), stats.dropped()),
+            (4, 2, 2)
+        );
+        assert_eq!(stats.delayed(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delay_waits_for_the_retry_after_and_keeps_order() {
+        // One token, one back per second. The memory backend reads its
+        // own clock: a task moves the mock clock along with tokio's paused
+        // time, so a delayed event is re-checked once its retry-after has
+        // passed on both.
+        let clock = MockClock::new();
+        let backend = MemoryBackend::with_clock(clock.clone());
+        let limiter = Limiter::new("bucket", TokenBucket::per_second(1, 1).unwrap(), backend);
+        let ticker = clock.clone();
+        let start = tokio::time::Instant::now();
+        let events = stream::iter([("a", 1), ("a", 2), ("a", 3)]);
+        let limited = events.rate_limit(limiter, channel, Excess::Delay);
+        let stats = limited.stats();
+        let mut limited = Box::pin(limited);
+        let mut out = Vec::new();
+        // Advance the mock clock as tokio's paused time advances.
+        let mock = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                ticker.advance(Duration::from_millis(100));
+            }
+        });
+        while let Some(e) = limited.next().await {
+            out.push((e.1, start.elapsed().as_millis()));
+        }
+        mock.abort();
+        let order: Vec<u32> = out.iter().map(|e| e.0).collect();
+        assert_eq!(order, [1, 2, 3]);
+        // The second and third events waited about a second each.
+        assert!(out[1].1 >= 900 && out[2].1 >= 1900, "{out:?}");
+        assert_eq!((stats.passed(), stats.dropped()), (3, 0));
+        assert!(stats.delayed() >= 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fail_closed_drops_or_holds_and_fail_open_passes() {
+        let backend = MemoryBackend::with_clock(MockClock::new());
+        backend.set_failing(true);
+        let events = || stream::iter([("a", 1), ("b", 2)]);
+
+        let closed = events().rate_limit(window(10, backend.clone()), channel, Excess::Drop);
+        let stats = closed.stats();
+        assert_eq!(closed.count().await, 0);
+        assert_eq!((stats.unavailable(), stats.limited()), (2, 0));
+
+        let open = Limiter::builder(
+            "open",
+            SlidingWindow::new(10, Duration::from_secs(60)).unwrap(),
+            backend.clone(),
+        )
+        .fail_mode(FailMode::Open)
+        .build();
+        assert_eq!(
+            events()
+                .rate_limit(open, channel, Excess::Drop)
+                .count()
+                .await,
+            2
+        );
+
+        // Delay holds the event until the backend is back.
+        let held = events().rate_limit(window(10, backend.clone()), channel, Excess::Delay);
+        let stats = held.stats();
+        let mut held = Box::pin(held);
+        let healer = backend.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            healer.set_failing(false);
+        });
+        // The breaker may hold a little longer than the backend stayed
+        // down; the events arrive, in order, once it lets a probe through.
+        let first = tokio::time::timeout(Duration::from_secs(600), held.next()).await;
+        assert_eq!(first.unwrap().map(|e| e.1), Some(1));
+        assert_eq!(held.next().await.map(|e| e.1), Some(2));
+        assert!(stats.delayed() >= 1);
+        assert_eq!(stats.dropped(), 0);
+    }
+
+    #[tokio::test]
+    async fn missing_keys_and_cost() {
+        let backend = MemoryBackend::with_clock(MockClock::new());
+        let events = || stream::iter([("", 1), ("a", 5), ("a", 5), ("", 1)]);
+        let key = |e: &(&str, u32)| (!e.0.is_empty()).then(|| Key::new(e.0));
+
+        let limited = events().rate_limit(window(8, backend.clone()), key, Excess::Drop);
+        let stats = limited.stats();
+        // Cost 1 each: both keyed events pass, the keyless ones are dropped.
+        assert_eq!(limited.count().await, 2);
+        assert_eq!(stats.missing_key(), 2);
+
+        let weighted = events()
+            .rate_limit(window(8, backend.clone()), key, Excess::Drop)
+            .cost(|e: &(&str, u32)| u64::from(e.1))
+            .on_missing_key(MissingKey::Fallback(Key::new("keyless")));
+        let stats = weighted.stats();
+        // "a" already spent 2 of 8: one more 5 fits, the next does not;
+        // the keyless events share the fallback key.
+        assert_eq!(weighted.count().await, 3);
+        assert_eq!((stats.limited(), stats.missing_key()), (1, 0));
+    }
+}

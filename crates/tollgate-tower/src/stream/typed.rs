@@ -1,0 +1,139 @@
+use std::time::Duration;
+
+use tollgate_core::Decision;
+
+use crate::respond::{Quota, Refusal, Respond};
+
+/// A responder for services that are not HTTP or gRPC: the inner
+/// service's response becomes `Ok(response)`, a refusal `Err(Refused)`.
+///
+/// The layered service's response is then `Result<Res, Refused>`: a
+/// refusal is a value the caller matches on (drop the event, requeue it
+/// after `retry_after`), not a service error.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_core::{Key, Limiter, SlidingWindow};
+/// use tollgate_memory::MemoryBackend;
+/// use tollgate_tower::RateLimitLayer;
+/// use tollgate_tower::stream::{Refused, Typed};
+/// use tower::{ServiceBuilder, ServiceExt, service_fn};
+///
+/// struct Event { channel: String }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = Limiter::new("channel", SlidingWindow::new(1, Duration::from_secs(60))?, MemoryBackend::new());
+/// let handler = ServiceBuilder::new()
+///     .layer(RateLimitLayer::new(limiter, |e: &Event| Some(Key::new(&e.channel))).responder(Typed))
+///     .service(service_fn(|e: Event| async move {
+///         Ok::<_, std::convert::Infallible>(format!("handled {}", e.channel))
+///     }));
+///
+/// let event = || Event { channel: "town-square".into() };
+/// assert_eq!(handler.clone().oneshot(event()).await?, Ok("handled town-square".to_string()));
+/// let refused = handler.clone().oneshot(event()).await?.unwrap_err();
+/// assert!(matches!(refused, Refused::Limited { .. }));
+/// assert!(refused.retry_after().unwrap() > Duration::from_secs(59));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Typed;
+
+/// Why a [`Typed`] layer refused a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refused {
+    /// The key is over its limit.
+    Limited {
+        /// The limiter's name.
+        limiter: String,
+        /// The backend's decision (retry-after, remaining, limit).
+        decision: Decision,
+    },
+    /// The backend failed and the limiter is fail-closed.
+    Unavailable {
+        /// The limiter's name.
+        limiter: String,
+        /// When to try again.
+        retry_after: Duration,
+    },
+    /// The request had no key.
+    MissingKey {
+        /// The limiter's name.
+        limiter: String,
+    },
+}
+
+impl Refused {
+    /// The limiter that refused.
+    pub fn limiter(&self) -> &str {
+        match self {
+            Self::Limited { limiter, .. }
+            | Self::Unavailable { limiter, .. }
+            | Self::MissingKey { limiter } => limiter,
+        }
+    }
+
+    /// How long to wait before trying again; `None` when waiting will not
+    /// help (no key).
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Limited { decision, .. } => Some(decision.retry_after()),
+            Self::Unavailable { retry_after, .. } => Some(*retry_after),
+            Self::MissingKey { .. } => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Limited { limiter, decision } => write!(
+                f,
+                "rate limited by {limiter:?}; retry after {:?}",
+                decision.retry_after()
+            ),
+            Self::Unavailable {
+                limiter,
+                retry_after,
+            } => write!(
+                f,
+                "rate limiter {limiter:?} unavailable; retry after {retry_after:?}"
+            ),
+            Self::MissingKey { limiter } => write!(f, "no rate-limit key for {limiter:?}"),
+        }
+    }
+}
+
+impl std::error::Error for Refused {}
+
+impl<Res> Respond<Res> for Typed {
+    type Response = Result<Res, Refused>;
+
+    fn allowed(&self, response: Res, _: Option<&Quota<'_>>) -> Self::Response {
+        Ok(response)
+    }
+
+    fn refused(&self, refusal: &Refusal<'_>) -> Self::Response {
+        Err(match refusal {
+            Refusal::Limited(q) => Refused::Limited {
+                limiter: q.name.to_owned(),
+                decision: *q.decision,
+            },
+            Refusal::Unavailable {
+                limiter,
+                retry_after,
+            } => Refused::Unavailable {
+                limiter: (*limiter).to_owned(),
+                retry_after: *retry_after,
+            },
+            Refusal::MissingKey { limiter } => Refused::MissingKey {
+                limiter: (*limiter).to_owned(),
+            },
+        })
+    }
+}
