@@ -1,0 +1,462 @@
+//! What each command does.
+
+use std::future::Future;
+use std::path::PathBuf;
+
+use tollgate_core::{Config, Decision, Error, FailMode, Key, Limiter, Policy};
+use tollgate_redis::{Durability, RedisBackend};
+
+use crate::args::{Cli, Command, ConfigCommand, Global, KeyedArgs, OverrideCommand, ScopeArgs};
+use crate::failure::Failure;
+use crate::keys::KeySpec;
+use crate::render::{describe, human_duration, override_policy};
+
+/// Runs the command line.
+pub(crate) fn run(cli: Cli) -> Result<(), Failure> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::Backend(format!("cannot start the runtime: {e}")))?;
+    let g = &cli.global;
+    match &cli.command {
+        Command::Config(ConfigCommand::Validate(v)) => {
+            let mut files = g.config.clone();
+            files.extend(v.files.iter().cloned());
+            validate(&files)
+        }
+        Command::Durability(d) => rt.block_on(durability(g, d.strict)),
+        Command::Inspect(a) => rt.block_on(inspect(g, a)),
+        Command::Reset(a) => rt.block_on(reset(g, a)),
+        Command::Override(OverrideCommand::Set(s)) => {
+            let snippet = match &s.toml {
+                Some(t) => t.clone(),
+                None => s.policy.to_toml(),
+            };
+            rt.block_on(override_set(g, &s.scope, &snippet))
+        }
+        Command::Override(OverrideCommand::Clear(s)) => rt.block_on(override_clear(g, s)),
+        Command::Override(OverrideCommand::Show(s)) => rt.block_on(override_show(g, s)),
+    }
+}
+
+/// The configuration, loaded as a service loads it at start-up.
+fn load_config(files: &[PathBuf]) -> Result<Config, Failure> {
+    let mut b = Config::builder();
+    for f in files {
+        b = b.file(f);
+    }
+    b.env().load().map_err(|e| Failure::Input(e.to_string()))
+}
+
+fn validate(files: &[PathBuf]) -> Result<(), Failure> {
+    let config = load_config(files)?;
+    let sources: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    let sources = if sources.is_empty() {
+        "TOLLGATE_* environment".to_owned()
+    } else {
+        format!("{} + TOLLGATE_* environment", sources.join(" + "))
+    };
+    let n = config.limiters().count();
+    println!(
+        "configuration is valid ({sources}): {n} limiter(s), prefix {:?}",
+        config.prefix()
+    );
+    for l in config.limiters() {
+        println!(
+            "  {:<20} {}; cost {}, fail {}, timeout {}",
+            l.name,
+            describe(&l.policy),
+            l.cost,
+            l.fail_mode,
+            crate::render::config_duration(l.timeout)
+        );
+    }
+    if n == 0 {
+        eprintln!("warning: no limiters configured ([limiters.<name>])");
+    }
+    Ok(())
+}
+
+/// A URL with its password hidden.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            if userinfo.contains(':') {
+                format!("{scheme}://{user}:***@{host}")
+            } else {
+                format!("{scheme}://{userinfo}@{host}")
+            }
+        }
+        None => url.to_owned(),
+    }
+}
+
+fn urls(g: &Global) -> String {
+    g.redis_url
+        .iter()
+        .map(|u| redact(u))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Runs `fut` under the command's timeout.
+async fn timed<T>(
+    g: &Global,
+    what: &str,
+    fut: impl Future<Output = Result<T, Failure>>,
+) -> Result<T, Failure> {
+    tokio::time::timeout(g.timeout, fut)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Failure::Backend(format!(
+                "{what}: redis at {} did not answer within {}",
+                urls(g),
+                human_duration(g.timeout)
+            )))
+        })
+}
+
+/// A backend on the command's Redis, without the start-up durability check.
+async fn connect(g: &Global, prefix: &str) -> Result<RedisBackend, Failure> {
+    let builder = if g.cluster {
+        cluster_builder(g)?
+    } else {
+        match g.redis_url.as_slice() {
+            [url] => RedisBackend::builder(url.trim()),
+            _ => {
+                return Err(Failure::Input(
+                    "several Redis URLs are for a cluster: add --cluster".into(),
+                ));
+            }
+        }
+    };
+    let build = async {
+        builder
+            .prefix(prefix)
+            .pool_size(1)
+            .pool_timeout(g.timeout)
+            .durability(Durability::Skip)
+            .build()
+            .await
+            .map_err(|e| Failure::backend(&format!("cannot connect to redis at {}", urls(g)), &e))
+    };
+    timed(g, "connecting", build).await
+}
+
+#[cfg(feature = "cluster")]
+fn cluster_builder(g: &Global) -> Result<tollgate_redis::RedisBackendBuilder, Failure> {
+    Ok(RedisBackend::cluster_builder(
+        g.redis_url.iter().map(|u| u.trim().to_owned()),
+    ))
+}
+
+#[cfg(not(feature = "cluster"))]
+fn cluster_builder(_: &Global) -> Result<tollgate_redis::RedisBackendBuilder, Failure> {
+    Err(Failure::Input(
+        "--cluster needs a tollgate built with the `cluster` feature".into(),
+    ))
+}
+
+/// The named limiter of the configuration, over the command's Redis.
+struct Target {
+    limiter: Limiter<RedisBackend>,
+}
+
+async fn target(g: &Global, name: &str) -> Result<Target, Failure> {
+    let config = load_config(&g.config)?;
+    let lc = config
+        .limiter(name)
+        .map_err(|e| Failure::Input(e.to_string()))?
+        .clone();
+    let prefix = g
+        .prefix
+        .clone()
+        .unwrap_or_else(|| config.prefix().to_owned());
+    let backend = connect(g, &prefix).await?;
+    let limiter = Limiter::builder(lc.name, lc.policy, backend)
+        .fail_mode(FailMode::Closed)
+        .timeout(g.timeout)
+        .build();
+    Ok(Target { limiter })
+}
+
+/// Maps a limiter error: a policy problem is the user's, anything else is
+/// the backend's.
+fn limiter_error(what: &str, e: &Error) -> Failure {
+    match e {
+        Error::Policy(p) => Failure::Input(format!("{what}: {p}")),
+        e => Failure::backend(what, e),
+    }
+}
+
+/// The overrides stored for a limiter and (optionally) a key.
+struct Overrides {
+    configured: Policy,
+    limiter: Option<Policy>,
+    key: Option<Policy>,
+}
+
+impl Overrides {
+    async fn read(t: &Target, key: Option<&Key>) -> Result<Self, Failure> {
+        let get = |k: Option<&Key>| {
+            let l = &t.limiter;
+            let k = k.cloned();
+            async move {
+                l.get_override(k.as_ref())
+                    .await
+                    .map_err(|e| limiter_error("reading the overrides", &e))
+            }
+        };
+        Ok(Self {
+            configured: *t.limiter.policy(),
+            limiter: get(None).await?,
+            key: match key {
+                Some(k) => get(Some(k)).await?,
+                None => None,
+            },
+        })
+    }
+
+    fn in_force(&self) -> (&Policy, &'static str) {
+        match (&self.key, &self.limiter) {
+            (Some(p), _) => (p, "the key's override"),
+            (None, Some(p)) => (p, "the limiter-wide override"),
+            (None, None) => (&self.configured, "configuration"),
+        }
+    }
+
+    fn print(&self, key: Option<&KeySpec>) {
+        let opt = |p: &Option<Policy>| p.as_ref().map_or_else(|| "none".into(), describe);
+        println!("configured   {}", describe(&self.configured));
+        println!("limiter-wide {}", opt(&self.limiter));
+        if key.is_some() {
+            println!("this key     {}", opt(&self.key));
+        }
+        let (p, from) = self.in_force();
+        println!("in force     {} (from {from})", describe(p));
+    }
+}
+
+fn print_decision(d: &Decision) {
+    if d.is_allowed() {
+        println!("verdict      allowed: a request of cost 1 would pass now");
+    } else {
+        println!(
+            "verdict      REFUSED: a request of cost 1 would be refused for {} (Retry-After: {})",
+            human_duration(d.retry_after()),
+            d.retry_after_secs()
+        );
+    }
+    println!("limit        {}", d.limit());
+    println!("remaining    {}", d.remaining());
+    println!("retry-after  {}", human_duration(d.retry_after()));
+    println!(
+        "reset-after  {} (until the key is fresh again)",
+        human_duration(d.reset_after())
+    );
+}
+
+fn print_header(t: &Target, key: &KeySpec) {
+    let l = &t.limiter;
+    println!("limiter      {} ({})", l.name(), l.policy().strategy());
+    println!("key          {}", key.describe());
+    println!("redis key    {}", l.backend().state_key(l.name(), &key.key));
+}
+
+async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
+    let key = a.key.resolve(a.ipv6_prefix)?;
+    let t = target(g, &a.limiter).await?;
+    let work = async {
+        let d = t
+            .limiter
+            .try_acquire(&key.key, 0)
+            .await
+            .map_err(|e| limiter_error("inspect", &e))?;
+        let o = Overrides::read(&t, Some(&key.key)).await?;
+        Ok((d, o))
+    };
+    let (d, o) = timed(g, "inspect", work).await?;
+    print_header(&t, &key);
+    o.print(Some(&key));
+    print_decision(&d);
+    Ok(())
+}
+
+async fn reset(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
+    let key = a.key.resolve(a.ipv6_prefix)?;
+    let t = target(g, &a.limiter).await?;
+    let work = async {
+        let d = t
+            .limiter
+            .reset(&key.key)
+            .await
+            .map_err(|e| limiter_error("reset", &e))?;
+        let o = Overrides::read(&t, Some(&key.key)).await?;
+        Ok((d, o))
+    };
+    let (d, o) = timed(g, "reset", work).await?;
+    println!(
+        "reset {} for limiter {}: the key is fresh ({} of {} available)",
+        key.describe(),
+        t.limiter.name(),
+        d.remaining(),
+        d.limit()
+    );
+    if o.key.is_some() {
+        println!(
+            "note: the key's override is kept; `tollgate override clear {} --{} ...` removes it",
+            t.limiter.name(),
+            key.kind
+        );
+    }
+    Ok(())
+}
+
+fn scope_name(t: &Target, key: Option<&KeySpec>) -> String {
+    match key {
+        Some(k) => format!("limiter {}, key {}", t.limiter.name(), k.describe()),
+        None => format!("limiter {} (every key)", t.limiter.name()),
+    }
+}
+
+async fn override_set(g: &Global, s: &ScopeArgs, snippet: &str) -> Result<(), Failure> {
+    let key = s.key.resolve(s.ipv6_prefix)?;
+    // Validate before connecting: a bad override never reaches Redis.
+    let config = load_config(&g.config)?;
+    let lc = config
+        .limiter(&s.limiter)
+        .map_err(|e| Failure::Input(e.to_string()))?;
+    let policy = override_policy(lc, snippet)?;
+    let t = target(g, &s.limiter).await?;
+    let k = key.as_ref().map(|k| &k.key);
+    let work = async {
+        t.limiter
+            .set_override(k, Some(policy))
+            .await
+            .map_err(|e| limiter_error("setting the override", &e))?;
+        Overrides::read(&t, k).await
+    };
+    let o = timed(g, "override set", work).await?;
+    println!(
+        "override set for {}: {}",
+        scope_name(&t, key.as_ref()),
+        describe(&policy)
+    );
+    o.print(key.as_ref());
+    Ok(())
+}
+
+async fn override_clear(g: &Global, s: &ScopeArgs) -> Result<(), Failure> {
+    let key = s.key.resolve(s.ipv6_prefix)?;
+    let t = target(g, &s.limiter).await?;
+    let k = key.as_ref().map(|k| &k.key);
+    let work = async {
+        let before = t
+            .limiter
+            .get_override(k)
+            .await
+            .map_err(|e| limiter_error("reading the override", &e))?;
+        t.limiter
+            .set_override(k, None)
+            .await
+            .map_err(|e| limiter_error("clearing the override", &e))?;
+        Ok((before, Overrides::read(&t, k).await?))
+    };
+    let (before, o) = timed(g, "override clear", work).await?;
+    match before {
+        Some(p) => println!(
+            "override cleared for {} (was {})",
+            scope_name(&t, key.as_ref()),
+            describe(&p)
+        ),
+        None => println!("no override was set for {}", scope_name(&t, key.as_ref())),
+    }
+    o.print(key.as_ref());
+    Ok(())
+}
+
+async fn override_show(g: &Global, s: &ScopeArgs) -> Result<(), Failure> {
+    let key = s.key.resolve(s.ipv6_prefix)?;
+    let t = target(g, &s.limiter).await?;
+    let k = key.as_ref().map(|k| &k.key);
+    let o = timed(g, "override show", Overrides::read(&t, k)).await?;
+    println!("{}", scope_name(&t, key.as_ref()));
+    o.print(key.as_ref());
+    Ok(())
+}
+
+async fn durability(g: &Global, strict: bool) -> Result<(), Failure> {
+    let prefix = g.prefix.clone().unwrap_or_else(|| "tollgate".into());
+    let backend = connect(g, &prefix).await?;
+    let work = async {
+        backend
+            .check_durability()
+            .await
+            .map_err(|e| Failure::backend("durability check", &e))
+    };
+    let report = timed(g, "durability", work).await?;
+    let single = !g.cluster && report.nodes.len() == 1;
+    for n in &report.nodes {
+        let node = if single {
+            host(&g.redis_url[0])
+        } else {
+            n.node.clone()
+        };
+        println!("server            {node}");
+        println!("appendonly        {} (want yes)", n.appendonly);
+        println!("appendfsync       {}", n.appendfsync);
+        println!("maxmemory-policy  {} (want noeviction)", n.maxmemory_policy);
+        let own = format!("{}: ", n.node);
+        for p in n.problems() {
+            let p = if single {
+                p.strip_prefix(&own).unwrap_or(&p)
+            } else {
+                &p
+            };
+            println!("problem           {p}");
+        }
+    }
+    if report.is_durable() {
+        println!("durable: yes");
+        return Ok(());
+    }
+    if report.is_known_bad() {
+        println!("durable: NO (see docs/redis.md, \"Configuration: redis-durable\")");
+        return Err(Failure::NotDurable);
+    }
+    if strict {
+        println!(
+            "durable: UNKNOWN, refused under --strict (grant the user +config|get to prove it)"
+        );
+        return Err(Failure::NotDurable);
+    }
+    println!("durable: unknown (some settings could not be read; --strict fails on this)");
+    Ok(())
+}
+
+/// `host:port` of a URL, without credentials.
+fn host(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    rest.split(['/', '?']).next().unwrap_or(rest).to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_shown_without_passwords() {
+        assert_eq!(
+            redact("redis://limiter:s3cret@10.0.0.5:6379/0"),
+            "redis://limiter:***@10.0.0.5:6379/0"
+        );
+        assert_eq!(redact("redis://:s3cret@h:1"), "redis://:***@h:1");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+        assert_eq!(host("rediss://u:p@h.example:6380/2"), "h.example:6380");
+    }
+}

@@ -1,0 +1,204 @@
+//! Keys from the command line, built exactly as the tower layers build them.
+
+use std::io::BufRead;
+use std::net::{IpAddr, Ipv6Addr};
+
+use tollgate_core::Key;
+
+use crate::args::{OptionalKey, RequiredKey};
+use crate::failure::Failure;
+
+/// A key and how it was given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KeySpec {
+    /// The key as stored.
+    pub(crate) key: Key,
+    /// What kind of identity it was made from (`ip`, `email`, ...).
+    pub(crate) kind: &'static str,
+}
+
+impl KeySpec {
+    /// How the key is shown: hashed kinds show only the stored hash.
+    pub(crate) fn describe(&self) -> String {
+        match self.kind {
+            "email" | "api-key" => format!("{} ({}, hashed)", self.key, self.kind),
+            kind => format!("{} ({kind})", self.key),
+        }
+    }
+}
+
+/// The raw options, whichever struct they came from.
+struct Raw<'a> {
+    ip: Option<&'a str>,
+    email: Option<&'a str>,
+    api_key: Option<&'a str>,
+    key: Option<&'a str>,
+}
+
+impl RequiredKey {
+    /// The key (clap made sure exactly one is given).
+    pub(crate) fn resolve(&self, ipv6_prefix: Option<u8>) -> Result<KeySpec, Failure> {
+        let raw = Raw {
+            ip: self.ip.as_deref(),
+            email: self.email.as_deref(),
+            api_key: self.api_key.as_deref(),
+            key: self.key.as_deref(),
+        };
+        raw.resolve(ipv6_prefix)?
+            .ok_or_else(|| Failure::Input("a key is required".into()))
+    }
+}
+
+impl OptionalKey {
+    /// The key, if one is given.
+    pub(crate) fn resolve(&self, ipv6_prefix: Option<u8>) -> Result<Option<KeySpec>, Failure> {
+        Raw {
+            ip: self.ip.as_deref(),
+            email: self.email.as_deref(),
+            api_key: self.api_key.as_deref(),
+            key: self.key.as_deref(),
+        }
+        .resolve(ipv6_prefix)
+    }
+}
+
+impl Raw<'_> {
+    fn resolve(&self, ipv6_prefix: Option<u8>) -> Result<Option<KeySpec>, Failure> {
+        let spec = if let Some(ip) = self.ip {
+            KeySpec {
+                key: ip_key(&value(ip)?, ipv6_prefix)?,
+                kind: "ip",
+            }
+        } else if let Some(email) = self.email {
+            KeySpec {
+                key: Key::email(value(email)?),
+                kind: "email",
+            }
+        } else if let Some(secret) = self.api_key {
+            KeySpec {
+                key: Key::secret(value(secret)?),
+                kind: "api-key",
+            }
+        } else if let Some(id) = self.key {
+            KeySpec {
+                key: Key::new(value(id)?),
+                kind: "key",
+            }
+        } else {
+            return Ok(None);
+        };
+        Ok(Some(spec))
+    }
+}
+
+/// The value, or one line of standard input for `-`.
+fn value(v: &str) -> Result<String, Failure> {
+    if v != "-" {
+        return Ok(v.to_owned());
+    }
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .map_err(|e| Failure::Input(format!("reading the key from standard input: {e}")))?;
+    let line = line.trim_end_matches(['\n', '\r']);
+    if line.is_empty() {
+        return Err(Failure::Input(
+            "the key read from standard input is empty".into(),
+        ));
+    }
+    Ok(line.to_owned())
+}
+
+/// The key `ClientIp` makes for `ip`: the address as `IpAddr` prints it,
+/// or, for IPv6 with a prefix length (from `--ipv6-prefix` or written as
+/// `addr/len`), the truncated network.
+pub(crate) fn ip_key(ip: &str, ipv6_prefix: Option<u8>) -> Result<Key, Failure> {
+    let bad = |why: &str| Failure::Input(format!("--ip {ip:?}: {why}"));
+    let (addr, len) = match ip.split_once('/') {
+        Some((a, l)) => {
+            let len: u8 = l
+                .parse()
+                .ok()
+                .filter(|l| *l <= 128)
+                .ok_or_else(|| bad("the prefix length must be 0 to 128"))?;
+            (a, Some(len))
+        }
+        None => (ip, None),
+    };
+    let addr = addr.trim_start_matches('[').trim_end_matches(']');
+    let addr: IpAddr = addr
+        .parse()
+        .map_err(|_| bad("not an IP address (e.g. 203.0.113.7, 2001:db8::1)"))?;
+    let len = match (len, ipv6_prefix) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(bad("the prefix length disagrees with --ipv6-prefix"));
+        }
+        (a, b) => a.or(b),
+    };
+    Ok(match (addr, len) {
+        (IpAddr::V6(v6), Some(len)) => {
+            let mask = if len == 0 {
+                0
+            } else {
+                u128::MAX << (128 - u32::from(len))
+            };
+            let net = Ipv6Addr::from(u128::from(v6) & mask);
+            Key::new(format!("{net}/{len}"))
+        }
+        (IpAddr::V4(_), Some(_)) if ip.contains('/') => {
+            return Err(bad(
+                "networks are for IPv6 only (the layers key IPv4 clients by address)",
+            ));
+        }
+        _ => Key::from(addr),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn k(ip: &str, p: Option<u8>) -> String {
+        ip_key(ip, p).unwrap().as_str().to_owned()
+    }
+
+    #[test]
+    fn ips_are_keyed_like_client_ip() {
+        assert_eq!(k("203.0.113.7", None), "203.0.113.7");
+        assert_eq!(k("2001:DB8::0001", None), "2001:db8::1");
+        assert_eq!(k("[::1]", None), "::1");
+        assert_eq!(k("2001:db8:1:2:3:4:5:6", Some(64)), "2001:db8:1:2::/64");
+        assert_eq!(k("2001:db8:1:2:3:4:5:6/64", None), "2001:db8:1:2::/64");
+        assert_eq!(k("2001:db8::1", Some(0)), "::/0");
+        // --ipv6-prefix does not touch IPv4, as in ClientIp.
+        assert_eq!(k("203.0.113.7", Some(64)), "203.0.113.7");
+        assert!(ip_key("203.0.113.0/24", None).is_err());
+        assert!(ip_key("2001:db8::1/129", None).is_err());
+        assert!(ip_key("2001:db8::1/48", Some(64)).is_err());
+        assert!(ip_key("not-an-ip", None).is_err());
+    }
+
+    #[test]
+    fn kinds_hash_like_the_layers() {
+        let raw = Raw {
+            ip: None,
+            email: Some(" Alice@Example.COM "),
+            api_key: None,
+            key: None,
+        };
+        let spec = raw.resolve(None).unwrap().unwrap();
+        assert_eq!(spec.key, Key::email("alice@example.com"));
+        assert!(spec.describe().contains("hashed"));
+        let raw = Raw {
+            ip: None,
+            email: None,
+            api_key: Some("sk_live_1"),
+            key: None,
+        };
+        assert_eq!(
+            raw.resolve(None).unwrap().unwrap().key,
+            Key::secret("sk_live_1")
+        );
+    }
+}
