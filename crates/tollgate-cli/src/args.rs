@@ -65,6 +65,8 @@ pub(crate) struct Global {
 }
 
 /// The commands.
+// Parsed once per process: the size of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Show a key's state under a limiter: limit, remaining, retry-after,
@@ -137,6 +139,7 @@ pub(crate) struct OptionalKey {
 }
 
 /// The override commands.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub(crate) enum OverrideCommand {
     /// Set an override: limiter-wide, or for one key with a key option.

@@ -12,7 +12,7 @@ use crate::keys::KeySpec;
 use crate::render::{describe, human_duration, override_policy};
 
 /// Runs the command line.
-pub(crate) fn run(cli: Cli) -> Result<(), Failure> {
+pub(crate) fn run(cli: &Cli) -> Result<(), Failure> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

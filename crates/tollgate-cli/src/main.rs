@@ -50,7 +50,7 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = args::Cli::parse();
-    match commands::run(cli) {
+    match commands::run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
             failure.report();

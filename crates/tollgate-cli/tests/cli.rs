@@ -1,0 +1,787 @@
+//! The `tollgate` binary, run as an operator runs it, against throwaway
+//! redis-servers on loopback ports. What the CLI shows and changes is
+//! checked against what a service's own `Limiter` (same configuration, same
+//! Redis) decides.
+//!
+//! Without redis-server the Redis tests are skipped loudly; under `CI=true`
+//! they fail instead (see `tollgate_testkit::redis_server`).
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use tollgate_core::{Config, Decision, Key, Limiter};
+use tollgate_redis::{Durability, RedisBackend};
+use tollgate_testkit::redis_server::RedisServer;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+
+/// A config file in a temporary directory, removed on drop.
+struct ConfigFile {
+    path: PathBuf,
+    toml: String,
+}
+
+impl ConfigFile {
+    fn new(toml: &str) -> Self {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "tollgate-cli-test-{}-{}.toml",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&path, toml).expect("write the config file");
+        Self {
+            path,
+            toml: toml.to_owned(),
+        }
+    }
+
+    fn arg(&self) -> &str {
+        self.path.to_str().expect("utf-8 temp path")
+    }
+
+    /// The service's side: a limiter of this configuration on `url`.
+    fn limiter(&self, url: &str, name: &str) -> Limiter<RedisBackend> {
+        let config = Config::builder().toml_str(&self.toml).load().unwrap();
+        let backend = block_on(
+            RedisBackend::builder(url)
+                .prefix(config.prefix())
+                .durability(Durability::Skip)
+                .build(),
+        )
+        .expect("connect the service's backend");
+        let mut lc = config.limiter(name).unwrap().clone();
+        lc.timeout = Duration::from_secs(2);
+        lc.build(backend)
+    }
+}
+
+impl Drop for ConfigFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// One runtime for the services' side: a backend's connections live on the
+/// runtime that made them.
+fn block_on<F: Future>(f: F) -> F::Output {
+    static RT: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("tokio runtime")
+    });
+    RT.block_on(f)
+}
+
+fn decide(l: &Limiter<RedisBackend>, key: &Key, cost: u64) -> Decision {
+    block_on(l.try_acquire(key, cost)).expect("the service's decision")
+}
+
+/// Runs the binary with a clean environment plus `env`, feeding `stdin`.
+fn run_with(args: &[&str], env: &[(&str, &str)], stdin: &str) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .env_clear()
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("run tollgate");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().expect("wait for tollgate")
+}
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
+    run_with(args, env, "")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Asserts the exit code and returns stdout + stderr for messages.
+#[track_caller]
+fn expect(o: &Output, code: i32) -> String {
+    let text = format!("{}{}", stdout(o), stderr(o));
+    assert_eq!(o.status.code(), Some(code), "output:\n{text}");
+    text
+}
+
+/// A line of `inspect`'s output, e.g. `field("remaining")`.
+fn field(out: &str, name: &str) -> String {
+    out.lines()
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .filter(|v| v.starts_with(' '))
+                .map(|v| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no {name:?} line in:\n{out}"))
+}
+
+fn shared_url() -> Option<String> {
+    RedisServer::shared_url()
+}
+
+const API: &str = r#"
+[limiters.api]
+strategy = "token_bucket"
+capacity = 10
+refill = "1/h"
+
+[limiters.costly]
+strategy = "token_bucket"
+capacity = 10
+refill = "1/h"
+cost = 4
+
+[limiters.login_ip]
+strategy = "sliding_window"
+limit = 3
+window = "15m"
+
+[limiters.login_account]
+strategy = "progressive_delay"
+free_attempts = 2
+base_delay = "10m"
+max_delay = "1h"
+forget_after = "1h"
+"#;
+
+fn config(prefix: &str) -> ConfigFile {
+    ConfigFile::new(&format!("[defaults]\nprefix = \"{prefix}\"\n{API}"))
+}
+
+// ---------------------------------------------------------------- help
+
+#[test]
+fn every_command_has_help() {
+    for path in [
+        &[][..],
+        &["inspect"],
+        &["reset"],
+        &["override"],
+        &["override", "set"],
+        &["override", "clear"],
+        &["override", "show"],
+        &["durability"],
+        &["config"],
+        &["config", "validate"],
+    ] {
+        let mut args: Vec<&str> = path.to_vec();
+        args.push("--help");
+        let o = run(&args, &[]);
+        let out = expect(&o, 0);
+        let usage = format!("Usage: tollgate {}", path.join(" "));
+        assert!(out.contains(usage.trim_end()), "{path:?}:\n{out}");
+    }
+    let top = stdout(&run(&["--help"], &[]));
+    assert!(
+        top.contains("Exit codes:") && top.contains("3  durability"),
+        "{top}"
+    );
+    let keys = stdout(&run(&["inspect", "--help"], &[]));
+    for flag in ["--ip", "--email", "--api-key", "--key", "--ipv6-prefix"] {
+        assert!(keys.contains(flag), "{flag}:\n{keys}");
+    }
+    // REDIS_URL may hold a password: --help must not print it.
+    let o = run(
+        &["--help"],
+        &[("REDIS_URL", "redis://u:hunter2@127.0.0.1:1")],
+    );
+    assert!(!stdout(&o).contains("hunter2"));
+}
+
+// ---------------------------------------------------------------- config validate
+
+#[test]
+fn config_validate_accepts_a_good_file_and_lists_its_limiters() {
+    let c = config("t-validate");
+    let o = run(&["config", "validate", c.arg()], &[]);
+    let out = expect(&o, 0);
+    assert!(out.contains("4 limiter(s)"), "{out}");
+    assert!(out.contains("prefix \"t-validate\""), "{out}");
+    assert!(
+        out.contains("token_bucket: capacity = 10, refill = \"1/1h\"; cost 4"),
+        "{out}"
+    );
+    // --config and positional files are layered in order.
+    let extra = ConfigFile::new("[limiters.api]\ncapacity = 99");
+    let o = run(&["-c", c.arg(), "config", "validate", extra.arg()], &[]);
+    assert!(expect(&o, 0).contains("capacity = 99"));
+}
+
+#[test]
+fn config_validate_errors_name_the_limiter_and_the_field() {
+    let cases = [
+        (
+            "[limiters.api]\nstrategy='token_bucket'\ncapacity=0\nrefill='1/s'",
+            "limiters.api.capacity",
+        ),
+        (
+            "[limiters.api]\nstrategy='leaky'\ncapacity=1\nrefill='1/s'",
+            "limiters.api.strategy",
+        ),
+        (
+            "[limiters.api]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/s'\nwindow='1m'",
+            "limiters.api.window",
+        ),
+        (
+            "[limiters.api]\nstrategy='token_bucket'\ncapacity=2\nrefill='1/s'\ncost=3",
+            "limiters.api.cost",
+        ),
+        (
+            "[limiters.login]\nstrategy='sliding_window'\nlimit=5\nwindow='0s'",
+            "limiters.login.window",
+        ),
+        (
+            "[limiters.api]\nstrategy='token_bucket'\ncapacty=1\nrefill='1/s'",
+            "capacty",
+        ),
+    ];
+    for (toml, want) in cases {
+        let c = ConfigFile::new(toml);
+        let o = run(&["config", "validate", c.arg()], &[]);
+        let err = expect(&o, 2);
+        assert!(
+            stderr(&o).contains(want),
+            "{toml}: want {want}, got:\n{err}"
+        );
+        assert!(stderr(&o).starts_with("error: invalid tollgate configuration"));
+    }
+}
+
+#[test]
+fn config_validate_layers_the_environment_like_start_up() {
+    let c = config("t-env");
+    // A bad value from the environment is named like one from a file.
+    let o = run(
+        &["config", "validate", c.arg()],
+        &[("TOLLGATE_LIMITERS__API__CAPACITY", "0")],
+    );
+    expect(&o, 2);
+    assert!(
+        stderr(&o).contains("limiters.api.capacity"),
+        "{}",
+        stderr(&o)
+    );
+    // A good one changes the result.
+    let o = run(
+        &["config", "validate", c.arg()],
+        &[("TOLLGATE_LIMITERS__API__CAPACITY", "77")],
+    );
+    assert!(expect(&o, 0).contains("capacity = 77"));
+    // The environment alone is a configuration.
+    let o = run(
+        &["config", "validate"],
+        &[
+            ("TOLLGATE_LIMITERS__WEB__STRATEGY", "sliding_window"),
+            ("TOLLGATE_LIMITERS__WEB__LIMIT", "5"),
+            ("TOLLGATE_LIMITERS__WEB__WINDOW", "1m"),
+        ],
+    );
+    assert!(expect(&o, 0).contains("1 limiter(s)"));
+    // A missing file is an error that names it.
+    let o = run(&["config", "validate", "/nonexistent/tollgate.toml"], &[]);
+    expect(&o, 2);
+    assert!(stderr(&o).contains("/nonexistent/tollgate.toml"));
+}
+
+// ---------------------------------------------------------------- usage errors
+
+#[test]
+fn usage_errors_exit_2() {
+    let c = config("t-usage");
+    let url = "redis://127.0.0.1:1";
+    for (args, want) in [
+        (vec!["inspect", "api"], "required"),
+        (
+            vec!["inspect", "api", "--ip", "1.2.3.4", "--key", "x"],
+            "cannot be used",
+        ),
+        (
+            vec!["reset", "api", "--ip", "not-an-ip"],
+            "--ip \"not-an-ip\"",
+        ),
+        (vec!["inspect", "api", "--ip", "10.0.0.0/8"], "IPv6 only"),
+        (
+            vec!["inspect", "nope", "--ip", "1.2.3.4"],
+            "no limiter named \"nope\"",
+        ),
+        (vec!["override", "set", "api"], "no policy given"),
+        (
+            vec!["override", "set", "api", "--capacity", "x"],
+            "invalid value",
+        ),
+        (vec!["durability", "--timeout", "soon"], "--timeout"),
+        (vec!["frobnicate"], "unrecognized subcommand"),
+    ] {
+        let mut full = vec!["-c", c.arg(), "--redis-url", url];
+        full.extend(args.iter().copied());
+        let o = run(&full, &[]);
+        let out = expect(&o, 2);
+        assert!(out.contains(want), "{args:?}: want {want:?} in:\n{out}");
+    }
+    let o = run(
+        &[
+            "--redis-url",
+            "redis://127.0.0.1:1,redis://127.0.0.1:2",
+            "durability",
+        ],
+        &[],
+    );
+    let out = expect(&o, 2);
+    if cfg!(feature = "cluster") {
+        assert!(out.contains("--cluster"), "{out}");
+    } else {
+        assert!(out.contains("add --cluster"), "{out}");
+        let o = run(&["--cluster", "durability"], &[]);
+        assert!(expect(&o, 2).contains("`cluster` feature"));
+    }
+}
+
+// ---------------------------------------------------------------- unreachable Redis
+
+#[test]
+fn unreachable_redis_exits_1_without_showing_the_password() {
+    let c = config("t-down");
+    // A port nobody listens on.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("redis://ops:hunter2@127.0.0.1:{port}");
+    for args in [
+        vec!["inspect", "api", "--ip", "1.2.3.4"],
+        vec!["reset", "api", "--ip", "1.2.3.4"],
+        vec!["override", "show", "api"],
+        vec!["override", "set", "api", "--capacity", "5"],
+        vec!["override", "clear", "api"],
+        vec!["durability"],
+    ] {
+        let mut full = vec!["-c", c.arg()];
+        full.extend(args.iter().copied());
+        let o = run(&full, &[("REDIS_URL", &url)]);
+        let out = expect(&o, 1);
+        assert!(
+            out.contains(&format!(
+                "cannot connect to redis at redis://ops:***@127.0.0.1:{port}"
+            )),
+            "{args:?}:\n{out}"
+        );
+        assert!(!out.contains("hunter2"), "{out}");
+    }
+}
+
+#[test]
+fn a_silent_server_times_out_with_exit_1() {
+    // Accepts connections (the kernel's backlog) but never answers.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://127.0.0.1:{}", silent.local_addr().unwrap().port());
+    let t = std::time::Instant::now();
+    let o = run(
+        &["--redis-url", &url, "--timeout", "300ms", "durability"],
+        &[],
+    );
+    let out = expect(&o, 1);
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(
+        out.contains("did not answer within") || out.contains("cannot connect"),
+        "{out}"
+    );
+}
+
+// ---------------------------------------------------------------- inspect
+
+#[test]
+fn inspect_shows_what_the_service_counted() {
+    let Some(url) = shared_url() else { return };
+    let c = config("t-inspect");
+    let service = c.limiter(&url, "api");
+    // The service saw "Alice@Example.com " four times (the login layer
+    // normalises and hashes it).
+    let alice = Key::email("alice@example.com");
+    for _ in 0..4 {
+        assert!(decide(&service, &alice, 1).is_allowed());
+    }
+    let o = run(
+        &[
+            "-c",
+            c.arg(),
+            "inspect",
+            "api",
+            "--email",
+            " Alice@EXAMPLE.com",
+        ],
+        &[("REDIS_URL", &url)],
+    );
+    let out = expect(&o, 0);
+    assert_eq!(field(&out, "limit"), "10");
+    assert_eq!(field(&out, "remaining"), "6");
+    assert_eq!(field(&out, "retry-after"), "0s");
+    assert!(field(&out, "verdict").starts_with("allowed"), "{out}");
+    // 4 tokens at one an hour: fresh again in just under 4 h.
+    let reset: f64 = field(&out, "reset-after")
+        .split("s ")
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((14_000.0..=14_400.0).contains(&reset), "{out}");
+    assert!(
+        field(&out, "redis key").starts_with("t-inspect:api:{e:"),
+        "{out}"
+    );
+    assert!(!out.contains("alice"), "the email must not be shown: {out}");
+    assert!(field(&out, "in force").ends_with("(from configuration)"));
+
+    // Inspecting is a peek: it consumed nothing.
+    assert_eq!(decide(&service, &alice, 1).remaining(), 5);
+
+    // An exhausted API key, given on standard input.
+    let secret = "sk_live_0123456789";
+    let bob = Key::secret(secret);
+    assert!(decide(&service, &bob, 10).is_allowed());
+    let o = run_with(
+        &["-c", c.arg(), "inspect", "api", "--api-key", "-"],
+        &[("REDIS_URL", &url)],
+        &format!("{secret}\n"),
+    );
+    let out = expect(&o, 0);
+    assert!(field(&out, "verdict").starts_with("REFUSED"), "{out}");
+    assert_eq!(field(&out, "remaining"), "0");
+    assert!(
+        field(&out, "verdict").contains("Retry-After: 3600"),
+        "{out}"
+    );
+    let retry: f64 = field(&out, "retry-after")
+        .trim_end_matches('s')
+        .parse()
+        .unwrap();
+    assert!((3590.0..=3600.0).contains(&retry), "{out}");
+    assert!(!out.contains(secret));
+}
+
+#[test]
+fn prefix_flag_overrides_the_configured_prefix() {
+    let Some(url) = shared_url() else { return };
+    let c = config("t-prefix-config");
+    let other = config("t-prefix-flag");
+    let service = other.limiter(&url, "api");
+    let key = Key::new("account-1");
+    decide(&service, &key, 3);
+    let o = run(
+        &[
+            "-c",
+            c.arg(),
+            "--prefix",
+            "t-prefix-flag",
+            "inspect",
+            "api",
+            "--key",
+            "account-1",
+        ],
+        &[("REDIS_URL", &url)],
+    );
+    let out = expect(&o, 0);
+    assert_eq!(field(&out, "remaining"), "7");
+    assert!(field(&out, "redis key").starts_with("t-prefix-flag:api:{account-1}"));
+}
+
+// ---------------------------------------------------------------- reset
+
+#[test]
+fn reset_unblocks_a_key() {
+    let Some(url) = shared_url() else { return };
+    let c = config("t-reset");
+    let run_cli = |args: &[&str]| {
+        let mut full = vec!["-c", c.arg(), "--redis-url", url.as_str()];
+        full.extend(args);
+        run(&full, &[])
+    };
+
+    // A client IP locked out by the login window.
+    let ip_limiter = c.limiter(&url, "login_ip");
+    let ip = Key::new("203.0.113.7");
+    for _ in 0..3 {
+        assert!(decide(&ip_limiter, &ip, 1).is_allowed());
+    }
+    assert!(decide(&ip_limiter, &ip, 1).is_denied());
+    let out = expect(&run_cli(&["reset", "login_ip", "--ip", "203.0.113.7"]), 0);
+    assert!(out.contains("the key is fresh (3 of 3 available)"), "{out}");
+    let d = decide(&ip_limiter, &ip, 1);
+    assert!(d.is_allowed() && d.remaining() == 2, "{d:?}");
+
+    // An IPv6 client keyed by its /64, as ClientIp::ipv6_prefix(64) does.
+    let net = Key::new("2001:db8:1:2::/64");
+    assert!(decide(&ip_limiter, &net, 3).is_allowed());
+    assert!(decide(&ip_limiter, &net, 1).is_denied());
+    let o = run_cli(&[
+        "reset",
+        "login_ip",
+        "--ip",
+        "2001:db8:1:2::99",
+        "--ipv6-prefix",
+        "64",
+    ]);
+    expect(&o, 0);
+    assert!(decide(&ip_limiter, &net, 1).is_allowed());
+
+    // An account delayed by the progressive delay.
+    let account = c.limiter(&url, "login_account");
+    let email = Key::email("carol@example.com");
+    for _ in 0..3 {
+        decide(&account, &email, 1);
+    }
+    let blocked = decide(&account, &email, 0);
+    assert!(blocked.is_denied(), "{blocked:?}");
+    let out = expect(
+        &run_cli(&["inspect", "login_account", "--email", "Carol@example.com"]),
+        0,
+    );
+    assert!(field(&out, "verdict").starts_with("REFUSED"), "{out}");
+    expect(
+        &run_cli(&["reset", "login_account", "--email", "Carol@example.com"]),
+        0,
+    );
+    assert!(decide(&account, &email, 0).is_allowed());
+
+    // Another key is untouched.
+    let other = Key::new("198.51.100.1");
+    decide(&ip_limiter, &other, 2);
+    expect(&run_cli(&["reset", "login_ip", "--ip", "203.0.113.7"]), 0);
+    assert_eq!(decide(&ip_limiter, &other, 1).remaining(), 0);
+}
+
+// ---------------------------------------------------------------- overrides
+
+#[test]
+fn overrides_change_what_the_services_decide() {
+    let Some(url) = shared_url() else { return };
+    let c = config("t-override");
+    let run_cli = |args: &[&str]| {
+        let mut full = vec!["-c", c.arg()];
+        full.extend(args);
+        run(&full, &[("REDIS_URL", &url)])
+    };
+    let service = c.limiter(&url, "api");
+    let vip = Key::secret("sk_vip");
+    let other = Key::new("10.0.0.1");
+
+    // Limiter-wide, as flags: fields not given keep their configured value.
+    let out = expect(&run_cli(&["override", "set", "api", "--capacity", "2"]), 0);
+    assert!(
+        out.contains("override set for limiter api (every key): token_bucket: capacity = 2, refill = \"1/1h\""),
+        "{out}"
+    );
+    assert_eq!(decide(&service, &other, 1).limit(), 2);
+
+    // Per key, as a TOML snippet; the key given on standard input.
+    let o = run_with(
+        &[
+            "-c",
+            c.arg(),
+            "override",
+            "set",
+            "api",
+            "--api-key",
+            "-",
+            "--toml",
+            "capacity = 50\nrefill = \"50/min\"",
+        ],
+        &[("REDIS_URL", &url)],
+        "sk_vip\n",
+    );
+    expect(&o, 0);
+    let d = decide(&service, &vip, 1);
+    assert_eq!((d.limit(), d.remaining()), (50, 49));
+    assert_eq!(decide(&service, &other, 1).limit(), 2);
+
+    // show and inspect report what is in force, and from where.
+    let out = expect(
+        &run_cli(&["override", "show", "api", "--api-key", "sk_vip"]),
+        0,
+    );
+    assert!(
+        field(&out, "limiter-wide").contains("capacity = 2"),
+        "{out}"
+    );
+    assert!(field(&out, "this key").contains("capacity = 50"), "{out}");
+    assert!(
+        field(&out, "in force").ends_with("(from the key's override)"),
+        "{out}"
+    );
+    let out = expect(&run_cli(&["inspect", "api", "--key", "10.0.0.1"]), 0);
+    assert!(
+        field(&out, "in force").ends_with("(from the limiter-wide override)"),
+        "{out}"
+    );
+    assert_eq!(field(&out, "limit"), "2");
+    assert_eq!(field(&out, "remaining"), "0");
+
+    // Clearing the key's override falls back to the limiter-wide one.
+    let out = expect(
+        &run_cli(&["override", "clear", "api", "--api-key", "sk_vip"]),
+        0,
+    );
+    assert!(out.contains("override cleared") && out.contains("was token_bucket: capacity = 50"));
+    assert_eq!(decide(&service, &vip, 0).limit(), 2);
+    // ... and clearing that one to the configuration.
+    expect(&run_cli(&["override", "clear", "api"]), 0);
+    assert_eq!(decide(&service, &vip, 0).limit(), 10);
+    let out = expect(&run_cli(&["override", "clear", "api"]), 0);
+    assert!(out.contains("no override was set"), "{out}");
+    let out = expect(&run_cli(&["override", "show", "api"]), 0);
+    assert_eq!(field(&out, "limiter-wide"), "none");
+
+    // A sliding window and a progressive delay take their own fields.
+    expect(
+        &run_cli(&[
+            "override", "set", "login_ip", "--limit", "100", "--window", "1m",
+        ]),
+        0,
+    );
+    let login = c.limiter(&url, "login_ip");
+    assert_eq!(decide(&login, &other, 1).limit(), 100);
+    expect(
+        &run_cli(&["override", "set", "login_account", "--free-attempts", "9"]),
+        0,
+    );
+    let account = c.limiter(&url, "login_account");
+    assert_eq!(decide(&account, &other, 0).limit(), 9);
+    expect(&run_cli(&["override", "clear", "login_ip"]), 0);
+    expect(&run_cli(&["override", "clear", "login_account"]), 0);
+}
+
+#[test]
+fn invalid_overrides_exit_2_and_never_reach_redis() {
+    let Some(url) = shared_url() else { return };
+    let c = config("t-badoverride");
+    for (args, want) in [
+        (
+            vec!["api", "--capacity", "0"],
+            "limiters.api.capacity: must be at least 1",
+        ),
+        (
+            vec!["api", "--limit", "5"],
+            "limiters.api.limit: belongs to sliding_window",
+        ),
+        (vec!["api", "--refill", "fast"], "limiters.api.refill"),
+        (vec!["costly", "--capacity", "3"], "limiters.costly.cost"),
+        (
+            vec!["api", "--toml", "timeout = \"1s\""],
+            "limiters.api.timeout: not part of a runtime override",
+        ),
+        (
+            vec!["api", "--toml", "strategy = \"sliding_window\"\nlimit = 3"],
+            "limiters.api.strategy",
+        ),
+        (vec!["api", "--toml", "capacty = 3"], "capacty"),
+        (
+            vec!["login_ip", "--window", "0s"],
+            "limiters.login_ip.window",
+        ),
+        (
+            vec!["login_account", "--max-delay", "1s"],
+            "limiters.login_account.max_delay",
+        ),
+    ] {
+        let mut full = vec!["-c", c.arg(), "--redis-url", &url, "override", "set"];
+        full.extend(args.iter().copied());
+        let o = run(&full, &[]);
+        expect(&o, 2);
+        assert!(
+            stderr(&o).contains(want),
+            "{args:?}: want {want:?} in:\n{}",
+            stderr(&o)
+        );
+    }
+    let server = RedisServer::shared().unwrap().lock().unwrap();
+    let keys = server.cli(&["--scan", "--pattern", "t-badoverride:*"]);
+    assert_eq!(keys.trim(), "", "nothing may have been written");
+}
+
+// ---------------------------------------------------------------- durability
+
+#[test]
+fn durability_passes_on_a_durable_server() {
+    let Some(server) = RedisServer::builder().appendonly(true).start() else {
+        return;
+    };
+    let o = run(&["durability"], &[("REDIS_URL", &server.url())]);
+    let out = expect(&o, 0);
+    assert!(out.contains("appendonly        yes"), "{out}");
+    assert!(out.contains("maxmemory-policy  noeviction"), "{out}");
+    assert!(out.contains("durable: yes"), "{out}");
+    assert!(out.contains(&format!("server            127.0.0.1:{}", server.port())));
+    let o = run(
+        &["--redis-url", &server.url(), "durability", "--strict"],
+        &[],
+    );
+    expect(&o, 0);
+}
+
+#[test]
+fn durability_fails_on_a_server_without_aof() {
+    let Some(server) = RedisServer::builder().appendonly(false).start() else {
+        return;
+    };
+    let o = run(&["--redis-url", &server.url(), "durability"], &[]);
+    let out = expect(&o, 3);
+    assert!(out.contains("appendonly is not yes"), "{out}");
+    assert!(out.contains("durable: NO"), "{out}");
+}
+
+#[test]
+fn durability_fails_on_an_evicting_server() {
+    let Some(server) = RedisServer::builder()
+        .appendonly(true)
+        .maxmemory_policy("volatile-lru")
+        .start()
+    else {
+        return;
+    };
+    let o = run(&["--redis-url", &server.url(), "durability"], &[]);
+    let out = expect(&o, 3);
+    assert!(
+        out.contains("maxmemory-policy is volatile-lru, not noeviction"),
+        "{out}"
+    );
+    assert!(!out.contains("appendonly is not yes"), "{out}");
+}
+
+#[test]
+fn unreadable_settings_fail_only_under_strict() {
+    let Some(server) = RedisServer::builder()
+        .appendonly(true)
+        .raw_args(["--rename-command", "CONFIG", ""])
+        .start()
+    else {
+        return;
+    };
+    let o = run(&["--redis-url", &server.url(), "durability"], &[]);
+    let out = expect(&o, 0);
+    assert!(out.contains("durable: unknown"), "{out}");
+    let o = run(
+        &["--redis-url", &server.url(), "durability", "--strict"],
+        &[],
+    );
+    let out = expect(&o, 3);
+    assert!(out.contains("refused under --strict"), "{out}");
+}
