@@ -77,8 +77,11 @@ impl Key {
         s.push_str(kind);
         s.push(':');
         // 128 bits of the digest are plenty to keep keys apart.
+        // Hex by table: `format!` per byte cost more than the hash itself.
+        const HEX: &[u8; 16] = b"0123456789abcdef";
         for b in &digest[..16] {
-            s.push_str(&format!("{b:02x}"));
+            s.push(char::from(HEX[usize::from(b >> 4)]));
+            s.push(char::from(HEX[usize::from(b & 15)]));
         }
         Self(s.into())
     }
