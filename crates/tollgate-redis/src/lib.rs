@@ -456,10 +456,9 @@ impl RedisBackend {
             Op::Reset => -1,
         };
         let policy = encoding::encode(req.policy)?;
-        let now = match &self.inner.clock {
-            Some(c) => c.now().to_string(),
-            None => String::new(),
-        };
+        // Caller time is read once, so a redirected call decides at the
+        // same instant.
+        let now = self.inner.clock.as_ref().map(|c| c.now());
         let state = self.state_key(req.limiter, req.key);
         let log = format!("{state}:log");
         let key_override = format!("{state}:override");
@@ -481,8 +480,11 @@ impl RedisBackend {
             if !cluster {
                 inv.key(&limiter_override_key);
             }
-            inv.arg(&now)
-                .arg(cost)
+            match now {
+                Some(now) => inv.arg(now),
+                None => inv.arg(""),
+            };
+            inv.arg(cost)
                 .arg(&policy)
                 .arg(&limiter_override)
                 .arg(self.inner.min_ttl_ms);
