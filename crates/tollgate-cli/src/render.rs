@@ -34,12 +34,30 @@ pub(crate) fn config_duration(d: Duration) -> String {
 
 /// A duration for people: whole seconds when it is one, else seconds with
 /// milliseconds (`0s`, `15s`, `1.235s`).
+/// From a minute on, the rounded span follows (`3596.209s (59m 56s)`).
 pub(crate) fn human_duration(d: Duration) -> String {
-    if d.subsec_nanos() == 0 {
+    let secs = if d.subsec_nanos() == 0 {
         format!("{}s", d.as_secs())
     } else {
         format!("{:.3}s", d.as_secs_f64())
+    };
+    if d.as_secs() < 60 {
+        return secs;
     }
+    let whole = Duration::from_secs(d.as_secs() + u64::from(d.subsec_millis() >= 500));
+    format!("{secs} ({})", humantime::format_duration(whole))
+}
+
+/// A refill rate as configuration writes it: `60/min`, `10/s`, `5/15m`.
+fn rate(count: u64, period: Duration) -> String {
+    let per = match period.as_secs() {
+        1 if period.subsec_nanos() == 0 => "s".to_owned(),
+        60 if period.subsec_nanos() == 0 => "min".to_owned(),
+        3600 if period.subsec_nanos() == 0 => "h".to_owned(),
+        86_400 if period.subsec_nanos() == 0 => "day".to_owned(),
+        _ => config_duration(period),
+    };
+    format!("{count}/{per}")
 }
 
 /// The policy's fields, as configuration spells them, with TOML values.
@@ -48,10 +66,7 @@ pub(crate) fn policy_fields(p: &Policy) -> Vec<(&'static str, String)> {
     match p {
         Policy::TokenBucket(tb) => vec![
             ("capacity", tb.capacity().to_string()),
-            (
-                "refill",
-                toml_string(&format!("{}/{}", tb.refill(), config_duration(tb.period()))),
-            ),
+            ("refill", toml_string(&rate(tb.refill(), tb.period()))),
         ],
         Policy::SlidingWindow(sw) => {
             let mut f = vec![
@@ -199,7 +214,7 @@ mod tests {
         let p = override_policy(&l, "capacity = 500").unwrap();
         assert_eq!(
             describe(&p),
-            "token_bucket: capacity = 500, refill = \"60/1m\""
+            "token_bucket: capacity = 500, refill = \"60/min\""
         );
     }
 
@@ -227,6 +242,16 @@ mod tests {
         assert_eq!(human_duration(Duration::ZERO), "0s");
         assert_eq!(human_duration(Duration::from_secs(15)), "15s");
         assert_eq!(human_duration(Duration::from_micros(1_234_567)), "1.235s");
+        assert_eq!(
+            human_duration(Duration::from_micros(3_596_209_000)),
+            "3596.209s (59m 56s)"
+        );
+        assert_eq!(rate(60, Duration::from_secs(60)), "60/min");
+        assert_eq!(rate(7, Duration::from_millis(1500)), "7/1s 500ms");
+        for (n, p) in [(1, 1), (2, 60), (3, 3600), (4, 86_400), (5, 900)] {
+            let p = Duration::from_secs(p);
+            assert_eq!(tollgate_core::parse_rate(&rate(n, p)), Ok((n, p)));
+        }
         assert_eq!(toml_string("a\"b\\"), "\"a\\\"b\\\\\"");
     }
 }

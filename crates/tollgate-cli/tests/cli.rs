@@ -217,7 +217,7 @@ fn config_validate_accepts_a_good_file_and_lists_its_limiters() {
     assert!(out.contains("4 limiter(s)"), "{out}");
     assert!(out.contains("prefix \"t-validate\""), "{out}");
     assert!(
-        out.contains("token_bucket: capacity = 10, refill = \"1/1h\"; cost 4"),
+        out.contains("token_bucket: capacity = 10, refill = \"1/h\"; cost 4"),
         "{out}"
     );
     // --config and positional files are layered in order.
@@ -587,7 +587,9 @@ fn overrides_change_what_the_services_decide() {
     // Limiter-wide, as flags: fields not given keep their configured value.
     let out = expect(&run_cli(&["override", "set", "api", "--capacity", "2"]), 0);
     assert!(
-        out.contains("override set for limiter api (every key): token_bucket: capacity = 2, refill = \"1/1h\""),
+        out.contains(
+            "override set for limiter api (every key): token_bucket: capacity = 2, refill = \"1/h\""
+        ),
         "{out}"
     );
     assert_eq!(decide(&service, &other, 1).limit(), 2);
