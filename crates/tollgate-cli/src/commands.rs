@@ -246,7 +246,7 @@ fn print_decision(d: &Decision) {
         println!("verdict      allowed: a request of cost 1 would pass now");
     } else {
         println!(
-            "verdict      REFUSED: a request of cost 1 would be refused for {} (Retry-After: {})",
+            "verdict      REFUSED: a request of cost 1 would be refused for {}; Retry-After: {}",
             human_duration(d.retry_after()),
             d.retry_after_secs()
         );
