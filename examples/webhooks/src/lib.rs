@@ -186,8 +186,9 @@ pub struct Reply {
     pub status: StatusCode,
     /// The limiter that refused (from the problem+json body), if any.
     pub refused_by: Option<String>,
-    /// The `Server` header (nginx says who it is).
-    pub server: Option<String>,
+    /// The `Content-Type` (the app refuses with problem+json, nginx with
+    /// its HTML page).
+    pub content_type: Option<String>,
 }
 
 /// A webhook sender that says which client it stands for with
@@ -224,16 +225,16 @@ impl Sender {
             .request(req.body(Full::from(payload.to_string()))?)
             .await?;
         let status = res.status();
-        let server = res
+        let content_type = res
             .headers()
-            .get("server")
+            .get("content-type")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         let body = res.into_body().collect().await?.to_bytes();
         Ok(Reply {
             status,
             refused_by: refused_by(&body),
-            server,
+            content_type,
         })
     }
 }
