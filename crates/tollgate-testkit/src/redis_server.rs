@@ -52,7 +52,10 @@ pub fn available() -> bool {
                  (apt-get install -y redis-server redis-tools)"
             );
         }
-        eprintln!(
+        // Straight to the stderr handle: the test harness captures
+        // `eprintln!` of passing tests, and this must be seen.
+        let _ = writeln!(
+            std::io::stderr(),
             "\n*** SKIPPING Redis tests: redis-server / redis-cli not found on PATH \
              (apt-get install -y redis-server redis-tools) ***\n"
         );
