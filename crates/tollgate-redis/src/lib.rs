@@ -584,3 +584,42 @@ impl Backend for RedisBackend {
         Ok(v.as_deref().map(encoding::decode).transpose()?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builder_debug_hides_credentials() {
+        let b = RedisBackend::builder("redis://limiter:s3cret@127.0.0.1:6379/0");
+        let shown = format!("{b:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("127.0.0.1:6379"), "{shown}");
+    }
+
+    #[test]
+    fn replies_are_checked() {
+        let ok = [
+            Value::Int(1),
+            Value::Int(5),
+            Value::Int(4),
+            Value::Int(0),
+            Value::Int(7),
+        ];
+        let Ok(Reply::Decision(d)) = parse_reply(&ok) else {
+            panic!("a decision")
+        };
+        assert_eq!(d, Decision::from_micros(true, 5, 4, 0, 7));
+        let redirect = [Value::Int(-1), Value::BulkString(b"w".to_vec())];
+        assert!(matches!(
+            parse_reply(&redirect),
+            Ok(Reply::Redirect(Strategy::SlidingWindow))
+        ));
+        for bad in [
+            &[Value::Int(1)][..],
+            &[Value::Int(-1), Value::BulkString(b"z".to_vec())],
+        ] {
+            assert!(matches!(parse_reply(bad), Err(RedisError::Protocol(_))));
+        }
+    }
+}
