@@ -104,14 +104,11 @@ async fn login(State(users): State<Arc<Users>>, Json(c): Json<Credentials>) -> R
 /// written by a proxy on `trusted_proxies` (nginx on the same host:
 /// `127.0.0.1/32`). Trust only your proxies' addresses: anyone else could
 /// choose their own IP.
-pub fn app<B: Backend>(
+pub fn app<B: Backend + Clone>(
     config: &Config,
     backend: B,
     trusted_proxies: Vec<IpNet>,
-) -> Result<Router, ConfigError>
-where
-    B: Clone,
-{
+) -> Result<Router, ConfigError> {
     let per_ip = config.limiter("login_ip")?.build(backend.clone());
     let per_account = config.limiter("login_account")?.build(backend);
     let client_ip = ClientIp::new().trust_proxies(trusted_proxies);

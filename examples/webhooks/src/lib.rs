@@ -64,10 +64,9 @@ async fn route_keys(req: Request, next: Next) -> Response {
     let path = parts.uri.path();
     let keys = if path == "/slack/events" {
         slack_keys(&payload)
-    } else if let Some(bot) = path.strip_prefix("/telegram/") {
-        Some(telegram_keys(bot, &payload))
     } else {
-        None
+        path.strip_prefix("/telegram/")
+            .map(|bot| telegram_keys(bot, &payload))
     };
     if let Some((source, channel)) = keys {
         parts.extensions.insert(Source(Key::composite(&source)));
