@@ -263,36 +263,16 @@ impl RedisBackendBuilder {
     }
 
     /// Connects, loads the scripts and runs the durability check.
+    ///
+    /// Fails when Redis cannot be reached; see
+    /// [`build_lazy`](Self::build_lazy) for a service that must start
+    /// whatever the state of Redis.
     pub async fn build(self) -> Result<RedisBackend, RedisError> {
-        if self.prefix.contains(['{', '}']) {
-            return Err(RedisError::InvalidLimiterName(self.prefix));
-        }
-        if self.urls.iter().any(|u| u.starts_with("rediss://")) {
-            #[cfg(not(feature = "tls"))]
-            return Err(RedisError::Unsupported("rediss:// needs the `tls` feature"));
-            #[cfg(feature = "tls")]
-            {
-                // Several rustls providers may be compiled in; pick ring.
-                let _ = rustls::crypto::ring::default_provider().install_default();
-            }
-        }
+        self.check()?;
         let conn = if self.cluster {
             self.cluster_conn().await?
         } else {
-            let url = self.urls.first().ok_or(RedisError::Unsupported("no URL"))?;
-            let manager = bb8_redis::RedisConnectionManager::new(self.connection_info(url)?)?;
-            let pool = bb8::Pool::builder()
-                .max_size(self.pool_size)
-                .test_on_check_out(self.test_on_check_out)
-                // Open every connection up front so the slots get distinct
-                // ones (in shared mode a checkout is returned at once).
-                .min_idle(self.pool_size)
-                .connection_timeout(self.pool_timeout)
-                // Fail fast while Redis is down: the limiter's fail mode
-                // answers, and the next call tries to connect again.
-                .retry_connection(false)
-                .build(conn::Manager::new(manager))
-                .await?;
+            let pool = self.pool_builder().build(self.manager()?).await?;
             Conn::pool(
                 pool,
                 self.exclusive_checkout,
@@ -300,22 +280,14 @@ impl RedisBackendBuilder {
                 self.pool_size,
             )
         };
-        let backend = RedisBackend {
-            inner: Arc::new(Inner {
-                conn,
-                prefix: self.prefix,
-                clock: self.clock,
-                min_ttl_ms: u64::try_from(self.min_ttl.as_millis()).unwrap_or(u64::MAX),
-                override_cache_ttl: self.override_cache_ttl,
-                override_cache: Mutex::default(),
-            }),
-        };
+        let durability = self.durability;
+        let backend = self.backend(conn);
         for code in scripts::ALL {
             let mut load = redis::cmd("SCRIPT");
             load.arg("LOAD").arg(code);
             let _: Value = backend.inner.conn.query(&load).await?;
         }
-        match self.durability {
+        match durability {
             Durability::Skip => {}
             mode => {
                 let report = backend.check_durability().await?;
@@ -326,6 +298,79 @@ impl RedisBackendBuilder {
             }
         }
         Ok(backend)
+    }
+
+    /// Builds a single-server backend without touching the network: the
+    /// pool connects on the first decision (and keeps trying on the next
+    /// ones while Redis is down, each failing fast so the limiter's fail
+    /// mode answers); scripts load on first use. The durability check does
+    /// not run: call [`RedisBackend::check_durability`] once Redis is up.
+    ///
+    /// For services that must start even when Redis is not there yet (a
+    /// fail-open API-key limit). Call it within a Tokio runtime.
+    pub fn build_lazy(self) -> Result<RedisBackend, RedisError> {
+        self.check()?;
+        if self.cluster {
+            return Err(RedisError::Unsupported(
+                "a lazy start needs a single server",
+            ));
+        }
+        let pool = self.pool_builder().build_unchecked(self.manager()?);
+        let conn = Conn::pool(
+            pool,
+            self.exclusive_checkout,
+            self.pool_timeout,
+            self.pool_size,
+        );
+        Ok(self.backend(conn))
+    }
+
+    fn check(&self) -> Result<(), RedisError> {
+        if self.prefix.contains(['{', '}']) {
+            return Err(RedisError::InvalidLimiterName(self.prefix.clone()));
+        }
+        if self.urls.iter().any(|u| u.starts_with("rediss://")) {
+            #[cfg(not(feature = "tls"))]
+            return Err(RedisError::Unsupported("rediss:// needs the `tls` feature"));
+            #[cfg(feature = "tls")]
+            {
+                // Several rustls providers may be compiled in; pick ring.
+                let _ = rustls::crypto::ring::default_provider().install_default();
+            }
+        }
+        Ok(())
+    }
+
+    fn manager(&self) -> Result<conn::Manager, RedisError> {
+        let url = self.urls.first().ok_or(RedisError::Unsupported("no URL"))?;
+        let manager = bb8_redis::RedisConnectionManager::new(self.connection_info(url)?)?;
+        Ok(conn::Manager::new(manager))
+    }
+
+    fn pool_builder(&self) -> bb8::Builder<conn::Manager> {
+        bb8::Pool::builder()
+            .max_size(self.pool_size)
+            .test_on_check_out(self.test_on_check_out)
+            // Open every connection up front so the slots get distinct
+            // ones (in shared mode a checkout is returned at once).
+            .min_idle(self.pool_size)
+            .connection_timeout(self.pool_timeout)
+            // Fail fast while Redis is down: the limiter's fail mode
+            // answers, and the next call tries to connect again.
+            .retry_connection(false)
+    }
+
+    fn backend(self, conn: Conn) -> RedisBackend {
+        RedisBackend {
+            inner: Arc::new(Inner {
+                conn,
+                prefix: self.prefix,
+                clock: self.clock,
+                min_ttl_ms: u64::try_from(self.min_ttl.as_millis()).unwrap_or(u64::MAX),
+                override_cache_ttl: self.override_cache_ttl,
+                override_cache: Mutex::default(),
+            }),
+        }
     }
 
     fn connection_info(&self, url: &str) -> Result<redis::ConnectionInfo, RedisError> {

@@ -260,6 +260,38 @@ async fn crash_errors_then_reconnects() {
     assert!(ok, "the backend did not reconnect after a restart");
 }
 
+/// A lazily built backend starts while Redis is down: decisions fail
+/// (the fail mode answers) until Redis is up, then succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lazy_start_before_redis() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    server.kill();
+    let b = RedisBackend::builder(server.url())
+        .prefix("lazy")
+        .build_lazy()
+        .expect("no I/O at build time");
+    let l = Limiter::builder("api", TokenBucket::new(2, 1, 60 * S).unwrap(), b)
+        .timeout(Duration::from_millis(300))
+        .build();
+    let k = Key::new("k");
+    assert!(
+        l.try_acquire(&k, 1).await.is_err(),
+        "redis is not there yet"
+    );
+    server.restart();
+    let mut allowed = None;
+    for _ in 0..100 {
+        if let Ok(d) = l.try_acquire(&k, 1).await {
+            allowed = Some(d.is_allowed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(allowed, Some(true), "decisions once redis is up");
+}
+
 /// With AOF (`appendfsync always`), a crash and restart keep the counters.
 #[tokio::test]
 async fn aof_restart_keeps_counters() {
