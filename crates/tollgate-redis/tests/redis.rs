@@ -449,8 +449,10 @@ async fn acl_user_from_url() {
 const CHILD_ENV: &str = "TOLLGATE_REDIS_CHILD";
 
 /// Not a test on its own: the worker that `processes_share_one_counter`
-/// runs in child processes (it does nothing unless the env var is set).
+/// runs in child processes (ignored in normal runs; the parent runs it with
+/// `--ignored`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "child process of processes_share_one_counter"]
 async fn child_worker() {
     let Ok(spec) = std::env::var(CHILD_ENV) else {
         return;
@@ -500,7 +502,7 @@ fn processes_share_one_counter() {
         let children: Vec<_> = (0..4)
             .map(|_| {
                 Command::new(&exe)
-                    .args(["child_worker", "--exact", "--nocapture", "--test-threads=1"])
+                    .args(["child_worker", "--exact", "--ignored", "--nocapture"])
                     .env(CHILD_ENV, format!("{url} {prefix} {kind}"))
                     .stdout(std::process::Stdio::piped())
                     .spawn()
