@@ -308,8 +308,33 @@ impl TryFrom<RawAimdConfig> for AimdConfig {
     type Error = ConfigError;
 
     fn try_from(raw: RawAimdConfig) -> Result<Self, ConfigError> {
+        raw.into_config("aimd")
+    }
+}
+
+impl AimdConfig {
+    /// Reads `[adaptive.<name>]` of a layered [`Config`](crate::Config):
+    /// errors name `adaptive.<name>` and the field.
+    pub(crate) fn from_value(
+        name: &str,
+        value: figment::value::Value,
+    ) -> Result<Self, ConfigError> {
+        let path = format!("adaptive.{name}");
+        let raw: RawAimdConfig = Figment::from(figment::providers::Serialized::defaults(value))
+            .extract()
+            .map_err(|mut e| {
+                e.path.insert(0, path.clone());
+                ConfigError::Parse(Box::new(e))
+            })?;
+        raw.into_config(&path)
+    }
+}
+
+impl RawAimdConfig {
+    fn into_config(self, path: &str) -> Result<AimdConfig, ConfigError> {
+        let raw = self;
         let bad = |field: &'static str, reason: String| ConfigError::Invalid {
-            path: "aimd".into(),
+            path: path.to_owned(),
             field,
             reason,
         };
@@ -351,7 +376,7 @@ impl TryFrom<RawAimdConfig> for AimdConfig {
                 )?,
             },
         };
-        config.validate()?;
+        config.validate_at(path)?;
         Ok(config)
     }
 }

@@ -41,6 +41,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::aimd::AimdConfig;
 use crate::backend::Backend;
 use crate::breaker::BreakerConfig;
 use crate::limiter::{DEFAULT_TIMEOUT, FailMode, Limiter};
@@ -70,6 +71,9 @@ pub enum ConfigError {
     /// A consumer asked for a limiter that the configuration lacks.
     #[error("invalid tollgate configuration: no limiter named {0:?} (add [limiters.{0}])")]
     Missing(String),
+    /// A consumer asked for an adaptive limiter that the configuration lacks.
+    #[error("invalid tollgate configuration: no adaptive limiter named {0:?} (add [adaptive.{0}])")]
+    MissingAdaptive(String),
 }
 
 impl ConfigError {
@@ -130,6 +134,9 @@ struct RawConfig {
     defaults: RawDefaults,
     #[serde(default)]
     limiters: BTreeMap<String, RawLimiter>,
+    /// Adaptive (AIMD) limiters, checked by [`AimdConfig`].
+    #[serde(default)]
+    adaptive: BTreeMap<String, figment::value::Value>,
 }
 
 /// Gathers configuration layers; [`load`](Self::load) merges and validates
@@ -232,6 +239,7 @@ impl LimiterConfig {
 pub struct Config {
     prefix: String,
     limiters: BTreeMap<String, LimiterConfig>,
+    adaptive: BTreeMap<String, AimdConfig>,
 }
 
 impl Config {
@@ -252,6 +260,13 @@ impl Config {
         self.limiters
             .get(name)
             .ok_or_else(|| ConfigError::Missing(name.to_owned()))
+    }
+
+    /// The settings of adaptive limiter `name` (`[adaptive.<name>]`).
+    pub fn adaptive(&self, name: &str) -> Result<&AimdConfig, ConfigError> {
+        self.adaptive
+            .get(name)
+            .ok_or_else(|| ConfigError::MissingAdaptive(name.to_owned()))
     }
 
     /// Every configured limiter, by name.
@@ -302,7 +317,16 @@ impl Config {
             let cfg = validate(&name, &l, fail_mode, timeout, breaker)?;
             limiters.insert(name, cfg);
         }
-        Ok(Self { prefix, limiters })
+        let adaptive = raw
+            .adaptive
+            .into_iter()
+            .map(|(name, value)| AimdConfig::from_value(&name, value).map(|c| (name, c)))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            prefix,
+            limiters,
+            adaptive,
+        })
     }
 }
 
@@ -588,6 +612,19 @@ mod tests {
         let c = load("").unwrap();
         let e = c.limiter("nope").unwrap_err().to_string();
         assert!(e.contains("\"nope\""), "{e}");
+    }
+
+    #[test]
+    fn adaptive_sections_load_and_name_their_errors() {
+        let c = load("[adaptive.crawler]\nmax_rate = '20/s'\nreaction_window = '2s'").unwrap();
+        let a = c.adaptive("crawler").unwrap();
+        assert_eq!(a.max_rate, 20.0);
+        assert_eq!(a.reaction_window, Duration::from_secs(2));
+        assert!(c.adaptive("other").is_err());
+        let e = err("[adaptive.crawler]\nburst = 0");
+        assert!(e.contains("adaptive.crawler.burst"), "{e}");
+        let e = err("[adaptive.crawler]\nbrust = 2");
+        assert!(e.contains("brust") && e.contains("adaptive.crawler"), "{e}");
     }
 
     #[test]
