@@ -6,12 +6,16 @@
 #
 #   crates/tollgate-tower/benches/wrk.sh [ROUNDS] [SECONDS] [CONNECTIONS]
 #
-# Needs `wrk` (Debian package). Prints requests/s per round, the medians
-# and the ratio limited/bare.
+# Needs `wrk` (Debian package). Prints requests/s per round, then the
+# ratio limited/bare of the medians and of the best rounds (on a shared
+# machine other work only ever lowers a round, so the best rounds are the
+# least disturbed estimate of each server's capacity), and the server's
+# CPU time per request, which other load barely moves: bare/limited is the
+# throughput ratio of a CPU-bound server.
 set -euo pipefail
 
-ROUNDS=${1:-3}
-SECS=${2:-5}
+ROUNDS=${1:-8}
+SECS=${2:-3}
 CONNS=${3:-32}
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
@@ -45,9 +49,16 @@ for port in "$BARE_PORT" "$LIMITED_PORT"; do
   done
 done
 
-run() { # port -> requests/s
-  wrk -t1 -c"$CONNS" -d"${SECS}s" --timeout 2s -H 'x-api-key: bench_key' \
-    "http://127.0.0.1:$1/v1/items" | awk '/Requests\/sec/ {print $2}'
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+run() { # port pid -> "requests/s server-CPU-µs/request"
+  local before after out
+  before=$(cpu_ticks "$2")
+  out=$(wrk -t1 -c"$CONNS" -d"${SECS}s" --timeout 2s -H 'x-api-key: bench_key' "http://127.0.0.1:$1/v1/items")
+  after=$(cpu_ticks "$2")
+  awk -v t="$((after - before))" -v hz="$(getconf CLK_TCK)" '
+    /requests in/ {n = $1}
+    /Requests\/sec/ {rps = $2}
+    END {printf "%s %.2f\n", rps, t / hz * 1e6 / n}' <<<"$out"
 }
 check_all_ok() { # the limited server must have answered 200 to everything
   local non2xx
@@ -56,16 +67,25 @@ check_all_ok() { # the limited server must have answered 200 to everything
 }
 
 check_all_ok "$LIMITED_PORT"
-run "$BARE_PORT" >/dev/null   # warm-up
-run "$LIMITED_PORT" >/dev/null
+run "$BARE_PORT" "$BARE_PID" >/dev/null   # warm-up
+run "$LIMITED_PORT" "$LIMITED_PID" >/dev/null
 
-bare=(); limited=()
+bare=(); limited=(); bare_cpu=(); limited_cpu=()
 for r in $(seq "$ROUNDS"); do
-  b=$(run "$BARE_PORT"); l=$(run "$LIMITED_PORT")
-  bare+=("$b"); limited+=("$l")
-  echo "round $r: bare $b req/s, limited $l req/s"
+  read -r b bc < <(run "$BARE_PORT" "$BARE_PID")
+  read -r l lc < <(run "$LIMITED_PORT" "$LIMITED_PID")
+  bare+=("$b"); limited+=("$l"); bare_cpu+=("$bc"); limited_cpu+=("$lc")
+  echo "round $r: bare $b req/s ($bc µs CPU/req), limited $l req/s ($lc µs CPU/req)"
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+best() { printf '%s\n' "$@" | sort -g | tail -1; }
+ratio() { awk -v l="$1" -v b="$2" 'BEGIN {printf "%.3f", l/b}'; }
 mb=$(median "${bare[@]}"); ml=$(median "${limited[@]}")
-echo "median: bare $mb req/s, limited $ml req/s, ratio $(awk -v l="$ml" -v b="$mb" 'BEGIN {printf "%.3f", l/b}')"
+bb=$(best "${bare[@]}"); bl=$(best "${limited[@]}")
+echo "median: bare $mb req/s, limited $ml req/s, ratio $(ratio "$ml" "$mb")"
+echo "best:   bare $bb req/s, limited $bl req/s, ratio $(ratio "$bl" "$bb")"
+# Server CPU per request does not depend on how much CPU others leave us.
+cb=$(median "${bare_cpu[@]}"); cl=$(median "${limited_cpu[@]}")
+echo "server CPU per request (median): bare $cb µs, limited $cl µs, ratio bare/limited $(ratio "$cb" "$cl")"
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "(wrk -t1 -c$CONNS -d${SECS}s, $ROUNDS rounds, $(nproc) cores, $(date -u +%F))"

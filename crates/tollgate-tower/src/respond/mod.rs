@@ -22,6 +22,7 @@ pub(crate) mod http_responder;
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::HeaderValue;
 use tollgate_core::decision::ceil_secs;
 use tollgate_core::{Decision, Policy};
@@ -71,44 +72,84 @@ impl<'a> Quota<'a> {
 
     /// `RateLimit-Policy: "name";q=<limit>;w=<window seconds>`.
     pub fn policy_header(&self) -> HeaderValue {
-        let s = format!(
-            "{};q={};w={}",
-            sf_string(self.name),
-            self.decision.limit(),
-            ceil_secs(self.policy.window()).max(1)
-        );
-        HeaderValue::try_from(s).unwrap_or_else(|_| HeaderValue::from_static("\"\""))
+        let q = self.decision.limit();
+        let w = ceil_secs(self.policy.window()).max(1);
+        // The same few values on every response: remember them per thread
+        // (no lock, no shared counter) instead of formatting each time.
+        POLICY_HEADERS.with_borrow_mut(|cache| {
+            if let Some((.., v)) = cache
+                .iter()
+                .find(|(n, cq, cw, _)| **n == *self.name && *cq == q && *cw == w)
+            {
+                return v.clone();
+            }
+            let v = field(self.name, (b'q', q), (b'w', w));
+            if cache.len() == POLICY_CACHE {
+                cache.remove(0);
+            }
+            cache.push((self.name.into(), q, w, v.clone()));
+            v
+        })
     }
 
     /// `RateLimit: "name";r=<remaining>;t=<seconds to reset>`.
     pub fn header(&self) -> HeaderValue {
-        let s = format!(
-            "{};r={};t={}",
-            sf_string(self.name),
-            self.decision.remaining(),
-            self.reset_secs()
-        );
-        HeaderValue::try_from(s).unwrap_or_else(|_| HeaderValue::from_static("\"\""))
+        field(
+            self.name,
+            (b'r', self.decision.remaining()),
+            (b't', self.reset_secs()),
+        )
     }
+}
+
+/// Policy header values remembered per thread.
+const POLICY_CACHE: usize = 16;
+
+thread_local! {
+    static POLICY_HEADERS: std::cell::RefCell<Vec<(Box<str>, u64, u64, HeaderValue)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `"name";a=1;b=2`, written without the formatting machinery: this runs
+/// on every response.
+fn field(name: &str, a: (u8, u64), b: (u8, u64)) -> HeaderValue {
+    let mut buf = Vec::with_capacity(name.len() + 48);
+    sf_string(&mut buf, name);
+    for (param, value) in [a, b] {
+        buf.extend_from_slice(&[b';', param, b'=']);
+        push_u64(&mut buf, value);
+    }
+    // Only printable ASCII was written.
+    HeaderValue::from_maybe_shared(Bytes::from(buf))
+        .unwrap_or_else(|_| HeaderValue::from_static("\"\""))
+}
+
+fn push_u64(buf: &mut Vec<u8>, mut v: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    buf.extend_from_slice(&digits[i..]);
 }
 
 /// A structured-field string: printable ASCII only, quotes and backslashes
 /// escaped; anything else becomes `_`.
-fn sf_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
+fn sf_string(buf: &mut Vec<u8>, s: &str) {
+    buf.push(b'"');
     for c in s.chars() {
         match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
-            }
-            ' '..='~' => out.push(c),
-            _ => out.push('_'),
+            '"' | '\\' => buf.extend_from_slice(&[b'\\', c as u8]),
+            ' '..='~' => buf.push(c as u8),
+            _ => buf.push(b'_'),
         }
     }
-    out.push('"');
-    out
+    buf.push(b'"');
 }
 
 /// Why a request was refused.
