@@ -105,8 +105,11 @@ impl<'a> Quota<'a> {
 /// Policy header values remembered per thread.
 const POLICY_CACHE: usize = 16;
 
+/// (limiter name, q, w, field value).
+type PolicyEntry = (Box<str>, u64, u64, HeaderValue);
+
 thread_local! {
-    static POLICY_HEADERS: std::cell::RefCell<Vec<(Box<str>, u64, u64, HeaderValue)>> =
+    static POLICY_HEADERS: std::cell::RefCell<Vec<PolicyEntry>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
