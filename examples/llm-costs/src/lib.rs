@@ -1,0 +1,156 @@
+//! An LLM gateway with two separate limits, each from the consumers table:
+//!
+//! * **API keys**: a token bucket per key, with one ceiling per role
+//!   (`api_standard`, `api_admin`), chosen per request by the tower
+//!   layer's policy resolver; fail-open.
+//! * **LLM calls**: a token bucket per key counted in model tokens
+//!   (`llm_tokens`), charged by each call's cost, its prompt plus
+//!   `max_tokens`, by the handler through the [`Limiter`] itself (an
+//!   internal consumer: a refusal is a typed
+//!   [`Denied`](tollgate_core::Denied)); fail-closed.
+//!
+//! A key can have API calls left and no tokens, or the other way round:
+//! cheap endpoints keep working when the inference budget is spent.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use http::{HeaderName, HeaderValue, Request, StatusCode, header};
+use serde::Deserialize;
+use tollgate_core::{Backend, Config, ConfigError, Error, Key, Limiter};
+use tollgate_tower::RateLimitLayer;
+use tollgate_tower::extract::ApiKey;
+
+/// The built-in limits.
+pub const LIMITS: &str = include_str!("../limits.toml");
+
+/// The limits: the built-in ones, overridden by `TOLLGATE_*` variables.
+pub fn limits() -> Result<Config, ConfigError> {
+    Config::builder().toml_str(LIMITS).env().load()
+}
+
+/// The key's role. A real gateway looks it up; here keys starting with
+/// `admin_` are admins.
+pub fn role_of(key: &str) -> &'static str {
+    if key.starts_with("admin_") {
+        "admin"
+    } else {
+        "standard"
+    }
+}
+
+/// The cost of a completion in model tokens: the prompt (about four
+/// characters a token) plus the most the model may answer.
+pub fn cost(prompt: &str, max_tokens: u64) -> u64 {
+    (prompt.chars().count() as u64).div_ceil(4) + max_tokens
+}
+
+/// A completion request.
+#[derive(Debug, Deserialize)]
+pub struct Completion {
+    /// The prompt.
+    pub prompt: String,
+    /// The most tokens the answer may take.
+    pub max_tokens: u64,
+}
+
+struct Gateway<B> {
+    tokens: Limiter<B>,
+}
+
+fn api_key(headers: &http::HeaderMap) -> Option<&str> {
+    headers.get("x-api-key")?.to_str().ok()
+}
+
+fn problem(status: StatusCode, limiter: Option<&str>, detail: &str) -> Response {
+    let mut body = serde_json::json!({
+        "type": "about:blank",
+        "title": status.canonical_reason(),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    if let Some(name) = limiter {
+        body["type"] = "https://iana.org/assignments/http-problem-types#quota-exceeded".into();
+        body["violated-policies"] = serde_json::json!([name]);
+    }
+    let mut res = (status, body.to_string()).into_response();
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    res
+}
+
+async fn complete<B: Backend>(
+    State(gw): State<Arc<Gateway<B>>>,
+    headers: http::HeaderMap,
+    Json(c): Json<Completion>,
+) -> Response {
+    // The API layer already refused requests without a key.
+    let Some(key) = api_key(&headers) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let tokens = cost(&c.prompt, c.max_tokens);
+    match gw
+        .tokens
+        .check_cost(&Key::secret(key), tokens)
+        .await
+        .into_result()
+    {
+        Ok(_) => Json(serde_json::json!({
+            "completion": "(a fake model's answer)",
+            "usage": { "charged_tokens": tokens },
+        }))
+        .into_response(),
+        // More than the whole budget: waiting will not help.
+        Err(denied) if matches!(denied.error, Some(Error::Policy(_))) => problem(
+            StatusCode::BAD_REQUEST,
+            None,
+            &format!("A call of {tokens} tokens exceeds the token budget."),
+        ),
+        Err(denied) => {
+            let secs =
+                denied.retry_after.as_secs() + u64::from(denied.retry_after.subsec_nanos() > 0);
+            let (status, limiter) = match denied.decision {
+                Some(_) => (StatusCode::TOO_MANY_REQUESTS, Some("llm_tokens")),
+                // The counter is down and inference is fail-closed.
+                None => (StatusCode::SERVICE_UNAVAILABLE, None),
+            };
+            let mut res = problem(status, limiter, "The token budget is spent; retry later.");
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+            res
+        }
+    }
+}
+
+/// The gateway: `POST /v1/complete` (JSON `{"prompt", "max_tokens"}`) and
+/// `GET /v1/models`, both under the per-role API limit (key in
+/// `x-api-key`); completions also under the token budget.
+pub fn app<B: Backend + Clone>(config: &Config, backend: B) -> Result<Router, ConfigError> {
+    let standard = config.limiter("api_standard")?.build(backend.clone());
+    let admin = config.limiter("api_admin")?.build(backend.clone());
+    let tokens = config.limiter("llm_tokens")?.build(backend);
+
+    let api_key = ApiKey::header(HeaderName::from_static("x-api-key"));
+    let per_role = RateLimitLayer::per_request(
+        move |req: &Request<Body>| match api_key_role(req) {
+            "admin" => admin.clone(),
+            _ => standard.clone(),
+        },
+        api_key,
+    );
+    Ok(Router::new()
+        .route("/v1/complete", post(complete::<B>))
+        .route("/v1/models", get(|| async { r#"{"models":["fake-1"]}"# }))
+        .with_state(Arc::new(Gateway { tokens }))
+        .layer(per_role))
+}
+
+fn api_key_role(req: &Request<Body>) -> &'static str {
+    api_key(req.headers()).map_or("standard", role_of)
+}

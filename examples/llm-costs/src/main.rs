@@ -1,0 +1,65 @@
+//! `cargo run -p llm-costs`: a standard key spends its token budget on
+//! three large completions (the third is refused, naming `llm_tokens`)
+//! while its cheap API calls keep working; an admin key has a higher API
+//! ceiling. `REDIS_URL=redis://127.0.0.1:6379` counts in Redis instead of
+//! memory.
+
+use std::error::Error;
+
+use axum::Router;
+use axum::body::Body;
+use http::Request;
+use tollgate_memory::MemoryBackend;
+use tollgate_redis::RedisBackend;
+use tower::ServiceExt;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
+    let config = llm_costs::limits()?;
+    let app: Router = match std::env::var("REDIS_URL") {
+        Ok(url) => {
+            let backend = RedisBackend::builder(url)
+                .prefix(config.prefix())
+                .build()
+                .await?;
+            eprintln!("counting in Redis");
+            llm_costs::app(&config, backend)?
+        }
+        Err(_) => llm_costs::app(&config, MemoryBackend::new())?,
+    };
+    println!("token budget 20000 per key (20000/h); API 60/min (standard), 600/min (admin)");
+    let prompt = "Summarise the attached report. ".repeat(40);
+    for i in 1..=3 {
+        let body = serde_json::json!({ "prompt": prompt, "max_tokens": 8000 }).to_string();
+        let req = Request::post("/v1/complete")
+            .header("x-api-key", "demo_key")
+            .header("content-type", "application/json")
+            .body(Body::from(body))?;
+        let res = app.clone().oneshot(req).await?;
+        let retry = res
+            .headers()
+            .get("retry-after")
+            .map(|v| format!("  Retry-After: {}", v.to_str().unwrap_or("?")))
+            .unwrap_or_default();
+        println!(
+            "completion #{i} ({} tokens): {}{retry}",
+            llm_costs::cost(&prompt, 8000),
+            res.status()
+        );
+    }
+    let req = Request::get("/v1/models")
+        .header("x-api-key", "demo_key")
+        .body(Body::empty())?;
+    let res = app.clone().oneshot(req).await?;
+    let ratelimit = res
+        .headers()
+        .get("ratelimit")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    println!("GET /v1/models: {}  RateLimit: {ratelimit}", res.status());
+    Ok(())
+}

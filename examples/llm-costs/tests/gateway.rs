@@ -1,0 +1,138 @@
+//! The API-key and LLM-cost rows on both backends (time from a mock
+//! clock): per-role ceilings through the policy resolver; a token budget
+//! charged by each call's tokens, separate from the API limit; each with
+//! its own fail mode.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use http::Request;
+use http_body_util::BodyExt;
+use tollgate_core::{Backend, Config, MockClock};
+use tollgate_memory::MemoryBackend;
+use tollgate_redis::RedisBackend;
+use tollgate_testkit::redis_server::RedisServer;
+use tower::ServiceExt;
+
+/// The shipped limits with smaller API ceilings: standard 5, admin 20.
+fn app<B: Backend + Clone>(backend: B) -> Router {
+    let config = Config::builder()
+        .toml_str(llm_costs::LIMITS)
+        .toml_str(
+            "[limiters.api_standard]\ncapacity = 5\nrefill = '5/min'\n\
+             [limiters.api_admin]\ncapacity = 20\nrefill = '20/min'\n",
+        )
+        .load()
+        .unwrap();
+    llm_costs::app(&config, backend).unwrap()
+}
+
+/// (status, violated policy, Retry-After).
+async fn send(app: &Router, req: Request<Body>) -> (u16, Option<String>, Option<u64>) {
+    let res = app.clone().oneshot(req).await.unwrap();
+    let status = res.status().as_u16();
+    let retry = res
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().parse().unwrap());
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let policy = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["violated-policies"][0].as_str().map(str::to_owned));
+    (status, policy, retry)
+}
+
+fn models(key: &str) -> Request<Body> {
+    Request::get("/v1/models")
+        .header("x-api-key", key)
+        .body(Body::empty())
+        .unwrap()
+}
+
+fn complete(key: &str, max_tokens: u64) -> Request<Body> {
+    let body = serde_json::json!({ "prompt": "x".repeat(400), "max_tokens": max_tokens });
+    Request::post("/v1/complete")
+        .header("x-api-key", key)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
+}
+
+async fn roles_and_token_budget<B: Backend + Clone>(backend: B, clock: MockClock) {
+    let app = app(backend);
+
+    // Per-role ceilings: a standard key gets 5, an admin key 20.
+    let mut standard = Vec::new();
+    for _ in 0..6 {
+        standard.push(send(&app, models("std_1")).await);
+    }
+    assert!(standard[..5].iter().all(|r| r.0 == 200), "{standard:?}");
+    assert_eq!(standard[5].0, 429);
+    assert_eq!(standard[5].1.as_deref(), Some("api_standard"));
+    for i in 0..20 {
+        assert_eq!(send(&app, models("admin_1")).await.0, 200, "admin call {i}");
+    }
+    assert_eq!(
+        send(&app, models("admin_1")).await.1.as_deref(),
+        Some("api_admin")
+    );
+
+    // The token budget is separate, and charged by tokens: 100 (prompt) +
+    // 9_900 = 10_000 a call, two calls spend the 20_000.
+    let key = "admin_2";
+    assert_eq!(llm_costs::cost(&"x".repeat(400), 9_900), 10_000);
+    assert_eq!(send(&app, complete(key, 9_900)).await.0, 200);
+    assert_eq!(send(&app, complete(key, 9_900)).await.0, 200);
+    let (status, policy, retry) = send(&app, complete(key, 9_900)).await;
+    assert_eq!((status, policy.as_deref()), (429, Some("llm_tokens")));
+    // 10_000 tokens at 20_000 an hour: half an hour.
+    assert_eq!(retry, Some(1800));
+    // A small call does not fit either: nothing has dripped back yet.
+    assert_eq!(send(&app, complete(key, 10)).await.0, 429);
+    // The API limit is not the token budget: cheap calls still work, and
+    // another key has its own budget.
+    assert_eq!(send(&app, models(key)).await.0, 200);
+    assert_eq!(send(&app, complete("admin_3", 9_900)).await.0, 200);
+    // A call larger than the whole budget can never pass: 400, not 429.
+    assert_eq!(send(&app, complete("admin_3", 30_000)).await.0, 400);
+
+    // Half an hour later the budget has refilled enough for one call.
+    clock.advance(Duration::from_secs(1800));
+    assert_eq!(send(&app, complete(key, 9_900)).await.0, 200);
+}
+
+#[tokio::test]
+async fn memory_backend() {
+    let clock = MockClock::new();
+    roles_and_token_budget(MemoryBackend::with_clock(clock.clone()), clock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_backend() {
+    let Some(url) = RedisServer::shared_url() else {
+        return;
+    };
+    let clock = MockClock::new();
+    let backend = RedisBackend::builder(url)
+        .prefix("llm-costs-test")
+        .caller_time(clock.clone())
+        .min_ttl(Duration::from_secs(7200))
+        .build()
+        .await
+        .unwrap();
+    roles_and_token_budget(backend, clock).await;
+}
+
+#[tokio::test]
+async fn the_api_fails_open_and_inference_fails_closed() {
+    let backend = MemoryBackend::new();
+    let app = app(backend.clone());
+    backend.set_failing(true);
+    // The counter is down: the API limit lets calls through ...
+    assert_eq!(send(&app, models("std_1")).await.0, 200);
+    // ... the token budget does not.
+    let (status, _, retry) = send(&app, complete("std_1", 10)).await;
+    assert_eq!(status, 503);
+    assert!(retry.is_some());
+}
