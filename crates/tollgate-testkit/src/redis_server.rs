@@ -312,7 +312,9 @@ impl RedisServer {
             .parse()
             .map_err(|_| format!("bad pid line {line:?}"))?;
         self.process = Some(Process { guard, stdin, pid });
-        if wait_ready(self.port, Duration::from_secs(10)) {
+        // Ready, and it is ours: another server may hold the port we were
+        // given (then ours exits, and we retry on another port).
+        if wait_ready(self.port, Duration::from_secs(10)) && server_pid(self.port) == Some(pid) {
             Ok(())
         } else {
             let tail = std::fs::read_to_string(&log).unwrap_or_default();
@@ -573,6 +575,26 @@ fn wait_ready(port: u16, timeout: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
     false
+}
+
+/// The `process_id` a server on `port` reports.
+fn server_pid(port: u16) -> Option<u32> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"INFO server\r\n").ok()?;
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&reply).contains("run_id:") {
+        let n = s.read(&mut buf).ok()?;
+        if n == 0 {
+            break;
+        }
+        reply.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&reply);
+    text.lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// A loopback port nobody listens on (and, for a cluster node, whose bus
