@@ -217,9 +217,37 @@ impl<B> KeyExtractor<http::Request<B>> for ClientIp {
                     Err(_) => Key::from(ip),
                 }
             }
+            (IpAddr::V4(v4), _) => ipv4_key(v4),
             _ => Key::from(ip),
         })
     }
+}
+
+/// `a.b.c.d` without the formatting machinery (every request takes this
+/// path).
+fn ipv4_key(ip: std::net::Ipv4Addr) -> Key {
+    let mut buf = [0u8; 15];
+    let mut len = 0;
+    for (i, octet) in ip.octets().into_iter().enumerate() {
+        if i > 0 {
+            buf[len] = b'.';
+            len += 1;
+        }
+        let digits = [octet / 100, octet / 10 % 10, octet % 10];
+        let skip = if octet >= 100 {
+            0
+        } else if octet >= 10 {
+            1
+        } else {
+            2
+        };
+        for d in &digits[skip..] {
+            buf[len] = b'0' + d;
+            len += 1;
+        }
+    }
+    // Only ASCII digits and dots were written.
+    Key::new(std::str::from_utf8(&buf[..len]).unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -365,6 +393,21 @@ mod tests {
             key(&ClientIp::new().ipv6_prefix(200), &a),
             "2001:db8:1:2:aaaa::1/128"
         );
+    }
+
+    #[test]
+    fn ipv4_keys_match_the_standard_format() {
+        for ip in [
+            "0.0.0.0",
+            "1.2.3.4",
+            "10.20.30.40",
+            "100.200.255.9",
+            "255.255.255.255",
+            "192.0.2.100",
+        ] {
+            let ip: std::net::Ipv4Addr = ip.parse().unwrap();
+            assert_eq!(ipv4_key(ip), Key::from(IpAddr::V4(ip)));
+        }
     }
 
     #[test]
