@@ -86,9 +86,10 @@ async fn ttls_match_expiry_and_fresh_keys_are_deleted() {
     for _ in 0..3 {
         assert!(tb.try_acquire(&k, 1).await.unwrap().is_allowed());
     }
-    // Full again 3s after now: the TTL is at most that, rounded up.
+    // Full again 3s after now: the TTL is at most that, rounded up (the
+    // lower bound leaves room for a slow machine between write and read).
     let pttl: i64 = r.pttl(&state).await.unwrap();
-    assert!(pttl > 2_900 && pttl <= 3_000, "pttl {pttl}");
+    assert!(pttl > 2_000 && pttl <= 3_000, "pttl {pttl}");
     tb.reset(&k).await.unwrap();
     assert!(
         !r.exists::<_, bool>(&state).await.unwrap(),
@@ -100,7 +101,7 @@ async fn ttls_match_expiry_and_fresh_keys_are_deleted() {
     let state = b.state_key("sw", &k);
     for key in [state.clone(), format!("{state}:log")] {
         let pttl: i64 = r.pttl(&key).await.unwrap();
-        assert!(pttl > 9_900 && pttl <= 10_000, "{key}: pttl {pttl}");
+        assert!(pttl > 9_000 && pttl <= 10_000, "{key}: pttl {pttl}");
     }
     // Once every event has left the window the key is deleted.
     clock.advance(10 * S);
@@ -113,7 +114,7 @@ async fn ttls_match_expiry_and_fresh_keys_are_deleted() {
     let _ = pd.try_acquire(&k, 1).await.unwrap();
     let state = b.state_key("pd", &k);
     let pttl: i64 = r.pttl(&state).await.unwrap();
-    assert!(pttl > 59_900 && pttl <= 60_000, "pttl {pttl}");
+    assert!(pttl > 59_000 && pttl <= 60_000, "pttl {pttl}");
 }
 
 /// `SCRIPT FLUSH` between decisions is invisible: EVALSHA reloads the
@@ -250,7 +251,7 @@ async fn crash_errors_then_reconnects() {
     // The breaker may hold calls back for its back-off, and each dead
     // pooled connection fails once: retry for a bounded while.
     let mut ok = false;
-    for _ in 0..100 {
+    for _ in 0..300 {
         if l.try_acquire(&k, 1).await.is_ok() {
             ok = true;
             break;
@@ -282,7 +283,7 @@ async fn lazy_start_before_redis() {
     );
     server.restart();
     let mut allowed = None;
-    for _ in 0..100 {
+    for _ in 0..300 {
         if let Ok(d) = l.try_acquire(&k, 1).await {
             allowed = Some(d.is_allowed());
             break;
