@@ -122,3 +122,142 @@ impl<S, B: Backend> Layer<S> for LoginLayer<B> {
         RateLimitLayer::new(self.per_ip.clone(), self.client_ip.clone()).layer(buffered)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use http::{Request, Response, StatusCode};
+    use http_body_util::Full;
+    use tollgate_core::{MockClock, ProgressiveDelay, SlidingWindow};
+    use tollgate_memory::MemoryBackend;
+    use tower::{ServiceExt, service_fn};
+
+    use super::*;
+    use crate::extract::PeerAddr;
+    use crate::login::LoginAttempts;
+
+    type Backend = MemoryBackend<MockClock>;
+
+    fn limiters(clock: &MockClock) -> (Limiter<Backend>, Limiter<Backend>) {
+        let backend = MemoryBackend::with_clock(clock.clone());
+        let ip = Limiter::new(
+            "login_ip",
+            SlidingWindow::new(100, Duration::from_secs(900)).unwrap(),
+            backend.clone(),
+        );
+        let account = Limiter::new(
+            "login_account",
+            ProgressiveDelay::new(
+                1,
+                Duration::from_secs(10),
+                2,
+                Duration::from_secs(60),
+                Duration::from_secs(3600),
+            )
+            .unwrap(),
+            backend,
+        );
+        (ip, account)
+    }
+
+    fn form(field: &str, email: &str, password: &str) -> Request<Full<Bytes>> {
+        let mut req = Request::post("/login")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(Full::from(format!("{field}={email}&password={password}")))
+            .unwrap();
+        req.extensions_mut()
+            .insert(PeerAddr("192.0.2.1:1000".parse().unwrap()));
+        req
+    }
+
+    /// A handler that accepts password `right`; with `attempts`, it
+    /// reports outcomes itself and always answers 303 (a form login).
+    async fn handler(
+        req: Request<Full<Bytes>>,
+        attempts: Option<LoginAttempts<Backend>>,
+    ) -> Result<Response<Full<Bytes>>, Infallible> {
+        use http_body_util::BodyExt;
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        let fields: Vec<(String, String)> = form_urlencoded::parse(&body).into_owned().collect();
+        let get = |k: &str| fields.iter().find(|f| f.0 == k).map(|f| f.1.clone());
+        let ok = get("password").as_deref() == Some("right");
+        let mut res = Response::new(Full::default());
+        *res.status_mut() = match (&attempts, ok) {
+            (None, true) => StatusCode::OK,
+            (None, false) => StatusCode::UNAUTHORIZED,
+            (Some(a), _) => {
+                let email = get("login").or_else(|| get("email")).unwrap();
+                if ok {
+                    a.succeeded(&email).await.unwrap();
+                } else {
+                    let _ = a.failed(&email).await;
+                }
+                StatusCode::SEE_OTHER
+            }
+        };
+        Ok(res)
+    }
+
+    #[tokio::test]
+    async fn explicit_reports_with_a_custom_field() {
+        let clock = MockClock::new();
+        let (ip, account) = limiters(&clock);
+        let attempts = LoginAttempts::new(account.clone());
+        let layer = LoginLayer::new(ip, account, ClientIp::new())
+            .email_field("login")
+            .count_by_status(false);
+        let svc = layer.layer(service_fn(move |req| handler(req, Some(attempts.clone()))));
+        let status = |req| {
+            let svc = svc.clone();
+            async move { svc.oneshot(req).await.unwrap().status() }
+        };
+        // Two failures reported by the handler: the second starts a delay.
+        assert_eq!(status(form("login", "a%40x.io", "no")).await, 303);
+        assert_eq!(status(form("login", "a%40x.io", "no")).await, 303);
+        assert_eq!(status(form("login", "A%40X.io", "right")).await, 429);
+        clock.advance(Duration::from_secs(10));
+        // The success is reported and clears the account.
+        assert_eq!(status(form("login", "a%40x.io", "right")).await, 303);
+        assert_eq!(status(form("login", "a%40x.io", "no")).await, 303);
+        assert_eq!(status(form("login", "a%40x.io", "no")).await, 303);
+        assert_eq!(status(form("login", "a%40x.io", "no")).await, 429);
+        // The default field is not read any more.
+        assert_eq!(status(form("email", "b%40x.io", "no")).await, 400);
+    }
+
+    #[tokio::test]
+    async fn by_status_ignores_other_answers_and_bounds_the_body() {
+        let clock = MockClock::new();
+        let (ip, account) = limiters(&clock);
+        let layer = LoginLayer::new(ip, account, ClientIp::new()).body_limit(64);
+        let svc = layer.layer(service_fn(|req: Request<Full<Bytes>>| async move {
+            // A broken backend: 500 must not count as a failed login.
+            if req.headers().contains_key("x-break") {
+                let mut res = Response::new(Full::<Bytes>::default());
+                *res.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                return Ok(res);
+            }
+            handler(req, None).await
+        }));
+        let status = |req| {
+            let svc = svc.clone();
+            async move { svc.oneshot(req).await.unwrap().status() }
+        };
+        for _ in 0..3 {
+            let mut req = form("email", "c%40x.io", "no");
+            req.headers_mut()
+                .insert("x-break", http::HeaderValue::from_static("1"));
+            assert_eq!(status(req).await, 500);
+        }
+        // Still free: one failure is allowed, the second starts the delay.
+        assert_eq!(status(form("email", "c%40x.io", "no")).await, 401);
+        assert_eq!(status(form("email", "c%40x.io", "no")).await, 401);
+        assert_eq!(status(form("email", "c%40x.io", "right")).await, 429);
+        // An oversized body never reaches the handler nor the account.
+        let long = "x".repeat(100);
+        assert_eq!(status(form("email", "c%40x.io", &long)).await, 413);
+    }
+}
