@@ -2,13 +2,14 @@
 # Installs what the test suite needs on a fresh Debian machine: redis-server
 # (the Redis tests start their own throwaway servers on free loopback
 # ports), redis-cli (for the cluster), wrk and nginx for the benchmark and
-# nginx tests. Idempotent; does nothing that is already done.
+# nginx tests, openssl for the TLS test certificates. Idempotent; does nothing that is already done.
 set -euo pipefail
 
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 command -v nginx >/dev/null 2>&1 || need+=(nginx-light)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 
 if ((${#need[@]})); then
     sudo=""
