@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::Request;
 use axum::middleware::{self, Next};
+use axum::routing::post;
 use http::StatusCode;
 use tollgate_memory::MemoryBackend;
 use webhooks::{Reply, Sender, slack_message};
@@ -136,20 +137,20 @@ impl Drop for Nginx {
     }
 }
 
-/// The same `rate` and `burst` the documented `location /` uses.
-fn documented_rate_and_burst(block: &str) -> (f64, u64) {
+/// The `rate` (per second) and `burst` the documented block gives `zone`.
+fn documented_rate_and_burst(block: &str, zone: &str) -> (f64, u64) {
     let rate = block
-        .split("zone=per_ip:10m rate=")
+        .split(&format!("zone={zone}:10m rate="))
         .nth(1)
         .and_then(|r| r.split("r/s").next())
         .and_then(|r| r.parse().ok())
-        .expect("per_ip rate");
+        .expect("rate");
     let burst = block
-        .split("limit_req zone=per_ip burst=")
+        .split(&format!("limit_req zone={zone} burst="))
         .nth(1)
         .and_then(|r| r.split_whitespace().next())
         .and_then(|r| r.parse().ok())
-        .expect("per_ip burst");
+        .expect("burst");
     (rate, burst)
 }
 
@@ -167,6 +168,8 @@ async fn nginx_cuts_the_storm_before_the_app_sees_it() {
         vec!["127.0.0.1/32".parse().unwrap()],
     )
     .unwrap()
+    // A stand-in for the login route, for the documented /login zone.
+    .route("/login", post(|| async { StatusCode::UNAUTHORIZED }))
     .layer(middleware::from_fn(move |req: Request, next: Next| {
         counter.fetch_add(1, Ordering::SeqCst);
         next.run(req)
@@ -177,7 +180,8 @@ async fn nginx_cuts_the_storm_before_the_app_sees_it() {
 
     // nginx, with the documented block pointed at it.
     let block = documented_config();
-    let (rate, burst) = documented_rate_and_burst(&block);
+    let (rate, burst) = documented_rate_and_burst(&block, "per_ip");
+    let (login_rate, login_burst) = documented_rate_and_burst(&block, "login_ip");
     let port = free_port();
     let block = block
         .replace("server 127.0.0.1:3000;", &format!("server {app_addr};"))
@@ -209,6 +213,17 @@ async fn nginx_cuts_the_storm_before_the_app_sees_it() {
         replies.extend(r.unwrap());
     }
     let elapsed = started.elapsed();
+    let reached_by_storm = reached.load(Ordering::SeqCst);
+
+    // A password-guessing run on /login meets the stricter login zone.
+    const LOGINS: usize = 60;
+    let started = Instant::now();
+    let mut logins = Vec::with_capacity(LOGINS);
+    for _ in 0..LOGINS {
+        let attempt = serde_json::json!({ "email": "a@example.com", "password": "guess" });
+        logins.push(sender.post("/login", None, &attempt).await.unwrap());
+    }
+    let login_elapsed = started.elapsed();
     drop(nginx);
 
     let by_nginx = |r: &Reply| {
@@ -219,7 +234,8 @@ async fn nginx_cuts_the_storm_before_the_app_sees_it() {
     };
     let refused_by_nginx = replies.iter().filter(|r| by_nginx(r)).count() as u64;
     let passed_nginx = CALLS as u64 - refused_by_nginx;
-    let reached = reached.load(Ordering::SeqCst);
+    let reached_by_logins = reached.load(Ordering::SeqCst) - reached_by_storm;
+    let reached = reached_by_storm;
     let by_app = replies
         .iter()
         .filter(|r| r.refused_by.as_deref() == Some("hooks_channel"))
@@ -243,4 +259,22 @@ async fn nginx_cuts_the_storm_before_the_app_sees_it() {
     assert_eq!(ok, reached.min(30));
     assert_eq!(by_app, reached.saturating_sub(30));
     assert_eq!(ok + by_app + refused_by_nginx, CALLS as u64);
+
+    let login_refused = logins.iter().filter(|r| by_nginx(r)).count() as u64;
+    eprintln!(
+        "{LOGINS} logins in {login_elapsed:?}: nginx refused {login_refused}, the app saw {reached_by_logins}"
+    );
+    assert!(login_refused > 0, "nginx refused no login");
+    assert_eq!(reached_by_logins, LOGINS as u64 - login_refused);
+    let allowed = login_burst + 1 + (login_rate * login_elapsed.as_secs_f64()).ceil() as u64 + 1;
+    assert!(
+        reached_by_logins <= allowed,
+        "{reached_by_logins} > {allowed}"
+    );
+    assert!(
+        logins
+            .iter()
+            .filter(|r| !by_nginx(r))
+            .all(|r| r.status == StatusCode::UNAUTHORIZED)
+    );
 }
