@@ -21,7 +21,9 @@
 //! A fail-closed limiter whose backend fails refuses: the event is dropped
 //! (counted apart, as [`unavailable`](StreamStats::unavailable)) or, with
 //! `Delay`, held and checked again after the short retry delay. A
-//! fail-open limiter lets it through. An event without a key follows the
+//! fail-open limiter lets it through. An event whose cost the policy can
+//! never grant is dropped (counted as limited), whatever the choice:
+//! waiting would not help. An event without a key follows the
 //! [`MissingKey`](crate::MissingKey) policy, as in the HTTP layer: with
 //! `Reject` (the default) it is dropped and counted.
 //!

@@ -207,6 +207,14 @@ where
                         }
                         Some((d.retry_after(), &counters.limited))
                     }
+                    // A cost the policy can never grant: waiting would
+                    // not help, so it is dropped whatever the choice.
+                    Verdict::FailedClosed(e, _) if !e.is_unavailable() => {
+                        tracing::debug!(limiter = name, error = %e, "event refused: impossible cost");
+                        StreamStats::bump(&counters.limited);
+                        *this.current = None;
+                        continue;
+                    }
                     Verdict::FailedClosed(e, retry_after) => {
                         telemetry::backend_failed(name, true, e);
                         Some((*retry_after, &counters.unavailable))
@@ -416,6 +424,19 @@ mod tests {
         assert_eq!(held.next().await.map(|e| e.1), Some(2));
         assert!(stats.delayed() >= 1);
         assert_eq!(stats.dropped(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_impossible_cost_is_dropped_even_with_delay() {
+        let backend = MemoryBackend::with_clock(MockClock::new());
+        let events = stream::iter([("a", 1), ("a", 50), ("a", 2)]);
+        let limited = events
+            .rate_limit(window(10, backend), channel, Excess::Delay)
+            .cost(|e: &(&str, u32)| u64::from(e.1));
+        let stats = limited.stats();
+        let out: Vec<u32> = limited.map(|e| e.1).collect().await;
+        assert_eq!(out, [1, 2]);
+        assert_eq!((stats.limited(), stats.delayed()), (1, 0));
     }
 
     #[tokio::test]

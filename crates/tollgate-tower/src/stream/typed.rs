@@ -137,3 +137,46 @@ impl<Res> Respond<Res> for Typed {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use tollgate_core::{Key, Limiter, SlidingWindow};
+    use tollgate_memory::MemoryBackend;
+    use tower::{ServiceExt, service_fn};
+    use tower_layer::Layer;
+
+    use super::*;
+    use crate::RateLimitLayer;
+
+    #[tokio::test]
+    async fn unavailable_and_missing_key_are_typed() {
+        let backend = MemoryBackend::new();
+        let limiter = Limiter::new(
+            "jobs",
+            SlidingWindow::new(5, Duration::from_secs(60)).unwrap(),
+            backend.clone(),
+        );
+        let svc = RateLimitLayer::new(limiter, |job: &Option<&'static str>| job.map(Key::new))
+            .responder(Typed)
+            .layer(service_fn(|_: Option<&'static str>| async {
+                Ok::<_, Infallible>("done")
+            }));
+        assert_eq!(svc.clone().oneshot(Some("a")).await.unwrap(), Ok("done"));
+        let missing = svc.clone().oneshot(None).await.unwrap().unwrap_err();
+        assert_eq!(
+            missing,
+            Refused::MissingKey {
+                limiter: "jobs".into()
+            }
+        );
+        assert_eq!(missing.retry_after(), None);
+        backend.set_failing(true);
+        let down = svc.clone().oneshot(Some("a")).await.unwrap().unwrap_err();
+        assert!(matches!(down, Refused::Unavailable { .. }), "{down:?}");
+        assert_eq!(down.limiter(), "jobs");
+        assert!(down.retry_after().unwrap() > Duration::ZERO);
+        assert!(down.to_string().contains("unavailable"));
+    }
+}
