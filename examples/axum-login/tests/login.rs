@@ -210,3 +210,57 @@ async fn the_demo_cuts_the_attacker_off_and_lets_the_user_in() {
     let last = run.user.last().unwrap();
     assert_eq!(last.status, StatusCode::OK, "{:?}", run.user);
 }
+
+/// Explicit reports (`LoginAttempts`) count on Redis as on memory: the
+/// same account however the email is written, cleared by a success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explicit_reports_on_redis() {
+    use tollgate_tower::login::LoginAttempts;
+
+    let Some(url) = RedisServer::shared_url() else {
+        return;
+    };
+    let clock = MockClock::new();
+    let backend = RedisBackend::builder(url)
+        .prefix("axum-login-explicit")
+        .caller_time(clock.clone())
+        .min_ttl(Duration::from_secs(3600))
+        .build()
+        .await
+        .unwrap();
+    let config = axum_login::limits().unwrap();
+    let attempts = LoginAttempts::new(
+        config
+            .limiter("login_account")
+            .unwrap()
+            .build(backend.clone()),
+    );
+    for _ in 0..5 {
+        assert!(attempts.failed("bob@example.com").await.is_allowed());
+    }
+    let sixth = attempts.failed(" Bob@Example.com").await;
+    assert!(!sixth.is_allowed());
+    assert_eq!(
+        sixth.decision().unwrap().retry_after(),
+        Duration::from_secs(1)
+    );
+    assert!(!attempts.check("bob@example.com").await.is_allowed());
+    // Redis never holds the address.
+    let key = backend.state_key(
+        "login_account",
+        &tollgate_core::Key::email("bob@example.com"),
+    );
+    assert!(!key.contains("bob"), "{key}");
+    clock.advance(Duration::from_secs(1));
+    assert!(attempts.check("bob@example.com").await.is_allowed());
+    attempts.succeeded("bob@example.com").await.unwrap();
+    assert_eq!(
+        attempts
+            .check("bob@example.com")
+            .await
+            .decision()
+            .unwrap()
+            .remaining(),
+        5
+    );
+}

@@ -94,3 +94,34 @@ async fn delay_holds_the_excess_until_the_window_moves() {
         start.elapsed()
     );
 }
+
+/// `Delay` over a real Redis, in real time (the server's clock): a short
+/// window, so the held events wait a fraction of a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_backend_delays() {
+    let Some(url) = RedisServer::shared_url() else {
+        return;
+    };
+    let backend = RedisBackend::builder(url)
+        .prefix("listener-delay-test")
+        .build()
+        .await
+        .unwrap();
+    let window = Duration::from_millis(300);
+    let limiter = Limiter::new(
+        "listener_channel",
+        SlidingWindow::new(2, window).unwrap(),
+        backend,
+    );
+    let events: Vec<_> = (0..5)
+        .map(|i| Event::new("acme", "town-square", format!("post {i}")))
+        .collect();
+    let start = std::time::Instant::now();
+    let (handled, stats) = listener::run(stream::iter(events), limiter, Excess::Delay).await;
+    let texts: Vec<_> = handled.events.iter().map(|e| e.text.as_str()).collect();
+    assert_eq!(texts, ["post 0", "post 1", "post 2", "post 3", "post 4"]);
+    assert_eq!(stats.dropped(), 0);
+    assert!(stats.delayed() >= 2);
+    // Two per window: the fifth post cannot pass before two windows.
+    assert!(start.elapsed() >= 2 * window, "{:?}", start.elapsed());
+}
