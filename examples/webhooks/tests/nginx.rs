@@ -238,7 +238,8 @@ async fn nginx_cuts_the_storm_before_the_app_sees_it() {
     let reached = reached_by_storm;
     let by_app = replies
         .iter()
-        .filter(|r| r.refused_by.as_deref() == Some("hooks_channel"))
+        // The channel's limit; on a very slow run, the source's too.
+        .filter(|r| r.refused_by.is_some())
         .count() as u64;
     let ok = replies
         .iter()
@@ -246,7 +247,7 @@ async fn nginx_cuts_the_storm_before_the_app_sees_it() {
         .count() as u64;
     eprintln!(
         "{CALLS} calls in {elapsed:?}: nginx refused {refused_by_nginx}, the app saw {reached} \
-         (200: {ok}, 429 hooks_channel: {by_app})"
+         (200: {ok}, refused by the app: {by_app})"
     );
 
     // nginx cut the storm, and nothing it refused reached the app.
