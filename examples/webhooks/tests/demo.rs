@@ -1,0 +1,27 @@
+//! `cargo run -p webhooks`, as a user runs it: it exits by itself and shows
+//! the flooded channels cut at 30 and the listener's excess dropped.
+
+use std::process::Command;
+
+#[test]
+fn the_demo_runs_to_completion() {
+    let out = Command::new(env!("CARGO_BIN_EXE_webhooks"))
+        .env_remove("REDIS_URL")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        stdout.contains("#C0FLOOD (40 sent)            30 x 200, 10 x 429 hooks_channel"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("#C0QUIET (10 sent)            10 x 200\n"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("town-square  30 handled"), "{stdout}");
+    assert!(
+        stdout.contains("dropped: 20 (over the limit: 20)"),
+        "{stdout}"
+    );
+}
