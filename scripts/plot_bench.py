@@ -65,7 +65,8 @@ def main():
                  linestyle="--", label=f"{path} p99")
     for r in runs:
         if "ratio" in r:
-            tput.annotate(f'{r["ratio"]:.2f}x', (r["concurrency"], r["library"][0] / 1000),
+            y = max(r["library"][0], r.get("bare", r["library"])[0]) / 1000
+            tput.annotate(f'{r["ratio"]:.2f}x', (r["concurrency"], y),
                           textcoords="offset points", xytext=(0, 8), ha="center",
                           fontsize=8, color="tab:blue")
     tput.set_xscale("log", base=2)
