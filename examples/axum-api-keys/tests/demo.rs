@@ -56,3 +56,26 @@ async fn without_the_layers_nothing_is_limited() {
             .all(|r| r.status == StatusCode::OK && r.ratelimit.is_empty())
     );
 }
+
+/// The `REDIS_URL` path: the same burst, counted in a throwaway Redis
+/// (skipped when redis-server is not installed, outside CI).
+#[tokio::test]
+async fn the_burst_counts_in_redis_too() {
+    let Some(server) = tollgate_testkit::redis_server::RedisServer::start() else {
+        return;
+    };
+    let config = axum_api_keys::limits().unwrap();
+    let backend = tollgate_redis::RedisBackend::builder(server.url())
+        .prefix(config.prefix())
+        .build()
+        .await
+        .unwrap();
+    let router = axum_api_keys::app(&config, backend, true).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(axum_api_keys::serve(listener, router));
+    let replies = axum_api_keys::burst(addr, "demo_key", 7).await.unwrap();
+    let statuses: Vec<_> = replies.iter().map(|r| r.status).collect();
+    assert_eq!(statuses[..5], [StatusCode::OK; 5]);
+    assert_eq!(statuses[5..], [StatusCode::TOO_MANY_REQUESTS; 2]);
+}

@@ -43,3 +43,31 @@ async fn unavailable_when_the_backend_fails() {
     assert_eq!(replies[0].code, Code::Unavailable);
     assert_eq!(replies[0].retry_after.as_deref(), Some("1"));
 }
+
+/// The `REDIS_URL` path, counted in a throwaway Redis (skipped when
+/// redis-server is not installed, outside CI).
+#[tokio::test]
+async fn counts_in_redis_too() {
+    let Some(server) = tollgate_testkit::redis_server::RedisServer::start() else {
+        return;
+    };
+    let config = tonic_grpc::limits().unwrap();
+    let backend = tollgate_redis::RedisBackend::builder(server.url())
+        .prefix(config.prefix())
+        .build()
+        .await
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { tonic_grpc::serve(&config, backend, listener).await.unwrap() });
+    let codes: Vec<_> = tonic_grpc::burst(addr, 4)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.code)
+        .collect();
+    assert_eq!(
+        codes,
+        [Code::Ok, Code::Ok, Code::Ok, Code::ResourceExhausted]
+    );
+}
