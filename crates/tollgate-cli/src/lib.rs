@@ -1,0 +1,67 @@
+//! `tollgate`: the operations CLI of the tollgate rate limiter.
+//!
+//! This crate is the `tollgate` binary; its library holds the whole CLI
+//! (the binary calls [`main`]) so that its documentation does not collide
+//! with the `tollgate` facade crate's.
+//!
+//! It works on the same Redis counters the services use, through the same
+//! [`Limiter`](tollgate_core::Limiter), the same scripts and the same
+//! configuration, so what it shows and changes is exactly what the services
+//! see on their next decision:
+//!
+//! | command | what it does |
+//! |---|---|
+//! | `tollgate inspect <LIMITER> <KEY>` | a key's state: limit, remaining, retry-after, reset-after, overrides in force (a peek: consumes nothing) |
+//! | `tollgate reset <LIMITER> <KEY>` | forgets a key (unblocks a user after a false positive) |
+//! | `tollgate override set <LIMITER> [KEY] <POLICY>` | a runtime override, limiter-wide or for one key, validated like configuration |
+//! | `tollgate override clear <LIMITER> [KEY]` | removes it |
+//! | `tollgate override show <LIMITER> [KEY]` | configured, limiter-wide, per-key and in-force policies |
+//! | `tollgate durability [--strict]` | checks the Redis server's `appendonly` and `maxmemory-policy` |
+//! | `tollgate config validate [FILE]...` | loads configuration as a service does at start-up |
+//!
+//! A key is given as the raw identity and its kind, and is turned into a
+//! storage key exactly as the tower layers do: `--ip` (like `ClientIp`,
+//! with `--ipv6-prefix` for grouped IPv6 clients), `--email` (normalised and
+//! hashed, [`Key::email`](tollgate_core::Key::email)), `--api-key` (hashed,
+//! [`Key::secret`](tollgate_core::Key::secret)) or `--key` (any other id,
+//! [`Key::new`](tollgate_core::Key::new)). A value of `-` is read from
+//! standard input, so secrets stay out of the shell history.
+//!
+//! Configuration is read like at start-up: the `--config` files in order,
+//! then the `TOLLGATE_*` environment variables. The Redis URL comes from
+//! `--redis-url` or `REDIS_URL`.
+//!
+//! # Exit codes
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | success |
+//! | 1 | Redis unreachable, timed out or failing |
+//! | 2 | invalid usage, configuration or override (the message names the limiter and the field) |
+//! | 3 | `durability`: the server is not durable |
+//!
+//! See `docs/operations.md` for runbooks.
+
+mod args;
+mod commands;
+mod failure;
+mod keys;
+mod render;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// Runs the CLI on the process's arguments and environment: what the
+/// `tollgate` binary does. Errors are printed on standard error; the exit
+/// code says what failed (see [Exit codes](crate#exit-codes)).
+pub fn main() -> ExitCode {
+    let cli = args::Cli::parse();
+    match commands::run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            failure.report();
+            ExitCode::from(failure.exit_code())
+        }
+    }
+}
