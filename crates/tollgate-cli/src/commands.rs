@@ -122,6 +122,12 @@ async fn timed<T>(
 
 /// A backend on the command's Redis, without the start-up durability check.
 async fn connect(g: &Global, prefix: &str) -> Result<RedisBackend, Failure> {
+    // The configuration's rule for `defaults.prefix`.
+    if prefix.is_empty() || prefix.contains(['{', '}', ':']) {
+        return Err(Failure::Input(format!(
+            "--prefix {prefix:?}: must be non-empty, without '{{', '}}' or ':'"
+        )));
+    }
     let builder = if g.cluster {
         cluster_builder(g)?
     } else {

@@ -329,6 +329,10 @@ fn usage_errors_exit_2() {
             "invalid value",
         ),
         (vec!["durability", "--timeout", "soon"], "--timeout"),
+        (
+            vec!["--prefix", "a{b", "inspect", "api", "--key", "k"],
+            "--prefix \"a{b\"",
+        ),
         (vec!["frobnicate"], "unrecognized subcommand"),
     ] {
         let mut full = vec!["-c", c.arg(), "--redis-url", url];
