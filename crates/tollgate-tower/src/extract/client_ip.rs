@@ -175,7 +175,25 @@ fn peer_addr<B>(req: &http::Request<B>) -> Option<SocketAddr> {
     {
         return Some(addr);
     }
-    ext.get::<PeerAddr>().map(|p| p.0)
+    let peer = ext.get::<PeerAddr>().map(|p| p.0);
+    if peer.is_none() {
+        warn_no_peer_once();
+    }
+    peer
+}
+
+/// A server that records no peer address makes every request keyless:
+/// say so once, since the symptom (every request refused as keyless, or
+/// none limited) does not name the cause.
+fn warn_no_peer_once() {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            "ClientIp found no peer address in the request extensions; serve axum with \
+             `into_make_service_with_connect_info::<SocketAddr>()`, enable the `axum` or \
+             `tonic` feature, or insert a `PeerAddr`"
+        );
+    }
 }
 
 /// An address as proxies write it: `ip`, `ip:port`, `[v6]` or `[v6]:port`.
