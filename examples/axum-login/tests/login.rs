@@ -178,39 +178,6 @@ async fn a_login_without_an_email_is_a_bad_request() {
     assert_eq!(a.status, StatusCode::BAD_REQUEST);
 }
 
-/// The demo, as `cargo run -p axum-login` runs it: over real HTTP, in real
-/// time (the user waits the 1 s delay).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_demo_cuts_the_attacker_off_and_lets_the_user_in() {
-    let config = axum_login::limits().unwrap();
-    let router = axum_login::app(
-        &config,
-        MemoryBackend::new(),
-        vec!["127.0.0.1/32".parse().unwrap()],
-    )
-    .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(axum_login::serve(listener, router));
-    let run = axum_login::demo(addr, 24).await.unwrap();
-
-    let by = |r: &axum_login::Reply| r.refused_by.clone();
-    assert!(
-        run.attacker[..5]
-            .iter()
-            .all(|r| r.status == StatusCode::UNAUTHORIZED)
-    );
-    // Cut off: the last attempts never reach the password check.
-    assert_eq!(by(&run.attacker[23]).as_deref(), Some("login_ip"));
-    assert!(
-        run.attacker[6..20]
-            .iter()
-            .any(|r| by(r).as_deref() == Some("login_account"))
-    );
-    let last = run.user.last().unwrap();
-    assert_eq!(last.status, StatusCode::OK, "{:?}", run.user);
-}
-
 /// Explicit reports (`LoginAttempts`) count on Redis as on memory: the
 /// same account however the email is written, cleared by a success.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,14 +3,40 @@
 
 use std::process::Command;
 
+/// Runs the demo, counting in Redis at `redis_url` when given.
+fn demo(redis_url: Option<&str>) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_webhooks"));
+    match redis_url {
+        Some(url) => cmd.env("REDIS_URL", url),
+        None => cmd.env_remove("REDIS_URL"),
+    };
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.contains("counting in Redis"),
+        redis_url.is_some(),
+        "{stderr}"
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 #[test]
 fn the_demo_runs_to_completion() {
-    let out = Command::new(env!("CARGO_BIN_EXE_webhooks"))
-        .env_remove("REDIS_URL")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let stdout = String::from_utf8(out.stdout).unwrap();
+    check(&demo(None));
+}
+
+/// The `REDIS_URL` path, against a throwaway redis-server (skipped when
+/// it is not installed, outside CI).
+#[test]
+fn the_demo_counts_in_redis_too() {
+    let Some(server) = tollgate_testkit::redis_server::RedisServer::start() else {
+        return;
+    };
+    check(&demo(Some(&server.url())));
+}
+
+fn check(stdout: &str) {
     assert!(
         stdout.contains("#C0FLOOD (40 sent)            30 x 200, 10 x 429 hooks_channel"),
         "{stdout}"
