@@ -62,6 +62,10 @@ pub(crate) struct Global {
     #[arg(long, value_name = "DURATION", default_value = "5s",
           value_parser = humantime::parse_duration, global = true)]
     pub(crate) timeout: Duration,
+    /// Print the result as one JSON document (errors stay text on standard
+    /// error; the exit code is the same).
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
 }
 
 /// The commands.

@@ -3,13 +3,40 @@
 use std::future::Future;
 use std::path::PathBuf;
 
+use serde_json::{Value, json};
 use tollgate_core::{Config, Decision, Error, FailMode, Key, Limiter, Policy};
-use tollgate_redis::{Durability, RedisBackend};
+use tollgate_redis::{Durability, RedisBackend, Setting};
 
 use crate::args::{Cli, Command, ConfigCommand, Global, KeyedArgs, OverrideCommand, ScopeArgs};
 use crate::failure::Failure;
 use crate::keys::KeySpec;
-use crate::render::{describe, human_duration, override_policy};
+use crate::render::{describe, human_duration, override_policy, policy_json};
+
+/// Prints one JSON document on standard output.
+fn print_json(v: &Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+    );
+}
+
+fn key_json(key: Option<&KeySpec>) -> Value {
+    match key {
+        Some(k) => json!({ "key": k.key.as_str(), "kind": k.kind }),
+        None => Value::Null,
+    }
+}
+
+fn decision_json(d: &Decision) -> Value {
+    json!({
+        "allowed": d.is_allowed(),
+        "limit": d.limit(),
+        "remaining": d.remaining(),
+        "retry_after_us": u64::try_from(d.retry_after().as_micros()).unwrap_or(u64::MAX),
+        "retry_after_secs": d.retry_after_secs(),
+        "reset_after_us": u64::try_from(d.reset_after().as_micros()).unwrap_or(u64::MAX),
+    })
+}
 
 /// Runs the command line.
 pub(crate) fn run(cli: &Cli) -> Result<(), Failure> {
@@ -22,7 +49,7 @@ pub(crate) fn run(cli: &Cli) -> Result<(), Failure> {
         Command::Config(ConfigCommand::Validate(v)) => {
             let mut files = g.config.clone();
             files.extend(v.files.iter().cloned());
-            validate(&files)
+            validate(&files, g.json)
         }
         Command::Durability(d) => rt.block_on(durability(g, d.strict)),
         Command::Inspect(a) => rt.block_on(inspect(g, a)),
@@ -48,9 +75,30 @@ fn load_config(files: &[PathBuf]) -> Result<Config, Failure> {
     b.env().load().map_err(|e| Failure::Input(e.to_string()))
 }
 
-fn validate(files: &[PathBuf]) -> Result<(), Failure> {
+fn validate(files: &[PathBuf], as_json: bool) -> Result<(), Failure> {
     let config = load_config(files)?;
     let sources: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    if as_json {
+        let limiters: Vec<Value> = config
+            .limiters()
+            .map(|l| {
+                json!({
+                    "name": l.name,
+                    "policy": policy_json(&l.policy),
+                    "cost": l.cost,
+                    "fail_mode": l.fail_mode.to_string(),
+                    "timeout": crate::render::config_duration(l.timeout),
+                })
+            })
+            .collect();
+        print_json(&json!({
+            "valid": true,
+            "files": sources,
+            "prefix": config.prefix(),
+            "limiters": limiters,
+        }));
+        return Ok(());
+    }
     let sources = if sources.is_empty() {
         "TOLLGATE_* environment".to_owned()
     } else {
@@ -227,12 +275,26 @@ impl Overrides {
         })
     }
 
-    fn in_force(&self) -> (&Policy, &'static str) {
+    /// The policy in force, where it comes from (for people) and its
+    /// source's id (for JSON).
+    fn in_force(&self) -> (&Policy, &'static str, &'static str) {
         match (&self.key, &self.limiter) {
-            (Some(p), _) => (p, "the key's override"),
-            (None, Some(p)) => (p, "the limiter-wide override"),
-            (None, None) => (&self.configured, "configuration"),
+            (Some(p), _) => (p, "the key's override", "key_override"),
+            (None, Some(p)) => (p, "the limiter-wide override", "limiter_override"),
+            (None, None) => (&self.configured, "configuration", "configuration"),
         }
+    }
+
+    fn json(&self) -> Value {
+        let opt = |p: &Option<Policy>| p.as_ref().map_or(Value::Null, policy_json);
+        let (p, _, source) = self.in_force();
+        json!({
+            "configured": policy_json(&self.configured),
+            "limiter_override": opt(&self.limiter),
+            "key_override": opt(&self.key),
+            "in_force": policy_json(p),
+            "source": source,
+        })
     }
 
     fn print(&self, key: Option<&KeySpec>) {
@@ -242,7 +304,7 @@ impl Overrides {
         if key.is_some() {
             println!("this key     {}", opt(&self.key));
         }
-        let (p, from) = self.in_force();
+        let (p, from, _) = self.in_force();
         println!("in force     {} (from {from})", describe(p));
     }
 }
@@ -286,6 +348,17 @@ async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
         Ok((d, o))
     };
     let (d, o) = timed(g, "inspect", work).await?;
+    if g.json {
+        let l = &t.limiter;
+        print_json(&json!({
+            "limiter": l.name(),
+            "key": key_json(Some(&key)),
+            "redis_key": l.backend().state_key(l.name(), &key.key),
+            "policy": o.json(),
+            "decision": decision_json(&d),
+        }));
+        return Ok(());
+    }
     print_header(&t, &key);
     o.print(Some(&key));
     print_decision(&d);
@@ -305,6 +378,16 @@ async fn reset(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
         Ok((d, o))
     };
     let (d, o) = timed(g, "reset", work).await?;
+    if g.json {
+        print_json(&json!({
+            "limiter": t.limiter.name(),
+            "key": key_json(Some(&key)),
+            "reset": true,
+            "decision": decision_json(&d),
+            "key_override_kept": o.key.as_ref().map_or(Value::Null, policy_json),
+        }));
+        return Ok(());
+    }
     println!(
         "reset {} for limiter {}: the key is fresh ({} of {} available)",
         key.describe(),
@@ -347,6 +430,15 @@ async fn override_set(g: &Global, s: &ScopeArgs, snippet: &str) -> Result<(), Fa
         Overrides::read(&t, k).await
     };
     let o = timed(g, "override set", work).await?;
+    if g.json {
+        print_json(&json!({
+            "limiter": t.limiter.name(),
+            "key": key_json(key.as_ref()),
+            "set": policy_json(&policy),
+            "policy": o.json(),
+        }));
+        return Ok(());
+    }
     println!(
         "override set for {}: {}",
         scope_name(&t, key.as_ref()),
@@ -373,6 +465,15 @@ async fn override_clear(g: &Global, s: &ScopeArgs) -> Result<(), Failure> {
         Ok((before, Overrides::read(&t, k).await?))
     };
     let (before, o) = timed(g, "override clear", work).await?;
+    if g.json {
+        print_json(&json!({
+            "limiter": t.limiter.name(),
+            "key": key_json(key.as_ref()),
+            "cleared": before.as_ref().map_or(Value::Null, policy_json),
+            "policy": o.json(),
+        }));
+        return Ok(());
+    }
     match before {
         Some(p) => println!(
             "override cleared for {} (was {})",
@@ -390,6 +491,14 @@ async fn override_show(g: &Global, s: &ScopeArgs) -> Result<(), Failure> {
     let t = target(g, &s.limiter).await?;
     let k = key.as_ref().map(|k| &k.key);
     let o = timed(g, "override show", Overrides::read(&t, k)).await?;
+    if g.json {
+        print_json(&json!({
+            "limiter": t.limiter.name(),
+            "key": key_json(key.as_ref()),
+            "policy": o.json(),
+        }));
+        return Ok(());
+    }
     println!("{}", scope_name(&t, key.as_ref()));
     o.print(key.as_ref());
     Ok(())
@@ -406,6 +515,52 @@ async fn durability(g: &Global, strict: bool) -> Result<(), Failure> {
     };
     let report = timed(g, "durability", work).await?;
     let single = !g.cluster && report.nodes.len() == 1;
+    let verdict = if report.is_durable() {
+        Ok(())
+    } else if report.is_known_bad() || strict {
+        Err(Failure::NotDurable)
+    } else {
+        Ok(())
+    };
+    if g.json {
+        let setting = |s: &Setting| match s {
+            Setting::Known(v) => Value::from(v.as_str()),
+            _ => Value::Null,
+        };
+        let servers: Vec<Value> = report
+            .nodes
+            .iter()
+            .map(|n| {
+                let own = format!("{}: ", n.node);
+                let problems: Vec<String> = n
+                    .problems()
+                    .into_iter()
+                    .map(|p| p.strip_prefix(&own).map(str::to_owned).unwrap_or(p))
+                    .collect();
+                json!({
+                    "server": if single { host(&g.redis_url[0]) } else { n.node.clone() },
+                    "appendonly": setting(&n.appendonly),
+                    "appendfsync": setting(&n.appendfsync),
+                    "maxmemory_policy": setting(&n.maxmemory_policy),
+                    "problems": problems,
+                })
+            })
+            .collect();
+        let durable = if report.is_durable() {
+            Value::from(true)
+        } else if report.is_known_bad() {
+            Value::from(false)
+        } else {
+            Value::Null
+        };
+        print_json(&json!({
+            "durable": durable,
+            "strict": strict,
+            "ok": verdict.is_ok(),
+            "servers": servers,
+        }));
+        return verdict;
+    }
     for n in &report.nodes {
         let node = if single {
             host(&g.redis_url[0])

@@ -29,7 +29,8 @@
 //!
 //! Configuration is read like at start-up: the `--config` files in order,
 //! then the `TOLLGATE_*` environment variables. The Redis URL comes from
-//! `--redis-url` or `REDIS_URL`.
+//! `--redis-url` or `REDIS_URL`. With `--json` every command prints one JSON
+//! document instead of text, for scripts and monitoring.
 //!
 //! # Exit codes
 //!

@@ -90,7 +90,21 @@ pub(crate) fn policy_fields(p: &Policy) -> Vec<(&'static str, String)> {
     }
 }
 
-/// One line: `token_bucket: capacity = 100, refill = "60/1m"`.
+/// The policy as JSON: `{"strategy": "token_bucket", "capacity": 100,
+/// "refill": "60/min"}`, values spelled as in configuration.
+pub(crate) fn policy_json(p: &Policy) -> serde_json::Value {
+    let mut map = serde_json::Map::new();
+    map.insert("strategy".into(), p.strategy().as_str().into());
+    for (k, v) in policy_fields(p) {
+        // A TOML integer, boolean or basic string (as `toml_string` writes
+        // it) is also a JSON value.
+        let v = serde_json::from_str(&v).unwrap_or(serde_json::Value::String(v));
+        map.insert(k.into(), v);
+    }
+    serde_json::Value::Object(map)
+}
+
+/// One line: `token_bucket: capacity = 100, refill = "60/min"`.
 pub(crate) fn describe(p: &Policy) -> String {
     let fields: Vec<String> = policy_fields(p)
         .into_iter()
@@ -235,6 +249,20 @@ mod tests {
         assert!(err(&l, "[limiters.api]\ncapacity = 3").contains("table header"));
         assert!(err(&l, "capacity = ").contains("invalid override"));
         assert!(err(&l, " ").contains("no policy"));
+    }
+
+    #[test]
+    fn policies_as_json() {
+        let l = limiter(BUCKET);
+        assert_eq!(
+            policy_json(&l.policy),
+            serde_json::json!({"strategy": "token_bucket", "capacity": 100, "refill": "60/min"})
+        );
+        let l = limiter(
+            "[limiters.api]\nstrategy='sliding_window'\nlimit=2\nwindow='1m'\npenalise_refused=true",
+        );
+        assert_eq!(policy_json(&l.policy)["penalise_refused"], true);
+        assert_eq!(policy_json(&l.policy)["window"], "1m");
     }
 
     #[test]

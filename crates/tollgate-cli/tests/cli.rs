@@ -134,6 +134,13 @@ fn field(out: &str, name: &str) -> String {
         .unwrap_or_else(|| panic!("no {name:?} line in:\n{out}"))
 }
 
+/// Stdout as JSON (`--json`).
+#[track_caller]
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}{}", stdout(o), stderr(o)))
+}
+
 fn shared_url() -> Option<String> {
     RedisServer::shared_url()
 }
@@ -220,6 +227,14 @@ fn config_validate_accepts_a_good_file_and_lists_its_limiters() {
         out.contains("token_bucket: capacity = 10, refill = \"1/h\"; cost 4"),
         "{out}"
     );
+    let o = run(&["--json", "config", "validate", c.arg()], &[]);
+    expect(&o, 0);
+    let v = json(&o);
+    assert_eq!(v["valid"], true);
+    assert_eq!(v["prefix"], "t-validate");
+    assert_eq!(v["limiters"].as_array().map(Vec::len), Some(4));
+    assert_eq!(v["limiters"][1]["cost"], 4);
+    assert_eq!(v["limiters"][1]["name"], "costly");
     // --config and positional files are layered in order.
     let extra = ConfigFile::new("[limiters.api]\ncapacity = 99");
     let o = run(&["-c", c.arg(), "config", "validate", extra.arg()], &[]);
@@ -455,6 +470,28 @@ fn inspect_shows_what_the_service_counted() {
     assert!(!out.contains("alice"), "the email must not be shown: {out}");
     assert!(field(&out, "in force").ends_with("(from configuration)"));
 
+    // The same, for scripts.
+    let o = run(
+        &[
+            "-c",
+            c.arg(),
+            "--json",
+            "inspect",
+            "api",
+            "--email",
+            "alice@example.com",
+        ],
+        &[("REDIS_URL", &url)],
+    );
+    expect(&o, 0);
+    let v = json(&o);
+    assert_eq!(v["decision"]["remaining"], 6);
+    assert_eq!(v["decision"]["allowed"], true);
+    assert_eq!(v["key"]["kind"], "email");
+    assert_eq!(v["key"]["key"], alice.as_str());
+    assert_eq!(v["policy"]["source"], "configuration");
+    assert_eq!(v["policy"]["in_force"]["capacity"], 10);
+
     // Inspecting is a peek: it consumed nothing.
     assert_eq!(decide(&service, &alice, 1).remaining(), 5);
 
@@ -635,6 +672,14 @@ fn overrides_change_what_the_services_decide() {
         field(&out, "in force").ends_with("(from the key's override)"),
         "{out}"
     );
+    let o = run_cli(&["--json", "override", "show", "api", "--api-key", "sk_vip"]);
+    expect(&o, 0);
+    let v = json(&o);
+    assert_eq!(v["policy"]["source"], "key_override");
+    assert_eq!(v["policy"]["key_override"]["capacity"], 50);
+    assert_eq!(v["policy"]["key_override"]["refill"], "50/min");
+    assert_eq!(v["policy"]["limiter_override"]["capacity"], 2);
+    assert_eq!(v["policy"]["configured"]["capacity"], 10);
     let out = expect(&run_cli(&["inspect", "api", "--key", "10.0.0.1"]), 0);
     assert!(
         field(&out, "in force").ends_with("(from the limiter-wide override)"),
@@ -754,6 +799,13 @@ fn durability_fails_on_a_server_without_aof() {
     let out = expect(&o, 3);
     assert!(out.contains("appendonly is not yes"), "{out}");
     assert!(out.contains("durable: NO"), "{out}");
+    let o = run(&["--redis-url", &server.url(), "durability", "--json"], &[]);
+    expect(&o, 3);
+    let v = json(&o);
+    assert_eq!(v["durable"], false);
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["servers"][0]["appendonly"], "no");
+    assert_eq!(v["servers"][0]["maxmemory_policy"], "noeviction");
 }
 
 #[test]
@@ -786,6 +838,11 @@ fn unreadable_settings_fail_only_under_strict() {
     let o = run(&["--redis-url", &server.url(), "durability"], &[]);
     let out = expect(&o, 0);
     assert!(out.contains("durable: unknown"), "{out}");
+    let o = run(&["--redis-url", &server.url(), "--json", "durability"], &[]);
+    expect(&o, 0);
+    let v = json(&o);
+    assert!(v["durable"].is_null() && v["ok"] == true, "{v}");
+    assert!(v["servers"][0]["appendonly"].is_null(), "{v}");
     let o = run(
         &["--redis-url", &server.url(), "durability", "--strict"],
         &[],
