@@ -428,6 +428,51 @@ mod tests {
         }
     }
 
+    use proptest::strategy::Strategy as _;
+
+    proptest::proptest! {
+        /// Whatever a client or proxy sends, the client is the peer (always,
+        /// from an untrusted peer) or an address written in the header,
+        /// and nothing panics.
+        #[test]
+        fn any_header_yields_the_peer_or_a_listed_address(
+            raw in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::sample::select(vec![
+                        &b"10.0.0.9"[..], b"198.51.100.4", b"[2001:db8::1]:80", b"for=192.0.2.1",
+                        b"for=\"[::1]\"", b"unknown", b",", b";", b" ", b"=", b"\"",
+                    ]).prop_map(<[u8]>::to_vec),
+                    proptest::collection::vec(0x20u8..0x7f, 0..8),
+                    proptest::collection::vec(0x80u8..=0xff, 0..4),
+                ],
+                0..12,
+            ),
+            forwarded in proptest::bool::ANY,
+            trusted_peer in proptest::bool::ANY,
+        ) {
+            let value: Vec<u8> = raw.concat();
+            let name = if forwarded { "forwarded" } else { "x-forwarded-for" };
+            let peer = if trusted_peer { "10.0.0.1:1" } else { "203.0.113.5:1" };
+            let Ok(value) = http::HeaderValue::from_bytes(&value) else {
+                return Ok(());
+            };
+            let mut r = http::Request::new(());
+            r.headers_mut().insert(HeaderName::from_static(name), value.clone());
+            r.extensions_mut().insert(PeerAddr(peer.parse().unwrap()));
+            let x = proxies().header(if forwarded { ProxyHeader::Forwarded } else { ProxyHeader::XForwardedFor });
+            let ip = x.client_ip(&r).unwrap();
+            let peer_ip: IpAddr = peer.parse::<SocketAddr>().unwrap().ip();
+            if !trusted_peer {
+                proptest::prop_assert_eq!(ip, peer_ip);
+            } else if ip != peer_ip {
+                let text = String::from_utf8_lossy(value.as_bytes()).to_string();
+                let listed = ip.to_string();
+                proptest::prop_assert!(text.contains(&listed), "{} not in {:?}", listed, text);
+            }
+            proptest::prop_assert!(x.extract(&r).is_some());
+        }
+    }
+
     #[test]
     fn no_peer_no_key() {
         assert_eq!(proxies().extract(&http::Request::new(())), None);
