@@ -176,6 +176,15 @@ async fn connect(g: &Global, prefix: &str) -> Result<RedisBackend, Failure> {
             "--prefix {prefix:?}: must be non-empty, without '{{', '}}' or ':'"
         )));
     }
+    if !cfg!(feature = "tls")
+        && g.redis_url
+            .iter()
+            .any(|u| u.trim().starts_with("rediss://"))
+    {
+        return Err(Failure::Input(
+            "rediss:// needs a tollgate built with the `tls` feature".into(),
+        ));
+    }
     let builder = if g.cluster {
         cluster_builder(g)?
     } else {

@@ -356,6 +356,12 @@ fn usage_errors_exit_2() {
         let out = expect(&o, 2);
         assert!(out.contains(want), "{args:?}: want {want:?} in:\n{out}");
     }
+    let o = run(&["--redis-url", "rediss://127.0.0.1:1", "durability"], &[]);
+    if cfg!(feature = "tls") {
+        expect(&o, 1);
+    } else {
+        assert!(expect(&o, 2).contains("`tls` feature"));
+    }
     let o = run(
         &[
             "--redis-url",
