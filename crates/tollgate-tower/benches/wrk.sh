@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # HTTP layer overhead: wrk against the axum-api-keys example with and
-# without the rate-limit layers (per IP + per API key, memory backend), in
-# one run, on loopback only. Runs are short and bounded; rounds alternate
+# without the rate-limit layers, in one run, on loopback only: the bare
+# router, the per-API-key layer alone, and the example's two layers (per IP
+# + per API key), all on the memory backend. Runs are short and bounded; rounds alternate
 # between the two servers so drift affects both alike.
 #
 #   crates/tollgate-tower/benches/wrk.sh [ROUNDS] [SECONDS] [CONNECTIONS]
@@ -27,6 +28,7 @@ BIN=$TARGET/release/axum-api-keys
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 BARE_PORT=$(free_port)
 LIMITED_PORT=$(free_port)
+KEY_PORT=$(free_port)
 
 # Limits high enough that no request is refused: this measures the cost of
 # deciding, not the speed of answering 429.
@@ -40,9 +42,11 @@ unset REDIS_URL
 BARE_PID=$!
 "$BIN" --serve "127.0.0.1:$LIMITED_PORT" 2>/dev/null &
 LIMITED_PID=$!
-trap 'kill $BARE_PID $LIMITED_PID 2>/dev/null || true' EXIT
+"$BIN" --serve "127.0.0.1:$KEY_PORT" --key-only 2>/dev/null &
+KEY_PID=$!
+trap 'kill $BARE_PID $LIMITED_PID $KEY_PID 2>/dev/null || true' EXIT
 
-for port in "$BARE_PORT" "$LIMITED_PORT"; do
+for port in "$BARE_PORT" "$LIMITED_PORT" "$KEY_PORT"; do
   for _ in $(seq 50); do
     curl -sf -o /dev/null -H 'x-api-key: bench_key' "http://127.0.0.1:$port/v1/items" && break
     sleep 0.1
@@ -67,25 +71,33 @@ check_all_ok() { # the limited server must have answered 200 to everything
 }
 
 check_all_ok "$LIMITED_PORT"
+check_all_ok "$KEY_PORT"
 run "$BARE_PORT" "$BARE_PID" >/dev/null   # warm-up
 run "$LIMITED_PORT" "$LIMITED_PID" >/dev/null
+run "$KEY_PORT" "$KEY_PID" >/dev/null
 
-bare=(); limited=(); bare_cpu=(); limited_cpu=()
+bare=(); limited=(); key=(); bare_cpu=(); limited_cpu=(); key_cpu=()
 for r in $(seq "$ROUNDS"); do
   read -r b bc < <(run "$BARE_PORT" "$BARE_PID")
+  read -r k kc < <(run "$KEY_PORT" "$KEY_PID")
   read -r l lc < <(run "$LIMITED_PORT" "$LIMITED_PID")
-  bare+=("$b"); limited+=("$l"); bare_cpu+=("$bc"); limited_cpu+=("$lc")
-  echo "round $r: bare $b req/s ($bc µs CPU/req), limited $l req/s ($lc µs CPU/req)"
+  bare+=("$b"); limited+=("$l"); key+=("$k")
+  bare_cpu+=("$bc"); limited_cpu+=("$lc"); key_cpu+=("$kc")
+  echo "round $r: bare $b req/s ($bc µs CPU/req), key only $k req/s ($kc µs), ip+key $l req/s ($lc µs)"
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 best() { printf '%s\n' "$@" | sort -g | tail -1; }
 ratio() { awk -v l="$1" -v b="$2" 'BEGIN {printf "%.3f", l/b}'; }
-mb=$(median "${bare[@]}"); ml=$(median "${limited[@]}")
-bb=$(best "${bare[@]}"); bl=$(best "${limited[@]}")
-echo "median: bare $mb req/s, limited $ml req/s, ratio $(ratio "$ml" "$mb")"
-echo "best:   bare $bb req/s, limited $bl req/s, ratio $(ratio "$bl" "$bb")"
-# Server CPU per request does not depend on how much CPU others leave us.
-cb=$(median "${bare_cpu[@]}"); cl=$(median "${limited_cpu[@]}")
-echo "server CPU per request (median): bare $cb µs, limited $cl µs, ratio bare/limited $(ratio "$cb" "$cl")"
+report() { # label rps[] cpu[] (as names)
+  local -n r=$2 c=$3
+  local mb ml bb bl cb cl
+  mb=$(median "${bare[@]}"); ml=$(median "${r[@]}")
+  bb=$(best "${bare[@]}"); bl=$(best "${r[@]}")
+  cb=$(median "${bare_cpu[@]}"); cl=$(median "${c[@]}")
+  echo "$1: median $ml vs $mb req/s, ratio $(ratio "$ml" "$mb"); best $bl vs $bb, ratio $(ratio "$bl" "$bb"); CPU/req $cl vs $cb µs, ratio $(ratio "$cb" "$cl")"
+}
+# Server CPU per request barely depends on how much CPU others leave us.
+report "key only" key key_cpu
+report "ip + key" limited limited_cpu
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "(wrk -t1 -c$CONNS -d${SECS}s, $ROUNDS rounds, $(nproc) cores, $(date -u +%F))"

@@ -27,26 +27,49 @@ pub fn limits() -> Result<Config, ConfigError> {
     Config::builder().toml_str(LIMITS).env().load()
 }
 
+/// Which limits [`app_with`] applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layers {
+    /// None: the bare router (to measure what the layers cost).
+    None,
+    /// Per API key only.
+    PerKey,
+    /// Per client IP, then per API key (the example).
+    PerIpAndKey,
+}
+
 /// The API, limited per client IP, then per API key (`x-api-key` or
 /// `Authorization: Bearer`), with the plan's quota: keys starting with
 /// `pro_` are on the pro plan. A request without a key is refused (400).
 ///
-/// With `limited = false`, the same API without the layers (to measure
-/// what they cost).
+/// With `limited = false`, the same API without the layers.
 pub fn app<B: Backend + Clone>(
     config: &Config,
     backend: B,
     limited: bool,
 ) -> Result<Router, ConfigError> {
+    let layers = if limited {
+        Layers::PerIpAndKey
+    } else {
+        Layers::None
+    };
+    app_with(config, backend, layers)
+}
+
+/// The API with the chosen [`Layers`].
+pub fn app_with<B: Backend + Clone>(
+    config: &Config,
+    backend: B,
+    layers: Layers,
+) -> Result<Router, ConfigError> {
     let router = Router::new()
         .route("/", get(|| async { "hello\n" }))
         .route("/v1/items", get(|| async { r#"{"items":[1,2,3]}"# }));
-    if !limited {
+    if layers == Layers::None {
         return Ok(router);
     }
-    let per_ip = config.limiter("api_ip")?.build(backend.clone());
     let free = config.limiter("api_free")?.build(backend.clone());
-    let pro = config.limiter("api_pro")?.build(backend);
+    let pro = config.limiter("api_pro")?.build(backend.clone());
 
     let api_key = ApiKey::header(HeaderName::from_static("x-api-key")).or_bearer();
     let plan_of = api_key.clone();
@@ -65,10 +88,13 @@ pub fn app<B: Backend + Clone>(
         },
         api_key,
     );
+    let router = router.layer(per_key);
+    if layers == Layers::PerKey {
+        return Ok(router);
+    }
+    let per_ip = config.limiter("api_ip")?.build(backend);
     // Layers added last run first: the IP is counted before the key.
-    Ok(router
-        .layer(per_key)
-        .layer(RateLimitLayer::new(per_ip, ClientIp::new())))
+    Ok(router.layer(RateLimitLayer::new(per_ip, ClientIp::new())))
 }
 
 /// Serves `router` on `listener`, with the peer addresses the per-IP

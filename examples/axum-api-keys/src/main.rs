@@ -3,12 +3,14 @@
 //! rate-limit fields: the 200s turn into 429s.
 //!
 //! `cargo run -p axum-api-keys -- --serve [ADDR]` keeps serving (default
-//! `127.0.0.1:3000`); add `--no-limit` to serve without the layers.
+//! `127.0.0.1:3000`); add `--no-limit` to serve without the layers, or
+//! `--key-only` to limit per API key only (both are for benchmarks).
 //! `REDIS_URL=redis://127.0.0.1:6379` counts in Redis instead of memory.
 
 use std::error::Error;
 
 use axum::Router;
+use axum_api_keys::Layers;
 use tollgate_memory::MemoryBackend;
 use tollgate_redis::RedisBackend;
 
@@ -19,7 +21,13 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let serve = args.iter().any(|a| a == "--serve");
-    let limited = !args.iter().any(|a| a == "--no-limit");
+    let layers = if args.iter().any(|a| a == "--no-limit") {
+        Layers::None
+    } else if args.iter().any(|a| a == "--key-only") {
+        Layers::PerKey
+    } else {
+        Layers::PerIpAndKey
+    };
     let bind = args
         .iter()
         .find(|a| !a.starts_with("--"))
@@ -33,9 +41,9 @@ async fn main() -> Result<(), Box<dyn Error>> {
                 .build()
                 .await?;
             eprintln!("counting in Redis");
-            axum_api_keys::app(&config, backend, limited)?
+            axum_api_keys::app_with(&config, backend, layers)?
         }
-        Err(_) => axum_api_keys::app(&config, MemoryBackend::new(), limited)?,
+        Err(_) => axum_api_keys::app_with(&config, MemoryBackend::new(), layers)?,
     };
 
     if serve {

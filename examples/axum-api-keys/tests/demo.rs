@@ -79,3 +79,22 @@ async fn the_burst_counts_in_redis_too() {
     assert_eq!(statuses[..5], [StatusCode::OK; 5]);
     assert_eq!(statuses[5..], [StatusCode::TOO_MANY_REQUESTS; 2]);
 }
+
+#[tokio::test]
+async fn key_only_counts_no_ip() {
+    let config = axum_api_keys::limits().unwrap();
+    let router =
+        axum_api_keys::app_with(&config, MemoryBackend::new(), axum_api_keys::Layers::PerKey)
+            .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(axum_api_keys::serve(listener, router));
+    let replies = axum_api_keys::burst(addr, "demo_key", 6).await.unwrap();
+    assert!(
+        replies[0].ratelimit.starts_with("\"api_free\";r=4;"),
+        "{:?}",
+        replies[0]
+    );
+    assert!(!replies[0].ratelimit.contains("api_ip"));
+    assert_eq!(replies[5].status, StatusCode::TOO_MANY_REQUESTS);
+}
