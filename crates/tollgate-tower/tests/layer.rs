@@ -552,3 +552,31 @@ async fn clones_of_the_layer_share_limits() {
         StatusCode::TOO_MANY_REQUESTS
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_charge_in_flight_survives_the_client_going_away() {
+    let backend = MemoryBackend::new();
+    let limiter = Limiter::new(
+        "login",
+        SlidingWindow::new(1, Duration::from_secs(60)).unwrap(),
+        backend.clone(),
+    );
+    let svc = RateLimitLayer::new(limiter, ApiKey::bearer())
+        .classify(|_: &Response<String>| Outcome::Count)
+        .layer(Echo::default().service());
+    // Each backend call takes 10 ms: the check ends at 10 ms, the charge
+    // would end at 20 ms, and the client is gone at 15 ms.
+    backend.set_delay(Duration::from_millis(10));
+    let gone = tokio::time::timeout(
+        Duration::from_millis(15),
+        svc.clone().oneshot(req(Some("k"))),
+    )
+    .await;
+    assert!(gone.is_err(), "the request was still being charged");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    backend.clear_faults();
+    assert_eq!(
+        call(&svc, req(Some("k"))).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}

@@ -138,15 +138,21 @@ fn check<B: Backend>(ticket: Ticket<B>, upfront: bool) -> BoxFuture<(Verdict, Ti
 }
 
 /// Charges (or forgets) after the response, per the classifier.
+///
+/// The charge runs as its own task: a client that drops the connection
+/// while it is in flight (hyper then drops this future) must not escape
+/// the count, or failed logins could be made free.
 fn settle<B: Backend>(ticket: &Ticket<B>, outcome: Outcome) -> Option<BoxFuture<Option<Decision>>> {
     let (limiter, key, cost) = (ticket.limiter.clone(), ticket.key.clone(), ticket.cost);
-    match outcome {
-        Outcome::Ignore => None,
-        Outcome::Count => Some(Box::pin(async move {
-            limiter.check_cost(&key, cost).await.decision().copied()
-        })),
-        Outcome::Reset => Some(Box::pin(async move { limiter.reset(&key).await.ok() })),
-    }
+    let charge: BoxFuture<Option<Decision>> = match outcome {
+        Outcome::Ignore => return None,
+        Outcome::Count => {
+            Box::pin(async move { limiter.check_cost(&key, cost).await.decision().copied() })
+        }
+        Outcome::Reset => Box::pin(async move { limiter.reset(&key).await.ok() }),
+    };
+    let task = tokio::spawn(charge);
+    Some(Box::pin(async move { task.await.ok().flatten() }))
 }
 
 impl<S, Req, B, R, V> Future for ResponseFuture<S, Req, B, R, V>

@@ -128,7 +128,9 @@ pub enum Outcome {
 /// any is charged: at most the number of requests in flight can exceed
 /// the limit. That is the price of counting by outcome (login protection
 /// counts failed logins, which only the response knows). A response the
-/// inner service failed to produce (`Err`) is not charged.
+/// inner service failed to produce (`Err`) is not charged. The charge runs
+/// as a task of its own (on the tokio runtime), so it is recorded even if
+/// the client goes away while it is in flight.
 pub trait Classify<Res> {
     /// Whether the cost is taken before the request is handed on (and
     /// [`classify`](Self::classify) never called).
