@@ -10,6 +10,12 @@
 //!   `RateLimit` fields, or a gRPC `RESOURCE_EXHAUSTED` status.
 //! * [`BufferBodyLayer`] reads a bounded body so a key (a login's email)
 //!   can be taken from it, handing the body on intact.
+//! * [`login`] protects a login route: a sliding window per client IP and a
+//!   progressive delay per account that counts only failed logins.
+//! * [`stream`] limits a `Stream` of events (a listener with no webhook)
+//!   per key, dropping or delaying the excess; with the
+//!   [`Typed`](stream::Typed) responder the same layer serves non-HTTP
+//!   `Service`s.
 //! * [`outbound`] holds the adaptive layer for calls to remote services.
 //!
 //! Limits are decided by a [`Limiter`](tollgate_core::Limiter) over any
@@ -56,7 +62,8 @@
 //! With the `metrics` feature:
 //!
 //! * `tollgate_requests_total{limiter, outcome}`, `outcome` one of
-//!   `allowed`, `denied`, `unavailable` (fail-closed backend failure,
+//!   `allowed`, `denied`, `too_costly` (a cost the policy can never grant,
+//!   answered 413), `unavailable` (fail-closed backend failure,
 //!   answered 503), `failed_open`, `missing_key_allowed`,
 //!   `missing_key_rejected`;
 //! * `tollgate_backend_failures_total{limiter, fail_mode}`;

@@ -21,6 +21,12 @@ pub(crate) fn denied(limiter: &str, key: &Key, d: &Decision) {
     count(limiter, "denied");
 }
 
+pub(crate) fn denied_cost(limiter: &str, error: &Error) {
+    let error: &dyn std::error::Error = error;
+    tracing::debug!(limiter, error, "cost above the limit: refused");
+    count(limiter, "too_costly");
+}
+
 pub(crate) fn backend_failed(limiter: &str, closed: bool, error: &Error) {
     // The limiter already logs backend failures at warn level, throttled;
     // this says what became of the request.

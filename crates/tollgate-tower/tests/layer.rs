@@ -297,11 +297,12 @@ async fn cost_from_a_closure() {
         StatusCode::TOO_MANY_REQUESTS
     );
     assert_eq!(call(&svc, weighted(3)).await.status(), StatusCode::OK);
-    // A cost no policy can grant is refused, never let through.
-    assert_eq!(
-        call(&svc, weighted(11)).await.status(),
-        StatusCode::SERVICE_UNAVAILABLE
-    );
+    // A cost no policy can grant is refused, never let through, and told
+    // apart from a limit (no Retry-After: waiting will not help) and from a
+    // backend failure.
+    let res = call(&svc, weighted(11)).await;
+    assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(res.headers().get("retry-after").is_none());
 }
 
 #[tokio::test]

@@ -190,6 +190,15 @@ where
                             telemetry::backend_failed(name, false, &e);
                             None
                         }
+                        // Not a backend failure: this request can never pass.
+                        Verdict::FailedClosed(e, _) if !e.is_unavailable() => {
+                            telemetry::denied_cost(name, &e);
+                            Some(
+                                this.post
+                                    .responder
+                                    .refused(&Refusal::TooCostly { limiter: name }),
+                            )
+                        }
                         Verdict::FailedClosed(e, retry_after) => {
                             telemetry::backend_failed(name, true, &e);
                             let refusal = Refusal::Unavailable {

@@ -69,6 +69,7 @@ impl<B> Respond<http::Response<B>> for Grpc {
             Refusal::Limited(_) => (RESOURCE_EXHAUSTED, "rate limit exceeded"),
             Refusal::Unavailable { .. } => (UNAVAILABLE, "rate limiter unavailable"),
             Refusal::MissingKey { .. } => (INVALID_ARGUMENT, "no rate-limit key"),
+            Refusal::TooCostly { .. } => (INVALID_ARGUMENT, "cost above the rate limit"),
         };
         let mut res = http::Response::new(ResponseBody::empty());
         let h = res.headers_mut();

@@ -139,6 +139,15 @@ pub(crate) fn default_refusal(refusal: &Refusal<'_>) -> http::Response<Bytes> {
                 None,
             ),
         ),
+        Refusal::TooCostly { limiter } => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            problem(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "about:blank",
+                "The request costs more than the limit can ever grant.",
+                Some(limiter),
+            ),
+        ),
         Refusal::MissingKey { .. } => (
             StatusCode::BAD_REQUEST,
             problem(

@@ -173,6 +173,12 @@ pub enum Refusal<'a> {
         /// The limiter's name.
         limiter: &'a str,
     },
+    /// The request costs more than the policy can ever grant (an LLM call
+    /// asking for more tokens than the bucket holds): waiting will not help.
+    TooCostly {
+        /// The limiter's name.
+        limiter: &'a str,
+    },
 }
 
 impl Refusal<'_> {
@@ -180,17 +186,19 @@ impl Refusal<'_> {
     pub fn limiter(&self) -> &str {
         match self {
             Refusal::Limited(q) => q.name,
-            Refusal::Unavailable { limiter, .. } | Refusal::MissingKey { limiter } => limiter,
+            Refusal::Unavailable { limiter, .. }
+            | Refusal::MissingKey { limiter }
+            | Refusal::TooCostly { limiter } => limiter,
         }
     }
 
     /// Whole seconds to wait, rounded up and never 0; `None` when waiting
-    /// will not help (a missing key).
+    /// will not help (a missing key, a cost above the limit).
     pub fn retry_after_secs(&self) -> Option<u64> {
         match self {
             Refusal::Limited(q) => Some(q.decision.retry_after_secs()),
             Refusal::Unavailable { retry_after, .. } => Some(ceil_secs(*retry_after).max(1)),
-            Refusal::MissingKey { .. } => None,
+            Refusal::MissingKey { .. } | Refusal::TooCostly { .. } => None,
         }
     }
 }

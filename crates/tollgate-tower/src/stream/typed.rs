@@ -66,6 +66,11 @@ pub enum Refused {
         /// The limiter's name.
         limiter: String,
     },
+    /// The request costs more than the limit can ever grant.
+    TooCostly {
+        /// The limiter's name.
+        limiter: String,
+    },
 }
 
 impl Refused {
@@ -74,7 +79,8 @@ impl Refused {
         match self {
             Self::Limited { limiter, .. }
             | Self::Unavailable { limiter, .. }
-            | Self::MissingKey { limiter } => limiter,
+            | Self::MissingKey { limiter }
+            | Self::TooCostly { limiter } => limiter,
         }
     }
 
@@ -84,7 +90,7 @@ impl Refused {
         match self {
             Self::Limited { decision, .. } => Some(decision.retry_after()),
             Self::Unavailable { retry_after, .. } => Some(*retry_after),
-            Self::MissingKey { .. } => None,
+            Self::MissingKey { .. } | Self::TooCostly { .. } => None,
         }
     }
 }
@@ -105,6 +111,9 @@ impl std::fmt::Display for Refused {
                 "rate limiter {limiter:?} unavailable; retry after {retry_after:?}"
             ),
             Self::MissingKey { limiter } => write!(f, "no rate-limit key for {limiter:?}"),
+            Self::TooCostly { limiter } => {
+                write!(f, "cost above what {limiter:?} can ever grant")
+            }
         }
     }
 }
@@ -132,6 +141,9 @@ impl<Res> Respond<Res> for Typed {
                 retry_after: *retry_after,
             },
             Refusal::MissingKey { limiter } => Refused::MissingKey {
+                limiter: (*limiter).to_owned(),
+            },
+            Refusal::TooCostly { limiter } => Refused::TooCostly {
                 limiter: (*limiter).to_owned(),
             },
         })
