@@ -3,8 +3,10 @@
 //! * [`conformance`]: the backend conformance suite. Every backend runs it
 //!   (through [`conformance_tests!`]) and must agree with the core's
 //!   reference model decision by decision.
+//! * [`demo`]: runs an example binary the way a user does.
 //! * [`redis_server`]: throwaway `redis-server` processes (and a 3-master
 //!   cluster) on free loopback ports, for tests against a real Redis.
 
 pub mod conformance;
+pub mod demo;
 pub mod redis_server;

@@ -2,24 +2,9 @@
 //! `REDIS_URL`: it exits by itself; the attacker is cut off, the real user
 //! gets in after the delay.
 
-use std::process::Command;
-
 /// Runs the demo, counting in Redis at `redis_url` when given.
 fn demo(redis_url: Option<&str>) -> String {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_axum-login"));
-    match redis_url {
-        Some(url) => cmd.env("REDIS_URL", url),
-        None => cmd.env_remove("REDIS_URL"),
-    };
-    let out = cmd.output().unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        stderr.contains("counting in Redis"),
-        redis_url.is_some(),
-        "{stderr}"
-    );
-    String::from_utf8(out.stdout).unwrap()
+    tollgate_testkit::demo::run(env!("CARGO_BIN_EXE_axum-login"), redis_url)
 }
 
 fn check(stdout: &str) {

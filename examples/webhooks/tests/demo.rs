@@ -1,24 +1,9 @@
 //! `cargo run -p webhooks`, as a user runs it: it exits by itself and shows
 //! the flooded channels cut at 30 and the listener's excess dropped.
 
-use std::process::Command;
-
 /// Runs the demo, counting in Redis at `redis_url` when given.
 fn demo(redis_url: Option<&str>) -> String {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_webhooks"));
-    match redis_url {
-        Some(url) => cmd.env("REDIS_URL", url),
-        None => cmd.env_remove("REDIS_URL"),
-    };
-    let out = cmd.output().unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        stderr.contains("counting in Redis"),
-        redis_url.is_some(),
-        "{stderr}"
-    );
-    String::from_utf8(out.stdout).unwrap()
+    tollgate_testkit::demo::run(env!("CARGO_BIN_EXE_webhooks"), redis_url)
 }
 
 #[test]
