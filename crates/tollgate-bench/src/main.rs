@@ -84,19 +84,18 @@ struct Args {
     /// Skip the bare-client comparison.
     #[arg(long)]
     no_bare: bool,
+    /// Lease mode: the `Limiter` takes this many units per round trip and
+    /// spends them locally (1 = off).
+    #[arg(long, default_value_t = 1)]
+    lease: u64,
     /// Tokio worker threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = n.parse().map_err(|_| format!("bad duration {s:?}"))?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" | "" => Duration::from_secs(n),
-        _ => return Err(format!("bad duration unit in {s:?} (ms or s)")),
-    };
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} in {s:?}"))?;
+    // Runs stay bounded.
     if d.is_zero() || d > Duration::from_secs(60) {
         return Err("duration must be between 1ms and 60s".into());
     }
@@ -240,11 +239,21 @@ async fn library<B: Backend + Clone>(args: &Args, backend: B, duration: Duration
     }
     let limiter = Limiter::builder("bench", policy(args.strategy), backend)
         .timeout(Duration::from_secs(1))
+        .lease(args.lease, Duration::from_secs(1))
         .build();
+    let leased = args.lease > 1;
     drive(args.concurrency, args.keys, duration, move |k| {
         let limiter = limiter.clone();
         let names = Arc::clone(&names);
-        async move { limiter.try_acquire(&names[k as usize], 1).await.is_ok() }
+        async move {
+            let key = &names[k as usize];
+            if leased {
+                // Lease mode lives in the settled path.
+                limiter.check(key).await.decision().is_some()
+            } else {
+                limiter.try_acquire(key, 1).await.is_ok()
+            }
+        }
     })
     .await
 }

@@ -46,6 +46,7 @@ pub mod decision;
 mod deny_cache;
 pub mod error;
 pub mod key;
+mod lease;
 pub mod limiter;
 pub mod model;
 pub mod policy;

@@ -17,6 +17,7 @@ use crate::decision::Decision;
 use crate::deny_cache::DenyCache;
 use crate::error::Error;
 use crate::key::Key;
+use crate::lease::Leases;
 use crate::model::Op;
 use crate::policy::{Policy, PolicyError};
 
@@ -140,6 +141,7 @@ pub struct LimiterBuilder<B> {
     timeout: Duration,
     breaker: BreakerConfig,
     local_denials: Option<Duration>,
+    lease: Option<(u64, Duration)>,
 }
 
 impl<B: Backend> LimiterBuilder<B> {
@@ -154,6 +156,23 @@ impl<B: Backend> LimiterBuilder<B> {
     /// at once. Off by default.
     pub fn local_denials(mut self, max_ttl: Duration) -> Self {
         self.local_denials = Some(max_ttl);
+        self
+    }
+
+    /// Lease mode, for fail-open consumers that trade exactness for
+    /// throughput (API keys, a crawler): a request that finds no local
+    /// units takes `batch` units from the backend in one round trip and
+    /// keeps the rest for this key's next requests, for at most `ttl`.
+    ///
+    /// Near the limit, when a whole batch no longer fits, the request asks
+    /// for its own cost only, so no more is admitted than the backend
+    /// grants. The costs: units leased and not spent within `ttl` are lost
+    /// to every worker, and under a sliding window a leased unit is counted
+    /// when leased, not when spent (up to `batch - 1` units per worker admitted
+    /// after the window would have refused them). Off by default; ignored
+    /// for progressive delays.
+    pub fn lease(mut self, batch: u64, ttl: Duration) -> Self {
+        self.lease = (batch > 1).then_some((batch, ttl));
         self
     }
 
@@ -188,6 +207,14 @@ impl<B: Backend> LimiterBuilder<B> {
                 breaker: Breaker::new(self.breaker),
                 log: LogThrottle::new(Duration::from_secs(10)),
                 denials: self.local_denials.map(DenyCache::new),
+                leases: self.lease.filter(|_| self.policy.max_cost().is_some()).map(
+                    |(batch, ttl)| {
+                        // A batch above what the policy can ever grant
+                        // would never be granted.
+                        let batch = batch.min(self.policy.max_cost().unwrap_or(batch));
+                        Leases::new(batch, ttl)
+                    },
+                ),
             }),
         }
     }
@@ -233,6 +260,7 @@ struct Inner<B> {
     breaker: Breaker,
     log: LogThrottle,
     denials: Option<DenyCache>,
+    leases: Option<Leases>,
 }
 
 impl<B> Clone for Limiter<B> {
@@ -270,6 +298,7 @@ impl<B: Backend> Limiter<B> {
             timeout: DEFAULT_TIMEOUT,
             breaker: BreakerConfig::default(),
             local_denials: None,
+            lease: None,
         }
     }
 
@@ -317,13 +346,32 @@ impl<B: Backend> Limiter<B> {
         if let Some(denied) = cache.and_then(|c| c.get(key, cost)) {
             return Verdict::Decided(denied);
         }
-        let result = self.try_op(key, Op::Acquire(cost)).await;
+        let result = match &self.inner.leases {
+            Some(leases) if cost > 0 => self.leased(leases, key, cost).await,
+            _ => self.try_op(key, Op::Acquire(cost)).await,
+        };
         if let (Some(cache), Ok(d)) = (cache, &result)
             && d.is_denied()
         {
             cache.insert(key, cost, d);
         }
         self.settle(result)
+    }
+
+    /// One request under lease mode.
+    async fn leased(&self, leases: &Leases, key: &Key, cost: u64) -> Result<Decision, Error> {
+        if let Some(d) = leases.spend(key, cost) {
+            return Ok(d);
+        }
+        if leases.batch > cost {
+            let d = self.try_op(key, Op::Acquire(leases.batch)).await?;
+            if d.is_allowed() {
+                leases.keep(key, leases.batch - cost, &d);
+                return Ok(d);
+            }
+        }
+        // Near the limit: ask for exactly this request's cost.
+        self.try_op(key, Op::Acquire(cost)).await
     }
 
     /// Reports whether one unit is available, consuming nothing.
@@ -336,6 +384,9 @@ impl<B: Backend> Limiter<B> {
     pub async fn reset(&self, key: &Key) -> Result<Decision, Error> {
         if let Some(cache) = &self.inner.denials {
             cache.forget(key);
+        }
+        if let Some(leases) = &self.inner.leases {
+            leases.forget(key);
         }
         self.try_op(key, Op::Reset).await
     }
@@ -378,6 +429,12 @@ impl<B: Backend> Limiter<B> {
             match key {
                 Some(k) => cache.forget(k),
                 None => cache.clear(),
+            }
+        }
+        if let Some(leases) = &self.inner.leases {
+            match key {
+                Some(k) => leases.forget(k),
+                None => leases.clear(),
             }
         }
         result

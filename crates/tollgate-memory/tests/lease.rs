@@ -1,0 +1,70 @@
+//! Lease mode: a batch per round trip, spent locally, never more admitted
+//! than the backend grants.
+
+use std::time::Duration;
+
+use tollgate_core::{FailMode, Key, Limiter, MockClock, TokenBucket};
+use tollgate_memory::MemoryBackend;
+
+fn worker(backend: &MemoryBackend<MockClock>, batch: u64) -> Limiter<MemoryBackend<MockClock>> {
+    Limiter::builder(
+        "api",
+        TokenBucket::new(7, 1, Duration::from_secs(60)).unwrap(),
+        backend.clone(),
+    )
+    .fail_mode(FailMode::Open)
+    .lease(batch, Duration::from_secs(1))
+    .build()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_takes_a_batch_and_the_limit_stays_exact() {
+    let clock = MockClock::new();
+    let backend = MemoryBackend::with_clock(clock.clone());
+    let a = worker(&backend, 5);
+    let plain = Limiter::new(
+        "api",
+        TokenBucket::new(7, 1, Duration::from_secs(60)).unwrap(),
+        backend.clone(),
+    );
+    let k = Key::secret("key-1");
+    // One request leases five units: the shared counter shows them gone.
+    assert!(a.check(&k).await.is_allowed());
+    assert_eq!(plain.peek(&k).await.decision().unwrap().remaining(), 2);
+    // The next four are served from the lease without touching the counter.
+    backend.set_failing(true);
+    for _ in 0..4 {
+        let v = a.check(&k).await;
+        assert!(v.decision().is_some_and(|d| d.is_allowed()), "{v:?}");
+    }
+    assert_eq!(backend.faulty_calls(), 0);
+    backend.clear_faults();
+    // Near the limit a whole batch no longer fits: one unit at a time, and
+    // exactly the capacity is admitted in all.
+    assert!(a.check(&k).await.is_allowed());
+    assert!(a.check(&k).await.is_allowed());
+    let v = a.check(&k).await;
+    assert!(v.decision().is_some_and(|d| d.is_denied()), "{v:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn unspent_units_expire_and_a_reset_drops_the_lease() {
+    let clock = MockClock::new();
+    let backend = MemoryBackend::with_clock(clock.clone());
+    let a = worker(&backend, 3);
+    let k = Key::secret("key-2");
+    assert!(a.check(&k).await.is_allowed());
+    // After the lease's ttl its two units are gone: the next request asks
+    // the backend (which is failing: fail-open lets it through, undecided).
+    tokio::time::advance(Duration::from_secs(1)).await;
+    backend.set_failing(true);
+    assert!(a.check(&k).await.decision().is_none());
+    backend.clear_faults();
+    assert!(a.check(&k).await.is_allowed());
+    a.reset(&k).await.unwrap();
+    backend.set_failing(true);
+    assert!(
+        a.check(&k).await.decision().is_none(),
+        "the lease was dropped"
+    );
+}
