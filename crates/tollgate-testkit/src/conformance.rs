@@ -3,9 +3,10 @@
 //! Every check is a generic async function over any [`Backend`] that takes
 //! its time from a [`MockClock`] (the caller-time mode of the Redis backend,
 //! `MemoryBackend::with_clock` for the memory one). A backend's test crate
-//! runs the whole suite with one line:
+//! runs the whole suite with one line (this is
+//! `crates/tollgate-memory/tests/conformance.rs`):
 //!
-//! ```ignore
+//! ```text
 //! tollgate_testkit::conformance_tests!(async {
 //!     let clock = tollgate_core::MockClock::new();
 //!     (tollgate_memory::MemoryBackend::with_clock(clock.clone()), clock)
