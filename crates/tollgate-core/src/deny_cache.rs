@@ -1,7 +1,5 @@
 //! Local answers to a flood: keys known to be refused until an instant.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -9,11 +7,7 @@ use tokio::time::Instant;
 use crate::decision::Decision;
 use crate::key::Key;
 use crate::policy::Policy;
-
-const SHARDS: usize = 16;
-/// Entries per shard before the shard is emptied: the cache is an
-/// optimisation, and forgetting costs only a round trip.
-const SHARD_CAPACITY: usize = 4096;
+use crate::sharded::{SHARD_CAPACITY, Sharded};
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -36,25 +30,15 @@ struct Entry {
 #[derive(Debug)]
 pub(crate) struct DenyCache {
     max_ttl: Duration,
-    shards: Box<[Mutex<HashMap<Key, Entry>>]>,
+    map: Sharded<Entry>,
 }
 
 impl DenyCache {
     pub(crate) fn new(max_ttl: Duration) -> Self {
         Self {
             max_ttl,
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            map: Sharded::new(),
         }
-    }
-
-    fn shard(&self, key: &Key) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
-        use std::hash::{BuildHasher, RandomState};
-        // A fixed-seed hasher: only the spread matters here.
-        static HASHER: std::sync::OnceLock<RandomState> = std::sync::OnceLock::new();
-        let h = HASHER.get_or_init(RandomState::new).hash_one(key);
-        self.shards[h as usize % SHARDS]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether refusals of `policy` for a request of `cost` can be cached.
@@ -69,7 +53,7 @@ impl DenyCache {
     /// The remembered refusal for `key` and `cost`, aged to now.
     pub(crate) fn get(&self, key: &Key, cost: u64) -> Option<Decision> {
         let now = Instant::now();
-        let mut shard = self.shard(key);
+        let mut shard = self.map.shard(key);
         let e = *shard.get(key)?;
         if now >= e.until {
             shard.remove(key);
@@ -95,7 +79,7 @@ impl DenyCache {
             return;
         }
         let at = Instant::now();
-        let mut shard = self.shard(key);
+        let mut shard = self.map.shard(key);
         if shard.len() >= SHARD_CAPACITY && !shard.contains_key(key) {
             shard.retain(|_, e| e.until > at);
             if shard.len() >= SHARD_CAPACITY {
@@ -120,13 +104,11 @@ impl DenyCache {
     }
 
     pub(crate) fn forget(&self, key: &Key) {
-        self.shard(key).remove(key);
+        self.map.forget(key);
     }
 
     pub(crate) fn clear(&self) {
-        for s in &*self.shards {
-            s.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        }
+        self.map.clear();
     }
 }
 

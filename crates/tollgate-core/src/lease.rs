@@ -1,15 +1,12 @@
 //! Leases: a batch of units taken in one round trip and spent locally.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::decision::Decision;
 use crate::key::Key;
-
-const SHARDS: usize = 16;
+use crate::sharded::{SHARD_CAPACITY, Sharded};
 
 #[derive(Debug, Clone, Copy)]
 struct Lease {
@@ -28,7 +25,7 @@ struct Lease {
 pub(crate) struct Leases {
     pub(crate) batch: u64,
     ttl: Duration,
-    shards: Box<[Mutex<HashMap<Key, Lease>>]>,
+    map: Sharded<Lease>,
 }
 
 impl Leases {
@@ -36,23 +33,14 @@ impl Leases {
         Self {
             batch,
             ttl,
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            map: Sharded::new(),
         }
-    }
-
-    fn shard(&self, key: &Key) -> std::sync::MutexGuard<'_, HashMap<Key, Lease>> {
-        use std::hash::{BuildHasher, RandomState};
-        static HASHER: std::sync::OnceLock<RandomState> = std::sync::OnceLock::new();
-        let h = HASHER.get_or_init(RandomState::new).hash_one(key);
-        self.shards[h as usize % SHARDS]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Spends `cost` from the key's lease, if it holds enough.
     pub(crate) fn spend(&self, key: &Key, cost: u64) -> Option<Decision> {
         let now = Instant::now();
-        let mut shard = self.shard(key);
+        let mut shard = self.map.shard(key);
         let lease = shard.get_mut(key)?;
         if now >= lease.until {
             shard.remove(key);
@@ -72,8 +60,8 @@ impl Leases {
 
     /// Keeps `left` units of a batch the backend granted with `decision`.
     pub(crate) fn keep(&self, key: &Key, left: u64, decision: &Decision) {
-        let mut shard = self.shard(key);
-        if shard.len() >= 4096 {
+        let mut shard = self.map.shard(key);
+        if shard.len() >= SHARD_CAPACITY {
             let now = Instant::now();
             shard.retain(|_, l| l.until > now);
         }
@@ -88,12 +76,10 @@ impl Leases {
     }
 
     pub(crate) fn forget(&self, key: &Key) {
-        self.shard(key).remove(key);
+        self.map.forget(key);
     }
 
     pub(crate) fn clear(&self) {
-        for s in &*self.shards {
-            s.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        }
+        self.map.clear();
     }
 }

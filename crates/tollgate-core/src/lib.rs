@@ -50,6 +50,7 @@ mod lease;
 pub mod limiter;
 pub mod model;
 pub mod policy;
+mod sharded;
 pub mod time;
 
 pub use aimd::{AimdConfig, AimdLimiter};
