@@ -26,3 +26,25 @@ pub fn run(bin: &str, redis_url: Option<&str>) -> String {
     );
     String::from_utf8(out.stdout).expect("the demo prints UTF-8")
 }
+
+/// Generates the two demo tests of an example: on the memory backend, and
+/// with `REDIS_URL` pointing at a throwaway redis-server (skipped when
+/// redis-server is not installed, outside CI; a failure under `CI=true`).
+/// `$check` asserts on the demo's standard output.
+#[macro_export]
+macro_rules! demo_tests {
+    ($bin:expr, $check:path) => {
+        #[test]
+        fn the_demo_runs_to_completion() {
+            $check(&$crate::demo::run($bin, None));
+        }
+
+        #[test]
+        fn the_demo_counts_in_redis_too() {
+            let Some(server) = $crate::redis_server::RedisServer::start() else {
+                return;
+            };
+            $check(&$crate::demo::run($bin, Some(&server.url())));
+        }
+    };
+}

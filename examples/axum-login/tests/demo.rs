@@ -2,10 +2,7 @@
 //! `REDIS_URL`: it exits by itself; the attacker is cut off, the real user
 //! gets in after the delay.
 
-/// Runs the demo, counting in Redis at `redis_url` when given.
-fn demo(redis_url: Option<&str>) -> String {
-    tollgate_testkit::demo::run(env!("CARGO_BIN_EXE_axum-login"), redis_url)
-}
+tollgate_testkit::demo_tests!(env!("CARGO_BIN_EXE_axum-login"), check);
 
 fn check(stdout: &str) {
     assert!(
@@ -22,19 +19,4 @@ fn check(stdout: &str) {
         .filter(|l| l.starts_with("real user"))
         .collect();
     assert!(user.last().unwrap().ends_with("200 OK"), "{stdout}");
-}
-
-#[test]
-fn the_demo_runs_to_completion() {
-    check(&demo(None));
-}
-
-/// The `REDIS_URL` path, against a throwaway redis-server (skipped when
-/// it is not installed, outside CI).
-#[test]
-fn the_demo_counts_in_redis_too() {
-    let Some(server) = tollgate_testkit::redis_server::RedisServer::start() else {
-        return;
-    };
-    check(&demo(Some(&server.url())));
 }
