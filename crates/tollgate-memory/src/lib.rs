@@ -76,7 +76,7 @@ struct Shared<C> {
     hasher: DefaultHashBuilder,
     shards: Box<[Mutex<Shard>]>,
     has_overrides: AtomicBool,
-    overrides: RwLock<std::collections::HashMap<(String, Option<Key>), Policy>>,
+    overrides: RwLock<std::collections::HashMap<String, Overrides>>,
     faults: Faults,
 }
 
@@ -87,6 +87,40 @@ struct Faults {
     fail_next: AtomicU64,
     delay_us: AtomicU64,
     calls: AtomicU64,
+}
+
+/// One limiter's runtime overrides, looked up by `&str` and `&Key` so the
+/// decision path allocates nothing.
+#[derive(Default)]
+struct Overrides {
+    limiter: Option<Policy>,
+    keys: std::collections::HashMap<Key, Policy>,
+}
+
+impl Overrides {
+    /// Sets or clears the override of exactly `scope`.
+    fn set(&mut self, scope: Scope<'_>, policy: Option<Policy>) {
+        match (scope, policy) {
+            (Scope::Limiter(_), p) => self.limiter = p,
+            (Scope::Key(_, key), Some(p)) => {
+                self.keys.insert(key.clone(), p);
+            }
+            (Scope::Key(_, key), None) => {
+                self.keys.remove(key);
+            }
+        }
+    }
+
+    fn get(&self, scope: Scope<'_>) -> Option<Policy> {
+        match scope {
+            Scope::Limiter(_) => self.limiter,
+            Scope::Key(_, key) => self.keys.get(key).copied(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.limiter.is_none() && self.keys.is_empty()
+    }
 }
 
 struct Shard {
@@ -280,11 +314,9 @@ impl<C: Clock> MemoryBackend<C> {
             .overrides
             .read()
             .unwrap_or_else(|e| e.into_inner());
-        let limiter = req.limiter.to_owned();
         overrides
-            .get(&(limiter.clone(), Some(req.key.clone())))
-            .or_else(|| overrides.get(&(limiter, None)))
-            .copied()
+            .get(req.limiter)
+            .and_then(|o| o.keys.get(req.key).copied().or(o.limiter))
             .unwrap_or(*req.policy)
     }
 
@@ -445,22 +477,15 @@ impl<C: Clock> Backend for MemoryBackend<C> {
         policy: Option<&Policy>,
     ) -> Result<(), MemoryError> {
         self.inject()?;
-        let k = match scope {
-            Scope::Limiter(l) => (l.to_owned(), None),
-            Scope::Key(l, key) => (l.to_owned(), Some(key.clone())),
-        };
         let mut overrides = self
             .shared
             .overrides
             .write()
             .unwrap_or_else(|e| e.into_inner());
-        match policy {
-            Some(p) => {
-                overrides.insert(k, *p);
-            }
-            None => {
-                overrides.remove(&k);
-            }
+        let limiter = overrides.entry(scope.limiter().to_owned()).or_default();
+        limiter.set(scope, policy.copied());
+        if limiter.is_empty() {
+            overrides.remove(scope.limiter());
         }
         self.shared
             .has_overrides
@@ -470,15 +495,11 @@ impl<C: Clock> Backend for MemoryBackend<C> {
 
     async fn get_override(&self, scope: Scope<'_>) -> Result<Option<Policy>, MemoryError> {
         self.inject()?;
-        let k = match scope {
-            Scope::Limiter(l) => (l.to_owned(), None),
-            Scope::Key(l, key) => (l.to_owned(), Some(key.clone())),
-        };
         let overrides = self
             .shared
             .overrides
             .read()
             .unwrap_or_else(|e| e.into_inner());
-        Ok(overrides.get(&k).copied())
+        Ok(overrides.get(scope.limiter()).and_then(|o| o.get(scope)))
     }
 }
