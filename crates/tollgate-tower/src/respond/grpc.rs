@@ -1,7 +1,7 @@
 use http::header::CONTENT_TYPE;
 use http::{HeaderName, HeaderValue};
 
-use super::http_responder::add_quota_headers;
+use super::http_responder::{add_quota_headers, allowed_response};
 use super::{Quota, Refusal, Respond, ResponseBody};
 
 const RESOURCE_EXHAUSTED: u8 = 8;
@@ -57,11 +57,7 @@ impl<B> Respond<http::Response<B>> for Grpc {
     type Response = http::Response<ResponseBody<B>>;
 
     fn allowed(&self, response: http::Response<B>, quota: Option<&Quota<'_>>) -> Self::Response {
-        let mut res = response.map(ResponseBody::inner);
-        if let (true, Some(q)) = (self.headers_on_allowed, quota) {
-            add_quota_headers(res.headers_mut(), q);
-        }
-        res
+        allowed_response(response, self.headers_on_allowed, quota)
     }
 
     fn refused(&self, refusal: &Refusal<'_>) -> Self::Response {

@@ -91,6 +91,20 @@ impl Http {
     }
 }
 
+/// An allowed response, with the quota's fields when `with_fields` (the
+/// HTTP and gRPC responders answer allowed requests alike).
+pub(crate) fn allowed_response<B>(
+    response: http::Response<B>,
+    with_fields: bool,
+    quota: Option<&Quota<'_>>,
+) -> http::Response<ResponseBody<B>> {
+    let mut res = response.map(ResponseBody::inner);
+    if let (true, Some(q)) = (with_fields, quota) {
+        add_quota_headers(res.headers_mut(), q);
+    }
+    res
+}
+
 pub(crate) fn add_quota_headers(headers: &mut HeaderMap, quota: &Quota<'_>) {
     headers.append(RATELIMIT_POLICY, quota.policy_header());
     headers.append(RATELIMIT, quota.header());
@@ -171,11 +185,7 @@ impl<B> Respond<http::Response<B>> for Http {
     type Response = http::Response<ResponseBody<B>>;
 
     fn allowed(&self, response: http::Response<B>, quota: Option<&Quota<'_>>) -> Self::Response {
-        let mut res = response.map(ResponseBody::inner);
-        if let (true, Some(q)) = (self.headers_on_allowed, quota) {
-            add_quota_headers(res.headers_mut(), q);
-        }
-        res
+        allowed_response(response, self.headers_on_allowed, quota)
     }
 
     fn refused(&self, refusal: &Refusal<'_>) -> Self::Response {
