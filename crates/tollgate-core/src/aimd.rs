@@ -718,7 +718,7 @@ impl<B: Backend> AimdLimiter<B> {
 
     fn scopes(&self) -> MutexGuard<'_, Scopes> {
         // Plain values only: a panic elsewhere cannot leave them broken.
-        self.inner.scopes.lock().unwrap_or_else(|e| e.into_inner())
+        crate::lock(&self.inner.scopes)
     }
 
     /// The worker's state for `scope`, fresh if unknown or idle for longer
@@ -980,7 +980,7 @@ impl<B: Backend> AimdLimiter<B> {
     fn warn(&self, error: &Error, opened: bool) {
         let now = Instant::now();
         let suppressed = {
-            let mut log = self.inner.log.lock().unwrap_or_else(|e| e.into_inner());
+            let mut log = crate::lock(&self.inner.log);
             let due = log
                 .last
                 .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10));

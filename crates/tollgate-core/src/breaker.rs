@@ -72,7 +72,7 @@ impl Breaker {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // The state is a few plain values: a panic elsewhere cannot leave
         // it half-written, so a poisoned lock is safe to reuse.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::lock(&self.state)
     }
 
     pub(crate) fn admit(&self) -> Admit {

@@ -64,3 +64,9 @@ pub use limiter::{Denied, FailMode, Limiter, LimiterBuilder, Verdict};
 pub use model::Op;
 pub use policy::{Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy, TokenBucket};
 pub use time::{Clock, MockClock, SystemClock, Timestamp};
+
+/// Locks a mutex whose data stays valid whatever a panicking holder did
+/// (plain counters and maps): a poisoned lock is used as it is.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

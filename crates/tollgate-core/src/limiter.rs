@@ -540,7 +540,7 @@ impl LogThrottle {
     fn warn(&self, limiter: &str, error: &Error, opened: bool) {
         let now = Instant::now();
         let suppressed = {
-            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut state = crate::lock(&self.state);
             let due = state
                 .0
                 .is_none_or(|last| now.duration_since(last) >= self.period);

@@ -29,7 +29,7 @@ impl<V> Sharded<V> {
         // One hasher for the process: only the spread matters.
         static HASHER: OnceLock<RandomState> = OnceLock::new();
         let h = HASHER.get_or_init(RandomState::new).hash_one(key);
-        lock(&self.shards[h as usize % SHARDS])
+        crate::lock(&self.shards[h as usize % SHARDS])
     }
 
     pub(crate) fn forget(&self, key: &Key) {
@@ -38,12 +38,7 @@ impl<V> Sharded<V> {
 
     pub(crate) fn clear(&self) {
         for s in &*self.shards {
-            lock(s).clear();
+            crate::lock(s).clear();
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Plain values: a panic elsewhere cannot leave them half-written.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
