@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use redis::aio::MultiplexedConnection;
-use tollgate_core::{Backend, Key, Limiter, Op, Policy, Request, SlidingWindow, TokenBucket};
+use tollgate_limiter::{Backend, Key, Limiter, Op, Policy, Request, SlidingWindow, TokenBucket};
 use tollgate_memory::MemoryBackend;
 use tollgate_redis::{Durability, RedisBackend, encoding, scripts};
 use tollgate_testkit::redis_server::RedisServer;

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::path::PathBuf;
 
 use serde_json::{Value, json};
-use tollgate_core::{Config, Decision, Error, FailMode, Key, Limiter, Policy};
+use tollgate_limiter::{Config, Decision, Error, FailMode, Key, Limiter, Policy};
 use tollgate_redis::{Durability, RedisBackend, Setting};
 
 use crate::args::{Cli, Command, ConfigCommand, Global, KeyedArgs, OverrideCommand, ScopeArgs};

@@ -3,7 +3,7 @@
 use std::io::BufRead;
 use std::net::{IpAddr, Ipv6Addr};
 
-use tollgate_core::Key;
+use tollgate_limiter::Key;
 
 use crate::args::{OptionalKey, RequiredKey};
 use crate::failure::Failure;

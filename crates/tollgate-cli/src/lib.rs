@@ -5,7 +5,7 @@
 //! with the `tollgate` facade crate's.
 //!
 //! It works on the same Redis counters the services use, through the same
-//! [`Limiter`](tollgate_core::Limiter), the same scripts and the same
+//! [`Limiter`](tollgate_limiter::Limiter), the same scripts and the same
 //! configuration, so what it shows and changes is exactly what the services
 //! see on their next decision:
 //!
@@ -22,9 +22,9 @@
 //! A key is given as the raw identity and its kind, and is turned into a
 //! storage key exactly as the tower layers do: `--ip` (like `ClientIp`,
 //! with `--ipv6-prefix` for grouped IPv6 clients), `--email` (normalised and
-//! hashed, [`Key::email`](tollgate_core::Key::email)), `--api-key` (hashed,
-//! [`Key::secret`](tollgate_core::Key::secret)) or `--key` (any other id,
-//! [`Key::new`](tollgate_core::Key::new)). A value of `-` is read from
+//! hashed, [`Key::email`](tollgate_limiter::Key::email)), `--api-key` (hashed,
+//! [`Key::secret`](tollgate_limiter::Key::secret)) or `--key` (any other id,
+//! [`Key::new`](tollgate_limiter::Key::new)). A value of `-` is read from
 //! standard input, so secrets stay out of the shell history.
 //!
 //! Configuration is read like at start-up: the `--config` files in order,

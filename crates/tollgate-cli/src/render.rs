@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use figment::Figment;
 use figment::providers::{Format, Toml};
-use tollgate_core::{Config, LimiterConfig, Policy};
+use tollgate_limiter::{Config, LimiterConfig, Policy};
 
 use crate::failure::Failure;
 
@@ -278,7 +278,7 @@ mod tests {
         assert_eq!(rate(7, Duration::from_millis(1500)), "7/1s 500ms");
         for (n, p) in [(1, 1), (2, 60), (3, 3600), (4, 86_400), (5, 900)] {
             let p = Duration::from_secs(p);
-            assert_eq!(tollgate_core::parse_rate(&rate(n, p)), Ok((n, p)));
+            assert_eq!(tollgate_limiter::parse_rate(&rate(n, p)), Ok((n, p)));
         }
         assert_eq!(toml_string("a\"b\\"), "\"a\\\"b\\\\\"");
     }

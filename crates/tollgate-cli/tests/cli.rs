@@ -14,7 +14,7 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use tollgate_core::{Config, Decision, Key, Limiter};
+use tollgate_limiter::{Config, Decision, Key, Limiter};
 use tollgate_redis::{Durability, RedisBackend};
 use tollgate_testkit::redis_server::RedisServer;
 

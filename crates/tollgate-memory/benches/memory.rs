@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
-use tollgate_core::{Backend, Key, Limiter, Op, Policy, Request, TokenBucket};
+use tollgate_limiter::{Backend, Key, Limiter, Op, Policy, Request, TokenBucket};
 use tollgate_memory::MemoryBackend;
 
 /// Polls a future that is ready at once (the memory backend's always is).
@@ -62,7 +62,7 @@ fn bench(c: &mut Criterion) {
         });
     }
     // The same with a mock clock: what the system clock read costs.
-    let mocked = MemoryBackend::with_clock(tollgate_core::MockClock::new());
+    let mocked = MemoryBackend::with_clock(tollgate_limiter::MockClock::new());
     let key0 = Key::new("user-0");
     group.bench_function("tollgate-memory-mockclock/1", |b| {
         b.iter(|| {
@@ -76,7 +76,7 @@ fn bench(c: &mut Criterion) {
         })
     });
     group.bench_function("system-clock-read", |b| {
-        b.iter(|| black_box(tollgate_core::Clock::now(&tollgate_core::SystemClock)))
+        b.iter(|| black_box(tollgate_limiter::Clock::now(&tollgate_limiter::SystemClock)))
     });
     // The whole Limiter path (timeout and breaker) on a runtime.
     let rt = tokio::runtime::Builder::new_current_thread()

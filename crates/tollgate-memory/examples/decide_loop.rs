@@ -13,7 +13,7 @@ use std::future::Future;
 use std::num::NonZeroU32;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
-use tollgate_core::*;
+use tollgate_limiter::*;
 use tollgate_memory::MemoryBackend;
 fn ready<F: Future>(f: F) -> F::Output {
     let mut cx = Context::from_waker(Waker::noop());

@@ -4,7 +4,7 @@
 //! It is the embedded default (a single process needs no Redis) and the test
 //! double: an application written against the Redis backend switches to
 //! [`MemoryBackend`] in its unit tests by changing one constructor. It runs
-//! the core's [reference model](tollgate_core::model) directly, passes the
+//! the core's [reference model](tollgate_limiter::model) directly, passes the
 //! same conformance suite as the Redis backend, takes a [`MockClock`] for
 //! tests, and can inject failures and delays to exercise fail modes.
 //!
@@ -17,7 +17,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tollgate_core::{Key, Limiter, TokenBucket};
+//! use tollgate_limiter::{Key, Limiter, TokenBucket};
 //! use tollgate_memory::MemoryBackend;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -35,7 +35,7 @@
 //! # }
 //! ```
 //!
-//! [`MockClock`]: tollgate_core::MockClock
+//! [`MockClock`]: tollgate_limiter::MockClock
 
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
@@ -46,8 +46,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hashbrown::{DefaultHashBuilder, HashTable};
-use tollgate_core::model::Slot;
-use tollgate_core::{
+use tollgate_limiter::model::Slot;
+use tollgate_limiter::{
     Backend, Clock, Decision, Key, Policy, Request, Scope, SystemClock, Timestamp,
 };
 
@@ -239,7 +239,7 @@ impl<C: Clock> fmt::Debug for MemoryBackend<C> {
 
 impl<C: Clock> MemoryBackend<C> {
     /// A backend that takes its time from `clock` (a
-    /// [`MockClock`](tollgate_core::MockClock) in tests).
+    /// [`MockClock`](tollgate_limiter::MockClock) in tests).
     pub fn with_clock(clock: C) -> Self {
         let shards = (0..SHARDS)
             .map(|_| {

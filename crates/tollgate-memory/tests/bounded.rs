@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tollgate_core::{Backend, Key, MockClock, Op, Policy, Request, SlidingWindow};
+use tollgate_limiter::{Backend, Key, MockClock, Op, Policy, Request, SlidingWindow};
 use tollgate_memory::MemoryBackend;
 
 #[tokio::test]

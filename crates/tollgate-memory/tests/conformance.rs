@@ -1,6 +1,6 @@
 //! The memory backend against the conformance suite and the reference model.
 
-use tollgate_core::MockClock;
+use tollgate_limiter::MockClock;
 use tollgate_memory::MemoryBackend;
 
 tollgate_testkit::conformance_tests!(

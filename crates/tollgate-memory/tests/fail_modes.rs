@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tollgate_core::{BreakerConfig, Error, FailMode, Key, Limiter, TokenBucket, Verdict};
+use tollgate_limiter::{BreakerConfig, Error, FailMode, Key, Limiter, TokenBucket, Verdict};
 use tollgate_memory::MemoryBackend;
 
 fn limiter(
@@ -185,7 +185,7 @@ async fn local_denials_answer_a_flood_without_the_backend() {
     let backend = MemoryBackend::new();
     let l = Limiter::builder(
         "flood",
-        tollgate_core::SlidingWindow::new(2, Duration::from_secs(60)).unwrap(),
+        tollgate_limiter::SlidingWindow::new(2, Duration::from_secs(60)).unwrap(),
         backend.clone(),
     )
     .local_denials(Duration::from_secs(1))

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tollgate_core::{FailMode, Key, Limiter, MockClock, TokenBucket};
+use tollgate_limiter::{FailMode, Key, Limiter, MockClock, TokenBucket};
 use tollgate_memory::MemoryBackend;
 
 fn worker(backend: &MemoryBackend<MockClock>, batch: u64) -> Limiter<MemoryBackend<MockClock>> {

@@ -24,7 +24,7 @@
 -- or {-1, strategy} when the policy in force is of another strategy than
 -- this script's: the client then runs that strategy's script.
 --
--- Arithmetic is the reference model's (tollgate-core src/model.rs), in the
+-- Arithmetic is the reference model's (tollgate-limiter src/model.rs), in the
 -- same order, on integers below 2^53 (exact in a Lua double). Integers are
 -- stored with string.format('%d'), never tostring (which would write 1e+15).
 

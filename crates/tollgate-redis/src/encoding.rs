@@ -19,7 +19,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tollgate_core::{Policy, TokenBucket};
+//! use tollgate_limiter::{Policy, TokenBucket};
 //! use tollgate_redis::encoding::{decode, encode};
 //!
 //! let p = Policy::from(TokenBucket::new(10, 1, Duration::from_secs(1))?);
@@ -31,7 +31,7 @@
 
 use std::time::Duration;
 
-use tollgate_core::{Policy, PolicyError, ProgressiveDelay, SlidingWindow, TokenBucket};
+use tollgate_limiter::{Policy, PolicyError, ProgressiveDelay, SlidingWindow, TokenBucket};
 
 /// The largest integer a Lua number holds exactly.
 pub const MAX_EXACT: u64 = 1 << 53;
@@ -62,7 +62,7 @@ fn exact(field: &'static str, v: u64) -> Result<u64, EncodingError> {
 }
 
 fn us(d: Duration) -> u64 {
-    tollgate_core::time::micros(d)
+    tollgate_limiter::time::micros(d)
 }
 
 /// Encodes a policy (version 1).

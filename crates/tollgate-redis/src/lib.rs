@@ -1,7 +1,7 @@
 //! Redis backend for [tollgate](https://docs.rs/tollgate): every decision is
 //! one atomic Lua script in Redis.
 //!
-//! [`RedisBackend`] implements [`tollgate_core::Backend`]. Each decision is a
+//! [`RedisBackend`] implements [`tollgate_limiter::Backend`]. Each decision is a
 //! single `EVALSHA` of the strategy's script (`lua/token_bucket.lua`,
 //! `lua/sliding_window.lua`, `lua/progressive_delay.lua`, reloaded
 //! transparently after a `SCRIPT FLUSH` or a restart): it reads the key's
@@ -10,12 +10,12 @@
 //! workers share one exact counter.
 //!
 //! * **Semantics**: the scripts compute the core's
-//!   [reference model](tollgate_core::model) in integer microseconds, in the
+//!   [reference model](tollgate_limiter::model) in integer microseconds, in the
 //!   same order; the conformance suite checks them against it decision by
 //!   decision.
 //! * **Time**: the Redis server's `TIME` by default, so workers with skewed
 //!   clocks agree; [`RedisBackendBuilder::caller_time`] takes it from a
-//!   [`Clock`] instead (a [`MockClock`](tollgate_core::MockClock) in tests,
+//!   [`Clock`] instead (a [`MockClock`](tollgate_limiter::MockClock) in tests,
 //!   replays).
 //! * **Keys**: `<prefix>:<limiter>:{<key>}` (a HASH), plus `…:log` (the
 //!   sliding-window log) and `…:override` (a per-key override), all in the
@@ -41,7 +41,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use tollgate_core::{Key, Limiter, SlidingWindow};
+//! use tollgate_limiter::{Key, Limiter, SlidingWindow};
 //! use tollgate_redis::{Durability, RedisBackend};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -73,7 +73,7 @@ use std::time::Duration;
 
 use redis::Value;
 use tokio::time::Instant;
-use tollgate_core::{Backend, Clock, Decision, Key, Op, Policy, Request, Scope, Strategy};
+use tollgate_limiter::{Backend, Clock, Decision, Key, Op, Policy, Request, Scope, Strategy};
 
 pub use durability::{Durability, DurabilityReport, NodeReport, Setting};
 pub use error::RedisError;
@@ -225,7 +225,7 @@ impl RedisBackendBuilder {
     }
 
     /// Takes "now" from `clock` instead of the Redis server's `TIME`: for
-    /// tests (a [`MockClock`](tollgate_core::MockClock)) and replays.
+    /// tests (a [`MockClock`](tollgate_limiter::MockClock)) and replays.
     ///
     /// Workers whose clocks disagree would then disagree on limits: keep the
     /// server's time in production.

@@ -4,7 +4,7 @@
 use std::sync::LazyLock;
 
 use redis::Script;
-use tollgate_core::Strategy;
+use tollgate_limiter::Strategy;
 
 macro_rules! code {
     ($file:literal) => {

@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use tollgate_core::{Backend, Key, Limiter, MockClock, Policy, Scope, SlidingWindow, TokenBucket};
+use tollgate_limiter::{
+    Backend, Key, Limiter, MockClock, Policy, Scope, SlidingWindow, TokenBucket,
+};
 use tollgate_redis::{Durability, RedisBackend};
 use tollgate_testkit::redis_server::RedisCluster;
 

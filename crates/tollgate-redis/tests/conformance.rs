@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tollgate_core::MockClock;
+use tollgate_limiter::MockClock;
 use tollgate_redis::{Durability, RedisBackend};
 use tollgate_testkit::redis_server::RedisServer;
 

@@ -6,8 +6,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use redis::AsyncCommands;
-use tollgate_core::model::Model;
-use tollgate_core::{
+use tollgate_limiter::model::Model;
+use tollgate_limiter::{
     Backend, Clock, Key, Limiter, MockClock, Op, Policy, ProgressiveDelay, Request, Scope,
     SlidingWindow, TokenBucket,
 };

@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! tollgate_testkit::conformance_tests!(async {
-//!     let clock = tollgate_core::MockClock::new();
+//!     let clock = tollgate_limiter::MockClock::new();
 //!     (tollgate_memory::MemoryBackend::with_clock(clock.clone()), clock)
 //! });
 //! ```
@@ -28,8 +28,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
-use tollgate_core::model::Model;
-use tollgate_core::{
+use tollgate_limiter::model::Model;
+use tollgate_limiter::{
     Backend, Clock, Decision, Key, Limiter, MockClock, Op, Policy, ProgressiveDelay, Request,
     Scope, SlidingWindow, TokenBucket,
 };

@@ -18,7 +18,7 @@
 //!   `Service`s.
 //! * [`outbound`] holds the adaptive layer for calls to remote services.
 //!
-//! Limits are decided by a [`Limiter`](tollgate_core::Limiter) over any
+//! Limits are decided by a [`Limiter`](tollgate_limiter::Limiter) over any
 //! backend (memory or Redis); the limiter's fail mode says what a backend
 //! failure does: fail-open lets requests through, fail-closed answers 503.
 //!
@@ -29,7 +29,7 @@
 //! ```
 //! use std::time::Duration;
 //! use axum::{Router, routing::get};
-//! use tollgate_core::{FailMode, Limiter, TokenBucket};
+//! use tollgate_limiter::{FailMode, Limiter, TokenBucket};
 //! use tollgate_memory::MemoryBackend;
 //! use tollgate_tower::{RateLimitLayer, extract::ApiKey};
 //!

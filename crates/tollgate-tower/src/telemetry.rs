@@ -1,7 +1,7 @@
 //! Tracing events and, with the `metrics` feature, metrics (listed in the
 //! crate docs).
 
-use tollgate_core::{Decision, Error, Key};
+use tollgate_limiter::{Decision, Error, Key};
 
 #[cfg(feature = "metrics")]
 fn count(limiter: &str, outcome: &'static str) {

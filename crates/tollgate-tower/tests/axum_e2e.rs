@@ -13,7 +13,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tollgate_core::{FailMode, Limiter, SlidingWindow, TokenBucket};
+use tollgate_limiter::{FailMode, Limiter, SlidingWindow, TokenBucket};
 use tollgate_memory::MemoryBackend;
 use tollgate_tower::extract::{ApiKey, ClientIp, FromBody};
 use tollgate_tower::{BufferBodyLayer, RateLimitLayer};

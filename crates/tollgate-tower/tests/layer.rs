@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderName, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use tollgate_core::{
+use tollgate_limiter::{
     FailMode, Key, Limiter, MockClock, ProgressiveDelay, SlidingWindow, TokenBucket,
 };
 use tollgate_memory::MemoryBackend;

@@ -11,7 +11,7 @@ use metrics::{
     Counter, CounterFn, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
     SharedString, Unit,
 };
-use tollgate_core::{FailMode, Limiter, SlidingWindow};
+use tollgate_limiter::{FailMode, Limiter, SlidingWindow};
 use tollgate_memory::MemoryBackend;
 use tollgate_tower::RateLimitLayer;
 use tollgate_tower::extract::ApiKey;

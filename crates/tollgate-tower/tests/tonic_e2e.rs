@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tollgate_core::{Limiter, SlidingWindow};
+use tollgate_limiter::{Limiter, SlidingWindow};
 use tollgate_memory::MemoryBackend;
 use tollgate_tower::RateLimitLayer;
 use tollgate_tower::extract::ClientIp;

@@ -43,7 +43,7 @@
 //! # }
 //! ```
 
-pub use tollgate_core::*;
+pub use tollgate_limiter::*;
 
 /// The in-process backend (`memory` feature).
 #[cfg(feature = "memory")]

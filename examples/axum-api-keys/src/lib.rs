@@ -15,7 +15,7 @@ use http::{HeaderName, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tollgate_core::{Backend, Config, ConfigError};
+use tollgate_limiter::{Backend, Config, ConfigError};
 use tollgate_tower::RateLimitLayer;
 use tollgate_tower::extract::{ApiKey, ClientIp};
 

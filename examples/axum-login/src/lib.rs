@@ -21,7 +21,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-use tollgate_core::{Backend, Config, ConfigError};
+use tollgate_limiter::{Backend, Config, ConfigError};
 use tollgate_tower::extract::{ClientIp, IpNet};
 use tollgate_tower::login::LoginLayer;
 

@@ -12,7 +12,7 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use tollgate_core::{Backend, MockClock};
+use tollgate_limiter::{Backend, MockClock};
 use tollgate_memory::MemoryBackend;
 use tollgate_redis::RedisBackend;
 use tollgate_testkit::redis_server::RedisServer;
@@ -215,7 +215,7 @@ async fn explicit_reports_on_redis() {
     // Redis never holds the address.
     let key = backend.state_key(
         "login_account",
-        &tollgate_core::Key::email("bob@example.com"),
+        &tollgate_limiter::Key::email("bob@example.com"),
     );
     assert!(!key.contains("bob"), "{key}");
     clock.advance(Duration::from_secs(1));

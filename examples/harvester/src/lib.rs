@@ -27,8 +27,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tollgate_core::aimd::{AimdConfig, AimdLimiter};
-use tollgate_core::{Backend, ConfigError, Key};
+use tollgate_limiter::aimd::{AimdConfig, AimdLimiter};
+use tollgate_limiter::{Backend, ConfigError, Key};
 use tollgate_tower::outbound::AdaptiveLayer;
 use tower::{Layer, ServiceExt};
 

@@ -13,8 +13,8 @@ use std::error::Error;
 use std::time::Duration;
 
 use harvester::{Options, Sample, Schedule, Source};
-use tollgate_core::Backend;
-use tollgate_core::aimd::AimdLimiter;
+use tollgate_limiter::Backend;
+use tollgate_limiter::aimd::AimdLimiter;
 use tollgate_memory::MemoryBackend;
 use tollgate_redis::RedisBackend;
 

@@ -5,7 +5,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use harvester::{Options, Schedule, Source};
-use tollgate_core::aimd::AimdLimiter;
+use tollgate_limiter::aimd::AimdLimiter;
 use tollgate_memory::MemoryBackend;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use tollgate_core::Key;
-use tollgate_core::aimd::{AimdConfig, AimdLimiter, Outcome};
+use tollgate_limiter::Key;
+use tollgate_limiter::aimd::{AimdConfig, AimdLimiter, Outcome};
 use tollgate_redis::RedisBackend;
 use tollgate_testkit::redis_server::RedisServer;
 

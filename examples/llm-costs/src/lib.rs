@@ -7,7 +7,7 @@
 //!   (`llm_tokens`), charged by each call's cost, its prompt plus
 //!   `max_tokens`, by the handler through the [`Limiter`] itself (an
 //!   internal consumer: a refusal is a typed
-//!   [`Denied`](tollgate_core::Denied)); fail-closed.
+//!   [`Denied`](tollgate_limiter::Denied)); fail-closed.
 //!
 //! A key can have API calls left and no tokens, or the other way round:
 //! cheap endpoints keep working when the inference budget is spent.
@@ -21,7 +21,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use http::{HeaderName, HeaderValue, Request, StatusCode, header};
 use serde::Deserialize;
-use tollgate_core::{Backend, Config, ConfigError, Error, Key, Limiter};
+use tollgate_limiter::{Backend, Config, ConfigError, Error, Key, Limiter};
 use tollgate_tower::RateLimitLayer;
 use tollgate_tower::extract::ApiKey;
 

@@ -9,7 +9,7 @@ use axum::Router;
 use axum::body::Body;
 use http::Request;
 use http_body_util::BodyExt;
-use tollgate_core::{Backend, Config, MockClock};
+use tollgate_limiter::{Backend, Config, MockClock};
 use tollgate_memory::MemoryBackend;
 use tollgate_redis::RedisBackend;
 use tollgate_testkit::redis_server::RedisServer;

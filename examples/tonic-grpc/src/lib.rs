@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 
-use tollgate_core::{Backend, Config, ConfigError};
+use tollgate_limiter::{Backend, Config, ConfigError};
 use tollgate_tower::RateLimitLayer;
 use tollgate_tower::extract::ClientIp;
 use tonic::transport::server::TcpIncoming;

@@ -7,7 +7,7 @@
 
 use std::error::Error;
 
-use tollgate_core::Config;
+use tollgate_limiter::Config;
 use tollgate_memory::MemoryBackend;
 use tollgate_redis::RedisBackend;
 

@@ -28,7 +28,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
-use tollgate_core::{Backend, Config, ConfigError, Key};
+use tollgate_limiter::{Backend, Config, ConfigError, Key};
 use tollgate_tower::RateLimitLayer;
 use tollgate_tower::extract::{ClientIp, IpNet};
 

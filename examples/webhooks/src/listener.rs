@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use futures_util::{Stream, StreamExt, stream};
 use tokio::sync::mpsc;
-use tollgate_core::{Backend, Key, Limiter};
+use tollgate_limiter::{Backend, Key, Limiter};
 use tollgate_tower::stream::{Excess, RateLimitStreamExt, StreamStats};
 
 /// One event of the listener: a post in a channel of a team.

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::error::Error;
 
-use tollgate_core::Backend;
+use tollgate_limiter::Backend;
 use tollgate_memory::MemoryBackend;
 use tollgate_redis::RedisBackend;
 use tollgate_tower::stream::Excess;
@@ -37,7 +37,7 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
 }
 
 async fn run<B: Backend + Clone>(
-    config: &tollgate_core::Config,
+    config: &tollgate_limiter::Config,
     backend: B,
 ) -> Result<(), Box<dyn Error + Send + Sync>> {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use tollgate_core::{Config, FailMode, Policy, Strategy};
+use tollgate_limiter::{Config, FailMode, Policy, Strategy};
 
 fn doc() -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/consumers.md");

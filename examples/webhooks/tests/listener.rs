@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use futures_util::stream;
-use tollgate_core::{Backend, Limiter, MockClock, SlidingWindow};
+use tollgate_limiter::{Backend, Limiter, MockClock, SlidingWindow};
 use tollgate_memory::MemoryBackend;
 use tollgate_redis::RedisBackend;
 use tollgate_testkit::redis_server::RedisServer;

@@ -13,7 +13,7 @@ use axum::extract::ConnectInfo;
 use http::Request;
 use http_body_util::BodyExt;
 use serde_json::Value;
-use tollgate_core::{Backend, Config, MockClock};
+use tollgate_limiter::{Backend, Config, MockClock};
 use tollgate_memory::MemoryBackend;
 use tollgate_redis::RedisBackend;
 use tollgate_testkit::redis_server::RedisServer;

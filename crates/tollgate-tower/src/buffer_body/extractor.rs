@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use http::header::CONTENT_TYPE;
 use http::request::Parts;
-use tollgate_core::Key;
+use tollgate_limiter::Key;
 
 use crate::extract::KeyExtractor;
 

@@ -17,7 +17,7 @@
 //! use http::{Request, Response, StatusCode};
 //! use http_body_util::Full;
 //! use bytes::Bytes;
-//! use tollgate_core::{Limiter, SlidingWindow};
+//! use tollgate_limiter::{Limiter, SlidingWindow};
 //! use tollgate_memory::MemoryBackend;
 //! use tollgate_tower::{BufferBodyLayer, RateLimitLayer, extract::FromBody};
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};

@@ -1,5 +1,5 @@
 use http::header::{AUTHORIZATION, HeaderName};
-use tollgate_core::Key;
+use tollgate_limiter::Key;
 
 use super::KeyExtractor;
 
@@ -19,7 +19,7 @@ const MAX_LEN: usize = 4096;
 ///
 /// ```
 /// use http::HeaderName;
-/// use tollgate_core::Key;
+/// use tollgate_limiter::Key;
 /// use tollgate_tower::extract::{ApiKey, KeyExtractor};
 ///
 /// let extractor = ApiKey::header(HeaderName::from_static("x-api-key")).or_bearer();

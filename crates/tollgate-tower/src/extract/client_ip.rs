@@ -4,7 +4,7 @@ use std::sync::Arc;
 use http::HeaderMap;
 use http::header::{FORWARDED, HeaderName};
 use ipnet::{IpNet, Ipv6Net};
-use tollgate_core::Key;
+use tollgate_limiter::Key;
 
 use super::KeyExtractor;
 

@@ -8,7 +8,7 @@
 //! tenant or a path segment is one line:
 //!
 //! ```
-//! use tollgate_core::Key;
+//! use tollgate_limiter::Key;
 //! use tollgate_tower::extract::KeyExtractor;
 //!
 //! let channel = |req: &http::Request<()>| {
@@ -27,7 +27,7 @@
 mod api_key;
 mod client_ip;
 
-use tollgate_core::Key;
+use tollgate_limiter::Key;
 
 pub use api_key::ApiKey;
 pub use client_ip::{ClientIp, PeerAddr, ProxyHeader};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
-use tollgate_core::{Backend, Decision, Key, Limiter, Verdict};
+use tollgate_limiter::{Backend, Decision, Key, Limiter, Verdict};
 use tower_service::Service;
 use tracing::Instrument;
 

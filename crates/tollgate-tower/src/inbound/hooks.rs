@@ -5,7 +5,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 
-use tollgate_core::{Backend, Key, Limiter};
+use tollgate_limiter::{Backend, Key, Limiter};
 
 /// Chooses the limiter that decides a request.
 ///

@@ -1,7 +1,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use tollgate_core::{Backend, Limiter};
+use tollgate_limiter::{Backend, Limiter};
 use tower_layer::Layer;
 
 use super::hooks::{MissingKey, PerRequest, Upfront};
@@ -46,7 +46,7 @@ impl<F, B: Backend, K> RateLimitLayer<PerRequest<F, B>, K> {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// # use tollgate_core::{Limiter, TokenBucket};
+    /// # use tollgate_limiter::{Limiter, TokenBucket};
     /// # use tollgate_memory::MemoryBackend;
     /// use tollgate_tower::{RateLimitLayer, extract::ApiKey};
     ///

@@ -3,7 +3,7 @@
 //!
 //! For each request, the layer
 //!
-//! 1. picks the [`Limiter`](tollgate_core::Limiter) (one, or one per
+//! 1. picks the [`Limiter`](tollgate_limiter::Limiter) (one, or one per
 //!    request with a [`PerRequest`] policy resolver);
 //! 2. extracts the key with a [`KeyExtractor`](crate::extract::KeyExtractor)
 //!    (a closure or a built-in); without one, [`MissingKey`] decides;
@@ -26,7 +26,7 @@
 //! ```
 //! use std::time::Duration;
 //! use http::{Request, Response, StatusCode};
-//! use tollgate_core::{FailMode, Limiter, TokenBucket};
+//! use tollgate_limiter::{FailMode, Limiter, TokenBucket};
 //! use tollgate_memory::MemoryBackend;
 //! use tollgate_tower::{RateLimitLayer, extract::{ApiKey, ClientIp, PeerAddr}};
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
@@ -68,7 +68,7 @@
 //! line, see [`Classify`]:
 //!
 //! ```
-//! # use tollgate_core::{Limiter, TokenBucket};
+//! # use tollgate_limiter::{Limiter, TokenBucket};
 //! # use tollgate_memory::MemoryBackend;
 //! use tollgate_tower::{Outcome, RateLimitLayer, extract::ApiKey};
 //!

@@ -3,7 +3,7 @@ use std::mem;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tollgate_core::FailMode;
+use tollgate_limiter::FailMode;
 use tower_service::Service;
 
 use super::future::{ResponseFuture, Ticket};

@@ -1,10 +1,10 @@
-use tollgate_core::{Backend, Decision, Error, Key, Limiter, Verdict};
+use tollgate_limiter::{Backend, Decision, Error, Key, Limiter, Verdict};
 
 /// Explicit reports of login outcomes, for handlers that know better than
 /// the response status (a form login that redirects on failure and on
 /// success, a second factor checked later).
 ///
-/// It wraps the per-account [`ProgressiveDelay`](tollgate_core::ProgressiveDelay)
+/// It wraps the per-account [`ProgressiveDelay`](tollgate_limiter::ProgressiveDelay)
 /// limiter; emails are normalised and hashed with [`Key::email`], exactly
 /// as [`LoginLayer`](super::LoginLayer)'s body extractor does, so both
 /// count the same account. Cheap to clone; clones share the limiter.
@@ -13,7 +13,7 @@ use tollgate_core::{Backend, Decision, Error, Key, Limiter, Verdict};
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_core::{Limiter, ProgressiveDelay};
+/// use tollgate_limiter::{Limiter, ProgressiveDelay};
 /// use tollgate_memory::MemoryBackend;
 /// use tollgate_tower::login::LoginAttempts;
 ///

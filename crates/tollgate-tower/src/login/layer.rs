@@ -1,7 +1,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use tollgate_core::{Backend, Limiter};
+use tollgate_limiter::{Backend, Limiter};
 use tower_layer::Layer;
 
 use super::classify::FailedLogins;
@@ -42,7 +42,7 @@ pub struct LoginLayer<B> {
 impl<B: Backend> LoginLayer<B> {
     /// Limits each client (found by `client_ip`, which knows the trusted
     /// proxies) with `per_ip`, and each account with `per_account` (a
-    /// [`ProgressiveDelay`](tollgate_core::ProgressiveDelay)), the account
+    /// [`ProgressiveDelay`](tollgate_limiter::ProgressiveDelay)), the account
     /// being the `email` field of a JSON or form body of at most 16 KiB,
     /// counted by response status ([`FailedLogins::by_status`]).
     pub fn new(per_ip: Limiter<B>, per_account: Limiter<B>, client_ip: ClientIp) -> Self {
@@ -131,7 +131,7 @@ mod tests {
     use bytes::Bytes;
     use http::{Request, Response, StatusCode};
     use http_body_util::Full;
-    use tollgate_core::{MockClock, ProgressiveDelay, SlidingWindow};
+    use tollgate_limiter::{MockClock, ProgressiveDelay, SlidingWindow};
     use tollgate_memory::MemoryBackend;
     use tower::{ServiceExt, service_fn};
 

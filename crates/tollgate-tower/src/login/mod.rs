@@ -10,7 +10,7 @@
 //!    body and finds the email (JSON or form field, trimmed, lower-cased,
 //!    hashed: the backend never holds an address);
 //! 3. a `RateLimitLayer` per account, over a
-//!    [`ProgressiveDelay`](tollgate_core::ProgressiveDelay) limiter, that
+//!    [`ProgressiveDelay`](tollgate_limiter::ProgressiveDelay) limiter, that
 //!    *checks* before the handler (a delayed account is answered `429`
 //!    without reaching it) and *counts by the response*: a failure
 //!    (401/403) is recorded, a success (2xx) clears the account, anything
@@ -50,7 +50,7 @@
 //! use http::{Request, Response, StatusCode};
 //! use http_body_util::Full;
 //! use bytes::Bytes;
-//! use tollgate_core::{Limiter, ProgressiveDelay, SlidingWindow};
+//! use tollgate_limiter::{Limiter, ProgressiveDelay, SlidingWindow};
 //! use tollgate_memory::MemoryBackend;
 //! use tollgate_tower::extract::{ClientIp, PeerAddr};
 //! use tollgate_tower::login::LoginLayer;

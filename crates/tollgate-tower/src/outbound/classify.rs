@@ -2,8 +2,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::header::{HOST, RETRY_AFTER};
 use http::{HeaderMap, Request, StatusCode};
-use tollgate_core::Key;
-use tollgate_core::aimd::Outcome;
+use tollgate_limiter::Key;
+use tollgate_limiter::aimd::Outcome;
 
 use crate::extract::KeyExtractor;
 
@@ -35,7 +35,7 @@ impl<B> KeyExtractor<Request<B>> for Host {
 /// ```
 /// use std::time::Duration;
 /// use http::{HeaderMap, HeaderValue, StatusCode};
-/// use tollgate_core::aimd::Outcome;
+/// use tollgate_limiter::aimd::Outcome;
 /// use tollgate_tower::outbound::classify;
 ///
 /// let mut headers = HeaderMap::new();

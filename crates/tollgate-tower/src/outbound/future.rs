@@ -7,7 +7,7 @@ use std::task::{Context, Poll, ready};
 
 use http::Response;
 use pin_project_lite::pin_project;
-use tollgate_core::aimd::Outcome;
+use tollgate_limiter::aimd::Outcome;
 use tower_service::Service;
 
 use super::layer::Classify;

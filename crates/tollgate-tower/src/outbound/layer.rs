@@ -1,7 +1,7 @@
 use std::fmt;
 
 use http::{HeaderMap, StatusCode};
-use tollgate_core::aimd::{AimdLimiter, Outcome};
+use tollgate_limiter::aimd::{AimdLimiter, Outcome};
 use tower_layer::Layer;
 
 use super::classify::{Host, classify};

@@ -9,13 +9,13 @@
 //! `Retry-After`, a success lets the rate grow (see [`classify`]). The rate
 //! lives in the limiter's backend, so every worker of a crawler fleet
 //! follows the same one; if the backend fails, each worker carries on at
-//! the last rate it knew (see [`tollgate_core::aimd`]).
+//! the last rate it knew (see [`tollgate_limiter::aimd`]).
 //!
 //! # Examples
 //!
 //! ```
 //! use std::convert::Infallible;
-//! use tollgate_core::aimd::{AimdConfig, AimdLimiter};
+//! use tollgate_limiter::aimd::{AimdConfig, AimdLimiter};
 //! use tollgate_memory::MemoryBackend;
 //! use tollgate_tower::outbound::AdaptiveLayer;
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
@@ -40,7 +40,7 @@
 //! # }
 //! ```
 //!
-//! [`AimdLimiter`]: tollgate_core::aimd::AimdLimiter
+//! [`AimdLimiter`]: tollgate_limiter::aimd::AimdLimiter
 
 mod classify;
 pub mod future;

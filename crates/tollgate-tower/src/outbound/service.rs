@@ -3,8 +3,8 @@ use std::mem;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
-use tollgate_core::Backend;
-use tollgate_core::aimd::{AimdLimiter, Outcome};
+use tollgate_limiter::Backend;
+use tollgate_limiter::aimd::{AimdLimiter, Outcome};
 use tower_service::Service;
 
 use super::future::{Report, ResponseFuture};

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use tokio::time::Instant;
-use tollgate_core::aimd::{AimdConfig, AimdLimiter};
-use tollgate_core::time::micros;
-use tollgate_core::{Clock, Key, Timestamp};
+use tollgate_limiter::aimd::{AimdConfig, AimdLimiter};
+use tollgate_limiter::time::micros;
+use tollgate_limiter::{Clock, Key, Timestamp};
 use tollgate_memory::MemoryBackend;
 use tower::{Service, ServiceExt, service_fn};
 
@@ -168,7 +168,7 @@ async fn other_hosts_and_scopeless_calls_are_not_held() {
     limiter
         .feedback(
             &Key::new("source.test"),
-            tollgate_core::aimd::Outcome::Refused {
+            tollgate_limiter::aimd::Outcome::Refused {
                 retry_after: Some(Duration::from_secs(30)),
             },
         )

@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderValue;
-use tollgate_core::decision::ceil_secs;
-use tollgate_core::{Decision, Policy};
+use tollgate_limiter::decision::ceil_secs;
+use tollgate_limiter::{Decision, Policy};
 
 pub use body::ResponseBody;
 pub use grpc::Grpc;
@@ -223,7 +223,7 @@ pub trait Respond<Res> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tollgate_core::TokenBucket;
+    use tollgate_limiter::TokenBucket;
 
     #[test]
     fn header_fields_follow_the_draft_syntax() {

@@ -5,7 +5,7 @@
 //! A listener (a Mattermost websocket, a message-queue consumer) has no
 //! request to answer with a 429: its events arrive on a stream. Wrap the
 //! stream with [`RateLimitStream`] (or [`RateLimitStreamExt::rate_limit`])
-//! and every event is checked against a [`Limiter`](tollgate_core::Limiter)
+//! and every event is checked against a [`Limiter`](tollgate_limiter::Limiter)
 //! for the key an [extractor](crate::extract::KeyExtractor) finds in it
 //! (its channel, usually). What becomes of an event over the limit is the
 //! consumer's choice, [`Excess`]:
@@ -40,7 +40,7 @@
 //! ```
 //! use std::time::Duration;
 //! use futures_util::{StreamExt, stream};
-//! use tollgate_core::{Key, Limiter, SlidingWindow};
+//! use tollgate_limiter::{Key, Limiter, SlidingWindow};
 //! use tollgate_memory::MemoryBackend;
 //! use tollgate_tower::stream::{Excess, RateLimitStreamExt};
 //!

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures_core::Stream;
 use pin_project_lite::pin_project;
-use tollgate_core::{Backend, FailMode, Key, Limiter, Verdict};
+use tollgate_limiter::{Backend, FailMode, Key, Limiter, Verdict};
 
 use crate::extract::KeyExtractor;
 use crate::inbound::{Cost, MissingKey};
@@ -317,7 +317,7 @@ impl<St: Stream> RateLimitStreamExt for St {}
 mod tests {
     use super::*;
     use futures_util::{StreamExt, stream};
-    use tollgate_core::{MockClock, SlidingWindow, TokenBucket};
+    use tollgate_limiter::{MockClock, SlidingWindow, TokenBucket};
     use tollgate_memory::MemoryBackend;
 
     fn channel(e: &(&'static str, u32)) -> Option<Key> {

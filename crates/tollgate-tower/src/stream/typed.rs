@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use tollgate_core::Decision;
+use tollgate_limiter::Decision;
 
 use crate::respond::{Quota, Refusal, Respond};
 
@@ -15,7 +15,7 @@ use crate::respond::{Quota, Refusal, Respond};
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_core::{Key, Limiter, SlidingWindow};
+/// use tollgate_limiter::{Key, Limiter, SlidingWindow};
 /// use tollgate_memory::MemoryBackend;
 /// use tollgate_tower::RateLimitLayer;
 /// use tollgate_tower::stream::{Refused, Typed};
@@ -154,7 +154,7 @@ impl<Res> Respond<Res> for Typed {
 mod tests {
     use std::convert::Infallible;
 
-    use tollgate_core::{Key, Limiter, SlidingWindow};
+    use tollgate_limiter::{Key, Limiter, SlidingWindow};
     use tollgate_memory::MemoryBackend;
     use tower::{ServiceExt, service_fn};
     use tower_layer::Layer;

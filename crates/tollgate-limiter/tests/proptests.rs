@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tollgate_core::model::{ProgressiveDelayState, SlidingWindowState, TokenBucketState};
-use tollgate_core::{ProgressiveDelay, SlidingWindow, TokenBucket};
+use tollgate_limiter::model::{ProgressiveDelayState, SlidingWindowState, TokenBucketState};
+use tollgate_limiter::{ProgressiveDelay, SlidingWindow, TokenBucket};
 
 const START: u64 = 1_767_225_600_000_000;
 

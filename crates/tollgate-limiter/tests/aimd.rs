@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tollgate_core::aimd::{AimdConfig, AimdLimiter, Outcome};
-use tollgate_core::time::micros;
-use tollgate_core::{Clock, Key, Timestamp};
+use tollgate_limiter::aimd::{AimdConfig, AimdLimiter, Outcome};
+use tollgate_limiter::time::micros;
+use tollgate_limiter::{Clock, Key, Timestamp};
 use tollgate_memory::MemoryBackend;
 
 /// A clock for the backend that follows tokio's: with time paused, the

@@ -20,7 +20,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tollgate_core::{model::{Op, State}, Policy, TokenBucket};
+//! use tollgate_limiter::{model::{Op, State}, Policy, TokenBucket};
 //!
 //! let policy = Policy::from(TokenBucket::new(2, 1, Duration::from_secs(1))?);
 //! let mut key = State::fresh(&policy);
@@ -30,7 +30,7 @@
 //! let refused = key.apply(now, &policy, Op::Acquire(1));
 //! assert!(refused.is_denied());
 //! assert_eq!(refused.retry_after(), Duration::from_secs(1));
-//! # Ok::<(), tollgate_core::PolicyError>(())
+//! # Ok::<(), tollgate_limiter::PolicyError>(())
 //! ```
 //!
 //! With a backend (here `tollgate-memory`'s), a [`Limiter`] answers

@@ -216,7 +216,7 @@ impl LimiterConfig {
 /// # Examples
 ///
 /// ```
-/// use tollgate_core::Config;
+/// use tollgate_limiter::Config;
 ///
 /// let config = Config::builder()
 ///     .toml_str(r#"
@@ -233,7 +233,7 @@ impl LimiterConfig {
 ///     .load()
 ///     .unwrap_err();
 /// assert!(err.to_string().contains("limiters.api.capacity"));
-/// # Ok::<(), tollgate_core::ConfigError>(())
+/// # Ok::<(), tollgate_limiter::ConfigError>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -464,8 +464,8 @@ fn opt_duration(s: Option<&str>) -> Result<Option<Duration>, String> {
 ///
 /// ```
 /// use std::time::Duration;
-/// assert_eq!(tollgate_core::parse_rate("60/min"), Ok((60, Duration::from_secs(60))));
-/// assert_eq!(tollgate_core::parse_rate("5/15m"), Ok((5, Duration::from_secs(900))));
+/// assert_eq!(tollgate_limiter::parse_rate("60/min"), Ok((60, Duration::from_secs(60))));
+/// assert_eq!(tollgate_limiter::parse_rate("5/15m"), Ok((5, Duration::from_secs(900))));
 /// ```
 pub fn parse_rate(s: &str) -> Result<(u64, Duration), String> {
     let (count, per) = s

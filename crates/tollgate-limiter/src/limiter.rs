@@ -229,9 +229,9 @@ impl<B: Backend> LimiterBuilder<B> {
 /// # Examples
 ///
 /// ```
-/// # async fn example<B: tollgate_core::Backend>(backend: B) {
+/// # async fn example<B: tollgate_limiter::Backend>(backend: B) {
 /// use std::time::Duration;
-/// use tollgate_core::{FailMode, Key, Limiter, TokenBucket};
+/// use tollgate_limiter::{FailMode, Key, Limiter, TokenBucket};
 ///
 /// let limiter = Limiter::builder(
 ///     "api",

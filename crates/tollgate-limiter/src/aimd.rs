@@ -60,8 +60,8 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tollgate_core::Key;
-//! use tollgate_core::aimd::{AimdConfig, AimdLimiter, Outcome};
+//! use tollgate_limiter::Key;
+//! use tollgate_limiter::aimd::{AimdConfig, AimdLimiter, Outcome};
 //! use tollgate_memory::MemoryBackend;
 //!
 //! # #[tokio::main(flavor = "current_thread")]

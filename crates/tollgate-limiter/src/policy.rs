@@ -57,11 +57,11 @@ fn span(field: &'static str, d: Duration) -> Result<u64, PolicyError> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_core::TokenBucket;
+/// use tollgate_limiter::TokenBucket;
 ///
 /// let tb = TokenBucket::new(10, 60, Duration::from_secs(60))?;
 /// assert_eq!(tb.interval(), Duration::from_secs(1));
-/// # Ok::<(), tollgate_core::PolicyError>(())
+/// # Ok::<(), tollgate_limiter::PolicyError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TokenBucket {

@@ -19,7 +19,7 @@ pub const MAX_KEY_LEN: usize = 128;
 /// # Examples
 ///
 /// ```
-/// use tollgate_core::Key;
+/// use tollgate_limiter::Key;
 ///
 /// assert_eq!(Key::new("203.0.113.7").as_str(), "203.0.113.7");
 /// assert_eq!(Key::email(" Alice@Example.COM "), Key::email("alice@example.com"));

@@ -53,7 +53,7 @@ impl Clock for SystemClock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_core::{Clock, MockClock};
+/// use tollgate_limiter::{Clock, MockClock};
 ///
 /// let clock = MockClock::new();
 /// let start = clock.now();
