@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Packages every published crate as `cargo publish` would, and builds each
+# package from its tarball (against the others, through cargo's local
+# overlay): a missing file (a Lua script, a README, a licence) or a
+# dependency that only resolves inside the workspace fails here, not on
+# release day. Examples and the load tool are `publish = false`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+crates=(tollgate-limiter tollgate-memory tollgate-redis tollgate-tower tollgate-testkit tollgate tollgate-cli)
+args=()
+for c in "${crates[@]}"; do args+=(-p "$c"); done
+cargo package "${args[@]}" "$@"
+# What each package ships: its scripts, README and licences.
+for c in "${crates[@]}"; do
+    list=$(cargo package --list --allow-dirty -p "$c" 2>/dev/null)
+    for f in README.md LICENSE-MIT LICENSE-APACHE; do
+        grep -qx "$f" <<<"$list" || { echo "package $c lacks $f" >&2; exit 1; }
+    done
+done
+list=$(cargo package --list --allow-dirty -p tollgate-redis 2>/dev/null)
+for lua in crates/tollgate-redis/lua/*.lua; do
+    grep -qx "lua/$(basename "$lua")" <<<"$list" || { echo "tollgate-redis lacks $lua" >&2; exit 1; }
+done
+echo "packaged: ${crates[*]}"
