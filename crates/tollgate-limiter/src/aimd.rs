@@ -48,7 +48,9 @@
 //! # Failure
 //!
 //! An adaptive limit is a rate optimisation: it fails open. Every backend
-//! call runs under a timeout and a circuit breaker; when the backend fails,
+//! call runs under a timeout and a circuit breaker (the same guard as a
+//! [`Limiter`](crate::Limiter)'s: a call dropped mid-way cannot leave the
+//! breaker stuck); when the backend fails,
 //! the worker keeps going alone at the last rate it knew, with an
 //! in-process token bucket per scope. It still honours `Retry-After` and
 //! cuts its own rate on refusals, but does not ramp up until it can
@@ -101,10 +103,11 @@ use serde::Deserialize;
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Request, Scope};
-use crate::breaker::{Admit, Breaker, BreakerConfig};
+use crate::breaker::BreakerConfig;
 use crate::config::{ConfigError, parse_rate};
 use crate::decision::Decision;
 use crate::error::Error;
+use crate::guard::Guard;
 use crate::key::Key;
 use crate::limiter::DEFAULT_TIMEOUT;
 use crate::model::Op;
@@ -453,8 +456,7 @@ struct Inner<B> {
     hold_probe: Policy,
     seen: Policy,
     backend: B,
-    breaker: Breaker,
-    log: Mutex<LogState>,
+    guard: Guard,
     scopes: Mutex<Scopes>,
 }
 
@@ -505,12 +507,6 @@ struct Scopes {
 }
 
 const MIN_SWEEP: usize = 1024;
-
-#[derive(Default)]
-struct LogState {
-    last: Option<Instant>,
-    suppressed: u64,
-}
 
 impl<B> Clone for AimdLimiter<B> {
     fn clone(&self) -> Self {
@@ -566,6 +562,7 @@ impl<B: Backend> AimdLimiter<B> {
             .map_err(|e| invalid("max_hold", e))?;
         let seen = ProgressiveDelay::new(SEEN_FREE, second, 1, second, config.idle_expiry)
             .map_err(|e| invalid("idle_expiry", e))?;
+        let guard = Guard::new(name.clone(), config.timeout, config.breaker);
         Ok(Self {
             inner: Arc::new(Inner {
                 names: Names {
@@ -579,10 +576,9 @@ impl<B: Backend> AimdLimiter<B> {
                 gate: gate.into(),
                 hold_probe: hold_probe.into(),
                 seen: seen.into(),
-                breaker: Breaker::new(config.breaker),
+                guard,
                 config,
                 backend,
-                log: Mutex::default(),
                 scopes: Mutex::new(Scopes {
                     map: HashMap::new(),
                     sweep_at: MIN_SWEEP,
@@ -709,11 +705,12 @@ impl<B: Backend> AimdLimiter<B> {
     /// the initial rate.
     pub async fn forget(&self, scope: &Key) -> Result<(), Error> {
         self.scopes().map.remove(scope);
-        let fut = self
-            .inner
-            .backend
-            .set_override(Scope::Key(&self.inner.names.rate, scope), None);
-        self.guard(fut).await
+        self.guard(|| {
+            self.inner
+                .backend
+                .set_override(Scope::Key(&self.inner.names.rate, scope), None)
+        })
+        .await
     }
 
     fn scopes(&self) -> MutexGuard<'_, Scopes> {
@@ -778,16 +775,15 @@ impl<B: Backend> AimdLimiter<B> {
         {
             // One failure recorded on a fresh key: nobody used the scope
             // within idle_expiry (or ever).
-            Ok(d) if d.remaining() == SEEN_FREE - 1 => {
-                let fut = self
-                    .inner
-                    .backend
-                    .set_override(Scope::Key(&names.rate, scope), None);
-                self.guard(fut)
-                    .await
-                    .ok()
-                    .map(|()| self.inner.config.initial_rate)
-            }
+            Ok(d) if d.remaining() == SEEN_FREE - 1 => self
+                .guard(|| {
+                    self.inner
+                        .backend
+                        .set_override(Scope::Key(&names.rate, scope), None)
+                })
+                .await
+                .ok()
+                .map(|()| self.inner.config.initial_rate),
             Ok(_) => self.read_rate(scope).await.ok(),
             Err(_) => None,
         };
@@ -910,11 +906,14 @@ impl<B: Backend> AimdLimiter<B> {
     }
 
     async fn read_rate(&self, scope: &Key) -> Result<f64, Error> {
-        let fut = self
-            .inner
-            .backend
-            .get_override(Scope::Key(&self.inner.names.rate, scope));
-        let rate = match self.guard(fut).await? {
+        let rate = match self
+            .guard(|| {
+                self.inner
+                    .backend
+                    .get_override(Scope::Key(&self.inner.names.rate, scope))
+            })
+            .await?
+        {
             Some(Policy::TokenBucket(tb)) => rate_of(&tb),
             _ => self.inner.config.initial_rate,
         };
@@ -923,11 +922,12 @@ impl<B: Backend> AimdLimiter<B> {
 
     async fn write_rate(&self, scope: &Key, rate: f64) -> Result<(), Error> {
         let policy = Policy::from(try_bucket(self.inner.config.burst, rate)?);
-        let fut = self
-            .inner
-            .backend
-            .set_override(Scope::Key(&self.inner.names.rate, scope), Some(&policy));
-        self.guard(fut).await
+        self.guard(|| {
+            self.inner
+                .backend
+                .set_override(Scope::Key(&self.inner.names.rate, scope), Some(&policy))
+        })
+        .await
     }
 
     async fn decide(
@@ -937,68 +937,26 @@ impl<B: Backend> AimdLimiter<B> {
         policy: &Policy,
         op: Op,
     ) -> Result<Decision, Error> {
-        let fut = self.inner.backend.decide(Request {
-            limiter,
-            key,
-            policy,
-            op,
-        });
-        self.guard(fut).await
+        self.guard(|| {
+            self.inner.backend.decide(Request {
+                limiter,
+                key,
+                policy,
+                op,
+            })
+        })
+        .await
     }
 
-    /// Runs one backend call under the timeout and the breaker.
-    async fn guard<T, F>(&self, fut: F) -> Result<T, Error>
+    /// Runs one backend call through the shared guard: each call of an
+    /// adaptive limiter has its own deadline.
+    async fn guard<T, F, Fut>(&self, call: F) -> Result<T, Error>
     where
-        F: Future<Output = Result<T, B::Error>>,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, B::Error>>,
     {
-        let inner = &*self.inner;
-        if let Admit::No(_) = inner.breaker.admit() {
-            return Err(Error::BreakerOpen);
-        }
-        let result = match tokio::time::timeout(inner.config.timeout, fut).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(Error::Backend(Box::new(e))),
-            Err(_) => Err(Error::Timeout(inner.config.timeout)),
-        };
-        match &result {
-            Ok(_) => {
-                if inner.breaker.is_open() {
-                    tracing::info!(limiter = %inner.names.rate, "adaptive limiter backend recovered");
-                }
-                inner.breaker.on_success();
-            }
-            Err(e) => {
-                let opened = inner.breaker.on_failure();
-                self.warn(e, opened);
-            }
-        }
-        result
-    }
-
-    /// Logs a backend failure at warn level, at most once per 10 s, with a
-    /// count of those kept quiet.
-    fn warn(&self, error: &Error, opened: bool) {
-        let now = Instant::now();
-        let suppressed = {
-            let mut log = crate::lock(&self.inner.log);
-            let due = log
-                .last
-                .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10));
-            if !(due || opened) {
-                log.suppressed += 1;
-                return;
-            }
-            log.last = Some(now);
-            std::mem::take(&mut log.suppressed)
-        };
-        let error: &dyn std::error::Error = error;
-        tracing::warn!(
-            limiter = %self.inner.names.rate,
-            error,
-            suppressed,
-            breaker_opened = opened,
-            "adaptive limiter backend failure; running on the local fallback rate"
-        );
+        let guard = &self.inner.guard;
+        guard.run(guard.deadline(), call).await
     }
 }
 

@@ -45,6 +45,7 @@ pub mod config;
 pub mod decision;
 mod deny_cache;
 pub mod error;
+mod guard;
 pub mod key;
 mod lease;
 pub mod limiter;

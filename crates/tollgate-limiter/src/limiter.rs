@@ -2,20 +2,18 @@
 //! backend fails.
 
 use std::fmt;
-use std::future::Future;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::Mutex;
-use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Request, Scope};
-use crate::breaker::{Admit, Breaker, BreakerConfig};
+use crate::breaker::BreakerConfig;
 use crate::decision::Decision;
 use crate::deny_cache::DenyCache;
 use crate::error::Error;
+use crate::guard::Guard;
 use crate::key::Key;
 use crate::lease::Leases;
 use crate::model::Op;
@@ -182,8 +180,16 @@ impl<B: Backend> LimiterBuilder<B> {
         self
     }
 
-    /// How long one decision may take before it counts as a failure
-    /// (default: 50 ms).
+    /// How long one decision may wait for the backend in all before it
+    /// counts as a failure (default: 50 ms).
+    ///
+    /// The bound is per call of the limiter ([`Limiter::check_cost`] and
+    /// the other methods): a deadline is taken when the call starts and
+    /// every backend call it makes shares it, so lease mode's two round
+    /// trips near the limit wait no longer than one. A consumer that makes
+    /// a second decision for one request (such as a layer that charges by
+    /// outcome after the response, in its own task) gets a second deadline
+    /// for it: the request's own wait is still bounded by one timeout.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -199,13 +205,11 @@ impl<B: Backend> LimiterBuilder<B> {
     pub fn build(self) -> Limiter<B> {
         Limiter {
             inner: Arc::new(Inner {
+                guard: Guard::new(self.name.clone(), self.timeout, self.breaker),
                 name: self.name,
                 policy: self.policy,
                 backend: self.backend,
                 fail_mode: self.fail_mode,
-                timeout: self.timeout,
-                breaker: Breaker::new(self.breaker),
-                log: LogThrottle::new(Duration::from_secs(10)),
                 denials: self.local_denials.map(DenyCache::new),
                 leases: self.lease.filter(|_| self.policy.max_cost().is_some()).map(
                     |(batch, ttl)| {
@@ -223,8 +227,11 @@ impl<B: Backend> LimiterBuilder<B> {
 /// One named limit over a backend.
 ///
 /// A limiter is cheap to clone; clones share the breaker and the backend.
-/// Every decision is one backend round trip, bounded by a timeout, behind a
-/// circuit breaker; when the backend fails, the [`FailMode`] decides.
+/// Every decision is one backend round trip (two at most in lease mode),
+/// bounded in all by one [timeout](LimiterBuilder::timeout), behind a
+/// circuit breaker; when the backend fails, the [`FailMode`] decides. No
+/// caller can leave the breaker stuck: a decision dropped at any point (a
+/// client gone, an outer timeout, a panic) gives its probe back.
 ///
 /// # Examples
 ///
@@ -256,9 +263,7 @@ struct Inner<B> {
     policy: Policy,
     backend: B,
     fail_mode: FailMode,
-    timeout: Duration,
-    breaker: Breaker,
-    log: LogThrottle,
+    guard: Guard,
     denials: Option<DenyCache>,
     leases: Option<Leases>,
 }
@@ -277,7 +282,7 @@ impl<B> fmt::Debug for Limiter<B> {
             .field("name", &self.inner.name)
             .field("policy", &self.inner.policy)
             .field("fail_mode", &self.inner.fail_mode)
-            .field("timeout", &self.inner.timeout)
+            .field("timeout", &self.inner.guard.timeout())
             .field("backend", &std::any::type_name::<B>())
             .finish()
     }
@@ -337,6 +342,13 @@ impl<B: Backend> Limiter<B> {
     ///
     /// A cost the policy can never grant is refused without asking the
     /// backend, whatever the fail mode.
+    ///
+    /// The whole decision waits at most the configured
+    /// [timeout](LimiterBuilder::timeout), even when it asks the backend
+    /// twice (lease mode near the limit): every backend call of one decision
+    /// shares one deadline, taken when the decision starts. The bound is
+    /// on waiting: a backend that blocks its caller's thread without
+    /// yielding cannot be interrupted (tollgate's backends never do).
     pub async fn check_cost(&self, key: &Key, cost: u64) -> Verdict {
         let cache = self
             .inner
@@ -348,7 +360,10 @@ impl<B: Backend> Limiter<B> {
         }
         let result = match &self.inner.leases {
             Some(leases) if cost > 0 => self.leased(leases, key, cost).await,
-            _ => self.try_op(key, Op::Acquire(cost)).await,
+            _ => {
+                let deadline = self.inner.guard.deadline();
+                self.try_op(key, Op::Acquire(cost), deadline).await
+            }
         };
         if let (Some(cache), Ok(d)) = (cache, &result)
             && d.is_denied()
@@ -358,20 +373,24 @@ impl<B: Backend> Limiter<B> {
         self.settle(result)
     }
 
-    /// One request under lease mode.
+    /// One request under lease mode: up to two backend calls, under one
+    /// deadline.
     async fn leased(&self, leases: &Leases, key: &Key, cost: u64) -> Result<Decision, Error> {
         if let Some(d) = leases.spend(key, cost) {
             return Ok(d);
         }
+        let deadline = self.inner.guard.deadline();
         if leases.batch > cost {
-            let d = self.try_op(key, Op::Acquire(leases.batch)).await?;
+            let d = self
+                .try_op(key, Op::Acquire(leases.batch), deadline)
+                .await?;
             if d.is_allowed() {
                 leases.keep(key, leases.batch - cost, &d);
                 return Ok(d);
             }
         }
         // Near the limit: ask for exactly this request's cost.
-        self.try_op(key, Op::Acquire(cost)).await
+        self.try_op(key, Op::Acquire(cost), deadline).await
     }
 
     /// Reports whether one unit is available, consuming nothing.
@@ -388,13 +407,15 @@ impl<B: Backend> Limiter<B> {
         if let Some(leases) = &self.inner.leases {
             leases.forget(key);
         }
-        self.try_op(key, Op::Reset).await
+        self.try_op(key, Op::Reset, self.inner.guard.deadline())
+            .await
     }
 
     /// Asks the backend, with timeout and breaker but without applying the
     /// fail mode.
     pub async fn try_acquire(&self, key: &Key, cost: u64) -> Result<Decision, Error> {
-        self.try_op(key, Op::Acquire(cost)).await
+        self.try_op(key, Op::Acquire(cost), self.inner.guard.deadline())
+            .await
     }
 
     /// Sets (`Some`) or clears (`None`) a runtime override of this
@@ -422,7 +443,11 @@ impl<B: Backend> Limiter<B> {
         }
         let scope = self.scope(key);
         let result = self
-            .guard(|| self.inner.backend.set_override(scope, policy.as_ref()))
+            .inner
+            .guard
+            .run(self.inner.guard.deadline(), || {
+                self.inner.backend.set_override(scope, policy.as_ref())
+            })
             .await;
         // Cached refusals were decided under the old policy.
         if let Some(cache) = &self.inner.denials {
@@ -444,7 +469,10 @@ impl<B: Backend> Limiter<B> {
     /// limiter-wide one).
     pub async fn get_override(&self, key: Option<&Key>) -> Result<Option<Policy>, Error> {
         let scope = self.scope(key);
-        self.guard(|| self.inner.backend.get_override(scope)).await
+        let guard = &self.inner.guard;
+        guard
+            .run(guard.deadline(), || self.inner.backend.get_override(scope))
+            .await
     }
 
     fn scope<'a>(&'a self, key: Option<&'a Key>) -> Scope<'a> {
@@ -454,59 +482,21 @@ impl<B: Backend> Limiter<B> {
         }
     }
 
-    async fn try_op(&self, key: &Key, op: Op) -> Result<Decision, Error> {
+    async fn try_op(&self, key: &Key, op: Op, deadline: Instant) -> Result<Decision, Error> {
         if let Op::Acquire(cost) = op {
             self.inner.policy.check_cost(cost)?;
         }
-        self.guard(|| {
-            self.inner.backend.decide(Request {
-                limiter: &self.inner.name,
-                key,
-                policy: &self.inner.policy,
-                op,
+        self.inner
+            .guard
+            .run(deadline, || {
+                self.inner.backend.decide(Request {
+                    limiter: &self.inner.name,
+                    key,
+                    policy: &self.inner.policy,
+                    op,
+                })
             })
-        })
-        .await
-    }
-
-    /// Runs one backend call under the timeout and the breaker. The call is
-    /// made only once the breaker admits it: a backend may start its work
-    /// when the future is created.
-    async fn guard<T, F, Fut>(&self, call: F) -> Result<T, Error>
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<T, B::Error>>,
-    {
-        let inner = &*self.inner;
-        if let Admit::No(_) = inner.breaker.admit() {
-            return Err(Error::BreakerOpen);
-        }
-        // Poll once before arming the timer: an in-process backend answers
-        // at once, and a timer costs more than its decision.
-        let mut fut = std::pin::pin!(call());
-        let first = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
-        let answer = match first {
-            Poll::Ready(r) => Ok(r),
-            Poll::Pending => tokio::time::timeout(inner.timeout, fut).await,
-        };
-        let result = match answer {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(Error::Backend(Box::new(e))),
-            Err(_) => Err(Error::Timeout(inner.timeout)),
-        };
-        match &result {
-            Ok(_) => {
-                if inner.breaker.is_open() {
-                    tracing::info!(limiter = %inner.name, "rate-limit backend recovered");
-                }
-                inner.breaker.on_success();
-            }
-            Err(e) => {
-                let opened = inner.breaker.on_failure();
-                inner.log.warn(&inner.name, e, opened);
-            }
-        }
-        result
+            .await
     }
 
     fn settle(&self, result: Result<Decision, Error>) -> Verdict {
@@ -518,46 +508,5 @@ impl<B: Backend> Limiter<B> {
                 FailMode::Closed => Verdict::FailedClosed(e, Duration::from_secs(1)),
             },
         }
-    }
-}
-
-/// Logs backend failures at warn level, at most once per period per
-/// limiter, with a count of the ones kept quiet.
-#[derive(Debug)]
-struct LogThrottle {
-    period: Duration,
-    state: Mutex<(Option<Instant>, u64)>,
-}
-
-impl LogThrottle {
-    fn new(period: Duration) -> Self {
-        Self {
-            period,
-            state: Mutex::new((None, 0)),
-        }
-    }
-
-    fn warn(&self, limiter: &str, error: &Error, opened: bool) {
-        let now = Instant::now();
-        let suppressed = {
-            let mut state = crate::lock(&self.state);
-            let due = state
-                .0
-                .is_none_or(|last| now.duration_since(last) >= self.period);
-            if !(due || opened) {
-                state.1 += 1;
-                return;
-            }
-            state.0 = Some(now);
-            std::mem::take(&mut state.1)
-        };
-        let error: &dyn std::error::Error = error;
-        tracing::warn!(
-            limiter,
-            error,
-            suppressed,
-            breaker_opened = opened,
-            "rate-limit backend failure"
-        );
     }
 }
