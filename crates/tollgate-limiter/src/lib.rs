@@ -61,7 +61,7 @@ pub use config::{Config, ConfigBuilder, ConfigError, LimiterConfig, parse_rate};
 pub use decision::Decision;
 pub use error::{BoxError, Error};
 pub use key::Key;
-pub use limiter::{Denied, FailMode, Limiter, LimiterBuilder, Verdict};
+pub use limiter::{DEFAULT_LOCAL_CAPACITY, Denied, FailMode, Limiter, LimiterBuilder, Verdict};
 pub use model::Op;
 pub use policy::{Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy, TokenBucket};
 pub use time::{Clock, MockClock, SystemClock, Timestamp};

@@ -53,6 +53,10 @@ impl fmt::Display for FailMode {
 /// The default per-decision timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 
+/// The default bound of each of a limiter's local maps (cached refusals,
+/// leases), in keys; see [`LimiterBuilder::local_capacity`].
+pub const DEFAULT_LOCAL_CAPACITY: usize = 100_000;
+
 /// The outcome of asking a [`Limiter`].
 #[derive(Debug)]
 #[must_use]
@@ -140,6 +144,7 @@ pub struct LimiterBuilder<B> {
     breaker: BreakerConfig,
     local_denials: Option<Duration>,
     lease: Option<(u64, Duration)>,
+    local_capacity: usize,
 }
 
 impl<B: Backend> LimiterBuilder<B> {
@@ -163,14 +168,37 @@ impl<B: Backend> LimiterBuilder<B> {
     /// keeps the rest for this key's next requests, for at most `ttl`.
     ///
     /// Near the limit, when a whole batch no longer fits, the request asks
-    /// for its own cost only, so no more is admitted than the backend
-    /// grants. The costs: units leased and not spent within `ttl` are lost
-    /// to every worker, and under a sliding window a leased unit is counted
-    /// when leased, not when spent (up to `batch - 1` units per worker admitted
-    /// after the window would have refused them). Off by default; ignored
-    /// for progressive delays.
+    /// for its own cost only, so the backend never grants more than its
+    /// policy allows. But units are counted when leased and spent later:
+    /// each worker may hold up to `batch - 1` units leased earlier, and
+    /// spend them while the backend grants its full limit again. The bound
+    /// for one key across `W` workers sharing one backend:
+    ///
+    /// * token bucket: a burst admits at most
+    ///   `capacity + W × (batch − 1)` (over a period `T`, at most
+    ///   `capacity + refill × T / period + W × (batch − 1)`);
+    /// * sliding window: at most `limit + W × (batch − 1)` in any
+    ///   window-long interval.
+    ///
+    /// Leases expire after `ttl`, so choosing `ttl` shorter than the time
+    /// the backend takes to grant `W × (batch − 1)` units again (its refill
+    /// or window) keeps the excess from adding up over time. Units leased
+    /// and not spent within `ttl` are lost to every worker. Off by default;
+    /// ignored for progressive delays.
     pub fn lease(mut self, batch: u64, ttl: Duration) -> Self {
         self.lease = (batch > 1).then_some((batch, ttl));
+        self
+    }
+
+    /// Bounds each local map (cached refusals of
+    /// [`local_denials`](Self::local_denials), leases of
+    /// [`lease`](Self::lease)) to `entries` keys (default:
+    /// [`DEFAULT_LOCAL_CAPACITY`]), so that a flood of distinct keys cannot
+    /// grow this worker's memory. When a map is full, expired entries make
+    /// room; failing that, the key is simply not cached and its requests
+    /// are decided by the backend, as without the map. 0 turns both off.
+    pub fn local_capacity(mut self, entries: usize) -> Self {
+        self.local_capacity = entries;
         self
     }
 
@@ -210,13 +238,15 @@ impl<B: Backend> LimiterBuilder<B> {
                 policy: self.policy,
                 backend: self.backend,
                 fail_mode: self.fail_mode,
-                denials: self.local_denials.map(DenyCache::new),
+                denials: self
+                    .local_denials
+                    .map(|ttl| DenyCache::new(ttl, self.local_capacity)),
                 leases: self.lease.filter(|_| self.policy.max_cost().is_some()).map(
                     |(batch, ttl)| {
                         // A batch above what the policy can ever grant
                         // would never be granted.
                         let batch = batch.min(self.policy.max_cost().unwrap_or(batch));
-                        Leases::new(batch, ttl)
+                        Leases::new(batch, ttl, self.local_capacity)
                     },
                 ),
             }),
@@ -304,6 +334,7 @@ impl<B: Backend> Limiter<B> {
             breaker: BreakerConfig::default(),
             local_denials: None,
             lease: None,
+            local_capacity: DEFAULT_LOCAL_CAPACITY,
         }
     }
 
@@ -380,7 +411,8 @@ impl<B: Backend> Limiter<B> {
             return Ok(d);
         }
         let deadline = self.inner.guard.deadline();
-        if leases.batch > cost {
+        // A batch is worth taking only if its rest can be kept.
+        if leases.batch > cost && leases.has_room(key) {
             let d = self
                 .try_op(key, Op::Acquire(leases.batch), deadline)
                 .await?;
@@ -508,5 +540,120 @@ impl<B: Backend> Limiter<B> {
                 FailMode::Closed => Verdict::FailedClosed(e, Duration::from_secs(1)),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::policy::TokenBucket;
+
+    /// A backend that answers every request alike and records the costs
+    /// asked.
+    #[derive(Debug, Default)]
+    struct Fixed {
+        allow: bool,
+        asked: Mutex<Vec<u64>>,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("unused")]
+    struct Never;
+
+    impl Backend for Fixed {
+        type Error = Never;
+
+        async fn decide(&self, req: Request<'_>) -> Result<Decision, Never> {
+            if let Op::Acquire(cost) = req.op {
+                crate::lock(&self.asked).push(cost);
+            }
+            let minute = Duration::from_secs(60);
+            Ok(if self.allow {
+                Decision::allowed(100, 50, minute)
+            } else {
+                Decision::denied(100, 0, minute, minute)
+            })
+        }
+
+        async fn set_override(&self, _: Scope<'_>, _: Option<&Policy>) -> Result<(), Never> {
+            Ok(())
+        }
+
+        async fn get_override(&self, _: Scope<'_>) -> Result<Option<Policy>, Never> {
+            Ok(None)
+        }
+    }
+
+    fn builder(allow: bool) -> LimiterBuilder<Fixed> {
+        let policy = TokenBucket::new(100, 1, Duration::from_secs(1)).unwrap();
+        Limiter::builder(
+            "flood",
+            policy,
+            Fixed {
+                allow,
+                ..Fixed::default()
+            },
+        )
+        .local_capacity(1000)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_of_distinct_keys_keeps_the_deny_cache_within_its_capacity() {
+        let l = builder(false)
+            .local_denials(Duration::from_secs(60))
+            .build();
+        for i in 0..10_000 {
+            assert!(!l.check(&Key::new(format!("ip-{i}"))).await.is_allowed());
+        }
+        let cache = l.inner.denials.as_ref().unwrap();
+        assert!((1..=1000).contains(&cache.len()), "{}", cache.len());
+        // A key that found the cache full is still refused, by the backend.
+        let asked = crate::lock(&l.backend().asked).len();
+        assert_eq!(asked, 10_000);
+        let uncached = (0..10_000)
+            .map(|i| Key::new(format!("ip-{i}")))
+            .find(|k| cache.get(k, 1).is_none())
+            .expect("10 000 keys cannot all fit in 1000 places");
+        assert!(!l.check(&uncached).await.is_allowed());
+        assert_eq!(crate::lock(&l.backend().asked).len(), asked + 1);
+        assert!(cache.len() <= 1000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_of_distinct_keys_keeps_the_leases_within_their_capacity() {
+        let l = builder(true).lease(4, Duration::from_secs(60)).build();
+        for i in 0..10_000 {
+            assert!(l.check(&Key::new(format!("key-{i}"))).await.is_allowed());
+        }
+        let leases = l.inner.leases.as_ref().unwrap();
+        assert!((1..=1000).contains(&leases.len()), "{}", leases.len());
+        // Keys that found no room asked for their own cost, not a batch
+        // whose rest would be lost.
+        let asked = crate::lock(&l.backend().asked).clone();
+        assert_eq!(asked.iter().filter(|&&c| c == 4).count(), leases.len());
+        assert_eq!(
+            asked.iter().filter(|&&c| c == 1).count(),
+            10_000 - leases.len()
+        );
+        // Once the leases expire, their places are taken again.
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert!(l.check(&Key::new("new")).await.is_allowed());
+        assert_eq!(crate::lock(&l.backend().asked).last(), Some(&4));
+        assert!(leases.len() <= 1000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_capacity_of_zero_turns_the_local_maps_off() {
+        let l = builder(false)
+            .local_capacity(0)
+            .local_denials(Duration::from_secs(60))
+            .build();
+        let k = Key::new("k");
+        for _ in 0..3 {
+            assert!(!l.check(&k).await.is_allowed());
+        }
+        assert_eq!(crate::lock(&l.backend().asked).len(), 3);
     }
 }
