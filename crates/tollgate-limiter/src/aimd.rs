@@ -36,9 +36,15 @@
 //! itself is read and written as an override (last writer wins): a growth
 //! racing a cut within one round trip may undo it, which the next refusal
 //! corrects a window later; growth is vetoed for a window after a cut to
-//! keep that race rare. Every key but the override expires by itself (a
-//! full bucket, an open gate, a lapsed hold); the override is cleared when
-//! an idle scope comes back (or by [`forget`](AimdLimiter::forget)).
+//! keep that race rare. Every key expires by itself (a full bucket, an open
+//! gate, a lapsed hold), the override included: it is written with a TTL of
+//! `idle_expiry`, renewed by every cut and every step up (a step at
+//! `max_rate` rewrites it too), so it outlives its scope's last feedback by
+//! `idle_expiry` at most, the horizon after which an idle scope starts
+//! again from `initial_rate` anyway. A scope in use whose requests bring
+//! no signal for that long ([`Outcome::Failed`] only) returns to
+//! `initial_rate` too. An idle scope that comes back clears the override
+//! at once (as does [`forget`](AimdLimiter::forget)).
 //!
 //! A worker asks the backend two questions per [`acquire`](AimdLimiter::acquire)
 //! (the hold, then the bucket), and refreshes its view of the rate (the
@@ -173,7 +179,8 @@ pub struct AimdConfig {
     pub burst: u64,
     /// The longest `Retry-After` honoured; longer ones are capped.
     pub max_hold: Duration,
-    /// A scope unused this long forgets its adapted rate.
+    /// A scope unused this long forgets its adapted rate; also the TTL of
+    /// the rate stored in the backend, renewed by every cut and step up.
     pub idle_expiry: Duration,
     /// How long one backend call may take before it counts as a failure.
     pub timeout: Duration,
@@ -898,7 +905,8 @@ impl<B: Backend> AimdLimiter<B> {
             return;
         };
         let rate = (current + self.inner.config.increase).min(self.inner.config.max_rate);
-        if rate > current && self.write_rate(scope, rate).await.is_err() {
+        // Written even at max_rate: the write renews the override's TTL.
+        if self.write_rate(scope, rate).await.is_err() {
             return;
         }
         tracing::trace!(limiter = %names.rate, %scope, from = current, to = rate, "aimd step up");
@@ -920,12 +928,15 @@ impl<B: Backend> AimdLimiter<B> {
         Ok(rate.clamp(self.inner.config.min_rate, self.inner.config.max_rate))
     }
 
+    /// Stores the scope's rate, expiring `idle_expiry` after this write.
     async fn write_rate(&self, scope: &Key, rate: f64) -> Result<(), Error> {
         let policy = Policy::from(try_bucket(self.inner.config.burst, rate)?);
         self.guard(|| {
-            self.inner
-                .backend
-                .set_override(Scope::Key(&self.inner.names.rate, scope), Some(&policy))
+            self.inner.backend.set_expiring_override(
+                Scope::Key(&self.inner.names.rate, scope),
+                &policy,
+                self.inner.config.idle_expiry,
+            )
         })
         .await
     }

@@ -198,6 +198,59 @@ async fn override_of_another_strategy_is_obeyed() {
     }
 }
 
+/// The AIMD controller's adapted rate is an override with a TTL
+/// (`idle_expiry`): Redis holds no key forever. An operator's override
+/// stays until cleared.
+#[tokio::test]
+async fn aimd_override_expires() {
+    use tollgate_limiter::aimd::{AimdConfig, AimdLimiter, Outcome};
+    let url = shared_url().expect("this test needs redis-server");
+    let prefix = unique_name("aimd-ttl");
+    let b = server_time(&url, &prefix).await;
+    let config = AimdConfig {
+        idle_expiry: Duration::from_secs(3600),
+        ..AimdConfig::default()
+    };
+    let aimd = AimdLimiter::new("harvester", config, b.clone()).unwrap();
+    let scope = Key::new("example.org");
+    aimd.acquire(&scope).await;
+    aimd.feedback(&scope, Outcome::Refused { retry_after: None })
+        .await;
+    assert_eq!(aimd.shared_rate(&scope).await.unwrap(), 0.75);
+    let key = b.state_key("harvester", &scope) + ":override";
+    let mut r = raw(&url).await;
+    let pttl: i64 = r.pttl(&key).await.unwrap();
+    assert!(
+        pttl > 3_500_000 && pttl <= 3_600_000,
+        "PTTL of {key}: {pttl}"
+    );
+    // A permanent override has none (-1).
+    b.set_override(
+        Scope::Key("other", &scope),
+        Some(&Policy::from(TokenBucket::new(1, 1, S).unwrap())),
+    )
+    .await
+    .unwrap();
+    let pttl: i64 = r
+        .pttl(b.state_key("other", &scope) + ":override")
+        .await
+        .unwrap();
+    assert_eq!(pttl, -1);
+    // A TTL is rounded up to whole milliseconds (PX 0 would be refused).
+    b.set_expiring_override(
+        Scope::Key("other", &scope),
+        &Policy::from(TokenBucket::new(1, 1, S).unwrap()),
+        Duration::from_micros(1500),
+    )
+    .await
+    .unwrap();
+    let pttl: i64 = r
+        .pttl(b.state_key("other", &scope) + ":override")
+        .await
+        .unwrap();
+    assert!((-2..=2).contains(&pttl) && pttl != -1, "{pttl}");
+}
+
 /// A stored override that is not a policy is an error, not a guess.
 #[tokio::test]
 async fn garbage_override_is_an_error() {
