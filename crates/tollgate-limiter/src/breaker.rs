@@ -239,6 +239,15 @@ mod tests {
         )
     }
 
+    /// A breaker opened by failures, at the end of its first back-off.
+    async fn due_for_a_probe() -> Breaker {
+        let b = breaker();
+        b.admit().unwrap().failure();
+        assert!(b.admit().unwrap().failure());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        b
+    }
+
     fn probe(b: &Breaker) -> Permit<'_> {
         let p = b.admit().expect("admitted");
         assert!(p.is_probe());
@@ -270,10 +279,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_dropped_probe_hands_over_at_once() {
-        let b = breaker();
-        b.admit().unwrap().failure();
-        b.admit().unwrap().failure();
-        tokio::time::advance(Duration::from_secs(1)).await;
+        let b = due_for_a_probe().await;
         drop(probe(&b));
         // The next caller probes without waiting, at the same back-off.
         assert!(probe(&b).failure());
@@ -282,10 +288,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_silent_probe_fails_after_the_timeout() {
-        let b = breaker();
-        b.admit().unwrap().failure();
-        b.admit().unwrap().failure();
-        tokio::time::advance(Duration::from_secs(1)).await;
+        let b = due_for_a_probe().await;
         let silent = probe(&b);
         tokio::time::advance(TIMEOUT - Duration::from_millis(1)).await;
         assert_eq!(b.admit().unwrap_err(), Duration::from_millis(1));
@@ -302,10 +305,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_stale_probe_dropped_late_does_not_reopen() {
-        let b = breaker();
-        b.admit().unwrap().failure();
-        b.admit().unwrap().failure();
-        tokio::time::advance(Duration::from_secs(1)).await;
+        let b = due_for_a_probe().await;
         let stale = probe(&b);
         tokio::time::advance(TIMEOUT).await;
         let current = probe(&b);

@@ -217,38 +217,25 @@ async fn aimd_override_expires() {
     aimd.feedback(&scope, Outcome::Refused { retry_after: None })
         .await;
     assert_eq!(aimd.shared_rate(&scope).await.unwrap(), 0.75);
-    let key = b.state_key("harvester", &scope) + ":override";
     let mut r = raw(&url).await;
-    let pttl: i64 = r.pttl(&key).await.unwrap();
-    assert!(
-        pttl > 3_500_000 && pttl <= 3_600_000,
-        "PTTL of {key}: {pttl}"
-    );
+    let mut pttl = async |limiter: &str| -> i64 {
+        r.pttl(b.state_key(limiter, &scope) + ":override")
+            .await
+            .unwrap()
+    };
+    let aimd_ttl = pttl("harvester").await;
+    assert!(aimd_ttl > 3_500_000 && aimd_ttl <= 3_600_000, "{aimd_ttl}");
     // A permanent override has none (-1).
-    b.set_override(
-        Scope::Key("other", &scope),
-        Some(&Policy::from(TokenBucket::new(1, 1, S).unwrap())),
-    )
-    .await
-    .unwrap();
-    let pttl: i64 = r
-        .pttl(b.state_key("other", &scope) + ":override")
-        .await
-        .unwrap();
-    assert_eq!(pttl, -1);
-    // A TTL is rounded up to whole milliseconds (PX 0 would be refused).
-    b.set_expiring_override(
-        Scope::Key("other", &scope),
-        &Policy::from(TokenBucket::new(1, 1, S).unwrap()),
-        Duration::from_micros(1500),
-    )
-    .await
-    .unwrap();
-    let pttl: i64 = r
-        .pttl(b.state_key("other", &scope) + ":override")
-        .await
-        .unwrap();
-    assert!((-2..=2).contains(&pttl) && pttl != -1, "{pttl}");
+    let policy = Policy::from(TokenBucket::new(1, 1, S).unwrap());
+    let other = Scope::Key("other", &scope);
+    b.set_override(other, Some(&policy)).await.unwrap();
+    assert_eq!(pttl("other").await, -1);
+    // A TTL is rounded up to whole milliseconds (PX 0 would be refused):
+    // 1 or 2 ms left, or already gone (-2).
+    let ttl = Duration::from_micros(1500);
+    b.set_expiring_override(other, &policy, ttl).await.unwrap();
+    let short = pttl("other").await;
+    assert!((-2..=2).contains(&short) && short != -1, "{short}");
 }
 
 /// A stored override that is not a policy is an error, not a guess.
