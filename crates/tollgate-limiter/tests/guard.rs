@@ -136,8 +136,11 @@ async fn resumes(backend: &Panicky, l: &Limiter<Panicky>, k: &Key) -> Duration {
 #[tokio::test(start_paused = true)]
 async fn a_probe_dropped_at_any_await_point_does_not_stick() {
     for lease in [false, true] {
-        // 0 polls: created and never polled; then dropped after 1..=4 polls,
-        // STEP apart: mid-call, and (lease mode) past the first call.
+        // 0 polls: created and never polled; 1..=4 polls, STEP apart:
+        // dropped at the first poll and later inside the probe's backend
+        // call (in lease mode the probe is the batch call). A probe that
+        // completes reports itself, so these are all the points at which
+        // a caller can walk away from one.
         for polls in 0..=4 {
             let backend = Panicky::default();
             let l = limiter(&backend, lease);
