@@ -36,9 +36,15 @@
 //! itself is read and written as an override (last writer wins): a growth
 //! racing a cut within one round trip may undo it, which the next refusal
 //! corrects a window later; growth is vetoed for a window after a cut to
-//! keep that race rare. Every key but the override expires by itself (a
-//! full bucket, an open gate, a lapsed hold); the override is cleared when
-//! an idle scope comes back (or by [`forget`](AimdLimiter::forget)).
+//! keep that race rare. Every key expires by itself (a full bucket, an open
+//! gate, a lapsed hold), the override included: it is written with a TTL of
+//! `idle_expiry`, renewed by every cut and every step up (a step at
+//! `max_rate` rewrites it too), so it outlives its scope's last feedback by
+//! `idle_expiry` at most, the horizon after which an idle scope starts
+//! again from `initial_rate` anyway. A scope in use whose requests bring
+//! no signal for that long ([`Outcome::Failed`] only) returns to
+//! `initial_rate` too. An idle scope that comes back clears the override
+//! at once (as does [`forget`](AimdLimiter::forget)).
 //!
 //! A worker asks the backend two questions per [`acquire`](AimdLimiter::acquire)
 //! (the hold, then the bucket), and refreshes its view of the rate (the
@@ -48,7 +54,9 @@
 //! # Failure
 //!
 //! An adaptive limit is a rate optimisation: it fails open. Every backend
-//! call runs under a timeout and a circuit breaker; when the backend fails,
+//! call runs under a timeout and a circuit breaker (the same guard as a
+//! [`Limiter`](crate::Limiter)'s: a call dropped mid-way cannot leave the
+//! breaker stuck); when the backend fails,
 //! the worker keeps going alone at the last rate it knew, with an
 //! in-process token bucket per scope. It still honours `Retry-After` and
 //! cuts its own rate on refusals, but does not ramp up until it can
@@ -101,10 +109,11 @@ use serde::Deserialize;
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Request, Scope};
-use crate::breaker::{Admit, Breaker, BreakerConfig};
+use crate::breaker::BreakerConfig;
 use crate::config::{ConfigError, parse_rate};
 use crate::decision::Decision;
 use crate::error::Error;
+use crate::guard::Guard;
 use crate::key::Key;
 use crate::limiter::DEFAULT_TIMEOUT;
 use crate::model::Op;
@@ -170,7 +179,8 @@ pub struct AimdConfig {
     pub burst: u64,
     /// The longest `Retry-After` honoured; longer ones are capped.
     pub max_hold: Duration,
-    /// A scope unused this long forgets its adapted rate.
+    /// A scope unused this long forgets its adapted rate; also the TTL of
+    /// the rate stored in the backend, renewed by every cut and step up.
     pub idle_expiry: Duration,
     /// How long one backend call may take before it counts as a failure.
     pub timeout: Duration,
@@ -453,8 +463,7 @@ struct Inner<B> {
     hold_probe: Policy,
     seen: Policy,
     backend: B,
-    breaker: Breaker,
-    log: Mutex<LogState>,
+    guard: Guard,
     scopes: Mutex<Scopes>,
 }
 
@@ -505,12 +514,6 @@ struct Scopes {
 }
 
 const MIN_SWEEP: usize = 1024;
-
-#[derive(Default)]
-struct LogState {
-    last: Option<Instant>,
-    suppressed: u64,
-}
 
 impl<B> Clone for AimdLimiter<B> {
     fn clone(&self) -> Self {
@@ -566,6 +569,7 @@ impl<B: Backend> AimdLimiter<B> {
             .map_err(|e| invalid("max_hold", e))?;
         let seen = ProgressiveDelay::new(SEEN_FREE, second, 1, second, config.idle_expiry)
             .map_err(|e| invalid("idle_expiry", e))?;
+        let guard = Guard::new(name.clone(), config.timeout, config.breaker);
         Ok(Self {
             inner: Arc::new(Inner {
                 names: Names {
@@ -579,10 +583,9 @@ impl<B: Backend> AimdLimiter<B> {
                 gate: gate.into(),
                 hold_probe: hold_probe.into(),
                 seen: seen.into(),
-                breaker: Breaker::new(config.breaker),
+                guard,
                 config,
                 backend,
-                log: Mutex::default(),
                 scopes: Mutex::new(Scopes {
                     map: HashMap::new(),
                     sweep_at: MIN_SWEEP,
@@ -709,11 +712,12 @@ impl<B: Backend> AimdLimiter<B> {
     /// the initial rate.
     pub async fn forget(&self, scope: &Key) -> Result<(), Error> {
         self.scopes().map.remove(scope);
-        let fut = self
-            .inner
-            .backend
-            .set_override(Scope::Key(&self.inner.names.rate, scope), None);
-        self.guard(fut).await
+        self.guard(|| {
+            self.inner
+                .backend
+                .set_override(Scope::Key(&self.inner.names.rate, scope), None)
+        })
+        .await
     }
 
     fn scopes(&self) -> MutexGuard<'_, Scopes> {
@@ -778,16 +782,15 @@ impl<B: Backend> AimdLimiter<B> {
         {
             // One failure recorded on a fresh key: nobody used the scope
             // within idle_expiry (or ever).
-            Ok(d) if d.remaining() == SEEN_FREE - 1 => {
-                let fut = self
-                    .inner
-                    .backend
-                    .set_override(Scope::Key(&names.rate, scope), None);
-                self.guard(fut)
-                    .await
-                    .ok()
-                    .map(|()| self.inner.config.initial_rate)
-            }
+            Ok(d) if d.remaining() == SEEN_FREE - 1 => self
+                .guard(|| {
+                    self.inner
+                        .backend
+                        .set_override(Scope::Key(&names.rate, scope), None)
+                })
+                .await
+                .ok()
+                .map(|()| self.inner.config.initial_rate),
             Ok(_) => self.read_rate(scope).await.ok(),
             Err(_) => None,
         };
@@ -902,7 +905,8 @@ impl<B: Backend> AimdLimiter<B> {
             return;
         };
         let rate = (current + self.inner.config.increase).min(self.inner.config.max_rate);
-        if rate > current && self.write_rate(scope, rate).await.is_err() {
+        // Written even at max_rate: the write renews the override's TTL.
+        if self.write_rate(scope, rate).await.is_err() {
             return;
         }
         tracing::trace!(limiter = %names.rate, %scope, from = current, to = rate, "aimd step up");
@@ -910,24 +914,31 @@ impl<B: Backend> AimdLimiter<B> {
     }
 
     async fn read_rate(&self, scope: &Key) -> Result<f64, Error> {
-        let fut = self
-            .inner
-            .backend
-            .get_override(Scope::Key(&self.inner.names.rate, scope));
-        let rate = match self.guard(fut).await? {
+        let rate = match self
+            .guard(|| {
+                self.inner
+                    .backend
+                    .get_override(Scope::Key(&self.inner.names.rate, scope))
+            })
+            .await?
+        {
             Some(Policy::TokenBucket(tb)) => rate_of(&tb),
             _ => self.inner.config.initial_rate,
         };
         Ok(rate.clamp(self.inner.config.min_rate, self.inner.config.max_rate))
     }
 
+    /// Stores the scope's rate, expiring `idle_expiry` after this write.
     async fn write_rate(&self, scope: &Key, rate: f64) -> Result<(), Error> {
         let policy = Policy::from(try_bucket(self.inner.config.burst, rate)?);
-        let fut = self
-            .inner
-            .backend
-            .set_override(Scope::Key(&self.inner.names.rate, scope), Some(&policy));
-        self.guard(fut).await
+        self.guard(|| {
+            self.inner.backend.set_expiring_override(
+                Scope::Key(&self.inner.names.rate, scope),
+                &policy,
+                self.inner.config.idle_expiry,
+            )
+        })
+        .await
     }
 
     async fn decide(
@@ -937,68 +948,26 @@ impl<B: Backend> AimdLimiter<B> {
         policy: &Policy,
         op: Op,
     ) -> Result<Decision, Error> {
-        let fut = self.inner.backend.decide(Request {
-            limiter,
-            key,
-            policy,
-            op,
-        });
-        self.guard(fut).await
+        self.guard(|| {
+            self.inner.backend.decide(Request {
+                limiter,
+                key,
+                policy,
+                op,
+            })
+        })
+        .await
     }
 
-    /// Runs one backend call under the timeout and the breaker.
-    async fn guard<T, F>(&self, fut: F) -> Result<T, Error>
+    /// Runs one backend call through the shared guard: each call of an
+    /// adaptive limiter has its own deadline.
+    async fn guard<T, F, Fut>(&self, call: F) -> Result<T, Error>
     where
-        F: Future<Output = Result<T, B::Error>>,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, B::Error>>,
     {
-        let inner = &*self.inner;
-        if let Admit::No(_) = inner.breaker.admit() {
-            return Err(Error::BreakerOpen);
-        }
-        let result = match tokio::time::timeout(inner.config.timeout, fut).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(Error::Backend(Box::new(e))),
-            Err(_) => Err(Error::Timeout(inner.config.timeout)),
-        };
-        match &result {
-            Ok(_) => {
-                if inner.breaker.is_open() {
-                    tracing::info!(limiter = %inner.names.rate, "adaptive limiter backend recovered");
-                }
-                inner.breaker.on_success();
-            }
-            Err(e) => {
-                let opened = inner.breaker.on_failure();
-                self.warn(e, opened);
-            }
-        }
-        result
-    }
-
-    /// Logs a backend failure at warn level, at most once per 10 s, with a
-    /// count of those kept quiet.
-    fn warn(&self, error: &Error, opened: bool) {
-        let now = Instant::now();
-        let suppressed = {
-            let mut log = crate::lock(&self.inner.log);
-            let due = log
-                .last
-                .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10));
-            if !(due || opened) {
-                log.suppressed += 1;
-                return;
-            }
-            log.last = Some(now);
-            std::mem::take(&mut log.suppressed)
-        };
-        let error: &dyn std::error::Error = error;
-        tracing::warn!(
-            limiter = %self.inner.names.rate,
-            error,
-            suppressed,
-            breaker_opened = opened,
-            "adaptive limiter backend failure; running on the local fallback rate"
-        );
+        let guard = &self.inner.guard;
+        guard.run(guard.deadline(), call).await
     }
 }
 

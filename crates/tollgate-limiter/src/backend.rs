@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::decision::Decision;
 use crate::key::Key;
@@ -69,6 +70,24 @@ pub trait Backend: Send + Sync + 'static {
         policy: Option<&Policy>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
+    /// Sets a runtime override that the backend forgets `ttl` after this
+    /// call (unless set again), as if cleared; for overrides that describe
+    /// transient state (the [AIMD](crate::aimd) controller's adapted rates),
+    /// so that every key the backend holds expires.
+    ///
+    /// The default implementation keeps the override without expiry:
+    /// backends that can expire keys (tollgate's memory and Redis backends
+    /// do) override it.
+    fn set_expiring_override(
+        &self,
+        scope: Scope<'_>,
+        policy: &Policy,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        let _ = ttl;
+        self.set_override(scope, Some(policy))
+    }
+
     /// The override set for exactly `scope`, if any.
     fn get_override(
         &self,
@@ -92,6 +111,15 @@ impl<B: Backend> Backend for Arc<B> {
         policy: Option<&Policy>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send {
         (**self).set_override(scope, policy)
+    }
+
+    fn set_expiring_override(
+        &self,
+        scope: Scope<'_>,
+        policy: &Policy,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        (**self).set_expiring_override(scope, policy, ttl)
     }
 
     fn get_override(

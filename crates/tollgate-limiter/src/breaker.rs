@@ -12,6 +12,11 @@ use tokio::time::Instant;
 /// answered from the fail mode at once for `backoff`, then one probe is let
 /// through. A failed probe doubles the back-off (up to `max_backoff`); a
 /// successful one closes the breaker.
+///
+/// A probe whose caller gives up (its future dropped, a panic) hands the
+/// probe to the next caller at once; a probe that neither answers nor is
+/// dropped counts as failed after the per-decision timeout. No caller can
+/// leave the breaker waiting for a report that never comes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BreakerConfig {
     /// Consecutive failures that open the breaker; 0 disables it.
@@ -34,109 +39,186 @@ impl Default for BreakerConfig {
 
 #[derive(Debug)]
 enum State {
-    Closed { failures: u32 },
-    Open { until: Instant, backoff: Duration },
-    Probing { backoff: Duration },
+    Closed {
+        failures: u32,
+    },
+    Open {
+        until: Instant,
+        backoff: Duration,
+    },
+    /// One call is probing the backend; `id` tells its report from a
+    /// stale probe's.
+    Probing {
+        id: u64,
+        since: Instant,
+        backoff: Duration,
+    },
 }
 
 /// The breaker's state machine. Uses tokio's clock, so tests can pause time.
 #[derive(Debug)]
 pub(crate) struct Breaker {
     config: BreakerConfig,
+    /// How long a probe may stay silent before it counts as failed.
+    probe_timeout: Duration,
     /// True while the state is `Closed { failures: 0 }`: the hot path reads
     /// only this flag and never takes the lock.
     healthy: AtomicBool,
-    state: Mutex<State>,
+    state: Mutex<(State, u64)>,
 }
 
-/// What the breaker lets a caller do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Admit {
-    /// Ask the backend.
-    Yes,
-    /// Ask the backend: this call is the probe after a back-off.
-    Probe,
-    /// Do not ask; the breaker reopens in this long at most.
-    No(Duration),
+/// Leave to call the backend, given by [`Breaker::admit`].
+///
+/// A probe must report its outcome; one dropped unreported (the caller's
+/// future dropped at any await point, a panic) gives the probe back, so the
+/// next caller probes at once.
+#[derive(Debug)]
+#[must_use = "a permit reports the call's outcome"]
+pub(crate) struct Permit<'a> {
+    breaker: &'a Breaker,
+    /// The probe's id, if this call is the probe after a back-off.
+    probe: Option<u64>,
+}
+
+impl Permit<'_> {
+    /// Whether this call is the probe after a back-off.
+    #[cfg(test)]
+    pub(crate) fn is_probe(&self) -> bool {
+        self.probe.is_some()
+    }
+
+    /// The call succeeded: the breaker closes.
+    pub(crate) fn success(mut self) {
+        self.probe = None;
+        self.breaker.on_success();
+    }
+
+    /// The call failed; returns true when this failure opened the breaker.
+    pub(crate) fn failure(mut self) -> bool {
+        let probe = self.probe.take();
+        self.breaker.on_failure(probe)
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.probe {
+            self.breaker.abandon(id);
+        }
+    }
 }
 
 impl Breaker {
-    pub(crate) fn new(config: BreakerConfig) -> Self {
+    pub(crate) fn new(config: BreakerConfig, probe_timeout: Duration) -> Self {
         Self {
             config,
+            probe_timeout,
             healthy: AtomicBool::new(true),
-            state: Mutex::new(State::Closed { failures: 0 }),
+            state: Mutex::new((State::Closed { failures: 0 }, 0)),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (State, u64)> {
         // The state is a few plain values: a panic elsewhere cannot leave
         // it half-written, so a poisoned lock is safe to reuse.
         crate::lock(&self.state)
     }
 
-    pub(crate) fn admit(&self) -> Admit {
+    /// Lets a call through, or says how long until the next probe at most.
+    pub(crate) fn admit(&self) -> Result<Permit<'_>, Duration> {
+        let permit = |probe| Permit {
+            breaker: self,
+            probe,
+        };
         if self.config.threshold == 0 || self.healthy.load(Ordering::Acquire) {
-            return Admit::Yes;
+            return Ok(permit(None));
         }
-        let mut state = self.lock();
-        match *state {
-            State::Closed { .. } => Admit::Yes,
-            State::Open { until, backoff } => {
-                let now = Instant::now();
-                if now >= until {
-                    *state = State::Probing { backoff };
-                    Admit::Probe
-                } else {
-                    Admit::No(until - now)
-                }
+        let mut guard = self.lock();
+        let (state, next_id) = &mut *guard;
+        let now = Instant::now();
+        let backoff = match *state {
+            State::Closed { .. } => return Ok(permit(None)),
+            State::Open { until, .. } if now < until => return Err(until - now),
+            State::Probing { since, .. } if now < since + self.probe_timeout => {
+                return Err(since + self.probe_timeout - now);
             }
-            State::Probing { backoff } => Admit::No(backoff),
-        }
+            State::Open { backoff, .. } => backoff,
+            // The probe never reported: it failed, and a new one may go.
+            State::Probing { backoff, .. } => self.next_backoff(backoff),
+        };
+        *next_id += 1;
+        *state = State::Probing {
+            id: *next_id,
+            since: now,
+            backoff,
+        };
+        Ok(permit(Some(*next_id)))
     }
 
-    pub(crate) fn on_success(&self) {
+    fn next_backoff(&self, backoff: Duration) -> Duration {
+        (backoff * 2).min(self.config.max_backoff)
+    }
+
+    fn on_success(&self) {
         if self.config.threshold == 0 || self.healthy.load(Ordering::Acquire) {
             return;
         }
-        let mut state = self.lock();
-        *state = State::Closed { failures: 0 };
+        self.lock().0 = State::Closed { failures: 0 };
         self.healthy.store(true, Ordering::Release);
     }
 
-    /// Records a failure; returns true when this failure opened the breaker.
-    pub(crate) fn on_failure(&self) -> bool {
+    /// Records a failure of the probe `probe`, or of an ordinary call.
+    fn on_failure(&self, probe: Option<u64>) -> bool {
         if self.config.threshold == 0 {
             return false;
         }
-        let mut state = self.lock();
+        let mut guard = self.lock();
+        let state = &mut guard.0;
         self.healthy.store(false, Ordering::Release);
-        let (open, backoff) = match *state {
+        let backoff = match *state {
             State::Closed { failures } if failures + 1 >= self.config.threshold => {
-                (true, self.config.backoff)
+                self.config.backoff
             }
             State::Closed { failures } => {
                 *state = State::Closed {
                     failures: failures + 1,
                 };
-                (false, Duration::ZERO)
+                return false;
             }
-            State::Probing { backoff } => (true, (backoff * 2).min(self.config.max_backoff)),
-            // A call admitted before the breaker opened failed late.
-            State::Open { .. } => (false, Duration::ZERO),
+            State::Probing { id, backoff, .. } if probe == Some(id) => self.next_backoff(backoff),
+            // A call admitted before the breaker opened, or a stale probe,
+            // failed late: the current state already accounts for it.
+            State::Probing { .. } | State::Open { .. } => return false,
         };
-        if open {
-            *state = State::Open {
-                until: Instant::now() + backoff,
+        *state = State::Open {
+            until: Instant::now() + backoff,
+            backoff,
+        };
+        true
+    }
+
+    /// The probe `id` was dropped before it reported: the breaker stays
+    /// open but the next caller probes at once. Its caller gave up, which
+    /// says nothing about the backend, so the back-off does not grow.
+    fn abandon(&self, id: u64) {
+        let mut guard = self.lock();
+        if let State::Probing {
+            id: current,
+            backoff,
+            ..
+        } = guard.0
+            && current == id
+        {
+            guard.0 = State::Open {
+                until: Instant::now(),
                 backoff,
             };
         }
-        open
     }
 
     /// Whether the breaker is open (not counting a probe in flight).
     pub(crate) fn is_open(&self) -> bool {
-        !self.healthy.load(Ordering::Acquire) && !matches!(*self.lock(), State::Closed { .. })
+        !self.healthy.load(Ordering::Acquire) && !matches!(self.lock().0, State::Closed { .. })
     }
 }
 
@@ -144,32 +226,95 @@ impl Breaker {
 mod tests {
     use super::*;
 
+    const TIMEOUT: Duration = Duration::from_millis(50);
+
+    fn breaker() -> Breaker {
+        Breaker::new(
+            BreakerConfig {
+                threshold: 2,
+                backoff: Duration::from_secs(1),
+                max_backoff: Duration::from_secs(3),
+            },
+            TIMEOUT,
+        )
+    }
+
+    /// A breaker opened by failures, at the end of its first back-off.
+    async fn due_for_a_probe() -> Breaker {
+        let b = breaker();
+        b.admit().unwrap().failure();
+        assert!(b.admit().unwrap().failure());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        b
+    }
+
+    fn probe(b: &Breaker) -> Permit<'_> {
+        let p = b.admit().expect("admitted");
+        assert!(p.is_probe());
+        p
+    }
+
     #[tokio::test(start_paused = true)]
     async fn opens_probes_and_backs_off() {
-        let b = Breaker::new(BreakerConfig {
-            threshold: 2,
-            backoff: Duration::from_secs(1),
-            max_backoff: Duration::from_secs(3),
-        });
-        assert_eq!(b.admit(), Admit::Yes);
-        assert!(!b.on_failure());
-        assert!(b.on_failure());
-        assert!(matches!(b.admit(), Admit::No(_)));
+        let b = breaker();
+        assert!(!b.admit().unwrap().is_probe());
+        assert!(!b.admit().unwrap().failure());
+        assert!(b.admit().unwrap().failure());
+        assert!(b.admit().is_err());
         tokio::time::advance(Duration::from_secs(1)).await;
-        assert_eq!(b.admit(), Admit::Probe);
+        let p = probe(&b);
         // Only one probe at a time.
-        assert!(matches!(b.admit(), Admit::No(_)));
-        assert!(b.on_failure());
+        assert!(b.admit().is_err());
+        assert!(p.failure());
         tokio::time::advance(Duration::from_millis(1999)).await;
-        assert!(matches!(b.admit(), Admit::No(_)));
+        assert!(b.admit().is_err());
         tokio::time::advance(Duration::from_millis(1)).await;
-        assert_eq!(b.admit(), Admit::Probe);
-        b.on_failure();
+        assert!(probe(&b).failure());
         // Capped at max_backoff.
         tokio::time::advance(Duration::from_secs(3)).await;
-        assert_eq!(b.admit(), Admit::Probe);
-        b.on_success();
-        assert_eq!(b.admit(), Admit::Yes);
+        probe(&b).success();
+        assert!(!b.admit().unwrap().is_probe());
+        assert!(!b.is_open());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_probe_hands_over_at_once() {
+        let b = due_for_a_probe().await;
+        drop(probe(&b));
+        // The next caller probes without waiting, at the same back-off.
+        assert!(probe(&b).failure());
+        assert_eq!(b.admit().unwrap_err(), Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_probe_fails_after_the_timeout() {
+        let b = due_for_a_probe().await;
+        let silent = probe(&b);
+        tokio::time::advance(TIMEOUT - Duration::from_millis(1)).await;
+        assert_eq!(b.admit().unwrap_err(), Duration::from_millis(1));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let next = probe(&b);
+        // The stale probe's late reports change nothing.
+        assert!(!silent.failure());
+        assert!(b.admit().is_err());
+        // The new probe failing doubles the back-off of the silent one's
+        // (itself counted as failed).
+        assert!(next.failure());
+        assert_eq!(b.admit().unwrap_err(), Duration::from_secs(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stale_probe_dropped_late_does_not_reopen() {
+        let b = due_for_a_probe().await;
+        let stale = probe(&b);
+        tokio::time::advance(TIMEOUT).await;
+        let current = probe(&b);
+        drop(stale);
+        assert!(
+            b.admit().is_err(),
+            "the current probe is still the only one"
+        );
+        current.success();
         assert!(!b.is_open());
     }
 }

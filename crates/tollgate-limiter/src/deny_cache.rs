@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use crate::decision::Decision;
 use crate::key::Key;
 use crate::policy::Policy;
-use crate::sharded::{SHARD_CAPACITY, Sharded};
+use crate::sharded::{Expiring, Sharded};
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -15,6 +15,12 @@ struct Entry {
     at: Instant,
     cost: u64,
     decision: Decision,
+}
+
+impl Expiring for Entry {
+    fn until(&self) -> Instant {
+        self.until
+    }
 }
 
 /// Refusals remembered per key, so that a storm of requests on a key that
@@ -26,7 +32,10 @@ struct Entry {
 /// there), nor can a check of a blocked progressive delay. A sliding window
 /// that penalises refusals must record each one, so it is never answered
 /// locally. An entry lives at most `max_ttl`, which bounds how late this
-/// worker sees a reset or an override made by another worker.
+/// worker sees a reset or an override made by another worker. At most
+/// `capacity` keys are held: when full, a refusal is not cached unless an
+/// expired entry makes room (it is then answered by the backend, as without
+/// a cache).
 #[derive(Debug)]
 pub(crate) struct DenyCache {
     max_ttl: Duration,
@@ -34,10 +43,10 @@ pub(crate) struct DenyCache {
 }
 
 impl DenyCache {
-    pub(crate) fn new(max_ttl: Duration) -> Self {
+    pub(crate) fn new(max_ttl: Duration, capacity: usize) -> Self {
         Self {
             max_ttl,
-            map: Sharded::new(),
+            map: Sharded::new(capacity),
         }
     }
 
@@ -79,32 +88,31 @@ impl DenyCache {
             return;
         }
         let at = Instant::now();
-        let mut shard = self.map.shard(key);
-        if shard.len() >= SHARD_CAPACITY && !shard.contains_key(key) {
-            shard.retain(|_, e| e.until > at);
-            if shard.len() >= SHARD_CAPACITY {
-                shard.clear();
-            }
-        }
         let entry = Entry {
             until: at + ttl,
             at,
             cost,
             decision: *decision,
         };
-        shard
-            .entry(key.clone())
-            .and_modify(|e| {
-                // Keep the smallest refused cost: it answers more requests.
-                if cost <= e.cost || e.until <= at {
-                    *e = entry;
-                }
-            })
-            .or_insert(entry);
+        let mut shard = self.map.shard(key);
+        // Keep the smallest refused cost: it answers more requests.
+        if let Some(e) = shard.get(key)
+            && cost > e.cost
+            && e.until > at
+        {
+            return;
+        }
+        shard.insert(key, entry, at);
     }
 
     pub(crate) fn forget(&self, key: &Key) {
         self.map.forget(key);
+    }
+
+    /// The number of keys held.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
     }
 
     pub(crate) fn clear(&self) {
@@ -119,7 +127,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn answers_until_the_retry_after_and_ages_the_numbers() {
-        let c = DenyCache::new(Duration::from_secs(10));
+        let c = DenyCache::new(Duration::from_secs(10), 100);
         let k = Key::new("k");
         let d = Decision::denied(5, 0, Duration::from_secs(2), Duration::from_secs(3));
         c.insert(&k, 2, &d);
@@ -134,7 +142,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn entries_live_at_most_max_ttl() {
-        let c = DenyCache::new(Duration::from_millis(100));
+        let c = DenyCache::new(Duration::from_millis(100), 100);
         let k = Key::new("k");
         c.insert(
             &k,

@@ -6,7 +6,7 @@ use tokio::time::Instant;
 
 use crate::decision::Decision;
 use crate::key::Key;
-use crate::sharded::{SHARD_CAPACITY, Sharded};
+use crate::sharded::{Expiring, Sharded};
 
 #[derive(Debug, Clone, Copy)]
 struct Lease {
@@ -15,12 +15,21 @@ struct Lease {
     decision: Decision,
 }
 
+impl Expiring for Lease {
+    fn until(&self) -> Instant {
+        self.until
+    }
+}
+
 /// Units taken from the backend ahead of need, per key.
 ///
 /// A lease lives at most `ttl`; units not spent by then are dropped (they
-/// were already counted by the backend: a lease can only ever lower what
-/// the fleet admits under a token bucket, and under a sliding window it
-/// admits at most `batch - 1` units per worker later than the window says).
+/// were already counted by the backend). Leased units are counted when
+/// leased and spent later, so across `W` workers up to `W × (batch − 1)`
+/// units granted earlier can be spent on top of what the backend grants in
+/// any instant: see [`LimiterBuilder::lease`](crate::LimiterBuilder::lease)
+/// for the bound. At most `capacity` keys hold a lease; when full, a request
+/// asks for its own cost only, as without leases.
 #[derive(Debug)]
 pub(crate) struct Leases {
     pub(crate) batch: u64,
@@ -29,12 +38,17 @@ pub(crate) struct Leases {
 }
 
 impl Leases {
-    pub(crate) fn new(batch: u64, ttl: Duration) -> Self {
+    pub(crate) fn new(batch: u64, ttl: Duration, capacity: usize) -> Self {
         Self {
             batch,
             ttl,
-            map: Sharded::new(),
+            map: Sharded::new(capacity),
         }
+    }
+
+    /// Whether a lease for `key` could be kept now.
+    pub(crate) fn has_room(&self, key: &Key) -> bool {
+        self.map.shard(key).has_room(key, Instant::now())
     }
 
     /// Spends `cost` from the key's lease, if it holds enough.
@@ -58,25 +72,27 @@ impl Leases {
         ))
     }
 
-    /// Keeps `left` units of a batch the backend granted with `decision`.
+    /// Keeps `left` units of a batch the backend granted with `decision`
+    /// (dropped if the map filled up since [`has_room`](Self::has_room):
+    /// lost units only lower what is admitted).
     pub(crate) fn keep(&self, key: &Key, left: u64, decision: &Decision) {
-        let mut shard = self.map.shard(key);
-        if shard.len() >= SHARD_CAPACITY {
-            let now = Instant::now();
-            shard.retain(|_, l| l.until > now);
-        }
-        shard.insert(
-            key.clone(),
-            Lease {
-                left,
-                until: Instant::now() + self.ttl,
-                decision: *decision,
-            },
-        );
+        let now = Instant::now();
+        let lease = Lease {
+            left,
+            until: now + self.ttl,
+            decision: *decision,
+        };
+        self.map.shard(key).insert(key, lease, now);
     }
 
     pub(crate) fn forget(&self, key: &Key) {
         self.map.forget(key);
+    }
+
+    /// The number of keys held.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
     }
 
     pub(crate) fn clear(&self) {

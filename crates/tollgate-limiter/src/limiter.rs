@@ -2,20 +2,18 @@
 //! backend fails.
 
 use std::fmt;
-use std::future::Future;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::Mutex;
-use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Request, Scope};
-use crate::breaker::{Admit, Breaker, BreakerConfig};
+use crate::breaker::BreakerConfig;
 use crate::decision::Decision;
 use crate::deny_cache::DenyCache;
 use crate::error::Error;
+use crate::guard::Guard;
 use crate::key::Key;
 use crate::lease::Leases;
 use crate::model::Op;
@@ -54,6 +52,10 @@ impl fmt::Display for FailMode {
 
 /// The default per-decision timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// The default bound of each of a limiter's local maps (cached refusals,
+/// leases), in keys; see [`LimiterBuilder::local_capacity`].
+pub const DEFAULT_LOCAL_CAPACITY: usize = 100_000;
 
 /// The outcome of asking a [`Limiter`].
 #[derive(Debug)]
@@ -142,6 +144,7 @@ pub struct LimiterBuilder<B> {
     breaker: BreakerConfig,
     local_denials: Option<Duration>,
     lease: Option<(u64, Duration)>,
+    local_capacity: usize,
 }
 
 impl<B: Backend> LimiterBuilder<B> {
@@ -165,14 +168,37 @@ impl<B: Backend> LimiterBuilder<B> {
     /// keeps the rest for this key's next requests, for at most `ttl`.
     ///
     /// Near the limit, when a whole batch no longer fits, the request asks
-    /// for its own cost only, so no more is admitted than the backend
-    /// grants. The costs: units leased and not spent within `ttl` are lost
-    /// to every worker, and under a sliding window a leased unit is counted
-    /// when leased, not when spent (up to `batch - 1` units per worker admitted
-    /// after the window would have refused them). Off by default; ignored
-    /// for progressive delays.
+    /// for its own cost only, so the backend never grants more than its
+    /// policy allows. But units are counted when leased and spent later:
+    /// each worker may hold up to `batch - 1` units leased earlier, and
+    /// spend them while the backend grants its full limit again. The bound
+    /// for one key across `W` workers sharing one backend:
+    ///
+    /// * token bucket: a burst admits at most
+    ///   `capacity + W × (batch − 1)` (over a period `T`, at most
+    ///   `capacity + refill × T / period + W × (batch − 1)`);
+    /// * sliding window: at most `limit + W × (batch − 1)` in any
+    ///   window-long interval.
+    ///
+    /// Leases expire after `ttl`, so choosing `ttl` shorter than the time
+    /// the backend takes to grant `W × (batch − 1)` units again (its refill
+    /// or window) keeps the excess from adding up over time. Units leased
+    /// and not spent within `ttl` are lost to every worker. Off by default;
+    /// ignored for progressive delays.
     pub fn lease(mut self, batch: u64, ttl: Duration) -> Self {
         self.lease = (batch > 1).then_some((batch, ttl));
+        self
+    }
+
+    /// Bounds each local map (cached refusals of
+    /// [`local_denials`](Self::local_denials), leases of
+    /// [`lease`](Self::lease)) to `entries` keys (default:
+    /// [`DEFAULT_LOCAL_CAPACITY`]), so that a flood of distinct keys cannot
+    /// grow this worker's memory. When a map is full, expired entries make
+    /// room; failing that, the key is simply not cached and its requests
+    /// are decided by the backend, as without the map. 0 turns both off.
+    pub fn local_capacity(mut self, entries: usize) -> Self {
+        self.local_capacity = entries;
         self
     }
 
@@ -182,8 +208,16 @@ impl<B: Backend> LimiterBuilder<B> {
         self
     }
 
-    /// How long one decision may take before it counts as a failure
-    /// (default: 50 ms).
+    /// How long one decision may wait for the backend in all before it
+    /// counts as a failure (default: 50 ms).
+    ///
+    /// The bound is per call of the limiter ([`Limiter::check_cost`] and
+    /// the other methods): a deadline is taken when the call starts and
+    /// every backend call it makes shares it, so lease mode's two round
+    /// trips near the limit wait no longer than one. A consumer that makes
+    /// a second decision for one request (such as a layer that charges by
+    /// outcome after the response, in its own task) gets a second deadline
+    /// for it: the request's own wait is still bounded by one timeout.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -199,20 +233,20 @@ impl<B: Backend> LimiterBuilder<B> {
     pub fn build(self) -> Limiter<B> {
         Limiter {
             inner: Arc::new(Inner {
+                guard: Guard::new(self.name.clone(), self.timeout, self.breaker),
                 name: self.name,
                 policy: self.policy,
                 backend: self.backend,
                 fail_mode: self.fail_mode,
-                timeout: self.timeout,
-                breaker: Breaker::new(self.breaker),
-                log: LogThrottle::new(Duration::from_secs(10)),
-                denials: self.local_denials.map(DenyCache::new),
+                denials: self
+                    .local_denials
+                    .map(|ttl| DenyCache::new(ttl, self.local_capacity)),
                 leases: self.lease.filter(|_| self.policy.max_cost().is_some()).map(
                     |(batch, ttl)| {
                         // A batch above what the policy can ever grant
                         // would never be granted.
                         let batch = batch.min(self.policy.max_cost().unwrap_or(batch));
-                        Leases::new(batch, ttl)
+                        Leases::new(batch, ttl, self.local_capacity)
                     },
                 ),
             }),
@@ -223,8 +257,11 @@ impl<B: Backend> LimiterBuilder<B> {
 /// One named limit over a backend.
 ///
 /// A limiter is cheap to clone; clones share the breaker and the backend.
-/// Every decision is one backend round trip, bounded by a timeout, behind a
-/// circuit breaker; when the backend fails, the [`FailMode`] decides.
+/// Every decision is one backend round trip (two at most in lease mode),
+/// bounded in all by one [timeout](LimiterBuilder::timeout), behind a
+/// circuit breaker; when the backend fails, the [`FailMode`] decides. No
+/// caller can leave the breaker stuck: a decision dropped at any point (a
+/// client gone, an outer timeout, a panic) gives its probe back.
 ///
 /// # Examples
 ///
@@ -256,9 +293,7 @@ struct Inner<B> {
     policy: Policy,
     backend: B,
     fail_mode: FailMode,
-    timeout: Duration,
-    breaker: Breaker,
-    log: LogThrottle,
+    guard: Guard,
     denials: Option<DenyCache>,
     leases: Option<Leases>,
 }
@@ -277,7 +312,7 @@ impl<B> fmt::Debug for Limiter<B> {
             .field("name", &self.inner.name)
             .field("policy", &self.inner.policy)
             .field("fail_mode", &self.inner.fail_mode)
-            .field("timeout", &self.inner.timeout)
+            .field("timeout", &self.inner.guard.timeout())
             .field("backend", &std::any::type_name::<B>())
             .finish()
     }
@@ -299,6 +334,7 @@ impl<B: Backend> Limiter<B> {
             breaker: BreakerConfig::default(),
             local_denials: None,
             lease: None,
+            local_capacity: DEFAULT_LOCAL_CAPACITY,
         }
     }
 
@@ -337,6 +373,13 @@ impl<B: Backend> Limiter<B> {
     ///
     /// A cost the policy can never grant is refused without asking the
     /// backend, whatever the fail mode.
+    ///
+    /// The whole decision waits at most the configured
+    /// [timeout](LimiterBuilder::timeout), even when it asks the backend
+    /// twice (lease mode near the limit): every backend call of one decision
+    /// shares one deadline, taken when the decision starts. The bound is
+    /// on waiting: a backend that blocks its caller's thread without
+    /// yielding cannot be interrupted (tollgate's backends never do).
     pub async fn check_cost(&self, key: &Key, cost: u64) -> Verdict {
         let cache = self
             .inner
@@ -348,7 +391,10 @@ impl<B: Backend> Limiter<B> {
         }
         let result = match &self.inner.leases {
             Some(leases) if cost > 0 => self.leased(leases, key, cost).await,
-            _ => self.try_op(key, Op::Acquire(cost)).await,
+            _ => {
+                let deadline = self.inner.guard.deadline();
+                self.try_op(key, Op::Acquire(cost), deadline).await
+            }
         };
         if let (Some(cache), Ok(d)) = (cache, &result)
             && d.is_denied()
@@ -358,20 +404,25 @@ impl<B: Backend> Limiter<B> {
         self.settle(result)
     }
 
-    /// One request under lease mode.
+    /// One request under lease mode: up to two backend calls, under one
+    /// deadline.
     async fn leased(&self, leases: &Leases, key: &Key, cost: u64) -> Result<Decision, Error> {
         if let Some(d) = leases.spend(key, cost) {
             return Ok(d);
         }
-        if leases.batch > cost {
-            let d = self.try_op(key, Op::Acquire(leases.batch)).await?;
+        let deadline = self.inner.guard.deadline();
+        // A batch is worth taking only if its rest can be kept.
+        if leases.batch > cost && leases.has_room(key) {
+            let d = self
+                .try_op(key, Op::Acquire(leases.batch), deadline)
+                .await?;
             if d.is_allowed() {
                 leases.keep(key, leases.batch - cost, &d);
                 return Ok(d);
             }
         }
         // Near the limit: ask for exactly this request's cost.
-        self.try_op(key, Op::Acquire(cost)).await
+        self.try_op(key, Op::Acquire(cost), deadline).await
     }
 
     /// Reports whether one unit is available, consuming nothing.
@@ -388,13 +439,15 @@ impl<B: Backend> Limiter<B> {
         if let Some(leases) = &self.inner.leases {
             leases.forget(key);
         }
-        self.try_op(key, Op::Reset).await
+        self.try_op(key, Op::Reset, self.inner.guard.deadline())
+            .await
     }
 
     /// Asks the backend, with timeout and breaker but without applying the
     /// fail mode.
     pub async fn try_acquire(&self, key: &Key, cost: u64) -> Result<Decision, Error> {
-        self.try_op(key, Op::Acquire(cost)).await
+        self.try_op(key, Op::Acquire(cost), self.inner.guard.deadline())
+            .await
     }
 
     /// Sets (`Some`) or clears (`None`) a runtime override of this
@@ -422,7 +475,11 @@ impl<B: Backend> Limiter<B> {
         }
         let scope = self.scope(key);
         let result = self
-            .guard(|| self.inner.backend.set_override(scope, policy.as_ref()))
+            .inner
+            .guard
+            .run(self.inner.guard.deadline(), || {
+                self.inner.backend.set_override(scope, policy.as_ref())
+            })
             .await;
         // Cached refusals were decided under the old policy.
         if let Some(cache) = &self.inner.denials {
@@ -444,7 +501,10 @@ impl<B: Backend> Limiter<B> {
     /// limiter-wide one).
     pub async fn get_override(&self, key: Option<&Key>) -> Result<Option<Policy>, Error> {
         let scope = self.scope(key);
-        self.guard(|| self.inner.backend.get_override(scope)).await
+        let guard = &self.inner.guard;
+        guard
+            .run(guard.deadline(), || self.inner.backend.get_override(scope))
+            .await
     }
 
     fn scope<'a>(&'a self, key: Option<&'a Key>) -> Scope<'a> {
@@ -454,59 +514,21 @@ impl<B: Backend> Limiter<B> {
         }
     }
 
-    async fn try_op(&self, key: &Key, op: Op) -> Result<Decision, Error> {
+    async fn try_op(&self, key: &Key, op: Op, deadline: Instant) -> Result<Decision, Error> {
         if let Op::Acquire(cost) = op {
             self.inner.policy.check_cost(cost)?;
         }
-        self.guard(|| {
-            self.inner.backend.decide(Request {
-                limiter: &self.inner.name,
-                key,
-                policy: &self.inner.policy,
-                op,
+        self.inner
+            .guard
+            .run(deadline, || {
+                self.inner.backend.decide(Request {
+                    limiter: &self.inner.name,
+                    key,
+                    policy: &self.inner.policy,
+                    op,
+                })
             })
-        })
-        .await
-    }
-
-    /// Runs one backend call under the timeout and the breaker. The call is
-    /// made only once the breaker admits it: a backend may start its work
-    /// when the future is created.
-    async fn guard<T, F, Fut>(&self, call: F) -> Result<T, Error>
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<T, B::Error>>,
-    {
-        let inner = &*self.inner;
-        if let Admit::No(_) = inner.breaker.admit() {
-            return Err(Error::BreakerOpen);
-        }
-        // Poll once before arming the timer: an in-process backend answers
-        // at once, and a timer costs more than its decision.
-        let mut fut = std::pin::pin!(call());
-        let first = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
-        let answer = match first {
-            Poll::Ready(r) => Ok(r),
-            Poll::Pending => tokio::time::timeout(inner.timeout, fut).await,
-        };
-        let result = match answer {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(Error::Backend(Box::new(e))),
-            Err(_) => Err(Error::Timeout(inner.timeout)),
-        };
-        match &result {
-            Ok(_) => {
-                if inner.breaker.is_open() {
-                    tracing::info!(limiter = %inner.name, "rate-limit backend recovered");
-                }
-                inner.breaker.on_success();
-            }
-            Err(e) => {
-                let opened = inner.breaker.on_failure();
-                inner.log.warn(&inner.name, e, opened);
-            }
-        }
-        result
+            .await
     }
 
     fn settle(&self, result: Result<Decision, Error>) -> Verdict {
@@ -521,43 +543,117 @@ impl<B: Backend> Limiter<B> {
     }
 }
 
-/// Logs backend failures at warn level, at most once per period per
-/// limiter, with a count of the ones kept quiet.
-#[derive(Debug)]
-struct LogThrottle {
-    period: Duration,
-    state: Mutex<(Option<Instant>, u64)>,
-}
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
 
-impl LogThrottle {
-    fn new(period: Duration) -> Self {
-        Self {
-            period,
-            state: Mutex::new((None, 0)),
+    use super::*;
+    use crate::policy::TokenBucket;
+
+    /// A backend that answers every request alike and records the costs
+    /// asked.
+    #[derive(Debug, Default)]
+    struct Fixed {
+        allow: bool,
+        asked: Mutex<Vec<u64>>,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("unused")]
+    struct Never;
+
+    impl Backend for Fixed {
+        type Error = Never;
+
+        async fn decide(&self, req: Request<'_>) -> Result<Decision, Never> {
+            if let Op::Acquire(cost) = req.op {
+                crate::lock(&self.asked).push(cost);
+            }
+            let minute = Duration::from_secs(60);
+            Ok(if self.allow {
+                Decision::allowed(100, 50, minute)
+            } else {
+                Decision::denied(100, 0, minute, minute)
+            })
+        }
+
+        async fn set_override(&self, _: Scope<'_>, _: Option<&Policy>) -> Result<(), Never> {
+            Ok(())
+        }
+
+        async fn get_override(&self, _: Scope<'_>) -> Result<Option<Policy>, Never> {
+            Ok(None)
         }
     }
 
-    fn warn(&self, limiter: &str, error: &Error, opened: bool) {
-        let now = Instant::now();
-        let suppressed = {
-            let mut state = crate::lock(&self.state);
-            let due = state
-                .0
-                .is_none_or(|last| now.duration_since(last) >= self.period);
-            if !(due || opened) {
-                state.1 += 1;
-                return;
-            }
-            state.0 = Some(now);
-            std::mem::take(&mut state.1)
-        };
-        let error: &dyn std::error::Error = error;
-        tracing::warn!(
-            limiter,
-            error,
-            suppressed,
-            breaker_opened = opened,
-            "rate-limit backend failure"
+    fn builder(allow: bool) -> LimiterBuilder<Fixed> {
+        let policy = TokenBucket::new(100, 1, Duration::from_secs(1)).unwrap();
+        Limiter::builder(
+            "flood",
+            policy,
+            Fixed {
+                allow,
+                ..Fixed::default()
+            },
+        )
+        .local_capacity(1000)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_of_distinct_keys_keeps_the_deny_cache_within_its_capacity() {
+        let l = builder(false)
+            .local_denials(Duration::from_secs(60))
+            .build();
+        for i in 0..10_000 {
+            assert!(!l.check(&Key::new(format!("ip-{i}"))).await.is_allowed());
+        }
+        let cache = l.inner.denials.as_ref().unwrap();
+        assert!((1..=1000).contains(&cache.len()), "{}", cache.len());
+        // A key that found the cache full is still refused, by the backend.
+        let asked = crate::lock(&l.backend().asked).len();
+        assert_eq!(asked, 10_000);
+        let uncached = (0..10_000)
+            .map(|i| Key::new(format!("ip-{i}")))
+            .find(|k| cache.get(k, 1).is_none())
+            .expect("10 000 keys cannot all fit in 1000 places");
+        assert!(!l.check(&uncached).await.is_allowed());
+        assert_eq!(crate::lock(&l.backend().asked).len(), asked + 1);
+        assert!(cache.len() <= 1000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_of_distinct_keys_keeps_the_leases_within_their_capacity() {
+        let l = builder(true).lease(4, Duration::from_secs(60)).build();
+        for i in 0..10_000 {
+            assert!(l.check(&Key::new(format!("key-{i}"))).await.is_allowed());
+        }
+        let leases = l.inner.leases.as_ref().unwrap();
+        assert!((1..=1000).contains(&leases.len()), "{}", leases.len());
+        // Keys that found no room asked for their own cost, not a batch
+        // whose rest would be lost.
+        let asked = crate::lock(&l.backend().asked).clone();
+        assert_eq!(asked.iter().filter(|&&c| c == 4).count(), leases.len());
+        assert_eq!(
+            asked.iter().filter(|&&c| c == 1).count(),
+            10_000 - leases.len()
         );
+        // Once the leases expire, their places are taken again.
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert!(l.check(&Key::new("new")).await.is_allowed());
+        assert_eq!(crate::lock(&l.backend().asked).last(), Some(&4));
+        assert!(leases.len() <= 1000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_capacity_of_zero_turns_the_local_maps_off() {
+        let l = builder(false)
+            .local_capacity(0)
+            .local_denials(Duration::from_secs(60))
+            .build();
+        let k = Key::new("k");
+        for _ in 0..3 {
+            assert!(!l.check(&k).await.is_allowed());
+        }
+        assert_eq!(crate::lock(&l.backend().asked).len(), 3);
     }
 }

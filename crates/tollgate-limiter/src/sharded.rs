@@ -1,44 +1,168 @@
-//! A small map of keys split over mutex-guarded shards, for the
+//! A bounded map of keys split over mutex-guarded shards, for the
 //! `Limiter`'s local state (cached refusals, leases).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
+use tokio::time::Instant;
+
 use crate::key::Key;
 
 const SHARDS: usize = 16;
-/// Entries a shard holds before expired ones are dropped: local state is
-/// an optimisation, and forgetting costs only a round trip.
-pub(crate) const SHARD_CAPACITY: usize = 4096;
 
-#[derive(Debug)]
-pub(crate) struct Sharded<V> {
-    shards: Box<[Mutex<HashMap<Key, V>>]>,
+/// A local entry that is worthless after an instant.
+pub(crate) trait Expiring {
+    /// When the entry stops being of use.
+    fn until(&self) -> Instant;
 }
 
-impl<V> Sharded<V> {
-    pub(crate) fn new() -> Self {
+/// Keys mapped to expiring entries, never more than a capacity.
+///
+/// Local state is an optimisation, and forgetting an entry costs only a
+/// round trip: when a shard is full, expired entries are dropped, and if
+/// none has expired the new entry is not kept.
+#[derive(Debug)]
+pub(crate) struct Sharded<V> {
+    shards: Box<[Mutex<Shard<V>>]>,
+}
+
+/// One shard, locked.
+#[derive(Debug)]
+pub(crate) struct Shard<V> {
+    map: HashMap<Key, V>,
+    cap: usize,
+    /// No entry expires before this: sweeping earlier would free nothing,
+    /// so a full shard under a flood of new keys is not rescanned per key.
+    next_expiry: Option<Instant>,
+}
+
+impl<V: Expiring> Sharded<V> {
+    /// A map of at most `capacity` keys (none with 0).
+    pub(crate) fn new(capacity: usize) -> Self {
+        // Fewer shards than keys so that the shards' caps sum to at most
+        // the capacity.
+        let shards = SHARDS.min(capacity.max(1));
+        let cap = capacity / shards;
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..shards)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        map: HashMap::new(),
+                        cap,
+                        next_expiry: None,
+                    })
+                })
+                .collect(),
         }
     }
 
     /// The shard holding `key`, locked.
-    pub(crate) fn shard(&self, key: &Key) -> MutexGuard<'_, HashMap<Key, V>> {
+    pub(crate) fn shard(&self, key: &Key) -> MutexGuard<'_, Shard<V>> {
         // One hasher for the process: only the spread matters.
         static HASHER: OnceLock<RandomState> = OnceLock::new();
         let h = HASHER.get_or_init(RandomState::new).hash_one(key);
-        crate::lock(&self.shards[h as usize % SHARDS])
+        crate::lock(&self.shards[h as usize % self.shards.len()])
     }
 
     pub(crate) fn forget(&self, key: &Key) {
-        self.shard(key).remove(key);
+        self.shard(key).map.remove(key);
     }
 
     pub(crate) fn clear(&self) {
         for s in &*self.shards {
-            crate::lock(s).clear();
+            crate::lock(s).map.clear();
+        }
+    }
+
+    /// The number of keys held (expired or not).
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.shards.iter().map(|s| crate::lock(s).map.len()).sum()
+    }
+}
+
+impl<V: Expiring> Shard<V> {
+    pub(crate) fn get(&self, key: &Key) -> Option<&V> {
+        self.map.get(key)
+    }
+
+    pub(crate) fn get_mut(&mut self, key: &Key) -> Option<&mut V> {
+        self.map.get_mut(key)
+    }
+
+    pub(crate) fn remove(&mut self, key: &Key) {
+        self.map.remove(key);
+    }
+
+    /// Whether `key` has, or could be given, a place at `now`.
+    pub(crate) fn has_room(&mut self, key: &Key, now: Instant) -> bool {
+        self.map.contains_key(key) || self.make_room(now)
+    }
+
+    /// Stores `value` for `key`, unless the shard is full of live entries;
+    /// returns whether it was stored.
+    pub(crate) fn insert(&mut self, key: &Key, value: V, now: Instant) -> bool {
+        if !self.has_room(key, now) {
+            return false;
+        }
+        let until = value.until();
+        self.next_expiry = Some(self.next_expiry.map_or(until, |t| t.min(until)));
+        self.map.insert(key.clone(), value);
+        true
+    }
+
+    fn make_room(&mut self, now: Instant) -> bool {
+        if self.map.len() < self.cap {
+            return true;
+        }
+        if self.next_expiry.is_some_and(|t| t > now) {
+            return false;
+        }
+        self.map.retain(|_, v| v.until() > now);
+        self.next_expiry = self.map.values().map(Expiring::until).min();
+        self.map.len() < self.cap
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    impl Expiring for Instant {
+        fn until(&self) -> Instant {
+            *self
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn holds_at_most_its_capacity_and_reuses_expired_places() {
+        for capacity in [0, 1, 5, 16, 100, 1000] {
+            let m = Sharded::<Instant>::new(capacity);
+            let now = Instant::now();
+            let mut kept = 0;
+            for i in 0..capacity * 3 + 20 {
+                let k = Key::new(format!("k{i}"));
+                kept += usize::from(m.shard(&k).insert(&k, now + Duration::from_secs(1), now));
+            }
+            assert!(m.len() <= capacity, "{capacity}: {}", m.len());
+            assert_eq!(kept, m.len());
+            // Once the entries have expired, new keys take their places.
+            tokio::time::advance(Duration::from_secs(1)).await;
+            let now = Instant::now();
+            let mut fresh = 0;
+            for i in 0..capacity * 3 + 20 {
+                let k = Key::new(format!("n{i}"));
+                fresh += usize::from(m.shard(&k).insert(&k, now + Duration::from_secs(1), now));
+            }
+            assert!(m.len() <= capacity);
+            assert_eq!(fresh, m.len(), "only new keys are left");
+            assert!(
+                capacity < SHARDS * 4 || fresh >= capacity / 2,
+                "{capacity}: {fresh}"
+            );
         }
     }
 }

@@ -469,6 +469,51 @@ async fn an_idle_scope_forgets_its_rate() {
     assert_eq!(limiter.shared_rate(&scope).await.unwrap(), 1.0);
 }
 
+/// The adapted rate is an override that expires `idle_expiry` after its
+/// last write, so the backend holds no key forever; a step at `max_rate`
+/// renews it.
+#[tokio::test(start_paused = true)]
+async fn the_stored_rate_expires_after_idle_expiry() {
+    use tollgate_limiter::{Backend as _, Scope};
+    let config = AimdConfig {
+        max_rate: 3.0,
+        ..config()
+    };
+    let idle = config.idle_expiry;
+    let limiter = limiter(config, backend());
+    let scope = Key::new("example.org");
+    let stored = |l: &AimdLimiter<Backend>| {
+        let backend = l.backend().clone();
+        let scope = scope.clone();
+        async move {
+            backend
+                .get_override(Scope::Key("harvester", &scope))
+                .await
+                .unwrap()
+        }
+    };
+    limiter.acquire(&scope).await;
+    limiter.feedback(&scope, Outcome::Success).await;
+    assert_eq!(limiter.shared_rate(&scope).await.unwrap(), 3.0);
+    // At max_rate, further successes rewrite the override, renewing it.
+    tokio::time::sleep(idle / 2).await;
+    limiter.feedback(&scope, Outcome::Success).await;
+    tokio::time::sleep(idle - idle / 2).await;
+    assert!(stored(&limiter).await.is_some(), "renewed at max_rate");
+    tokio::time::sleep(idle / 2 - Duration::from_millis(1)).await;
+    assert!(stored(&limiter).await.is_some());
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(stored(&limiter).await, None, "expired idle_expiry after");
+    assert_eq!(limiter.shared_rate(&scope).await.unwrap(), 1.0);
+    // A cut writes it with the same TTL.
+    limiter
+        .feedback(&scope, Outcome::Refused { retry_after: None })
+        .await;
+    assert!(stored(&limiter).await.is_some());
+    tokio::time::sleep(idle).await;
+    assert_eq!(stored(&limiter).await, None);
+}
+
 fn limiter_on(other: &AimdLimiter<Backend>) -> AimdLimiter<Backend> {
     limiter(other.config().clone(), other.backend().clone())
 }

@@ -47,6 +47,7 @@ use std::time::Duration;
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 use tollgate_limiter::model::Slot;
+use tollgate_limiter::time::micros;
 use tollgate_limiter::{
     Backend, Clock, Decision, Key, Policy, Request, Scope, SystemClock, Timestamp,
 };
@@ -93,17 +94,36 @@ struct Faults {
 /// decision path allocates nothing.
 #[derive(Default)]
 struct Overrides {
-    limiter: Option<Policy>,
-    keys: std::collections::HashMap<Key, Policy>,
+    limiter: Option<Stored>,
+    keys: std::collections::HashMap<Key, Stored>,
+    /// Expired key overrides are swept when `keys` reaches this size.
+    sweep_at: usize,
+}
+
+/// An override and, if it expires, when (on the backend's clock).
+#[derive(Clone, Copy)]
+struct Stored {
+    policy: Policy,
+    until: Option<Timestamp>,
+}
+
+impl Stored {
+    fn live(&self, now: Timestamp) -> Option<Policy> {
+        self.until.is_none_or(|t| now < t).then_some(self.policy)
+    }
 }
 
 impl Overrides {
     /// Sets or clears the override of exactly `scope`.
-    fn set(&mut self, scope: Scope<'_>, policy: Option<Policy>) {
-        match (scope, policy) {
-            (Scope::Limiter(_), p) => self.limiter = p,
-            (Scope::Key(_, key), Some(p)) => {
-                self.keys.insert(key.clone(), p);
+    fn set(&mut self, scope: Scope<'_>, stored: Option<Stored>, now: Timestamp) {
+        match (scope, stored) {
+            (Scope::Limiter(_), s) => self.limiter = s,
+            (Scope::Key(_, key), Some(s)) => {
+                if self.keys.len() >= self.sweep_at.max(MIN_SWEEP) {
+                    self.keys.retain(|_, s| s.live(now).is_some());
+                    self.sweep_at = self.keys.len() * 2;
+                }
+                self.keys.insert(key.clone(), s);
             }
             (Scope::Key(_, key), None) => {
                 self.keys.remove(key);
@@ -111,11 +131,12 @@ impl Overrides {
         }
     }
 
-    fn get(&self, scope: Scope<'_>) -> Option<Policy> {
+    fn get(&self, scope: Scope<'_>, now: Timestamp) -> Option<Policy> {
         match scope {
             Scope::Limiter(_) => self.limiter,
             Scope::Key(_, key) => self.keys.get(key).copied(),
         }
+        .and_then(|s| s.live(now))
     }
 
     fn is_empty(&self) -> bool {
@@ -268,7 +289,7 @@ impl<C: Clock> MemoryBackend<C> {
 
     fn decide_now(&self, req: &Request<'_>) -> Decision {
         let now = self.shared.clock.now();
-        let policy = self.effective_policy(req);
+        let policy = self.effective_policy(req, now);
         let lookup = Lookup {
             limiter: req.limiter,
             key: req.key.as_str(),
@@ -305,7 +326,7 @@ impl<C: Clock> MemoryBackend<C> {
         }
     }
 
-    fn effective_policy(&self, req: &Request<'_>) -> Policy {
+    fn effective_policy(&self, req: &Request<'_>, now: Timestamp) -> Policy {
         if !self.shared.has_overrides.load(Ordering::Acquire) {
             return *req.policy;
         }
@@ -316,8 +337,29 @@ impl<C: Clock> MemoryBackend<C> {
             .unwrap_or_else(|e| e.into_inner());
         overrides
             .get(req.limiter)
-            .and_then(|o| o.keys.get(req.key).copied().or(o.limiter))
+            .and_then(|o| {
+                let get = |s: Option<&Stored>| s.and_then(|s| s.live(now));
+                get(o.keys.get(req.key)).or(get(o.limiter.as_ref()))
+            })
             .unwrap_or(*req.policy)
+    }
+
+    /// Sets or clears the override of exactly `scope`.
+    fn store_override(&self, scope: Scope<'_>, stored: Option<Stored>) {
+        let now = self.shared.clock.now();
+        let mut overrides = self
+            .shared
+            .overrides
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        let limiter = overrides.entry(scope.limiter().to_owned()).or_default();
+        limiter.set(scope, stored, now);
+        if limiter.is_empty() {
+            overrides.remove(scope.limiter());
+        }
+        self.shared
+            .has_overrides
+            .store(!overrides.is_empty(), Ordering::Release);
     }
 
     /// The number of keys held (live or not yet swept).
@@ -330,12 +372,23 @@ impl<C: Clock> MemoryBackend<C> {
         self.len() == 0
     }
 
-    /// Drops every expired key now (normally done as shards grow).
+    /// Drops every expired key and override now (normally done as shards
+    /// and override maps grow).
     pub fn sweep(&self) {
         let now = self.shared.clock.now();
         for s in &self.shared.shards {
             lock(s).sweep(now);
         }
+        let mut overrides = self
+            .shared
+            .overrides
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        for o in overrides.values_mut() {
+            o.keys.retain(|_, s| s.live(now).is_some());
+            o.limiter = o.limiter.filter(|s| s.live(now).is_some());
+        }
+        overrides.retain(|_, o| !o.is_empty());
     }
 
     /// Makes the next `n` calls fail with [`MemoryError::Injected`].
@@ -477,19 +530,27 @@ impl<C: Clock> Backend for MemoryBackend<C> {
         policy: Option<&Policy>,
     ) -> Result<(), MemoryError> {
         self.inject()?;
-        let mut overrides = self
-            .shared
-            .overrides
-            .write()
-            .unwrap_or_else(|e| e.into_inner());
-        let limiter = overrides.entry(scope.limiter().to_owned()).or_default();
-        limiter.set(scope, policy.copied());
-        if limiter.is_empty() {
-            overrides.remove(scope.limiter());
-        }
-        self.shared
-            .has_overrides
-            .store(!overrides.is_empty(), Ordering::Release);
+        let stored = policy.map(|&policy| Stored {
+            policy,
+            until: None,
+        });
+        self.store_override(scope, stored);
+        Ok(())
+    }
+
+    async fn set_expiring_override(
+        &self,
+        scope: Scope<'_>,
+        policy: &Policy,
+        ttl: Duration,
+    ) -> Result<(), MemoryError> {
+        self.inject()?;
+        let until = self.shared.clock.now().saturating_add(micros(ttl));
+        let stored = Stored {
+            policy: *policy,
+            until: Some(until),
+        };
+        self.store_override(scope, Some(stored));
         Ok(())
     }
 
@@ -500,6 +561,54 @@ impl<C: Clock> Backend for MemoryBackend<C> {
             .overrides
             .read()
             .unwrap_or_else(|e| e.into_inner());
-        Ok(overrides.get(scope.limiter()).and_then(|o| o.get(scope)))
+        let now = self.shared.clock.now();
+        Ok(overrides
+            .get(scope.limiter())
+            .and_then(|o| o.get(scope, now)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tollgate_limiter::{MockClock, TokenBucket};
+
+    use super::*;
+
+    fn key_overrides(b: &MemoryBackend<MockClock>) -> usize {
+        let overrides = b.shared.overrides.read().unwrap();
+        overrides.values().map(|o| o.keys.len()).sum()
+    }
+
+    #[tokio::test]
+    async fn expired_overrides_are_reclaimed() {
+        let clock = MockClock::new();
+        let b = MemoryBackend::with_clock(clock.clone());
+        let p = Policy::from(TokenBucket::new(5, 1, Duration::from_secs(1)).unwrap());
+        let set = |i: usize| {
+            let b = b.clone();
+            async move {
+                let k = Key::new(format!("scope-{i}"));
+                let ttl = Duration::from_secs(1);
+                b.set_expiring_override(Scope::Key("aimd", &k), &p, ttl)
+                    .await
+                    .unwrap();
+            }
+        };
+        // Writes sweep as the map doubles: a stream of expiring overrides
+        // keeps only the live ones and a bounded backlog.
+        for round in 0..10 {
+            for i in 0..5000 {
+                set(round * 5000 + i).await;
+            }
+            clock.advance(Duration::from_secs(1));
+            assert!(
+                key_overrides(&b) <= 2 * 5000 + MIN_SWEEP,
+                "{}",
+                key_overrides(&b)
+            );
+        }
+        b.sweep();
+        assert_eq!(key_overrides(&b), 0);
+        assert!(b.shared.overrides.read().unwrap().is_empty());
     }
 }

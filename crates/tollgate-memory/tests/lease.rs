@@ -68,3 +68,58 @@ async fn unspent_units_expire_and_a_reset_drops_the_lease() {
         "the lease was dropped"
     );
 }
+
+/// The documented bound: across `W` workers with batch `b`, a burst on one
+/// key admits at most `capacity + W × (b − 1)` (units leased earlier, spent
+/// while the bucket is full again), and a burst from a fresh key exactly
+/// `capacity`.
+#[tokio::test(start_paused = true)]
+async fn a_burst_across_workers_admits_at_most_capacity_plus_leased_units() {
+    const CAPACITY: u64 = 10;
+    const W: u64 = 3;
+    const BATCH: u64 = 4;
+    let clock = MockClock::new();
+    let backend = MemoryBackend::with_clock(clock.clone());
+    let workers: Vec<_> = (0..W)
+        .map(|_| {
+            Limiter::builder(
+                "burst",
+                TokenBucket::new(CAPACITY, CAPACITY, Duration::from_secs(1)).unwrap(),
+                backend.clone(),
+            )
+            .fail_mode(FailMode::Open)
+            .lease(BATCH, Duration::from_secs(60))
+            .build()
+        })
+        .collect();
+    // Admitted in one burst (no time passing), round robin until every
+    // worker refuses.
+    async fn burst(workers: &[Limiter<MemoryBackend<MockClock>>], k: &Key) -> u64 {
+        let mut admitted = 0;
+        let mut refusing = 0;
+        for w in workers.iter().cycle() {
+            let v = w.check(k).await;
+            assert!(v.decision().is_some(), "decided: {v:?}");
+            if v.is_allowed() {
+                admitted += 1;
+                refusing = 0;
+            } else {
+                refusing += 1;
+                if refusing == workers.len() {
+                    return admitted;
+                }
+            }
+        }
+        unreachable!()
+    }
+    assert_eq!(burst(&workers, &Key::new("fresh")).await, CAPACITY);
+    // The worst case: each worker leases a batch and spends one unit,
+    // while the bucket refills between them; then a burst with the bucket
+    // full.
+    let k = Key::new("worst");
+    for w in &workers {
+        assert!(w.check(&k).await.is_allowed());
+        clock.advance(Duration::from_secs(1));
+    }
+    assert_eq!(burst(&workers, &k).await, CAPACITY + W * (BATCH - 1));
+}

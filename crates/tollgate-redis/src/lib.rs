@@ -22,6 +22,8 @@
 //!   key's hash slot; `<prefix>:<limiter>:override` holds a limiter-wide
 //!   override. Every key's TTL is the time until its state equals a fresh
 //!   key's, rounded up to a millisecond; a key that becomes fresh is deleted.
+//!   An override lives until cleared, or for the TTL it was set with
+//!   ([`Backend::set_expiring_override`]).
 //! * **Overrides** are stored in Redis and read by the script itself, so
 //!   every worker sees a change on its next decision. In a cluster the
 //!   limiter-wide override lives in another slot: it is read by the client
@@ -590,6 +592,38 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+impl RedisBackend {
+    /// Stores (`SET`, with `PX` when it expires) or deletes an override.
+    async fn write_override(
+        &self,
+        scope: Scope<'_>,
+        policy: Option<&Policy>,
+        ttl: Option<Duration>,
+    ) -> Result<(), RedisError> {
+        let key = self.override_key(scope)?;
+        let encoded = policy.map(encoding::encode).transpose()?;
+        let mut cmd = match &encoded {
+            Some(_) => redis::cmd("SET"),
+            None => redis::cmd("DEL"),
+        };
+        cmd.arg(&key);
+        if let Some(enc) = &encoded {
+            cmd.arg(enc);
+            if let Some(ttl) = ttl {
+                // Rounded up, so at least 1 ms: PX 0 is an error.
+                let ms = u64::try_from(ttl.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
+                cmd.arg("PX").arg(ms);
+            }
+        }
+        let _: Value = self.inner.conn.query(&cmd).await?;
+        if let Scope::Limiter(l) = scope {
+            // This worker sees its own change at once.
+            lock(&self.inner.override_cache).insert(l.to_owned(), (Instant::now(), encoded));
+        }
+        Ok(())
+    }
+}
+
 impl Backend for RedisBackend {
     type Error = RedisError;
 
@@ -605,22 +639,16 @@ impl Backend for RedisBackend {
         scope: Scope<'_>,
         policy: Option<&Policy>,
     ) -> Result<(), RedisError> {
-        let key = self.override_key(scope)?;
-        let encoded = policy.map(encoding::encode).transpose()?;
-        let mut cmd = match &encoded {
-            Some(_) => redis::cmd("SET"),
-            None => redis::cmd("DEL"),
-        };
-        cmd.arg(&key);
-        if let Some(enc) = &encoded {
-            cmd.arg(enc);
-        }
-        let _: Value = self.inner.conn.query(&cmd).await?;
-        if let Scope::Limiter(l) = scope {
-            // This worker sees its own change at once.
-            lock(&self.inner.override_cache).insert(l.to_owned(), (Instant::now(), encoded));
-        }
-        Ok(())
+        self.write_override(scope, policy, None).await
+    }
+
+    async fn set_expiring_override(
+        &self,
+        scope: Scope<'_>,
+        policy: &Policy,
+        ttl: Duration,
+    ) -> Result<(), RedisError> {
+        self.write_override(scope, Some(policy), Some(ttl)).await
     }
 
     async fn get_override(&self, scope: Scope<'_>) -> Result<Option<Policy>, RedisError> {

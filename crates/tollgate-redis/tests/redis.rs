@@ -198,6 +198,46 @@ async fn override_of_another_strategy_is_obeyed() {
     }
 }
 
+/// The AIMD controller's adapted rate is an override with a TTL
+/// (`idle_expiry`): Redis holds no key forever. An operator's override
+/// stays until cleared.
+#[tokio::test]
+async fn aimd_override_expires() {
+    use tollgate_limiter::aimd::{AimdConfig, AimdLimiter, Outcome};
+    let url = shared_url().expect("this test needs redis-server");
+    let prefix = unique_name("aimd-ttl");
+    let b = server_time(&url, &prefix).await;
+    let config = AimdConfig {
+        idle_expiry: Duration::from_secs(3600),
+        ..AimdConfig::default()
+    };
+    let aimd = AimdLimiter::new("harvester", config, b.clone()).unwrap();
+    let scope = Key::new("example.org");
+    aimd.acquire(&scope).await;
+    aimd.feedback(&scope, Outcome::Refused { retry_after: None })
+        .await;
+    assert_eq!(aimd.shared_rate(&scope).await.unwrap(), 0.75);
+    let mut r = raw(&url).await;
+    let mut pttl = async |limiter: &str| -> i64 {
+        r.pttl(b.state_key(limiter, &scope) + ":override")
+            .await
+            .unwrap()
+    };
+    let aimd_ttl = pttl("harvester").await;
+    assert!(aimd_ttl > 3_500_000 && aimd_ttl <= 3_600_000, "{aimd_ttl}");
+    // A permanent override has none (-1).
+    let policy = Policy::from(TokenBucket::new(1, 1, S).unwrap());
+    let other = Scope::Key("other", &scope);
+    b.set_override(other, Some(&policy)).await.unwrap();
+    assert_eq!(pttl("other").await, -1);
+    // A TTL is rounded up to whole milliseconds (PX 0 would be refused):
+    // 1 or 2 ms left, or already gone (-2).
+    let ttl = Duration::from_micros(1500);
+    b.set_expiring_override(other, &policy, ttl).await.unwrap();
+    let short = pttl("other").await;
+    assert!((-2..=2).contains(&short) && short != -1, "{short}");
+}
+
 /// A stored override that is not a policy is an error, not a guess.
 #[tokio::test]
 async fn garbage_override_is_an_error() {

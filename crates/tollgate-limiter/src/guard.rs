@@ -1,0 +1,130 @@
+//! The one path every backend call takes: circuit breaker, deadline, and
+//! a throttled warning on failure. Shared by [`Limiter`](crate::Limiter)
+//! and [`AimdLimiter`](crate::AimdLimiter).
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::task::Poll;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::breaker::{Breaker, BreakerConfig};
+use crate::error::Error;
+
+/// Runs backend calls under a deadline and a breaker, and logs failures.
+#[derive(Debug)]
+pub(crate) struct Guard {
+    /// The limiter's name, for the logs.
+    name: String,
+    timeout: Duration,
+    breaker: Breaker,
+    log: LogThrottle,
+}
+
+impl Guard {
+    pub(crate) fn new(name: String, timeout: Duration, breaker: BreakerConfig) -> Self {
+        Self {
+            name,
+            timeout,
+            // A probe silent for longer than any call may take has failed.
+            breaker: Breaker::new(breaker, timeout),
+            log: LogThrottle::new(Duration::from_secs(10)),
+        }
+    }
+
+    /// The per-decision timeout.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The deadline of a decision starting now.
+    pub(crate) fn deadline(&self) -> Instant {
+        Instant::now() + self.timeout
+    }
+
+    /// Runs one backend call, to be answered by `deadline`.
+    ///
+    /// The call is made only once the breaker admits it: a backend may start
+    /// its work when the future is created. Dropping the returned future at
+    /// any point (or a panic in the backend) cannot leave the breaker
+    /// waiting for a probe's report: see [`Permit`](crate::breaker::Permit).
+    pub(crate) async fn run<T, E, F, Fut>(&self, deadline: Instant, call: F) -> Result<T, Error>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let Ok(permit) = self.breaker.admit() else {
+            return Err(Error::BreakerOpen);
+        };
+        // Poll once before arming the timer: an in-process backend answers
+        // at once, and a timer costs more than its decision. The deadline
+        // was taken before, so this poll counts within it.
+        let mut fut = std::pin::pin!(call());
+        let first = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
+        let answer = match first {
+            Poll::Ready(r) => Ok(r),
+            Poll::Pending => tokio::time::timeout_at(deadline, fut).await,
+        };
+        let result = match answer {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(Error::Backend(Box::new(e))),
+            Err(_) => Err(Error::Timeout(self.timeout)),
+        };
+        match &result {
+            Ok(_) => {
+                if self.breaker.is_open() {
+                    tracing::info!(limiter = %self.name, "rate-limit backend recovered");
+                }
+                permit.success();
+            }
+            Err(e) => {
+                let opened = permit.failure();
+                self.log.warn(&self.name, e, opened);
+            }
+        }
+        result
+    }
+}
+
+/// Logs backend failures at warn level, at most once per period per
+/// limiter, with a count of the ones kept quiet.
+#[derive(Debug)]
+struct LogThrottle {
+    period: Duration,
+    state: Mutex<(Option<Instant>, u64)>,
+}
+
+impl LogThrottle {
+    fn new(period: Duration) -> Self {
+        Self {
+            period,
+            state: Mutex::new((None, 0)),
+        }
+    }
+
+    fn warn(&self, limiter: &str, error: &Error, opened: bool) {
+        let now = Instant::now();
+        let suppressed = {
+            let mut state = crate::lock(&self.state);
+            let due = state
+                .0
+                .is_none_or(|last| now.duration_since(last) >= self.period);
+            if !(due || opened) {
+                state.1 += 1;
+                return;
+            }
+            state.0 = Some(now);
+            std::mem::take(&mut state.1)
+        };
+        let error: &dyn std::error::Error = error;
+        tracing::warn!(
+            limiter,
+            error,
+            suppressed,
+            breaker_opened = opened,
+            "rate-limit backend failure"
+        );
+    }
+}

@@ -1,0 +1,259 @@
+//! The guard every backend call goes through, seen from a `Limiter` and an
+//! `AimdLimiter`: no caller behaviour (a future dropped at any await point,
+//! never polled, kept but never polled again, a panic) leaves the breaker
+//! stuck, and a decision waits at most its timeout, lease mode included.
+//! Driven on tokio's paused clock with the memory backend's fault injection.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tollgate_limiter::aimd::{AimdConfig, AimdLimiter};
+use tollgate_limiter::{
+    Backend, BreakerConfig, Decision, Error, FailMode, Key, Limiter, Policy, Request, Scope,
+    TokenBucket, Verdict,
+};
+use tollgate_memory::{MemoryBackend, MemoryError};
+
+const TIMEOUT: Duration = Duration::from_millis(50);
+const BACKOFF: Duration = Duration::from_secs(1);
+const STEP: Duration = Duration::from_millis(10);
+
+const BREAKER: BreakerConfig = BreakerConfig {
+    threshold: 1,
+    backoff: BACKOFF,
+    max_backoff: Duration::from_secs(8),
+};
+
+/// The memory backend, plus a panic on demand inside `decide`.
+#[derive(Clone, Default)]
+struct Panicky {
+    inner: MemoryBackend,
+    panic_next: std::sync::Arc<AtomicBool>,
+}
+
+impl Backend for Panicky {
+    type Error = MemoryError;
+
+    fn decide(
+        &self,
+        req: Request<'_>,
+    ) -> impl Future<Output = Result<Decision, MemoryError>> + Send {
+        let panic = self.panic_next.swap(false, Ordering::SeqCst);
+        let fut = self.inner.decide(req);
+        async move {
+            // Panics while polled, as a buggy backend or consumer would.
+            tokio::task::yield_now().await;
+            assert!(!panic, "backend panicked");
+            fut.await
+        }
+    }
+
+    fn set_override(
+        &self,
+        scope: Scope<'_>,
+        policy: Option<&Policy>,
+    ) -> impl Future<Output = Result<(), MemoryError>> + Send {
+        self.inner.set_override(scope, policy)
+    }
+
+    fn get_override(
+        &self,
+        scope: Scope<'_>,
+    ) -> impl Future<Output = Result<Option<Policy>, MemoryError>> + Send {
+        self.inner.get_override(scope)
+    }
+}
+
+fn limiter(backend: &Panicky, lease: bool) -> Limiter<Panicky> {
+    let b = Limiter::builder(
+        "api",
+        TokenBucket::new(1000, 1, Duration::from_secs(1)).unwrap(),
+        backend.clone(),
+    )
+    .fail_mode(FailMode::Closed)
+    .timeout(TIMEOUT)
+    .breaker(BREAKER);
+    if lease {
+        b.lease(4, BACKOFF).build()
+    } else {
+        b.build()
+    }
+}
+
+/// Opens the breaker, and makes the backend hang (each call takes longer
+/// than the timeout) once the back-off is over.
+async fn open_then_hang(backend: &Panicky, l: &Limiter<Panicky>, k: &Key) {
+    backend.inner.set_failing(true);
+    assert!(matches!(
+        l.check(k).await,
+        Verdict::FailedClosed(Error::Backend(_), _)
+    ));
+    assert!(matches!(
+        l.check(k).await,
+        Verdict::FailedClosed(Error::BreakerOpen, _)
+    ));
+    backend.inner.clear_faults();
+    backend.inner.set_delay(Duration::from_secs(3600));
+    tokio::time::advance(BACKOFF).await;
+}
+
+/// Polls `fut` `polls` times, advancing the clock by `STEP` between
+/// polls; returns whether it finished.
+async fn poll_n<F: Future>(mut fut: Pin<&mut F>, polls: usize) -> bool {
+    for i in 0..polls {
+        if i > 0 {
+            tokio::time::advance(STEP).await;
+        }
+        let ready = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_ready())).await;
+        if ready {
+            return true;
+        }
+    }
+    false
+}
+
+/// Once the backend is back, decisions resume within one back-off of
+/// virtual time; returns how long it took.
+async fn resumes(backend: &Panicky, l: &Limiter<Panicky>, k: &Key) -> Duration {
+    backend.inner.clear_faults();
+    let start = Instant::now();
+    loop {
+        if let Verdict::Decided(_) = l.check(k).await {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < BACKOFF,
+            "still refused by the breaker after one back-off"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_dropped_at_any_await_point_does_not_stick() {
+    for lease in [false, true] {
+        // 0 polls: created and never polled; 1..=4 polls, STEP apart:
+        // dropped at the first poll and later inside the probe's backend
+        // call (in lease mode the probe is the batch call). A probe that
+        // completes reports itself, so these are all the points at which
+        // a caller can walk away from one.
+        for polls in 0..=4 {
+            let backend = Panicky::default();
+            let l = limiter(&backend, lease);
+            let k = Key::new("a");
+            open_then_hang(&backend, &l, &k).await;
+            {
+                let probe = std::pin::pin!(l.check(&k));
+                assert!(!poll_n(probe, polls).await, "the probe hangs");
+            }
+            let took = resumes(&backend, &l, &k).await;
+            assert_eq!(took, Duration::ZERO, "lease={lease} polls={polls}");
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_kept_but_never_polled_again_fails_after_the_timeout() {
+    let backend = Panicky::default();
+    let l = limiter(&backend, false);
+    let k = Key::new("a");
+    open_then_hang(&backend, &l, &k).await;
+    let mut silent = Box::pin(l.check(&k));
+    assert!(!poll_n(silent.as_mut(), 1).await);
+    let took = resumes(&backend, &l, &k).await;
+    assert_eq!(took, TIMEOUT);
+    // Its late drop does not reopen the breaker.
+    drop(silent);
+    assert!(matches!(l.check(&k).await, Verdict::Decided(_)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panic_around_or_inside_the_probe_does_not_stick() {
+    for inside in [false, true] {
+        let backend = Panicky::default();
+        let l = limiter(&backend, false);
+        let k = Key::new("a");
+        open_then_hang(&backend, &l, &k).await;
+        if inside {
+            backend.inner.clear_faults();
+            backend.panic_next.store(true, Ordering::SeqCst);
+        }
+        let (l2, k2) = (l.clone(), k.clone());
+        let task = tokio::spawn(async move {
+            let mut probe = std::pin::pin!(l2.check(&k2));
+            let _ = poll_n(probe.as_mut(), 2).await;
+            panic!("consumer panicked while holding the probe");
+        });
+        assert!(task.await.unwrap_err().is_panic());
+        let took = resumes(&backend, &l, &k).await;
+        assert_eq!(took, Duration::ZERO, "inside={inside}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_aimd_probe_dropped_mid_call_does_not_stick() {
+    let backend = MemoryBackend::new();
+    let config = AimdConfig {
+        timeout: TIMEOUT,
+        breaker: BREAKER,
+        ..AimdConfig::default()
+    };
+    let aimd = AimdLimiter::new("crawler", config, backend.clone()).unwrap();
+    let site = Key::new("example.org");
+    backend.set_failing(true);
+    // The backend fails: the token comes from the local fallback, and the
+    // breaker opens.
+    assert!(aimd.try_acquire(&site).await.unwrap().is_local());
+    let before = backend.faulty_calls();
+    backend.clear_faults();
+    backend.set_delay(Duration::from_secs(3600));
+    tokio::time::advance(BACKOFF).await;
+    {
+        let probe = std::pin::pin!(aimd.try_acquire(&site));
+        assert!(!poll_n(probe, 2).await);
+    }
+    assert_eq!(backend.faulty_calls(), before + 1, "one probe went out");
+    backend.clear_faults();
+    // The next request asks the backend at once (the rate is fresh, the
+    // bucket full): a shared grant, not a local one.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let grant = aimd.try_acquire(&site).await.unwrap();
+    assert!(!grant.is_local());
+}
+
+/// A decision in lease mode may ask twice (a batch, then its own cost near
+/// the limit); both calls share one deadline.
+#[tokio::test(start_paused = true)]
+async fn lease_mode_waits_at_most_the_timeout() {
+    let backend = MemoryBackend::new();
+    let policy = TokenBucket::new(10, 1, Duration::from_secs(3600)).unwrap();
+    let l = Limiter::builder("api", policy, backend.clone())
+        .fail_mode(FailMode::Open)
+        .timeout(TIMEOUT)
+        .lease(5, Duration::from_secs(60))
+        .build();
+    let plain = Limiter::new("api", policy, backend.clone());
+    let k = Key::new("a");
+    // 8 of 10 spent: a batch of 5 is refused, one unit would pass.
+    assert!(plain.check_cost(&k, 8).await.is_allowed());
+    // Each call takes 40 ms of the 50: two would take 80.
+    backend.set_delay(Duration::from_millis(40));
+    let start = Instant::now();
+    let v = l.check(&k).await;
+    assert_eq!(start.elapsed(), TIMEOUT);
+    assert!(
+        matches!(v, Verdict::FailedOpen(Error::Timeout(t)) if t == TIMEOUT),
+        "{v:?}"
+    );
+    // Both calls were made: the second was cut short by the first's deadline.
+    assert_eq!(backend.faulty_calls(), 2);
+    // With calls well within the timeout, both run and the decision is made.
+    backend.set_delay(Duration::from_millis(20));
+    let start = Instant::now();
+    assert!(matches!(l.check(&k).await, Verdict::Decided(d) if d.is_allowed()));
+    assert_eq!(start.elapsed(), Duration::from_millis(40));
+}
