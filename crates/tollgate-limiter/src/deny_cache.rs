@@ -6,6 +6,7 @@ use tokio::time::Instant;
 
 use crate::decision::Decision;
 use crate::key::Key;
+use crate::model::Op;
 use crate::policy::Policy;
 use crate::sharded::{SHARD_CAPACITY, Sharded};
 
@@ -41,13 +42,19 @@ impl DenyCache {
         }
     }
 
-    /// Whether refusals of `policy` for a request of `cost` can be cached.
-    pub(crate) fn applies(policy: &Policy, cost: u64) -> bool {
-        match policy {
-            Policy::TokenBucket(_) => true,
-            Policy::SlidingWindow(p) => !p.penalises_refused(),
-            Policy::ProgressiveDelay(_) => cost == 0,
+    /// Whether refusals of `policy` for `op` can be answered locally.
+    pub(crate) fn applies(policy: &Policy, op: Op) -> bool {
+        match (policy, op) {
+            (_, Op::Peek(_)) => true,
+            (Policy::TokenBucket(_), Op::Acquire(_)) => true,
+            (Policy::SlidingWindow(p), Op::Acquire(_)) => !p.penalises_refused(),
+            _ => false,
         }
+    }
+
+    /// The remembered refusal that answers a peek of `cost`.
+    pub(crate) fn peek(&self, key: &Key, cost: u64) -> Option<Decision> {
+        self.get(key, cost)
     }
 
     /// The remembered refusal for `key` and `cost`, aged to now.
@@ -149,9 +156,12 @@ mod tests {
     #[test]
     fn penalising_windows_are_never_cached() {
         let w = SlidingWindow::new(1, Duration::from_secs(1)).unwrap();
-        assert!(DenyCache::applies(&w.into(), 1));
-        assert!(!DenyCache::applies(&w.penalise_refused(true).into(), 1));
+        assert!(DenyCache::applies(&w.into(), Op::Acquire(1)));
+        assert!(!DenyCache::applies(
+            &w.penalise_refused(true).into(),
+            Op::Acquire(1)
+        ));
         let tb = TokenBucket::per_second(1, 1).unwrap();
-        assert!(DenyCache::applies(&tb.into(), 3));
+        assert!(DenyCache::applies(&tb.into(), Op::Acquire(3)));
     }
 }

@@ -142,9 +142,19 @@ pub struct LimiterBuilder<B> {
     breaker: BreakerConfig,
     local_denials: Option<Duration>,
     lease: Option<(u64, Duration)>,
+    min_cost: u64,
 }
 
 impl<B: Backend> LimiterBuilder<B> {
+    /// The least cost any charging call takes (default 1): a request
+    /// asking for less (a cost function answering 0) is charged this much,
+    /// so no request passes uncounted. Peeks ask whether at least this much
+    /// fits. A value of 0 counts as 1.
+    pub fn min_cost(mut self, min_cost: u64) -> Self {
+        self.min_cost = min_cost.max(1);
+        self
+    }
+
     /// Answers repeated requests on a key that is over its limit locally,
     /// without a round trip, until the refusal's retry-after (at most
     /// `max_ttl`): a flood on one key does not become a backend storm.
@@ -204,6 +214,7 @@ impl<B: Backend> LimiterBuilder<B> {
                 backend: self.backend,
                 fail_mode: self.fail_mode,
                 timeout: self.timeout,
+                min_cost: self.min_cost,
                 breaker: Breaker::new(self.breaker),
                 log: LogThrottle::new(Duration::from_secs(10)),
                 denials: self.local_denials.map(DenyCache::new),
@@ -257,6 +268,7 @@ struct Inner<B> {
     backend: B,
     fail_mode: FailMode,
     timeout: Duration,
+    min_cost: u64,
     breaker: Breaker,
     log: LogThrottle,
     denials: Option<DenyCache>,
@@ -299,6 +311,7 @@ impl<B: Backend> Limiter<B> {
             breaker: BreakerConfig::default(),
             local_denials: None,
             lease: None,
+            min_cost: 1,
         }
     }
 
@@ -327,35 +340,43 @@ impl<B: Backend> Limiter<B> {
         &self.inner.backend
     }
 
-    /// Asks for one unit for `key`.
+    /// Asks for one unit (at least the [minimum cost](LimiterBuilder::min_cost))
+    /// for `key`.
     pub async fn check(&self, key: &Key) -> Verdict {
         self.check_cost(key, 1).await
     }
 
     /// Asks for `cost` units for `key` (for a progressive delay: records
-    /// `cost` failures; 0 only checks).
+    /// `cost` failures). A cost below the
+    /// [minimum cost](LimiterBuilder::min_cost) is charged the minimum:
+    /// every call charges.
     ///
-    /// A cost the policy can never grant is refused without asking the
-    /// backend, whatever the fail mode.
+    /// A cost the policy in force (an override, if one is set) can never
+    /// grant is refused with [`Error::Policy`], whatever the fail mode; the
+    /// backend decides that, as it knows the policy in force. When the
+    /// backend cannot answer, a cost the configured policy can never grant
+    /// is refused the same way.
     pub async fn check_cost(&self, key: &Key, cost: u64) -> Verdict {
+        let cost = cost.max(self.inner.min_cost);
+        let op = Op::Acquire(cost);
         let cache = self
             .inner
             .denials
             .as_ref()
-            .filter(|_| DenyCache::applies(&self.inner.policy, cost));
+            .filter(|_| DenyCache::applies(&self.inner.policy, op));
         if let Some(denied) = cache.and_then(|c| c.get(key, cost)) {
             return Verdict::Decided(denied);
         }
         let result = match &self.inner.leases {
-            Some(leases) if cost > 0 => self.leased(leases, key, cost).await,
-            _ => self.try_op(key, Op::Acquire(cost)).await,
+            Some(leases) => self.leased(leases, key, cost).await,
+            None => self.try_op(key, op).await,
         };
         if let (Some(cache), Ok(d)) = (cache, &result)
             && d.is_denied()
         {
             cache.insert(key, cost, d);
         }
-        self.settle(result)
+        self.settle(result, cost)
     }
 
     /// One request under lease mode.
@@ -364,19 +385,50 @@ impl<B: Backend> Limiter<B> {
             return Ok(d);
         }
         if leases.batch > cost {
-            let d = self.try_op(key, Op::Acquire(leases.batch)).await?;
-            if d.is_allowed() {
-                leases.keep(key, leases.batch - cost, &d);
-                return Ok(d);
+            // A batch above what the policy in force (an override) can grant
+            // is impossible, not an error of this request: ask for its cost.
+            match self.try_op(key, Op::Acquire(leases.batch)).await {
+                Ok(d) if d.is_allowed() => {
+                    leases.keep(key, leases.batch - cost, &d);
+                    return Ok(d);
+                }
+                Ok(_) | Err(Error::Policy(_)) => {}
+                Err(e) => return Err(e),
             }
         }
         // Near the limit: ask for exactly this request's cost.
         self.try_op(key, Op::Acquire(cost)).await
     }
 
-    /// Reports whether one unit is available, consuming nothing.
+    /// Reports whether a request of the
+    /// [minimum cost](LimiterBuilder::min_cost) would pass now, consuming
+    /// nothing (for a progressive delay: whether the key is blocked).
     pub async fn peek(&self, key: &Key) -> Verdict {
-        self.check_cost(key, 0).await
+        self.peek_cost(key, self.inner.min_cost).await
+    }
+
+    /// Reports whether a request of `cost` (at least the
+    /// [minimum cost](LimiterBuilder::min_cost)) would pass now, consuming
+    /// nothing. A cost that can never pass is refused as
+    /// [`check_cost`](Self::check_cost) refuses it.
+    pub async fn peek_cost(&self, key: &Key, cost: u64) -> Verdict {
+        let cost = cost.max(self.inner.min_cost);
+        let op = Op::Peek(cost);
+        let cache = self
+            .inner
+            .denials
+            .as_ref()
+            .filter(|_| DenyCache::applies(&self.inner.policy, op));
+        if let Some(denied) = cache.and_then(|c| c.peek(key, cost)) {
+            return Verdict::Decided(denied);
+        }
+        let result = self.try_op(key, op).await;
+        if let (Some(cache), Ok(d)) = (cache, &result)
+            && d.is_denied()
+        {
+            cache.insert(key, cost, d);
+        }
+        self.settle(result, cost)
     }
 
     /// Forgets `key`: it becomes a fresh key (unblocks a user after a false
@@ -391,9 +443,11 @@ impl<B: Backend> Limiter<B> {
         self.try_op(key, Op::Reset).await
     }
 
-    /// Asks the backend, with timeout and breaker but without applying the
-    /// fail mode.
+    /// Asks the backend for `cost` units (at least the
+    /// [minimum cost](LimiterBuilder::min_cost)), with timeout and breaker
+    /// but without applying the fail mode.
     pub async fn try_acquire(&self, key: &Key, cost: u64) -> Result<Decision, Error> {
+        let cost = cost.max(self.inner.min_cost);
         self.try_op(key, Op::Acquire(cost)).await
     }
 
@@ -454,19 +508,31 @@ impl<B: Backend> Limiter<B> {
         }
     }
 
+    /// One backend decision. The backend knows the policy in force, so it
+    /// decides whether a cost can ever fit; such a refusal becomes
+    /// [`Error::Policy`] here.
     async fn try_op(&self, key: &Key, op: Op) -> Result<Decision, Error> {
-        if let Op::Acquire(cost) = op {
-            self.inner.policy.check_cost(cost)?;
-        }
-        self.guard(|| {
-            self.inner.backend.decide(Request {
-                limiter: &self.inner.name,
-                key,
-                policy: &self.inner.policy,
-                op,
+        let d = self
+            .guard(|| {
+                self.inner.backend.decide(Request {
+                    limiter: &self.inner.name,
+                    key,
+                    policy: &self.inner.policy,
+                    op,
+                })
             })
-        })
-        .await
+            .await?;
+        if d.is_impossible() {
+            let cost = match op {
+                Op::Acquire(c) | Op::Peek(c) | Op::Penalise(c) => c,
+                Op::Reset => 0,
+            };
+            return Err(Error::Policy(PolicyError::new(
+                "cost",
+                format!("a cost of {cost} can never pass a limit of {}", d.limit()),
+            )));
+        }
+        Ok(d)
     }
 
     /// Runs one backend call under the timeout and the breaker. The call is
@@ -509,7 +575,14 @@ impl<B: Backend> Limiter<B> {
         result
     }
 
-    fn settle(&self, result: Result<Decision, Error>) -> Verdict {
+    /// Turns a request of `cost` into a verdict. When the backend could not
+    /// say whether `cost` can ever fit, the configured policy answers
+    /// that: an impossible cost is never let through by a fail-open mode.
+    fn settle(&self, result: Result<Decision, Error>, cost: u64) -> Verdict {
+        let result = result.map_err(|e| match self.inner.policy.check_cost(cost) {
+            Err(p) if e.is_unavailable() => Error::Policy(p),
+            _ => e,
+        });
         match result {
             Ok(d) => Verdict::Decided(d),
             Err(e @ Error::Policy(_)) => Verdict::FailedClosed(e, Duration::from_secs(1)),
