@@ -118,8 +118,9 @@ pub enum Outcome {
 /// With the default, [`Upfront`], the cost is taken atomically before the
 /// request is handed on, and every admitted request counts. With a
 /// classifier (any closure `Fn(&Res) -> Outcome`) the layer instead
-/// *checks* before (a refused key is refused without reaching the
-/// service) and *charges after*, once the response says whether the
+/// *checks* before whether the request's whole cost fits (a key without
+/// room for it is refused without reaching the service) and *charges
+/// after*, once the response says whether the
 /// request counts; the response is returned once the charge is recorded,
 /// so the client's next request sees it.
 ///
