@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use crate::backend::{Backend, Request, Scope};
 use crate::breaker::{Admit, Breaker, BreakerConfig};
 use crate::decision::Decision;
-use crate::deny_cache::DenyCache;
+use crate::deny_cache::{Charge, DenyCache};
 use crate::error::Error;
 use crate::key::Key;
 use crate::lease::Leases;
@@ -159,8 +159,11 @@ impl<B: Backend> LimiterBuilder<B> {
     /// without a round trip, until the refusal's retry-after (at most
     /// `max_ttl`): a flood on one key does not become a backend storm.
     ///
-    /// Only refusals the backend would repeat are cached (never those of a
-    /// sliding window that penalises refusals). `max_ttl` bounds how long
+    /// Only refusals the backend would repeat are cached. For a sliding
+    /// window that penalises refusals, the cost of each request refused
+    /// locally is kept and recorded on the backend by the key's next call
+    /// (one more round trip then), so the flood is still penalised: never
+    /// more admissions than without the cache. `max_ttl` bounds how long
     /// this worker may miss a reset or an override made by another worker;
     /// its own [`Limiter::reset`] and [`Limiter::set_override`] take effect
     /// at once. Off by default.
@@ -364,8 +367,18 @@ impl<B: Backend> Limiter<B> {
             .denials
             .as_ref()
             .filter(|_| DenyCache::applies(&self.inner.policy, op));
-        if let Some(denied) = cache.and_then(|c| c.get(key, cost)) {
-            return Verdict::Decided(denied);
+        // A sliding window's local refusals are carried to the backend
+        // (penalised windows must record them; see DenyCache).
+        let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
+        match cache.map(|c| c.charge(key, cost, window)) {
+            Some(Charge::Refused(denied)) => return Verdict::Decided(denied),
+            Some(Charge::Ask { pending }) if pending > 0 => {
+                // Recorded before this request is decided, as they were
+                // refused before it. A failure here is the next call's to
+                // report.
+                let _ = self.try_op(key, Op::Penalise(pending)).await;
+            }
+            _ => {}
         }
         let result = match &self.inner.leases {
             Some(leases) => self.leased(leases, key, cost).await,
@@ -419,7 +432,7 @@ impl<B: Backend> Limiter<B> {
             .denials
             .as_ref()
             .filter(|_| DenyCache::applies(&self.inner.policy, op));
-        if let Some(denied) = cache.and_then(|c| c.peek(key, cost)) {
+        if let Some(denied) = cache.and_then(|c| c.get(key, cost)) {
             return Verdict::Decided(denied);
         }
         let result = self.try_op(key, op).await;
