@@ -30,8 +30,9 @@
 //!
 //! Everything is validated when loaded: an unknown field, an unknown
 //! strategy, a zero capacity or window, a field that does not belong to the
-//! strategy, a default cost the limit can never grant: each fails with an
-//! error naming the limiter and the field.
+//! strategy, a default cost or a `min_cost` (the least any call is charged,
+//! default 1) that is 0 or that the limit can never grant: each fails with
+//! an error naming the limiter and the field.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -464,6 +464,15 @@ impl<B: Backend> Limiter<B> {
         self.try_op(key, Op::Acquire(cost)).await
     }
 
+    /// Asks the backend whether `cost` units (at least the
+    /// [minimum cost](LimiterBuilder::min_cost)) would be granted now,
+    /// consuming nothing, with timeout and breaker but without applying
+    /// the fail mode (what an operator's "inspect" wants).
+    pub async fn try_peek(&self, key: &Key, cost: u64) -> Result<Decision, Error> {
+        let cost = cost.max(self.inner.min_cost);
+        self.try_op(key, Op::Peek(cost)).await
+    }
+
     /// Sets (`Some`) or clears (`None`) a runtime override of this
     /// limiter's policy, for one key or (`key = None`) for all of them.
     /// Every worker sharing the backend sees it on its next decision.
