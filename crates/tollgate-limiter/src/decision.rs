@@ -14,7 +14,9 @@ pub struct Decision {
     remaining: u64,
     retry_after: Duration,
     reset_after: Duration,
-    window: Duration,
+    /// In whole microseconds, as backends compute it (keeps a `Decision`,
+    /// and the `Denied` that carries one, small).
+    window_us: u64,
     impossible: bool,
 }
 
@@ -27,7 +29,7 @@ impl Decision {
             remaining,
             retry_after: Duration::ZERO,
             reset_after,
-            window: Duration::ZERO,
+            window_us: 0,
             impossible: false,
         }
     }
@@ -45,7 +47,7 @@ impl Decision {
             remaining,
             retry_after,
             reset_after,
-            window: Duration::ZERO,
+            window_us: 0,
             impossible: false,
         }
     }
@@ -64,7 +66,7 @@ impl Decision {
             remaining,
             retry_after: Duration::from_micros(retry_after_us),
             reset_after: Duration::from_micros(reset_after_us),
-            window: Duration::ZERO,
+            window_us: 0,
             impossible: false,
         }
     }
@@ -81,9 +83,10 @@ impl Decision {
         }
     }
 
-    /// The same decision, stating the window of the policy that made it.
+    /// The same decision, stating the window of the policy that made it
+    /// (kept in whole microseconds).
     pub fn with_window(mut self, window: Duration) -> Self {
-        self.window = window;
+        self.window_us = crate::time::micros(window);
         self
     }
 
@@ -99,7 +102,7 @@ impl Decision {
     /// announces. Zero when the decision was not made by a backend (a
     /// hand-built decision).
     pub fn window(&self) -> Duration {
-        self.window
+        Duration::from_micros(self.window_us)
     }
 
     /// Whether the request may pass.

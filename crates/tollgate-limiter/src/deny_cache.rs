@@ -79,14 +79,15 @@ impl DenyCache {
     /// Whether refusals of `policy` for `op` can be answered locally (for
     /// a sliding window's acquire, with its cost kept pending).
     pub(crate) fn applies(policy: &Policy, op: Op) -> bool {
-        match (policy, op) {
-            (_, Op::Peek(_)) => true,
-            (Policy::TokenBucket(_), Op::Acquire(_)) => true,
-            (Policy::SlidingWindow(_), Op::Acquire(_)) => true,
-            _ => false,
-        }
+        matches!(
+            (policy, op),
+            (_, Op::Peek(_))
+                | (
+                    Policy::TokenBucket(_) | Policy::SlidingWindow(_),
+                    Op::Acquire(_)
+                )
+        )
     }
-
 
     /// The remembered refusal for `key` and `cost`, aged to now.
     pub(crate) fn get(&self, key: &Key, cost: u64) -> Option<Decision> {

@@ -362,11 +362,7 @@ impl<B: Backend> Limiter<B> {
     pub async fn check_cost(&self, key: &Key, cost: u64) -> Verdict {
         let cost = cost.max(self.inner.min_cost);
         let op = Op::Acquire(cost);
-        let cache = self
-            .inner
-            .denials
-            .as_ref()
-            .filter(|_| DenyCache::applies(&self.inner.policy, op));
+        let cache = self.local_denials(op);
         // A sliding window's local refusals are carried to the backend
         // (penalised windows must record them; see DenyCache).
         let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
@@ -384,12 +380,7 @@ impl<B: Backend> Limiter<B> {
             Some(leases) => self.leased(leases, key, cost).await,
             None => self.try_op(key, op).await,
         };
-        if let (Some(cache), Ok(d)) = (cache, &result)
-            && d.is_denied()
-        {
-            cache.insert(key, cost, d);
-        }
-        self.settle(result, cost)
+        self.finish(cache, key, cost, result)
     }
 
     /// One request under lease mode.
@@ -427,21 +418,12 @@ impl<B: Backend> Limiter<B> {
     pub async fn peek_cost(&self, key: &Key, cost: u64) -> Verdict {
         let cost = cost.max(self.inner.min_cost);
         let op = Op::Peek(cost);
-        let cache = self
-            .inner
-            .denials
-            .as_ref()
-            .filter(|_| DenyCache::applies(&self.inner.policy, op));
+        let cache = self.local_denials(op);
         if let Some(denied) = cache.and_then(|c| c.get(key, cost)) {
             return Verdict::Decided(denied);
         }
         let result = self.try_op(key, op).await;
-        if let (Some(cache), Ok(d)) = (cache, &result)
-            && d.is_denied()
-        {
-            cache.insert(key, cost, d);
-        }
-        self.settle(result, cost)
+        self.finish(cache, key, cost, result)
     }
 
     /// Forgets `key`: it becomes a fresh key (unblocks a user after a false
@@ -595,6 +577,31 @@ impl<B: Backend> Limiter<B> {
             }
         }
         result
+    }
+
+    /// The local denial cache, if it answers `op` under the configured
+    /// policy.
+    fn local_denials(&self, op: Op) -> Option<&DenyCache> {
+        self.inner
+            .denials
+            .as_ref()
+            .filter(|_| DenyCache::applies(&self.inner.policy, op))
+    }
+
+    /// Remembers a refusal in `cache`, then settles the verdict.
+    fn finish(
+        &self,
+        cache: Option<&DenyCache>,
+        key: &Key,
+        cost: u64,
+        result: Result<Decision, Error>,
+    ) -> Verdict {
+        if let (Some(cache), Ok(d)) = (cache, &result)
+            && d.is_denied()
+        {
+            cache.insert(key, cost, d);
+        }
+        self.settle(result, cost)
     }
 
     /// Turns a request of `cost` into a verdict. When the backend could not

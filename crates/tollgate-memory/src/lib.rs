@@ -344,7 +344,14 @@ impl<C: Clock> MemoryBackend<C> {
             .map
             .find(hash, |(h, k, _)| *h == hash && lookup.matches(k))
         {
-            Some((_, _, Slot { state: State::SlidingWindow(s), .. })) => s.events.len(),
+            Some((
+                _,
+                _,
+                Slot {
+                    state: State::SlidingWindow(s),
+                    ..
+                },
+            )) => s.events.len(),
             _ => 0,
         }
     }

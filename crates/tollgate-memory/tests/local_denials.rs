@@ -147,14 +147,20 @@ async fn local_denials_never_admit_more_than_the_backend_alone() {
     };
     for _ in 0..200 {
         let limit = 1 + next(4);
-        let pair = Pair::new(penalised(limit, Duration::from_millis(500 + 500 * next(20))));
+        let pair = Pair::new(penalised(
+            limit,
+            Duration::from_millis(500 + 500 * next(20)),
+        ));
         let (mut cached, mut plain) = (0, 0);
         for _ in 0..200 {
             pair.advance(Duration::from_millis(next(1500))).await;
             let (c, p) = pair.request(1 + next(limit)).await;
             cached += u64::from(c);
             plain += u64::from(p);
-            assert!(cached <= plain, "{cached} admitted with the cache, {plain} without");
+            assert!(
+                cached <= plain,
+                "{cached} admitted with the cache, {plain} without"
+            );
         }
     }
 }

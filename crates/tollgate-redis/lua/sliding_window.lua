@@ -52,25 +52,35 @@ if total > 0 then
   end
 end
 
+-- Visits the log's events oldest first, a chunk at a time, until
+-- visit(ts, cost) returns true; returns the number of list items before
+-- the event it stopped at (all of them if it never did).
+local function each_event(visit)
+  local idx = 0
+  while true do
+    local chunk = redis.call('LRANGE', KEYS[2], idx, idx + CHUNK - 1)
+    if #chunk == 0 then
+      return idx
+    end
+    for i = 1, #chunk, 2 do
+      if visit(tonumber(chunk[i]), tonumber(chunk[i + 1])) then
+        return idx + i - 1
+      end
+    end
+    idx = idx + #chunk
+  end
+end
+
 -- Drops events from the head of the log while should_drop(ts, cost) holds,
 -- taking their cost off the total.
 local function drop_head(should_drop)
-  local drop, done = 0, false
-  while not done do
-    local chunk = redis.call('LRANGE', KEYS[2], drop, drop + CHUNK - 1)
-    if #chunk == 0 then
-      break
+  local drop = each_event(function(ts, c)
+    if not should_drop(ts, c) then
+      return true
     end
-    for i = 1, #chunk, 2 do
-      local c = tonumber(chunk[i + 1])
-      if not should_drop(tonumber(chunk[i]), c) then
-        done = true
-        break
-      end
-      total = total - c
-      drop = drop + 2
-    end
-  end
+    total = total - c
+    return false
+  end)
   if drop > 0 then
     redis.call('LTRIM', KEYS[2], drop, -1)
   end
@@ -138,23 +148,16 @@ else
     -- Retry-after: when the oldest events that block this request leave
     -- (inside the kept events: at most `limit` of them are read).
     local needed = total + want - limit
+    local freed = 0
     retry = w
-    local freed, idx, done = 0, 0, false
-    while not done do
-      local chunk = redis.call('LRANGE', KEYS[2], idx, idx + CHUNK - 1)
-      if #chunk == 0 then
-        break
+    each_event(function(ts, c)
+      freed = freed + c
+      if freed >= needed then
+        retry = ts + w - clamped
+        return true
       end
-      for i = 1, #chunk, 2 do
-        freed = freed + tonumber(chunk[i + 1])
-        if freed >= needed then
-          retry = tonumber(chunk[i]) + w - clamped
-          done = true
-          break
-        end
-      end
-      idx = idx + CHUNK
-    end
+      return false
+    end)
   end
 end
 

@@ -258,7 +258,10 @@ pub async fn zero_cost_is_charged<B: Backend + Clone>(backend: B, _clock: MockCl
         .min_cost(2)
         .build();
     assert_eq!(decide(&l, &k, 0).await.remaining(), 1);
-    assert!(peek(&l, &k, 0).await.is_denied(), "a peek asks for the minimum");
+    assert!(
+        peek(&l, &k, 0).await.is_denied(),
+        "a peek asks for the minimum"
+    );
     assert!(decide(&l, &k, 1).await.is_denied());
 }
 
@@ -268,7 +271,11 @@ pub async fn zero_cost_is_charged<B: Backend + Clone>(backend: B, _clock: MockCl
 /// that can never be met), and decisions carry the window of the policy in
 /// force.
 pub async fn cost_under_overrides<B: Backend + Clone>(backend: B, _clock: MockClock) {
-    let l = limiter("cost-ovr", TokenBucket::new(5, 1, S).unwrap(), backend.clone());
+    let l = limiter(
+        "cost-ovr",
+        TokenBucket::new(5, 1, S).unwrap(),
+        backend.clone(),
+    );
     let (big, small) = (Key::new("big"), Key::new("small"));
     assert!(matches!(
         l.try_acquire(&big, 8).await,
@@ -297,7 +304,11 @@ pub async fn cost_under_overrides<B: Backend + Clone>(backend: B, _clock: MockCl
     assert!(d.is_denied());
     assert_eq!((d.limit(), d.window()), (2, 2 * S));
     // The window of a sliding-window override, too.
-    let w = limiter("cost-ovr-w", SlidingWindow::new(2, 10 * S).unwrap(), backend);
+    let w = limiter(
+        "cost-ovr-w",
+        SlidingWindow::new(2, 10 * S).unwrap(),
+        backend,
+    );
     let wide = Policy::from(SlidingWindow::new(4, 30 * S).unwrap());
     w.set_override(None, Some(wide)).await.unwrap();
     let d = decide(&w, &big, 4).await;

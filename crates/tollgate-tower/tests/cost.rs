@@ -78,17 +78,20 @@ async fn send<B: Backend>(
     }
 }
 
+/// A bucket of `capacity` refilled over an hour (none refills during a
+/// test), and a counter for the inner service's calls.
+fn hourly<B: Backend>(base: &str, capacity: u64, backend: B) -> (Limiter<B>, Arc<AtomicUsize>) {
+    let policy = TokenBucket::new(capacity, capacity, HOUR).unwrap();
+    let limiter = Limiter::new(unique_name(base), policy, backend);
+    (limiter, Arc::new(AtomicUsize::new(0)))
+}
+
 /// Bucket of 10, cost 3, counted by outcome: a sequential client gets
 /// exactly floor(10 / 3) = 3 requests served, then 429s; the check before
 /// the response looks for the whole cost, so the last unit cannot let
 /// every further request through with a refused charge.
 async fn count_by_outcome_charges_the_whole_cost<B: Backend>(backend: B) {
-    let limiter = Limiter::new(
-        unique_name("outcome"),
-        TokenBucket::new(10, 10, HOUR).unwrap(),
-        backend,
-    );
-    let calls = Arc::new(AtomicUsize::new(0));
+    let (limiter, calls) = hourly("outcome", 10, backend);
     let mut statuses = Vec::new();
     for _ in 0..8 {
         let res = send(&limiter, true, &calls, req("k", Some(3))).await;
@@ -100,12 +103,7 @@ async fn count_by_outcome_charges_the_whole_cost<B: Backend>(backend: B) {
 
 /// A cost of 0 (a cost function answering 0) is charged the minimum cost.
 async fn zero_cost_is_counted<B: Backend>(backend: B) {
-    let limiter = Limiter::new(
-        unique_name("zero"),
-        TokenBucket::new(3, 3, HOUR).unwrap(),
-        backend,
-    );
-    let calls = Arc::new(AtomicUsize::new(0));
+    let (limiter, calls) = hourly("zero", 3, backend);
     for by_outcome in [false, true] {
         let key = if by_outcome { "outcome" } else { "upfront" };
         let mut served = 0;
@@ -117,6 +115,19 @@ async fn zero_cost_is_counted<B: Backend>(backend: B) {
     }
 }
 
+/// Overrides `key`'s policy with a bucket of `capacity` refilling `refill`
+/// a minute.
+async fn per_minute_override<B: Backend>(
+    limiter: &Limiter<B>,
+    key: &str,
+    capacity: u64,
+    refill: u64,
+) {
+    let p = Policy::from(TokenBucket::new(capacity, refill, Duration::from_secs(60)).unwrap());
+    let key = Key::new(key);
+    limiter.set_override(Some(&key), Some(p)).await.unwrap();
+}
+
 /// The cost limit and `RateLimit-Policy` come from the policy in force: an
 /// override raising the capacity lets a larger cost through (and the header
 /// announces the override's quota and window); an override shrinking it
@@ -125,30 +136,31 @@ async fn zero_cost_is_counted<B: Backend>(backend: B) {
 async fn cost_limit_follows_overrides<B: Backend>(backend: B) {
     let name = unique_name("ovr");
     // 5 tokens, 1 per 12 s: the whole bucket in 60 s.
-    let limiter = Limiter::new(&*name, TokenBucket::new(5, 5, 60 * Duration::from_secs(1)).unwrap(), backend);
+    let limiter = Limiter::new(
+        &*name,
+        TokenBucket::new(5, 5, 60 * Duration::from_secs(1)).unwrap(),
+        backend,
+    );
     let calls = Arc::new(AtomicUsize::new(0));
     for by_outcome in [false, true] {
         let (vip, small) = (format!("vip-{by_outcome}"), format!("small-{by_outcome}"));
         let res = send(&limiter, by_outcome, &calls, req(&vip, Some(8))).await;
         assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
         // 20 tokens, 1 per 30 s: the whole bucket in 600 s.
-        let raised = Policy::from(TokenBucket::new(20, 2, Duration::from_secs(60)).unwrap());
-        limiter
-            .set_override(Some(&Key::new(&*vip)), Some(raised))
-            .await
-            .unwrap();
+        per_minute_override(&limiter, &vip, 20, 2).await;
         let res = send(&limiter, by_outcome, &calls, req(&vip, Some(8))).await;
         assert_eq!(res.status(), StatusCode::OK, "by outcome: {by_outcome}");
         let policy = res.headers()["ratelimit-policy"].to_str().unwrap();
         assert_eq!(policy, format!("\"{name}\";q=20;w=600"));
 
-        let shrunk = Policy::from(TokenBucket::new(2, 2, Duration::from_secs(60)).unwrap());
-        limiter
-            .set_override(Some(&Key::new(&*small)), Some(shrunk))
-            .await
-            .unwrap();
+        // 2 tokens, 2 a minute.
+        per_minute_override(&limiter, &small, 2, 2).await;
         let res = send(&limiter, by_outcome, &calls, req(&small, Some(3))).await;
-        assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE, "by outcome: {by_outcome}");
+        assert_eq!(
+            res.status(),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "by outcome: {by_outcome}"
+        );
         assert!(res.headers().get("retry-after").is_none());
         let res = send(&limiter, by_outcome, &calls, req(&small, Some(2))).await;
         assert_eq!(res.status(), StatusCode::OK);
