@@ -14,8 +14,8 @@
 //! script never divides; the other fields let [`decode`] rebuild the exact
 //! policy. Every number the scripts compute with must stay below 2^53, the
 //! range of exact integers in a Lua double: [`encode`] refuses the rest, and
-keeps capacities and limits strictly below 2^53, so that a cost above
-2^53 (sent to the scripts as 2^53) is always answered as impossible.
+//! keeps capacities and limits strictly below 2^53, so that a cost above
+//! 2^53 (sent to the scripts as 2^53) is always answered as impossible.
 //!
 //! # Examples
 //!
