@@ -57,8 +57,9 @@ pub(crate) enum Charge {
 /// cached retry-after, which the carried penalty may push further out; and
 /// pending units are dropped once a window (of the policy that refused)
 /// has passed since the last of them (they would have left the window
-/// anyway), when the key is reset or overridden through this limiter, and
-/// when a full shard is cleared (memory stays bounded).
+/// anyway), when the key is reset or overridden through this limiter, when
+/// the call carrying them fails (the fail mode then rules that request),
+/// and when a full shard is cleared (memory stays bounded).
 ///
 /// An entry answers for at most `max_ttl`, which bounds how late this
 /// worker sees a reset or an override made by another worker.
