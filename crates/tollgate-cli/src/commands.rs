@@ -350,7 +350,7 @@ async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
     let work = async {
         let d = t
             .limiter
-            .try_acquire(&key.key, 0)
+            .try_peek(&key.key, 1)
             .await
             .map_err(|e| limiter_error("inspect", &e))?;
         let o = Overrides::read(&t, Some(&key.key)).await?;

@@ -114,7 +114,7 @@ pub(crate) fn describe(p: &Policy) -> String {
 }
 
 /// Fields that configure a limiter but are not part of a runtime override.
-const NOT_OVERRIDABLE: [&str; 3] = ["cost", "fail_mode", "timeout"];
+const NOT_OVERRIDABLE: [&str; 4] = ["cost", "min_cost", "fail_mode", "timeout"];
 
 /// Builds an override of `limiter`'s policy from `snippet` (TOML fields of
 /// one limiter, without a table header): the fields given replace the
@@ -161,9 +161,10 @@ pub(crate) fn override_policy(limiter: &LimiterConfig, snippet: &str) -> Result<
     }
 
     let mut base = format!(
-        "{header}strategy = {}\ncost = {}\n",
+        "{header}strategy = {}\ncost = {}\nmin_cost = {}\n",
         toml_string(configured.as_str()),
-        limiter.cost
+        limiter.cost,
+        limiter.min_cost
     );
     for (k, v) in policy_fields(&limiter.policy) {
         // The snippet's own value wins; leaving the configured one in the

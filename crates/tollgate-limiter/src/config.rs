@@ -30,8 +30,9 @@
 //!
 //! Everything is validated when loaded: an unknown field, an unknown
 //! strategy, a zero capacity or window, a field that does not belong to the
-//! strategy, a default cost the limit can never grant: each fails with an
-//! error naming the limiter and the field.
+//! strategy, a default cost or a `min_cost` (the least any call is charged,
+//! default 1) that is 0 or that the limit can never grant: each fails with
+//! an error naming the limiter and the field.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -123,6 +124,7 @@ struct RawLimiter {
     forget_after: Option<String>,
     // common
     cost: Option<u64>,
+    min_cost: Option<u64>,
     fail_mode: Option<String>,
     timeout: Option<String>,
 }
@@ -192,6 +194,9 @@ pub struct LimiterConfig {
     pub policy: Policy,
     /// The cost of one request unless the consumer says otherwise.
     pub cost: u64,
+    /// The least cost any charging call takes (see
+    /// [`LimiterBuilder::min_cost`](crate::LimiterBuilder::min_cost)).
+    pub min_cost: u64,
     /// Its fail mode.
     pub fail_mode: FailMode,
     /// Its per-decision timeout.
@@ -207,6 +212,7 @@ impl LimiterConfig {
             .fail_mode(self.fail_mode)
             .timeout(self.timeout)
             .breaker(self.breaker)
+            .min_cost(self.min_cost)
             .build()
     }
 }
@@ -429,6 +435,13 @@ fn validate(
     policy
         .check_cost(cost)
         .map_err(|e| ConfigError::from_policy(name, e))?;
+    let min_cost = l.min_cost.unwrap_or(1);
+    if min_cost == 0 {
+        return Err(err("min_cost", "must be at least 1".into()));
+    }
+    policy
+        .check_cost(min_cost)
+        .map_err(|e| err("min_cost", e.reason))?;
     let fail_mode = match &l.fail_mode {
         Some(s) => s.parse().map_err(|e| err("fail_mode", e))?,
         None => fail_mode,
@@ -443,6 +456,7 @@ fn validate(
         name: name.to_owned(),
         policy,
         cost,
+        min_cost,
         fail_mode,
         timeout,
         breaker,
@@ -575,6 +589,22 @@ mod tests {
     fn cost_above_limit_is_refused() {
         let e = err("[limiters.llm]\nstrategy='token_bucket'\ncapacity=10\nrefill='1/s'\ncost=11");
         assert!(e.contains("limiters.llm.cost"), "{e}");
+    }
+
+    #[test]
+    fn min_cost_is_validated_and_applied() {
+        let tb = "[limiters.llm]\nstrategy='token_bucket'\ncapacity=10\nrefill='1/s'\n";
+        let e = err(&format!("{tb}min_cost=0"));
+        assert!(e.contains("limiters.llm.min_cost"), "{e}");
+        let e = err(&format!("{tb}min_cost=11"));
+        assert!(e.contains("limiters.llm.min_cost"), "{e}");
+        let c = Config::builder()
+            .toml_str(&format!("{tb}min_cost=4"))
+            .load()
+            .unwrap();
+        assert_eq!(c.limiter("llm").unwrap().min_cost, 4);
+        let c = Config::builder().toml_str(tb).load().unwrap();
+        assert_eq!(c.limiter("llm").unwrap().min_cost, 1);
     }
 
     #[test]

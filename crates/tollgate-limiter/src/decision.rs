@@ -14,6 +14,10 @@ pub struct Decision {
     remaining: u64,
     retry_after: Duration,
     reset_after: Duration,
+    /// In whole microseconds, as backends compute it (keeps a `Decision`,
+    /// and the `Denied` that carries one, small).
+    window_us: u64,
+    impossible: bool,
 }
 
 impl Decision {
@@ -25,6 +29,8 @@ impl Decision {
             remaining,
             retry_after: Duration::ZERO,
             reset_after,
+            window_us: 0,
+            impossible: false,
         }
     }
 
@@ -41,6 +47,8 @@ impl Decision {
             remaining,
             retry_after,
             reset_after,
+            window_us: 0,
+            impossible: false,
         }
     }
 
@@ -58,7 +66,43 @@ impl Decision {
             remaining,
             retry_after: Duration::from_micros(retry_after_us),
             reset_after: Duration::from_micros(reset_after_us),
+            window_us: 0,
+            impossible: false,
         }
+    }
+
+    /// A refusal of a cost the policy in force can never grant, whatever
+    /// the wait (a cost above the capacity or the window's limit). No
+    /// retry-after helps, so it is zero; the limiter turns this into its
+    /// impossible-cost error (HTTP 413), never a 429 with a Retry-After
+    /// that cannot be met.
+    pub fn impossible(limit: u64, remaining: u64, reset_after_us: u64) -> Self {
+        Self {
+            impossible: true,
+            ..Self::from_micros(false, limit, remaining, 0, reset_after_us)
+        }
+    }
+
+    /// The same decision, stating the window of the policy that made it
+    /// (kept in whole microseconds).
+    pub fn with_window(mut self, window: Duration) -> Self {
+        self.window_us = crate::time::micros(window);
+        self
+    }
+
+    /// Whether the request was refused because its cost can never fit
+    /// the policy in force (see [`impossible`](Self::impossible)).
+    pub fn is_impossible(&self) -> bool {
+        self.impossible
+    }
+
+    /// The span the limit of the policy in force (an override, if one was
+    /// set) is expressed over: the time to refill the whole bucket, the
+    /// window, or the forget-after period; what `RateLimit-Policy`'s `w`
+    /// announces. Zero when the decision was not made by a backend (a
+    /// hand-built decision).
+    pub fn window(&self) -> Duration {
+        Duration::from_micros(self.window_us)
     }
 
     /// Whether the request may pass.

@@ -6,6 +6,7 @@ use tokio::time::Instant;
 
 use crate::decision::Decision;
 use crate::key::Key;
+use crate::model::Op;
 use crate::policy::Policy;
 use crate::sharded::{Expiring, Sharded};
 
@@ -15,6 +16,23 @@ struct Entry {
     at: Instant,
     cost: u64,
     decision: Decision,
+    /// Units refused locally (sliding windows) not yet carried to the
+    /// backend, and when the last of them was refused.
+    pending: u64,
+    pending_at: Instant,
+}
+
+/// What the cache answers to a charging request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Charge {
+    /// Refused locally, as the backend would refuse it.
+    Refused(Decision),
+    /// Ask the backend; first record `pending` units refused locally
+    /// ([`Op::Penalise`]), so that the flood is counted.
+    Ask {
+        /// Units to carry (0 for none).
+        pending: u64,
+    },
 }
 
 impl Expiring for Entry {
@@ -28,10 +46,29 @@ impl Expiring for Entry {
 ///
 /// Only refusals that the backend would repeat are cached: a request of at
 /// least the refused cost cannot pass before the refusal's retry-after
-/// under a token bucket or a sliding window (a refusal records nothing
-/// there), nor can a check of a blocked progressive delay. A sliding window
-/// that penalises refusals must record each one, so it is never answered
-/// locally. An entry lives at most `max_ttl`, which bounds how late this
+/// under a token bucket or a sliding window, nor can a check of a blocked
+/// progressive delay (whose failures must all be recorded, so only peeks
+/// are answered locally).
+///
+/// **Penalised sliding windows.** There every refusal must be recorded, so
+/// a charging request refused locally is not forgotten: its cost is added
+/// to the key's *pending* units, and the key's next backend call first
+/// records them ([`Op::Penalise`], one more round trip) and then asks for
+/// its own cost. The flood is thus recorded, only later (at the carry, not
+/// at each refusal), so its units leave the window later: the limiter is
+/// stricter than or as strict as without the cache, never laxer, and never
+/// admits more. This is done for every sliding window (the policy in force
+/// may be an override that penalises; the backend records nothing where it
+/// does not). Two things are advisory only: a local refusal reports the
+/// cached retry-after, which the carried penalty may push further out; and
+/// pending units are dropped once a window (of the policy that refused)
+/// has passed since the last of them (they would have left the window
+/// anyway), when the key is reset or overridden through this limiter, when
+/// the call carrying them fails (the fail mode then rules that request),
+/// and when a full shard drops the expired entry holding them (memory
+/// stays bounded).
+///
+/// An entry answers for at most `max_ttl`, which bounds how late this
 /// worker sees a reset or an override made by another worker. At most
 /// `capacity` keys are held: when full, a refusal is not cached unless an
 /// expired entry makes room (it is then answered by the backend, as without
@@ -50,35 +87,59 @@ impl DenyCache {
         }
     }
 
-    /// Whether refusals of `policy` for a request of `cost` can be cached.
-    pub(crate) fn applies(policy: &Policy, cost: u64) -> bool {
-        match policy {
-            Policy::TokenBucket(_) => true,
-            Policy::SlidingWindow(p) => !p.penalises_refused(),
-            Policy::ProgressiveDelay(_) => cost == 0,
-        }
+    /// Whether refusals of `policy` for `op` can be answered locally (for
+    /// a sliding window's acquire, with its cost kept pending).
+    pub(crate) fn applies(policy: &Policy, op: Op) -> bool {
+        matches!(
+            (policy, op),
+            (_, Op::Peek(_))
+                | (
+                    Policy::TokenBucket(_) | Policy::SlidingWindow(_),
+                    Op::Acquire(_)
+                )
+        )
     }
 
     /// The remembered refusal for `key` and `cost`, aged to now.
     pub(crate) fn get(&self, key: &Key, cost: u64) -> Option<Decision> {
         let now = Instant::now();
+        let shard = self.map.shard(key);
+        let e = shard.get(key)?;
+        if now >= e.until || cost < e.cost {
+            return None;
+        }
+        Some(aged(e, now))
+    }
+
+    /// The answer to a charging request of `cost` for `key`: a local
+    /// refusal (whose cost becomes pending when `pending` counts, for a
+    /// sliding window), or the pending units to carry to the backend
+    /// before asking it.
+    pub(crate) fn charge(&self, key: &Key, cost: u64, pending: bool) -> Charge {
+        let now = Instant::now();
         let mut shard = self.map.shard(key);
-        let e = *shard.get(key)?;
+        let Some(e) = shard.get_mut(key) else {
+            return Charge::Ask { pending: 0 };
+        };
+        if now < e.until && cost >= e.cost {
+            if pending {
+                e.pending = e.pending.saturating_add(cost);
+                e.pending_at = now;
+            }
+            return Charge::Refused(aged(e, now));
+        }
+        // Units refused more than a window ago would have left it.
+        let carried = if now - e.pending_at < e.decision.window() {
+            std::mem::take(&mut e.pending)
+        } else {
+            0
+        };
         if now >= e.until {
             shard.remove(key);
-            return None;
+        } else {
+            e.pending = 0;
         }
-        if cost < e.cost {
-            return None;
-        }
-        let elapsed = now - e.at;
-        let d = e.decision;
-        Some(Decision::denied(
-            d.limit(),
-            d.remaining(),
-            d.retry_after().saturating_sub(elapsed),
-            d.reset_after().saturating_sub(elapsed),
-        ))
+        Charge::Ask { pending: carried }
     }
 
     /// Remembers a refusal of a request of `cost`.
@@ -93,15 +154,21 @@ impl DenyCache {
             at,
             cost,
             decision: *decision,
+            pending: 0,
+            pending_at: at,
         };
         let mut shard = self.map.shard(key);
-        // Keep the smallest refused cost: it answers more requests.
-        if let Some(e) = shard.get(key)
-            && cost > e.cost
-            && e.until > at
-        {
-            return;
-        }
+        let entry = match shard.get(key) {
+            // Keep the smallest refused cost: it answers more requests.
+            Some(e) if cost > e.cost && e.until > at => return,
+            // Units still pending stay pending.
+            Some(e) => Entry {
+                pending: e.pending,
+                pending_at: e.pending_at,
+                ..entry
+            },
+            None => entry,
+        };
         shard.insert(key, entry, at);
     }
 
@@ -118,6 +185,19 @@ impl DenyCache {
     pub(crate) fn clear(&self) {
         self.map.clear();
     }
+}
+
+/// `e`'s refusal, its figures aged to `now`.
+fn aged(e: &Entry, now: Instant) -> Decision {
+    let elapsed = now - e.at;
+    let d = e.decision;
+    Decision::denied(
+        d.limit(),
+        d.remaining(),
+        d.retry_after().saturating_sub(elapsed),
+        d.reset_after().saturating_sub(elapsed),
+    )
+    .with_window(d.window())
 }
 
 #[cfg(test)]
@@ -155,11 +235,50 @@ mod tests {
     }
 
     #[test]
-    fn penalising_windows_are_never_cached() {
+    fn which_refusals_are_answered_locally() {
         let w = SlidingWindow::new(1, Duration::from_secs(1)).unwrap();
-        assert!(DenyCache::applies(&w.into(), 1));
-        assert!(!DenyCache::applies(&w.penalise_refused(true).into(), 1));
+        assert!(DenyCache::applies(&w.into(), Op::Acquire(1)));
+        assert!(DenyCache::applies(
+            &w.penalise_refused(true).into(),
+            Op::Acquire(1)
+        ));
         let tb = TokenBucket::per_second(1, 1).unwrap();
-        assert!(DenyCache::applies(&tb.into(), 3));
+        assert!(DenyCache::applies(&tb.into(), Op::Acquire(3)));
+        let pd = crate::policy::ProgressiveDelay::new(
+            1,
+            Duration::from_secs(1),
+            2,
+            Duration::from_secs(4),
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        assert!(!DenyCache::applies(&pd.into(), Op::Acquire(1)));
+        assert!(DenyCache::applies(&pd.into(), Op::Peek(1)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn local_refusals_are_carried_to_the_next_backend_call() {
+        let c = DenyCache::new(Duration::from_secs(60), 100);
+        let k = Key::new("k");
+        let d = Decision::denied(3, 0, Duration::from_secs(2), Duration::from_secs(10))
+            .with_window(Duration::from_secs(10));
+        c.insert(&k, 1, &d);
+        for _ in 0..3 {
+            assert!(matches!(c.charge(&k, 2, true), Charge::Refused(_)));
+        }
+        assert!(matches!(c.charge(&k, 1, false), Charge::Refused(_)));
+        // A peek is answered and adds nothing.
+        assert!(c.get(&k, 1).is_some());
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(c.charge(&k, 1, true), Charge::Ask { pending: 6 });
+        assert_eq!(c.charge(&k, 1, true), Charge::Ask { pending: 0 });
+        // A cheaper request than the refused one carries them too.
+        c.insert(&k, 2, &d);
+        assert!(matches!(c.charge(&k, 2, true), Charge::Refused(_)));
+        assert_eq!(c.charge(&k, 1, true), Charge::Ask { pending: 2 });
+        // Units refused a whole window ago would have left it: dropped.
+        assert!(matches!(c.charge(&k, 2, true), Charge::Refused(_)));
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(c.charge(&k, 2, true), Charge::Ask { pending: 0 });
     }
 }

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use crate::backend::{Backend, Request, Scope};
 use crate::breaker::BreakerConfig;
 use crate::decision::Decision;
-use crate::deny_cache::DenyCache;
+use crate::deny_cache::{Charge, DenyCache};
 use crate::error::Error;
 use crate::guard::Guard;
 use crate::key::Key;
@@ -145,15 +145,28 @@ pub struct LimiterBuilder<B> {
     local_denials: Option<Duration>,
     lease: Option<(u64, Duration)>,
     local_capacity: usize,
+    min_cost: u64,
 }
 
 impl<B: Backend> LimiterBuilder<B> {
+    /// The least cost any charging call takes (default 1): a request
+    /// asking for less (a cost function answering 0) is charged this much,
+    /// so no request passes uncounted. Peeks ask whether at least this much
+    /// fits. A value of 0 counts as 1.
+    pub fn min_cost(mut self, min_cost: u64) -> Self {
+        self.min_cost = min_cost.max(1);
+        self
+    }
+
     /// Answers repeated requests on a key that is over its limit locally,
     /// without a round trip, until the refusal's retry-after (at most
     /// `max_ttl`): a flood on one key does not become a backend storm.
     ///
-    /// Only refusals the backend would repeat are cached (never those of a
-    /// sliding window that penalises refusals). `max_ttl` bounds how long
+    /// Only refusals the backend would repeat are cached. For a sliding
+    /// window that penalises refusals, the cost of each request refused
+    /// locally is kept and recorded on the backend by the key's next call
+    /// (one more round trip then), so the flood is still penalised: never
+    /// more admissions than without the cache. `max_ttl` bounds how long
     /// this worker may miss a reset or an override made by another worker;
     /// its own [`Limiter::reset`] and [`Limiter::set_override`] take effect
     /// at once. Off by default.
@@ -238,6 +251,7 @@ impl<B: Backend> LimiterBuilder<B> {
                 policy: self.policy,
                 backend: self.backend,
                 fail_mode: self.fail_mode,
+                min_cost: self.min_cost,
                 denials: self
                     .local_denials
                     .map(|ttl| DenyCache::new(ttl, self.local_capacity)),
@@ -293,6 +307,7 @@ struct Inner<B> {
     policy: Policy,
     backend: B,
     fail_mode: FailMode,
+    min_cost: u64,
     guard: Guard,
     denials: Option<DenyCache>,
     leases: Option<Leases>,
@@ -335,6 +350,7 @@ impl<B: Backend> Limiter<B> {
             local_denials: None,
             lease: None,
             local_capacity: DEFAULT_LOCAL_CAPACITY,
+            min_cost: 1,
         }
     }
 
@@ -363,71 +379,104 @@ impl<B: Backend> Limiter<B> {
         &self.inner.backend
     }
 
-    /// Asks for one unit for `key`.
+    /// Asks for one unit (at least the [minimum cost](LimiterBuilder::min_cost))
+    /// for `key`.
     pub async fn check(&self, key: &Key) -> Verdict {
         self.check_cost(key, 1).await
     }
 
     /// Asks for `cost` units for `key` (for a progressive delay: records
-    /// `cost` failures; 0 only checks).
+    /// `cost` failures). A cost below the
+    /// [minimum cost](LimiterBuilder::min_cost) is charged the minimum:
+    /// every call charges.
     ///
-    /// A cost the policy can never grant is refused without asking the
-    /// backend, whatever the fail mode.
+    /// A cost the policy in force (an override, if one is set) can never
+    /// grant is refused with [`Error::Policy`], whatever the fail mode; the
+    /// backend decides that, as it knows the policy in force. When the
+    /// backend cannot answer, a cost the configured policy can never grant
+    /// is refused the same way.
     ///
     /// The whole decision waits at most the configured
     /// [timeout](LimiterBuilder::timeout), even when it asks the backend
-    /// twice (lease mode near the limit): every backend call of one decision
-    /// shares one deadline, taken when the decision starts. The bound is
-    /// on waiting: a backend that blocks its caller's thread without
-    /// yielding cannot be interrupted (tollgate's backends never do).
+    /// more than once (lease mode near the limit, local refusals carried to
+    /// a penalised window): every backend call of one decision shares one
+    /// deadline, taken when the decision starts. The bound is on waiting: a
+    /// backend that blocks its caller's thread without yielding cannot be
+    /// interrupted (tollgate's backends never do).
     pub async fn check_cost(&self, key: &Key, cost: u64) -> Verdict {
-        let cache = self
-            .inner
-            .denials
-            .as_ref()
-            .filter(|_| DenyCache::applies(&self.inner.policy, cost));
-        if let Some(denied) = cache.and_then(|c| c.get(key, cost)) {
-            return Verdict::Decided(denied);
+        let deadline = self.inner.guard.deadline();
+        let cost = cost.max(self.inner.min_cost);
+        let op = Op::Acquire(cost);
+        let cache = self.local_denials(op);
+        // A sliding window's local refusals are carried to the backend
+        // (penalised windows must record them; see DenyCache).
+        let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
+        match cache.map(|c| c.charge(key, cost, window)) {
+            Some(Charge::Refused(denied)) => return Verdict::Decided(denied),
+            Some(Charge::Ask { pending }) if pending > 0 => {
+                // Recorded before this request is decided, as they were
+                // refused before it. A failure here is the next call's to
+                // report.
+                let _ = self.try_op(key, Op::Penalise(pending), deadline).await;
+            }
+            _ => {}
         }
         let result = match &self.inner.leases {
-            Some(leases) if cost > 0 => self.leased(leases, key, cost).await,
-            _ => {
-                let deadline = self.inner.guard.deadline();
-                self.try_op(key, Op::Acquire(cost), deadline).await
-            }
+            Some(leases) => self.leased(leases, key, cost, deadline).await,
+            None => self.try_op(key, op, deadline).await,
         };
-        if let (Some(cache), Ok(d)) = (cache, &result)
-            && d.is_denied()
-        {
-            cache.insert(key, cost, d);
-        }
-        self.settle(result)
+        self.finish(cache, key, cost, result)
     }
 
     /// One request under lease mode: up to two backend calls, under one
     /// deadline.
-    async fn leased(&self, leases: &Leases, key: &Key, cost: u64) -> Result<Decision, Error> {
+    async fn leased(
+        &self,
+        leases: &Leases,
+        key: &Key,
+        cost: u64,
+        deadline: Instant,
+    ) -> Result<Decision, Error> {
         if let Some(d) = leases.spend(key, cost) {
             return Ok(d);
         }
-        let deadline = self.inner.guard.deadline();
         // A batch is worth taking only if its rest can be kept.
         if leases.batch > cost && leases.has_room(key) {
-            let d = self
-                .try_op(key, Op::Acquire(leases.batch), deadline)
-                .await?;
-            if d.is_allowed() {
-                leases.keep(key, leases.batch - cost, &d);
-                return Ok(d);
+            // A batch above what the policy in force (an override) can grant
+            // is impossible, not an error of this request: ask for its cost.
+            match self.try_op(key, Op::Acquire(leases.batch), deadline).await {
+                Ok(d) if d.is_allowed() => {
+                    leases.keep(key, leases.batch - cost, &d);
+                    return Ok(d);
+                }
+                Ok(_) | Err(Error::Policy(_)) => {}
+                Err(e) => return Err(e),
             }
         }
         // Near the limit: ask for exactly this request's cost.
         self.try_op(key, Op::Acquire(cost), deadline).await
     }
 
-    /// Reports whether one unit is available, consuming nothing.
+    /// Reports whether a request of the
+    /// [minimum cost](LimiterBuilder::min_cost) would pass now, consuming
+    /// nothing (for a progressive delay: whether the key is blocked).
     pub async fn peek(&self, key: &Key) -> Verdict {
-        self.check_cost(key, 0).await
+        self.peek_cost(key, self.inner.min_cost).await
+    }
+
+    /// Reports whether a request of `cost` (at least the
+    /// [minimum cost](LimiterBuilder::min_cost)) would pass now, consuming
+    /// nothing. A cost that can never pass is refused as
+    /// [`check_cost`](Self::check_cost) refuses it.
+    pub async fn peek_cost(&self, key: &Key, cost: u64) -> Verdict {
+        let cost = cost.max(self.inner.min_cost);
+        let op = Op::Peek(cost);
+        let cache = self.local_denials(op);
+        if let Some(denied) = cache.and_then(|c| c.get(key, cost)) {
+            return Verdict::Decided(denied);
+        }
+        let result = self.try_op(key, op, self.inner.guard.deadline()).await;
+        self.finish(cache, key, cost, result)
     }
 
     /// Forgets `key`: it becomes a fresh key (unblocks a user after a false
@@ -443,10 +492,22 @@ impl<B: Backend> Limiter<B> {
             .await
     }
 
-    /// Asks the backend, with timeout and breaker but without applying the
-    /// fail mode.
+    /// Asks the backend for `cost` units (at least the
+    /// [minimum cost](LimiterBuilder::min_cost)), with timeout and breaker
+    /// but without applying the fail mode.
     pub async fn try_acquire(&self, key: &Key, cost: u64) -> Result<Decision, Error> {
+        let cost = cost.max(self.inner.min_cost);
         self.try_op(key, Op::Acquire(cost), self.inner.guard.deadline())
+            .await
+    }
+
+    /// Asks the backend whether `cost` units (at least the
+    /// [minimum cost](LimiterBuilder::min_cost)) would be granted now,
+    /// consuming nothing, with timeout and breaker but without applying
+    /// the fail mode (what an operator's "inspect" wants).
+    pub async fn try_peek(&self, key: &Key, cost: u64) -> Result<Decision, Error> {
+        let cost = cost.max(self.inner.min_cost);
+        self.try_op(key, Op::Peek(cost), self.inner.guard.deadline())
             .await
     }
 
@@ -514,11 +575,12 @@ impl<B: Backend> Limiter<B> {
         }
     }
 
+    /// One backend decision, under the guard and `deadline`. The backend
+    /// knows the policy in force, so it decides whether a cost can ever
+    /// fit; such a refusal becomes [`Error::Policy`] here.
     async fn try_op(&self, key: &Key, op: Op, deadline: Instant) -> Result<Decision, Error> {
-        if let Op::Acquire(cost) = op {
-            self.inner.policy.check_cost(cost)?;
-        }
-        self.inner
+        let d = self
+            .inner
             .guard
             .run(deadline, || {
                 self.inner.backend.decide(Request {
@@ -528,10 +590,53 @@ impl<B: Backend> Limiter<B> {
                     op,
                 })
             })
-            .await
+            .await?;
+        if d.is_impossible() {
+            let cost = match op {
+                Op::Acquire(c) | Op::Peek(c) | Op::Penalise(c) => c,
+                Op::Reset => 0,
+            };
+            return Err(Error::Policy(PolicyError::new(
+                "cost",
+                format!("a cost of {cost} can never pass a limit of {}", d.limit()),
+            )));
+        }
+        Ok(d)
     }
 
-    fn settle(&self, result: Result<Decision, Error>) -> Verdict {
+    /// The local denial cache, if it answers `op` under the configured
+    /// policy.
+    fn local_denials(&self, op: Op) -> Option<&DenyCache> {
+        self.inner
+            .denials
+            .as_ref()
+            .filter(|_| DenyCache::applies(&self.inner.policy, op))
+    }
+
+    /// Remembers a refusal in `cache`, then settles the verdict.
+    fn finish(
+        &self,
+        cache: Option<&DenyCache>,
+        key: &Key,
+        cost: u64,
+        result: Result<Decision, Error>,
+    ) -> Verdict {
+        if let (Some(cache), Ok(d)) = (cache, &result)
+            && d.is_denied()
+        {
+            cache.insert(key, cost, d);
+        }
+        self.settle(result, cost)
+    }
+
+    /// Turns a request of `cost` into a verdict. When the backend could not
+    /// say whether `cost` can ever fit, the configured policy answers
+    /// that: an impossible cost is never let through by a fail-open mode.
+    fn settle(&self, result: Result<Decision, Error>, cost: u64) -> Verdict {
+        let result = result.map_err(|e| match self.inner.policy.check_cost(cost) {
+            Err(p) if e.is_unavailable() => Error::Policy(p),
+            _ => e,
+        });
         match result {
             Ok(d) => Verdict::Decided(d),
             Err(e @ Error::Policy(_)) => Verdict::FailedClosed(e, Duration::from_secs(1)),

@@ -13,20 +13,36 @@ use crate::policy::{Policy, ProgressiveDelay, SlidingWindow, TokenBucket};
 use crate::time::Timestamp;
 
 /// What a request does to a key's state.
+///
+/// Every charging operation charges at least one unit: `Acquire(0)` is
+/// `Acquire(1)`, never a free look (a cost function answering 0 must not
+/// make a request uncounted). Looking is its own operation, [`Op::Peek`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Op {
     /// Take `cost` units (tokens, window slots, or recorded failures for a
-    /// progressive delay). A cost of 0 only looks: it reports whether a
-    /// request of cost 1 would pass, and changes nothing.
+    /// progressive delay); a cost of 0 counts as 1.
     Acquire(u64),
+    /// Would `cost` units fit now? Changes nothing; answers what a refused
+    /// [`Op::Acquire`] of that cost would answer, or the numbers before the
+    /// charge when it would fit. A cost of 0 counts as 1. A progressive
+    /// delay ignores the cost: it reports whether the key is blocked.
+    Peek(u64),
+    /// Record `units` refused units now, whatever they would get: the
+    /// refusals a [local denial cache](crate::LimiterBuilder::local_denials)
+    /// answered for a sliding window that penalises refusals, carried to the
+    /// backend on the key's next call. Records nothing under any other
+    /// policy. At most `limit` units are recorded: by the trimming rule of
+    /// [`SlidingWindowState`], an entry of `limit` units blocks exactly as
+    /// long as a larger one. Answers as `Peek(1)` would afterwards.
+    Penalise(u64),
     /// Forget the key: it becomes a fresh key (for a progressive delay, a
-    /// successful login).
+    /// successful login). Answers as `Peek(1)` would afterwards.
     Reset,
 }
 
 impl Op {
-    /// Looks without consuming.
-    pub const PEEK: Op = Op::Acquire(0);
+    /// Looks whether one unit would fit, without consuming.
+    pub const PEEK: Op = Op::Peek(1);
 }
 
 /// State of one token-bucket key: its theoretical arrival time (GCRA).
@@ -37,8 +53,19 @@ pub struct TokenBucketState {
 }
 
 impl TokenBucketState {
-    /// Applies `cost` at `now`.
+    /// Takes `cost` tokens at `now` (a cost of 0 counts as 1).
     pub fn acquire(&mut self, now: Timestamp, p: &TokenBucket, cost: u64) -> Decision {
+        self.decide(now, p, cost, true)
+    }
+
+    /// Whether `cost` tokens would be taken at `now`; changes nothing.
+    pub fn peek(&self, now: Timestamp, p: &TokenBucket, cost: u64) -> Decision {
+        let mut copy = *self;
+        copy.decide(now, p, cost, false)
+    }
+
+    fn decide(&mut self, now: Timestamp, p: &TokenBucket, cost: u64, charge: bool) -> Decision {
+        let cost = cost.max(1);
         let t = p.interval_micros();
         let tau = p.capacity() * t;
         let tat = self.tat.max(now);
@@ -46,18 +73,19 @@ impl TokenBucketState {
         // The debt can exceed tau when an override shrank the bucket: then
         // nothing remains (never a negative count).
         let remaining = tau.saturating_sub(debt) / t;
-        if cost == 0 {
-            let allowed = debt + t <= tau;
-            let retry = if allowed { 0 } else { debt + t - tau };
-            return Decision::from_micros(allowed, p.capacity(), remaining, retry, debt);
+        if cost > p.capacity() {
+            return Decision::impossible(p.capacity(), remaining, debt);
         }
-        let new_debt = debt.saturating_add(cost.saturating_mul(t));
-        if new_debt <= tau {
-            self.tat = now + new_debt;
-            Decision::from_micros(true, p.capacity(), (tau - new_debt) / t, 0, new_debt)
-        } else {
-            Decision::from_micros(false, p.capacity(), remaining, new_debt - tau, debt)
+        // cost <= capacity, so this cannot overflow what tau holds.
+        let new_debt = debt + cost * t;
+        if new_debt > tau {
+            return Decision::from_micros(false, p.capacity(), remaining, new_debt - tau, debt);
         }
+        if !charge {
+            return Decision::from_micros(true, p.capacity(), remaining, 0, debt);
+        }
+        self.tat = now + new_debt;
+        Decision::from_micros(true, p.capacity(), (tau - new_debt) / t, 0, new_debt)
     }
 
     /// When this state becomes equal to a fresh key's.
@@ -68,6 +96,23 @@ impl TokenBucketState {
 
 /// State of one sliding-window key: the log of admitted (and, if
 /// penalised, refused) events, oldest first.
+///
+/// **Bounded log.** Whenever a decision records an event, the oldest
+/// events are dropped while the newer ones alone still hold at least
+/// `limit` units (`total - head_cost >= limit`). Events leave the window
+/// oldest first, so as long as any kept event is in the window every
+/// dropped one is too, and the kept ones alone already refuse every
+/// request: the verdict, `remaining` (0) and the exact retry-after
+/// (`needed = total + want - limit >= want > 0` is reached inside the kept
+/// events) are the same as with the whole log. Without a penalty the log
+/// never holds more than `limit` units, so this only ever trims penalised
+/// windows under a flood: a key keeps at most `limit` events (each costs at
+/// least 1) and a decision's work is bounded by the limit, never by how
+/// many requests a client sent.
+///
+/// The one observable consequence: an override *raising* the limit while a
+/// trimmed log is in the window sees only the kept units (at least the old
+/// limit), not every refused request of the flood.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SlidingWindowState {
     /// `(timestamp, cost)`, timestamps non-decreasing.
@@ -76,12 +121,39 @@ pub struct SlidingWindowState {
     pub total: u64,
 }
 
+/// What a sliding-window decision may write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Record {
+    /// An acquire: record the cost if it fits or the window penalises.
+    Charge,
+    /// Nothing.
+    Peek,
+    /// Record the units if the window penalises, and answer a peek.
+    Penalty,
+}
+
 impl SlidingWindowState {
-    /// Applies `cost` at `now`.
+    /// Takes `cost` units at `now` (a cost of 0 counts as 1).
     ///
     /// `now` is clamped to the newest event, so a clock that steps back
     /// cannot reorder the log.
     pub fn acquire(&mut self, now: Timestamp, p: &SlidingWindow, cost: u64) -> Decision {
+        self.decide(now, p, cost, Record::Charge)
+    }
+
+    /// Whether `cost` units would be taken at `now`; records nothing
+    /// (events that left the window are dropped, which changes no answer).
+    pub fn peek(&mut self, now: Timestamp, p: &SlidingWindow, cost: u64) -> Decision {
+        self.decide(now, p, cost, Record::Peek)
+    }
+
+    /// Records `units` refused units at `now` if the window penalises
+    /// refusals (see [`Op::Penalise`]), then answers a peek of 1.
+    pub fn penalise(&mut self, now: Timestamp, p: &SlidingWindow, units: u64) -> Decision {
+        self.decide(now, p, units, Record::Penalty)
+    }
+
+    fn decide(&mut self, now: Timestamp, p: &SlidingWindow, cost: u64, rec: Record) -> Decision {
         let w = p.window_micros();
         let now = self.events.back().map_or(now, |&(ts, _)| now.max(ts));
         while let Some(&(ts, c)) = self.events.front() {
@@ -92,22 +164,51 @@ impl SlidingWindowState {
             self.events.pop_front();
         }
         let limit = p.limit();
-        let want = cost.max(1);
-        let fits = self.total.saturating_add(want) <= limit;
-        if cost > 0 && (fits || p.penalises_refused()) {
-            match self.events.back_mut() {
+        let record = |s: &mut Self, cost: u64| {
+            match s.events.back_mut() {
                 Some((ts, c)) if *ts == now => *c += cost,
-                _ => self.events.push_back((now, cost)),
+                _ => s.events.push_back((now, cost)),
             }
-            self.total += cost;
+            s.total += cost;
+            s.trim(limit);
+        };
+        let want = match rec {
+            Record::Penalty => {
+                let units = cost.min(limit);
+                if units > 0 && p.penalises_refused() {
+                    record(self, units);
+                }
+                1
+            }
+            Record::Charge | Record::Peek => cost.max(1),
+        };
+        let reset = |s: &Self| s.events.back().map_or(0, |&(ts, _)| ts + w - now);
+        if want > limit {
+            return Decision::impossible(limit, limit.saturating_sub(self.total), reset(self));
+        }
+        let fits = self.total + want <= limit;
+        if rec == Record::Charge && (fits || p.penalises_refused()) {
+            record(self, want);
         }
         let retry = if fits {
             0
         } else {
             self.retry_after(now, w, limit, want)
         };
-        let reset = self.events.back().map_or(0, |&(ts, _)| ts + w - now);
-        Decision::from_micros(fits, limit, limit.saturating_sub(self.total), retry, reset)
+        let remaining = limit.saturating_sub(self.total);
+        Decision::from_micros(fits, limit, remaining, retry, reset(self))
+    }
+
+    /// Drops the oldest events while the newer ones alone hold at least
+    /// `limit` units (see the type's docs for why no answer changes).
+    fn trim(&mut self, limit: u64) {
+        while let Some(&(_, c)) = self.events.front() {
+            if self.total - c < limit {
+                break;
+            }
+            self.total -= c;
+            self.events.pop_front();
+        }
     }
 
     /// The exact moment a request of `cost` fits: when the oldest events
@@ -121,7 +222,7 @@ impl SlidingWindowState {
                 return ts + w - now;
             }
         }
-        // Only reached for a cost above the limit, which never fits.
+        // Unreachable: a cost above the limit is answered as impossible.
         w
     }
 
@@ -145,8 +246,18 @@ pub struct ProgressiveDelayState {
 }
 
 impl ProgressiveDelayState {
-    /// Records `failures` failures at `now` (0 only checks).
+    /// Records `failures` failures at `now` (0 counts as 1).
     pub fn acquire(&mut self, now: Timestamp, p: &ProgressiveDelay, failures: u64) -> Decision {
+        self.decide(now, p, failures.max(1))
+    }
+
+    /// Whether the key is blocked at `now`; records nothing (a forgotten
+    /// key is made fresh, which changes no answer).
+    pub fn peek(&mut self, now: Timestamp, p: &ProgressiveDelay) -> Decision {
+        self.decide(now, p, 0)
+    }
+
+    fn decide(&mut self, now: Timestamp, p: &ProgressiveDelay, failures: u64) -> Decision {
         if self.failures > 0 && self.expires_at(p) <= now {
             *self = Self::default();
         }
@@ -198,24 +309,35 @@ impl State {
     /// Applies `op` at `now` under `policy`.
     ///
     /// A state of another strategy than the policy's (the policy was
-    /// replaced by one of a different kind) counts as fresh.
+    /// replaced by one of a different kind) counts as fresh. The decision
+    /// carries the policy's [window](Decision::window).
     pub fn apply(&mut self, now: Timestamp, policy: &Policy, op: Op) -> Decision {
-        let cost = match op {
-            Op::Acquire(cost) => cost,
-            Op::Reset => {
-                *self = Self::fresh(policy);
-                0
+        if op == Op::Reset {
+            *self = Self::fresh(policy);
+            return self.apply(now, policy, Op::PEEK);
+        }
+        let decision = match (&mut *self, policy, op) {
+            (Self::TokenBucket(s), Policy::TokenBucket(p), Op::Acquire(c)) => s.acquire(now, p, c),
+            (Self::TokenBucket(s), Policy::TokenBucket(p), Op::Peek(c)) => s.peek(now, p, c),
+            (Self::TokenBucket(s), Policy::TokenBucket(p), _) => s.peek(now, p, 1),
+            (Self::SlidingWindow(s), Policy::SlidingWindow(p), Op::Acquire(c)) => {
+                s.acquire(now, p, c)
             }
-        };
-        match (&mut *self, policy) {
-            (Self::TokenBucket(s), Policy::TokenBucket(p)) => s.acquire(now, p, cost),
-            (Self::SlidingWindow(s), Policy::SlidingWindow(p)) => s.acquire(now, p, cost),
-            (Self::ProgressiveDelay(s), Policy::ProgressiveDelay(p)) => s.acquire(now, p, cost),
+            (Self::SlidingWindow(s), Policy::SlidingWindow(p), Op::Peek(c)) => s.peek(now, p, c),
+            (Self::SlidingWindow(s), Policy::SlidingWindow(p), Op::Penalise(n)) => {
+                s.penalise(now, p, n)
+            }
+            (Self::SlidingWindow(s), Policy::SlidingWindow(p), Op::Reset) => s.peek(now, p, 1),
+            (Self::ProgressiveDelay(s), Policy::ProgressiveDelay(p), Op::Acquire(c)) => {
+                s.acquire(now, p, c)
+            }
+            (Self::ProgressiveDelay(s), Policy::ProgressiveDelay(p), _) => s.peek(now, p),
             _ => {
                 *self = Self::fresh(policy);
-                self.apply(now, policy, op)
+                return self.apply(now, policy, op);
             }
-        }
+        };
+        decision.with_window(window_of(policy))
     }
 
     /// When this state becomes equal to a fresh key's under `policy`: a
@@ -235,14 +357,30 @@ impl State {
 /// counted). Only such writes set a key's expiry: reads and refusals leave
 /// it as it was.
 pub fn records(policy: &Policy, op: Op, decision: &Decision) -> bool {
+    if decision.is_impossible() {
+        return false;
+    }
     match (op, policy) {
-        (Op::Acquire(0) | Op::Reset, _) => false,
+        (Op::Peek(_) | Op::Reset, _) => false,
+        (Op::Penalise(n), Policy::SlidingWindow(p)) => n > 0 && p.penalises_refused(),
+        (Op::Penalise(_), _) => false,
         (Op::Acquire(_), Policy::TokenBucket(_)) => decision.is_allowed(),
         (Op::Acquire(_), Policy::SlidingWindow(p)) => {
             decision.is_allowed() || p.penalises_refused()
         }
         (Op::Acquire(_), Policy::ProgressiveDelay(_)) => true,
     }
+}
+
+/// The span `policy`'s limit is expressed over, as the backends compute it
+/// (whole microseconds): what a [`Decision::window`] carries.
+pub fn window_of(policy: &Policy) -> std::time::Duration {
+    let us = match policy {
+        Policy::TokenBucket(p) => p.capacity() * p.interval_micros(),
+        Policy::SlidingWindow(p) => p.window_micros(),
+        Policy::ProgressiveDelay(p) => p.forget_after_micros(),
+    };
+    std::time::Duration::from_micros(us)
 }
 
 /// One stored key: its state and the instant it expires.
@@ -377,7 +515,7 @@ mod tests {
         assert!(s.acquire(now + S, &p, 1).is_allowed());
         assert!(s.acquire(now + S, &p, 1).is_denied());
         // Tokens never exceed capacity.
-        let d = s.acquire(now + 100 * S, &p, 0);
+        let d = s.peek(now + 100 * S, &p, 1);
         assert_eq!(d.remaining(), 3);
     }
 
@@ -444,9 +582,9 @@ mod tests {
         assert_eq!(d.retry_after(), Duration::from_secs(1));
         let d = s.acquire(S, &p, 1);
         assert_eq!(d.retry_after(), Duration::from_secs(2));
-        assert!(s.acquire(3 * S, &p, 0).is_allowed());
+        assert!(s.peek(3 * S, &p).is_allowed());
         // Forgotten 600s after the last failure.
-        assert_eq!(s.acquire(601 * S, &p, 0).remaining(), 2);
+        assert_eq!(s.peek(601 * S, &p).remaining(), 2);
         assert_eq!(s.failures, 0);
     }
 

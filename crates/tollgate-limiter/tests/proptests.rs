@@ -106,7 +106,7 @@ proptest! {
                 prop_assert!(d.is_allowed());
             }
             let later = now + d.retry_after().as_micros() as u64;
-            prop_assert!(s.clone().acquire(later, &p, 0).is_allowed());
+            prop_assert!(s.clone().peek(later, &p).is_allowed());
         }
     }
 }

@@ -46,7 +46,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hashbrown::{DefaultHashBuilder, HashTable};
-use tollgate_limiter::model::Slot;
+use tollgate_limiter::model::{Slot, State};
 use tollgate_limiter::time::micros;
 use tollgate_limiter::{
     Backend, Clock, Decision, Key, Policy, Request, Scope, SystemClock, Timestamp,
@@ -294,9 +294,7 @@ impl<C: Clock> MemoryBackend<C> {
             limiter: req.limiter,
             key: req.key.as_str(),
         };
-        let hash = self.shared.hasher.hash_one(&lookup);
-        // Top bits pick the shard; the table inside uses the low ones.
-        let shard = &self.shared.shards[(hash >> 58) as usize % SHARDS];
+        let (hash, shard) = self.shard_of(&lookup);
         let mut shard = lock(shard);
         match shard
             .map
@@ -324,6 +322,13 @@ impl<C: Clock> MemoryBackend<C> {
                 decision
             }
         }
+    }
+
+    /// The key's hash and its shard.
+    fn shard_of(&self, lookup: &Lookup<'_>) -> (u64, &Mutex<Shard>) {
+        let hash = self.shared.hasher.hash_one(lookup);
+        // Top bits pick the shard; the table inside uses the low ones.
+        (hash, &self.shared.shards[(hash >> 58) as usize % SHARDS])
     }
 
     fn effective_policy(&self, req: &Request<'_>, now: Timestamp) -> Policy {
@@ -365,6 +370,32 @@ impl<C: Clock> MemoryBackend<C> {
     /// The number of keys held (live or not yet swept).
     pub fn len(&self) -> usize {
         self.shared.shards.iter().map(|s| lock(s).map.len()).sum()
+    }
+
+    /// How many events the sliding-window log of `key` of `limiter`
+    /// holds (0 for a key not held or of another strategy): lets a test see
+    /// that a flood keeps the log bounded by the limit.
+    pub fn log_len(&self, limiter: &str, key: &Key) -> usize {
+        let lookup = Lookup {
+            limiter,
+            key: key.as_str(),
+        };
+        let (hash, shard) = self.shard_of(&lookup);
+        let shard = lock(shard);
+        match shard
+            .map
+            .find(hash, |(h, k, _)| *h == hash && lookup.matches(k))
+        {
+            Some((
+                _,
+                _,
+                Slot {
+                    state: State::SlidingWindow(s),
+                    ..
+                },
+            )) => s.events.len(),
+            _ => 0,
+        }
     }
 
     /// Whether no key is held.

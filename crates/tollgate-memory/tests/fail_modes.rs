@@ -137,6 +137,20 @@ async fn impossible_cost_is_refused_even_when_failing_open() {
     assert!(!v.is_allowed());
     assert!(matches!(v.error(), Some(Error::Policy(_))));
     assert!(!v.error().unwrap().is_unavailable());
+    // The backend decides that cost against the policy in force; when it
+    // cannot answer, the configured policy does, so an outage does not
+    // open the door to an impossible cost.
+    backend.set_failing(true);
+    let v = l.check_cost(&Key::new("a"), 11).await;
+    assert!(matches!(v.error(), Some(Error::Policy(_))), "{v:?}");
+    assert!(matches!(
+        l.peek_cost(&Key::new("a"), 11).await.error(),
+        Some(Error::Policy(_))
+    ));
+    assert!(matches!(
+        l.check_cost(&Key::new("a"), 10).await,
+        Verdict::FailedOpen(_)
+    ));
 }
 
 /// Collects the warn events the limiter emits.

@@ -14,14 +14,22 @@
 --                    absent in cluster mode, where ARGV[4] carries it)
 --
 -- ARGV[1]  now in µs since the epoch, or '' to use the server's TIME
--- ARGV[2]  cost: >= 0 to acquire (0 peeks), -1 to reset the key
+-- ARGV[2]  the operation (parsed by parse_op below):
+--            '<n>'   acquire n units (0 counts as 1: every charge charges)
+--            '?<n>'  peek: would n units fit? changes nothing (0 counts as 1)
+--            '!<n>'  penalise: record n refused units (penalised sliding
+--                    windows only, at most limit of them); answers '?1'
+--            '-1'    reset the key; answers '?1'
 -- ARGV[3]  the limiter's configured policy, encoded (see decode below)
 -- ARGV[4]  the limiter-wide override known to the client (cluster mode), or ''
 -- ARGV[5]  the least TTL in ms to give a written key (0 in production; a
 --          floor for tests whose caller clock runs slower than real time)
 --
--- Returns {allowed (1|0), limit, remaining, retry_after_us, reset_after_us},
--- or {-1, strategy} when the policy in force is of another strategy than
+-- Returns {verdict, limit, remaining, retry_after_us, reset_after_us,
+-- window_us}: verdict 1 allowed, 0 refused, 2 refused because the cost can
+-- never fit the policy in force (its capacity or limit is smaller);
+-- window_us is the span the policy in force is expressed over. Or
+-- {-1, strategy} when the policy in force is of another strategy than
 -- this script's: the client then runs that strategy's script.
 --
 -- Arithmetic is the reference model's (tollgate-limiter src/model.rs), in the
@@ -42,6 +50,30 @@ local function idiv(a, b)
     q = q + 1
   end
   return q
+end
+
+-- The operation of ARGV[2]: 'acquire' | 'peek' | 'penalise' | 'reset',
+-- and its number (at least 1 except for a penalty).
+local function parse_op()
+  local a = ARGV[2]
+  if a == '-1' then
+    return 'reset', 1
+  end
+  local op = 'acquire'
+  local sigil = string.sub(a, 1, 1)
+  if sigil == '?' then
+    op = 'peek'
+  elseif sigil == '!' then
+    op = 'penalise'
+  end
+  if op ~= 'acquire' then
+    a = string.sub(a, 2)
+  end
+  local n = tonumber(a)
+  if op ~= 'penalise' and n < 1 then
+    n = 1
+  end
+  return op, n
 end
 
 local function now_us()

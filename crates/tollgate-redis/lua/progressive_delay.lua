@@ -1,25 +1,27 @@
 -- tollgate: progressive delay, one decision.
 --
--- KEYS and ARGV: see common.lua (KEYS[2], the log, is unused here). The
--- cost is the number of failures to record (0 only checks).
+-- KEYS and ARGV: see common.lua (KEYS[2], the log, is unused here). An
+-- acquire records its number of failures; a peek (whatever its number), a
+-- penalty and a reset record none and report whether the key is blocked.
+-- A cost never is impossible here.
 -- State, KEYS[1]: HASH { s = 'p', x = expiry, f = failures,
 -- b = blocked until, l = last failure }.
--- Model: ProgressiveDelayState::acquire.
+-- Model: ProgressiveDelayState::acquire / peek.
 
 local now = now_us()
 local p = policy_in_force()
 if p.kind ~= 'p' then
   return { -1, p.kind }
 end
-local cost = tonumber(ARGV[2])
+local op, cost = parse_op()
 
 local st = redis.call('HMGET', KEYS[1], 's', 'x', 'f', 'b', 'l')
 local f, b, l = 0, 0, 0
-if st[1] == 'p' and tonumber(st[2]) > now and cost >= 0 then
+if st[1] == 'p' and tonumber(st[2]) > now and op ~= 'reset' then
   f, b, l = tonumber(st[3]), tonumber(st[4]), tonumber(st[5])
 end
 local existed = st[1]
-if cost < 0 then
+if op ~= 'acquire' then
   cost = 0
 end
 
@@ -90,4 +92,4 @@ elseif existed and f == 0 then
   -- Reset, forgotten, or another strategy's state: the key is fresh.
   redis.call('DEL', KEYS[1])
 end
-return { allowed, p.free, remaining, retry, reset }
+return { allowed, p.free, remaining, retry, reset, p.forget }

@@ -5,7 +5,12 @@
 -- Log, KEYS[2]: LIST of pairs, oldest first: ts1, cost1, ts2, cost2, ...
 -- (timestamps non-decreasing; events at one instant are merged). Both keys
 -- share the hash tag and the TTL.
--- Model: SlidingWindowState::acquire.
+-- Bounded log: whenever an event is recorded, the oldest events are dropped
+-- while the newer ones alone hold at least `limit` units, which changes no
+-- answer (see SlidingWindowState in the model). A penalised flood thus keeps
+-- at most `limit` events, and every decision reads at most that many: work
+-- and memory are bounded by the policy, not by the number of requests.
+-- Model: SlidingWindowState::acquire / peek / penalise.
 
 local CHUNK = 256 -- list items (128 events) read per LRANGE
 
@@ -14,11 +19,11 @@ local p = policy_in_force()
 if p.kind ~= 'w' then
   return { -1, p.kind }
 end
-local cost = tonumber(ARGV[2])
+local op, cost = parse_op()
 local w, limit = p.window, p.limit
 
 local st = redis.call('HMGET', KEYS[1], 's', 'x', 'n')
-local live = st[1] == 'w' and tonumber(st[2]) > now and cost >= 0
+local live = st[1] == 'w' and tonumber(st[2]) > now and op ~= 'reset'
 local total = 0
 if live then
   total = tonumber(st[3])
@@ -26,8 +31,8 @@ else
   -- Fresh: drop an expired log, another strategy's state, or (reset) ours.
   redis.call('DEL', KEYS[1], KEYS[2])
 end
-if cost < 0 then
-  cost = 0
+if op == 'reset' then
+  op = 'peek'
 end
 
 -- The newest event; now is clamped to it so the log stays ordered.
@@ -47,27 +52,48 @@ if total > 0 then
   end
 end
 
+-- Visits the log's events oldest first, a chunk at a time, until
+-- visit(ts, cost) returns true; returns the number of list items before
+-- the event it stopped at (all of them if it never did).
+local function each_event(visit)
+  local idx = 0
+  while true do
+    local chunk = redis.call('LRANGE', KEYS[2], idx, idx + CHUNK - 1)
+    if #chunk == 0 then
+      return idx
+    end
+    for i = 1, #chunk, 2 do
+      if visit(tonumber(chunk[i]), tonumber(chunk[i + 1])) then
+        return idx + i - 1
+      end
+    end
+    idx = idx + #chunk
+  end
+end
+
+-- Drops events from the head of the log while should_drop(ts, cost) holds,
+-- taking their cost off the total.
+local function drop_head(should_drop)
+  local drop = each_event(function(ts, c)
+    if not should_drop(ts, c) then
+      return true
+    end
+    total = total - c
+    return false
+  end)
+  if drop > 0 then
+    redis.call('LTRIM', KEYS[2], drop, -1)
+  end
+end
+
 -- Events leave the window at ts + w <= now.
 local trimmed = false
 if total > 0 then
   local head = tonumber(redis.call('LINDEX', KEYS[2], 0))
   if head + w <= clamped then
-    local drop, done = 0, false
-    while not done do
-      local chunk = redis.call('LRANGE', KEYS[2], drop, drop + CHUNK - 1)
-      if #chunk == 0 then
-        break
-      end
-      for i = 1, #chunk, 2 do
-        if tonumber(chunk[i]) + w > clamped then
-          done = true
-          break
-        end
-        total = total - tonumber(chunk[i + 1])
-        drop = drop + 2
-      end
-    end
-    redis.call('LTRIM', KEYS[2], drop, -1)
+    drop_head(function(ts, _)
+      return ts + w <= clamped
+    end)
     trimmed = true
     if total == 0 then
       last_ts, last_c = nil, nil
@@ -75,44 +101,63 @@ if total > 0 then
   end
 end
 
-local want = cost
-if want < 1 then
-  want = 1
-end
-local fits = total + want <= limit
+-- Records c units at the clamped now, then keeps only the newest events
+-- holding at least `limit` units (a head costs at least 1, so nothing is
+-- dropped unless total > limit; the newest event is never dropped).
 local recorded = false
-if cost > 0 and (fits or p.penalise) then
+local function record(c)
   if last_ts == clamped then
-    last_c = last_c + cost
+    last_c = last_c + c
     redis.call('LSET', KEYS[2], -1, fmt(last_c))
   else
-    redis.call('RPUSH', KEYS[2], fmt(clamped), fmt(cost))
-    last_ts, last_c = clamped, cost
+    redis.call('RPUSH', KEYS[2], fmt(clamped), fmt(c))
+    last_ts, last_c = clamped, c
   end
-  total = total + cost
+  total = total + c
   recorded = true
+  if total > limit then
+    drop_head(function(_, hc)
+      return total - hc >= limit
+    end)
+  end
 end
 
--- Retry-after: when the oldest events that block this request leave.
-local retry = 0
-if not fits then
-  local needed = total + want - limit
-  retry = w
-  local freed, idx, done = 0, 0, false
-  while not done do
-    local chunk = redis.call('LRANGE', KEYS[2], idx, idx + CHUNK - 1)
-    if #chunk == 0 then
-      break
-    end
-    for i = 1, #chunk, 2 do
-      freed = freed + tonumber(chunk[i + 1])
+local want = cost
+if op == 'penalise' then
+  local units = cost
+  if units > limit then
+    units = limit
+  end
+  if units > 0 and p.penalise then
+    record(units)
+  end
+  want = 1
+end
+
+local verdict, retry = 0, 0
+if want > limit then
+  verdict = 2
+else
+  local fits = total + want <= limit
+  if op == 'acquire' and (fits or p.penalise) then
+    record(want)
+  end
+  if fits then
+    verdict = 1
+  else
+    -- Retry-after: when the oldest events that block this request leave
+    -- (inside the kept events: at most `limit` of them are read).
+    local needed = total + want - limit
+    local freed = 0
+    retry = w
+    each_event(function(ts, c)
+      freed = freed + c
       if freed >= needed then
-        retry = tonumber(chunk[i]) + w - clamped
-        done = true
-        break
+        retry = ts + w - clamped
+        return true
       end
-    end
-    idx = idx + CHUNK
+      return false
+    end)
   end
 end
 
@@ -139,8 +184,4 @@ elseif trimmed then
   redis.call('HSET', KEYS[1], 'n', fmt(total))
 end
 
-local allowed = 0
-if fits then
-  allowed = 1
-end
-return { allowed, limit, remaining, retry, reset }
+return { verdict, limit, remaining, retry, reset, w }

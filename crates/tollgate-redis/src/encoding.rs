@@ -13,7 +13,9 @@
 //! The token bucket carries its interval (rounded up by the core) so the
 //! script never divides; the other fields let [`decode`] rebuild the exact
 //! policy. Every number the scripts compute with must stay below 2^53, the
-//! range of exact integers in a Lua double: [`encode`] refuses the rest.
+//! range of exact integers in a Lua double: [`encode`] refuses the rest, and
+//! keeps capacities and limits strictly below 2^53, so that a cost above
+//! 2^53 (sent to the scripts as 2^53) is always answered as impossible.
 //!
 //! # Examples
 //!
@@ -61,6 +63,15 @@ fn exact(field: &'static str, v: u64) -> Result<u64, EncodingError> {
     Ok(v)
 }
 
+/// A capacity or limit: strictly below 2^53, so that any larger cost (sent
+/// as 2^53, see `op_arg`) is above it and answered as impossible.
+fn bound(field: &'static str, v: u64) -> Result<u64, EncodingError> {
+    if v >= MAX_EXACT {
+        return Err(EncodingError::OutOfRange(field));
+    }
+    Ok(v)
+}
+
 fn us(d: Duration) -> u64 {
     tollgate_limiter::time::micros(d)
 }
@@ -70,14 +81,14 @@ pub fn encode(policy: &Policy) -> Result<String, EncodingError> {
     Ok(match policy {
         Policy::TokenBucket(p) => format!(
             "1:t:{}:{}:{}:{}",
-            exact("capacity", p.capacity())?,
+            bound("capacity", p.capacity())?,
             exact("refill", p.refill())?,
             exact("period", us(p.period()))?,
             exact("interval", p.interval_micros())?,
         ),
         Policy::SlidingWindow(p) => format!(
             "1:w:{}:{}:{}",
-            exact("limit", p.limit())?,
+            bound("limit", p.limit())?,
             exact("window", p.window_micros())?,
             u8::from(p.penalises_refused()),
         ),
@@ -157,6 +168,9 @@ mod tests {
     #[test]
     fn refuses_numbers_lua_cannot_hold() {
         let p = Policy::from(SlidingWindow::new(u64::MAX, Duration::from_secs(1)).unwrap());
+        assert_eq!(encode(&p), Err(EncodingError::OutOfRange("limit")));
+        // A limit of 2^53 would let a cost above 2^53 (sent as 2^53) fit.
+        let p = Policy::from(SlidingWindow::new(MAX_EXACT, Duration::from_secs(1)).unwrap());
         assert_eq!(encode(&p), Err(EncodingError::OutOfRange("limit")));
     }
 

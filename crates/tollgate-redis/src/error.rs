@@ -26,9 +26,6 @@ pub enum RedisError {
     /// `}`, which would move the Redis Cluster hash tag).
     #[error("invalid limiter name {0:?}: braces are reserved for the hash tag")]
     InvalidLimiterName(String),
-    /// A cost too large for the scripts' exact arithmetic (above 2^53).
-    #[error("cost {0} is out of range")]
-    CostOutOfRange(u64),
     /// The builder was asked for something this build cannot do (a
     /// `rediss://` URL without the `tls` feature, a cluster without the
     /// `cluster` feature).

@@ -497,11 +497,7 @@ impl RedisBackend {
 
     async fn decide_inner(&self, req: Request<'_>) -> Result<Decision, RedisError> {
         check_limiter(req.limiter)?;
-        let cost: i64 = match req.op {
-            Op::Acquire(c) if c > encoding::MAX_EXACT => return Err(RedisError::CostOutOfRange(c)),
-            Op::Acquire(c) => c as i64,
-            Op::Reset => -1,
-        };
+        let op = op_arg(req.op);
         let policy = encoding::encode(req.policy)?;
         // Caller time is read once, so a redirected call decides at the
         // same instant.
@@ -531,7 +527,7 @@ impl RedisBackend {
                 Some(now) => inv.arg(now),
                 None => inv.arg(""),
             };
-            inv.arg(cost)
+            inv.arg(&op)
                 .arg(&policy)
                 .arg(&limiter_override)
                 .arg(self.inner.min_ttl_ms);
@@ -542,6 +538,19 @@ impl RedisBackend {
             }
         }
         Err(RedisError::Protocol("policy strategy kept changing".into()))
+    }
+}
+
+/// ARGV[2], the operation (see `lua/common.lua`). A cost above 2^53 is
+/// sent as 2^53: no encodable policy's limit reaches it (see
+/// [`encoding`]), so the script answers it as impossible either way.
+fn op_arg(op: Op) -> String {
+    let n = |c: u64| c.min(encoding::MAX_EXACT);
+    match op {
+        Op::Acquire(c) => n(c).to_string(),
+        Op::Peek(c) => format!("?{}", n(c)),
+        Op::Penalise(c) => format!("!{}", n(c)),
+        Op::Reset => "-1".to_owned(),
     }
 }
 
@@ -569,16 +578,17 @@ fn parse_reply(v: &[Value]) -> Result<Reply, RedisError> {
             .map(Reply::Redirect)
             .ok_or_else(|| RedisError::Protocol(format!("unknown strategy {letter:?}")));
     }
-    if v.len() != 5 {
+    if v.len() != 6 {
         return Err(RedisError::Protocol(format!("{} items", v.len())));
     }
-    Ok(Reply::Decision(Decision::from_micros(
-        int(0)? == 1,
-        uint(1)?,
-        uint(2)?,
-        uint(3)?,
-        uint(4)?,
-    )))
+    let (limit, remaining, retry, reset) = (uint(1)?, uint(2)?, uint(3)?, uint(4)?);
+    let decision = match int(0)? {
+        2 => Decision::impossible(limit, remaining, reset),
+        verdict => Decision::from_micros(verdict == 1, limit, remaining, retry, reset),
+    };
+    Ok(Reply::Decision(
+        decision.with_window(Duration::from_micros(uint(5)?)),
+    ))
 }
 
 fn check_limiter(name: &str) -> Result<(), RedisError> {
@@ -678,11 +688,19 @@ mod tests {
             Value::Int(4),
             Value::Int(0),
             Value::Int(7),
+            Value::Int(9),
         ];
         let Ok(Reply::Decision(d)) = parse_reply(&ok) else {
             panic!("a decision")
         };
-        assert_eq!(d, Decision::from_micros(true, 5, 4, 0, 7));
+        let w = Duration::from_micros(9);
+        assert_eq!(d, Decision::from_micros(true, 5, 4, 0, 7).with_window(w));
+        let mut never = ok.clone();
+        never[0] = Value::Int(2);
+        let Ok(Reply::Decision(d)) = parse_reply(&never) else {
+            panic!("a decision")
+        };
+        assert_eq!(d, Decision::impossible(5, 4, 7).with_window(w));
         let redirect = [Value::Int(-1), Value::BulkString(b"w".to_vec())];
         assert!(matches!(
             parse_reply(&redirect),
@@ -690,6 +708,7 @@ mod tests {
         ));
         for bad in [
             &[Value::Int(1)][..],
+            &ok[..5],
             &[Value::Int(-1), Value::BulkString(b"z".to_vec())],
         ] {
             assert!(matches!(parse_reply(bad), Err(RedisError::Protocol(_))));

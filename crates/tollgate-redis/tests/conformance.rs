@@ -23,3 +23,18 @@ async fn setup() -> (RedisBackend, MockClock) {
 }
 
 tollgate_testkit::conformance_tests!(setup(), cases = 1000);
+
+/// A penalised flood of 20,000 requests on one key: every decision equals
+/// the model's, and the log keeps at most `limit + 1` events (two list
+/// items each), not one per request.
+#[tokio::test]
+async fn penalised_flood_keeps_the_log_bounded() {
+    let (backend, clock) = setup().await;
+    let (name, key, limit) =
+        tollgate_testkit::conformance::penalised_flood(&backend, &clock, 20_000).await;
+    let server = RedisServer::shared().expect("redis-server");
+    let log = format!("{}:log", backend.state_key(&name, &key));
+    let server = server.lock().unwrap_or_else(|e| e.into_inner());
+    let items: u64 = server.cli(&["LLEN", &log]).trim().parse().expect("LLEN");
+    assert!(items >= 2 && items / 2 <= limit + 1, "{items} list items");
+}

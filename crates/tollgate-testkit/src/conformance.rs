@@ -18,7 +18,7 @@
 //!
 //! The heart of the suite is [`agrees_with_model`]: thousands of random
 //! traces (requests of random cost on a few keys, time steps, peeks,
-//! resets, runtime overrides) replayed through the backend and through the
+//! penalties, resets, runtime overrides) replayed through the backend and through the
 //! core's reference [`Model`], comparing every decision.
 
 use std::future::Future;
@@ -59,6 +59,13 @@ async fn decide<B: Backend>(l: &Limiter<B>, key: &Key, cost: u64) -> Decision {
         .unwrap_or_else(|e| panic!("backend failed: {e:?}"))
 }
 
+async fn peek<B: Backend>(l: &Limiter<B>, key: &Key, cost: u64) -> Decision {
+    match l.peek_cost(key, cost).await {
+        tollgate_limiter::Verdict::Decided(d) => d,
+        other => panic!("peek failed: {other:?}"),
+    }
+}
+
 /// A new key starts full, a burst of `capacity` passes, the next request is
 /// refused with the exact wait, consumes nothing, and tokens drip back at
 /// the refill rate up to capacity and no further.
@@ -85,7 +92,7 @@ pub async fn token_bucket_burst_and_refill<B: Backend>(backend: B, clock: MockCl
     assert!(decide(&l, &k, 1).await.is_allowed());
     // Never more than capacity.
     clock.advance(Duration::from_secs(3600));
-    let d = decide(&l, &k, 0).await;
+    let d = peek(&l, &k, 1).await;
     assert_eq!(d.remaining(), 5);
     assert_eq!(d.reset_after(), Duration::ZERO);
 }
@@ -162,7 +169,7 @@ pub async fn progressive_delay<B: Backend>(backend: B, clock: MockClock) {
     let p = ProgressiveDelay::new(2, S, 2, 5 * S, 60 * S).unwrap();
     let l = limiter("pd", p, backend);
     let k = Key::email("victim@example.com");
-    assert!(decide(&l, &k, 0).await.is_allowed());
+    assert!(peek(&l, &k, 1).await.is_allowed());
     assert!(decide(&l, &k, 1).await.is_allowed());
     let d = decide(&l, &k, 1).await;
     assert!(d.is_allowed());
@@ -173,10 +180,10 @@ pub async fn progressive_delay<B: Backend>(backend: B, clock: MockClock) {
         let want = expected.next().unwrap();
         assert!(d.is_denied());
         assert_eq!(d.retry_after(), want);
-        assert!(decide(&l, &k, 0).await.is_denied());
+        assert!(peek(&l, &k, 1).await.is_denied());
         clock.advance(want);
         assert!(
-            decide(&l, &k, 0).await.is_allowed(),
+            peek(&l, &k, 1).await.is_allowed(),
             "a delay, not a lock-out"
         );
     }
@@ -187,25 +194,168 @@ pub async fn progressive_delay<B: Backend>(backend: B, clock: MockClock) {
     assert_eq!(d.remaining(), 1);
     // Forgotten 60s after the last failure.
     clock.advance(60 * S);
-    assert_eq!(decide(&l, &k, 0).await.remaining(), 2);
+    assert_eq!(peek(&l, &k, 1).await.remaining(), 2);
 }
 
-/// A peek (cost 0) changes nothing; a reset makes the key fresh.
+/// A peek changes nothing and asks about its own cost; a reset makes the
+/// key fresh.
 pub async fn peek_and_reset<B: Backend>(backend: B, _clock: MockClock) {
     let l = limiter("pr", TokenBucket::new(2, 1, 60 * S).unwrap(), backend);
     let k = Key::new("peek");
     for _ in 0..5 {
-        let d = decide(&l, &k, 0).await;
+        let d = peek(&l, &k, 1).await;
         assert!(d.is_allowed());
         assert_eq!(d.remaining(), 2);
+        assert!(peek(&l, &k, 2).await.is_allowed());
     }
-    assert!(decide(&l, &k, 2).await.is_allowed());
-    let d = decide(&l, &k, 0).await;
+    assert!(decide(&l, &k, 1).await.is_allowed());
+    // One token left: a peek of 1 fits, a peek of 2 is told the exact wait.
+    assert!(peek(&l, &k, 1).await.is_allowed());
+    let d = peek(&l, &k, 2).await;
+    assert!(d.is_denied());
+    assert_eq!(d.remaining(), 1);
+    assert_eq!(d.retry_after(), 60 * S);
+    assert!(decide(&l, &k, 1).await.is_allowed());
+    let d = peek(&l, &k, 1).await;
     assert!(d.is_denied());
     assert_eq!(d.retry_after(), 60 * S);
+    // A peek of a cost above the capacity is the impossible-cost error.
+    assert!(!l.peek_cost(&k, 3).await.is_allowed());
     let d = l.reset(&k).await.unwrap();
     assert_eq!(d.remaining(), 2);
     assert!(decide(&l, &k, 2).await.is_allowed());
+}
+
+/// A cost of 0 is not a free request: the backend charges at least one
+/// unit, and a limiter charges at least its minimum cost.
+pub async fn zero_cost_is_charged<B: Backend + Clone>(backend: B, _clock: MockClock) {
+    let policy = Policy::from(SlidingWindow::new(3, 60 * S).unwrap());
+    let l = limiter("zero", policy, backend.clone());
+    let k = Key::new("free-rider");
+    for left in [2, 1, 0] {
+        let d = decide(&l, &k, 0).await;
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), left);
+    }
+    assert!(decide(&l, &k, 0).await.is_denied());
+    // Straight to the backend: Op::Acquire(0) charges 1 too.
+    let name = unique_name("zero-raw");
+    let raw = |op| {
+        backend.decide(Request {
+            limiter: &name,
+            key: &k,
+            policy: &policy,
+            op,
+        })
+    };
+    for _ in 0..3 {
+        assert!(raw(Op::Acquire(0)).await.is_ok_and(|d| d.is_allowed()));
+    }
+    assert!(raw(Op::Acquire(0)).await.is_ok_and(|d| d.is_denied()));
+    // A limiter whose minimum cost is 2 charges 2 for a cost of 0 or 1.
+    let l = Limiter::builder(unique_name("min"), policy, backend)
+        .timeout(5 * S)
+        .min_cost(2)
+        .build();
+    assert_eq!(decide(&l, &k, 0).await.remaining(), 1);
+    assert!(
+        peek(&l, &k, 0).await.is_denied(),
+        "a peek asks for the minimum"
+    );
+    assert!(decide(&l, &k, 1).await.is_denied());
+}
+
+/// A cost is judged against the policy in force: an override raising the
+/// limit lets a larger cost pass, one shrinking it below a cost makes that
+/// cost impossible (the limiter's policy error, not a refusal with a wait
+/// that can never be met), and decisions carry the window of the policy in
+/// force.
+pub async fn cost_under_overrides<B: Backend + Clone>(backend: B, _clock: MockClock) {
+    let l = limiter(
+        "cost-ovr",
+        TokenBucket::new(5, 1, S).unwrap(),
+        backend.clone(),
+    );
+    let (big, small) = (Key::new("big"), Key::new("small"));
+    assert!(matches!(
+        l.try_acquire(&big, 8).await,
+        Err(tollgate_limiter::Error::Policy(_))
+    ));
+    let d = peek(&l, &big, 1).await;
+    assert_eq!(d.window(), 5 * S, "configured: 5 tokens at 1/s");
+    let raised = Policy::from(TokenBucket::new(10, 1, 2 * S).unwrap());
+    l.set_override(Some(&big), Some(raised)).await.unwrap();
+    let d = decide(&l, &big, 8).await;
+    assert!(d.is_allowed(), "the override's capacity rules: {d:?}");
+    assert_eq!(d.limit(), 10);
+    assert_eq!(d.window(), 20 * S);
+    assert!(peek(&l, &big, 2).await.is_allowed());
+    let shrunk = Policy::from(TokenBucket::new(2, 1, S).unwrap());
+    l.set_override(Some(&small), Some(shrunk)).await.unwrap();
+    assert!(decide(&l, &small, 2).await.is_allowed());
+    let e = l.try_acquire(&small, 3).await.unwrap_err();
+    assert!(matches!(e, tollgate_limiter::Error::Policy(_)), "{e:?}");
+    assert!(!e.is_unavailable());
+    assert!(matches!(
+        l.peek_cost(&small, 3).await,
+        tollgate_limiter::Verdict::FailedClosed(tollgate_limiter::Error::Policy(_), _)
+    ));
+    let d = decide(&l, &small, 1).await;
+    assert!(d.is_denied());
+    assert_eq!((d.limit(), d.window()), (2, 2 * S));
+    // The window of a sliding-window override, too.
+    let w = limiter(
+        "cost-ovr-w",
+        SlidingWindow::new(2, 10 * S).unwrap(),
+        backend,
+    );
+    let wide = Policy::from(SlidingWindow::new(4, 30 * S).unwrap());
+    w.set_override(None, Some(wide)).await.unwrap();
+    let d = decide(&w, &big, 4).await;
+    assert!(d.is_allowed());
+    assert_eq!((d.limit(), d.window()), (4, 30 * S));
+}
+
+/// One client floods one key of a penalised sliding window with `requests`
+/// requests of cost 1 at 1 ms intervals (and a few peeks and costlier
+/// requests); every decision must equal the reference model's. Returns the
+/// limiter's name, the key and the limit, so the caller can check how many
+/// events the backend keeps for the key (at most `limit + 1`).
+pub async fn penalised_flood<B: Backend>(
+    backend: &B,
+    clock: &MockClock,
+    requests: u64,
+) -> (String, Key, u64) {
+    let limit = 10;
+    let policy = Policy::from(
+        SlidingWindow::new(limit, 60 * S)
+            .unwrap()
+            .penalise_refused(true),
+    );
+    let name = unique_name("flood");
+    let key = Key::new("flooder");
+    let mut model = Model::new();
+    for i in 0..requests {
+        let op = match i % 100 {
+            50 => Op::Peek(3),
+            99 => Op::Acquire(4),
+            _ => Op::Acquire(1),
+        };
+        let now = clock.now();
+        let got = backend
+            .decide(Request {
+                limiter: &name,
+                key: &key,
+                policy: &policy,
+                op,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("backend failed: {e}"));
+        let want = model.apply(&name, key.as_str(), now, &policy, op);
+        assert_eq!(got, want, "request {i} ({op:?})");
+        clock.advance(Duration::from_millis(1));
+    }
+    (name, key, limit)
 }
 
 /// Keys and limiters count apart.
@@ -238,7 +388,7 @@ pub async fn overrides<B: Backend>(backend: B, _clock: MockClock) {
         n += 1;
     }
     assert_eq!(n, 5);
-    assert_eq!(decide(&l, &vip, 0).await.limit(), 5);
+    assert_eq!(peek(&l, &vip, 1).await.limit(), 5);
     let mut n = 0;
     while decide(&l, &other, 1).await.is_allowed() {
         n += 1;
@@ -300,12 +450,27 @@ pub async fn concurrent_sliding_window<B: Backend + Clone>(backend: B, _clock: M
 pub enum Step {
     /// Let time pass (microseconds).
     Advance(u64),
-    /// Ask for `cost` on key number `key` (0 peeks).
+    /// Ask for `cost` on key number `key` (0 counts as 1).
     Acquire {
         /// Which of the trace's keys.
         key: usize,
         /// The cost.
         cost: u64,
+    },
+    /// Peek whether `cost` would fit on key number `key`.
+    Peek {
+        /// Which of the trace's keys.
+        key: usize,
+        /// The cost.
+        cost: u64,
+    },
+    /// Record `units` refused units on key number `key` (a local denial
+    /// cache's carried penalty).
+    Penalise {
+        /// Which of the trace's keys.
+        key: usize,
+        /// The units.
+        units: u64,
     },
     /// Reset key number `key`.
     Reset(usize),
@@ -367,8 +532,11 @@ pub fn traces(len: usize) -> impl Strategy<Value = (Policy, Vec<Step>)> {
         let max = policy.max_cost().unwrap_or(3);
         let step = prop_oneof![
             4 => durations().prop_map(Step::Advance),
-            8 => (0..KEYS, 1..=max).prop_map(|(key, cost)| Step::Acquire { key, cost }),
-            2 => (0..KEYS).prop_map(|key| Step::Acquire { key, cost: 0 }),
+            // Costs up to one above the configured maximum: impossible ones
+            // too, and overrides move the maximum.
+            8 => (0..KEYS, 0..=max + 1).prop_map(|(key, cost)| Step::Acquire { key, cost }),
+            3 => (0..KEYS, 0..=max + 1).prop_map(|(key, cost)| Step::Peek { key, cost }),
+            1 => (0..KEYS, 0..=2 * max).prop_map(|(key, units)| Step::Penalise { key, units }),
             1 => (0..KEYS).prop_map(Step::Reset),
             1 => (proptest::option::of(0..KEYS), proptest::option::of(variant(&policy)))
                 .prop_map(|(k, p)| Step::Override(k, p)),
@@ -407,6 +575,8 @@ pub async fn replay<B: Backend>(
                 continue;
             }
             Step::Acquire { key, cost } => (*key, Op::Acquire(*cost)),
+            Step::Peek { key, cost } => (*key, Op::Peek(*cost)),
+            Step::Penalise { key, units } => (*key, Op::Penalise(*units)),
             Step::Reset(key) => (*key, Op::Reset),
         };
         let now = clock.now();
@@ -478,8 +648,9 @@ macro_rules! conformance_tests {
 
             $crate::conformance_tests!(@each $setup;
                 token_bucket_burst_and_refill, token_bucket_cost, sliding_window_exact,
-                sliding_window_penalise, progressive_delay, peek_and_reset, isolation,
-                overrides, concurrent_token_bucket, concurrent_sliding_window);
+                sliding_window_penalise, progressive_delay, peek_and_reset, zero_cost_is_charged,
+                cost_under_overrides, isolation, overrides, concurrent_token_bucket,
+                concurrent_sliding_window);
 
             #[test]
             fn agrees_with_model() {

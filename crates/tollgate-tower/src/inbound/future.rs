@@ -112,8 +112,8 @@ where
     }
 }
 
-/// Asks the limiter: takes the cost now (`upfront`), or only looks, the
-/// charge waiting for the response.
+/// Asks the limiter: takes the cost now (`upfront`), or only looks whether
+/// the cost fits, the charge waiting for the response.
 fn check<B: Backend>(ticket: Ticket<B>, upfront: bool) -> BoxFuture<(Verdict, Ticket<B>)> {
     let span =
         tracing::debug_span!("rate_limit", limiter = ticket.limiter.name(), key = %ticket.key);
@@ -123,12 +123,12 @@ fn check<B: Backend>(ticket: Ticket<B>, upfront: bool) -> BoxFuture<(Verdict, Ti
             let verdict = if upfront {
                 ticket.limiter.check_cost(&ticket.key, ticket.cost).await
             } else {
-                match ticket.limiter.policy().check_cost(ticket.cost) {
-                    // Only the check is deferred: a cost that can never
-                    // pass is refused as `check_cost` would refuse it.
-                    Err(_) => ticket.limiter.check_cost(&ticket.key, ticket.cost).await,
-                    Ok(()) => ticket.limiter.peek(&ticket.key).await,
-                }
+                // Look for the request's whole cost, not one unit: a key
+                // with fewer units left than the cost would otherwise pass
+                // every check and have every charge refused, unbounded.
+                // A cost that can never pass is refused as `check_cost`
+                // refuses it.
+                ticket.limiter.peek_cost(&ticket.key, ticket.cost).await
             };
             timer.record(ticket.limiter.name());
             (verdict, ticket)

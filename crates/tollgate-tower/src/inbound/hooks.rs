@@ -76,9 +76,13 @@ where
 /// The cost of a request: a fixed `u64` (1 by default) or a closure
 /// `Fn(&Req) -> u64` (weighted endpoints, LLM calls charged by tokens).
 ///
-/// A cost the limiter's policy can never grant is refused (fail-closed,
-/// whatever the fail mode): a request cannot escape a limit by claiming
-/// an impossible cost.
+/// A cost the policy in force (an override, if one is set) can never grant
+/// is refused with `413 Payload Too Large` (fail-closed, whatever the fail
+/// mode): a request cannot escape a limit by claiming an impossible cost.
+/// A cost below the limiter's
+/// [minimum cost](tollgate_limiter::LimiterBuilder::min_cost) (a cost
+/// function answering 0) is charged the minimum: no request passes
+/// uncounted.
 pub trait Cost<Req> {
     /// The units `req` takes.
     fn cost(&self, req: &Req) -> u64;
@@ -118,8 +122,9 @@ pub enum Outcome {
 /// With the default, [`Upfront`], the cost is taken atomically before the
 /// request is handed on, and every admitted request counts. With a
 /// classifier (any closure `Fn(&Res) -> Outcome`) the layer instead
-/// *checks* before (a refused key is refused without reaching the
-/// service) and *charges after*, once the response says whether the
+/// *checks* before whether the request's whole cost fits (a key without
+/// room for it is refused without reaching the service) and *charges
+/// after*, once the response says whether the
 /// request counts; the response is returned once the charge is recorded,
 /// so the client's next request sees it.
 ///

@@ -42,7 +42,8 @@ pub const RATELIMIT: http::HeaderName = http::HeaderName::from_static("ratelimit
 pub struct Quota<'a> {
     /// The limiter's name: the policy's name in the header fields.
     pub name: &'a str,
-    /// The limiter's configured policy (for the window).
+    /// The limiter's configured policy: the window when the decision does
+    /// not carry the one of the policy in force.
     pub policy: &'a Policy,
     /// The backend's decision.
     pub decision: &'a Decision,
@@ -70,10 +71,16 @@ impl<'a> Quota<'a> {
         }
     }
 
-    /// `RateLimit-Policy: "name";q=<limit>;w=<window seconds>`.
+    /// `RateLimit-Policy: "name";q=<limit>;w=<window seconds>`, both from
+    /// the policy in force (an override, if one is set), as the decision
+    /// reports it.
     pub fn policy_header(&self) -> HeaderValue {
         let q = self.decision.limit();
-        let w = ceil_secs(self.policy.window()).max(1);
+        let window = match self.decision.window() {
+            w if w.is_zero() => self.policy.window(),
+            w => w,
+        };
+        let w = ceil_secs(window).max(1);
         // The same few values on every response: remember them per thread
         // (no lock, no shared counter) instead of formatting each time.
         POLICY_HEADERS.with_borrow_mut(|cache| {

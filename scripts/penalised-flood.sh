@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Per-decision time of the sliding-window script under a penalised flood on
+# one key: the first 1,000 decisions, then (after 18,000 more) the last
+# 1,000 of a 20,000-request flood, one client, one connection.
+#
+#   scripts/penalised-flood.sh [git-rev]   # default: the working tree
+#
+# With a rev (e.g. `main`), the Lua is taken from that commit, to compare.
+# Starts its own redis-server on a free loopback port and stops it (by its
+# pid) when done. The figures are in docs/redis.md; they are not a test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rev=${1:-}
+lua() {
+  if [ -n "$rev" ]; then git show "$rev:crates/tollgate-redis/lua/$1"; else cat "crates/tollgate-redis/lua/$1"; fi
+}
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+dir=$(mktemp -d)
+redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" --daemonize yes --pidfile "$dir/pid" >/dev/null
+trap 'kill "$(cat "$dir/pid")" 2>/dev/null; rm -rf "$dir"' EXIT
+for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+sha=$( (lua common.lua; lua sliding_window.lua) | redis-cli -p "$port" -x SCRIPT LOAD)
+# 10 per minute, penalise refused; server time; acquire 1.
+k='tollgate:flood:{k}'
+call=(EVALSHA "$sha" 4 "$k" "$k:log" "$k:override" tollgate:flood:override '' 1 '1:w:10:60000000:1' '' 0)
+rb() { redis-benchmark -p "$port" -c 1 -n "$1" -q "${call[@]}" 2>/dev/null | tr '\r' '\n' | grep -E 'requests per second' | tail -1 | sed 's/.*: \([0-9.]* requests per second\)/\1/'; }
+echo "first 1000: $(rb 1000)"
+rb 18000 >/dev/null
+echo "last 1000:  $(rb 1000)"
+echo "log items (2 per event): $(redis-cli -p "$port" LLEN "$k:log")"
