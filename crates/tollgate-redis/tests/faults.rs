@@ -98,6 +98,7 @@ async fn silent_path_then_new_server() {
     outage(&l, &k, 10 * S).await;
     relay.retarget(new.addr());
     let took = resumes(&l, &k).await;
+    println!("resumed {took:?} after the new path");
     assert!(took <= RESUME_WITHIN, "resumed {took:?} after the new path");
     // The decision came from the new server: the key is fresh there.
     let d = l.try_acquire(&k, 1).await.unwrap();
@@ -120,6 +121,7 @@ async fn stopped_server_then_continued() {
     outage(&l, &k, 10 * S).await;
     server.resume();
     let took = resumes(&l, &fresh).await;
+    println!("resumed {took:?} after SIGCONT");
     assert!(took <= RESUME_WITHIN, "resumed {took:?} after SIGCONT");
 }
 
@@ -147,6 +149,7 @@ async fn killed_server_then_restarted() {
     .await
     .unwrap();
     let took = resumes(&l, &k).await;
+    println!("resumed {took:?} after the restart");
     assert!(took <= RESUME_WITHIN, "resumed {took:?} after the restart");
 }
 
