@@ -56,7 +56,11 @@ pub(crate) enum Connector {
         config: ConnectionManagerConfig,
     },
     #[cfg(feature = "cluster")]
-    Cluster(redis::cluster::ClusterClient),
+    Cluster {
+        client: redis::cluster::ClusterClient,
+        /// The whole connect (several nodes) is bounded by a multiple.
+        connect_timeout: Duration,
+    },
 }
 
 impl Connector {
@@ -74,16 +78,21 @@ impl Connector {
 
     /// A connection that may not have connected yet (a manager connects on
     /// first use); the keeper's `PING` tells.
-    async fn connect(&self, t: Timeouts) -> RedisResult<Link> {
+    async fn connect(&self) -> RedisResult<Link> {
         match self {
             Self::Single { client, config } => Ok(Link::Single(
                 ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?,
             )),
             #[cfg(feature = "cluster")]
-            Self::Cluster(client) => {
+            Self::Cluster {
+                client,
+                connect_timeout,
+            } => {
                 // The cluster client connects to several nodes, each under
                 // the connect timeout; bound the whole.
-                match tokio::time::timeout(t.connect * 3, client.get_async_connection()).await {
+                match tokio::time::timeout(*connect_timeout * 3, client.get_async_connection())
+                    .await
+                {
                     Ok(c) => Ok(Link::Cluster(c?)),
                     Err(_) => Err(timed_out()),
                 }
@@ -201,7 +210,7 @@ async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
         loop {
             let started = Instant::now();
             let attempt = async {
-                let mut link = connector.connect(t).await?;
+                let mut link = connector.connect().await?;
                 answers(&mut link, t).await?;
                 Ok::<_, redis::RedisError>(link)
             };
@@ -299,25 +308,25 @@ impl Conn {
     ) -> Result<Self, RedisError> {
         let mut links = Vec::new();
         for _ in 0..usage.size.max(1) {
-            let mut link = connector.connect(t).await?;
+            let mut link = connector.connect().await?;
             answers(&mut link, t).await?;
             links.push(Some(link));
         }
-        Ok(Self::start(connector, t, usage, links))
+        Ok(Self::start(&connector, t, usage, links))
     }
 
     /// Starts with no connection: the keepers connect in the background.
     /// Needs a Tokio runtime.
-    pub(crate) fn lazy(connector: Connector, t: Timeouts, usage: Usage) -> Self {
+    pub(crate) fn lazy(connector: &Connector, t: Timeouts, usage: Usage) -> Self {
         let links = (0..usage.size.max(1)).map(|_| None).collect();
         Self::start(connector, t, usage, links)
     }
 
-    fn start(connector: Connector, t: Timeouts, usage: Usage, links: Vec<Option<Link>>) -> Self {
-        let cluster = match &connector {
+    fn start(connector: &Connector, t: Timeouts, usage: Usage, links: Vec<Option<Link>>) -> Self {
+        let cluster = match connector {
             Connector::Single { .. } => false,
             #[cfg(feature = "cluster")]
-            Connector::Cluster(_) => true,
+            Connector::Cluster { .. } => true,
         };
         let slots: Box<[Arc<Slot>]> = links
             .into_iter()

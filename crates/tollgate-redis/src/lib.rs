@@ -361,7 +361,7 @@ impl RedisBackendBuilder {
     /// Call it within a Tokio runtime.
     pub fn build_lazy(self) -> Result<RedisBackend, RedisError> {
         self.check()?;
-        let conn = Conn::lazy(self.connector()?, self.timeouts(), self.usage());
+        let conn = Conn::lazy(&self.connector()?, self.timeouts(), self.usage());
         Ok(self.backend(conn))
     }
 
@@ -446,7 +446,10 @@ impl RedisBackendBuilder {
                 root_cert: Some(pem.clone()),
             });
         }
-        Ok(conn::Connector::Cluster(builder.build()?))
+        Ok(conn::Connector::Cluster {
+            client: builder.build()?,
+            connect_timeout: self.connect_timeout,
+        })
     }
 
     #[cfg(not(feature = "cluster"))]

@@ -196,7 +196,9 @@ async fn soak_under_faults() {
             tokio::spawn(async move {
                 let mut i = t;
                 while !stop.load(Ordering::Relaxed) {
-                    i = i.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    i = i
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
                     let k = Key::new(format!("k{}", (i >> 33) % 500));
                     let l = if i & 1 == 0 { &open } else { &closed };
                     let start = Instant::now();
@@ -282,6 +284,12 @@ async fn soak_under_faults() {
         Duration::from_micros(tally.max_wait_us.load(Ordering::Relaxed)),
     );
     assert!(tally.decided.load(Ordering::Relaxed) > 0);
-    assert!(tally.failed_open.load(Ordering::Relaxed) > 0, "faults reached the fail-open limiter");
-    assert!(tally.failed_closed.load(Ordering::Relaxed) > 0, "faults reached the fail-closed limiter");
+    assert!(
+        tally.failed_open.load(Ordering::Relaxed) > 0,
+        "faults reached the fail-open limiter"
+    );
+    assert!(
+        tally.failed_closed.load(Ordering::Relaxed) > 0,
+        "faults reached the fail-closed limiter"
+    );
 }

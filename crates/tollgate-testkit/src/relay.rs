@@ -78,7 +78,9 @@ impl Relay {
     /// Outside a Tokio runtime, or if no loopback port can be bound.
     pub fn start(target: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-        listener.set_nonblocking(true).expect("non-blocking listener");
+        listener
+            .set_nonblocking(true)
+            .expect("non-blocking listener");
         let addr = listener.local_addr().expect("local addr");
         let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio runtime");
         let control = Arc::new(Control {
