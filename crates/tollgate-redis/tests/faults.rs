@@ -78,7 +78,8 @@ async fn resumes(l: &Limiter<RedisBackend>, k: &Key) -> Duration {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("decisions did not resume within 15 s");
+    let last = l.try_acquire(k, 1).await;
+    panic!("decisions did not resume within 15 s; the last call: {last:?}");
 }
 
 /// A path that goes silent (connections open, nothing answers) for 10 s,
@@ -164,7 +165,7 @@ struct Tally {
 }
 
 /// The soak: 32 tasks on 500 keys ask a fail-open and a fail-closed limiter
-/// over one backend while the server (append-only, `fsync` always) is
+/// over one backend while the server (append-only) is
 /// stopped and continued, and killed and restarted, `TOLLGATE_SOAK_CYCLES`
 /// times (default 2; `scripts/soak.sh` runs the long form).
 ///
@@ -175,7 +176,16 @@ struct Tally {
 /// exactly its capacity.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_under_faults() {
-    let Some(server) = RedisServer::builder().appendonly(true).start() else {
+    // `appendfsync everysec`, not the testkit's `always`: on a machine
+    // shared with builds an fsync can take longer than the limiter's 50 ms
+    // for seconds on end, and that is a slow disk, not the behaviour under
+    // test. The exactness check below uses a key created after the last
+    // restart, so the second a kill may lose does not matter to it.
+    let Some(server) = RedisServer::builder()
+        .appendonly(true)
+        .arg("appendfsync", "everysec")
+        .start()
+    else {
         return;
     };
     let cycles: u32 = std::env::var("TOLLGATE_SOAK_CYCLES")
