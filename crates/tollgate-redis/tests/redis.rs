@@ -584,6 +584,9 @@ async fn connection_modes_keep_one_exact_counter() {
         for t in tasks {
             allowed += u32::from(t.await.unwrap().is_allowed());
         }
-        assert_eq!(allowed, 10, "size {size}, exclusive {exclusive}, ping {ping}");
+        assert_eq!(
+            allowed, 10,
+            "size {size}, exclusive {exclusive}, ping {ping}"
+        );
     }
 }
