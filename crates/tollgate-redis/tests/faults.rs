@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tollgate_limiter::{BreakerConfig, FailMode, Key, Limiter, TokenBucket, Verdict};
+use tollgate_limiter::{
+    Backend, BreakerConfig, FailMode, Key, Limiter, Op, Policy, Request, TokenBucket, Verdict,
+};
 use tollgate_redis::{Durability, RedisBackend};
 use tollgate_testkit::conformance::unique_name;
 use tollgate_testkit::redis_server::RedisServer;
@@ -104,6 +106,42 @@ async fn silent_path_then_new_server() {
     // The decision came from the new server: the key is fresh there.
     let d = l.try_acquire(&k, 1).await.unwrap();
     assert_eq!(d.remaining(), 98, "{d:?}");
+}
+
+/// The backend, not its callers, replaces a connection that stopped
+/// answering: one call given up after 20 ms (its future dropped, its reply
+/// never seen) and no caller since; once new connections reach a second
+/// server, the next call, with no timeout of its own, is answered at once
+/// by that server instead of hanging on the silent connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_call_is_enough_to_replace_a_silent_connection() {
+    let (Some(old), Some(new)) = (RedisServer::start(), RedisServer::start()) else {
+        return;
+    };
+    let relay = Relay::start(old.addr());
+    let b = backend(&relay.url()).await;
+    let policy = Policy::from(TokenBucket::new(5, 1, 3600 * S).unwrap());
+    let k = Key::new("k");
+    let req = Request {
+        limiter: "api",
+        key: &k,
+        policy: &policy,
+        op: Op::Acquire(1),
+    };
+    assert!(b.decide(req).await.unwrap().is_allowed());
+    relay.silence();
+    let gave_up = tokio::time::timeout(Duration::from_millis(20), b.decide(req)).await;
+    assert!(gave_up.is_err(), "the silent path answered");
+    relay.retarget(new.addr());
+    // The keeper's PING times out (500 ms), its reconnection reaches the new
+    // server; nobody calls meanwhile.
+    tokio::time::sleep(2 * S).await;
+    let d = tokio::time::timeout(Duration::from_millis(500), b.decide(req))
+        .await
+        .expect("the call hung: the silent connection was kept")
+        .expect("decided");
+    // A fresh key on the new server.
+    assert_eq!(d.remaining(), 4, "{d:?}");
 }
 
 /// A server stopped for 10 s (`SIGSTOP`: its sockets open, nothing
