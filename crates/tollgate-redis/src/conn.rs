@@ -218,7 +218,7 @@ async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
                 Ok(link) => {
                     slot.set(Some(link));
                     if error.is_some() || failures > 0 {
-                        tracing::warn!(failures, "tollgate: redis connection restored");
+                        tracing::info!(failures, "tollgate: redis connection restored");
                     }
                     break;
                 }
