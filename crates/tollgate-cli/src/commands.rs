@@ -202,6 +202,7 @@ async fn connect(g: &Global, prefix: &str) -> Result<RedisBackend, Failure> {
             .prefix(prefix)
             .pool_size(1)
             .connect_timeout(g.timeout)
+            .response_timeout(g.timeout)
             .durability(Durability::Skip)
             .build()
             .await

@@ -275,7 +275,8 @@ impl RedisBackendBuilder {
     /// own whenever a call failed or was given up, so it holds whether or not
     /// the caller waited. Keep it well above the slowest healthy reply (a
     /// busy server, an `fsync`), or healthy connections are replaced under
-    /// load.
+    /// load. It also bounds every call: a limiter whose timeout is longer
+    /// than this waits at most this long for a reply.
     ///
     /// [`Limiter`]: tollgate_limiter::Limiter
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
