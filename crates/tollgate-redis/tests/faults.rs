@@ -215,10 +215,11 @@ struct Tally {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_under_faults() {
     // `appendfsync everysec`, not the testkit's `always`: on a machine
-    // shared with builds an fsync can take longer than the limiter's 50 ms
-    // for seconds on end, and that is a slow disk, not the behaviour under
-    // test. The exactness check below uses a key created after the last
-    // restart, so the second a kill may lose does not matter to it.
+    // shared with builds an fsync can outlast the limiter's 50 ms for
+    // seconds on end (one run with `always` stalled for 15 s while the disk
+    // was full), and the disk is not under test. The exactness check below
+    // uses a key created after the last restart, so the second of writes a
+    // kill may lose does not matter to it.
     let Some(server) = RedisServer::builder()
         .appendonly(true)
         .arg("appendfsync", "everysec")
