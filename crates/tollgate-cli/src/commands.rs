@@ -201,7 +201,8 @@ async fn connect(g: &Global, prefix: &str) -> Result<RedisBackend, Failure> {
         builder
             .prefix(prefix)
             .pool_size(1)
-            .pool_timeout(g.timeout)
+            .connect_timeout(g.timeout)
+            .response_timeout(g.timeout)
             .durability(Durability::Skip)
             .build()
             .await

@@ -1,203 +1,432 @@
-//! Connections: a bb8-redis pool of multiplexed connections, or (feature
-//! `cluster`) the redis crate's cluster client.
+//! Connections, and their health.
+//!
+//! A backend holds `pool_size` slots; each slot holds one connection that
+//! every call shares (multiplexed: concurrent calls are pipelined on it).
+//! For one server the connection is a redis-rs [`ConnectionManager`], for
+//! Redis Cluster the cluster client's connection; both are set up with the
+//! builder's connect and response timeouts.
+//!
+//! `ConnectionManager` reconnects by itself when its socket is closed (a
+//! restart), but not when the server stops answering: redis-rs classes a
+//! response timeout as "retry immediately", not "reconnect", and the timeout
+//! only fires inside the caller's future. A limiter gives up on a call after
+//! tens of milliseconds, long before that, and drops the future: a silent
+//! connection (a partition, a stopped host, a failover behind the same
+//! address) would then serve every caller, forever.
+//!
+//! So the backend owns health, not its callers. Each slot has a keeper task.
+//! A call that fails at the connection level (including a response
+//! timeout), or that is dropped before its reply came back, only tells the
+//! keeper (a [`Notify`]: a burst of suspicions makes one check, and nothing
+//! depends on the caller surviving). The keeper sends its own `PING` under
+//! the timeouts; when that gets no answer it takes the connection out of
+//! the slot (callers then fail at once, and the limiter's fail mode
+//! answers) and connects afresh, starting an attempt at most every
+//! [`RETRY`], until a new connection answers.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
-use redis::{Cmd, FromRedisValue, RedisResult, ScriptInvocation};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, ScriptInvocation, Value};
+use tokio::sync::{Notify, Semaphore};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
 
 use crate::error::RedisError;
 
-/// bb8-redis's manager, plus a "broken" flag that a failed call sets so the
-/// pool drops the connection (bb8-redis never reports one broken, and a
-/// PING on every checkout would halve throughput).
-#[derive(Debug)]
-pub(crate) struct Manager {
-    inner: bb8_redis::RedisConnectionManager,
+/// The least time between two connection attempts of one slot's keeper.
+/// Short, because it adds to the recovery time once Redis is reachable
+/// again; an attempt on a silent path already takes the connect timeout.
+pub(crate) const RETRY: Duration = Duration::from_millis(250);
+
+/// The timeouts every connection is made with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeouts {
+    pub(crate) connect: Duration,
+    pub(crate) response: Duration,
 }
 
-impl Manager {
-    pub(crate) fn new(inner: bb8_redis::RedisConnectionManager) -> Self {
-        Self { inner }
-    }
-}
-
-/// A pooled multiplexed connection. Clones share the connection (requests
-/// from several tasks are pipelined on it) and its broken flag.
+/// Makes a fresh connection for a slot.
 #[derive(Clone)]
-pub(crate) struct Pooled {
-    conn: MultiplexedConnection,
-    broken: Arc<AtomicBool>,
+pub(crate) enum Connector {
+    Single {
+        client: redis::Client,
+        config: ConnectionManagerConfig,
+    },
+    #[cfg(feature = "cluster")]
+    Cluster {
+        client: redis::cluster::ClusterClient,
+        /// The whole connect (several nodes) is bounded by a multiple.
+        connect_timeout: Duration,
+    },
 }
 
-impl bb8::ManageConnection for Manager {
-    type Connection = Pooled;
-    type Error = redis::RedisError;
-
-    async fn connect(&self) -> Result<Pooled, redis::RedisError> {
-        Ok(Pooled {
-            conn: self.inner.connect().await?,
-            broken: Arc::default(),
-        })
+impl Connector {
+    /// One server, through a redis-rs connection manager with these
+    /// timeouts.
+    pub(crate) fn single(client: redis::Client, t: Timeouts) -> Self {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(t.connect))
+            .set_response_timeout(Some(t.response))
+            // One attempt per (re)connection: the keeper paces the retries,
+            // and a caller never waits behind a chain of back-offs.
+            .set_number_of_retries(0);
+        Self::Single { client, config }
     }
 
-    async fn is_valid(&self, conn: &mut Pooled) -> Result<(), redis::RedisError> {
-        self.inner.is_valid(&mut conn.conn).await
-    }
-
-    fn has_broken(&self, conn: &mut Pooled) -> bool {
-        conn.broken.load(Ordering::Relaxed)
+    /// A connection that may not have connected yet (a manager connects on
+    /// first use); the keeper's `PING` tells.
+    async fn connect(&self) -> RedisResult<Link> {
+        match self {
+            Self::Single { client, config } => Ok(Link::Single(
+                ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?,
+            )),
+            #[cfg(feature = "cluster")]
+            Self::Cluster {
+                client,
+                connect_timeout,
+            } => {
+                // The cluster client connects to several nodes, each under
+                // the connect timeout; bound the whole.
+                match tokio::time::timeout(*connect_timeout * 3, client.get_async_connection())
+                    .await
+                {
+                    Ok(c) => Ok(Link::Cluster(c?)),
+                    Err(_) => Err(timed_out()),
+                }
+            }
+        }
     }
 }
 
-/// Whether an error means the connection itself is gone (as opposed to a
-/// command error on a healthy connection).
+/// One shared connection.
+#[derive(Clone)]
+pub(crate) enum Link {
+    Single(ConnectionManager),
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl ConnectionLike for Link {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// A slot: its connection (none while the keeper replaces it) and the
+/// keeper's doorbell.
+#[derive(Default)]
+struct Slot {
+    link: Mutex<Option<Link>>,
+    suspect: Notify,
+}
+
+impl Slot {
+    fn get(&self) -> Option<Link> {
+        lock(&self.link).clone()
+    }
+
+    fn set(&self, link: Option<Link>) {
+        *lock(&self.link) = link;
+    }
+}
+
+/// Whether an error means the connection itself failed (it is gone, or it
+/// did not answer in time), as opposed to a command error on a healthy
+/// connection.
 fn breaks(e: &redis::RedisError) -> bool {
     e.is_io_error()
+        || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_unrecoverable_error()
 }
 
-pub(crate) enum Conn {
-    Pool {
-        pool: bb8::Pool<Manager>,
-        /// Hold the checkout for the whole call (a classic pool) instead of
-        /// sharing multiplexed connections.
-        exclusive: bool,
-        timeout: Duration,
-        /// One multiplexed connection per slot, cloned for each call (calls
-        /// pipeline on it) and taken again from the pool once it breaks:
-        /// the hot path never waits on the pool.
-        slots: Box<[Mutex<Option<Pooled>>]>,
-        next: AtomicUsize,
-    },
-    #[cfg(feature = "cluster")]
-    Cluster(redis::cluster_async::ClusterConnection),
+fn timed_out() -> redis::RedisError {
+    std::io::Error::from(std::io::ErrorKind::TimedOut).into()
+}
+
+/// Whether `link` answers a `PING` within the timeouts (a reply that is a
+/// server error, such as `LOADING`, still proves the connection alive).
+async fn answers(link: &mut Link, t: Timeouts) -> Result<(), redis::RedisError> {
+    // The link's own timeouts bound this already; the outer bound keeps the
+    // keeper from hanging on a client that retries internally.
+    let ping = redis::cmd("PING");
+    match tokio::time::timeout(t.connect + t.response, ping.query_async::<Value>(link)).await {
+        Err(_) => Err(timed_out()),
+        Ok(Err(e)) if breaks(&e) => Err(e),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// A slot's keeper: checks the connection when told to suspect it, and
+/// replaces it when it does not answer. Runs until the backend is dropped.
+async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
+    loop {
+        slot.suspect.notified().await;
+        let error = match slot.get() {
+            Some(mut link) => match answers(&mut link, t).await {
+                Ok(()) => continue,
+                Err(e) => Some(e),
+            },
+            None => None,
+        };
+        if let Some(e) = &error {
+            tracing::warn!(
+                error = e as &dyn std::error::Error,
+                "tollgate: a redis connection stopped answering; replacing it"
+            );
+        }
+        // Callers fail at once instead of waiting on a dead connection.
+        slot.set(None);
+        let mut failures = 0u32;
+        loop {
+            let started = Instant::now();
+            let attempt = async {
+                let mut link = connector.connect().await?;
+                answers(&mut link, t).await?;
+                Ok::<_, redis::RedisError>(link)
+            };
+            match attempt.await {
+                Ok(link) => {
+                    slot.set(Some(link));
+                    if error.is_some() || failures > 0 {
+                        tracing::info!(failures, "tollgate: redis connection restored");
+                    }
+                    break;
+                }
+                Err(e) => {
+                    // One line when the outage starts, not one per attempt.
+                    if failures == 0 && error.is_none() {
+                        tracing::warn!(
+                            error = &e as &dyn std::error::Error,
+                            "tollgate: cannot connect to redis; retrying in the background"
+                        );
+                    }
+                    failures += 1;
+                }
+            }
+            tokio::time::sleep_until(started + RETRY).await;
+        }
+    }
+}
+
+/// The checkout of a slot for one call. Dropped before
+/// [`settle`](Self::settle) (the caller gave up, its reply unseen), it asks
+/// the keeper to check the connection.
+struct Watch<'a> {
+    slot: &'a Slot,
+    armed: bool,
+    /// Exclusive mode: the slot's index, returned to the idle list.
+    exclusive: Option<(&'a Exclusive, usize)>,
+}
+
+impl Watch<'_> {
+    fn settle<T>(mut self, r: &RedisResult<T>) {
+        self.armed = false;
+        if let Err(e) = r
+            && breaks(e)
+        {
+            self.slot.suspect.notify_one();
+        }
+    }
+}
+
+impl Drop for Watch<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.slot.suspect.notify_one();
+        }
+        if let Some((ex, i)) = self.exclusive {
+            lock(&ex.idle).push(i);
+            ex.permits.add_permits(1);
+        }
+    }
+}
+
+/// Exclusive (classic pool) mode: one call per connection at a time.
+struct Exclusive {
+    permits: Semaphore,
+    idle: Mutex<Vec<usize>>,
+    wait: Duration,
+}
+
+/// The backend's connections.
+pub(crate) struct Conn {
+    slots: Box<[Arc<Slot>]>,
+    next: AtomicUsize,
+    exclusive: Option<Exclusive>,
+    ping_on_checkout: bool,
+    timeouts: Timeouts,
+    cluster: bool,
+    keepers: Vec<AbortHandle>,
+}
+
+/// How the slots are used.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Usage {
+    pub(crate) size: u32,
+    /// `Some(wait)`: hold a connection for the whole call, waiting at most
+    /// this long for one.
+    pub(crate) exclusive: Option<Duration>,
+    pub(crate) ping_on_checkout: bool,
 }
 
 impl Conn {
-    pub(crate) fn pool(
-        pool: bb8::Pool<Manager>,
-        exclusive: bool,
-        timeout: Duration,
-        size: u32,
-    ) -> Self {
-        Self::Pool {
-            pool,
-            exclusive,
-            timeout,
-            slots: (0..size.max(1)).map(|_| Mutex::new(None)).collect(),
+    /// Connects every slot now; fails if one cannot connect.
+    pub(crate) async fn connect(
+        connector: Connector,
+        t: Timeouts,
+        usage: Usage,
+    ) -> Result<Self, RedisError> {
+        let mut links = Vec::new();
+        for _ in 0..usage.size.max(1) {
+            let mut link = connector.connect().await?;
+            answers(&mut link, t).await?;
+            links.push(Some(link));
+        }
+        Ok(Self::start(&connector, t, usage, links))
+    }
+
+    /// Starts with no connection: the keepers connect in the background.
+    /// Needs a Tokio runtime.
+    pub(crate) fn lazy(connector: &Connector, t: Timeouts, usage: Usage) -> Self {
+        let links = (0..usage.size.max(1)).map(|_| None).collect();
+        Self::start(connector, t, usage, links)
+    }
+
+    fn start(connector: &Connector, t: Timeouts, usage: Usage, links: Vec<Option<Link>>) -> Self {
+        let cluster = match connector {
+            Connector::Single { .. } => false,
+            #[cfg(feature = "cluster")]
+            Connector::Cluster { .. } => true,
+        };
+        let slots: Box<[Arc<Slot>]> = links
+            .into_iter()
+            .map(|link| {
+                let slot = Arc::new(Slot::default());
+                if link.is_none() {
+                    // Connect now, without waiting for a caller.
+                    slot.suspect.notify_one();
+                }
+                slot.set(link);
+                slot
+            })
+            .collect();
+        let keepers = slots
+            .iter()
+            .map(|s| tokio::spawn(keep(s.clone(), connector.clone(), t)).abort_handle())
+            .collect();
+        let exclusive = usage.exclusive.map(|wait| Exclusive {
+            permits: Semaphore::new(slots.len()),
+            idle: Mutex::new((0..slots.len()).collect()),
+            wait,
+        });
+        Self {
+            slots,
             next: AtomicUsize::new(0),
+            exclusive,
+            ping_on_checkout: usage.ping_on_checkout,
+            timeouts: t,
+            cluster,
+            keepers,
         }
     }
 
     pub(crate) fn is_cluster(&self) -> bool {
-        match self {
-            Self::Pool { .. } => false,
-            #[cfg(feature = "cluster")]
-            Self::Cluster(_) => true,
-        }
+        self.cluster
     }
 
-    async fn checkout(
-        pool: &bb8::Pool<Manager>,
-        timeout: Duration,
-    ) -> Result<bb8::PooledConnection<'_, Manager>, RedisError> {
-        // A connection flagged broken is dropped (has_broken) when its guard
-        // is; try the next one. Bounded: the pool may be full of dead ones
-        // right after a Redis restart.
-        let tries = pool.state().connections + 1;
-        for _ in 0..tries {
-            let guard = pool.get().await.map_err(|e| match e {
-                bb8::RunError::User(e) => RedisError::Redis(e),
-                bb8::RunError::TimedOut => RedisError::PoolTimeout(timeout),
-            })?;
-            if !guard.broken.load(Ordering::Relaxed) {
-                return Ok(guard);
+    /// A slot's connection for one call: round robin, or (exclusive mode)
+    /// an idle slot.
+    async fn checkout(&self) -> Result<(Link, Watch<'_>), RedisError> {
+        let (i, exclusive) = match &self.exclusive {
+            None => (
+                self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len(),
+                None,
+            ),
+            Some(ex) => {
+                let permit = tokio::time::timeout(ex.wait, ex.permits.acquire())
+                    .await
+                    .map_err(|_| RedisError::PoolTimeout(ex.wait))?
+                    .map_err(|_| RedisError::PoolTimeout(ex.wait))?;
+                // Given back by the watch's drop, with the index.
+                permit.forget();
+                let i = lock(&ex.idle).pop().unwrap_or(0);
+                (i, Some((ex, i)))
             }
-        }
-        Err(RedisError::PoolTimeout(timeout))
-    }
-
-    /// A healthy multiplexed connection, round robin over the slots.
-    async fn shared(&self) -> Result<Pooled, RedisError> {
-        let (pool, timeout, slots, next) = match self {
-            Self::Pool {
-                pool,
-                timeout,
-                slots,
-                next,
-                ..
-            } => (pool, timeout, slots, next),
-            #[cfg(feature = "cluster")]
-            Self::Cluster(_) => return Err(RedisError::Unsupported("not a single server")),
         };
-        let slot = &slots[next.fetch_add(1, Ordering::Relaxed) % slots.len()];
-        if let Some(c) = lock(slot)
-            .as_ref()
-            .filter(|c| !c.broken.load(Ordering::Relaxed))
+        let slot = &self.slots[i];
+        let watch = Watch {
+            slot,
+            armed: true,
+            exclusive,
+        };
+        let mut link = slot.get().ok_or(RedisError::Disconnected)?;
+        if self.ping_on_checkout
+            && let Err(e) = answers(&mut link, self.timeouts).await
         {
-            return Ok(c.clone());
+            watch.settle::<()>(&Err(e));
+            return Err(RedisError::Disconnected);
         }
-        let c = Pooled::clone(&*Self::checkout(pool, *timeout).await?);
-        *lock(slot) = Some(c.clone());
-        Ok(c)
+        Ok((link, watch))
     }
 
     pub(crate) async fn invoke<T: FromRedisValue>(
         &self,
         inv: &ScriptInvocation<'_>,
     ) -> Result<T, RedisError> {
-        match self {
-            Self::Pool {
-                pool,
-                exclusive: true,
-                timeout,
-                ..
-            } => {
-                let mut guard = Self::checkout(pool, *timeout).await?;
-                let r = inv.invoke_async(&mut guard.conn).await;
-                flag(&guard, &r);
-                Ok(r?)
-            }
-            Self::Pool { .. } => {
-                let mut c = self.shared().await?;
-                let r = inv.invoke_async(&mut c.conn).await;
-                flag(&c, &r);
-                Ok(r?)
-            }
-            #[cfg(feature = "cluster")]
-            Self::Cluster(c) => Ok(inv.invoke_async(&mut c.clone()).await?),
-        }
+        let (mut link, watch) = self.checkout().await?;
+        let r = inv.invoke_async(&mut link).await;
+        watch.settle(&r);
+        Ok(r?)
     }
 
     pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, RedisError> {
-        match self {
-            Self::Pool { .. } => {
-                let mut c = self.shared().await?;
-                let r = cmd.query_async(&mut c.conn).await;
-                flag(&c, &r);
-                Ok(r?)
-            }
-            #[cfg(feature = "cluster")]
-            Self::Cluster(c) => Ok(cmd.query_async(&mut c.clone()).await?),
-        }
+        let (mut link, watch) = self.checkout().await?;
+        let r = cmd.query_async(&mut link).await;
+        watch.settle(&r);
+        Ok(r?)
     }
 
-    /// One connection for the durability check of a single server.
-    pub(crate) async fn single(&self) -> Result<MultiplexedConnection, RedisError> {
-        Ok(self.shared().await?.conn)
+    /// A connection for the durability check.
+    pub(crate) fn link(&self) -> Result<Link, RedisError> {
+        self.slots[0].get().ok_or(RedisError::Disconnected)
     }
 }
 
-fn flag<T>(c: &Pooled, r: &RedisResult<T>) {
-    if let Err(e) = r
-        && breaks(e)
-    {
-        c.broken.store(true, Ordering::Relaxed);
+impl Drop for Conn {
+    fn drop(&mut self) {
+        for k in &self.keepers {
+            k.abort();
+        }
     }
 }
 

@@ -12,9 +12,15 @@ pub enum RedisError {
     /// Redis (or the connection to it) returned an error.
     #[error("redis command failed")]
     Redis(#[source] redis::RedisError),
-    /// No connection could be had from the pool in time.
+    /// No connection could be had from the pool in time (exclusive
+    /// checkout).
     #[error("no redis connection available within {0:?}")]
     PoolTimeout(Duration),
+    /// The connection is being replaced (it stopped answering, or Redis
+    /// cannot be reached yet): the call failed at once rather than wait on
+    /// a dead connection.
+    #[error("no healthy redis connection: reconnecting in the background")]
+    Disconnected,
     /// A script answered something it never answers: a version mismatch.
     #[error("unexpected reply from a tollgate script: {0}")]
     Protocol(String),

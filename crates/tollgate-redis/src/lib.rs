@@ -29,11 +29,16 @@
 //!   limiter-wide override lives in another slot: it is read by the client
 //!   and cached for at most [`RedisBackendBuilder::override_cache_ttl`]
 //!   (see `docs/redis.md`).
-//! * **Connections**: a bb8-redis pool of multiplexed connections (see
-//!   [`RedisBackendBuilder::pool_size`]); Redis Cluster through the redis
-//!   crate's cluster client with the feature `cluster`; `rediss://` URLs with
-//!   the feature `tls`. Credentials go in the URL
-//!   (`redis://user:password@host:6379`).
+//! * **Connections**: multiplexed connections managed by redis-rs's
+//!   `ConnectionManager` (see [`RedisBackendBuilder::pool_size`]); Redis
+//!   Cluster through the redis crate's cluster client with the feature
+//!   `cluster`; `rediss://` URLs with the feature `tls`. Credentials go in
+//!   the URL (`redis://user:password@host:6379`).
+//! * **Health** is the backend's job, not its callers': connects and
+//!   replies are bounded ([`RedisBackendBuilder::connect_timeout`],
+//!   [`RedisBackendBuilder::response_timeout`]), and a connection that stops
+//!   answering is checked and replaced in the background, even when every
+//!   caller gave up on it long before (a limiter's per-decision timeout).
 //! * **Durability**: at start-up the backend checks `appendonly` and
 //!   `maxmemory-policy` and logs a [`DurabilityReport`]; with
 //!   [`Durability::Strict`] it refuses to start on a server it cannot show
@@ -85,6 +90,19 @@ use conn::Conn;
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "tollgate";
 
+/// The default [`RedisBackendBuilder::connect_timeout`]: 500 ms, a hundred
+/// times a healthy TCP + TLS + handshake on a LAN, and short enough that a
+/// reconnection blocked by a silent network notices the path is back
+/// within half a second.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The default [`RedisBackendBuilder::response_timeout`]: 500 ms (the redis
+/// crate's own default), far above a healthy reply (well under a
+/// millisecond on a LAN, a few ms for an `fsync`) and ten times the
+/// limiter's default per-decision timeout, so only a connection that has
+/// really stopped answering is replaced.
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
+
 /// The Redis backend.
 ///
 /// Cheap to clone; clones share the connections (and so the counters,
@@ -124,6 +142,8 @@ pub struct RedisBackendBuilder {
     exclusive_checkout: bool,
     test_on_check_out: bool,
     pool_timeout: Duration,
+    connect_timeout: Duration,
+    response_timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
     min_ttl: Duration,
     durability: Durability,
@@ -148,6 +168,8 @@ impl fmt::Debug for RedisBackendBuilder {
             .field("exclusive_checkout", &self.exclusive_checkout)
             .field("test_on_check_out", &self.test_on_check_out)
             .field("pool_timeout", &self.pool_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
             .field("caller_time", &self.clock.is_some())
             .field("min_ttl", &self.min_ttl)
             .field("durability", &self.durability)
@@ -166,6 +188,8 @@ impl RedisBackendBuilder {
             exclusive_checkout: false,
             test_on_check_out: false,
             pool_timeout: Duration::from_secs(1),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             clock: None,
             min_ttl: Duration::ZERO,
             durability: Durability::default(),
@@ -194,7 +218,8 @@ impl RedisBackendBuilder {
     ///
     /// A call does not hold a connection for its round trip: it clones a
     /// slot's multiplexed connection, and concurrent decisions are pipelined
-    /// on it. On one Redis server a single connection is the fastest
+    /// on it. Each connection has its own keeper, which replaces it when it
+    /// stops answering. On one Redis server a single connection is the fastest
     /// measured here (Redis reads and answers whole batches per syscall; see
     /// `docs/benchmarks.md`); add connections when the client has many
     /// cores and one connection's I/O task becomes the bottleneck.
@@ -213,16 +238,51 @@ impl RedisBackendBuilder {
     }
 
     /// Sends a `PING` on every checkout (default `false`: it costs a round
-    /// trip per decision; a connection that fails is dropped instead).
+    /// trip per decision; a connection that fails or stops answering is
+    /// replaced in the background instead).
     pub fn test_on_check_out(mut self, yes: bool) -> Self {
         self.test_on_check_out = yes;
         self
     }
 
-    /// How long to wait for a connection from the pool (default 1 s; a
-    /// limiter's own timeout is usually shorter).
+    /// With [`exclusive_checkout`](Self::exclusive_checkout): how long a
+    /// call waits for a free connection (default 1 s; a limiter's own
+    /// timeout is usually shorter). Shared connections are never waited
+    /// for: a slot without a healthy connection fails the call at once
+    /// ([`RedisError::Disconnected`]).
     pub fn pool_timeout(mut self, timeout: Duration) -> Self {
         self.pool_timeout = timeout;
+        self
+    }
+
+    /// How long one connection attempt may take, TCP, TLS and handshake
+    /// (default [`DEFAULT_CONNECT_TIMEOUT`], 500 ms).
+    ///
+    /// While Redis cannot be reached, each slot's keeper starts an attempt
+    /// every 250 ms at most; one that hangs (a silent network) is given up
+    /// after this long, so it also bounds how late a reconnection can notice
+    /// that the path is back.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long a connection may leave a request unanswered before it
+    /// counts as dead and is replaced (default
+    /// [`DEFAULT_RESPONSE_TIMEOUT`], 500 ms).
+    ///
+    /// This is not the per-decision timeout (the [`Limiter`]'s, tens of
+    /// milliseconds, which answers a slow call from the fail mode): it is the
+    /// backend's own judgement of the connection, made by a `PING` of its
+    /// own whenever a call failed or was given up, so it holds whether or not
+    /// the caller waited. Keep it well above the slowest healthy reply (a
+    /// busy server, an `fsync`), or healthy connections are replaced under
+    /// load. It also bounds every call: a limiter whose timeout is longer
+    /// than this waits at most this long for a reply.
+    ///
+    /// [`Limiter`]: tollgate_limiter::Limiter
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
         self
     }
 
@@ -271,17 +331,7 @@ impl RedisBackendBuilder {
     /// whatever the state of Redis.
     pub async fn build(self) -> Result<RedisBackend, RedisError> {
         self.check()?;
-        let conn = if self.cluster {
-            self.cluster_conn().await?
-        } else {
-            let pool = self.pool_builder().build(self.manager()?).await?;
-            Conn::pool(
-                pool,
-                self.exclusive_checkout,
-                self.pool_timeout,
-                self.pool_size,
-            )
-        };
+        let conn = Conn::connect(self.connector()?, self.timeouts(), self.usage()).await?;
         let durability = self.durability;
         let backend = self.backend(conn);
         for code in scripts::ALL {
@@ -302,28 +352,19 @@ impl RedisBackendBuilder {
         Ok(backend)
     }
 
-    /// Builds a single-server backend without touching the network: the
-    /// pool connects on the first decision (and keeps trying on the next
-    /// ones while Redis is down, each failing fast so the limiter's fail
-    /// mode answers); scripts load on first use. The durability check does
-    /// not run: call [`RedisBackend::check_durability`] once Redis is up.
+    /// Builds a backend without waiting for the network: the connections
+    /// are made in the background (and made again, every 250 ms at most,
+    /// while Redis is down); until one answers, decisions fail at once
+    /// ([`RedisError::Disconnected`]) so the limiter's fail mode answers.
+    /// Scripts load on first use. The durability check does not run: call
+    /// [`RedisBackend::check_durability`] once Redis is up.
     ///
     /// For services that must start even when Redis is not there yet (a
-    /// fail-open API-key limit). Call it within a Tokio runtime.
+    /// fail-open API-key limit). Works for a single server and a cluster.
+    /// Call it within a Tokio runtime.
     pub fn build_lazy(self) -> Result<RedisBackend, RedisError> {
         self.check()?;
-        if self.cluster {
-            return Err(RedisError::Unsupported(
-                "a lazy start needs a single server",
-            ));
-        }
-        let pool = self.pool_builder().build_unchecked(self.manager()?);
-        let conn = Conn::pool(
-            pool,
-            self.exclusive_checkout,
-            self.pool_timeout,
-            self.pool_size,
-        );
+        let conn = Conn::lazy(&self.connector()?, self.timeouts(), self.usage());
         Ok(self.backend(conn))
     }
 
@@ -343,23 +384,28 @@ impl RedisBackendBuilder {
         Ok(())
     }
 
-    fn manager(&self) -> Result<conn::Manager, RedisError> {
-        let url = self.urls.first().ok_or(RedisError::Unsupported("no URL"))?;
-        let manager = bb8_redis::RedisConnectionManager::new(self.connection_info(url)?)?;
-        Ok(conn::Manager::new(manager))
+    fn timeouts(&self) -> conn::Timeouts {
+        conn::Timeouts {
+            connect: self.connect_timeout,
+            response: self.response_timeout,
+        }
     }
 
-    fn pool_builder(&self) -> bb8::Builder<conn::Manager> {
-        bb8::Pool::builder()
-            .max_size(self.pool_size)
-            .test_on_check_out(self.test_on_check_out)
-            // Open every connection up front so the slots get distinct
-            // ones (in shared mode a checkout is returned at once).
-            .min_idle(self.pool_size)
-            .connection_timeout(self.pool_timeout)
-            // Fail fast while Redis is down: the limiter's fail mode
-            // answers, and the next call tries to connect again.
-            .retry_connection(false)
+    fn usage(&self) -> conn::Usage {
+        conn::Usage {
+            size: self.pool_size,
+            exclusive: self.exclusive_checkout.then_some(self.pool_timeout),
+            ping_on_checkout: self.test_on_check_out,
+        }
+    }
+
+    fn connector(&self) -> Result<conn::Connector, RedisError> {
+        if self.cluster {
+            return self.cluster_connector();
+        }
+        let url = self.urls.first().ok_or(RedisError::Unsupported("no URL"))?;
+        let client = redis::Client::open(self.connection_info(url)?)?;
+        Ok(conn::Connector::single(client, self.timeouts()))
     }
 
     fn backend(self, conn: Conn) -> RedisBackend {
@@ -390,12 +436,12 @@ impl RedisBackendBuilder {
     }
 
     #[cfg(feature = "cluster")]
-    async fn cluster_conn(&self) -> Result<Conn, RedisError> {
+    fn cluster_connector(&self) -> Result<conn::Connector, RedisError> {
         #[allow(unused_mut)]
         let mut builder =
             redis::cluster::ClusterClientBuilder::new(self.urls.iter().map(String::as_str))
-                .connection_timeout(Duration::from_secs(1))
-                .response_timeout(Duration::from_millis(500));
+                .connection_timeout(self.connect_timeout)
+                .response_timeout(self.response_timeout);
         #[cfg(feature = "tls")]
         if let Some(pem) = &self.root_cert {
             builder = builder.certs(redis::TlsCertificates {
@@ -403,12 +449,14 @@ impl RedisBackendBuilder {
                 root_cert: Some(pem.clone()),
             });
         }
-        let client = builder.build()?;
-        Ok(Conn::Cluster(client.get_async_connection().await?))
+        Ok(conn::Connector::Cluster {
+            client: builder.build()?,
+            connect_timeout: self.connect_timeout,
+        })
     }
 
     #[cfg(not(feature = "cluster"))]
-    async fn cluster_conn(&self) -> Result<Conn, RedisError> {
+    fn cluster_connector(&self) -> Result<conn::Connector, RedisError> {
         Err(RedisError::Unsupported(
             "Redis Cluster needs the `cluster` feature",
         ))
@@ -464,16 +512,15 @@ impl RedisBackend {
     /// Runs the durability check now (it also runs at start-up unless
     /// [`Durability::Skip`]).
     pub async fn check_durability(&self) -> Result<DurabilityReport, RedisError> {
-        match &self.inner.conn {
-            Conn::Pool { .. } => {
-                let mut c = self.inner.conn.single().await?;
+        match self.inner.conn.link()? {
+            conn::Link::Single(mut c) => {
                 let node = String::from("redis");
                 Ok(DurabilityReport {
                     nodes: vec![durability::check_node(node, &mut c).await],
                 })
             }
             #[cfg(feature = "cluster")]
-            Conn::Cluster(c) => durability::check_cluster(&mut c.clone()).await,
+            conn::Link::Cluster(mut c) => durability::check_cluster(&mut c).await,
         }
     }
 

@@ -108,3 +108,32 @@ async fn durability_check_covers_every_master() {
         Err(tollgate_redis::RedisError::NotDurable(_))
     ));
 }
+
+/// A lazily built cluster backend: no I/O at build time, the keeper
+/// connects in the background, and decisions follow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lazy_cluster_backend_connects_in_the_background() {
+    let cluster = RedisCluster::shared().expect("redis-server");
+    let b = RedisBackend::cluster_builder(cluster.urls())
+        .prefix(tollgate_testkit::conformance::unique_name("clazy"))
+        .build_lazy()
+        .expect("no I/O at build time");
+    let l = Limiter::new(
+        "api",
+        TokenBucket::new(5, 1, Duration::from_secs(60)).unwrap(),
+        b,
+    );
+    let k = Key::new("k");
+    let start = std::time::Instant::now();
+    let d = loop {
+        if let Ok(d) = l.try_acquire(&k, 1).await {
+            break d;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the lazy cluster backend never connected"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(d.is_allowed());
+}

@@ -121,7 +121,12 @@ async fn ttls_match_expiry_and_fresh_keys_are_deleted() {
 /// script and the counter goes on exactly.
 #[tokio::test]
 async fn script_flush_is_invisible() {
-    let Some(url) = shared_url() else { return };
+    // Its own server: a flush on the shared one races the other tests'
+    // reload-then-EVALSHA and fails them.
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let url = server.url();
     let b = server_time(&url, &unique_name("flush")).await;
     let l = Limiter::new("api", TokenBucket::new(10, 1, 3600 * S).unwrap(), b);
     let mut r = raw(&url).await;
@@ -589,4 +594,39 @@ async fn tls_url() {
         .build()
         .await;
     assert!(untrusted.is_err(), "an unknown CA must be refused");
+}
+
+/// Every connection mode (shared slots, a classic exclusive pool, a PING on
+/// checkout) keeps one exact counter under concurrent decisions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_modes_keep_one_exact_counter() {
+    let Some(url) = shared_url() else { return };
+    for (size, exclusive, ping) in [(1, false, false), (3, false, true), (3, true, true)] {
+        let b = RedisBackend::builder(&url)
+            .prefix(unique_name("modes"))
+            .pool_size(size)
+            .exclusive_checkout(exclusive)
+            .test_on_check_out(ping)
+            .durability(Durability::Skip)
+            .build()
+            .await
+            .unwrap();
+        let l = Limiter::builder("api", TokenBucket::new(10, 1, 3600 * S).unwrap(), b)
+            .timeout(10 * S)
+            .build();
+        let tasks: Vec<_> = (0..24)
+            .map(|_| {
+                let l = l.clone();
+                tokio::spawn(async move { l.try_acquire(&Key::new("k"), 1).await.unwrap() })
+            })
+            .collect();
+        let mut allowed = 0;
+        for t in tasks {
+            allowed += u32::from(t.await.unwrap().is_allowed());
+        }
+        assert_eq!(
+            allowed, 10,
+            "size {size}, exclusive {exclusive}, ping {ping}"
+        );
+    }
 }

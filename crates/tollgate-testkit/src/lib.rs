@@ -6,7 +6,10 @@
 //! * [`demo`]: runs an example binary the way a user does.
 //! * [`redis_server`]: throwaway `redis-server` processes (and a 3-master
 //!   cluster) on free loopback ports, for tests against a real Redis.
+//! * [`relay`]: a TCP relay under test control (silence, retarget), for
+//!   network faults between a client and a server.
 
 pub mod conformance;
 pub mod demo;
 pub mod redis_server;
+pub mod relay;

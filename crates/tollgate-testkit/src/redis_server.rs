@@ -262,6 +262,41 @@ impl RedisServer {
         self.port
     }
 
+    /// `127.0.0.1:<port>`, e.g. for a [`Relay`](crate::relay::Relay).
+    pub fn addr(&self) -> std::net::SocketAddr {
+        (std::net::Ipv4Addr::LOCALHOST, self.port).into()
+    }
+
+    /// The redis-server's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(|p| p.pid)
+    }
+
+    /// Stops the server (`SIGSTOP`): its sockets stay open and nothing
+    /// answers, like a hung or unreachable host. [`resume`](Self::resume)
+    /// continues it; [`kill`](Self::kill) works on a stopped server too.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Continues a server stopped by [`pause`](Self::pause) (`SIGCONT`).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    /// Signals the pid this harness started, and no other.
+    fn signal(&self, sig: &str) {
+        if let Some(pid) = self.pid() {
+            let ok = Command::new("kill")
+                .args([sig, &pid.to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "kill {sig} {pid} failed");
+        }
+    }
+
     /// The data directory (AOF, logs).
     pub fn dir(&self) -> &Path {
         &self.dir

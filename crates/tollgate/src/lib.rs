@@ -10,7 +10,7 @@
 //! | feature | brings |
 //! |---|---|
 //! | `memory` (default) | `memory::MemoryBackend`, the in-process backend |
-//! | `redis` | `redis::RedisBackend`: atomic Lua scripts, bb8 pool, durability check |
+//! | `redis` | `redis::RedisBackend`: atomic Lua scripts, self-healing connections, durability check |
 //! | `redis-cluster` | Redis Cluster through the redis crate's cluster client |
 //! | `redis-tls` | `rediss://` URLs |
 //! | `tower` | `tower::RateLimitLayer`, extractors, responders, the outbound adaptive layer |
