@@ -14,8 +14,8 @@ Exit codes:
 
 const KEYS_HELP: &str = "\
 Keys are given as the raw identity and its kind, and stored exactly as the
-tower layers store them: --ip (ClientIp; --ipv6-prefix for grouped IPv6
-clients), --email (trimmed, lower-cased, hashed), --api-key (hashed), --key
+tower layers store them: --ip (ClientIp: IPv4 and IPv4-mapped addresses per
+address, IPv6 by /64 unless --ipv6-prefix says otherwise), --email (trimmed, lower-cased, hashed), --api-key (hashed), --key
 (any other id: a channel, a host, an account). A value of '-' is read from
 standard input, which keeps secrets out of the shell history.";
 
@@ -100,7 +100,9 @@ pub(crate) struct KeyedArgs {
     pub(crate) limiter: String,
     #[command(flatten)]
     pub(crate) key: RequiredKey,
-    /// Group IPv6 clients by network, as `ClientIp::ipv6_prefix(N)` does.
+    /// Group IPv6 clients by their first N bits, as
+    /// `ClientIp::ipv6_prefix(N)` does (default 64, the layer's default;
+    /// 128 for `ClientIp::ipv6_per_address`).
     #[arg(long, value_name = "N", requires = "ip",
           value_parser = clap::value_parser!(u8).range(0..=128))]
     pub(crate) ipv6_prefix: Option<u8>,
@@ -172,7 +174,9 @@ pub(crate) struct ScopeArgs {
     pub(crate) limiter: String,
     #[command(flatten)]
     pub(crate) key: OptionalKey,
-    /// Group IPv6 clients by network, as `ClientIp::ipv6_prefix(N)` does.
+    /// Group IPv6 clients by their first N bits, as
+    /// `ClientIp::ipv6_prefix(N)` does (default 64, the layer's default;
+    /// 128 for `ClientIp::ipv6_per_address`).
     #[arg(long, value_name = "N", requires = "ip",
           value_parser = clap::value_parser!(u8).range(0..=128))]
     pub(crate) ipv6_prefix: Option<u8>,

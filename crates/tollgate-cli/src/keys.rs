@@ -1,9 +1,10 @@
 //! Keys from the command line, built exactly as the tower layers build them.
 
 use std::io::BufRead;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 
 use tollgate_limiter::Key;
+use tollgate_limiter::key::DEFAULT_IPV6_PREFIX;
 
 use crate::args::{OptionalKey, RequiredKey};
 use crate::failure::Failure;
@@ -110,9 +111,11 @@ fn value(v: &str) -> Result<String, Failure> {
     Ok(line.to_owned())
 }
 
-/// The key `ClientIp` makes for `ip`: the address as `IpAddr` prints it,
-/// or, for IPv6 with a prefix length (from `--ipv6-prefix` or written as
-/// `addr/len`), the truncated network.
+/// The key `ClientIp` makes for `ip`, built by the same function
+/// ([`Key::ip`]): IPv4 (and IPv4-mapped IPv6) per address, IPv6 by the
+/// network of its first `len` bits, `len` being the one written as
+/// `addr/len`, else `--ipv6-prefix`, else the layer's default
+/// ([`DEFAULT_IPV6_PREFIX`], 64); 128 is one address.
 pub(crate) fn ip_key(ip: &str, ipv6_prefix: Option<u8>) -> Result<Key, Failure> {
     let bad = |why: &str| Failure::Input(format!("--ip {ip:?}: {why}"));
     let (addr, len) = match ip.split_once('/') {
@@ -136,23 +139,12 @@ pub(crate) fn ip_key(ip: &str, ipv6_prefix: Option<u8>) -> Result<Key, Failure> 
         }
         (a, b) => a.or(b),
     };
-    Ok(match (addr, len) {
-        (IpAddr::V6(v6), Some(len)) => {
-            let mask = if len == 0 {
-                0
-            } else {
-                u128::MAX << (128 - u32::from(len))
-            };
-            let net = Ipv6Addr::from(u128::from(v6) & mask);
-            Key::new(format!("{net}/{len}"))
-        }
-        (IpAddr::V4(_), Some(_)) if ip.contains('/') => {
-            return Err(bad(
-                "networks are for IPv6 only (the layers key IPv4 clients by address)",
-            ));
-        }
-        _ => Key::from(addr),
-    })
+    if addr.to_canonical().is_ipv4() && len.is_some() && ip.contains('/') {
+        return Err(bad(
+            "networks are for IPv6 only (the layers key IPv4 clients by address)",
+        ));
+    }
+    Ok(Key::ip(addr, len.unwrap_or(DEFAULT_IPV6_PREFIX)))
 }
 
 #[cfg(test)]
@@ -166,17 +158,43 @@ mod tests {
     #[test]
     fn ips_are_keyed_like_client_ip() {
         assert_eq!(k("203.0.113.7", None), "203.0.113.7");
-        assert_eq!(k("2001:DB8::0001", None), "2001:db8::1");
-        assert_eq!(k("[::1]", None), "::1");
+        // IPv6 is grouped by /64 unless told otherwise, as in ClientIp.
+        assert_eq!(k("2001:DB8::0001", None), "2001:db8::/64");
+        assert_eq!(k("2001:DB8::0001", Some(128)), "2001:db8::1");
+        assert_eq!(k("2001:db8::1/128", None), "2001:db8::1");
+        assert_eq!(k("[::1]", Some(128)), "::1");
         assert_eq!(k("2001:db8:1:2:3:4:5:6", Some(64)), "2001:db8:1:2::/64");
-        assert_eq!(k("2001:db8:1:2:3:4:5:6/64", None), "2001:db8:1:2::/64");
+        assert_eq!(k("2001:db8:1:2:3:4:5:6/48", None), "2001:db8:1::/48");
         assert_eq!(k("2001:db8::1", Some(0)), "::/0");
+        // IPv4-mapped addresses are the IPv4 address, as in ClientIp.
+        assert_eq!(k("::ffff:203.0.113.7", None), "203.0.113.7");
+        assert_eq!(k("[::ffff:203.0.113.7]", Some(64)), "203.0.113.7");
         // --ipv6-prefix does not touch IPv4, as in ClientIp.
         assert_eq!(k("203.0.113.7", Some(64)), "203.0.113.7");
         assert!(ip_key("203.0.113.0/24", None).is_err());
+        assert!(ip_key("::ffff:203.0.113.7/120", None).is_err());
         assert!(ip_key("2001:db8::1/129", None).is_err());
         assert!(ip_key("2001:db8::1/48", Some(64)).is_err());
         assert!(ip_key("not-an-ip", None).is_err());
+    }
+
+    /// The CLI and the layer build one key for one client: both go
+    /// through `Key::ip`, and this pins the defaults together.
+    #[test]
+    fn cli_default_matches_client_ip_default() {
+        for ip in [
+            "::ffff:203.0.113.7",
+            "203.0.113.7",
+            "2001:db8:1:2:aaaa::1",
+            "::1",
+        ] {
+            let addr: IpAddr = ip.parse().unwrap();
+            assert_eq!(
+                ip_key(ip, None).unwrap(),
+                Key::ip(addr, DEFAULT_IPV6_PREFIX),
+                "{ip}"
+            );
+        }
     }
 
     #[test]

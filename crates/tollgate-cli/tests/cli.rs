@@ -591,6 +591,18 @@ fn reset_unblocks_a_key() {
     ]);
     expect(&o, 0);
     assert!(decide(&ip_limiter, &net, 1).is_allowed());
+    // The /64 is the default, as in ClientIp::new().
+    assert!(decide(&ip_limiter, &net, 2).is_allowed());
+    assert!(decide(&ip_limiter, &net, 1).is_denied());
+    let o = run_cli(&["reset", "login_ip", "--ip", "2001:db8:1:2::99"]);
+    expect(&o, 0);
+    assert!(decide(&ip_limiter, &net, 1).is_allowed());
+    // An IPv4-mapped address is its IPv4 address, as in ClientIp.
+    assert!(decide(&ip_limiter, &ip, 2).is_allowed());
+    assert!(decide(&ip_limiter, &ip, 1).is_denied());
+    let o = run_cli(&["reset", "login_ip", "--ip", "::ffff:203.0.113.7"]);
+    expect(&o, 0);
+    assert!(decide(&ip_limiter, &ip, 1).is_allowed());
 
     // An account delayed by the progressive delay.
     let account = c.limiter(&url, "login_account");
