@@ -29,7 +29,7 @@ mod client_ip;
 
 use tollgate_limiter::Key;
 
-pub use api_key::ApiKey;
+pub use api_key::{ApiKey, DEFAULT_MAX_CREDENTIAL_LEN};
 pub use client_ip::{ClientIp, PeerAddr, ProxyHeader};
 pub use ipnet::IpNet;
 
