@@ -6,7 +6,11 @@
 //!
 //! A body larger than the bound is refused with `413 Content Too Large`
 //! (problem+json) and never reaches the service, so a large body cannot
-//! slip past a limiter. A body that cannot be read is refused with `400`.
+//! slip past a limiter. A body that has not fully arrived within the read
+//! deadline ([`DEFAULT_READ_TIMEOUT`], 10 s, see
+//! [`BufferBodyLayer::read_timeout`]) is refused with `408 Request
+//! Timeout`, so a client trickling its body cannot hold a connection and
+//! a buffer for ever. A body that cannot be read is refused with `400`.
 //! A body that holds no key is handed on without one, and the rate-limit
 //! layer's [`MissingKey`](crate::MissingKey) policy decides.
 //!
@@ -55,7 +59,9 @@ mod extractor;
 pub mod future;
 mod layer;
 mod service;
+#[cfg(test)]
+mod tests;
 
 pub use extractor::{BodyExtractor, BodyKey, Email, FromBody};
-pub use layer::BufferBodyLayer;
+pub use layer::{BufferBodyLayer, DEFAULT_READ_TIMEOUT};
 pub use service::BufferBody;

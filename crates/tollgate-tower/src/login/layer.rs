@@ -1,11 +1,12 @@
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tollgate_limiter::{Backend, Limiter};
 use tower_layer::Layer;
 
 use super::classify::FailedLogins;
-use crate::buffer_body::{BufferBody, Email, FromBody};
+use crate::buffer_body::{BufferBody, DEFAULT_READ_TIMEOUT, Email, FromBody};
 use crate::extract::ClientIp;
 use crate::inbound::{RateLimit, Upfront};
 use crate::respond::Http;
@@ -36,6 +37,7 @@ pub struct LoginLayer<B> {
     client_ip: ClientIp,
     email: Arc<str>,
     body_limit: usize,
+    body_timeout: Option<Duration>,
     classify: FailedLogins,
 }
 
@@ -52,6 +54,7 @@ impl<B: Backend> LoginLayer<B> {
             client_ip,
             email: Arc::from("email"),
             body_limit: DEFAULT_BODY_LIMIT,
+            body_timeout: Some(DEFAULT_READ_TIMEOUT),
             classify: FailedLogins::by_status(),
         }
     }
@@ -68,6 +71,15 @@ impl<B> LoginLayer<B> {
     /// with `413` before the handler (and before the account is known).
     pub fn body_limit(mut self, limit: usize) -> Self {
         self.body_limit = limit;
+        self
+    }
+
+    /// How long the body may take to arrive (default 10 s,
+    /// [`DEFAULT_READ_TIMEOUT`]); a slower one is refused with `408`
+    /// before the handler. `None` waits for ever (only behind a proxy with
+    /// its own body timeout).
+    pub fn body_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.body_timeout = timeout;
         self
     }
 
@@ -92,6 +104,7 @@ impl<B> Clone for LoginLayer<B> {
             client_ip: self.client_ip.clone(),
             email: Arc::clone(&self.email),
             body_limit: self.body_limit,
+            body_timeout: self.body_timeout,
             classify: self.classify,
         }
     }
@@ -105,6 +118,7 @@ impl<B> fmt::Debug for LoginLayer<B> {
             .field("client_ip", &self.client_ip)
             .field("email", &self.email)
             .field("body_limit", &self.body_limit)
+            .field("body_timeout", &self.body_timeout)
             .field("classify", &self.classify)
             .finish()
     }
@@ -118,6 +132,7 @@ impl<S, B: Backend> Layer<S> for LoginLayer<B> {
             .classify(self.classify)
             .layer(inner);
         let buffered = BufferBodyLayer::new(self.body_limit, Email::field(Arc::clone(&self.email)))
+            .read_timeout(self.body_timeout)
             .layer(per_account);
         RateLimitLayer::new(self.per_ip.clone(), self.client_ip.clone()).layer(buffered)
     }

@@ -7,7 +7,8 @@
 //!    counting every attempt (a sliding window, e.g. 20 per 15 minutes):
 //!    one address cannot try many accounts;
 //! 2. a [`BufferBodyLayer`](crate::BufferBodyLayer) that reads the bounded
-//!    body and finds the email (JSON or form field, trimmed, lower-cased,
+//!    body (16 KiB, arriving within 10 s: a larger body is `413`, a slower
+//!    one `408`, neither reaches the handler) and finds the email (JSON or form field, trimmed, lower-cased,
 //!    hashed: the backend never holds an address);
 //! 3. a `RateLimitLayer` per account, over a
 //!    [`ProgressiveDelay`](tollgate_limiter::ProgressiveDelay) limiter, that
