@@ -49,7 +49,7 @@
 //! * `axum`: [`ClientIp`](extract::ClientIp) reads axum's
 //!   `ConnectInfo<SocketAddr>`.
 //! * `tonic`: [`ClientIp`](extract::ClientIp) reads tonic's
-//!   `TcpConnectInfo`.
+//!   `TcpConnectInfo`, plain or inside `TlsConnectInfo` (a TLS server).
 //! * `metrics`: counters and a latency histogram through the `metrics`
 //!   crate (see [Telemetry](#telemetry)).
 //!

@@ -38,7 +38,8 @@ pub enum ProxyHeader {
 /// By default it is the socket's peer address, read from the request's
 /// extensions: axum's `ConnectInfo<SocketAddr>` (feature `axum`; serve with
 /// `into_make_service_with_connect_info::<SocketAddr>()`), tonic's
-/// `TcpConnectInfo` (feature `tonic`) or a [`PeerAddr`].
+/// `TcpConnectInfo`, plain or inside `TlsConnectInfo` on a TLS server
+/// (feature `tonic`), or a [`PeerAddr`].
 ///
 /// When the peer is one of the [trusted proxies](Self::trust_proxies), the
 /// forwarding header is walked **right to left**: each entry was appended by
@@ -196,11 +197,17 @@ fn peer_addr<B>(req: &http::Request<B>) -> Option<SocketAddr> {
         return Some(*addr);
     }
     #[cfg(feature = "tonic")]
-    if let Some(addr) = ext
-        .get::<tonic::transport::server::TcpConnectInfo>()
-        .and_then(|i| i.remote_addr())
     {
-        return Some(addr);
+        use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+        // Over TLS, tonic wraps the TCP info: read both, or every request
+        // to a TLS server would have no key.
+        let tcp = ext.get::<TcpConnectInfo>().or_else(|| {
+            ext.get::<TlsConnectInfo<TcpConnectInfo>>()
+                .map(TlsConnectInfo::get_ref)
+        });
+        if let Some(addr) = tcp.and_then(TcpConnectInfo::remote_addr) {
+            return Some(addr);
+        }
     }
     let peer = ext.get::<PeerAddr>().map(|p| p.0);
     if peer.is_none() {
