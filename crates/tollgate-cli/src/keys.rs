@@ -3,10 +3,10 @@
 use std::io::BufRead;
 use std::net::IpAddr;
 
-use tollgate_limiter::Key;
 use tollgate_limiter::key::DEFAULT_IPV6_PREFIX;
+use tollgate_limiter::{Key, KeyHasher};
 
-use crate::args::{OptionalKey, RequiredKey};
+use crate::args::{Global, OptionalKey, RequiredKey};
 use crate::failure::Failure;
 
 /// A key and how it was given.
@@ -38,33 +38,69 @@ struct Raw<'a> {
 
 impl RequiredKey {
     /// The key (clap made sure exactly one is given).
-    pub(crate) fn resolve(&self, ipv6_prefix: Option<u8>) -> Result<KeySpec, Failure> {
+    pub(crate) fn resolve(&self, ipv6_prefix: Option<u8>, g: &Global) -> Result<KeySpec, Failure> {
         let raw = Raw {
             ip: self.ip.as_deref(),
             email: self.email.as_deref(),
             api_key: self.api_key.as_deref(),
             key: self.key.as_deref(),
         };
-        raw.resolve(ipv6_prefix)?
+        raw.resolve(ipv6_prefix, || key_hasher(g))?
             .ok_or_else(|| Failure::Input("a key is required".into()))
     }
 }
 
 impl OptionalKey {
     /// The key, if one is given.
-    pub(crate) fn resolve(&self, ipv6_prefix: Option<u8>) -> Result<Option<KeySpec>, Failure> {
+    pub(crate) fn resolve(
+        &self,
+        ipv6_prefix: Option<u8>,
+        g: &Global,
+    ) -> Result<Option<KeySpec>, Failure> {
         Raw {
             ip: self.ip.as_deref(),
             email: self.email.as_deref(),
             api_key: self.api_key.as_deref(),
             key: self.key.as_deref(),
         }
-        .resolve(ipv6_prefix)
+        .resolve(ipv6_prefix, || key_hasher(g))
     }
 }
 
+/// The hasher the services use: `--unkeyed-hashes`, the secret in
+/// `--key-secret-file`, else `TOLLGATE_KEY_SECRET` (as
+/// `KeyHasher::from_env` reads it in the services). Only asked for when an
+/// email or API key is given, so `--ip` and `--key` need no secret.
+fn key_hasher(g: &Global) -> Result<KeyHasher, Failure> {
+    if g.unkeyed_hashes {
+        return Ok(KeyHasher::unkeyed());
+    }
+    let Some(path) = &g.key_secret_file else {
+        return KeyHasher::from_env().map_err(|e| {
+            Failure::Input(format!(
+                "--email and --api-key are hashed with the services' secret: {e} \
+                 (or give --key-secret-file FILE)"
+            ))
+        });
+    };
+    let bad = |why: String| Failure::Input(format!("--key-secret-file {}: {why}", path.display()));
+    let mut secret = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    // An editor's or `echo`'s trailing newline is not part of the secret.
+    if secret.ends_with(b"\n") {
+        secret.pop();
+        if secret.ends_with(b"\r") {
+            secret.pop();
+        }
+    }
+    KeyHasher::new(&secret).map_err(|e| bad(e.to_string()))
+}
+
 impl Raw<'_> {
-    fn resolve(&self, ipv6_prefix: Option<u8>) -> Result<Option<KeySpec>, Failure> {
+    fn resolve(
+        &self,
+        ipv6_prefix: Option<u8>,
+        hasher: impl FnOnce() -> Result<KeyHasher, Failure>,
+    ) -> Result<Option<KeySpec>, Failure> {
         let spec = if let Some(ip) = self.ip {
             KeySpec {
                 key: ip_key(&value(ip)?, ipv6_prefix)?,
@@ -72,12 +108,12 @@ impl Raw<'_> {
             }
         } else if let Some(email) = self.email {
             KeySpec {
-                key: Key::email(value(email)?),
+                key: hasher()?.email(value(email)?),
                 kind: "email",
             }
         } else if let Some(secret) = self.api_key {
             KeySpec {
-                key: Key::secret(value(secret)?),
+                key: hasher()?.secret(value(secret)?),
                 kind: "api-key",
             }
         } else if let Some(id) = self.key {
@@ -199,14 +235,16 @@ mod tests {
 
     #[test]
     fn kinds_hash_like_the_layers() {
+        let hasher = || KeyHasher::new("the services' secret");
+        let keyed = || hasher().map_err(|e| Failure::Input(e.to_string()));
         let raw = Raw {
             ip: None,
             email: Some(" Alice@Example.COM "),
             api_key: None,
             key: None,
         };
-        let spec = raw.resolve(None).unwrap().unwrap();
-        assert_eq!(spec.key, Key::email("alice@example.com"));
+        let spec = raw.resolve(None, keyed).unwrap().unwrap();
+        assert_eq!(spec.key, hasher().unwrap().email("alice@example.com"));
         assert!(spec.describe().contains("hashed"));
         let raw = Raw {
             ip: None,
@@ -215,8 +253,24 @@ mod tests {
             key: None,
         };
         assert_eq!(
-            raw.resolve(None).unwrap().unwrap().key,
-            Key::secret("sk_live_1")
+            raw.resolve(None, keyed).unwrap().unwrap().key,
+            hasher().unwrap().secret("sk_live_1")
         );
+        let unkeyed = || Ok(KeyHasher::unkeyed());
+        assert_eq!(
+            raw.resolve(None, unkeyed).unwrap().unwrap().key,
+            KeyHasher::unkeyed().secret("sk_live_1")
+        );
+        // No secret, no key: an error, never a key the services do not use.
+        let missing = || Err(Failure::Input("no secret".into()));
+        assert!(raw.resolve(None, missing).is_err());
+        // An IP or a plain id needs no secret.
+        let raw = Raw {
+            ip: None,
+            email: None,
+            api_key: None,
+            key: Some("C042"),
+        };
+        assert!(raw.resolve(None, missing).is_ok());
     }
 }

@@ -2,6 +2,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tollgate_limiter::KeyHasher;
 use tower_layer::Layer;
 
 use super::extractor::Email;
@@ -52,9 +53,9 @@ impl<E> BufferBodyLayer<E> {
 
 impl BufferBodyLayer<Email> {
     /// The email in JSON or form field `field`, in bodies of up to `limit`
-    /// bytes.
-    pub fn email(field: &str, limit: usize) -> Self {
-        Self::new(limit, Email::field(field))
+    /// bytes, hashed by `hasher`.
+    pub fn email(field: &str, limit: usize, hasher: KeyHasher) -> Self {
+        Self::new(limit, Email::field(field, hasher))
     }
 }
 

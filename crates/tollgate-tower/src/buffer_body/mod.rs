@@ -21,7 +21,7 @@
 //! use http::{Request, Response, StatusCode};
 //! use http_body_util::Full;
 //! use bytes::Bytes;
-//! use tollgate_limiter::{Limiter, SlidingWindow};
+//! use tollgate_limiter::{KeyHasher, Limiter, SlidingWindow};
 //! use tollgate_memory::MemoryBackend;
 //! use tollgate_tower::{BufferBodyLayer, RateLimitLayer, extract::FromBody};
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
@@ -34,7 +34,8 @@
 //!     MemoryBackend::new(),
 //! );
 //! let svc = ServiceBuilder::new()
-//!     .layer(BufferBodyLayer::email("email", 16 * 1024))
+//!     // In a service: `KeyHasher::from_env()?` (TOLLGATE_KEY_SECRET).
+//!     .layer(BufferBodyLayer::email("email", 16 * 1024, KeyHasher::new("the fleet's secret, 16+ bytes")?))
 //!     .layer(RateLimitLayer::new(per_account, FromBody))
 //!     .service(service_fn(|req: Request<Full<Bytes>>| async move {
 //!         Ok::<_, std::convert::Infallible>(Response::new(req.into_body()))

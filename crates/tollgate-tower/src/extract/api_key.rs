@@ -1,5 +1,5 @@
 use http::header::{AUTHORIZATION, HeaderName};
-use tollgate_limiter::Key;
+use tollgate_limiter::{Key, KeyHasher};
 
 use super::KeyExtractor;
 
@@ -9,8 +9,9 @@ use super::KeyExtractor;
 pub const DEFAULT_MAX_CREDENTIAL_LEN: usize = 8 * 1024;
 
 /// The API key of a request, from a header or an `Authorization: Bearer`
-/// token, hashed with [`Key::secret`] so the backend never holds it in
-/// clear.
+/// token, hashed with [`KeyHasher::secret`] (HMAC under your secret) so the
+/// backend never holds it in clear and a reader of the backend cannot
+/// confirm a guessed key.
 ///
 /// A value that is empty, longer than [`max_len`](Self::max_len) (default
 /// [8 KiB](DEFAULT_MAX_CREDENTIAL_LEN)), not visible ASCII, or (for
@@ -25,39 +26,45 @@ pub const DEFAULT_MAX_CREDENTIAL_LEN: usize = 8 * 1024;
 ///
 /// ```
 /// use http::HeaderName;
-/// use tollgate_limiter::Key;
+/// use tollgate_limiter::KeyHasher;
 /// use tollgate_tower::extract::{ApiKey, KeyExtractor};
 ///
-/// let extractor = ApiKey::header(HeaderName::from_static("x-api-key")).or_bearer();
+/// // In a service: `KeyHasher::from_env()?` (TOLLGATE_KEY_SECRET).
+/// let hasher = KeyHasher::new("the fleet's secret, 16+ bytes")?;
+/// let extractor = ApiKey::header(HeaderName::from_static("x-api-key"), hasher.clone()).or_bearer();
 /// let req = http::Request::builder()
 ///     .header("authorization", "Bearer sk_live_123")
 ///     .body(())?;
-/// assert_eq!(extractor.extract(&req), Some(Key::secret("sk_live_123")));
-/// # Ok::<(), http::Error>(())
+/// assert_eq!(extractor.extract(&req), Some(hasher.secret("sk_live_123")));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct ApiKey {
     header: Option<HeaderName>,
     bearer: bool,
     max_len: usize,
+    hasher: KeyHasher,
 }
 
 impl ApiKey {
-    /// The key is the value of `header`.
-    pub fn header(header: HeaderName) -> Self {
+    /// The key is the value of `header`, hashed by `hasher`.
+    pub fn header(header: HeaderName, hasher: KeyHasher) -> Self {
         Self {
             header: Some(header),
             bearer: false,
             max_len: DEFAULT_MAX_CREDENTIAL_LEN,
+            hasher,
         }
     }
 
-    /// The key is the token of `Authorization: Bearer <token>`.
-    pub fn bearer() -> Self {
+    /// The key is the token of `Authorization: Bearer <token>`, hashed by
+    /// `hasher`.
+    pub fn bearer(hasher: KeyHasher) -> Self {
         Self {
             header: None,
             bearer: true,
             max_len: DEFAULT_MAX_CREDENTIAL_LEN,
+            hasher,
         }
     }
 
@@ -109,13 +116,21 @@ impl ApiKey {
 
 impl<B> KeyExtractor<http::Request<B>> for ApiKey {
     fn extract(&self, req: &http::Request<B>) -> Option<Key> {
-        self.credential(req).map(Key::secret)
+        self.credential(req).map(|c| self.hasher.secret(c))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn hasher() -> KeyHasher {
+        KeyHasher::new("a test secret, 16 bytes or more").unwrap()
+    }
+
+    fn secret(s: &str) -> Key {
+        hasher().secret(s)
+    }
 
     fn req(name: &str, value: &[u8]) -> http::Request<()> {
         let mut r = http::Request::new(());
@@ -128,18 +143,15 @@ mod tests {
 
     #[test]
     fn header_then_bearer() {
-        let x = ApiKey::header(HeaderName::from_static("x-api-key")).or_bearer();
-        assert_eq!(
-            x.extract(&req("x-api-key", b" abc ")),
-            Some(Key::secret("abc"))
-        );
+        let x = ApiKey::header(HeaderName::from_static("x-api-key"), hasher()).or_bearer();
+        assert_eq!(x.extract(&req("x-api-key", b" abc ")), Some(secret("abc")));
         assert_eq!(
             x.extract(&req("authorization", b"bearer  tok")),
-            Some(Key::secret("tok"))
+            Some(secret("tok"))
         );
         assert_eq!(x.extract(&req("authorization", b"Basic dXNlcjpw")), None);
         assert_eq!(x.extract(&http::Request::new(())), None);
-        let only_header = ApiKey::header(HeaderName::from_static("x-api-key"));
+        let only_header = ApiKey::header(HeaderName::from_static("x-api-key"), hasher());
         assert_eq!(
             only_header.extract(&req("authorization", b"Bearer tok")),
             None
@@ -148,7 +160,7 @@ mod tests {
 
     #[test]
     fn malformed_values_are_missing_not_panics() {
-        let x = ApiKey::bearer();
+        let x = ApiKey::bearer(hasher());
         assert_eq!(x.extract(&req("authorization", b"Bearer \xff\xfe")), None);
         assert_eq!(x.extract(&req("authorization", b"Bearer")), None);
         assert_eq!(x.extract(&req("authorization", b"Bearer ")), None);
@@ -171,21 +183,21 @@ mod tests {
     /// the valid bearer token behind it.
     #[test]
     fn an_invalid_header_falls_through_to_the_bearer_token() {
-        let x = ApiKey::header(HeaderName::from_static("x-api-key")).or_bearer();
+        let x = ApiKey::header(HeaderName::from_static("x-api-key"), hasher()).or_bearer();
         let long = "k".repeat(DEFAULT_MAX_CREDENTIAL_LEN + 1);
         for bad in [&b""[..], b"   ", b"\xff\xfe", long.as_bytes()] {
             let r = with(&[("x-api-key", bad), ("authorization", b"Bearer tok")]);
-            assert_eq!(x.extract(&r), Some(Key::secret("tok")), "{bad:?}");
+            assert_eq!(x.extract(&r), Some(secret("tok")), "{bad:?}");
         }
         // A valid header still wins over the token.
         let r = with(&[("x-api-key", b"hdr"), ("authorization", b"Bearer tok")]);
-        assert_eq!(x.extract(&r), Some(Key::secret("hdr")));
+        assert_eq!(x.extract(&r), Some(secret("hdr")));
         // A junk Authorization line before the bearer one hides nothing.
         let r = with(&[
             ("authorization", b"Basic x"),
             ("authorization", b"Bearer tok"),
         ]);
-        assert_eq!(x.extract(&r), Some(Key::secret("tok")));
+        assert_eq!(x.extract(&r), Some(secret("tok")));
     }
 
     /// Real JWTs run past 4 KiB: the default takes 8 KiB, and the bound is
@@ -194,14 +206,14 @@ mod tests {
     fn the_length_bound_is_configurable() {
         let jwt = "j".repeat(6 * 1024);
         let r = with(&[("authorization", format!("Bearer {jwt}").as_bytes())]);
-        assert_eq!(ApiKey::bearer().extract(&r), Some(Key::secret(&jwt)));
-        assert_eq!(ApiKey::bearer().max_len(4096).extract(&r), None);
+        assert_eq!(ApiKey::bearer(hasher()).extract(&r), Some(secret(&jwt)));
+        assert_eq!(ApiKey::bearer(hasher()).max_len(4096).extract(&r), None);
         let big = "j".repeat(20 * 1024);
         let r = with(&[("authorization", format!("Bearer {big}").as_bytes())]);
-        assert_eq!(ApiKey::bearer().extract(&r), None);
+        assert_eq!(ApiKey::bearer(hasher()).extract(&r), None);
         assert_eq!(
-            ApiKey::bearer().max_len(32 * 1024).extract(&r),
-            Some(Key::secret(&big))
+            ApiKey::bearer(hasher()).max_len(32 * 1024).extract(&r),
+            Some(secret(&big))
         );
     }
 
@@ -216,7 +228,7 @@ mod tests {
             auth in proptest::collection::vec(proptest::num::u8::ANY, 0..64),
             max_len in 0usize..80,
         ) {
-            let x = ApiKey::header(HeaderName::from_static("x-api-key"))
+            let x = ApiKey::header(HeaderName::from_static("x-api-key"), hasher())
                 .or_bearer()
                 .max_len(max_len);
             let mut r = http::Request::new(());
@@ -235,7 +247,7 @@ mod tests {
             if let Some(c) = cred {
                 proptest::prop_assert!(!c.is_empty() && c.len() <= max_len);
             }
-            proptest::prop_assert_eq!(x.extract(&r), cred.map(Key::secret));
+            proptest::prop_assert_eq!(x.extract(&r), cred.map(secret));
             if max_len >= token.len() {
                 proptest::prop_assert!(cred.is_some());
             }
