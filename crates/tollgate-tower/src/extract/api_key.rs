@@ -133,12 +133,7 @@ mod tests {
     }
 
     fn req(name: &str, value: &[u8]) -> http::Request<()> {
-        let mut r = http::Request::new(());
-        r.headers_mut().insert(
-            HeaderName::from_bytes(name.as_bytes()).unwrap(),
-            http::HeaderValue::from_bytes(value).unwrap(),
-        );
-        r
+        with(&[(name, value)])
     }
 
     #[test]
