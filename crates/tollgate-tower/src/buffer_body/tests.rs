@@ -101,9 +101,11 @@ async fn a_stalled_body_is_refused_with_408_at_the_default_deadline() {
     let calls = Arc::new(AtomicUsize::new(0));
     let svc = BufferBodyLayer::new(1024, any_key as Extract).layer(handler(&calls));
     let start = tokio::time::Instant::now();
-    let res = svc
-        .oneshot(req(TestBody::chunks([b"{\"email\":".to_vec()], true)))
+    let stalled = svc.oneshot(req(TestBody::chunks([b"{\"email\":".to_vec()], true)));
+    // Without a deadline the stalled body would be waited for for ever.
+    let res = tokio::time::timeout(Duration::from_secs(3600), stalled)
         .await
+        .expect("the read deadline answers")
         .unwrap();
     assert_eq!(res.status(), StatusCode::REQUEST_TIMEOUT);
     assert_eq!(start.elapsed(), DEFAULT_READ_TIMEOUT);
