@@ -14,10 +14,15 @@ Exit codes:
 
 const KEYS_HELP: &str = "\
 Keys are given as the raw identity and its kind, and stored exactly as the
-tower layers store them: --ip (ClientIp; --ipv6-prefix for grouped IPv6
-clients), --email (trimmed, lower-cased, hashed), --api-key (hashed), --key
-(any other id: a channel, a host, an account). A value of '-' is read from
-standard input, which keeps secrets out of the shell history.";
+tower layers store them: --ip (ClientIp: IPv4 and IPv4-mapped addresses per
+address, IPv6 by /64 unless --ipv6-prefix says otherwise), --email (trimmed,
+lower-cased, hashed), --api-key (hashed), --key (any other id: a channel, a
+host, an account). A value of '-' is read from standard input, which keeps
+secrets out of the shell history.
+
+--email and --api-key are hashed with the services' key secret (HMAC), read
+from TOLLGATE_KEY_SECRET or --key-secret-file, or with --unkeyed-hashes if
+the services opted out.";
 
 /// Operate tollgate rate limits: inspect and reset keys, change limits at
 /// runtime, check Redis durability, validate configuration.
@@ -66,6 +71,15 @@ pub(crate) struct Global {
     /// error; the exit code is the same).
     #[arg(long, global = true)]
     pub(crate) json: bool,
+    /// A file holding the services' key secret (one trailing newline is
+    /// ignored), for --email and --api-key. Without it, the secret is read
+    /// from TOLLGATE_KEY_SECRET, as the services read it.
+    #[arg(long, value_name = "FILE", global = true)]
+    pub(crate) key_secret_file: Option<PathBuf>,
+    /// The services hash emails and API keys without a secret
+    /// (`KeyHasher::unkeyed()`, an explicit opt-out).
+    #[arg(long, global = true, conflicts_with = "key_secret_file")]
+    pub(crate) unkeyed_hashes: bool,
 }
 
 /// The commands.
@@ -100,7 +114,9 @@ pub(crate) struct KeyedArgs {
     pub(crate) limiter: String,
     #[command(flatten)]
     pub(crate) key: RequiredKey,
-    /// Group IPv6 clients by network, as `ClientIp::ipv6_prefix(N)` does.
+    /// Group IPv6 clients by their first N bits, as
+    /// `ClientIp::ipv6_prefix(N)` does (default 64, the layer's default;
+    /// 128 for `ClientIp::ipv6_per_address`).
     #[arg(long, value_name = "N", requires = "ip",
           value_parser = clap::value_parser!(u8).range(0..=128))]
     pub(crate) ipv6_prefix: Option<u8>,
@@ -172,7 +188,9 @@ pub(crate) struct ScopeArgs {
     pub(crate) limiter: String,
     #[command(flatten)]
     pub(crate) key: OptionalKey,
-    /// Group IPv6 clients by network, as `ClientIp::ipv6_prefix(N)` does.
+    /// Group IPv6 clients by their first N bits, as
+    /// `ClientIp::ipv6_prefix(N)` does (default 64, the layer's default;
+    /// 128 for `ClientIp::ipv6_per_address`).
     #[arg(long, value_name = "N", requires = "ip",
           value_parser = clap::value_parser!(u8).range(0..=128))]
     pub(crate) ipv6_prefix: Option<u8>,

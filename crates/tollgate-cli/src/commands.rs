@@ -346,7 +346,7 @@ fn print_header(t: &Target, key: &KeySpec) {
 }
 
 async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
-    let key = a.key.resolve(a.ipv6_prefix)?;
+    let key = a.key.resolve(a.ipv6_prefix, g)?;
     let t = target(g, &a.limiter).await?;
     let work = async {
         let d = t
@@ -376,7 +376,7 @@ async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
 }
 
 async fn reset(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
-    let key = a.key.resolve(a.ipv6_prefix)?;
+    let key = a.key.resolve(a.ipv6_prefix, g)?;
     let t = target(g, &a.limiter).await?;
     let work = async {
         let d = t
@@ -423,7 +423,7 @@ fn scope_name(t: &Target, key: Option<&KeySpec>) -> String {
 }
 
 async fn override_set(g: &Global, s: &ScopeArgs, snippet: &str) -> Result<(), Failure> {
-    let key = s.key.resolve(s.ipv6_prefix)?;
+    let key = s.key.resolve(s.ipv6_prefix, g)?;
     // Validate before connecting: a bad override never reaches Redis.
     let config = load_config(&g.config)?;
     let lc = config
@@ -459,7 +459,7 @@ async fn override_set(g: &Global, s: &ScopeArgs, snippet: &str) -> Result<(), Fa
 }
 
 async fn override_clear(g: &Global, s: &ScopeArgs) -> Result<(), Failure> {
-    let key = s.key.resolve(s.ipv6_prefix)?;
+    let key = s.key.resolve(s.ipv6_prefix, g)?;
     let t = target(g, &s.limiter).await?;
     let k = key.as_ref().map(|k| &k.key);
     let work = async {
@@ -497,7 +497,7 @@ async fn override_clear(g: &Global, s: &ScopeArgs) -> Result<(), Failure> {
 }
 
 async fn override_show(g: &Global, s: &ScopeArgs) -> Result<(), Failure> {
-    let key = s.key.resolve(s.ipv6_prefix)?;
+    let key = s.key.resolve(s.ipv6_prefix, g)?;
     let t = target(g, &s.limiter).await?;
     let k = key.as_ref().map(|k| &k.key);
     let o = timed(g, "override show", Overrides::read(&t, k)).await?;

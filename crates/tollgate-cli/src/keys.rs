@@ -1,11 +1,12 @@
 //! Keys from the command line, built exactly as the tower layers build them.
 
 use std::io::BufRead;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 
-use tollgate_limiter::Key;
+use tollgate_limiter::key::DEFAULT_IPV6_PREFIX;
+use tollgate_limiter::{Key, KeyHasher};
 
-use crate::args::{OptionalKey, RequiredKey};
+use crate::args::{Global, OptionalKey, RequiredKey};
 use crate::failure::Failure;
 
 /// A key and how it was given.
@@ -37,33 +38,69 @@ struct Raw<'a> {
 
 impl RequiredKey {
     /// The key (clap made sure exactly one is given).
-    pub(crate) fn resolve(&self, ipv6_prefix: Option<u8>) -> Result<KeySpec, Failure> {
+    pub(crate) fn resolve(&self, ipv6_prefix: Option<u8>, g: &Global) -> Result<KeySpec, Failure> {
         let raw = Raw {
             ip: self.ip.as_deref(),
             email: self.email.as_deref(),
             api_key: self.api_key.as_deref(),
             key: self.key.as_deref(),
         };
-        raw.resolve(ipv6_prefix)?
+        raw.resolve(ipv6_prefix, || key_hasher(g))?
             .ok_or_else(|| Failure::Input("a key is required".into()))
     }
 }
 
 impl OptionalKey {
     /// The key, if one is given.
-    pub(crate) fn resolve(&self, ipv6_prefix: Option<u8>) -> Result<Option<KeySpec>, Failure> {
+    pub(crate) fn resolve(
+        &self,
+        ipv6_prefix: Option<u8>,
+        g: &Global,
+    ) -> Result<Option<KeySpec>, Failure> {
         Raw {
             ip: self.ip.as_deref(),
             email: self.email.as_deref(),
             api_key: self.api_key.as_deref(),
             key: self.key.as_deref(),
         }
-        .resolve(ipv6_prefix)
+        .resolve(ipv6_prefix, || key_hasher(g))
     }
 }
 
+/// The hasher the services use: `--unkeyed-hashes`, the secret in
+/// `--key-secret-file`, else `TOLLGATE_KEY_SECRET` (as
+/// `KeyHasher::from_env` reads it in the services). Only asked for when an
+/// email or API key is given, so `--ip` and `--key` need no secret.
+fn key_hasher(g: &Global) -> Result<KeyHasher, Failure> {
+    if g.unkeyed_hashes {
+        return Ok(KeyHasher::unkeyed());
+    }
+    let Some(path) = &g.key_secret_file else {
+        return KeyHasher::from_env().map_err(|e| {
+            Failure::Input(format!(
+                "--email and --api-key are hashed with the services' secret: {e} \
+                 (or give --key-secret-file FILE)"
+            ))
+        });
+    };
+    let bad = |why: String| Failure::Input(format!("--key-secret-file {}: {why}", path.display()));
+    let mut secret = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    // An editor's or `echo`'s trailing newline is not part of the secret.
+    if secret.ends_with(b"\n") {
+        secret.pop();
+        if secret.ends_with(b"\r") {
+            secret.pop();
+        }
+    }
+    KeyHasher::new(&secret).map_err(|e| bad(e.to_string()))
+}
+
 impl Raw<'_> {
-    fn resolve(&self, ipv6_prefix: Option<u8>) -> Result<Option<KeySpec>, Failure> {
+    fn resolve(
+        &self,
+        ipv6_prefix: Option<u8>,
+        hasher: impl FnOnce() -> Result<KeyHasher, Failure>,
+    ) -> Result<Option<KeySpec>, Failure> {
         let spec = if let Some(ip) = self.ip {
             KeySpec {
                 key: ip_key(&value(ip)?, ipv6_prefix)?,
@@ -71,12 +108,12 @@ impl Raw<'_> {
             }
         } else if let Some(email) = self.email {
             KeySpec {
-                key: Key::email(value(email)?),
+                key: hasher()?.email(value(email)?),
                 kind: "email",
             }
         } else if let Some(secret) = self.api_key {
             KeySpec {
-                key: Key::secret(value(secret)?),
+                key: hasher()?.secret(value(secret)?),
                 kind: "api-key",
             }
         } else if let Some(id) = self.key {
@@ -110,9 +147,11 @@ fn value(v: &str) -> Result<String, Failure> {
     Ok(line.to_owned())
 }
 
-/// The key `ClientIp` makes for `ip`: the address as `IpAddr` prints it,
-/// or, for IPv6 with a prefix length (from `--ipv6-prefix` or written as
-/// `addr/len`), the truncated network.
+/// The key `ClientIp` makes for `ip`, built by the same function
+/// ([`Key::ip`]): IPv4 (and IPv4-mapped IPv6) per address, IPv6 by the
+/// network of its first `len` bits, `len` being the one written as
+/// `addr/len`, else `--ipv6-prefix`, else the layer's default
+/// ([`DEFAULT_IPV6_PREFIX`], 64); 128 is one address.
 pub(crate) fn ip_key(ip: &str, ipv6_prefix: Option<u8>) -> Result<Key, Failure> {
     let bad = |why: &str| Failure::Input(format!("--ip {ip:?}: {why}"));
     let (addr, len) = match ip.split_once('/') {
@@ -136,23 +175,12 @@ pub(crate) fn ip_key(ip: &str, ipv6_prefix: Option<u8>) -> Result<Key, Failure> 
         }
         (a, b) => a.or(b),
     };
-    Ok(match (addr, len) {
-        (IpAddr::V6(v6), Some(len)) => {
-            let mask = if len == 0 {
-                0
-            } else {
-                u128::MAX << (128 - u32::from(len))
-            };
-            let net = Ipv6Addr::from(u128::from(v6) & mask);
-            Key::new(format!("{net}/{len}"))
-        }
-        (IpAddr::V4(_), Some(_)) if ip.contains('/') => {
-            return Err(bad(
-                "networks are for IPv6 only (the layers key IPv4 clients by address)",
-            ));
-        }
-        _ => Key::from(addr),
-    })
+    if addr.to_canonical().is_ipv4() && len.is_some() && ip.contains('/') {
+        return Err(bad(
+            "networks are for IPv6 only (the layers key IPv4 clients by address)",
+        ));
+    }
+    Ok(Key::ip(addr, len.unwrap_or(DEFAULT_IPV6_PREFIX)))
 }
 
 #[cfg(test)]
@@ -166,29 +194,57 @@ mod tests {
     #[test]
     fn ips_are_keyed_like_client_ip() {
         assert_eq!(k("203.0.113.7", None), "203.0.113.7");
-        assert_eq!(k("2001:DB8::0001", None), "2001:db8::1");
-        assert_eq!(k("[::1]", None), "::1");
+        // IPv6 is grouped by /64 unless told otherwise, as in ClientIp.
+        assert_eq!(k("2001:DB8::0001", None), "2001:db8::/64");
+        assert_eq!(k("2001:DB8::0001", Some(128)), "2001:db8::1");
+        assert_eq!(k("2001:db8::1/128", None), "2001:db8::1");
+        assert_eq!(k("[::1]", Some(128)), "::1");
         assert_eq!(k("2001:db8:1:2:3:4:5:6", Some(64)), "2001:db8:1:2::/64");
-        assert_eq!(k("2001:db8:1:2:3:4:5:6/64", None), "2001:db8:1:2::/64");
+        assert_eq!(k("2001:db8:1:2:3:4:5:6/48", None), "2001:db8:1::/48");
         assert_eq!(k("2001:db8::1", Some(0)), "::/0");
+        // IPv4-mapped addresses are the IPv4 address, as in ClientIp.
+        assert_eq!(k("::ffff:203.0.113.7", None), "203.0.113.7");
+        assert_eq!(k("[::ffff:203.0.113.7]", Some(64)), "203.0.113.7");
         // --ipv6-prefix does not touch IPv4, as in ClientIp.
         assert_eq!(k("203.0.113.7", Some(64)), "203.0.113.7");
         assert!(ip_key("203.0.113.0/24", None).is_err());
+        assert!(ip_key("::ffff:203.0.113.7/120", None).is_err());
         assert!(ip_key("2001:db8::1/129", None).is_err());
         assert!(ip_key("2001:db8::1/48", Some(64)).is_err());
         assert!(ip_key("not-an-ip", None).is_err());
     }
 
+    /// The CLI and the layer build one key for one client: both go
+    /// through `Key::ip`, and this pins the defaults together.
+    #[test]
+    fn cli_default_matches_client_ip_default() {
+        for ip in [
+            "::ffff:203.0.113.7",
+            "203.0.113.7",
+            "2001:db8:1:2:aaaa::1",
+            "::1",
+        ] {
+            let addr: IpAddr = ip.parse().unwrap();
+            assert_eq!(
+                ip_key(ip, None).unwrap(),
+                Key::ip(addr, DEFAULT_IPV6_PREFIX),
+                "{ip}"
+            );
+        }
+    }
+
     #[test]
     fn kinds_hash_like_the_layers() {
+        let hasher = || KeyHasher::new("the services' secret");
+        let keyed = || hasher().map_err(|e| Failure::Input(e.to_string()));
         let raw = Raw {
             ip: None,
             email: Some(" Alice@Example.COM "),
             api_key: None,
             key: None,
         };
-        let spec = raw.resolve(None).unwrap().unwrap();
-        assert_eq!(spec.key, Key::email("alice@example.com"));
+        let spec = raw.resolve(None, keyed).unwrap().unwrap();
+        assert_eq!(spec.key, hasher().unwrap().email("alice@example.com"));
         assert!(spec.describe().contains("hashed"));
         let raw = Raw {
             ip: None,
@@ -197,8 +253,24 @@ mod tests {
             key: None,
         };
         assert_eq!(
-            raw.resolve(None).unwrap().unwrap().key,
-            Key::secret("sk_live_1")
+            raw.resolve(None, keyed).unwrap().unwrap().key,
+            hasher().unwrap().secret("sk_live_1")
         );
+        let unkeyed = || Ok(KeyHasher::unkeyed());
+        assert_eq!(
+            raw.resolve(None, unkeyed).unwrap().unwrap().key,
+            KeyHasher::unkeyed().secret("sk_live_1")
+        );
+        // No secret, no key: an error, never a key the services do not use.
+        let missing = || Err(Failure::Input("no secret".into()));
+        assert!(raw.resolve(None, missing).is_err());
+        // An IP or a plain id needs no secret.
+        let raw = Raw {
+            ip: None,
+            email: None,
+            api_key: None,
+            key: Some("C042"),
+        };
+        assert!(raw.resolve(None, missing).is_ok());
     }
 }

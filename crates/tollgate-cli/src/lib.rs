@@ -20,10 +20,12 @@
 //! | `tollgate config validate [FILE]...` | loads configuration as a service does at start-up |
 //!
 //! A key is given as the raw identity and its kind, and is turned into a
-//! storage key exactly as the tower layers do: `--ip` (like `ClientIp`,
-//! with `--ipv6-prefix` for grouped IPv6 clients), `--email` (normalised and
-//! hashed, [`Key::email`](tollgate_limiter::Key::email)), `--api-key` (hashed,
-//! [`Key::secret`](tollgate_limiter::Key::secret)) or `--key` (any other id,
+//! storage key exactly as the tower layers do: `--ip` (through
+//! [`Key::ip`](tollgate_limiter::Key::ip), as `ClientIp`: IPv4 and
+//! IPv4-mapped IPv6 per address, IPv6 by /64 unless `--ipv6-prefix` says
+//! otherwise), `--email` (normalised and
+//! hashed, [`KeyHasher::email`](tollgate_limiter::KeyHasher::email)), `--api-key`
+//! (hashed, [`KeyHasher::secret`](tollgate_limiter::KeyHasher::secret)) or `--key` (any other id,
 //! [`Key::new`](tollgate_limiter::Key::new)). A value of `-` is read from
 //! standard input, so secrets stay out of the shell history.
 //!

@@ -14,11 +14,20 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use tollgate_limiter::{Config, Decision, Key, Limiter};
+use tollgate_limiter::{Config, Decision, Key, KeyHasher, Limiter};
 use tollgate_redis::{Durability, RedisBackend};
 use tollgate_testkit::redis_server::RedisServer;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+
+/// The key secret of the services in these tests; every run of the CLI
+/// has it in `TOLLGATE_KEY_SECRET`, as an operator's shell would.
+const SECRET: &str = "the services' key secret";
+
+/// The hasher the services build from [`SECRET`].
+fn hasher() -> KeyHasher {
+    KeyHasher::new(SECRET).unwrap()
+}
 
 /// A config file in a temporary directory, removed on drop.
 struct ConfigFile {
@@ -89,6 +98,7 @@ fn run_with(args: &[&str], env: &[(&str, &str)], stdin: &str) -> Output {
     let mut cmd = Command::new(BIN);
     cmd.args(args)
         .env_clear()
+        .env("TOLLGATE_KEY_SECRET", SECRET)
         .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -441,7 +451,7 @@ fn inspect_shows_what_the_service_counted() {
     let service = c.limiter(&url, "api");
     // The service saw "Alice@Example.com " four times (the login layer
     // normalises and hashes it).
-    let alice = Key::email("alice@example.com");
+    let alice = hasher().email("alice@example.com");
     for _ in 0..4 {
         assert!(decide(&service, &alice, 1).is_allowed());
     }
@@ -470,7 +480,7 @@ fn inspect_shows_what_the_service_counted() {
         .unwrap();
     assert!((14_000.0..=14_400.0).contains(&reset), "{out}");
     assert!(
-        field(&out, "redis key").starts_with("t-inspect:api:{e:"),
+        field(&out, "redis key").starts_with("t-inspect:api:{#e:"),
         "{out}"
     );
     assert!(!out.contains("alice"), "the email must not be shown: {out}");
@@ -501,9 +511,45 @@ fn inspect_shows_what_the_service_counted() {
     // Inspecting is a peek: it consumed nothing.
     assert_eq!(decide(&service, &alice, 1).remaining(), 5);
 
+    // Hashed keys need the services' secret: without it, a clear error
+    // (never a key the services do not use); from a file, the same key;
+    // another secret or none, another key.
+    let inspect_email = |extra: &[&str], env: &[(&str, &str)]| {
+        let mut args = vec!["-c", c.arg(), "--json"];
+        args.extend(extra);
+        args.extend(["inspect", "api", "--email", "alice@example.com"]);
+        let mut env = env.to_vec();
+        env.push(("REDIS_URL", &url));
+        run(&args, &env)
+    };
+    let o = inspect_email(&[], &[("TOLLGATE_KEY_SECRET", "")]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("TOLLGATE_KEY_SECRET"), "{}", stderr(&o));
+    let dir = std::env::temp_dir().join(format!("tollgate-cli-secret-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("secret");
+    std::fs::write(&file, format!("{SECRET}\n")).unwrap();
+    let o = inspect_email(
+        &["--key-secret-file", file.to_str().unwrap()],
+        &[("TOLLGATE_KEY_SECRET", "")],
+    );
+    expect(&o, 0);
+    assert_eq!(json(&o)["key"]["key"], alice.as_str());
+    std::fs::write(&file, "another secret, long enough").unwrap();
+    let o = inspect_email(&["--key-secret-file", file.to_str().unwrap()], &[]);
+    expect(&o, 0);
+    assert_ne!(json(&o)["key"]["key"], alice.as_str());
+    std::fs::remove_dir_all(&dir).unwrap();
+    let o = inspect_email(&["--unkeyed-hashes"], &[]);
+    expect(&o, 0);
+    assert_eq!(
+        json(&o)["key"]["key"],
+        KeyHasher::unkeyed().email("alice@example.com").as_str()
+    );
+
     // An exhausted API key, given on standard input.
     let secret = "sk_live_0123456789";
-    let bob = Key::secret(secret);
+    let bob = hasher().secret(secret);
     assert!(decide(&service, &bob, 10).is_allowed());
     let o = run_with(
         &["-c", c.arg(), "inspect", "api", "--api-key", "-"],
@@ -591,10 +637,22 @@ fn reset_unblocks_a_key() {
     ]);
     expect(&o, 0);
     assert!(decide(&ip_limiter, &net, 1).is_allowed());
+    // The /64 is the default, as in ClientIp::new().
+    assert!(decide(&ip_limiter, &net, 2).is_allowed());
+    assert!(decide(&ip_limiter, &net, 1).is_denied());
+    let o = run_cli(&["reset", "login_ip", "--ip", "2001:db8:1:2::99"]);
+    expect(&o, 0);
+    assert!(decide(&ip_limiter, &net, 1).is_allowed());
+    // An IPv4-mapped address is its IPv4 address, as in ClientIp.
+    assert!(decide(&ip_limiter, &ip, 2).is_allowed());
+    assert!(decide(&ip_limiter, &ip, 1).is_denied());
+    let o = run_cli(&["reset", "login_ip", "--ip", "::ffff:203.0.113.7"]);
+    expect(&o, 0);
+    assert!(decide(&ip_limiter, &ip, 1).is_allowed());
 
     // An account delayed by the progressive delay.
     let account = c.limiter(&url, "login_account");
-    let email = Key::email("carol@example.com");
+    let email = hasher().email("carol@example.com");
     for _ in 0..3 {
         decide(&account, &email, 1);
     }
@@ -630,7 +688,7 @@ fn overrides_change_what_the_services_decide() {
         run(&full, &[("REDIS_URL", &url)])
     };
     let service = c.limiter(&url, "api");
-    let vip = Key::secret("sk_vip");
+    let vip = hasher().secret("sk_vip");
     let other = Key::new("10.0.0.1");
 
     // Limiter-wide, as flags: fields not given keep their configured value.

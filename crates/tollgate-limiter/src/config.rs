@@ -172,9 +172,12 @@ impl ConfigBuilder {
         self
     }
 
-    /// Adds the `TOLLGATE_*` environment variables.
+    /// Adds the `TOLLGATE_*` environment variables (but not
+    /// `TOLLGATE_KEY_SECRET`, which is [`KeyHasher`](crate::KeyHasher)'s,
+    /// not a configuration field).
     pub fn env(mut self) -> Self {
-        self.figment = self.figment.merge(Env::prefixed(ENV_PREFIX).split("__"));
+        let env = Env::prefixed(ENV_PREFIX).ignore(&["key_secret"]);
+        self.figment = self.figment.merge(env.split("__"));
         self
     }
 

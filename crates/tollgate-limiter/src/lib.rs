@@ -60,7 +60,7 @@ pub use breaker::BreakerConfig;
 pub use config::{Config, ConfigBuilder, ConfigError, LimiterConfig, parse_rate};
 pub use decision::Decision;
 pub use error::{BoxError, Error};
-pub use key::Key;
+pub use key::{Key, KeyHasher};
 pub use limiter::{DEFAULT_LOCAL_CAPACITY, Denied, FailMode, Limiter, LimiterBuilder, Verdict};
 pub use model::Op;
 pub use policy::{Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy, TokenBucket};

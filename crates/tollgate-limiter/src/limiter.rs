@@ -292,7 +292,7 @@ impl<B: Backend> LimiterBuilder<B> {
 /// .fail_mode(FailMode::Open)
 /// .build();
 ///
-/// let verdict = limiter.check(&Key::secret("key-123")).await;
+/// let verdict = limiter.check(&Key::new("account-123")).await;
 /// if !verdict.is_allowed() {
 ///     // answer 429
 /// }

@@ -27,7 +27,7 @@ async fn a_lease_takes_a_batch_and_the_limit_stays_exact() {
         TokenBucket::new(7, 1, Duration::from_secs(60)).unwrap(),
         backend.clone(),
     );
-    let k = Key::secret("key-1");
+    let k = Key::new("key-1");
     // One request leases five units: the shared counter shows them gone.
     assert!(a.check(&k).await.is_allowed());
     assert_eq!(plain.peek(&k).await.decision().unwrap().remaining(), 2);
@@ -52,7 +52,7 @@ async fn unspent_units_expire_and_a_reset_drops_the_lease() {
     let clock = MockClock::new();
     let backend = MemoryBackend::with_clock(clock.clone());
     let a = worker(&backend, 3);
-    let k = Key::secret("key-2");
+    let k = Key::new("key-2");
     assert!(a.check(&k).await.is_allowed());
     // After the lease's ttl its two units are gone: the next request asks
     // the backend (which is failing: fail-open lets it through, undecided).

@@ -168,7 +168,7 @@ pub async fn sliding_window_penalise<B: Backend>(backend: B, clock: MockClock) {
 pub async fn progressive_delay<B: Backend>(backend: B, clock: MockClock) {
     let p = ProgressiveDelay::new(2, S, 2, 5 * S, 60 * S).unwrap();
     let l = limiter("pd", p, backend);
-    let k = Key::email("victim@example.com");
+    let k = Key::new("victim@example.com");
     assert!(peek(&l, &k, 1).await.is_allowed());
     assert!(decide(&l, &k, 1).await.is_allowed());
     let d = decide(&l, &k, 1).await;

@@ -31,7 +31,7 @@
 //! use axum::{Router, routing::get};
 //! use tollgate_limiter::{FailMode, Limiter, TokenBucket};
 //! use tollgate_memory::MemoryBackend;
-//! use tollgate_tower::{RateLimitLayer, extract::ApiKey};
+//! use tollgate_tower::{RateLimitLayer, extract::{ApiKey, KeyHasher}};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let limiter = Limiter::builder("api", TokenBucket::new(100, 100, Duration::from_secs(60))?, MemoryBackend::new())
@@ -39,7 +39,8 @@
 //!     .build();
 //! let app: Router = Router::new()
 //!     .route("/", get(|| async { "hello" }))
-//!     .layer(RateLimitLayer::new(limiter, ApiKey::bearer()));
+//!     // In a service: `KeyHasher::from_env()?` (TOLLGATE_KEY_SECRET).
+//!     .layer(RateLimitLayer::new(limiter, ApiKey::bearer(KeyHasher::new("the fleet's secret, 16+ bytes")?)));
 //! # Ok(())
 //! # }
 //! ```
@@ -49,7 +50,7 @@
 //! * `axum`: [`ClientIp`](extract::ClientIp) reads axum's
 //!   `ConnectInfo<SocketAddr>`.
 //! * `tonic`: [`ClientIp`](extract::ClientIp) reads tonic's
-//!   `TcpConnectInfo`.
+//!   `TcpConnectInfo`, plain or inside `TlsConnectInfo` (a TLS server).
 //! * `metrics`: counters and a latency histogram through the `metrics`
 //!   crate (see [Telemetry](#telemetry)).
 //!

@@ -15,7 +15,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tollgate_limiter::{FailMode, Limiter, SlidingWindow, TokenBucket};
 use tollgate_memory::MemoryBackend;
-use tollgate_tower::extract::{ApiKey, ClientIp, FromBody};
+use tollgate_tower::extract::{ApiKey, ClientIp, FromBody, KeyHasher};
 use tollgate_tower::{BufferBodyLayer, RateLimitLayer};
 
 async fn serve(app: Router) -> SocketAddr {
@@ -79,7 +79,10 @@ async fn raw(addr: SocketAddr, request: &[u8]) -> u16 {
 fn api_app(limiter: Limiter<MemoryBackend>) -> Router {
     Router::new()
         .route("/", get(|| async { "hello" }))
-        .layer(RateLimitLayer::new(limiter, ApiKey::bearer()))
+        .layer(RateLimitLayer::new(
+            limiter,
+            ApiKey::bearer(KeyHasher::unkeyed()),
+        ))
 }
 
 #[tokio::test]
@@ -213,7 +216,10 @@ async fn malformed_headers_never_take_the_server_down() {
     );
     let app = Router::new()
         .route("/", get(|| async { "hello" }))
-        .layer(RateLimitLayer::new(limiter, ApiKey::bearer()))
+        .layer(RateLimitLayer::new(
+            limiter,
+            ApiKey::bearer(KeyHasher::unkeyed()),
+        ))
         .layer(RateLimitLayer::new(ip, client_ip));
     let addr = serve(app).await;
     let long_chain = format!("x-forwarded-for: {}\r\n", vec!["127.0.0.1"; 500].join(","));
@@ -248,7 +254,7 @@ fn login_app(limit: usize) -> Router {
     Router::new()
         .route("/login", post(|body: String| async move { body }))
         .layer(RateLimitLayer::new(per_account, FromBody))
-        .layer(BufferBodyLayer::email("email", limit))
+        .layer(BufferBodyLayer::email("email", limit, KeyHasher::unkeyed()))
 }
 
 async fn login(addr: SocketAddr, content_type: &str, body: String) -> Answer {

@@ -13,7 +13,7 @@ use tollgate_limiter::{
     FailMode, Key, Limiter, MockClock, ProgressiveDelay, SlidingWindow, TokenBucket,
 };
 use tollgate_memory::MemoryBackend;
-use tollgate_tower::extract::{ApiKey, ClientIp, PeerAddr};
+use tollgate_tower::extract::{ApiKey, ClientIp, KeyHasher, PeerAddr};
 use tollgate_tower::respond::{Grpc, Http, Refusal};
 use tollgate_tower::{MissingKey, Outcome, RateLimitLayer, ResponseBody};
 use tower::{Layer, Service, ServiceExt, service_fn};
@@ -96,7 +96,8 @@ async fn refuses_with_429_retry_after_and_ietf_fields() {
         backend,
     );
     let echo = Echo::default();
-    let svc = RateLimitLayer::new(limiter, ApiKey::bearer()).layer(echo.service());
+    let svc =
+        RateLimitLayer::new(limiter, ApiKey::bearer(KeyHasher::unkeyed())).layer(echo.service());
 
     let first = call(&svc, req(Some("k"))).await;
     assert_eq!(first.status(), StatusCode::OK);
@@ -144,7 +145,8 @@ async fn retry_after_is_never_zero() {
     let clock = MockClock::new();
     let backend = MemoryBackend::with_clock(clock.clone());
     let limiter = Limiter::new("fast", TokenBucket::per_second(1, 1000).unwrap(), backend);
-    let svc = RateLimitLayer::new(limiter, ApiKey::bearer()).layer(Echo::default().service());
+    let svc = RateLimitLayer::new(limiter, ApiKey::bearer(KeyHasher::unkeyed()))
+        .layer(Echo::default().service());
     assert_eq!(call(&svc, req(Some("k"))).await.status(), StatusCode::OK);
     let refused = call(&svc, req(Some("k"))).await;
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -158,7 +160,7 @@ async fn headers_on_allowed_can_be_turned_off() {
         bucket(5, Duration::from_secs(1)),
         MemoryBackend::new(),
     );
-    let svc = RateLimitLayer::new(limiter, ApiKey::bearer())
+    let svc = RateLimitLayer::new(limiter, ApiKey::bearer(KeyHasher::unkeyed()))
         .responder(Http::new().headers_on_allowed(false))
         .layer(Echo::default().service());
     let res = call(&svc, req(Some("k"))).await;
@@ -175,8 +177,10 @@ async fn fail_closed_answers_503_apart_from_429_and_fail_open_passes() {
         .fail_mode(FailMode::Open)
         .build();
     let echo = Echo::default();
-    let closed_svc = RateLimitLayer::new(closed, ApiKey::bearer()).layer(echo.service());
-    let open_svc = RateLimitLayer::new(open, ApiKey::bearer()).layer(echo.service());
+    let closed_svc =
+        RateLimitLayer::new(closed, ApiKey::bearer(KeyHasher::unkeyed())).layer(echo.service());
+    let open_svc =
+        RateLimitLayer::new(open, ApiKey::bearer(KeyHasher::unkeyed())).layer(echo.service());
 
     backend.set_failing(true);
     let res = call(&closed_svc, req(Some("k"))).await;
@@ -204,7 +208,8 @@ async fn a_slow_backend_times_out_into_the_fail_mode() {
     let limiter = Limiter::builder("slow", bucket(5, Duration::from_secs(1)), backend.clone())
         .timeout(Duration::from_millis(20))
         .build();
-    let svc = RateLimitLayer::new(limiter, ApiKey::bearer()).layer(Echo::default().service());
+    let svc = RateLimitLayer::new(limiter, ApiKey::bearer(KeyHasher::unkeyed()))
+        .layer(Echo::default().service());
     backend.set_delay(Duration::from_secs(1));
     let res = call(&svc, req(Some("k"))).await;
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -227,13 +232,14 @@ async fn missing_key_policies() {
     let echo = Echo::default();
 
     // Default: reject with 400.
-    let svc = RateLimitLayer::new(open.clone(), ApiKey::bearer()).layer(echo.service());
+    let svc = RateLimitLayer::new(open.clone(), ApiKey::bearer(KeyHasher::unkeyed()))
+        .layer(echo.service());
     let res = call(&svc, req(None)).await;
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
     assert_eq!(header(&res, "content-type"), ["application/problem+json"]);
 
     // Allow on a fail-open limiter: through, uncounted.
-    let svc = RateLimitLayer::new(open, ApiKey::bearer())
+    let svc = RateLimitLayer::new(open, ApiKey::bearer(KeyHasher::unkeyed()))
         .on_missing_key(MissingKey::Allow)
         .layer(echo.service());
     for _ in 0..5 {
@@ -241,7 +247,7 @@ async fn missing_key_policies() {
     }
 
     // Allow on a fail-closed limiter: still rejected.
-    let svc = RateLimitLayer::new(closed.clone(), ApiKey::bearer())
+    let svc = RateLimitLayer::new(closed.clone(), ApiKey::bearer(KeyHasher::unkeyed()))
         .on_missing_key(MissingKey::Allow)
         .layer(echo.service());
     assert_eq!(
@@ -251,7 +257,7 @@ async fn missing_key_policies() {
 
     // Fallback: every keyless request shares one budget, even when the
     // backend fails (the limiter's fail mode still applies).
-    let svc = RateLimitLayer::new(closed, ApiKey::bearer())
+    let svc = RateLimitLayer::new(closed, ApiKey::bearer(KeyHasher::unkeyed()))
         .on_missing_key(MissingKey::Fallback(Key::new("anonymous")))
         .layer(echo.service());
     assert_eq!(call(&svc, req(None)).await.status(), StatusCode::OK);
@@ -276,7 +282,7 @@ async fn cost_from_a_closure() {
         bucket(10, Duration::from_secs(60)),
         MemoryBackend::new(),
     );
-    let svc = RateLimitLayer::new(limiter, ApiKey::bearer())
+    let svc = RateLimitLayer::new(limiter, ApiKey::bearer(KeyHasher::unkeyed()))
         .cost(|req: &Request<String>| {
             req.headers()
                 .get("x-tokens")
@@ -322,7 +328,7 @@ async fn per_role_quotas_from_a_resolver() {
                 free.clone()
             }
         },
-        ApiKey::bearer(),
+        ApiKey::bearer(KeyHasher::unkeyed()),
     )
     .layer(Echo::default().service());
     let pro_req = || {
@@ -353,7 +359,10 @@ async fn stacked_layers_count_per_ip_and_per_key() {
     let per_key = Limiter::new("key", bucket(2, Duration::from_secs(60)), backend);
     let svc = tower::ServiceBuilder::new()
         .layer(RateLimitLayer::new(per_ip, ClientIp::new()))
-        .layer(RateLimitLayer::new(per_key, ApiKey::bearer()))
+        .layer(RateLimitLayer::new(
+            per_key,
+            ApiKey::bearer(KeyHasher::unkeyed()),
+        ))
         .service(Echo::default().service());
     let from = |ip: &str, key: &str| {
         let mut r = req(Some(key));
@@ -397,7 +406,7 @@ async fn server_errors_can_be_left_uncounted() {
         bucket(2, Duration::from_secs(60)),
         MemoryBackend::new(),
     );
-    let svc = RateLimitLayer::new(limiter, ApiKey::bearer())
+    let svc = RateLimitLayer::new(limiter, ApiKey::bearer(KeyHasher::unkeyed()))
         .classify(|res: &Response<String>| {
             if res.status().is_server_error() {
                 Outcome::Ignore
@@ -443,7 +452,7 @@ async fn only_failures_count_and_success_resets() {
     .unwrap();
     let limiter = Limiter::new("login", policy, backend);
     let echo = Echo::default();
-    let svc = RateLimitLayer::new(limiter, ApiKey::bearer())
+    let svc = RateLimitLayer::new(limiter, ApiKey::bearer(KeyHasher::unkeyed()))
         .classify(|res: &Response<String>| match res.status() {
             StatusCode::UNAUTHORIZED => Outcome::Count,
             s if s.is_success() => Outcome::Reset,
@@ -490,7 +499,7 @@ async fn custom_refusal_hook_keeps_the_standard_headers() {
         SlidingWindow::new(1, Duration::from_secs(60)).unwrap(),
         MemoryBackend::new(),
     );
-    let svc = RateLimitLayer::new(limiter, ApiKey::bearer())
+    let svc = RateLimitLayer::new(limiter, ApiKey::bearer(KeyHasher::unkeyed()))
         .responder(Http::new().on_refusal(|refusal: &Refusal<'_>| {
             let mut res = Response::new(Bytes::from(format!("slow down ({})", refusal.limiter())));
             *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
@@ -513,7 +522,7 @@ async fn grpc_refusals_are_statuses_with_retry_metadata() {
         SlidingWindow::new(1, Duration::from_secs(5)).unwrap(),
         backend.clone(),
     );
-    let svc = RateLimitLayer::new(limiter, ApiKey::bearer())
+    let svc = RateLimitLayer::new(limiter, ApiKey::bearer(KeyHasher::unkeyed()))
         .responder(Grpc::new())
         .layer(Echo::default().service());
     assert_eq!(call(&svc, req(Some("k"))).await.status(), StatusCode::OK);
@@ -543,7 +552,7 @@ async fn clones_of_the_layer_share_limits() {
         bucket(2, Duration::from_secs(60)),
         MemoryBackend::new(),
     );
-    let layer = RateLimitLayer::new(limiter, ApiKey::bearer());
+    let layer = RateLimitLayer::new(limiter, ApiKey::bearer(KeyHasher::unkeyed()));
     let a = layer.clone().layer(Echo::default().service());
     let b = layer.layer(Echo::default().service());
     assert_eq!(call(&a, req(Some("k"))).await.status(), StatusCode::OK);
@@ -562,7 +571,7 @@ async fn a_charge_in_flight_survives_the_client_going_away() {
         SlidingWindow::new(1, Duration::from_secs(60)).unwrap(),
         backend.clone(),
     );
-    let svc = RateLimitLayer::new(limiter, ApiKey::bearer())
+    let svc = RateLimitLayer::new(limiter, ApiKey::bearer(KeyHasher::unkeyed()))
         .classify(|_: &Response<String>| Outcome::Count)
         .layer(Echo::default().service());
     // Each backend call takes 10 ms: the check ends at 10 ms, the charge

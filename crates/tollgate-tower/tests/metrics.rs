@@ -14,7 +14,7 @@ use metrics::{
 use tollgate_limiter::{FailMode, Limiter, SlidingWindow};
 use tollgate_memory::MemoryBackend;
 use tollgate_tower::RateLimitLayer;
-use tollgate_tower::extract::ApiKey;
+use tollgate_tower::extract::{ApiKey, KeyHasher};
 use tower::{Layer, ServiceExt, service_fn};
 
 type Store = Arc<Mutex<BTreeMap<String, f64>>>;
@@ -114,8 +114,9 @@ fn refusals_and_backend_failures_are_counted_apart() {
             let ok = service_fn(|_: Request<()>| async {
                 Ok::<_, Infallible>(Response::new(String::new()))
             });
-            let closed = RateLimitLayer::new(closed, ApiKey::bearer()).layer(ok);
-            let open = RateLimitLayer::new(open, ApiKey::bearer()).layer(ok);
+            let closed =
+                RateLimitLayer::new(closed, ApiKey::bearer(KeyHasher::unkeyed())).layer(ok);
+            let open = RateLimitLayer::new(open, ApiKey::bearer(KeyHasher::unkeyed())).layer(ok);
             let req = |key: Option<&str>| {
                 let mut b = Request::builder();
                 if let Some(k) = key {

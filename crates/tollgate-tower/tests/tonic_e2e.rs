@@ -1,7 +1,9 @@
 //! End to end: a real tonic server (the standard health service) on a
-//! loopback port and a real tonic client.
+//! loopback port and a real tonic client, over plain HTTP/2 and over TLS.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::Duration;
 
 use tollgate_limiter::{Limiter, SlidingWindow};
@@ -10,11 +12,16 @@ use tollgate_tower::RateLimitLayer;
 use tollgate_tower::extract::ClientIp;
 use tonic::Code;
 use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Channel, Server};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity, Server, ServerTlsConfig};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
 async fn serve(backend: MemoryBackend) -> SocketAddr {
+    serve_with(backend, None).await
+}
+
+/// The server, over TLS with `tls`.
+async fn serve_with(backend: MemoryBackend, tls: Option<ServerTlsConfig>) -> SocketAddr {
     let limiter = Limiter::new(
         "grpc_ip",
         SlidingWindow::new(2, Duration::from_secs(30)).unwrap(),
@@ -24,7 +31,12 @@ async fn serve(backend: MemoryBackend) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
-        Server::builder()
+        let mut server = Server::builder();
+        if let Some(tls) = tls {
+            server = server.tls_config(tls).unwrap();
+        }
+        server
+            // The default missing-key policy: a keyless request is refused.
             .layer(RateLimitLayer::new(limiter, ClientIp::new()).grpc())
             .add_service(health)
             .serve_with_incoming(TcpIncoming::from(listener))
@@ -91,4 +103,81 @@ async fn unavailable_when_a_fail_closed_backend_fails() {
     assert_eq!(status.metadata().get("retry-after").unwrap(), "1");
     backend.clear_faults();
     assert!(check(&mut client).await.is_ok());
+}
+
+// ---------------------------------------------------------------- TLS
+//
+// Over TLS, tonic records the peer as `TlsConnectInfo<TcpConnectInfo>`, and
+// `ClientIp` must read it, or every request would be keyless (and refused
+// by the missing-key policy). The certificate is made with the `openssl`
+// CLI (`scripts/install-test-deps.sh` installs it).
+
+/// A self-signed certificate for `localhost` and its key, in PEM.
+fn self_signed() -> (String, String) {
+    let dir: PathBuf = std::env::temp_dir().join(format!(
+        "tollgate-tonic-tls-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let out = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=localhost"])
+        .args(["-addext", "subjectAltName=DNS:localhost"])
+        // An end-entity certificate (webpki refuses a CA as the server).
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("the openssl CLI (scripts/install-test-deps.sh installs it)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pem = (
+        std::fs::read_to_string(&cert).unwrap(),
+        std::fs::read_to_string(&key).unwrap(),
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    pem
+}
+
+#[tokio::test]
+async fn a_tls_server_keys_requests_by_the_peer_address() {
+    let (cert, key) = self_signed();
+    let tls = ServerTlsConfig::new().identity(Identity::from_pem(&cert, &key));
+    let addr = serve_with(MemoryBackend::new(), Some(tls)).await;
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(&cert))
+        .domain_name("localhost");
+    let channel = Channel::from_shared(format!("https://localhost:{}", addr.port()))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    // Keyed by 127.0.0.1: two pass, the third is refused by the limit.
+    // Without a key, the first would be refused as keyless
+    // (`INVALID_ARGUMENT`).
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        codes.push(match check(&mut client).await {
+            Ok(_) => Code::Ok,
+            Err(status) => status.code(),
+        });
+    }
+    assert_eq!(codes, [Code::Ok, Code::Ok, Code::ResourceExhausted]);
 }

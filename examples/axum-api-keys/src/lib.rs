@@ -15,7 +15,7 @@ use http::{HeaderName, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tollgate_limiter::{Backend, Config, ConfigError};
+use tollgate_limiter::{Backend, Config, ConfigError, KeyHasher};
 use tollgate_tower::RateLimitLayer;
 use tollgate_tower::extract::{ApiKey, ClientIp};
 
@@ -42,18 +42,21 @@ pub enum Layers {
 /// `Authorization: Bearer`), with the plan's quota: keys starting with
 /// `pro_` are on the pro plan. A request without a key is refused (400).
 ///
+/// API keys are hashed with `hasher` (HMAC under the service's secret).
+///
 /// With `limited = false`, the same API without the layers.
 pub fn app<B: Backend + Clone>(
     config: &Config,
     backend: B,
     limited: bool,
+    hasher: KeyHasher,
 ) -> Result<Router, ConfigError> {
     let layers = if limited {
         Layers::PerIpAndKey
     } else {
         Layers::None
     };
-    app_with(config, backend, layers)
+    app_with(config, backend, layers, hasher)
 }
 
 /// The API with the chosen [`Layers`].
@@ -61,6 +64,7 @@ pub fn app_with<B: Backend + Clone>(
     config: &Config,
     backend: B,
     layers: Layers,
+    hasher: KeyHasher,
 ) -> Result<Router, ConfigError> {
     let router = Router::new()
         .route("/", get(|| async { "hello\n" }))
@@ -71,7 +75,7 @@ pub fn app_with<B: Backend + Clone>(
     let free = config.limiter("api_free")?.build(backend.clone());
     let pro = config.limiter("api_pro")?.build(backend.clone());
 
-    let api_key = ApiKey::header(HeaderName::from_static("x-api-key")).or_bearer();
+    let api_key = ApiKey::header(HeaderName::from_static("x-api-key"), hasher).or_bearer();
     let plan_of = api_key.clone();
     let per_key = RateLimitLayer::per_request(
         move |req: &Request<Body>| {

@@ -11,6 +11,7 @@ use std::error::Error;
 
 use axum::Router;
 use axum_api_keys::Layers;
+use tollgate_limiter::KeyHasher;
 use tollgate_memory::MemoryBackend;
 use tollgate_redis::RedisBackend;
 
@@ -34,6 +35,10 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .map_or("127.0.0.1:3000", String::as_str);
 
     let config = axum_api_keys::limits()?;
+    // A service hashes emails and API keys under its secret
+    // (TOLLGATE_KEY_SECRET, the same on every worker) and fails at start-up
+    // without one; this self-contained demo falls back to a throwaway one.
+    let hasher = KeyHasher::from_env().or_else(|_| KeyHasher::new("a throwaway demo secret"))?;
     let router: Router = match std::env::var("REDIS_URL") {
         Ok(url) => {
             let backend = RedisBackend::builder(url)
@@ -41,9 +46,9 @@ async fn main() -> Result<(), Box<dyn Error>> {
                 .build()
                 .await?;
             eprintln!("counting in Redis");
-            axum_api_keys::app_with(&config, backend, layers)?
+            axum_api_keys::app_with(&config, backend, layers, hasher)?
         }
-        Err(_) => axum_api_keys::app_with(&config, MemoryBackend::new(), layers)?,
+        Err(_) => axum_api_keys::app_with(&config, MemoryBackend::new(), layers, hasher)?,
     };
 
     if serve {

@@ -1,11 +1,16 @@
 //! The demo's burst: 200s, then 429s once the free plan's 5 are spent.
 
 use http::StatusCode;
+use tollgate_limiter::KeyHasher;
 use tollgate_memory::MemoryBackend;
+
+fn hasher() -> KeyHasher {
+    KeyHasher::new("the example tests' secret").unwrap()
+}
 
 async fn start(limited: bool) -> std::net::SocketAddr {
     let config = axum_api_keys::limits().unwrap();
-    let router = axum_api_keys::app(&config, MemoryBackend::new(), limited).unwrap();
+    let router = axum_api_keys::app(&config, MemoryBackend::new(), limited, hasher()).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(axum_api_keys::serve(listener, router));
@@ -70,7 +75,7 @@ async fn the_burst_counts_in_redis_too() {
         .build()
         .await
         .unwrap();
-    let router = axum_api_keys::app(&config, backend, true).unwrap();
+    let router = axum_api_keys::app(&config, backend, true, hasher()).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(axum_api_keys::serve(listener, router));
@@ -83,9 +88,13 @@ async fn the_burst_counts_in_redis_too() {
 #[tokio::test]
 async fn key_only_counts_no_ip() {
     let config = axum_api_keys::limits().unwrap();
-    let router =
-        axum_api_keys::app_with(&config, MemoryBackend::new(), axum_api_keys::Layers::PerKey)
-            .unwrap();
+    let router = axum_api_keys::app_with(
+        &config,
+        MemoryBackend::new(),
+        axum_api_keys::Layers::PerKey,
+        hasher(),
+    )
+    .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(axum_api_keys::serve(listener, router));

@@ -21,7 +21,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-use tollgate_limiter::{Backend, Config, ConfigError};
+use tollgate_limiter::{Backend, Config, ConfigError, KeyHasher};
 use tollgate_tower::extract::{ClientIp, IpNet};
 use tollgate_tower::login::LoginLayer;
 
@@ -103,11 +103,17 @@ async fn login(State(users): State<Arc<Users>>, Json(c): Json<Credentials>) -> R
 /// The client IP is the peer address, or the `X-Forwarded-For` entry
 /// written by a proxy on `trusted_proxies` (nginx on the same host:
 /// `127.0.0.1/32`). Trust only your proxies' addresses: anyone else could
-/// choose their own IP.
+/// choose their own IP. IPv6 clients are counted per /64 (`ClientIp`'s
+/// default).
+///
+/// Emails are hashed with `hasher` (HMAC under the service's secret, see
+/// [`KeyHasher::from_env`]): Redis never holds an address, and a reader of
+/// Redis cannot confirm a guessed one.
 pub fn app<B: Backend + Clone>(
     config: &Config,
     backend: B,
     trusted_proxies: Vec<IpNet>,
+    hasher: KeyHasher,
 ) -> Result<Router, ConfigError> {
     let per_ip = config.limiter("login_ip")?.build(backend.clone());
     let per_account = config.limiter("login_account")?.build(backend);
@@ -115,7 +121,7 @@ pub fn app<B: Backend + Clone>(
     Ok(Router::new()
         .route(
             "/login",
-            post(login).layer(LoginLayer::new(per_ip, per_account, client_ip)),
+            post(login).layer(LoginLayer::new(per_ip, per_account, client_ip, hasher)),
         )
         .route("/", get(|| async { "POST /login\n" }))
         .with_state(Arc::new(Users::demo())))

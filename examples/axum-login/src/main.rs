@@ -10,6 +10,7 @@
 use std::error::Error;
 
 use axum::Router;
+use tollgate_limiter::KeyHasher;
 use tollgate_memory::MemoryBackend;
 use tollgate_redis::RedisBackend;
 
@@ -26,6 +27,14 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
         .map_or("127.0.0.1:3000", String::as_str);
 
     let config = axum_login::limits()?;
+    // Emails are hashed under the service's secret (TOLLGATE_KEY_SECRET, the
+    // same on every worker). Serving without it fails at start-up; only the
+    // self-contained demo falls back to a throwaway one.
+    let hasher = match KeyHasher::from_env() {
+        Ok(hasher) => hasher,
+        Err(e) if serve => return Err(e.into()),
+        Err(_) => KeyHasher::new("a throwaway demo secret")?,
+    };
     // The demo stands in for a proxy on loopback (nginx, see docs/nginx.md).
     let proxies = vec!["127.0.0.1/32".parse()?, "::1/128".parse()?];
     let router: Router = match std::env::var("REDIS_URL") {
@@ -35,9 +44,9 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
                 .build()
                 .await?;
             eprintln!("counting in Redis");
-            axum_login::app(&config, backend, proxies)?
+            axum_login::app(&config, backend, proxies, hasher)?
         }
-        Err(_) => axum_login::app(&config, MemoryBackend::new(), proxies)?,
+        Err(_) => axum_login::app(&config, MemoryBackend::new(), proxies, hasher)?,
     };
 
     if serve {

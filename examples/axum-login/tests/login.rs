@@ -12,7 +12,7 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use tollgate_limiter::{Backend, MockClock};
+use tollgate_limiter::{Backend, KeyHasher, MockClock};
 use tollgate_memory::MemoryBackend;
 use tollgate_redis::RedisBackend;
 use tollgate_testkit::redis_server::RedisServer;
@@ -53,9 +53,19 @@ async fn attempt(app: &Router, ip: &str, email: &str, password: &str) -> Answer 
     }
 }
 
+fn hasher() -> KeyHasher {
+    KeyHasher::new("the example tests' secret").unwrap()
+}
+
 fn app<B: Backend + Clone>(backend: B) -> Router {
     let config = axum_login::limits().unwrap();
-    axum_login::app(&config, backend, vec!["127.0.0.1/32".parse().unwrap()]).unwrap()
+    axum_login::app(
+        &config,
+        backend,
+        vec!["127.0.0.1/32".parse().unwrap()],
+        hasher(),
+    )
+    .unwrap()
 }
 
 async fn brute_force_is_cut_off_and_the_user_gets_in<B: Backend + Clone>(
@@ -201,6 +211,7 @@ async fn explicit_reports_on_redis() {
             .limiter("login_account")
             .unwrap()
             .build(backend.clone()),
+        hasher(),
     );
     for _ in 0..5 {
         assert!(attempts.failed("bob@example.com").await.is_allowed());
@@ -213,10 +224,7 @@ async fn explicit_reports_on_redis() {
     );
     assert!(!attempts.check("bob@example.com").await.is_allowed());
     // Redis never holds the address.
-    let key = backend.state_key(
-        "login_account",
-        &tollgate_limiter::Key::email("bob@example.com"),
-    );
+    let key = backend.state_key("login_account", &hasher().email("bob@example.com"));
     assert!(!key.contains("bob"), "{key}");
     clock.advance(Duration::from_secs(1));
     assert!(attempts.check("bob@example.com").await.is_allowed());

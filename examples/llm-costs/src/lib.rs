@@ -21,7 +21,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use http::{HeaderName, HeaderValue, Request, StatusCode, header};
 use serde::Deserialize;
-use tollgate_limiter::{Backend, Config, ConfigError, Error, Key, Limiter};
+use tollgate_limiter::{Backend, Config, ConfigError, Error, KeyHasher, Limiter};
 use tollgate_tower::RateLimitLayer;
 use tollgate_tower::extract::ApiKey;
 
@@ -60,6 +60,7 @@ pub struct Completion {
 
 struct Gateway<B> {
     tokens: Limiter<B>,
+    hasher: KeyHasher,
 }
 
 fn api_key(headers: &http::HeaderMap) -> Option<&str> {
@@ -97,7 +98,7 @@ async fn complete<B: Backend>(
     let tokens = cost(&c.prompt, c.max_tokens);
     match gw
         .tokens
-        .check_cost(&Key::secret(key), tokens)
+        .check_cost(&gw.hasher.secret(key), tokens)
         .await
         .into_result()
     {
@@ -131,12 +132,19 @@ async fn complete<B: Backend>(
 /// The gateway: `POST /v1/complete` (JSON `{"prompt", "max_tokens"}`) and
 /// `GET /v1/models`, both under the per-role API limit (key in
 /// `x-api-key`); completions also under the token budget.
-pub fn app<B: Backend + Clone>(config: &Config, backend: B) -> Result<Router, ConfigError> {
+///
+/// API keys are hashed with `hasher` (HMAC under the service's secret), the
+/// same for both limits.
+pub fn app<B: Backend + Clone>(
+    config: &Config,
+    backend: B,
+    hasher: KeyHasher,
+) -> Result<Router, ConfigError> {
     let standard = config.limiter("api_standard")?.build(backend.clone());
     let admin = config.limiter("api_admin")?.build(backend.clone());
     let tokens = config.limiter("llm_tokens")?.build(backend);
 
-    let api_key = ApiKey::header(HeaderName::from_static("x-api-key"));
+    let api_key = ApiKey::header(HeaderName::from_static("x-api-key"), hasher.clone());
     let per_role = RateLimitLayer::per_request(
         move |req: &Request<Body>| match api_key_role(req) {
             "admin" => admin.clone(),
@@ -147,7 +155,7 @@ pub fn app<B: Backend + Clone>(config: &Config, backend: B) -> Result<Router, Co
     Ok(Router::new()
         .route("/v1/complete", post(complete::<B>))
         .route("/v1/models", get(|| async { r#"{"models":["fake-1"]}"# }))
-        .with_state(Arc::new(Gateway { tokens }))
+        .with_state(Arc::new(Gateway { tokens, hasher }))
         .layer(per_role))
 }
 

@@ -9,6 +9,7 @@ use std::error::Error;
 use axum::Router;
 use axum::body::Body;
 use http::Request;
+use tollgate_limiter::KeyHasher;
 use tollgate_memory::MemoryBackend;
 use tollgate_redis::RedisBackend;
 use tower::ServiceExt;
@@ -19,6 +20,10 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .init();
     let config = llm_costs::limits()?;
+    // A service hashes emails and API keys under its secret
+    // (TOLLGATE_KEY_SECRET, the same on every worker) and fails at start-up
+    // without one; this self-contained demo falls back to a throwaway one.
+    let hasher = KeyHasher::from_env().or_else(|_| KeyHasher::new("a throwaway demo secret"))?;
     let app: Router = match std::env::var("REDIS_URL") {
         Ok(url) => {
             let backend = RedisBackend::builder(url)
@@ -26,9 +31,9 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
                 .build()
                 .await?;
             eprintln!("counting in Redis");
-            llm_costs::app(&config, backend)?
+            llm_costs::app(&config, backend, hasher)?
         }
-        Err(_) => llm_costs::app(&config, MemoryBackend::new())?,
+        Err(_) => llm_costs::app(&config, MemoryBackend::new(), hasher)?,
     };
     println!("token budget 20000 per key (20000/h); API 60/min (standard), 600/min (admin)");
     let prompt = "Summarise the attached report. ".repeat(40);

@@ -9,7 +9,7 @@ use axum::Router;
 use axum::body::Body;
 use http::Request;
 use http_body_util::BodyExt;
-use tollgate_limiter::{Backend, Config, MockClock};
+use tollgate_limiter::{Backend, Config, KeyHasher, MockClock};
 use tollgate_memory::MemoryBackend;
 use tollgate_redis::RedisBackend;
 use tollgate_testkit::redis_server::RedisServer;
@@ -25,7 +25,12 @@ fn app<B: Backend + Clone>(backend: B) -> Router {
         )
         .load()
         .unwrap();
-    llm_costs::app(&config, backend).unwrap()
+    llm_costs::app(
+        &config,
+        backend,
+        KeyHasher::new("the example tests' secret").unwrap(),
+    )
+    .unwrap()
 }
 
 /// (status, violated policy, Retry-After).

@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use http::header::CONTENT_TYPE;
 use http::request::Parts;
-use tollgate_limiter::Key;
+use tollgate_limiter::{Key, KeyHasher};
 
 use crate::extract::KeyExtractor;
 
@@ -28,20 +28,24 @@ where
 
 /// An email address from a field of a JSON object or a URL-encoded form
 /// (by `Content-Type`; without one, JSON then form is tried), normalised
-/// (trimmed, lower-cased) and hashed with [`Key::email`].
+/// (trimmed, lower-cased) and hashed with [`KeyHasher::email`] (HMAC under
+/// your secret: the backend never holds the address, and a reader of the
+/// backend cannot confirm a guessed one).
 ///
 /// A value that is not a string, is empty, longer than 254 bytes, or has
 /// no `@` is no key.
 #[derive(Debug, Clone)]
 pub struct Email {
     field: Arc<str>,
+    hasher: KeyHasher,
 }
 
 impl Email {
-    /// The email in field `field`.
-    pub fn field(field: impl Into<Arc<str>>) -> Self {
+    /// The email in field `field`, hashed by `hasher`.
+    pub fn field(field: impl Into<Arc<str>>, hasher: KeyHasher) -> Self {
         Self {
             field: field.into(),
+            hasher,
         }
     }
 
@@ -82,7 +86,7 @@ impl BodyExtractor for Email {
             && email.len() <= MAX_EMAIL_LEN
             && email.contains('@')
             && !email.chars().any(char::is_control);
-        ok.then(|| Key::email(email))
+        ok.then(|| self.hasher.email(email))
     }
 }
 
@@ -105,6 +109,10 @@ impl<B> KeyExtractor<http::Request<B>> for FromBody {
 mod tests {
     use super::*;
 
+    fn hasher() -> KeyHasher {
+        KeyHasher::new("a test secret, 16 bytes or more").unwrap()
+    }
+
     fn parts(ct: Option<&str>) -> Parts {
         let mut b = http::Request::builder();
         if let Some(ct) = ct {
@@ -115,8 +123,8 @@ mod tests {
 
     #[test]
     fn json_and_form_normalised() {
-        let e = Email::field("email");
-        let want = Some(Key::email("alice@example.com"));
+        let e = Email::field("email", hasher());
+        let want = Some(hasher().email("alice@example.com"));
         let json = br#"{"email":" Alice@Example.com ","password":"x"}"#;
         assert_eq!(
             e.extract(&parts(Some("application/json; charset=utf-8")), json),
@@ -137,7 +145,7 @@ mod tests {
 
     #[test]
     fn malformed_bodies_have_no_key() {
-        let e = Email::field("email");
+        let e = Email::field("email", hasher());
         let ct = parts(Some("application/json"));
         for body in [
             &b""[..],

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -74,12 +75,13 @@ where
     }
 }
 
-/// Reads at most `limit` bytes of `body`, then records the key the
-/// extractor finds in them.
+/// Reads at most `limit` bytes of `body` within `deadline`, then records
+/// the key the extractor finds in them.
 pub(crate) fn buffer<B, E>(
     mut parts: Parts,
     body: B,
     limit: usize,
+    deadline: Option<Duration>,
     extractor: Arc<E>,
 ) -> BoxFuture<Buffered>
 where
@@ -89,7 +91,17 @@ where
     E: BodyExtractor + Send + Sync + 'static,
 {
     Box::pin(async move {
-        let bytes = match Limited::new(body, limit).collect().await {
+        let collect = Limited::new(body, limit).collect();
+        let collected = match deadline {
+            // The whole body within the deadline, not each chunk: a client
+            // trickling a byte a second must not hold the buffer for ever.
+            Some(d) => match tokio::time::timeout(d, collect).await {
+                Ok(collected) => collected,
+                Err(_elapsed) => return Err(StatusCode::REQUEST_TIMEOUT),
+            },
+            None => collect.await,
+        };
+        let bytes = match collected {
             Ok(collected) => collected.to_bytes(),
             Err(e) if e.is::<LengthLimitError>() => return Err(StatusCode::PAYLOAD_TOO_LARGE),
             Err(_) => return Err(StatusCode::BAD_REQUEST),
@@ -102,10 +114,10 @@ where
 }
 
 pub(crate) fn refusal(status: StatusCode) -> Response<Bytes> {
-    let detail = if status == StatusCode::PAYLOAD_TOO_LARGE {
-        "The request body is larger than this endpoint accepts."
-    } else {
-        "The request body could not be read."
+    let detail = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => "The request body is larger than this endpoint accepts.",
+        StatusCode::REQUEST_TIMEOUT => "The request body did not arrive in time.",
+        _ => "The request body could not be read.",
     };
     let mut res = Response::new(problem(status, "about:blank", detail, None));
     *res.status_mut() = status;

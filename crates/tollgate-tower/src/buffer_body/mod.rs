@@ -6,7 +6,11 @@
 //!
 //! A body larger than the bound is refused with `413 Content Too Large`
 //! (problem+json) and never reaches the service, so a large body cannot
-//! slip past a limiter. A body that cannot be read is refused with `400`.
+//! slip past a limiter. A body that has not fully arrived within the read
+//! deadline ([`DEFAULT_READ_TIMEOUT`], 10 s, see
+//! [`BufferBodyLayer::read_timeout`]) is refused with `408 Request
+//! Timeout`, so a client trickling its body cannot hold a connection and
+//! a buffer for ever. A body that cannot be read is refused with `400`.
 //! A body that holds no key is handed on without one, and the rate-limit
 //! layer's [`MissingKey`](crate::MissingKey) policy decides.
 //!
@@ -17,7 +21,7 @@
 //! use http::{Request, Response, StatusCode};
 //! use http_body_util::Full;
 //! use bytes::Bytes;
-//! use tollgate_limiter::{Limiter, SlidingWindow};
+//! use tollgate_limiter::{KeyHasher, Limiter, SlidingWindow};
 //! use tollgate_memory::MemoryBackend;
 //! use tollgate_tower::{BufferBodyLayer, RateLimitLayer, extract::FromBody};
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
@@ -30,7 +34,8 @@
 //!     MemoryBackend::new(),
 //! );
 //! let svc = ServiceBuilder::new()
-//!     .layer(BufferBodyLayer::email("email", 16 * 1024))
+//!     // In a service: `KeyHasher::from_env()?` (TOLLGATE_KEY_SECRET).
+//!     .layer(BufferBodyLayer::email("email", 16 * 1024, KeyHasher::new("the fleet's secret, 16+ bytes")?))
 //!     .layer(RateLimitLayer::new(per_account, FromBody))
 //!     .service(service_fn(|req: Request<Full<Bytes>>| async move {
 //!         Ok::<_, std::convert::Infallible>(Response::new(req.into_body()))
@@ -55,7 +60,9 @@ mod extractor;
 pub mod future;
 mod layer;
 mod service;
+#[cfg(test)]
+mod tests;
 
 pub use extractor::{BodyExtractor, BodyKey, Email, FromBody};
-pub use layer::BufferBodyLayer;
+pub use layer::{BufferBodyLayer, DEFAULT_READ_TIMEOUT};
 pub use service::BufferBody;

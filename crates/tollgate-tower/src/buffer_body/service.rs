@@ -2,6 +2,7 @@ use std::fmt;
 use std::mem;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::CONTENT_LENGTH;
@@ -18,14 +19,21 @@ use super::future::{ResponseFuture, buffer, refusal};
 pub struct BufferBody<S, E> {
     inner: S,
     limit: usize,
+    read_timeout: Option<Duration>,
     extractor: Arc<E>,
 }
 
 impl<S, E> BufferBody<S, E> {
-    pub(crate) fn new(inner: S, limit: usize, extractor: Arc<E>) -> Self {
+    pub(crate) fn new(
+        inner: S,
+        limit: usize,
+        read_timeout: Option<Duration>,
+        extractor: Arc<E>,
+    ) -> Self {
         Self {
             inner,
             limit,
+            read_timeout,
             extractor,
         }
     }
@@ -51,6 +59,7 @@ impl<S: Clone, E> Clone for BufferBody<S, E> {
         Self {
             inner: self.inner.clone(),
             limit: self.limit,
+            read_timeout: self.read_timeout,
             extractor: Arc::clone(&self.extractor),
         }
     }
@@ -61,6 +70,7 @@ impl<S: fmt::Debug, E> fmt::Debug for BufferBody<S, E> {
         f.debug_struct("BufferBody")
             .field("inner", &self.inner)
             .field("limit", &self.limit)
+            .field("read_timeout", &self.read_timeout)
             .field("extractor", &std::any::type_name::<E>())
             .finish()
     }
@@ -94,7 +104,13 @@ where
         let inner = mem::replace(&mut self.inner, clone);
         let (parts, body) = req.into_parts();
         ResponseFuture::buffering(
-            buffer(parts, body, self.limit, Arc::clone(&self.extractor)),
+            buffer(
+                parts,
+                body,
+                self.limit,
+                self.read_timeout,
+                Arc::clone(&self.extractor),
+            ),
             inner,
         )
     }

@@ -1,88 +1,122 @@
 use http::header::{AUTHORIZATION, HeaderName};
-use tollgate_limiter::Key;
+use tollgate_limiter::{Key, KeyHasher};
 
 use super::KeyExtractor;
 
-/// The longest credential accepted; longer values are treated as missing
-/// rather than hashed, so a client cannot make every request a new key
-/// by sending megabytes of header.
-const MAX_LEN: usize = 4096;
+/// The longest credential accepted by default: 8 KiB, the longest header
+/// line nginx and most proxies pass by default, so a large JWT fits while
+/// a client still cannot make the server hash megabytes per request.
+pub const DEFAULT_MAX_CREDENTIAL_LEN: usize = 8 * 1024;
 
 /// The API key of a request, from a header or an `Authorization: Bearer`
-/// token, hashed with [`Key::secret`] so the backend never holds it in
-/// clear.
+/// token, hashed with [`KeyHasher::secret`] (HMAC under your secret) so the
+/// backend never holds it in clear and a reader of the backend cannot
+/// confirm a guessed key.
 ///
-/// An empty, over-long (more than 4 KiB) or non-ASCII value counts as
-/// missing.
+/// A value that is empty, longer than [`max_len`](Self::max_len) (default
+/// [8 KiB](DEFAULT_MAX_CREDENTIAL_LEN)), not visible ASCII, or (for
+/// `Authorization`) not a bearer token is no credential. An invalid header
+/// does not hide a valid source behind it: with
+/// [`or_bearer`](Self::or_bearer), a bad `X-Api-Key` falls through to the
+/// bearer token, so a client cannot turn its own request keyless by
+/// adding a junk header. With neither source valid, there is no key and
+/// the layer's [`MissingKey`](crate::MissingKey) policy decides.
 ///
 /// # Examples
 ///
 /// ```
 /// use http::HeaderName;
-/// use tollgate_limiter::Key;
+/// use tollgate_limiter::KeyHasher;
 /// use tollgate_tower::extract::{ApiKey, KeyExtractor};
 ///
-/// let extractor = ApiKey::header(HeaderName::from_static("x-api-key")).or_bearer();
+/// // In a service: `KeyHasher::from_env()?` (TOLLGATE_KEY_SECRET).
+/// let hasher = KeyHasher::new("the fleet's secret, 16+ bytes")?;
+/// let extractor = ApiKey::header(HeaderName::from_static("x-api-key"), hasher.clone()).or_bearer();
 /// let req = http::Request::builder()
 ///     .header("authorization", "Bearer sk_live_123")
 ///     .body(())?;
-/// assert_eq!(extractor.extract(&req), Some(Key::secret("sk_live_123")));
-/// # Ok::<(), http::Error>(())
+/// assert_eq!(extractor.extract(&req), Some(hasher.secret("sk_live_123")));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct ApiKey {
     header: Option<HeaderName>,
     bearer: bool,
+    max_len: usize,
+    hasher: KeyHasher,
 }
 
 impl ApiKey {
-    /// The key is the value of `header`.
-    pub fn header(header: HeaderName) -> Self {
+    /// The key is the value of `header`, hashed by `hasher`.
+    pub fn header(header: HeaderName, hasher: KeyHasher) -> Self {
         Self {
             header: Some(header),
             bearer: false,
+            max_len: DEFAULT_MAX_CREDENTIAL_LEN,
+            hasher,
         }
     }
 
-    /// The key is the token of `Authorization: Bearer <token>`.
-    pub fn bearer() -> Self {
+    /// The key is the token of `Authorization: Bearer <token>`, hashed by
+    /// `hasher`.
+    pub fn bearer(hasher: KeyHasher) -> Self {
         Self {
             header: None,
             bearer: true,
+            max_len: DEFAULT_MAX_CREDENTIAL_LEN,
+            hasher,
         }
     }
 
-    /// Also accepts a bearer token when the header is absent.
+    /// Also accepts a bearer token when the header is absent or invalid.
     pub fn or_bearer(mut self) -> Self {
         self.bearer = true;
         self
     }
 
+    /// The longest credential accepted, in bytes (default
+    /// [`DEFAULT_MAX_CREDENTIAL_LEN`], 8 KiB). A longer one is no
+    /// credential. Raise it for larger tokens; the cost of a long one is
+    /// one hash per request, and the server's own header limit still
+    /// applies.
+    pub fn max_len(mut self, bytes: usize) -> Self {
+        self.max_len = bytes;
+        self
+    }
+
     /// The credential in clear, as the request carries it (for a policy
-    /// resolver that looks the key's role up).
+    /// resolver that looks the key's role up): the header's value if it is
+    /// valid, else the bearer token if that is enabled and valid.
     pub fn credential<'r, B>(&self, req: &'r http::Request<B>) -> Option<&'r str> {
         let headers = req.headers();
-        if let Some(v) = self.header.as_ref().and_then(|name| headers.get(name)) {
-            return valid(v.to_str().ok()?.trim());
+        let from_header = self
+            .header
+            .as_ref()
+            .and_then(|name| headers.get(name))
+            .and_then(|v| self.valid(v.to_str().ok()?.trim()));
+        if from_header.is_some() || !self.bearer {
+            return from_header;
         }
-        if self.bearer {
-            let v = headers.get(AUTHORIZATION)?.to_str().ok()?;
-            let (scheme, token) = v.trim().split_once(' ')?;
+        // Several `Authorization` lines: any valid bearer token is the
+        // credential, so a junk line before it hides nothing.
+        headers.get_all(AUTHORIZATION).iter().find_map(|v| {
+            let (scheme, token) = v.to_str().ok()?.trim().split_once(' ')?;
             if scheme.eq_ignore_ascii_case("bearer") {
-                return valid(token.trim());
+                self.valid(token.trim())
+            } else {
+                None
             }
-        }
-        None
+        })
     }
-}
 
-fn valid(s: &str) -> Option<&str> {
-    (!s.is_empty() && s.len() <= MAX_LEN).then_some(s)
+    fn valid<'s>(&self, s: &'s str) -> Option<&'s str> {
+        (!s.is_empty() && s.len() <= self.max_len).then_some(s)
+    }
 }
 
 impl<B> KeyExtractor<http::Request<B>> for ApiKey {
     fn extract(&self, req: &http::Request<B>) -> Option<Key> {
-        self.credential(req).map(Key::secret)
+        self.credential(req).map(|c| self.hasher.secret(c))
     }
 }
 
@@ -90,29 +124,29 @@ impl<B> KeyExtractor<http::Request<B>> for ApiKey {
 mod tests {
     use super::*;
 
+    fn hasher() -> KeyHasher {
+        KeyHasher::new("a test secret, 16 bytes or more").unwrap()
+    }
+
+    fn secret(s: &str) -> Key {
+        hasher().secret(s)
+    }
+
     fn req(name: &str, value: &[u8]) -> http::Request<()> {
-        let mut r = http::Request::new(());
-        r.headers_mut().insert(
-            HeaderName::from_bytes(name.as_bytes()).unwrap(),
-            http::HeaderValue::from_bytes(value).unwrap(),
-        );
-        r
+        with(&[(name, value)])
     }
 
     #[test]
     fn header_then_bearer() {
-        let x = ApiKey::header(HeaderName::from_static("x-api-key")).or_bearer();
-        assert_eq!(
-            x.extract(&req("x-api-key", b" abc ")),
-            Some(Key::secret("abc"))
-        );
+        let x = ApiKey::header(HeaderName::from_static("x-api-key"), hasher()).or_bearer();
+        assert_eq!(x.extract(&req("x-api-key", b" abc ")), Some(secret("abc")));
         assert_eq!(
             x.extract(&req("authorization", b"bearer  tok")),
-            Some(Key::secret("tok"))
+            Some(secret("tok"))
         );
         assert_eq!(x.extract(&req("authorization", b"Basic dXNlcjpw")), None);
         assert_eq!(x.extract(&http::Request::new(())), None);
-        let only_header = ApiKey::header(HeaderName::from_static("x-api-key"));
+        let only_header = ApiKey::header(HeaderName::from_static("x-api-key"), hasher());
         assert_eq!(
             only_header.extract(&req("authorization", b"Bearer tok")),
             None
@@ -121,11 +155,97 @@ mod tests {
 
     #[test]
     fn malformed_values_are_missing_not_panics() {
-        let x = ApiKey::bearer();
+        let x = ApiKey::bearer(hasher());
         assert_eq!(x.extract(&req("authorization", b"Bearer \xff\xfe")), None);
         assert_eq!(x.extract(&req("authorization", b"Bearer")), None);
         assert_eq!(x.extract(&req("authorization", b"Bearer ")), None);
-        let long = format!("Bearer {}", "a".repeat(MAX_LEN + 1));
+        let long = format!("Bearer {}", "a".repeat(DEFAULT_MAX_CREDENTIAL_LEN + 1));
         assert_eq!(x.extract(&req("authorization", long.as_bytes())), None);
+    }
+
+    fn with(headers: &[(&str, &[u8])]) -> http::Request<()> {
+        let mut r = http::Request::new(());
+        for (k, v) in headers {
+            r.headers_mut().append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                http::HeaderValue::from_bytes(v).unwrap(),
+            );
+        }
+        r
+    }
+
+    /// An invalid `X-Api-Key` (empty, non-ASCII, over-long) must not hide
+    /// the valid bearer token behind it.
+    #[test]
+    fn an_invalid_header_falls_through_to_the_bearer_token() {
+        let x = ApiKey::header(HeaderName::from_static("x-api-key"), hasher()).or_bearer();
+        let long = "k".repeat(DEFAULT_MAX_CREDENTIAL_LEN + 1);
+        for bad in [&b""[..], b"   ", b"\xff\xfe", long.as_bytes()] {
+            let r = with(&[("x-api-key", bad), ("authorization", b"Bearer tok")]);
+            assert_eq!(x.extract(&r), Some(secret("tok")), "{bad:?}");
+        }
+        // A valid header still wins over the token.
+        let r = with(&[("x-api-key", b"hdr"), ("authorization", b"Bearer tok")]);
+        assert_eq!(x.extract(&r), Some(secret("hdr")));
+        // A junk Authorization line before the bearer one hides nothing.
+        let r = with(&[
+            ("authorization", b"Basic x"),
+            ("authorization", b"Bearer tok"),
+        ]);
+        assert_eq!(x.extract(&r), Some(secret("tok")));
+    }
+
+    /// Real JWTs run past 4 KiB: the default takes 8 KiB, and the bound is
+    /// configurable either way.
+    #[test]
+    fn the_length_bound_is_configurable() {
+        let jwt = "j".repeat(6 * 1024);
+        let r = with(&[("authorization", format!("Bearer {jwt}").as_bytes())]);
+        assert_eq!(ApiKey::bearer(hasher()).extract(&r), Some(secret(&jwt)));
+        assert_eq!(ApiKey::bearer(hasher()).max_len(4096).extract(&r), None);
+        let big = "j".repeat(20 * 1024);
+        let r = with(&[("authorization", format!("Bearer {big}").as_bytes())]);
+        assert_eq!(ApiKey::bearer(hasher()).extract(&r), None);
+        assert_eq!(
+            ApiKey::bearer(hasher()).max_len(32 * 1024).extract(&r),
+            Some(secret(&big))
+        );
+    }
+
+    proptest::proptest! {
+        /// Whatever bytes the two headers hold, nothing panics, a key is
+        /// always the hash of a bounded, non-empty value the request
+        /// carries, and a valid bearer token is never hidden by the
+        /// API-key header.
+        #[test]
+        fn any_header_bytes(
+            api in proptest::collection::vec(proptest::num::u8::ANY, 0..64),
+            auth in proptest::collection::vec(proptest::num::u8::ANY, 0..64),
+            max_len in 0usize..80,
+        ) {
+            let x = ApiKey::header(HeaderName::from_static("x-api-key"), hasher())
+                .or_bearer()
+                .max_len(max_len);
+            let mut r = http::Request::new(());
+            if let Ok(v) = http::HeaderValue::from_bytes(&api) {
+                r.headers_mut().insert("x-api-key", v);
+            }
+            let token = "t0ken";
+            r.headers_mut().append(
+                AUTHORIZATION,
+                http::HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+            );
+            if let Ok(v) = http::HeaderValue::from_bytes(&auth) {
+                r.headers_mut().append(AUTHORIZATION, v);
+            }
+            let cred = x.credential(&r);
+            if let Some(c) = cred {
+                proptest::prop_assert!(!c.is_empty() && c.len() <= max_len);
+            }
+            proptest::prop_assert_eq!(x.extract(&r), cred.map(secret));
+            if max_len >= token.len() {
+                proptest::prop_assert!(cred.is_some());
+            }
+        }
     }
 }

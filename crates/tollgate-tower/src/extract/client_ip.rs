@@ -3,8 +3,9 @@ use std::sync::Arc;
 
 use http::HeaderMap;
 use http::header::{FORWARDED, HeaderName};
-use ipnet::{IpNet, Ipv6Net};
+use ipnet::IpNet;
 use tollgate_limiter::Key;
+use tollgate_limiter::key::DEFAULT_IPV6_PREFIX;
 
 use super::KeyExtractor;
 
@@ -37,7 +38,8 @@ pub enum ProxyHeader {
 /// By default it is the socket's peer address, read from the request's
 /// extensions: axum's `ConnectInfo<SocketAddr>` (feature `axum`; serve with
 /// `into_make_service_with_connect_info::<SocketAddr>()`), tonic's
-/// `TcpConnectInfo` (feature `tonic`) or a [`PeerAddr`].
+/// `TcpConnectInfo`, plain or inside `TlsConnectInfo` on a TLS server
+/// (feature `tonic`), or a [`PeerAddr`].
 ///
 /// When the peer is one of the [trusted proxies](Self::trust_proxies), the
 /// forwarding header is walked **right to left**: each entry was appended by
@@ -49,9 +51,14 @@ pub enum ProxyHeader {
 /// hop that passed it on, so such requests share that hop's limit rather
 /// than choosing their own key.
 ///
-/// IPv4-mapped IPv6 addresses count as IPv4. With
-/// [`ipv6_prefix`](Self::ipv6_prefix), IPv6 clients are grouped by network
-/// (one host usually holds a whole /64).
+/// The key is built by [`Key::ip`] (the `tollgate` CLI uses the same
+/// function): IPv4 clients are keyed per address, IPv4-mapped IPv6
+/// addresses (`::ffff:203.0.113.7`) count as that IPv4 address, and IPv6
+/// clients are **grouped by /64 by default** (`2001:db8:1:2::/64`), since
+/// one host commonly holds a whole /64 and could otherwise rotate
+/// addresses for a fresh limit on every request. Change the grouping with
+/// [`ipv6_prefix`](Self::ipv6_prefix), or key each IPv6 address on its own
+/// with [`ipv6_per_address`](Self::ipv6_per_address).
 ///
 /// A request with no peer address has no key: the layer's
 /// [`MissingKey`](crate::MissingKey) policy decides.
@@ -81,15 +88,25 @@ pub enum ProxyHeader {
 /// assert_eq!(client_ip.extract(&direct).unwrap().as_str(), "192.0.2.7");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ClientIp {
     trusted: Arc<[IpNet]>,
     header: ProxyHeader,
-    ipv6_prefix: Option<u8>,
+    ipv6_prefix: u8,
+}
+
+impl Default for ClientIp {
+    fn default() -> Self {
+        Self {
+            trusted: Arc::from([]),
+            header: ProxyHeader::default(),
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
+        }
+    }
 }
 
 impl ClientIp {
-    /// The socket's peer address; no proxy trusted.
+    /// The socket's peer address; no proxy trusted; IPv6 grouped by /64.
     pub fn new() -> Self {
         Self::default()
     }
@@ -108,12 +125,23 @@ impl ClientIp {
         self
     }
 
-    /// Groups IPv6 clients by their first `len` bits (64 is usual); the
-    /// key is then the network, e.g. `2001:db8:1:2::/64`. Values above 128
-    /// are taken as 128.
+    /// Groups IPv6 clients by their first `len` bits (default
+    /// [64](DEFAULT_IPV6_PREFIX)); the key is then the network, e.g.
+    /// `2001:db8:1:2::/64`. Use 48 or 56 where a client commonly holds a
+    /// larger block. 128 (values above are taken as 128) keys each address
+    /// on its own, like [`ipv6_per_address`](Self::ipv6_per_address). IPv4
+    /// is always keyed per address.
     pub fn ipv6_prefix(mut self, len: u8) -> Self {
-        self.ipv6_prefix = Some(len.min(128));
+        self.ipv6_prefix = len.min(128);
         self
+    }
+
+    /// Keys each IPv6 address on its own (`2001:db8::1`), the opt-out from
+    /// the /64 grouping: only for networks where every client has one
+    /// fixed address, since a client holding a /64 gets a fresh limit with
+    /// each of its 2^64 addresses.
+    pub fn ipv6_per_address(self) -> Self {
+        self.ipv6_prefix(128)
     }
 
     /// The client address, before grouping.
@@ -169,11 +197,17 @@ fn peer_addr<B>(req: &http::Request<B>) -> Option<SocketAddr> {
         return Some(*addr);
     }
     #[cfg(feature = "tonic")]
-    if let Some(addr) = ext
-        .get::<tonic::transport::server::TcpConnectInfo>()
-        .and_then(|i| i.remote_addr())
     {
-        return Some(addr);
+        use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+        // Over TLS, tonic wraps the TCP info: read both, or every request
+        // to a TLS server would have no key.
+        let tcp = ext.get::<TcpConnectInfo>().or_else(|| {
+            ext.get::<TlsConnectInfo<TcpConnectInfo>>()
+                .map(TlsConnectInfo::get_ref)
+        });
+        if let Some(addr) = tcp.and_then(TcpConnectInfo::remote_addr) {
+            return Some(addr);
+        }
     }
     let peer = ext.get::<PeerAddr>().map(|p| p.0);
     if peer.is_none() {
@@ -225,47 +259,8 @@ fn forwarded_for(element: &str) -> Option<IpAddr> {
 
 impl<B> KeyExtractor<http::Request<B>> for ClientIp {
     fn extract(&self, req: &http::Request<B>) -> Option<Key> {
-        let ip = self.client_ip(req)?;
-        Some(match (ip, self.ipv6_prefix) {
-            (IpAddr::V6(v6), Some(len)) => {
-                // `len` is at most 128, so the network always exists.
-                let net = Ipv6Net::new(v6, len).map(|n| n.trunc());
-                match net {
-                    Ok(net) => Key::new(net.to_string()),
-                    Err(_) => Key::from(ip),
-                }
-            }
-            (IpAddr::V4(v4), _) => ipv4_key(v4),
-            _ => Key::from(ip),
-        })
+        Some(Key::ip(self.client_ip(req)?, self.ipv6_prefix))
     }
-}
-
-/// `a.b.c.d` without the formatting machinery (every request takes this
-/// path).
-fn ipv4_key(ip: std::net::Ipv4Addr) -> Key {
-    let mut buf = [0u8; 15];
-    let mut len = 0;
-    for (i, octet) in ip.octets().into_iter().enumerate() {
-        if i > 0 {
-            buf[len] = b'.';
-            len += 1;
-        }
-        let digits = [octet / 100, octet / 10 % 10, octet % 10];
-        let skip = if octet >= 100 {
-            0
-        } else if octet >= 10 {
-            1
-        } else {
-            2
-        };
-        for d in &digits[skip..] {
-            buf[len] = b'0' + d;
-            len += 1;
-        }
-    }
-    // Only ASCII digits and dots were written.
-    Key::new(std::str::from_utf8(&buf[..len]).unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -343,7 +338,7 @@ mod tests {
         );
         assert_eq!(
             key(&proxies().header(ProxyHeader::Forwarded), &r),
-            "2001:db8::1"
+            "2001:db8::/64"
         );
     }
 
@@ -392,7 +387,7 @@ mod tests {
     #[test]
     fn ports_brackets_and_mapped_addresses() {
         let r = req("10.0.0.1:1", &[("x-forwarded-for", b"[2001:db8::5]:8080")]);
-        assert_eq!(key(&proxies(), &r), "2001:db8::5");
+        assert_eq!(key(&proxies(), &r), "2001:db8::/64");
         let r = req("10.0.0.1:1", &[("x-forwarded-for", b"192.0.2.1:8080")]);
         assert_eq!(key(&proxies(), &r), "192.0.2.1");
         let r = req("[::ffff:192.0.2.9]:1", &[]);
@@ -400,32 +395,34 @@ mod tests {
     }
 
     #[test]
-    fn ipv6_grouping() {
-        let x = ClientIp::new().ipv6_prefix(64);
+    fn ipv6_is_grouped_by_64_by_default() {
         let a = req("[2001:db8:1:2:aaaa::1]:1", &[]);
         let b = req("[2001:db8:1:2:bbbb::2]:1", &[]);
+        let other = req("[2001:db8:1:3::1]:1", &[]);
+        let x = ClientIp::new();
         assert_eq!(key(&x, &a), "2001:db8:1:2::/64");
         assert_eq!(x.extract(&a), x.extract(&b));
+        assert_ne!(x.extract(&a), x.extract(&other));
+        // IPv4 stays per address, mapped or not.
         assert_eq!(key(&x, &req("192.0.2.1:1", &[])), "192.0.2.1");
-        assert_eq!(
-            key(&ClientIp::new().ipv6_prefix(200), &a),
-            "2001:db8:1:2:aaaa::1/128"
-        );
+        assert_eq!(key(&x, &req("[::ffff:192.0.2.1]:1", &[])), "192.0.2.1");
+        // A mapped address written by a trusted proxy is IPv4 too.
+        let r = req("10.0.0.1:1", &[("x-forwarded-for", b"::ffff:198.51.100.7")]);
+        assert_eq!(key(&proxies(), &r), "198.51.100.7");
     }
 
     #[test]
-    fn ipv4_keys_match_the_standard_format() {
-        for ip in [
-            "0.0.0.0",
-            "1.2.3.4",
-            "10.20.30.40",
-            "100.200.255.9",
-            "255.255.255.255",
-            "192.0.2.100",
-        ] {
-            let ip: std::net::Ipv4Addr = ip.parse().unwrap();
-            assert_eq!(ipv4_key(ip), Key::from(IpAddr::V4(ip)));
-        }
+    fn ipv6_grouping_is_configurable() {
+        let a = req("[2001:db8:1:2:aaaa::1]:1", &[]);
+        let b = req("[2001:db8:1:2:bbbb::2]:1", &[]);
+        assert_eq!(key(&ClientIp::new().ipv6_prefix(48), &a), "2001:db8:1::/48");
+        let per_address = ClientIp::new().ipv6_per_address();
+        assert_eq!(key(&per_address, &a), "2001:db8:1:2:aaaa::1");
+        assert_ne!(per_address.extract(&a), per_address.extract(&b));
+        assert_eq!(
+            key(&ClientIp::new().ipv6_prefix(200), &a),
+            "2001:db8:1:2:aaaa::1"
+        );
     }
 
     use proptest::strategy::Strategy as _;

@@ -20,7 +20,7 @@
 //!
 //! The built-ins cover the common cases: [`ClientIp`] (the socket address,
 //! or a forwarding header from trusted proxies only), [`ApiKey`] (a header
-//! or a bearer token, hashed) and [`FromBody`] (a key found in the body by
+//! or a bearer token, hashed with a [`KeyHasher`]) and [`FromBody`] (a key found in the body by
 //! [`BufferBodyLayer`](crate::BufferBodyLayer), e.g. a normalised, hashed
 //! email).
 
@@ -29,9 +29,10 @@ mod client_ip;
 
 use tollgate_limiter::Key;
 
-pub use api_key::ApiKey;
+pub use api_key::{ApiKey, DEFAULT_MAX_CREDENTIAL_LEN};
 pub use client_ip::{ClientIp, PeerAddr, ProxyHeader};
 pub use ipnet::IpNet;
+pub use tollgate_limiter::KeyHasher;
 
 pub use crate::buffer_body::{BodyKey, FromBody};
 

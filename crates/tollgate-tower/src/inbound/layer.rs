@@ -48,7 +48,7 @@ impl<F, B: Backend, K> RateLimitLayer<PerRequest<F, B>, K> {
     /// # use std::time::Duration;
     /// # use tollgate_limiter::{Limiter, TokenBucket};
     /// # use tollgate_memory::MemoryBackend;
-    /// use tollgate_tower::{RateLimitLayer, extract::ApiKey};
+    /// use tollgate_tower::{RateLimitLayer, extract::{ApiKey, KeyHasher}};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let backend = MemoryBackend::new();
@@ -60,7 +60,7 @@ impl<F, B: Backend, K> RateLimitLayer<PerRequest<F, B>, K> {
     ///         let is_pro = req.headers().get("x-plan").is_some_and(|v| v == "pro");
     ///         if is_pro { pro.clone() } else { free.clone() }
     ///     },
-    ///     ApiKey::bearer(),
+    ///     ApiKey::bearer(KeyHasher::new("the fleet's secret, 16+ bytes")?),
     /// );
     /// # Ok(())
     /// # }

@@ -28,7 +28,7 @@
 //! use http::{Request, Response, StatusCode};
 //! use tollgate_limiter::{FailMode, Limiter, TokenBucket};
 //! use tollgate_memory::MemoryBackend;
-//! use tollgate_tower::{RateLimitLayer, extract::{ApiKey, ClientIp, PeerAddr}};
+//! use tollgate_tower::{RateLimitLayer, extract::{ApiKey, ClientIp, KeyHasher, PeerAddr}};
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -41,7 +41,7 @@
 //!
 //! let svc = ServiceBuilder::new()
 //!     .layer(RateLimitLayer::new(per_ip, ClientIp::new()))
-//!     .layer(RateLimitLayer::new(per_key, ApiKey::bearer()))
+//!     .layer(RateLimitLayer::new(per_key, ApiKey::bearer(KeyHasher::new("the fleet's secret, 16+ bytes")?)))
 //!     .service(service_fn(|_req: Request<String>| async {
 //!         Ok::<_, std::convert::Infallible>(Response::new(String::from("hello")))
 //!     }));
@@ -70,11 +70,11 @@
 //! ```
 //! # use tollgate_limiter::{Limiter, TokenBucket};
 //! # use tollgate_memory::MemoryBackend;
-//! use tollgate_tower::{Outcome, RateLimitLayer, extract::ApiKey};
+//! use tollgate_tower::{Outcome, RateLimitLayer, extract::{ApiKey, KeyHasher}};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let limiter = Limiter::new("api", TokenBucket::per_second(10, 1)?, MemoryBackend::new());
-//! let layer = RateLimitLayer::new(limiter, ApiKey::bearer()).classify(
+//! let layer = RateLimitLayer::new(limiter, ApiKey::bearer(KeyHasher::new("the fleet's secret, 16+ bytes")?)).classify(
 //!     |res: &http::Response<String>| {
 //!         if res.status().is_server_error() { Outcome::Ignore } else { Outcome::Count }
 //!     },

@@ -1,26 +1,27 @@
-use tollgate_limiter::{Backend, Decision, Error, Key, Limiter, Verdict};
+use tollgate_limiter::{Backend, Decision, Error, KeyHasher, Limiter, Verdict};
 
 /// Explicit reports of login outcomes, for handlers that know better than
 /// the response status (a form login that redirects on failure and on
 /// success, a second factor checked later).
 ///
 /// It wraps the per-account [`ProgressiveDelay`](tollgate_limiter::ProgressiveDelay)
-/// limiter; emails are normalised and hashed with [`Key::email`], exactly
-/// as [`LoginLayer`](super::LoginLayer)'s body extractor does, so both
-/// count the same account. Cheap to clone; clones share the limiter.
+/// limiter; emails are normalised and hashed with [`KeyHasher::email`],
+/// exactly as [`LoginLayer`](super::LoginLayer)'s body extractor does, so
+/// both count the same account (give both the same hasher). Cheap to clone; clones share the limiter.
 ///
 /// # Examples
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_limiter::{Limiter, ProgressiveDelay};
+/// use tollgate_limiter::{KeyHasher, Limiter, ProgressiveDelay};
 /// use tollgate_memory::MemoryBackend;
 /// use tollgate_tower::login::LoginAttempts;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let policy = ProgressiveDelay::new(1, Duration::from_secs(1), 2, Duration::from_secs(60), Duration::from_secs(600))?;
-/// let attempts = LoginAttempts::new(Limiter::new("login_account", policy, MemoryBackend::new()));
+/// let hasher = KeyHasher::new("the fleet's secret, 16+ bytes")?; // or KeyHasher::from_env()?
+/// let attempts = LoginAttempts::new(Limiter::new("login_account", policy, MemoryBackend::new()), hasher);
 ///
 /// assert!(attempts.check("bob@example.com").await.is_allowed());
 /// attempts.failed("bob@example.com").await; // free
@@ -34,20 +35,23 @@ use tollgate_limiter::{Backend, Decision, Error, Key, Limiter, Verdict};
 #[derive(Debug)]
 pub struct LoginAttempts<B> {
     limiter: Limiter<B>,
+    hasher: KeyHasher,
 }
 
 impl<B> Clone for LoginAttempts<B> {
     fn clone(&self) -> Self {
         Self {
             limiter: self.limiter.clone(),
+            hasher: self.hasher.clone(),
         }
     }
 }
 
 impl<B: Backend> LoginAttempts<B> {
-    /// Reports to `limiter` (a progressive delay).
-    pub fn new(limiter: Limiter<B>) -> Self {
-        Self { limiter }
+    /// Reports to `limiter` (a progressive delay), keying accounts with
+    /// `hasher` (the one given to the [`LoginLayer`](super::LoginLayer)).
+    pub fn new(limiter: Limiter<B>, hasher: KeyHasher) -> Self {
+        Self { limiter, hasher }
     }
 
     /// The limiter.
@@ -57,17 +61,17 @@ impl<B: Backend> LoginAttempts<B> {
 
     /// Whether `email` may try now, recording nothing.
     pub async fn check(&self, email: &str) -> Verdict {
-        self.limiter.peek(&Key::email(email)).await
+        self.limiter.peek(&self.hasher.email(email)).await
     }
 
     /// Records a failed login for `email`; the verdict says whether the
     /// account is now delayed.
     pub async fn failed(&self, email: &str) -> Verdict {
-        self.limiter.check(&Key::email(email)).await
+        self.limiter.check(&self.hasher.email(email)).await
     }
 
     /// Records a successful login: the account's failures are forgotten.
     pub async fn succeeded(&self, email: &str) -> Result<Decision, Error> {
-        self.limiter.reset(&Key::email(email)).await
+        self.limiter.reset(&self.hasher.email(email)).await
     }
 }

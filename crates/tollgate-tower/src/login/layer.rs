@@ -1,11 +1,12 @@
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
-use tollgate_limiter::{Backend, Limiter};
+use tollgate_limiter::{Backend, KeyHasher, Limiter};
 use tower_layer::Layer;
 
 use super::classify::FailedLogins;
-use crate::buffer_body::{BufferBody, Email, FromBody};
+use crate::buffer_body::{BufferBody, DEFAULT_READ_TIMEOUT, Email, FromBody};
 use crate::extract::ClientIp;
 use crate::inbound::{RateLimit, Upfront};
 use crate::respond::Http;
@@ -35,7 +36,9 @@ pub struct LoginLayer<B> {
     per_account: Limiter<B>,
     client_ip: ClientIp,
     email: Arc<str>,
+    hasher: KeyHasher,
     body_limit: usize,
+    body_timeout: Option<Duration>,
     classify: FailedLogins,
 }
 
@@ -44,14 +47,24 @@ impl<B: Backend> LoginLayer<B> {
     /// proxies) with `per_ip`, and each account with `per_account` (a
     /// [`ProgressiveDelay`](tollgate_limiter::ProgressiveDelay)), the account
     /// being the `email` field of a JSON or form body of at most 16 KiB,
-    /// counted by response status ([`FailedLogins::by_status`]).
-    pub fn new(per_ip: Limiter<B>, per_account: Limiter<B>, client_ip: ClientIp) -> Self {
+    /// hashed by `hasher` (build it with
+    /// [`KeyHasher::from_env`](tollgate_limiter::KeyHasher::from_env), so a
+    /// service without its secret does not start), counted by response
+    /// status ([`FailedLogins::by_status`]).
+    pub fn new(
+        per_ip: Limiter<B>,
+        per_account: Limiter<B>,
+        client_ip: ClientIp,
+        hasher: KeyHasher,
+    ) -> Self {
         Self {
             per_ip,
             per_account,
             client_ip,
             email: Arc::from("email"),
+            hasher,
             body_limit: DEFAULT_BODY_LIMIT,
+            body_timeout: Some(DEFAULT_READ_TIMEOUT),
             classify: FailedLogins::by_status(),
         }
     }
@@ -68,6 +81,15 @@ impl<B> LoginLayer<B> {
     /// with `413` before the handler (and before the account is known).
     pub fn body_limit(mut self, limit: usize) -> Self {
         self.body_limit = limit;
+        self
+    }
+
+    /// How long the body may take to arrive (default 10 s,
+    /// [`DEFAULT_READ_TIMEOUT`]); a slower one is refused with `408`
+    /// before the handler. `None` waits for ever (only behind a proxy with
+    /// its own body timeout).
+    pub fn body_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.body_timeout = timeout;
         self
     }
 
@@ -91,7 +113,9 @@ impl<B> Clone for LoginLayer<B> {
             per_account: self.per_account.clone(),
             client_ip: self.client_ip.clone(),
             email: Arc::clone(&self.email),
+            hasher: self.hasher.clone(),
             body_limit: self.body_limit,
+            body_timeout: self.body_timeout,
             classify: self.classify,
         }
     }
@@ -104,7 +128,9 @@ impl<B> fmt::Debug for LoginLayer<B> {
             .field("per_account", &self.per_account)
             .field("client_ip", &self.client_ip)
             .field("email", &self.email)
+            .field("hasher", &self.hasher)
             .field("body_limit", &self.body_limit)
+            .field("body_timeout", &self.body_timeout)
             .field("classify", &self.classify)
             .finish()
     }
@@ -117,8 +143,12 @@ impl<S, B: Backend> Layer<S> for LoginLayer<B> {
         let per_account = RateLimitLayer::new(self.per_account.clone(), FromBody)
             .classify(self.classify)
             .layer(inner);
-        let buffered = BufferBodyLayer::new(self.body_limit, Email::field(Arc::clone(&self.email)))
-            .layer(per_account);
+        let buffered = BufferBodyLayer::new(
+            self.body_limit,
+            Email::field(Arc::clone(&self.email), self.hasher.clone()),
+        )
+        .read_timeout(self.body_timeout)
+        .layer(per_account);
         RateLimitLayer::new(self.per_ip.clone(), self.client_ip.clone()).layer(buffered)
     }
 }
@@ -140,6 +170,10 @@ mod tests {
     use crate::login::LoginAttempts;
 
     type Backend = MemoryBackend<MockClock>;
+
+    fn hasher() -> KeyHasher {
+        KeyHasher::new("a test secret, 16 bytes or more").unwrap()
+    }
 
     fn limiters(clock: &MockClock) -> (Limiter<Backend>, Limiter<Backend>) {
         let backend = MemoryBackend::with_clock(clock.clone());
@@ -205,8 +239,8 @@ mod tests {
     async fn explicit_reports_with_a_custom_field() {
         let clock = MockClock::new();
         let (ip, account) = limiters(&clock);
-        let attempts = LoginAttempts::new(account.clone());
-        let layer = LoginLayer::new(ip, account, ClientIp::new())
+        let attempts = LoginAttempts::new(account.clone(), hasher());
+        let layer = LoginLayer::new(ip, account, ClientIp::new(), hasher())
             .email_field("login")
             .count_by_status(false);
         let svc = layer.layer(service_fn(move |req| handler(req, Some(attempts.clone()))));
@@ -232,7 +266,7 @@ mod tests {
     async fn by_status_ignores_other_answers_and_bounds_the_body() {
         let clock = MockClock::new();
         let (ip, account) = limiters(&clock);
-        let layer = LoginLayer::new(ip, account, ClientIp::new()).body_limit(64);
+        let layer = LoginLayer::new(ip, account, ClientIp::new(), hasher()).body_limit(64);
         let svc = layer.layer(service_fn(|req: Request<Full<Bytes>>| async move {
             // A broken backend: 500 must not count as a failed login.
             if req.headers().contains_key("x-break") {

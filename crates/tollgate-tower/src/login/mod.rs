@@ -7,8 +7,11 @@
 //!    counting every attempt (a sliding window, e.g. 20 per 15 minutes):
 //!    one address cannot try many accounts;
 //! 2. a [`BufferBodyLayer`](crate::BufferBodyLayer) that reads the bounded
-//!    body and finds the email (JSON or form field, trimmed, lower-cased,
-//!    hashed: the backend never holds an address);
+//!    body (16 KiB, arriving within 10 s: a larger body is `413`, a slower
+//!    one `408`, neither reaches the handler) and finds the email (JSON or
+//!    form field, trimmed, lower-cased, hashed with a keyed hash: the
+//!    backend never holds an address, and a reader of it cannot confirm a
+//!    guessed one);
 //! 3. a `RateLimitLayer` per account, over a
 //!    [`ProgressiveDelay`](tollgate_limiter::ProgressiveDelay) limiter, that
 //!    *checks* before the handler (a delayed account is answered `429`
@@ -50,7 +53,7 @@
 //! use http::{Request, Response, StatusCode};
 //! use http_body_util::Full;
 //! use bytes::Bytes;
-//! use tollgate_limiter::{Limiter, ProgressiveDelay, SlidingWindow};
+//! use tollgate_limiter::{KeyHasher, Limiter, ProgressiveDelay, SlidingWindow};
 //! use tollgate_memory::MemoryBackend;
 //! use tollgate_tower::extract::{ClientIp, PeerAddr};
 //! use tollgate_tower::login::LoginLayer;
@@ -66,8 +69,11 @@
 //!     backend,
 //! );
 //!
+//! // In a service: `KeyHasher::from_env()?` (TOLLGATE_KEY_SECRET).
+//! let hasher = KeyHasher::new("the fleet's secret, 16+ bytes")?;
+//!
 //! let login = ServiceBuilder::new()
-//!     .layer(LoginLayer::new(per_ip, per_account, ClientIp::new()))
+//!     .layer(LoginLayer::new(per_ip, per_account, ClientIp::new(), hasher))
 //!     .service(service_fn(|req: Request<Full<Bytes>>| async move {
 //!         // A real handler checks the password against a slow hash.
 //!         let _body = req.into_body();
