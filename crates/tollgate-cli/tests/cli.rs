@@ -93,6 +93,11 @@ fn decide(l: &Limiter<RedisBackend>, key: &Key, cost: u64) -> Decision {
     block_on(l.try_acquire(key, cost)).expect("the service's decision")
 }
 
+/// What the service would answer to one unit for `key`, consuming nothing.
+fn peek(l: &Limiter<RedisBackend>, key: &Key) -> Decision {
+    block_on(l.try_peek(key, 1)).expect("the service's peek")
+}
+
 /// Runs the binary with a clean environment plus `env`, feeding `stdin`.
 fn run_with(args: &[&str], env: &[(&str, &str)], stdin: &str) -> Output {
     let mut cmd = Command::new(BIN);
@@ -656,7 +661,7 @@ fn reset_unblocks_a_key() {
     for _ in 0..3 {
         decide(&account, &email, 1);
     }
-    let blocked = decide(&account, &email, 0);
+    let blocked = peek(&account, &email);
     assert!(blocked.is_denied(), "{blocked:?}");
     let out = expect(
         &run_cli(&["inspect", "login_account", "--email", "Carol@example.com"]),
@@ -667,7 +672,7 @@ fn reset_unblocks_a_key() {
         &run_cli(&["reset", "login_account", "--email", "Carol@example.com"]),
         0,
     );
-    assert!(decide(&account, &email, 0).is_allowed());
+    assert!(peek(&account, &email).is_allowed());
 
     // Another key is untouched.
     let other = Key::new("198.51.100.1");
@@ -758,10 +763,10 @@ fn overrides_change_what_the_services_decide() {
         0,
     );
     assert!(out.contains("override cleared") && out.contains("was token_bucket: capacity = 50"));
-    assert_eq!(decide(&service, &vip, 0).limit(), 2);
+    assert_eq!(peek(&service, &vip).limit(), 2);
     // ... and clearing that one to the configuration.
     expect(&run_cli(&["override", "clear", "api"]), 0);
-    assert_eq!(decide(&service, &vip, 0).limit(), 10);
+    assert_eq!(peek(&service, &vip).limit(), 10);
     let out = expect(&run_cli(&["override", "clear", "api"]), 0);
     assert!(out.contains("no override was set"), "{out}");
     let out = expect(&run_cli(&["override", "show", "api"]), 0);
@@ -781,7 +786,7 @@ fn overrides_change_what_the_services_decide() {
         0,
     );
     let account = c.limiter(&url, "login_account");
-    assert_eq!(decide(&account, &other, 0).limit(), 9);
+    assert_eq!(peek(&account, &other).limit(), 9);
     expect(&run_cli(&["override", "clear", "login_ip"]), 0);
     expect(&run_cli(&["override", "clear", "login_account"]), 0);
 }
@@ -956,8 +961,8 @@ fn commands_work_on_a_cluster() {
         assert_eq!(field(&out, "remaining"), "7", "{k}: {out}");
     }
     expect(&run_cli(&["reset", "api", "--key", "account-3"]), 0);
-    assert_eq!(decide(&api, &Key::new("account-3"), 0).remaining(), 10);
-    assert_eq!(decide(&api, &Key::new("account-4"), 0).remaining(), 7);
+    assert_eq!(peek(&api, &Key::new("account-3")).remaining(), 10);
+    assert_eq!(peek(&api, &Key::new("account-4")).remaining(), 7);
 
     // Overrides: per key at once; limiter-wide for a worker that has not
     // cached the old one (others within override_cache_ttl).
@@ -973,9 +978,9 @@ fn commands_work_on_a_cluster() {
         ]),
         0,
     );
-    assert_eq!(decide(&api, &Key::new("account-5"), 0).limit(), 40);
+    assert_eq!(peek(&api, &Key::new("account-5")).limit(), 40);
     expect(&run_cli(&["override", "set", "api", "--capacity", "20"]), 0);
-    assert_eq!(decide(&service(), &Key::new("account-6"), 0).limit(), 20);
+    assert_eq!(peek(&service(), &Key::new("account-6")).limit(), 20);
     let out = expect(
         &run_cli(&["override", "show", "api", "--key", "account-5"]),
         0,
@@ -989,7 +994,7 @@ fn commands_work_on_a_cluster() {
         0,
     );
     expect(&run_cli(&["override", "clear", "api"]), 0);
-    assert_eq!(decide(&service(), &Key::new("account-5"), 0).limit(), 10);
+    assert_eq!(peek(&service(), &Key::new("account-5")).limit(), 10);
 
     // Every master is checked; the testkit's nodes run without AOF.
     let out = expect(&run_cli(&["durability"]), 3);
