@@ -153,7 +153,7 @@ const MIN_HOLD: Duration = Duration::from_millis(1);
 /// timeout = "50ms"           # per backend call
 /// breaker_threshold = 5      # consecutive failures that open the breaker
 /// breaker_backoff = "500ms"
-/// breaker_max_backoff = "30s"
+/// breaker_max_backoff = "1s"
 /// ```
 ///
 /// The reaction window should exceed the source's response time, so that

@@ -27,12 +27,18 @@ pub struct BreakerConfig {
     pub max_backoff: Duration,
 }
 
+/// The defaults: open after 5 failures, back off from 500 ms up to 1 s.
+///
+/// A short `max_backoff` bounds recovery whatever the length of the outage
+/// (decisions resume at most about 1 s after the backend answers again),
+/// and a probe costs one decision per limiter per worker per second (see
+/// docs/redis.md, "Recovery, and the breaker's back-off").
 impl Default for BreakerConfig {
     fn default() -> Self {
         Self {
             threshold: 5,
             backoff: Duration::from_millis(500),
-            max_backoff: Duration::from_secs(30),
+            max_backoff: Duration::from_secs(1),
         }
     }
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tollgate_limiter::{
-    Backend, BreakerConfig, FailMode, Key, Limiter, Op, Policy, Request, TokenBucket, Verdict,
+    Backend, FailMode, Key, Limiter, Op, Policy, Request, TokenBucket, Verdict,
 };
 use tollgate_redis::{Durability, RedisBackend};
 use tollgate_testkit::conformance::unique_name;
@@ -28,14 +28,6 @@ const S: Duration = Duration::from_secs(1);
 
 /// How soon decisions must resume once the path to a server is usable.
 const RESUME_WITHIN: Duration = Duration::from_secs(2);
-
-/// The breaker under test: the defaults, with the recommended 1 s ceiling.
-fn breaker() -> BreakerConfig {
-    BreakerConfig {
-        max_backoff: S,
-        ..BreakerConfig::default()
-    }
-}
 
 async fn backend(url: &str) -> RedisBackend {
     RedisBackend::builder(url)
@@ -48,10 +40,8 @@ async fn backend(url: &str) -> RedisBackend {
 
 fn limiter(name: &str, mode: FailMode, capacity: u64, b: RedisBackend) -> Limiter<RedisBackend> {
     let policy = TokenBucket::new(capacity, 1, 3600 * S).unwrap();
-    Limiter::builder(name, policy, b)
-        .fail_mode(mode)
-        .breaker(breaker())
-        .build()
+    // The default breaker: its 1 s ceiling is what bounds recovery.
+    Limiter::builder(name, policy, b).fail_mode(mode).build()
 }
 
 /// Keeps asking for `len` while the fault lasts: no call may be decided

@@ -1,6 +1,6 @@
 //! Costs through the layer, on the memory backend and on a real Redis:
-//! counting by outcome takes the whole cost into account, a cost of 0 is
-//! charged, and the cost limit and `RateLimit-Policy` follow overrides.
+//! counting by outcome takes the whole cost into account and overshoots by
+//! at most the requests in flight, a cost of 0 is charged, and the cost limit and `RateLimit-Policy` follow overrides.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -101,6 +101,59 @@ async fn count_by_outcome_charges_the_whole_cost<B: Backend>(backend: B) {
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
 
+/// Counting by outcome checks before the response and charges after it, so
+/// requests in flight together can all pass the check: the overshoot is
+/// bounded by the requests in flight, and it does not last (the charges
+/// that did land leave the key refused afterwards).
+async fn count_by_outcome_overshoot_is_bounded_by_requests_in_flight<B: Backend>(backend: B) {
+    const IN_FLIGHT: usize = 8;
+    let (limiter, calls) = hourly("in-flight", 10, backend);
+    // Every request is held in the handler until all are in flight.
+    let barrier = Arc::new(tokio::sync::Barrier::new(IN_FLIGHT));
+    let inner = {
+        let calls = Arc::clone(&calls);
+        service_fn(move |_: Request<String>| {
+            let (calls, barrier) = (Arc::clone(&calls), Arc::clone(&barrier));
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                tokio::time::timeout(Duration::from_secs(5), barrier.wait())
+                    .await
+                    .expect("every request reaches the handler");
+                Ok::<_, Infallible>(Response::new(String::new()))
+            }
+        })
+    };
+    let svc = RateLimitLayer::new(limiter.clone(), key)
+        .cost(tokens)
+        .classify(|_: &Response<String>| Outcome::Count)
+        .layer(inner);
+    let wave = (0..IN_FLIGHT).map(|_| svc.clone().oneshot(req("k", Some(3))));
+    let statuses: Vec<_> = futures_util::future::join_all(wave)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().status())
+        .collect();
+    let served = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    // floor(10 / 3) = 3 sequentially; at most IN_FLIGHT together.
+    assert!(served <= 3 + IN_FLIGHT, "{statuses:?}");
+    assert_eq!(served, calls.load(Ordering::SeqCst));
+    // The charges run after the responses, in their own tasks.
+    let k = Key::new("k");
+    for _ in 0..200 {
+        if limiter.try_peek(&k, 3).await.unwrap().is_denied() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Three charges of 3 landed; one unit is left: no more requests of 3.
+    let d = limiter.try_peek(&k, 1).await.unwrap();
+    assert_eq!(d.remaining(), 1, "{d:?}");
+    for _ in 0..3 {
+        let res = send(&limiter, true, &calls, req("k", Some(3))).await;
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+}
+
 /// A cost of 0 (a cost function answering 0) is charged the minimum cost.
 async fn zero_cost_is_counted<B: Backend>(backend: B) {
     let (limiter, calls) = hourly("zero", 3, backend);
@@ -194,6 +247,7 @@ macro_rules! on_both_backends {
 
 on_both_backends!(
     count_by_outcome_charges_the_whole_cost,
+    count_by_outcome_overshoot_is_bounded_by_requests_in_flight,
     zero_cost_is_counted,
     cost_limit_follows_overrides
 );
