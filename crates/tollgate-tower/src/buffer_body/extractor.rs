@@ -166,4 +166,47 @@ mod tests {
             None
         );
     }
+
+    proptest::proptest! {
+        /// Whatever the body and its `Content-Type`, extraction never
+        /// panics, and a key is always a keyed hash (never the raw bytes
+        /// the client sent).
+        #[test]
+        fn any_body_and_content_type(
+            body in proptest::collection::vec(proptest::num::u8::ANY, 0..300),
+            ct in proptest::option::of(proptest::string::string_regex(
+                "(application/json|application/x-www-form-urlencoded|text/plain|[ -~]{0,30})(; charset=[a-z0-9-]{0,8})?"
+            ).unwrap()),
+        ) {
+            let e = Email::field("email", hasher());
+            let parts = match ct.as_deref().map(http::HeaderValue::from_str) {
+                Some(Ok(v)) => {
+                    let mut p = parts(None);
+                    p.headers.insert(CONTENT_TYPE, v);
+                    p
+                }
+                _ => parts(None),
+            };
+            if let Some(k) = e.extract(&parts, &body) {
+                proptest::prop_assert!(k.as_str().starts_with("#e:"), "{k:?}");
+            }
+        }
+
+        /// Any string in the JSON field: a key exactly when it is a
+        /// plausible address, the same key for the same address however
+        /// it is cased or padded.
+        #[test]
+        fn any_email_value(v in "\\PC{0,40}|[ ]{0,2}[a-zA-Z0-9.]{1,10}@[a-zA-Z0-9.]{1,10}[ ]{0,2}") {
+            let e = Email::field("email", hasher());
+            let body = serde_json::json!({ "email": v }).to_string();
+            let got = e.extract(&parts(Some("application/json")), body.as_bytes());
+            let t = v.trim();
+            let valid = !t.is_empty() && t.len() <= MAX_EMAIL_LEN && t.contains('@')
+                && !t.chars().any(char::is_control);
+            proptest::prop_assert_eq!(got.is_some(), valid, "{:?}", v);
+            if valid {
+                proptest::prop_assert_eq!(got, Some(hasher().email(t)));
+            }
+        }
+    }
 }

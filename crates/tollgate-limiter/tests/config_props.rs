@@ -1,0 +1,171 @@
+//! The configuration loader under arbitrary values (issue 11): whatever a
+//! configuration file or the environment holds, loading never panics, a
+//! refusal names the section and the field, and what loads is a working
+//! limiter.
+
+use proptest::prelude::*;
+use tollgate_limiter::{Config, Key, MockClock};
+use tollgate_memory::MemoryBackend;
+
+/// Every field a limiter section knows, plus one it does not.
+const LIMITER_FIELDS: &[&str] = &[
+    "capacity",
+    "refill",
+    "limit",
+    "window",
+    "penalise_refused",
+    "free_attempts",
+    "base_delay",
+    "factor",
+    "max_delay",
+    "forget_after",
+    "cost",
+    "min_cost",
+    "fail_mode",
+    "timeout",
+    "bogus",
+];
+
+const DEFAULT_FIELDS: &[&str] = &[
+    "prefix",
+    "fail_mode",
+    "timeout",
+    "breaker_threshold",
+    "breaker_backoff",
+    "breaker_max_backoff",
+];
+
+/// A TOML basic string holding `s`.
+fn toml_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A value as written in TOML: the plausible, the edge and the absurd.
+fn value() -> impl Strategy<Value = String> {
+    prop_oneof![
+        prop_oneof![Just(0i64), Just(1), Just(-1), Just(i64::MAX), 0i64..2000]
+            .prop_map(|n| n.to_string()),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(|f| format!("{f:?}")),
+        any::<bool>().prop_map(|b| b.to_string()),
+        prop_oneof![
+            Just("1s"),
+            Just("0s"),
+            Just("15m"),
+            Just("10/s"),
+            Just("0/s"),
+            Just("60/min"),
+            Just("18446744073709551615/s"),
+            Just("99999999999999h"),
+            Just("open"),
+            Just("closed"),
+            Just(""),
+            Just("/"),
+        ]
+        .prop_map(toml_string),
+        "\\PC{0,16}".prop_map(|s| toml_string(&s)),
+        Just("[1, 2]".to_owned()),
+        Just("{ a = 1 }".to_owned()),
+    ]
+}
+
+fn strategy() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("token_bucket"),
+        Just("sliding_window"),
+        Just("progressive_delay"),
+        Just("leaky_bucket"),
+    ]
+    .prop_map(toml_string)
+}
+
+fn fields(names: &'static [&'static str]) -> impl Strategy<Value = Vec<(&'static str, String)>> {
+    proptest::sample::subsequence(names, 0..=names.len())
+        .prop_flat_map(|names| {
+            let n = names.len();
+            (Just(names), proptest::collection::vec(value(), n))
+        })
+        .prop_map(|(names, values)| names.into_iter().zip(values).collect())
+}
+
+/// Loads `toml` and checks the outcome.
+fn check(toml: &str) -> Result<(), TestCaseError> {
+    match Config::builder().toml_str(toml).load() {
+        Ok(config) => {
+            // What loads is a limiter that decides.
+            for lc in config.limiters() {
+                prop_assert!(lc.policy.limit() > 0, "{toml}");
+                let limiter = lc.build(MemoryBackend::with_clock(MockClock::new()));
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .build()
+                    .unwrap();
+                let verdict = rt.block_on(limiter.check(&Key::new("k")));
+                prop_assert!(verdict.decision().is_some(), "{toml}: {verdict:?}");
+            }
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            let named = msg.contains("limiters.x") || msg.contains("defaults");
+            prop_assert!(named, "the error names no section: {msg}\n{toml}");
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Any limiter section and defaults: never a panic; an error names
+    /// where it is; a loaded limiter decides.
+    #[test]
+    fn any_section_loads_or_names_its_error(
+        strategy in proptest::option::of(strategy()),
+        limiter in fields(LIMITER_FIELDS),
+        defaults in fields(DEFAULT_FIELDS),
+    ) {
+        let mut toml = String::from("[defaults]\n");
+        for (k, v) in &defaults {
+            toml.push_str(&format!("{k} = {v}\n"));
+        }
+        toml.push_str("[limiters.x]\n");
+        if let Some(s) = &strategy {
+            toml.push_str(&format!("strategy = {s}\n"));
+        }
+        for (k, v) in &limiter {
+            toml.push_str(&format!("{k} = {v}\n"));
+        }
+        check(&toml)?;
+    }
+
+    /// A well-formed section with one field replaced by an arbitrary value.
+    #[test]
+    fn one_bad_value_in_a_good_section(
+        which in 0usize..3,
+        field in proptest::sample::select(LIMITER_FIELDS),
+        v in value(),
+    ) {
+        let base = [
+            "strategy = \"token_bucket\"\ncapacity = 10\nrefill = \"1/s\"\n",
+            "strategy = \"sliding_window\"\nlimit = 10\nwindow = \"1m\"\n",
+            "strategy = \"progressive_delay\"\nfree_attempts = 3\nbase_delay = \"1s\"\nmax_delay = \"1m\"\nforget_after = \"1h\"\n",
+        ][which];
+        let kept: String = base
+            .lines()
+            .filter(|l| !l.starts_with(&format!("{field} ")))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        check(&format!("[limiters.x]\n{kept}{field} = {v}\n"))?;
+    }
+}
