@@ -157,8 +157,11 @@ mod tests {
                 let k = Key::new(format!("n{i}"));
                 fresh += usize::from(m.shard(&k).insert(&k, now + Duration::from_secs(1), now));
             }
+            // Expired entries stay in a shard that never filled up (they
+            // are swept only when room is needed), so the map may hold
+            // more than the new keys; never more than its capacity.
             assert!(m.len() <= capacity);
-            assert_eq!(fresh, m.len(), "only new keys are left");
+            assert!(fresh <= m.len(), "{capacity}: {fresh} > {}", m.len());
             assert!(
                 capacity < SHARDS * 4 || fresh >= capacity / 2,
                 "{capacity}: {fresh}"
