@@ -669,3 +669,43 @@ tollgate_testkit::on_every_server! {
         }
     }
 }
+
+tollgate_testkit::on_every_server! {
+    /// A backend built from configuration alone (`[redis]` and
+    /// `defaults.prefix`) decides on the configured server under the
+    /// configured prefix; its `durability` setting is applied (strict mode
+    /// refuses the test server, which has no AOF).
+    #[tokio::test]
+    async fn backend_from_config(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let prefix = unique_name("fromcfg");
+        let toml = format!(
+            "[defaults]\nprefix = '{prefix}'\n\
+             [redis]\nurl = '{url}'\nconnect_timeout = '2s'\nresponse_timeout = '2s'\n\
+             pool_size = 2\ndurability = 'skip'\n\
+             [limiters.api]\nstrategy = 'token_bucket'\ncapacity = 2\nrefill = '1/h'"
+        );
+        let config = tollgate_limiter::Config::builder()
+            .toml_str(&toml)
+            .load()
+            .unwrap();
+        let b = RedisBackend::from_config(&config).await.expect("connect from config");
+        assert_eq!(b.prefix(), prefix);
+        let l = config.limiter("api").unwrap().build(b.clone());
+        let k = Key::new("k");
+        assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+        assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+        assert!(l.try_acquire(&k, 1).await.unwrap().is_denied());
+        let mut r = raw(&url).await;
+        assert!(r.exists::<_, bool>(b.state_key("api", &k)).await.unwrap());
+
+        let strict = tollgate_limiter::Config::builder()
+            .toml_str(&format!("[redis]\nurl = '{url}'\ndurability = 'strict'"))
+            .load()
+            .unwrap();
+        assert!(matches!(
+            RedisBackend::from_config(&strict).await,
+            Err(RedisError::NotDurable(_))
+        ));
+    }
+}
