@@ -448,6 +448,72 @@ fn a_silent_server_times_out_with_exit_1() {
     );
 }
 
+// ---------------------------------------------------------------- [redis] from configuration
+
+tollgate_testkit::on_every_server! {
+    /// Without `--redis-url` or `REDIS_URL` the CLI connects where the
+    /// configuration's `[redis]` section says (a file, overridden by
+    /// `TOLLGATE_REDIS__URL`); `REDIS_URL` and then `--redis-url` win over it.
+    #[test]
+    fn the_url_comes_from_configuration_unless_given(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let dead = format!(
+            "redis://127.0.0.1:{}",
+            TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+        );
+        let with_redis = |at: &str| {
+            ConfigFile::new(&format!(
+                "[defaults]\nprefix = \"t-cfgurl\"\n[redis]\nurl = \"{at}\"\n{API}"
+            ))
+        };
+        let service = config("t-cfgurl").limiter(&url, "api");
+        let k = Key::new("cfg-url");
+        assert!(decide(&service, &k, 3).is_allowed());
+        let inspect = ["inspect", "api", "--key", "cfg-url"];
+        let remaining = |o: &Output| field(&expect(o, 0), "remaining");
+
+        let good = with_redis(&url);
+        let args = [&["-c", good.arg()][..], &inspect].concat();
+        assert_eq!(remaining(&run(&args, &[])), "7", "from the file");
+
+        let bad = with_redis(&dead);
+        let args = [&["-c", bad.arg()][..], &inspect].concat();
+        let o = run(&args, &[]);
+        assert!(expect(&o, 1).contains(&dead), "the file's URL is used");
+        let o = run(&args, &[("TOLLGATE_REDIS__URL", &url)]);
+        assert_eq!(remaining(&o), "7", "TOLLGATE_REDIS__URL over the file");
+        let o = run(&args, &[("REDIS_URL", &url)]);
+        assert_eq!(remaining(&o), "7", "REDIS_URL over the configuration");
+        let args = [&["-c", good.arg(), "--redis-url", &dead][..], &inspect].concat();
+        let o = run(&args, &[]);
+        assert!(expect(&o, 1).contains(&dead), "--redis-url over the configuration");
+    }
+}
+
+#[test]
+fn config_validate_checks_the_redis_section() {
+    let c = ConfigFile::new(&format!(
+        "[redis]\nurl = \"redis://ops:hunter2@10.0.0.5:6379\"\nresponse_timeout = \"250ms\"\n{API}"
+    ));
+    let o = run(&["config", "validate", c.arg()], &[]);
+    let out = expect(&o, 0);
+    assert!(
+        out.contains("redis: redis://ops:***@10.0.0.5:6379"),
+        "{out}"
+    );
+    assert!(!out.contains("hunter2"), "{out}");
+    let o = run(&["--json", "config", "validate", c.arg()], &[]);
+    expect(&o, 0);
+    assert_eq!(json(&o)["redis"]["cluster"], false);
+    for (env, field) in [
+        ("TOLLGATE_REDIS__RESPONSE_TIMEOUT", "redis.response_timeout"),
+        ("TOLLGATE_REDIS__URL", "redis.url"),
+    ] {
+        let o = run(&["config", "validate", c.arg()], &[(env, "soon")]);
+        assert!(expect(&o, 2).contains(field), "{env}");
+    }
+}
+
 // ---------------------------------------------------------------- inspect
 
 tollgate_testkit::on_every_server! {
