@@ -198,6 +198,16 @@ impl ConfigBuilder {
         self
     }
 
+    /// Adds a layer that sets `redis.url`: a URL given outside the
+    /// configuration files (a `REDIS_URL` variable, a command-line flag),
+    /// winning over the layers added before it.
+    pub fn redis_url(mut self, url: impl Into<String>) -> Self {
+        self.figment = self
+            .figment
+            .merge(Serialized::default("redis.url", url.into()));
+        self
+    }
+
     /// Merges the layers and validates every limiter.
     pub fn load(self) -> Result<Config, ConfigError> {
         let raw: RawConfig = self.figment.extract().map_err(Box::new)?;

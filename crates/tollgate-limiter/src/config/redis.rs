@@ -350,6 +350,32 @@ mod tests {
         });
     }
 
+    #[test]
+    fn a_url_layer_wins_over_earlier_layers_only() {
+        let base = "[redis]\nurl = 'redis://file:1'\npool_size = 2";
+        let c = Config::builder()
+            .toml_str(base)
+            .redis_url("redis://flag:2")
+            .load()
+            .unwrap();
+        let r = c.redis().unwrap();
+        assert_eq!(
+            (r.urls.as_slice(), r.pool_size),
+            (&["redis://flag:2".to_owned()][..], Some(2))
+        );
+        let c = Config::builder()
+            .redis_url("redis://flag:2")
+            .toml_str(base)
+            .load()
+            .unwrap();
+        assert_eq!(c.redis().unwrap().urls, ["redis://file:1"]);
+        let c = Config::builder()
+            .redis_url("redis://only:3")
+            .load()
+            .unwrap();
+        assert_eq!(c.redis().unwrap().urls, ["redis://only:3"]);
+    }
+
     /// A TOML value of any shape: strings that look like durations, URLs,
     /// modes or nothing, numbers, booleans and lists.
     fn value() -> impl Strategy<Value = String> {
