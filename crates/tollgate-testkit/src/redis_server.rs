@@ -1,5 +1,7 @@
-//! Throwaway `redis-server` processes on free loopback ports, and a
-//! 3-master Redis Cluster, for tests against a real Redis.
+//! Throwaway `redis-server` (or `valkey-server`, see [`Server`]) processes
+//! on free loopback ports, and a 3-master Redis Cluster, for tests against
+//! a real Redis. [`on_every_server!`](crate::on_every_server) runs a test on
+//! both servers.
 //!
 //! Servers listen on 127.0.0.1 only, keep their data in a temporary
 //! directory, and are killed when dropped. Each one runs under a small
@@ -7,7 +9,7 @@
 //! from the test, closes), so a server held in a `static` or leaked by a
 //! panic does not outlive the test binary.
 //!
-//! When `redis-server` is not installed, [`RedisServer::start`] returns
+//! When the server is not installed, [`RedisServer::start`] returns
 //! `None` and says so loudly on stderr, so a developer without Redis can
 //! still run the other tests; under `CI=true` it panics instead: in CI a
 //! missing Redis is a failure, never a silent skip.
