@@ -36,7 +36,7 @@ pub(crate) struct Cli {
 }
 
 /// Options every command takes.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub(crate) struct Global {
     /// A TOML configuration file; repeat to layer files (later ones win).
     /// `TOLLGATE_*` environment variables are layered on top, as at start-up.
@@ -44,12 +44,12 @@ pub(crate) struct Global {
     pub(crate) config: Vec<PathBuf>,
     /// The Redis server (`redis://[user:password@]host:port[/db]`;
     /// `rediss://` with the `tls` feature); with --cluster, a
-    /// comma-separated list of nodes.
+    /// comma-separated list of nodes [default: the configuration's
+    /// `[redis]` section, else redis://127.0.0.1:6379].
     #[arg(
         long,
         env = "REDIS_URL",
         value_name = "URL",
-        default_value = "redis://127.0.0.1:6379",
         value_delimiter = ',',
         hide_env_values = true,
         global = true
@@ -58,6 +58,13 @@ pub(crate) struct Global {
     /// The URLs are nodes of a Redis Cluster (needs the `cluster` feature).
     #[arg(long, global = true)]
     pub(crate) cluster: bool,
+    /// The configuration, once loaded for a command that reaches Redis.
+    #[arg(skip)]
+    pub(crate) loaded: Option<tollgate_limiter::Config>,
+    /// Whether the URLs came from the configuration's `[redis]` section
+    /// (then its other settings apply too).
+    #[arg(skip)]
+    pub(crate) url_from_config: bool,
     /// The key prefix [default: the configuration's `defaults.prefix`, else
     /// `tollgate`].
     #[arg(long, value_name = "PREFIX", global = true)]

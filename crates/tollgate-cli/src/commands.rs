@@ -4,7 +4,7 @@ use std::future::Future;
 use std::path::PathBuf;
 
 use serde_json::{Value, json};
-use tollgate_limiter::{Config, Decision, Error, FailMode, Key, Limiter, Policy};
+use tollgate_limiter::{Config, Decision, Error, FailMode, Key, Limiter, Policy, RedisConfig};
 use tollgate_redis::{Durability, RedisBackend, Setting};
 
 use crate::args::{Cli, Command, ConfigCommand, Global, KeyedArgs, OverrideCommand, ScopeArgs};
@@ -45,12 +45,14 @@ pub(crate) fn run(cli: &Cli) -> Result<(), Failure> {
         .build()
         .map_err(|e| Failure::Backend(format!("cannot start the runtime: {e}")))?;
     let g = &cli.global;
+    if let Command::Config(ConfigCommand::Validate(v)) = &cli.command {
+        let mut files = g.config.clone();
+        files.extend(v.files.iter().cloned());
+        return validate(&files, g.json);
+    }
+    let g = &with_config(g)?;
     match &cli.command {
-        Command::Config(ConfigCommand::Validate(v)) => {
-            let mut files = g.config.clone();
-            files.extend(v.files.iter().cloned());
-            validate(&files, g.json)
-        }
+        Command::Config(_) => unreachable!("handled above"),
         Command::Durability(d) => rt.block_on(durability(g, d.strict)),
         Command::Inspect(a) => rt.block_on(inspect(g, a)),
         Command::Reset(a) => rt.block_on(reset(g, a)),
@@ -75,8 +77,46 @@ fn load_config(files: &[PathBuf]) -> Result<Config, Failure> {
     b.env().load().map_err(|e| Failure::Input(e.to_string()))
 }
 
+/// The default Redis, when neither the command line nor the configuration
+/// names one.
+const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
+
+/// `g` with the configuration loaded and the Redis URLs resolved:
+/// `--redis-url`, else `REDIS_URL`, else the configuration's `[redis]`
+/// section (files, then `TOLLGATE_REDIS__*`), else [`DEFAULT_URL`].
+fn with_config(g: &Global) -> Result<Global, Failure> {
+    let config = load_config(&g.config)?;
+    let mut g = g.clone();
+    if g.redis_url.is_empty() {
+        match config.redis().filter(|r| !r.urls.is_empty()) {
+            Some(r) => {
+                g.redis_url.clone_from(&r.urls);
+                g.cluster |= r.cluster;
+                g.url_from_config = true;
+            }
+            None => g.redis_url.push(DEFAULT_URL.to_owned()),
+        }
+    }
+    g.loaded = Some(config);
+    Ok(g)
+}
+
+/// The loaded configuration (see [`with_config`]).
+fn loaded(g: &Global) -> Result<&Config, Failure> {
+    g.loaded
+        .as_ref()
+        .ok_or_else(|| Failure::Input("the configuration was not loaded".into()))
+}
+
 fn validate(files: &[PathBuf], as_json: bool) -> Result<(), Failure> {
     let config = load_config(files)?;
+    let redis = config.redis().filter(|r| !r.urls.is_empty());
+    if redis.is_some() {
+        // What a service's start-up checks before connecting (URLs, TLS CA).
+        let _checked = RedisBackend::builder_from_config(&config)
+            .map_err(|e| Failure::Input(e.to_string()))?;
+    }
+    let redis_urls = |r: &RedisConfig| r.urls.iter().map(|u| redact(u)).collect::<Vec<_>>();
     let sources: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
     if as_json {
         let limiters: Vec<Value> = config
@@ -96,6 +136,7 @@ fn validate(files: &[PathBuf], as_json: bool) -> Result<(), Failure> {
             "files": sources,
             "prefix": config.prefix(),
             "limiters": limiters,
+            "redis": redis.map(|r| json!({ "urls": redis_urls(r), "cluster": r.cluster })),
         }));
         return Ok(());
     }
@@ -118,6 +159,10 @@ fn validate(files: &[PathBuf], as_json: bool) -> Result<(), Failure> {
             l.fail_mode,
             crate::render::config_duration(l.timeout)
         );
+    }
+    if let Some(r) = redis {
+        let mode = if r.cluster { " (cluster)" } else { "" };
+        println!("  redis: {}{mode}", redis_urls(r).join(","));
     }
     if n == 0 {
         eprintln!("warning: no limiters configured ([limiters.<name>])");
@@ -185,7 +230,11 @@ async fn connect(g: &Global, prefix: &str) -> Result<RedisBackend, Failure> {
             "rediss:// needs a tollgate built with the `tls` feature".into(),
         ));
     }
-    let builder = if g.cluster {
+    let builder = if g.url_from_config {
+        // The section's other settings (TLS CA, pool) apply too; the
+        // command's own timeout and prefix are set below.
+        RedisBackend::builder_from_config(loaded(g)?).map_err(|e| Failure::Input(e.to_string()))?
+    } else if g.cluster {
         cluster_builder(g)?
     } else {
         match g.redis_url.as_slice() {
@@ -231,7 +280,7 @@ struct Target {
 }
 
 async fn target(g: &Global, name: &str) -> Result<Target, Failure> {
-    let config = load_config(&g.config)?;
+    let config = loaded(g)?;
     let lc = config
         .limiter(name)
         .map_err(|e| Failure::Input(e.to_string()))?
@@ -425,7 +474,7 @@ fn scope_name(t: &Target, key: Option<&KeySpec>) -> String {
 async fn override_set(g: &Global, s: &ScopeArgs, snippet: &str) -> Result<(), Failure> {
     let key = s.key.resolve(s.ipv6_prefix, g)?;
     // Validate before connecting: a bad override never reaches Redis.
-    let config = load_config(&g.config)?;
+    let config = loaded(g)?;
     let lc = config
         .limiter(&s.limiter)
         .map_err(|e| Failure::Input(e.to_string()))?;
@@ -515,7 +564,10 @@ async fn override_show(g: &Global, s: &ScopeArgs) -> Result<(), Failure> {
 }
 
 async fn durability(g: &Global, strict: bool) -> Result<(), Failure> {
-    let prefix = g.prefix.clone().unwrap_or_else(|| "tollgate".into());
+    let prefix = match &g.prefix {
+        Some(p) => p.clone(),
+        None => loaded(g)?.prefix().to_owned(),
+    };
     let backend = connect(g, &prefix).await?;
     let work = async {
         backend

@@ -31,7 +31,8 @@
 //!
 //! Configuration is read like at start-up: the `--config` files in order,
 //! then the `TOLLGATE_*` environment variables. The Redis URL comes from
-//! `--redis-url` or `REDIS_URL`. With `--json` every command prints one JSON
+//! `--redis-url`, else `REDIS_URL`, else the configuration's `[redis]`
+//! section, else `redis://127.0.0.1:6379`. With `--json` every command prints one JSON
 //! document instead of text, for scripts and monitoring.
 //!
 //! # Exit codes

@@ -1,5 +1,6 @@
 //! The `tollgate` binary, run as an operator runs it, against throwaway
-//! redis-servers on loopback ports. What the CLI shows and changes is
+//! servers on loopback ports: every test that reaches a server runs on
+//! Redis (`<test>::redis`) and on Valkey (`<test>::valkey`). What the CLI shows and changes is
 //! checked against what a service's own `Limiter` (same configuration, same
 //! Redis) decides.
 //!
@@ -16,7 +17,7 @@ use std::time::Duration;
 
 use tollgate_limiter::{Config, Decision, Key, KeyHasher, Limiter};
 use tollgate_redis::{Durability, RedisBackend};
-use tollgate_testkit::redis_server::RedisServer;
+use tollgate_testkit::redis_server::{RedisServer, Server};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
@@ -156,8 +157,8 @@ fn json(o: &Output) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}{}", stdout(o), stderr(o)))
 }
 
-fn shared_url() -> Option<String> {
-    RedisServer::shared_url()
+fn shared_url(server: Server) -> Option<String> {
+    RedisServer::shared_url_on(server)
 }
 
 const API: &str = r#"
@@ -447,562 +448,661 @@ fn a_silent_server_times_out_with_exit_1() {
     );
 }
 
-// ---------------------------------------------------------------- inspect
+// ---------------------------------------------------------------- [redis] from configuration
 
-#[test]
-fn inspect_shows_what_the_service_counted() {
-    let Some(url) = shared_url() else { return };
-    let c = config("t-inspect");
-    let service = c.limiter(&url, "api");
-    // The service saw "Alice@Example.com " four times (the login layer
-    // normalises and hashes it).
-    let alice = hasher().email("alice@example.com");
-    for _ in 0..4 {
-        assert!(decide(&service, &alice, 1).is_allowed());
+tollgate_testkit::on_every_server! {
+    /// Without `--redis-url` or `REDIS_URL` the CLI connects where the
+    /// configuration's `[redis]` section says (a file, overridden by
+    /// `TOLLGATE_REDIS__URL`); `REDIS_URL` and then `--redis-url` win over it.
+    #[test]
+    fn the_url_comes_from_configuration_unless_given(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let dead = format!(
+            "redis://127.0.0.1:{}",
+            TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+        );
+        let with_redis = |at: &str| {
+            ConfigFile::new(&format!(
+                "[defaults]\nprefix = \"t-cfgurl\"\n[redis]\nurl = \"{at}\"\n{API}"
+            ))
+        };
+        let service = config("t-cfgurl").limiter(&url, "api");
+        let k = Key::new("cfg-url");
+        assert!(decide(&service, &k, 3).is_allowed());
+        let inspect = ["inspect", "api", "--key", "cfg-url"];
+        let remaining = |o: &Output| field(&expect(o, 0), "remaining");
+
+        let good = with_redis(&url);
+        let args = [&["-c", good.arg()][..], &inspect].concat();
+        assert_eq!(remaining(&run(&args, &[])), "7", "from the file");
+
+        let bad = with_redis(&dead);
+        let args = [&["-c", bad.arg()][..], &inspect].concat();
+        let o = run(&args, &[]);
+        assert!(expect(&o, 1).contains(&dead), "the file's URL is used");
+        let o = run(&args, &[("TOLLGATE_REDIS__URL", &url)]);
+        assert_eq!(remaining(&o), "7", "TOLLGATE_REDIS__URL over the file");
+        let o = run(&args, &[("REDIS_URL", &url)]);
+        assert_eq!(remaining(&o), "7", "REDIS_URL over the configuration");
+        let args = [&["-c", good.arg(), "--redis-url", &dead][..], &inspect].concat();
+        let o = run(&args, &[]);
+        assert!(expect(&o, 1).contains(&dead), "--redis-url over the configuration");
     }
-    let o = run(
-        &[
-            "-c",
-            c.arg(),
-            "inspect",
-            "api",
-            "--email",
-            " Alice@EXAMPLE.com",
-        ],
-        &[("REDIS_URL", &url)],
-    );
-    let out = expect(&o, 0);
-    assert_eq!(field(&out, "limit"), "10");
-    assert_eq!(field(&out, "remaining"), "6");
-    assert_eq!(field(&out, "retry-after"), "0s");
-    assert!(field(&out, "verdict").starts_with("allowed"), "{out}");
-    // 4 tokens at one an hour: fresh again in just under 4 h.
-    let reset: f64 = field(&out, "reset-after")
-        .split("s ")
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!((14_000.0..=14_400.0).contains(&reset), "{out}");
-    assert!(
-        field(&out, "redis key").starts_with("t-inspect:api:{#e:"),
-        "{out}"
-    );
-    assert!(!out.contains("alice"), "the email must not be shown: {out}");
-    assert!(field(&out, "in force").ends_with("(from configuration)"));
-
-    // The same, for scripts.
-    let o = run(
-        &[
-            "-c",
-            c.arg(),
-            "--json",
-            "inspect",
-            "api",
-            "--email",
-            "alice@example.com",
-        ],
-        &[("REDIS_URL", &url)],
-    );
-    expect(&o, 0);
-    let v = json(&o);
-    assert_eq!(v["decision"]["remaining"], 6);
-    assert_eq!(v["decision"]["allowed"], true);
-    assert_eq!(v["key"]["kind"], "email");
-    assert_eq!(v["key"]["key"], alice.as_str());
-    assert_eq!(v["policy"]["source"], "configuration");
-    assert_eq!(v["policy"]["in_force"]["capacity"], 10);
-
-    // Inspecting is a peek: it consumed nothing.
-    assert_eq!(decide(&service, &alice, 1).remaining(), 5);
-
-    // Hashed keys need the services' secret: without it, a clear error
-    // (never a key the services do not use); from a file, the same key;
-    // another secret or none, another key.
-    let inspect_email = |extra: &[&str], env: &[(&str, &str)]| {
-        let mut args = vec!["-c", c.arg(), "--json"];
-        args.extend(extra);
-        args.extend(["inspect", "api", "--email", "alice@example.com"]);
-        let mut env = env.to_vec();
-        env.push(("REDIS_URL", &url));
-        run(&args, &env)
-    };
-    let o = inspect_email(&[], &[("TOLLGATE_KEY_SECRET", "")]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("TOLLGATE_KEY_SECRET"), "{}", stderr(&o));
-    let dir = std::env::temp_dir().join(format!("tollgate-cli-secret-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("secret");
-    std::fs::write(&file, format!("{SECRET}\n")).unwrap();
-    let o = inspect_email(
-        &["--key-secret-file", file.to_str().unwrap()],
-        &[("TOLLGATE_KEY_SECRET", "")],
-    );
-    expect(&o, 0);
-    assert_eq!(json(&o)["key"]["key"], alice.as_str());
-    std::fs::write(&file, "another secret, long enough").unwrap();
-    let o = inspect_email(&["--key-secret-file", file.to_str().unwrap()], &[]);
-    expect(&o, 0);
-    assert_ne!(json(&o)["key"]["key"], alice.as_str());
-    std::fs::remove_dir_all(&dir).unwrap();
-    let o = inspect_email(&["--unkeyed-hashes"], &[]);
-    expect(&o, 0);
-    assert_eq!(
-        json(&o)["key"]["key"],
-        KeyHasher::unkeyed().email("alice@example.com").as_str()
-    );
-
-    // An exhausted API key, given on standard input.
-    let secret = "sk_live_0123456789";
-    let bob = hasher().secret(secret);
-    assert!(decide(&service, &bob, 10).is_allowed());
-    let o = run_with(
-        &["-c", c.arg(), "inspect", "api", "--api-key", "-"],
-        &[("REDIS_URL", &url)],
-        &format!("{secret}\n"),
-    );
-    let out = expect(&o, 0);
-    assert!(field(&out, "verdict").starts_with("REFUSED"), "{out}");
-    assert_eq!(field(&out, "remaining"), "0");
-    assert!(
-        field(&out, "verdict").contains("Retry-After: 3600"),
-        "{out}"
-    );
-    let retry: f64 = field(&out, "retry-after")
-        .split('s')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!((3590.0..=3600.0).contains(&retry), "{out}");
-    assert!(!out.contains(secret));
 }
 
 #[test]
-fn prefix_flag_overrides_the_configured_prefix() {
-    let Some(url) = shared_url() else { return };
-    let c = config("t-prefix-config");
-    let other = config("t-prefix-flag");
-    let service = other.limiter(&url, "api");
-    let key = Key::new("account-1");
-    decide(&service, &key, 3);
-    let o = run(
-        &[
-            "-c",
-            c.arg(),
-            "--prefix",
-            "t-prefix-flag",
-            "inspect",
-            "api",
-            "--key",
-            "account-1",
-        ],
-        &[("REDIS_URL", &url)],
-    );
+fn config_validate_checks_the_redis_section() {
+    let c = ConfigFile::new(&format!(
+        "[redis]\nurl = \"redis://ops:hunter2@10.0.0.5:6379\"\nresponse_timeout = \"250ms\"\n{API}"
+    ));
+    let o = run(&["config", "validate", c.arg()], &[]);
     let out = expect(&o, 0);
-    assert_eq!(field(&out, "remaining"), "7");
-    assert!(field(&out, "redis key").starts_with("t-prefix-flag:api:{account-1}"));
+    assert!(
+        out.contains("redis: redis://ops:***@10.0.0.5:6379"),
+        "{out}"
+    );
+    assert!(!out.contains("hunter2"), "{out}");
+    let o = run(&["--json", "config", "validate", c.arg()], &[]);
+    expect(&o, 0);
+    assert_eq!(json(&o)["redis"]["cluster"], false);
+    for (env, field) in [
+        ("TOLLGATE_REDIS__RESPONSE_TIMEOUT", "redis.response_timeout"),
+        ("TOLLGATE_REDIS__URL", "redis.url"),
+    ] {
+        let o = run(&["config", "validate", c.arg()], &[(env, "soon")]);
+        assert!(expect(&o, 2).contains(field), "{env}");
+    }
+}
+
+// ---------------------------------------------------------------- inspect
+
+tollgate_testkit::on_every_server! {
+    #[test]
+    fn inspect_shows_what_the_service_counted(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let c = config("t-inspect");
+        let service = c.limiter(&url, "api");
+        // The service saw "Alice@Example.com " four times (the login layer
+        // normalises and hashes it).
+        let alice = hasher().email("alice@example.com");
+        for _ in 0..4 {
+            assert!(decide(&service, &alice, 1).is_allowed());
+        }
+        let o = run(
+            &[
+                "-c",
+                c.arg(),
+                "inspect",
+                "api",
+                "--email",
+                " Alice@EXAMPLE.com",
+            ],
+            &[("REDIS_URL", &url)],
+        );
+        let out = expect(&o, 0);
+        assert_eq!(field(&out, "limit"), "10");
+        assert_eq!(field(&out, "remaining"), "6");
+        assert_eq!(field(&out, "retry-after"), "0s");
+        assert!(field(&out, "verdict").starts_with("allowed"), "{out}");
+        // 4 tokens at one an hour: fresh again in just under 4 h.
+        let reset: f64 = field(&out, "reset-after")
+            .split("s ")
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((14_000.0..=14_400.0).contains(&reset), "{out}");
+        assert!(
+            field(&out, "redis key").starts_with("t-inspect:api:{#e:"),
+            "{out}"
+        );
+        assert!(!out.contains("alice"), "the email must not be shown: {out}");
+        assert!(field(&out, "in force").ends_with("(from configuration)"));
+
+        // The same, for scripts.
+        let o = run(
+            &[
+                "-c",
+                c.arg(),
+                "--json",
+                "inspect",
+                "api",
+                "--email",
+                "alice@example.com",
+            ],
+            &[("REDIS_URL", &url)],
+        );
+        expect(&o, 0);
+        let v = json(&o);
+        assert_eq!(v["decision"]["remaining"], 6);
+        assert_eq!(v["decision"]["allowed"], true);
+        assert_eq!(v["key"]["kind"], "email");
+        assert_eq!(v["key"]["key"], alice.as_str());
+        assert_eq!(v["policy"]["source"], "configuration");
+        assert_eq!(v["policy"]["in_force"]["capacity"], 10);
+
+        // Inspecting is a peek: it consumed nothing.
+        assert_eq!(decide(&service, &alice, 1).remaining(), 5);
+
+        // Hashed keys need the services' secret: without it, a clear error
+        // (never a key the services do not use); from a file, the same key;
+        // another secret or none, another key.
+        let inspect_email = |extra: &[&str], env: &[(&str, &str)]| {
+            let mut args = vec!["-c", c.arg(), "--json"];
+            args.extend(extra);
+            args.extend(["inspect", "api", "--email", "alice@example.com"]);
+            let mut env = env.to_vec();
+            env.push(("REDIS_URL", &url));
+            run(&args, &env)
+        };
+        let o = inspect_email(&[], &[("TOLLGATE_KEY_SECRET", "")]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(stderr(&o).contains("TOLLGATE_KEY_SECRET"), "{}", stderr(&o));
+        let dir = std::env::temp_dir().join(format!("tollgate-cli-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("secret");
+        std::fs::write(&file, format!("{SECRET}\n")).unwrap();
+        let o = inspect_email(
+            &["--key-secret-file", file.to_str().unwrap()],
+            &[("TOLLGATE_KEY_SECRET", "")],
+        );
+        expect(&o, 0);
+        assert_eq!(json(&o)["key"]["key"], alice.as_str());
+        std::fs::write(&file, "another secret, long enough").unwrap();
+        let o = inspect_email(&["--key-secret-file", file.to_str().unwrap()], &[]);
+        expect(&o, 0);
+        assert_ne!(json(&o)["key"]["key"], alice.as_str());
+        std::fs::remove_dir_all(&dir).unwrap();
+        let o = inspect_email(&["--unkeyed-hashes"], &[]);
+        expect(&o, 0);
+        assert_eq!(
+            json(&o)["key"]["key"],
+            KeyHasher::unkeyed().email("alice@example.com").as_str()
+        );
+
+        // An exhausted API key, given on standard input.
+        let secret = "sk_live_0123456789";
+        let bob = hasher().secret(secret);
+        assert!(decide(&service, &bob, 10).is_allowed());
+        let o = run_with(
+            &["-c", c.arg(), "inspect", "api", "--api-key", "-"],
+            &[("REDIS_URL", &url)],
+            &format!("{secret}\n"),
+        );
+        let out = expect(&o, 0);
+        assert!(field(&out, "verdict").starts_with("REFUSED"), "{out}");
+        assert_eq!(field(&out, "remaining"), "0");
+        assert!(
+            field(&out, "verdict").contains("Retry-After: 3600"),
+            "{out}"
+        );
+        let retry: f64 = field(&out, "retry-after")
+            .split('s')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((3590.0..=3600.0).contains(&retry), "{out}");
+        assert!(!out.contains(secret));
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    #[test]
+    fn prefix_flag_overrides_the_configured_prefix(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let c = config("t-prefix-config");
+        let other = config("t-prefix-flag");
+        let service = other.limiter(&url, "api");
+        let key = Key::new("account-1");
+        decide(&service, &key, 3);
+        let o = run(
+            &[
+                "-c",
+                c.arg(),
+                "--prefix",
+                "t-prefix-flag",
+                "inspect",
+                "api",
+                "--key",
+                "account-1",
+            ],
+            &[("REDIS_URL", &url)],
+        );
+        let out = expect(&o, 0);
+        assert_eq!(field(&out, "remaining"), "7");
+        assert!(field(&out, "redis key").starts_with("t-prefix-flag:api:{account-1}"));
+    }
 }
 
 // ---------------------------------------------------------------- reset
 
-#[test]
-fn reset_unblocks_a_key() {
-    let Some(url) = shared_url() else { return };
-    let c = config("t-reset");
-    let run_cli = |args: &[&str]| {
-        let mut full = vec!["-c", c.arg(), "--redis-url", url.as_str()];
-        full.extend(args);
-        run(&full, &[])
-    };
+tollgate_testkit::on_every_server! {
+    #[test]
+    fn reset_unblocks_a_key(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let c = config("t-reset");
+        let run_cli = |args: &[&str]| {
+            let mut full = vec!["-c", c.arg(), "--redis-url", url.as_str()];
+            full.extend(args);
+            run(&full, &[])
+        };
 
-    // A client IP locked out by the login window.
-    let ip_limiter = c.limiter(&url, "login_ip");
-    let ip = Key::new("203.0.113.7");
-    for _ in 0..3 {
+        // A client IP locked out by the login window.
+        let ip_limiter = c.limiter(&url, "login_ip");
+        let ip = Key::new("203.0.113.7");
+        for _ in 0..3 {
+            assert!(decide(&ip_limiter, &ip, 1).is_allowed());
+        }
+        assert!(decide(&ip_limiter, &ip, 1).is_denied());
+        let out = expect(&run_cli(&["reset", "login_ip", "--ip", "203.0.113.7"]), 0);
+        assert!(out.contains("the key is fresh (3 of 3 available)"), "{out}");
+        let d = decide(&ip_limiter, &ip, 1);
+        assert!(d.is_allowed() && d.remaining() == 2, "{d:?}");
+
+        // An IPv6 client keyed by its /64, as ClientIp::ipv6_prefix(64) does.
+        let net = Key::new("2001:db8:1:2::/64");
+        assert!(decide(&ip_limiter, &net, 3).is_allowed());
+        assert!(decide(&ip_limiter, &net, 1).is_denied());
+        let o = run_cli(&[
+            "reset",
+            "login_ip",
+            "--ip",
+            "2001:db8:1:2::99",
+            "--ipv6-prefix",
+            "64",
+        ]);
+        expect(&o, 0);
+        assert!(decide(&ip_limiter, &net, 1).is_allowed());
+        // The /64 is the default, as in ClientIp::new().
+        assert!(decide(&ip_limiter, &net, 2).is_allowed());
+        assert!(decide(&ip_limiter, &net, 1).is_denied());
+        let o = run_cli(&["reset", "login_ip", "--ip", "2001:db8:1:2::99"]);
+        expect(&o, 0);
+        assert!(decide(&ip_limiter, &net, 1).is_allowed());
+        // An IPv4-mapped address is its IPv4 address, as in ClientIp.
+        assert!(decide(&ip_limiter, &ip, 2).is_allowed());
+        assert!(decide(&ip_limiter, &ip, 1).is_denied());
+        let o = run_cli(&["reset", "login_ip", "--ip", "::ffff:203.0.113.7"]);
+        expect(&o, 0);
         assert!(decide(&ip_limiter, &ip, 1).is_allowed());
+
+        // An account delayed by the progressive delay.
+        let account = c.limiter(&url, "login_account");
+        let email = hasher().email("carol@example.com");
+        for _ in 0..3 {
+            decide(&account, &email, 1);
+        }
+        let blocked = peek(&account, &email);
+        assert!(blocked.is_denied(), "{blocked:?}");
+        let out = expect(
+            &run_cli(&["inspect", "login_account", "--email", "Carol@example.com"]),
+            0,
+        );
+        assert!(field(&out, "verdict").starts_with("REFUSED"), "{out}");
+        expect(
+            &run_cli(&["reset", "login_account", "--email", "Carol@example.com"]),
+            0,
+        );
+        assert!(peek(&account, &email).is_allowed());
+
+        // Another key is untouched.
+        let other = Key::new("198.51.100.1");
+        decide(&ip_limiter, &other, 2);
+        expect(&run_cli(&["reset", "login_ip", "--ip", "203.0.113.7"]), 0);
+        assert_eq!(decide(&ip_limiter, &other, 1).remaining(), 0);
     }
-    assert!(decide(&ip_limiter, &ip, 1).is_denied());
-    let out = expect(&run_cli(&["reset", "login_ip", "--ip", "203.0.113.7"]), 0);
-    assert!(out.contains("the key is fresh (3 of 3 available)"), "{out}");
-    let d = decide(&ip_limiter, &ip, 1);
-    assert!(d.is_allowed() && d.remaining() == 2, "{d:?}");
-
-    // An IPv6 client keyed by its /64, as ClientIp::ipv6_prefix(64) does.
-    let net = Key::new("2001:db8:1:2::/64");
-    assert!(decide(&ip_limiter, &net, 3).is_allowed());
-    assert!(decide(&ip_limiter, &net, 1).is_denied());
-    let o = run_cli(&[
-        "reset",
-        "login_ip",
-        "--ip",
-        "2001:db8:1:2::99",
-        "--ipv6-prefix",
-        "64",
-    ]);
-    expect(&o, 0);
-    assert!(decide(&ip_limiter, &net, 1).is_allowed());
-    // The /64 is the default, as in ClientIp::new().
-    assert!(decide(&ip_limiter, &net, 2).is_allowed());
-    assert!(decide(&ip_limiter, &net, 1).is_denied());
-    let o = run_cli(&["reset", "login_ip", "--ip", "2001:db8:1:2::99"]);
-    expect(&o, 0);
-    assert!(decide(&ip_limiter, &net, 1).is_allowed());
-    // An IPv4-mapped address is its IPv4 address, as in ClientIp.
-    assert!(decide(&ip_limiter, &ip, 2).is_allowed());
-    assert!(decide(&ip_limiter, &ip, 1).is_denied());
-    let o = run_cli(&["reset", "login_ip", "--ip", "::ffff:203.0.113.7"]);
-    expect(&o, 0);
-    assert!(decide(&ip_limiter, &ip, 1).is_allowed());
-
-    // An account delayed by the progressive delay.
-    let account = c.limiter(&url, "login_account");
-    let email = hasher().email("carol@example.com");
-    for _ in 0..3 {
-        decide(&account, &email, 1);
-    }
-    let blocked = peek(&account, &email);
-    assert!(blocked.is_denied(), "{blocked:?}");
-    let out = expect(
-        &run_cli(&["inspect", "login_account", "--email", "Carol@example.com"]),
-        0,
-    );
-    assert!(field(&out, "verdict").starts_with("REFUSED"), "{out}");
-    expect(
-        &run_cli(&["reset", "login_account", "--email", "Carol@example.com"]),
-        0,
-    );
-    assert!(peek(&account, &email).is_allowed());
-
-    // Another key is untouched.
-    let other = Key::new("198.51.100.1");
-    decide(&ip_limiter, &other, 2);
-    expect(&run_cli(&["reset", "login_ip", "--ip", "203.0.113.7"]), 0);
-    assert_eq!(decide(&ip_limiter, &other, 1).remaining(), 0);
 }
 
 // ---------------------------------------------------------------- overrides
 
-#[test]
-fn overrides_change_what_the_services_decide() {
-    let Some(url) = shared_url() else { return };
-    let c = config("t-override");
-    let run_cli = |args: &[&str]| {
-        let mut full = vec!["-c", c.arg()];
-        full.extend(args);
-        run(&full, &[("REDIS_URL", &url)])
-    };
-    let service = c.limiter(&url, "api");
-    let vip = hasher().secret("sk_vip");
-    let other = Key::new("10.0.0.1");
+tollgate_testkit::on_every_server! {
+    #[test]
+    fn overrides_change_what_the_services_decide(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let c = config("t-override");
+        let run_cli = |args: &[&str]| {
+            let mut full = vec!["-c", c.arg()];
+            full.extend(args);
+            run(&full, &[("REDIS_URL", &url)])
+        };
+        let service = c.limiter(&url, "api");
+        let vip = hasher().secret("sk_vip");
+        let other = Key::new("10.0.0.1");
 
-    // Limiter-wide, as flags: fields not given keep their configured value.
-    let out = expect(&run_cli(&["override", "set", "api", "--capacity", "2"]), 0);
-    assert!(
-        out.contains(
-            "override set for limiter api (every key): token_bucket: capacity = 2, refill = \"1/h\""
-        ),
-        "{out}"
-    );
-    assert_eq!(decide(&service, &other, 1).limit(), 2);
+        // Limiter-wide, as flags: fields not given keep their configured value.
+        let out = expect(&run_cli(&["override", "set", "api", "--capacity", "2"]), 0);
+        assert!(
+            out.contains(
+                "override set for limiter api (every key): token_bucket: capacity = 2, refill = \"1/h\""
+            ),
+            "{out}"
+        );
+        assert_eq!(decide(&service, &other, 1).limit(), 2);
 
-    // Per key, as a TOML snippet; the key given on standard input.
-    let o = run_with(
-        &[
-            "-c",
-            c.arg(),
-            "override",
-            "set",
-            "api",
-            "--api-key",
-            "-",
-            "--toml",
-            "capacity = 50\nrefill = \"50/min\"",
-        ],
-        &[("REDIS_URL", &url)],
-        "sk_vip\n",
-    );
-    expect(&o, 0);
-    let d = decide(&service, &vip, 1);
-    assert_eq!((d.limit(), d.remaining()), (50, 49));
-    assert_eq!(decide(&service, &other, 1).limit(), 2);
+        // Per key, as a TOML snippet; the key given on standard input.
+        let o = run_with(
+            &[
+                "-c",
+                c.arg(),
+                "override",
+                "set",
+                "api",
+                "--api-key",
+                "-",
+                "--toml",
+                "capacity = 50\nrefill = \"50/min\"",
+            ],
+            &[("REDIS_URL", &url)],
+            "sk_vip\n",
+        );
+        expect(&o, 0);
+        let d = decide(&service, &vip, 1);
+        assert_eq!((d.limit(), d.remaining()), (50, 49));
+        assert_eq!(decide(&service, &other, 1).limit(), 2);
 
-    // show and inspect report what is in force, and from where.
-    let out = expect(
-        &run_cli(&["override", "show", "api", "--api-key", "sk_vip"]),
-        0,
-    );
-    assert!(
-        field(&out, "limiter-wide").contains("capacity = 2"),
-        "{out}"
-    );
-    assert!(field(&out, "this key").contains("capacity = 50"), "{out}");
-    assert!(
-        field(&out, "in force").ends_with("(from the key's override)"),
-        "{out}"
-    );
-    let o = run_cli(&["--json", "override", "show", "api", "--api-key", "sk_vip"]);
-    expect(&o, 0);
-    let v = json(&o);
-    assert_eq!(v["policy"]["source"], "key_override");
-    assert_eq!(v["policy"]["key_override"]["capacity"], 50);
-    assert_eq!(v["policy"]["key_override"]["refill"], "50/min");
-    assert_eq!(v["policy"]["limiter_override"]["capacity"], 2);
-    assert_eq!(v["policy"]["configured"]["capacity"], 10);
-    let out = expect(&run_cli(&["inspect", "api", "--key", "10.0.0.1"]), 0);
-    assert!(
-        field(&out, "in force").ends_with("(from the limiter-wide override)"),
-        "{out}"
-    );
-    assert_eq!(field(&out, "limit"), "2");
-    assert_eq!(field(&out, "remaining"), "0");
+        // show and inspect report what is in force, and from where.
+        let out = expect(
+            &run_cli(&["override", "show", "api", "--api-key", "sk_vip"]),
+            0,
+        );
+        assert!(
+            field(&out, "limiter-wide").contains("capacity = 2"),
+            "{out}"
+        );
+        assert!(field(&out, "this key").contains("capacity = 50"), "{out}");
+        assert!(
+            field(&out, "in force").ends_with("(from the key's override)"),
+            "{out}"
+        );
+        let o = run_cli(&["--json", "override", "show", "api", "--api-key", "sk_vip"]);
+        expect(&o, 0);
+        let v = json(&o);
+        assert_eq!(v["policy"]["source"], "key_override");
+        assert_eq!(v["policy"]["key_override"]["capacity"], 50);
+        assert_eq!(v["policy"]["key_override"]["refill"], "50/min");
+        assert_eq!(v["policy"]["limiter_override"]["capacity"], 2);
+        assert_eq!(v["policy"]["configured"]["capacity"], 10);
+        let out = expect(&run_cli(&["inspect", "api", "--key", "10.0.0.1"]), 0);
+        assert!(
+            field(&out, "in force").ends_with("(from the limiter-wide override)"),
+            "{out}"
+        );
+        assert_eq!(field(&out, "limit"), "2");
+        assert_eq!(field(&out, "remaining"), "0");
 
-    // Clearing the key's override falls back to the limiter-wide one.
-    let out = expect(
-        &run_cli(&["override", "clear", "api", "--api-key", "sk_vip"]),
-        0,
-    );
-    assert!(out.contains("override cleared") && out.contains("was token_bucket: capacity = 50"));
-    assert_eq!(peek(&service, &vip).limit(), 2);
-    // ... and clearing that one to the configuration.
-    expect(&run_cli(&["override", "clear", "api"]), 0);
-    assert_eq!(peek(&service, &vip).limit(), 10);
-    let out = expect(&run_cli(&["override", "clear", "api"]), 0);
-    assert!(out.contains("no override was set"), "{out}");
-    let out = expect(&run_cli(&["override", "show", "api"]), 0);
-    assert_eq!(field(&out, "limiter-wide"), "none");
+        // Clearing the key's override falls back to the limiter-wide one.
+        let out = expect(
+            &run_cli(&["override", "clear", "api", "--api-key", "sk_vip"]),
+            0,
+        );
+        assert!(
+            out.contains("override cleared") && out.contains("was token_bucket: capacity = 50"),
+            "{out}"
+        );
+        assert_eq!(peek(&service, &vip).limit(), 2);
+        // ... and clearing that one to the configuration.
+        expect(&run_cli(&["override", "clear", "api"]), 0);
+        assert_eq!(peek(&service, &vip).limit(), 10);
+        let out = expect(&run_cli(&["override", "clear", "api"]), 0);
+        assert!(out.contains("no override was set"), "{out}");
+        let out = expect(&run_cli(&["override", "show", "api"]), 0);
+        assert_eq!(field(&out, "limiter-wide"), "none");
 
-    // A sliding window and a progressive delay take their own fields.
-    expect(
-        &run_cli(&[
-            "override", "set", "login_ip", "--limit", "100", "--window", "1m",
-        ]),
-        0,
-    );
-    let login = c.limiter(&url, "login_ip");
-    assert_eq!(decide(&login, &other, 1).limit(), 100);
-    expect(
-        &run_cli(&["override", "set", "login_account", "--free-attempts", "9"]),
-        0,
-    );
-    let account = c.limiter(&url, "login_account");
-    assert_eq!(peek(&account, &other).limit(), 9);
-    expect(&run_cli(&["override", "clear", "login_ip"]), 0);
-    expect(&run_cli(&["override", "clear", "login_account"]), 0);
+        // A sliding window and a progressive delay take their own fields.
+        expect(
+            &run_cli(&[
+                "override", "set", "login_ip", "--limit", "100", "--window", "1m",
+            ]),
+            0,
+        );
+        let login = c.limiter(&url, "login_ip");
+        assert_eq!(decide(&login, &other, 1).limit(), 100);
+        expect(
+            &run_cli(&["override", "set", "login_account", "--free-attempts", "9"]),
+            0,
+        );
+        let account = c.limiter(&url, "login_account");
+        assert_eq!(peek(&account, &other).limit(), 9);
+        expect(&run_cli(&["override", "clear", "login_ip"]), 0);
+        expect(&run_cli(&["override", "clear", "login_account"]), 0);
+    }
 }
 
-#[test]
-fn invalid_overrides_exit_2_and_never_reach_redis() {
-    let Some(url) = shared_url() else { return };
-    let c = config("t-badoverride");
-    for (args, want) in [
-        (
-            vec!["api", "--capacity", "0"],
-            "limiters.api.capacity: must be at least 1",
-        ),
-        (
-            vec!["api", "--limit", "5"],
-            "limiters.api.limit: belongs to sliding_window",
-        ),
-        (vec!["api", "--refill", "fast"], "limiters.api.refill"),
-        (vec!["costly", "--capacity", "3"], "limiters.costly.cost"),
-        (
-            vec!["api", "--toml", "timeout = \"1s\""],
-            "limiters.api.timeout: not part of a runtime override",
-        ),
-        (
-            vec!["api", "--toml", "strategy = \"sliding_window\"\nlimit = 3"],
-            "limiters.api.strategy",
-        ),
-        (vec!["api", "--toml", "capacty = 3"], "capacty"),
-        (
-            vec!["login_ip", "--window", "0s"],
-            "limiters.login_ip.window",
-        ),
-        (
-            vec!["login_account", "--max-delay", "1s"],
-            "limiters.login_account.max_delay",
-        ),
-    ] {
-        let mut full = vec!["-c", c.arg(), "--redis-url", &url, "override", "set"];
-        full.extend(args.iter().copied());
-        let o = run(&full, &[]);
-        expect(&o, 2);
-        assert!(
-            stderr(&o).contains(want),
-            "{args:?}: want {want:?} in:\n{}",
-            stderr(&o)
-        );
+tollgate_testkit::on_every_server! {
+    #[test]
+    fn invalid_overrides_exit_2_and_never_reach_redis(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let c = config("t-badoverride");
+        for (args, want) in [
+            (
+                vec!["api", "--capacity", "0"],
+                "limiters.api.capacity: must be at least 1",
+            ),
+            (
+                vec!["api", "--limit", "5"],
+                "limiters.api.limit: belongs to sliding_window",
+            ),
+            (vec!["api", "--refill", "fast"], "limiters.api.refill"),
+            (vec!["costly", "--capacity", "3"], "limiters.costly.cost"),
+            (
+                vec!["api", "--toml", "timeout = \"1s\""],
+                "limiters.api.timeout: not part of a runtime override",
+            ),
+            (
+                vec!["api", "--toml", "strategy = \"sliding_window\"\nlimit = 3"],
+                "limiters.api.strategy",
+            ),
+            (vec!["api", "--toml", "capacty = 3"], "capacty"),
+            (
+                vec!["login_ip", "--window", "0s"],
+                "limiters.login_ip.window",
+            ),
+            (
+                vec!["login_account", "--max-delay", "1s"],
+                "limiters.login_account.max_delay",
+            ),
+        ] {
+            let mut full = vec!["-c", c.arg(), "--redis-url", &url, "override", "set"];
+            full.extend(args.iter().copied());
+            let o = run(&full, &[]);
+            expect(&o, 2);
+            assert!(
+                stderr(&o).contains(want),
+                "{args:?}: want {want:?} in:\n{}",
+                stderr(&o)
+            );
+        }
+        let server = RedisServer::shared_on(server).unwrap().lock().unwrap();
+        let keys = server.cli(&["--scan", "--pattern", "t-badoverride:*"]);
+        assert_eq!(keys.trim(), "", "nothing may have been written");
     }
-    let server = RedisServer::shared().unwrap().lock().unwrap();
-    let keys = server.cli(&["--scan", "--pattern", "t-badoverride:*"]);
-    assert_eq!(keys.trim(), "", "nothing may have been written");
 }
 
 // ---------------------------------------------------------------- durability
 
-#[test]
-fn durability_passes_on_a_durable_server() {
-    let Some(server) = RedisServer::builder().appendonly(true).start() else {
-        return;
-    };
-    let o = run(&["durability"], &[("REDIS_URL", &server.url())]);
-    let out = expect(&o, 0);
-    assert!(out.contains("appendonly        yes"), "{out}");
-    assert!(out.contains("maxmemory-policy  noeviction"), "{out}");
-    assert!(out.contains("durable: yes"), "{out}");
-    assert!(out.contains(&format!("server            127.0.0.1:{}", server.port())));
-    let o = run(
-        &["--redis-url", &server.url(), "durability", "--strict"],
-        &[],
-    );
-    expect(&o, 0);
+tollgate_testkit::on_every_server! {
+    #[test]
+    fn durability_passes_on_a_durable_server(server: Server) {
+        let Some(server) = RedisServer::builder()
+            .server(server)
+            .appendonly(true)
+            .start()
+        else {
+            return;
+        };
+        let o = run(&["durability"], &[("REDIS_URL", &server.url())]);
+        let out = expect(&o, 0);
+        assert!(out.contains("appendonly        yes"), "{out}");
+        assert!(out.contains("maxmemory-policy  noeviction"), "{out}");
+        assert!(out.contains("durable: yes"), "{out}");
+        assert!(out.contains(&format!("server            127.0.0.1:{}", server.port())));
+        let o = run(
+            &["--redis-url", &server.url(), "durability", "--strict"],
+            &[],
+        );
+        expect(&o, 0);
+    }
 }
 
-#[test]
-fn durability_fails_on_a_server_without_aof() {
-    let Some(server) = RedisServer::builder().appendonly(false).start() else {
-        return;
-    };
-    let o = run(&["--redis-url", &server.url(), "durability"], &[]);
-    let out = expect(&o, 3);
-    assert!(out.contains("appendonly is not yes"), "{out}");
-    assert!(out.contains("durable: NO"), "{out}");
-    let o = run(&["--redis-url", &server.url(), "durability", "--json"], &[]);
-    expect(&o, 3);
-    let v = json(&o);
-    assert_eq!(v["durable"], false);
-    assert_eq!(v["ok"], false);
-    assert_eq!(v["servers"][0]["appendonly"], "no");
-    assert_eq!(v["servers"][0]["maxmemory_policy"], "noeviction");
+tollgate_testkit::on_every_server! {
+    #[test]
+    fn durability_fails_on_a_server_without_aof(server: Server) {
+        let Some(server) = RedisServer::builder()
+            .server(server)
+            .appendonly(false)
+            .start()
+        else {
+            return;
+        };
+        let o = run(&["--redis-url", &server.url(), "durability"], &[]);
+        let out = expect(&o, 3);
+        assert!(out.contains("appendonly is not yes"), "{out}");
+        assert!(out.contains("durable: NO"), "{out}");
+        let o = run(&["--redis-url", &server.url(), "durability", "--json"], &[]);
+        expect(&o, 3);
+        let v = json(&o);
+        assert_eq!(v["durable"], false);
+        assert_eq!(v["ok"], false);
+        assert_eq!(v["servers"][0]["appendonly"], "no");
+        assert_eq!(v["servers"][0]["maxmemory_policy"], "noeviction");
+    }
 }
 
-#[test]
-fn durability_fails_on_an_evicting_server() {
-    let Some(server) = RedisServer::builder()
-        .appendonly(true)
-        .maxmemory_policy("volatile-lru")
-        .start()
-    else {
-        return;
-    };
-    let o = run(&["--redis-url", &server.url(), "durability"], &[]);
-    let out = expect(&o, 3);
-    assert!(
-        out.contains("maxmemory-policy is volatile-lru, not noeviction"),
-        "{out}"
-    );
-    assert!(!out.contains("appendonly is not yes"), "{out}");
+tollgate_testkit::on_every_server! {
+    #[test]
+    fn durability_fails_on_an_evicting_server(server: Server) {
+        let Some(server) = RedisServer::builder()
+            .server(server)
+            .appendonly(true)
+            .maxmemory_policy("volatile-lru")
+            .start()
+        else {
+            return;
+        };
+        let o = run(&["--redis-url", &server.url(), "durability"], &[]);
+        let out = expect(&o, 3);
+        assert!(
+            out.contains("maxmemory-policy is volatile-lru, not noeviction"),
+            "{out}"
+        );
+        assert!(!out.contains("appendonly is not yes"), "{out}");
+    }
 }
 
-#[test]
-fn unreadable_settings_fail_only_under_strict() {
-    let Some(server) = RedisServer::builder()
-        .appendonly(true)
-        .raw_args(["--rename-command", "CONFIG", ""])
-        .start()
-    else {
-        return;
-    };
-    let o = run(&["--redis-url", &server.url(), "durability"], &[]);
-    let out = expect(&o, 0);
-    assert!(out.contains("durable: unknown"), "{out}");
-    let o = run(&["--redis-url", &server.url(), "--json", "durability"], &[]);
-    expect(&o, 0);
-    let v = json(&o);
-    assert!(v["durable"].is_null() && v["ok"] == true, "{v}");
-    assert!(v["servers"][0]["appendonly"].is_null(), "{v}");
-    let o = run(
-        &["--redis-url", &server.url(), "durability", "--strict"],
-        &[],
-    );
-    let out = expect(&o, 3);
-    assert!(out.contains("refused under --strict"), "{out}");
+tollgate_testkit::on_every_server! {
+    #[test]
+    fn unreadable_settings_fail_only_under_strict(server: Server) {
+        let Some(server) = RedisServer::builder()
+            .server(server)
+            .appendonly(true)
+            .raw_args(["--rename-command", "CONFIG", ""])
+            .start()
+        else {
+            return;
+        };
+        let o = run(&["--redis-url", &server.url(), "durability"], &[]);
+        let out = expect(&o, 0);
+        assert!(out.contains("durable: unknown"), "{out}");
+        let o = run(&["--redis-url", &server.url(), "--json", "durability"], &[]);
+        expect(&o, 0);
+        let v = json(&o);
+        assert!(v["durable"].is_null() && v["ok"] == true, "{v}");
+        assert!(v["servers"][0]["appendonly"].is_null(), "{v}");
+        let o = run(
+            &["--redis-url", &server.url(), "durability", "--strict"],
+            &[],
+        );
+        let out = expect(&o, 3);
+        assert!(out.contains("refused under --strict"), "{out}");
+    }
 }
 
 // ---------------------------------------------------------------- cluster
 
-#[cfg(feature = "cluster")]
-#[test]
-fn commands_work_on_a_cluster() {
-    use tollgate_testkit::redis_server::RedisCluster;
-    let Some(cluster) = RedisCluster::shared() else {
-        return;
-    };
-    let urls = cluster.urls();
-    let joined = urls.join(",");
-    let c = config("t-cluster");
-    let service = || {
-        let config = Config::builder().toml_str(&c.toml).load().unwrap();
-        let backend = block_on(
-            RedisBackend::cluster_builder(urls.clone())
-                .prefix(config.prefix())
-                .durability(Durability::Skip)
-                .build(),
-        )
-        .expect("connect the service's cluster backend");
-        let mut lc = config.limiter("api").unwrap().clone();
-        lc.timeout = Duration::from_secs(2);
-        lc.build(backend)
-    };
-    let run_cli = |args: &[&str]| {
-        let mut full = vec!["-c", c.arg(), "--cluster"];
-        full.extend(args);
-        run(&full, &[("REDIS_URL", &joined)])
-    };
-    // Keys in several slots.
-    let keys: Vec<String> = (0..8).map(|i| format!("account-{i}")).collect();
-    let api = service();
-    for k in &keys {
-        decide(&api, &Key::new(k), 3);
-    }
-    for k in &keys {
-        let out = expect(&run_cli(&["inspect", "api", "--key", k]), 0);
-        assert_eq!(field(&out, "remaining"), "7", "{k}: {out}");
-    }
-    expect(&run_cli(&["reset", "api", "--key", "account-3"]), 0);
-    assert_eq!(peek(&api, &Key::new("account-3")).remaining(), 10);
-    assert_eq!(peek(&api, &Key::new("account-4")).remaining(), 7);
+tollgate_testkit::on_every_server! {
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn commands_work_on_a_cluster(server: Server) {
+        use tollgate_testkit::redis_server::RedisCluster;
+        let Some(cluster) = RedisCluster::shared_on(server) else {
+            return;
+        };
+        let urls = cluster.urls();
+        let joined = urls.join(",");
+        let c = config("t-cluster");
+        let service = || {
+            let config = Config::builder().toml_str(&c.toml).load().unwrap();
+            let backend = block_on(
+                RedisBackend::cluster_builder(urls.clone())
+                    .prefix(config.prefix())
+                    .durability(Durability::Skip)
+                    .build(),
+            )
+            .expect("connect the service's cluster backend");
+            let mut lc = config.limiter("api").unwrap().clone();
+            lc.timeout = Duration::from_secs(2);
+            lc.build(backend)
+        };
+        let run_cli = |args: &[&str]| {
+            let mut full = vec!["-c", c.arg(), "--cluster"];
+            full.extend(args);
+            run(&full, &[("REDIS_URL", &joined)])
+        };
+        // Keys in several slots.
+        let keys: Vec<String> = (0..8).map(|i| format!("account-{i}")).collect();
+        let api = service();
+        for k in &keys {
+            decide(&api, &Key::new(k), 3);
+        }
+        for k in &keys {
+            let out = expect(&run_cli(&["inspect", "api", "--key", k]), 0);
+            assert_eq!(field(&out, "remaining"), "7", "{k}: {out}");
+        }
+        expect(&run_cli(&["reset", "api", "--key", "account-3"]), 0);
+        assert_eq!(peek(&api, &Key::new("account-3")).remaining(), 10);
+        assert_eq!(peek(&api, &Key::new("account-4")).remaining(), 7);
 
-    // Overrides: per key at once; limiter-wide for a worker that has not
-    // cached the old one (others within override_cache_ttl).
-    expect(
-        &run_cli(&[
-            "override",
-            "set",
-            "api",
-            "--key",
-            "account-5",
-            "--capacity",
-            "40",
-        ]),
-        0,
-    );
-    assert_eq!(peek(&api, &Key::new("account-5")).limit(), 40);
-    expect(&run_cli(&["override", "set", "api", "--capacity", "20"]), 0);
-    assert_eq!(peek(&service(), &Key::new("account-6")).limit(), 20);
-    let out = expect(
-        &run_cli(&["override", "show", "api", "--key", "account-5"]),
-        0,
-    );
-    assert!(
-        field(&out, "in force").ends_with("(from the key's override)"),
-        "{out}"
-    );
-    expect(
-        &run_cli(&["override", "clear", "api", "--key", "account-5"]),
-        0,
-    );
-    expect(&run_cli(&["override", "clear", "api"]), 0);
-    assert_eq!(peek(&service(), &Key::new("account-5")).limit(), 10);
-
-    // Every master is checked; the testkit's nodes run without AOF.
-    let out = expect(&run_cli(&["durability"]), 3);
-    for n in cluster.nodes() {
+        // Overrides: per key at once; limiter-wide for a worker that has not
+        // cached the old one (others within override_cache_ttl).
+        expect(
+            &run_cli(&[
+                "override",
+                "set",
+                "api",
+                "--key",
+                "account-5",
+                "--capacity",
+                "40",
+            ]),
+            0,
+        );
+        assert_eq!(peek(&api, &Key::new("account-5")).limit(), 40);
+        expect(&run_cli(&["override", "set", "api", "--capacity", "20"]), 0);
+        assert_eq!(peek(&service(), &Key::new("account-6")).limit(), 20);
+        let out = expect(
+            &run_cli(&["override", "show", "api", "--key", "account-5"]),
+            0,
+        );
         assert!(
-            out.contains(&format!("server            127.0.0.1:{}", n.port())),
+            field(&out, "in force").ends_with("(from the key's override)"),
             "{out}"
         );
+        expect(
+            &run_cli(&["override", "clear", "api", "--key", "account-5"]),
+            0,
+        );
+        expect(&run_cli(&["override", "clear", "api"]), 0);
+        assert_eq!(peek(&service(), &Key::new("account-5")).limit(), 10);
+
+        // Every master is checked; the testkit's nodes run without AOF.
+        let out = expect(&run_cli(&["durability"]), 3);
+        for n in cluster.nodes() {
+            assert!(
+                out.contains(&format!("server            127.0.0.1:{}", n.port())),
+                "{out}"
+            );
+        }
+        assert_eq!(out.matches("appendonly is not yes").count(), 3, "{out}");
     }
-    assert_eq!(out.matches("appendonly is not yes").count(), 3, "{out}");
 }

@@ -28,6 +28,16 @@
 //! fail_mode = "open"
 //! ```
 //!
+//! A `[redis]` section says where the Redis backend connects and how
+//! ([`RedisConfig`]; `tollgate_redis::RedisBackend::from_config` applies
+//! it), layered and validated like the rest:
+//!
+//! ```toml
+//! [redis]
+//! url = "redis://127.0.0.1:6379"
+//! response_timeout = "500ms"
+//! ```
+//!
 //! Everything is validated when loaded: an unknown field, an unknown
 //! strategy, a zero capacity or window, a field that does not belong to the
 //! strategy, a default cost or a `min_cost` (the least any call is charged,
@@ -48,6 +58,10 @@ use crate::breaker::BreakerConfig;
 use crate::limiter::{DEFAULT_TIMEOUT, FailMode, Limiter};
 use crate::policy::{Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy, TokenBucket};
 
+mod redis;
+
+pub use redis::{DURABILITY_MODES, RedisConfig};
+
 /// The environment prefix.
 pub const ENV_PREFIX: &str = "TOLLGATE_";
 
@@ -62,7 +76,7 @@ pub enum ConfigError {
     /// A value is present but not acceptable.
     #[error("invalid tollgate configuration: {path}.{field}: {reason}")]
     Invalid {
-        /// `limiters.<name>` or `defaults`.
+        /// `limiters.<name>`, `adaptive.<name>`, `defaults` or `redis`.
         path: String,
         /// The field, as spelled in configuration.
         field: &'static str,
@@ -139,6 +153,9 @@ struct RawConfig {
     /// Adaptive (AIMD) limiters, checked by [`AimdConfig`].
     #[serde(default)]
     adaptive: BTreeMap<String, figment::value::Value>,
+    /// How to reach Redis, checked by [`RedisConfig`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    redis: Option<redis::RawRedis>,
 }
 
 /// Gathers configuration layers; [`load`](Self::load) merges and validates
@@ -178,6 +195,16 @@ impl ConfigBuilder {
     pub fn env(mut self) -> Self {
         let env = Env::prefixed(ENV_PREFIX).ignore(&["key_secret"]);
         self.figment = self.figment.merge(env.split("__"));
+        self
+    }
+
+    /// Adds a layer that sets `redis.url`: a URL given outside the
+    /// configuration files (a `REDIS_URL` variable, a command-line flag),
+    /// winning over the layers added before it.
+    pub fn redis_url(mut self, url: impl Into<String>) -> Self {
+        self.figment = self
+            .figment
+            .merge(Serialized::default("redis.url", url.into()));
         self
     }
 
@@ -249,6 +276,7 @@ pub struct Config {
     prefix: String,
     limiters: BTreeMap<String, LimiterConfig>,
     adaptive: BTreeMap<String, AimdConfig>,
+    redis: Option<RedisConfig>,
 }
 
 impl Config {
@@ -276,6 +304,11 @@ impl Config {
         self.adaptive
             .get(name)
             .ok_or_else(|| ConfigError::MissingAdaptive(name.to_owned()))
+    }
+
+    /// The `[redis]` section, if the configuration has one.
+    pub fn redis(&self) -> Option<&RedisConfig> {
+        self.redis.as_ref()
     }
 
     /// Every configured limiter, by name.
@@ -331,10 +364,12 @@ impl Config {
             .into_iter()
             .map(|(name, value)| AimdConfig::from_value(&name, value).map(|c| (name, c)))
             .collect::<Result<_, _>>()?;
+        let redis = raw.redis.map(redis::RawRedis::validate).transpose()?;
         Ok(Self {
             prefix,
             limiters,
             adaptive,
+            redis,
         })
     }
 }

@@ -57,7 +57,7 @@ pub mod time;
 pub use aimd::{AimdConfig, AimdLimiter};
 pub use backend::{Backend, Request, Scope};
 pub use breaker::BreakerConfig;
-pub use config::{Config, ConfigBuilder, ConfigError, LimiterConfig, parse_rate};
+pub use config::{Config, ConfigBuilder, ConfigError, LimiterConfig, RedisConfig, parse_rate};
 pub use decision::Decision;
 pub use error::{BoxError, Error};
 pub use key::{Key, KeyHasher};

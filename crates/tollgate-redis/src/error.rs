@@ -37,6 +37,10 @@ pub enum RedisError {
     /// `cluster` feature).
     #[error("unsupported configuration: {0}")]
     Unsupported(&'static str),
+    /// The configuration's `[redis]` section cannot be used; the message
+    /// names the field (`redis.url: missing`).
+    #[error(transparent)]
+    Config(tollgate_limiter::ConfigError),
     /// Strict durability was asked for and the server is not shown to be
     /// durable.
     #[error("redis is not durable: {0}")]

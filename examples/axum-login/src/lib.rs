@@ -33,9 +33,17 @@ pub const EMAIL: &str = "alice@example.com";
 /// Its password.
 pub const PASSWORD: &str = "correct horse battery staple";
 
-/// The limits: the built-in ones, overridden by `TOLLGATE_*` variables.
+/// The configuration: the built-in limits, overridden by `TOLLGATE_*`
+/// variables; where Redis is comes from the `[redis]` section
+/// (`TOLLGATE_REDIS__URL`, `TOLLGATE_REDIS__RESPONSE_TIMEOUT`, ...), with
+/// `REDIS_URL`, when set, as its URL.
 pub fn limits() -> Result<Config, ConfigError> {
-    Config::builder().toml_str(LIMITS).env().load()
+    let config = Config::builder().toml_str(LIMITS).env();
+    match std::env::var("REDIS_URL") {
+        Ok(url) => config.redis_url(url),
+        Err(_) => config,
+    }
+    .load()
 }
 
 /// A toy user store. A real one keeps a slow, salted hash (argon2, scrypt);

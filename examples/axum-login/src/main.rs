@@ -5,7 +5,9 @@
 //!
 //! `cargo run -p axum-login -- --serve [ADDR]` keeps serving (default
 //! `127.0.0.1:3000`). `REDIS_URL=redis://127.0.0.1:6379` counts in Redis
-//! instead of memory.
+//! instead of memory, and so does a `[redis]` section of the configuration
+//! (`TOLLGATE_REDIS__URL=rediss://…`, `TOLLGATE_REDIS__CONNECT_TIMEOUT=1s`):
+//! moving between environments takes no code.
 
 use std::error::Error;
 
@@ -37,16 +39,12 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
     };
     // The demo stands in for a proxy on loopback (nginx, see docs/nginx.md).
     let proxies = vec!["127.0.0.1/32".parse()?, "::1/128".parse()?];
-    let router: Router = match std::env::var("REDIS_URL") {
-        Ok(url) => {
-            let backend = RedisBackend::builder(url)
-                .prefix(config.prefix())
-                .build()
-                .await?;
-            eprintln!("counting in Redis");
-            axum_login::app(&config, backend, proxies, hasher)?
-        }
-        Err(_) => axum_login::app(&config, MemoryBackend::new(), proxies, hasher)?,
+    let router: Router = if config.redis().is_some() {
+        let backend = RedisBackend::from_config(&config).await?;
+        eprintln!("counting in Redis");
+        axum_login::app(&config, backend, proxies, hasher)?
+    } else {
+        axum_login::app(&config, MemoryBackend::new(), proxies, hasher)?
     };
 
     if serve {

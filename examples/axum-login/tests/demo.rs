@@ -20,3 +20,37 @@ fn check(stdout: &str) {
         .collect();
     assert!(user.last().unwrap().ends_with("200 OK"), "{stdout}");
 }
+
+/// The demo connects where configuration alone says: `TOLLGATE_REDIS__URL`
+/// (the `[redis]` section), no `REDIS_URL`; a bad `[redis]` value stops
+/// the start-up with an error naming the field.
+#[test]
+fn the_demo_takes_redis_from_configuration() {
+    use std::process::Command;
+    let Some(server) = tollgate_testkit::redis_server::RedisServer::start() else {
+        return;
+    };
+    let bin = env!("CARGO_BIN_EXE_axum-login");
+    let out = Command::new(bin)
+        .env_remove("REDIS_URL")
+        .env("TOLLGATE_REDIS__URL", server.url())
+        .env("TOLLGATE_REDIS__RESPONSE_TIMEOUT", "2s")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("counting in Redis"), "{stderr}");
+    check(&String::from_utf8_lossy(&out.stdout));
+    let out = Command::new(bin)
+        .env_remove("REDIS_URL")
+        .env("TOLLGATE_REDIS__URL", server.url())
+        .env("TOLLGATE_REDIS__CONNECT_TIMEOUT", "0s")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("redis") && stderr.contains("connect_timeout"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,436 @@
+//! The `[redis]` section: where the Redis backend connects and how.
+//!
+//! The core does not depend on Redis: it reads and validates the section
+//! into a plain [`RedisConfig`], and the Redis backend applies it
+//! (`tollgate_redis::RedisBackend::from_config`). URLs are passed through
+//! as written, so any form the backend's builder accepts works here.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ConfigError, opt_duration};
+
+/// The values `redis.durability` accepts.
+pub const DURABILITY_MODES: [&str; 3] = ["report", "strict", "skip"];
+
+/// `redis.cluster` as written: `true`/`false`, a list of node URLs, or
+/// one string of comma-separated node URLs (handy in an environment
+/// variable).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub(super) enum RawCluster {
+    Enabled(bool),
+    Nodes(Vec<String>),
+    Text(String),
+}
+
+/// `[redis]` as written: every field optional, so layers can each set a
+/// few.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRedis {
+    url: Option<String>,
+    cluster: Option<RawCluster>,
+    pool_size: Option<u32>,
+    exclusive_checkout: Option<bool>,
+    test_on_check_out: Option<bool>,
+    pool_timeout: Option<String>,
+    connect_timeout: Option<String>,
+    response_timeout: Option<String>,
+    override_cache_ttl: Option<String>,
+    durability: Option<String>,
+    tls_ca_file: Option<PathBuf>,
+}
+
+/// The validated `[redis]` section. A field left out (`None`) keeps the
+/// backend's default.
+///
+/// ```toml
+/// [redis]
+/// url = "rediss://limiter:secret@redis.internal:6380/0"
+/// cluster = false            # true: `url` is one node of a cluster;
+///                            # or a list of node URLs
+/// connect_timeout = "500ms"
+/// response_timeout = "500ms"
+/// pool_size = 1
+/// durability = "strict"      # report (default), strict or skip
+/// tls_ca_file = "/etc/ssl/redis-ca.pem"
+/// ```
+///
+/// Its `Debug` output hides any password in the URLs.
+#[derive(Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct RedisConfig {
+    /// The server's URL, or a cluster's node URLs; empty when the
+    /// configuration names none (a caller may then supply one, e.g. the
+    /// CLI's `--redis-url`).
+    pub urls: Vec<String>,
+    /// Whether [`urls`](Self::urls) are nodes of a Redis Cluster.
+    pub cluster: bool,
+    /// The number of multiplexed connections.
+    pub pool_size: Option<u32>,
+    /// Whether a call holds a connection for its whole round trip.
+    pub exclusive_checkout: Option<bool>,
+    /// Whether every checkout sends a `PING`.
+    pub test_on_check_out: Option<bool>,
+    /// With exclusive checkout: how long a call waits for a connection.
+    pub pool_timeout: Option<Duration>,
+    /// How long one connection attempt may take.
+    pub connect_timeout: Option<Duration>,
+    /// How long a connection may leave a request unanswered before it is
+    /// replaced.
+    pub response_timeout: Option<Duration>,
+    /// Cluster mode: how long a limiter-wide override is cached.
+    pub override_cache_ttl: Option<Duration>,
+    /// The durability check at start-up: one of [`DURABILITY_MODES`].
+    pub durability: Option<String>,
+    /// A PEM file of the only CA trusted for `rediss://` servers.
+    pub tls_ca_file: Option<PathBuf>,
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hosts: Vec<&str> = self
+            .urls
+            .iter()
+            .map(|u| u.rsplit('@').next().unwrap_or(u))
+            .collect();
+        f.debug_struct("RedisConfig")
+            .field("hosts", &hosts)
+            .field("cluster", &self.cluster)
+            .field("pool_size", &self.pool_size)
+            .field("exclusive_checkout", &self.exclusive_checkout)
+            .field("test_on_check_out", &self.test_on_check_out)
+            .field("pool_timeout", &self.pool_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("override_cache_ttl", &self.override_cache_ttl)
+            .field("durability", &self.durability)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .finish()
+    }
+}
+
+/// An error about `redis.<field>`.
+pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        path: "redis".into(),
+        field,
+        reason: reason.into(),
+    }
+}
+
+impl RawRedis {
+    pub(super) fn validate(self) -> Result<RedisConfig, ConfigError> {
+        let url = match self.url {
+            Some(u) if u.trim().is_empty() => return Err(invalid("url", "is empty")),
+            u => u.map(|u| u.trim().to_owned()),
+        };
+        let (urls, cluster) = match (self.cluster, url) {
+            (None | Some(RawCluster::Enabled(false)), url) => (url.into_iter().collect(), false),
+            (Some(RawCluster::Enabled(true)), url) => (url.into_iter().collect(), true),
+            (Some(RawCluster::Nodes(_) | RawCluster::Text(_)), Some(_)) => {
+                return Err(invalid(
+                    "cluster",
+                    "a node list and redis.url both given: list every node here, or give one \
+                     node in redis.url with cluster = true",
+                ));
+            }
+            (Some(RawCluster::Nodes(nodes)), None) => (nodes, true),
+            (Some(RawCluster::Text(text)), None) => {
+                (text.split(',').map(str::to_owned).collect(), true)
+            }
+        };
+        let urls: Vec<String> = urls.iter().map(|u| u.trim().to_owned()).collect();
+        if cluster && urls.iter().any(String::is_empty) {
+            return Err(invalid("cluster", "a node URL is empty"));
+        }
+        if matches!(self.pool_size, Some(0)) {
+            return Err(invalid("pool_size", "must be at least 1"));
+        }
+        let positive = |field: &'static str, v: Option<String>| {
+            let d = opt_duration(v.as_deref()).map_err(|e| invalid(field, e))?;
+            if d.is_some_and(|d| d.is_zero()) {
+                return Err(invalid(field, "must be above zero"));
+            }
+            Ok(d)
+        };
+        let durability = match self.durability {
+            None => None,
+            Some(d) => {
+                let d = d.trim().to_ascii_lowercase();
+                if !DURABILITY_MODES.contains(&d.as_str()) {
+                    return Err(invalid(
+                        "durability",
+                        format!("unknown mode {d:?}; expected report, strict or skip"),
+                    ));
+                }
+                Some(d)
+            }
+        };
+        if self
+            .tls_ca_file
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            return Err(invalid("tls_ca_file", "is empty"));
+        }
+        Ok(RedisConfig {
+            urls,
+            cluster,
+            pool_size: self.pool_size,
+            exclusive_checkout: self.exclusive_checkout,
+            test_on_check_out: self.test_on_check_out,
+            pool_timeout: positive("pool_timeout", self.pool_timeout)?,
+            connect_timeout: positive("connect_timeout", self.connect_timeout)?,
+            response_timeout: positive("response_timeout", self.response_timeout)?,
+            // Zero is meaningful: read the override on every decision.
+            override_cache_ttl: opt_duration(self.override_cache_ttl.as_deref())
+                .map_err(|e| invalid("override_cache_ttl", e))?,
+            durability,
+            tls_ca_file: self.tls_ca_file,
+        })
+    }
+}
+
+#[cfg(test)]
+// figment's Jail closures return its large error type; that is its API.
+#[allow(clippy::result_large_err)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::Config;
+
+    fn load(toml: &str) -> Result<Config, ConfigError> {
+        Config::builder().toml_str(toml).load()
+    }
+
+    fn section(toml: &str) -> RedisConfig {
+        load(toml)
+            .unwrap()
+            .redis()
+            .cloned()
+            .expect("a [redis] section")
+    }
+
+    fn err(toml: &str) -> String {
+        load(toml).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn absent_section_is_none() {
+        assert!(load("").unwrap().redis().is_none());
+    }
+
+    #[test]
+    fn every_field_loads() {
+        let r = section(
+            r#"
+            [redis]
+            url = "rediss://u:p@h:6380/2"
+            pool_size = 3
+            exclusive_checkout = true
+            test_on_check_out = true
+            pool_timeout = "2s"
+            connect_timeout = "250ms"
+            response_timeout = "1s"
+            override_cache_ttl = "0s"
+            durability = "Strict"
+            tls_ca_file = "/etc/ca.pem"
+            "#,
+        );
+        assert_eq!(r.urls, ["rediss://u:p@h:6380/2"]);
+        assert!(!r.cluster);
+        assert_eq!(r.pool_size, Some(3));
+        assert_eq!(r.exclusive_checkout, Some(true));
+        assert_eq!(r.test_on_check_out, Some(true));
+        assert_eq!(r.pool_timeout, Some(Duration::from_secs(2)));
+        assert_eq!(r.connect_timeout, Some(Duration::from_millis(250)));
+        assert_eq!(r.response_timeout, Some(Duration::from_secs(1)));
+        assert_eq!(r.override_cache_ttl, Some(Duration::ZERO));
+        assert_eq!(r.durability.as_deref(), Some("strict"));
+        assert_eq!(r.tls_ca_file, Some(PathBuf::from("/etc/ca.pem")));
+        let shown = format!("{r:?}");
+        assert!(
+            !shown.contains(":p@") && shown.contains("h:6380"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn cluster_forms() {
+        let r = section("[redis]\nurl = 'redis://a:1'\ncluster = true");
+        assert_eq!((r.urls, r.cluster), (vec!["redis://a:1".to_owned()], true));
+        let r = section("[redis]\ncluster = ['redis://a:1', 'redis://b:2']");
+        assert_eq!(r.urls, ["redis://a:1", "redis://b:2"]);
+        assert!(r.cluster);
+        let r = section("[redis]\ncluster = 'redis://a:1, redis://b:2'");
+        assert_eq!(r.urls, ["redis://a:1", "redis://b:2"]);
+        let r = section("[redis]\nurl = 'redis://a:1'\ncluster = false");
+        assert!(!r.cluster);
+        // Sentinel and other forms are the backend's business: passed through.
+        let r = section("[redis]\nurl = 'redis+sentinel://s1:26379/mymaster'");
+        assert_eq!(r.urls, ["redis+sentinel://s1:26379/mymaster"]);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        for (toml, field) in [
+            ("url = ''", "redis.url"),
+            (
+                "url = 'redis://a'\ncluster = ['redis://b']",
+                "redis.cluster",
+            ),
+            ("cluster = ['redis://b', ' ']", "redis.cluster"),
+            ("cluster = 3", "redis.cluster"),
+            ("pool_size = 0", "redis.pool_size"),
+            ("pool_size = -1", "redis.pool_size"),
+            ("connect_timeout = '0s'", "redis.connect_timeout"),
+            ("response_timeout = 'soon'", "redis.response_timeout"),
+            ("response_timeout = 5", "redis.response_timeout"),
+            ("pool_timeout = '0ms'", "redis.pool_timeout"),
+            ("override_cache_ttl = 'x'", "redis.override_cache_ttl"),
+            ("durability = 'maybe'", "redis.durability"),
+            ("tls_ca_file = ''", "redis.tls_ca_file"),
+            ("ulr = 'redis://a'", "redis.ulr"),
+        ] {
+            let e = err(&format!("[redis]\n{toml}"));
+            assert!(e.contains(field), "{toml}: {e}");
+        }
+    }
+
+    #[test]
+    fn env_overrides_the_file() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "deploy.toml",
+                "[redis]\nurl = 'redis://file:6379'\nresponse_timeout = '1s'\npool_size = 2",
+            )?;
+            jail.set_env("TOLLGATE_REDIS__URL", "redis://u:p@env:6380/1");
+            jail.set_env("TOLLGATE_REDIS__RESPONSE_TIMEOUT", "250ms");
+            jail.set_env("TOLLGATE_REDIS__DURABILITY", "skip");
+            let c = Config::builder()
+                .file("deploy.toml")
+                .env()
+                .load()
+                .map_err(|e| e.to_string())?;
+            let r = c.redis().unwrap();
+            assert_eq!(r.urls, ["redis://u:p@env:6380/1"]);
+            assert_eq!(r.response_timeout, Some(Duration::from_millis(250)));
+            assert_eq!(r.pool_size, Some(2));
+            assert_eq!(r.durability.as_deref(), Some("skip"));
+            Ok(())
+        });
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("TOLLGATE_REDIS__CLUSTER", "redis://a:1,redis://b:2");
+            let c = Config::builder().env().load().map_err(|e| e.to_string())?;
+            let r = c.redis().unwrap();
+            assert_eq!((r.urls.len(), r.cluster), (2, true));
+            Ok(())
+        });
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("TOLLGATE_REDIS__URL", "redis://a:1");
+            jail.set_env("TOLLGATE_REDIS__CLUSTER", "true");
+            jail.set_env("TOLLGATE_REDIS__POOL_SIZE", "4");
+            let c = Config::builder().env().load().map_err(|e| e.to_string())?;
+            let r = c.redis().unwrap();
+            assert!(r.cluster);
+            assert_eq!(r.pool_size, Some(4));
+            Ok(())
+        });
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("TOLLGATE_REDIS__CONNECT_TIMEOUT", "0s");
+            let e = Config::builder().env().load().unwrap_err().to_string();
+            assert!(e.contains("redis.connect_timeout"), "{e}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_url_layer_wins_over_earlier_layers_only() {
+        let base = "[redis]\nurl = 'redis://file:1'\npool_size = 2";
+        let c = Config::builder()
+            .toml_str(base)
+            .redis_url("redis://flag:2")
+            .load()
+            .unwrap();
+        let r = c.redis().unwrap();
+        assert_eq!(
+            (r.urls.as_slice(), r.pool_size),
+            (&["redis://flag:2".to_owned()][..], Some(2))
+        );
+        let c = Config::builder()
+            .redis_url("redis://flag:2")
+            .toml_str(base)
+            .load()
+            .unwrap();
+        assert_eq!(c.redis().unwrap().urls, ["redis://file:1"]);
+        let c = Config::builder()
+            .redis_url("redis://only:3")
+            .load()
+            .unwrap();
+        assert_eq!(c.redis().unwrap().urls, ["redis://only:3"]);
+    }
+
+    /// A TOML value of any shape: strings that look like durations, URLs,
+    /// modes or nothing, numbers, booleans and lists.
+    fn value() -> impl Strategy<Value = String> {
+        let word = prop_oneof![
+            Just(String::new()),
+            Just("0s".to_owned()),
+            Just("500ms".to_owned()),
+            Just("redis://127.0.0.1:6379".to_owned()),
+            Just("strict".to_owned()),
+            "[a-z0-9:/.@, +-]{0,24}",
+        ];
+        prop_oneof![
+            word.clone().prop_map(|w| format!("\"{w}\"")),
+            any::<i64>().prop_map(|n| n.to_string()),
+            any::<bool>().prop_map(|b| b.to_string()),
+            prop::collection::vec(word, 0..3).prop_map(|ws| {
+                let items: Vec<String> = ws.iter().map(|w| format!("\"{w}\"")).collect();
+                format!("[{}]", items.join(", "))
+            }),
+        ]
+    }
+
+    const FIELDS: [&str; 12] = [
+        "url",
+        "cluster",
+        "pool_size",
+        "exclusive_checkout",
+        "test_on_check_out",
+        "pool_timeout",
+        "connect_timeout",
+        "response_timeout",
+        "override_cache_ttl",
+        "durability",
+        "tls_ca_file",
+        "unknown_knob",
+    ];
+
+    proptest! {
+        /// Any values in `[redis]`: never a panic; either a configuration
+        /// or an error that names a `redis.` field.
+        #[test]
+        fn any_section_loads_or_names_a_redis_field(
+            fields in prop::collection::btree_map(0..FIELDS.len(), value(), 0..6)
+        ) {
+            let mut toml = String::from("[redis]\n");
+            for (i, v) in &fields {
+                toml.push_str(&format!("{} = {v}\n", FIELDS[*i]));
+            }
+            match load(&toml) {
+                Ok(c) => prop_assert!(c.redis().is_some()),
+                Err(e) => {
+                    let e = e.to_string();
+                    prop_assert!(e.contains("redis."), "{toml}: {e}");
+                }
+            }
+        }
+    }
+}

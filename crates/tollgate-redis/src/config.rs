@@ -1,0 +1,216 @@
+//! Building a backend from the configuration's `[redis]` section.
+
+use std::error::Error as _;
+
+use tollgate_limiter::{Config, ConfigError};
+
+use crate::{Durability, RedisBackend, RedisBackendBuilder, RedisError};
+
+/// An error about `redis.<field>`.
+fn invalid(field: &'static str, reason: impl Into<String>) -> RedisError {
+    RedisError::Config(ConfigError::Invalid {
+        path: "redis".into(),
+        field,
+        reason: reason.into(),
+    })
+}
+
+/// An error and its causes, on one line.
+fn chain(e: &RedisError) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+impl RedisBackend {
+    /// A builder set up from configuration: the `[redis]` section
+    /// ([`RedisConfig`](tollgate_limiter::RedisConfig)) and
+    /// `defaults.prefix`. Settings the section leaves out keep the
+    /// builder's defaults; the builder can still be adjusted before
+    /// [`build`](RedisBackendBuilder::build).
+    ///
+    /// Checks what can be checked without the network, so a bad setting
+    /// stops the start-up with [`RedisError::Config`] naming the field
+    /// (`redis.url: missing`, an unparsable URL, an unreadable
+    /// `tls_ca_file`, a cluster or `rediss://` URL this build has no feature
+    /// for). URLs are passed to the builder as written.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use tollgate_limiter::Config;
+    /// use tollgate_redis::RedisBackend;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let config = Config::builder()
+    ///     .toml_str("[redis]\nurl = \"redis://127.0.0.1:6379\"\nresponse_timeout = \"250ms\"")
+    ///     .env() // TOLLGATE_REDIS__URL=rediss://… in production
+    ///     .load()?;
+    /// let backend = RedisBackend::from_config(&config).await?;
+    /// # let _ = backend;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn builder_from_config(config: &Config) -> Result<RedisBackendBuilder, RedisError> {
+        let r = config.redis().cloned().unwrap_or_default();
+        let url_field = if r.cluster && r.urls.len() > 1 {
+            "cluster"
+        } else {
+            "url"
+        };
+        let mut b = match (r.cluster, r.urls.as_slice()) {
+            (_, []) => {
+                return Err(invalid(
+                    "url",
+                    "missing: set redis.url (TOLLGATE_REDIS__URL), or list a cluster's nodes in \
+                     redis.cluster",
+                ));
+            }
+            (false, [url]) => RedisBackend::builder(url.clone()),
+            (false, _) => return Err(invalid("url", "several URLs need cluster = true")),
+            (true, urls) => cluster_builder(urls)?,
+        };
+        b = b.prefix(config.prefix());
+        if let Some(v) = r.pool_size {
+            b = b.pool_size(v);
+        }
+        if let Some(v) = r.exclusive_checkout {
+            b = b.exclusive_checkout(v);
+        }
+        if let Some(v) = r.test_on_check_out {
+            b = b.test_on_check_out(v);
+        }
+        if let Some(v) = r.pool_timeout {
+            b = b.pool_timeout(v);
+        }
+        if let Some(v) = r.connect_timeout {
+            b = b.connect_timeout(v);
+        }
+        if let Some(v) = r.response_timeout {
+            b = b.response_timeout(v);
+        }
+        if let Some(v) = r.override_cache_ttl {
+            b = b.override_cache_ttl(v);
+        }
+        if let Some(mode) = &r.durability {
+            b = b.durability(match mode.as_str() {
+                "report" => Durability::Report,
+                "strict" => Durability::Strict,
+                "skip" => Durability::Skip,
+                other => return Err(invalid("durability", format!("unknown mode {other:?}"))),
+            });
+        }
+        if let Some(path) = &r.tls_ca_file {
+            b = tls_ca_file(b, path)?;
+        }
+        // Parse the URLs now (no I/O), so a typo stops the start-up here
+        // rather than at the first connection.
+        b.check()
+            .and_then(|()| b.connector().map(drop))
+            .map_err(|e| invalid(url_field, chain(&e)))?;
+        Ok(b)
+    }
+
+    /// Connects with [`builder_from_config`](Self::builder_from_config)'s
+    /// settings: what a service calls at start-up.
+    pub async fn from_config(config: &Config) -> Result<RedisBackend, RedisError> {
+        Self::builder_from_config(config)?.build().await
+    }
+}
+
+#[cfg(feature = "cluster")]
+fn cluster_builder(urls: &[String]) -> Result<RedisBackendBuilder, RedisError> {
+    Ok(RedisBackend::cluster_builder(urls.iter().cloned()))
+}
+
+#[cfg(not(feature = "cluster"))]
+fn cluster_builder(_: &[String]) -> Result<RedisBackendBuilder, RedisError> {
+    Err(invalid(
+        "cluster",
+        "Redis Cluster needs tollgate-redis's `cluster` feature",
+    ))
+}
+
+#[cfg(feature = "tls")]
+fn tls_ca_file(
+    b: RedisBackendBuilder,
+    path: &std::path::Path,
+) -> Result<RedisBackendBuilder, RedisError> {
+    let pem = std::fs::read(path)
+        .map_err(|e| invalid("tls_ca_file", format!("{}: {e}", path.display())))?;
+    Ok(b.tls_root_cert(pem))
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_ca_file(
+    _: RedisBackendBuilder,
+    _: &std::path::Path,
+) -> Result<RedisBackendBuilder, RedisError> {
+    Err(invalid(
+        "tls_ca_file",
+        "TLS needs tollgate-redis's `tls` feature",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn builder(toml: &str) -> Result<RedisBackendBuilder, String> {
+        let config = Config::builder().toml_str(toml).load().unwrap();
+        RedisBackend::builder_from_config(&config).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn settings_reach_the_builder() {
+        let b = builder(
+            "[defaults]\nprefix = 'svc'\n[redis]\nurl = 'redis://u:pw@h:1/2'\npool_size = 3\n\
+             connect_timeout = '1s'\nresponse_timeout = '2s'\ndurability = 'strict'\n\
+             exclusive_checkout = true\npool_timeout = '3s'\noverride_cache_ttl = '4s'",
+        )
+        .unwrap();
+        let shown = format!("{b:?}");
+        for want in [
+            "\"h:1/2\"",
+            "prefix: \"svc\"",
+            "pool_size: 3",
+            "exclusive_checkout: true",
+            "pool_timeout: 3s",
+            "connect_timeout: 1s",
+            "response_timeout: 2s",
+            "durability: Strict",
+            "override_cache_ttl: 4s",
+            "cluster: false",
+        ] {
+            assert!(shown.contains(want), "{want} in {shown}");
+        }
+        assert!(!shown.contains("pw"), "{shown}");
+        let b = builder("[redis]\ncluster = ['redis://a:1', 'redis://b:2']").unwrap();
+        assert!(format!("{b:?}").contains("cluster: true"));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        for (toml, field) in [
+            ("", "redis.url: missing"),
+            ("[redis]\npool_size = 2", "redis.url: missing"),
+            ("[redis]\ncluster = true", "redis.url: missing"),
+            ("[redis]\nurl = 'http://h:1'", "redis.url"),
+            ("[redis]\nurl = 'not a url'", "redis.url"),
+            ("[redis]\ncluster = 'redis://a:1,nonsense'", "redis.cluster"),
+            (
+                "[redis]\nurl = 'rediss://h:1'\ntls_ca_file = '/nonexistent/ca.pem'",
+                "redis.tls_ca_file",
+            ),
+        ] {
+            let e = builder(toml).unwrap_err();
+            assert!(e.contains(field), "{toml}: {e}");
+        }
+    }
+}
