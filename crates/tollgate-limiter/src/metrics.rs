@@ -3,13 +3,14 @@
 //!
 //! Every consumer reports the same series, whether it is a tower layer, a
 //! stream, an [`AimdLimiter`](crate::AimdLimiter) or a direct
-//! [`Limiter`](crate::Limiter) call. The label `limiter` is the limiter's
+//! [`Limiter`](crate::Limiter) call (the repository's `docs/metrics.md`
+//! has the details and a Grafana dashboard). The label `limiter` is the limiter's
 //! name; a key (an IP, an account, an API key) is never a label, so the
 //! number of series is bounded by the number of limiters.
 //!
 //! | name | type | labels | what |
 //! |---|---|---|---|
-//! | [`tollgate_decisions_total`](DECISIONS) | counter | `limiter`, `op`, `outcome` | verdicts: `op` is `check` (a charge: [`check`](crate::Limiter::check), [`check_cost`](crate::Limiter::check_cost), an adaptive [`try_acquire`](crate::AimdLimiter::try_acquire)) or `peek` ([`peek`](crate::Limiter::peek), [`peek_cost`](crate::Limiter::peek_cost)); `outcome` is `allowed`, `refused` (by the limit, or a cost the policy can never grant), `failed_open` or `failed_closed` (the backend failed and the [`FailMode`](crate::FailMode) answered) |
+//! | [`tollgate_decisions_total`](DECISIONS) | counter | `limiter`, `op`, `outcome` | verdicts: `op` is `check` (a charge: [`check`](crate::Limiter::check), [`check_cost`](crate::Limiter::check_cost), an adaptive [`try_acquire`](crate::AimdLimiter::try_acquire), each attempt of [`acquire`](crate::AimdLimiter::acquire)) or `peek` ([`peek`](crate::Limiter::peek), [`peek_cost`](crate::Limiter::peek_cost)); a limiter's [`try_acquire`](crate::Limiter::try_acquire) and [`try_peek`](crate::Limiter::try_peek) apply no fail mode and are not counted; `outcome` is `allowed`, `refused` (by the limit, or a cost the policy can never grant), `failed_open` or `failed_closed` (the backend failed and the [`FailMode`](crate::FailMode) answered) |
 //! | [`tollgate_backend_latency_seconds`](BACKEND_LATENCY) | histogram | `limiter` | the time of each backend call (a round trip to Redis), failed or not; answers given locally are not timed |
 //! | [`tollgate_backend_errors_total`](BACKEND_ERRORS) | counter | `limiter`, `reason` | backend calls that gave no answer: `reason` is `error`, `timeout`, or `breaker_open` (not attempted) |
 //! | [`tollgate_breaker_transitions_total`](BREAKER_TRANSITIONS) | counter | `limiter`, `to` | circuit-breaker state changes, by the state entered: `open`, `half_open` (a probe goes through), `closed` |
