@@ -13,7 +13,7 @@
 //! * layered [`Config`]uration;
 //! * [`Clock`]s, with a [`MockClock`] for tests;
 //! * the [reference model](model) every backend must agree with;
-//! * [`metrics`](crate::metrics) of every decision (feature `metrics`).
+//! * [`metrics`] of every decision (feature `metrics`).
 //!
 //! # Examples
 //!

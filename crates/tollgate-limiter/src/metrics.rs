@@ -160,7 +160,7 @@ mod on {
     }
 
     /// When a backend call started.
-    #[derive(Debug)]
+    #[derive(Debug, Clone, Copy)]
     pub(crate) struct Stopwatch(Instant);
 
     impl Meter {
@@ -310,7 +310,7 @@ mod off {
     #[derive(Debug)]
     pub(crate) struct Meter;
 
-    #[derive(Debug)]
+    #[derive(Debug, Clone, Copy)]
     pub(crate) struct Stopwatch;
 
     impl Meter {

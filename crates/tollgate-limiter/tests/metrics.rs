@@ -129,7 +129,10 @@ fn decisions_are_counted_by_outcome_and_backend_calls_timed() {
         // The breaker never opened (5 failures in a row open it).
         assert_eq!(gauge(&got, "tollgate_breaker_state{limiter=api}"), 0.0);
         assert_eq!(
-            counter(&got, "tollgate_breaker_transitions_total{limiter=api,to=open}"),
+            counter(
+                &got,
+                "tollgate_breaker_transitions_total{limiter=api,to=open}"
+            ),
             0
         );
     });
@@ -352,7 +355,10 @@ fn the_listed_names_are_the_emitted_ones() {
 /// in its panels and in its `limiter` variable.
 #[test]
 fn the_grafana_dashboard_queries_emitted_metrics() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/grafana/tollgate.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/grafana/tollgate.json"
+    );
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let dashboard: serde_json::Value = serde_json::from_str(&text).unwrap();
     let mut exprs = Vec::new();

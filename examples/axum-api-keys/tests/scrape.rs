@@ -34,7 +34,10 @@ fn parse(text: &str) -> BTreeMap<String, f64> {
                 }
                 None => (series, String::new()),
             };
-            (format!("{name}{{{labels}}}"), value.parse().expect("a number"))
+            (
+                format!("{name}{{{labels}}}"),
+                value.parse().expect("a number"),
+            )
         })
         .collect()
 }
@@ -103,7 +106,10 @@ fn the_scraped_counters_follow_the_requests() {
         );
         // One backend call per decision, in the histogram's buckets.
         assert_eq!(
-            value(&m, "tollgate_backend_latency_seconds_count{limiter=api_free}"),
+            value(
+                &m,
+                "tollgate_backend_latency_seconds_count{limiter=api_free}"
+            ),
             8.0
         );
         assert_eq!(
