@@ -108,14 +108,25 @@ pub fn app_with<B: Backend + Clone>(
 /// backend latency histogram, and returns the handle that renders it.
 ///
 /// Call it before building the limiters: each registers its metrics when
-/// it is built. Once per process.
+/// it is built. Once per process, within a tokio runtime: a task drains
+/// the histogram's samples every 5 s (the exporter's own listener would;
+/// without it they pile up until a scrape).
 pub fn install_metrics() -> Result<PrometheusHandle, BuildError> {
-    PrometheusBuilder::new()
+    let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(
             Matcher::Full(metrics::BACKEND_LATENCY.to_owned()),
             metrics::LATENCY_BUCKETS,
         )?
-        .install_recorder()
+        .install_recorder()?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
 }
 
 /// Adds `GET /metrics` (Prometheus text format) to `router`. Added after
