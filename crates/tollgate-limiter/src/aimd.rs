@@ -573,6 +573,7 @@ impl<B: Backend> AimdLimiter<B> {
             .map_err(|e| invalid("idle_expiry", e))?;
         let guard = Guard::new(name.clone(), config.timeout, config.breaker);
         let meter = AimdMeter::new(&name);
+        meter.rate(config.initial_rate);
         Ok(Self {
             inner: Arc::new(Inner {
                 names: Names {

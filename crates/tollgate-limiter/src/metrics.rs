@@ -17,7 +17,7 @@
 //! | [`tollgate_breaker_state`](BREAKER_STATE) | gauge | `limiter` | `0` closed, `1` half-open, `2` open |
 //! | [`tollgate_local_hits_total`](LOCAL_HITS) | counter | `limiter`, `kind` | decisions answered without a round trip: `denial` (a key known to be over its limit, [`local_denials`](crate::LimiterBuilder::local_denials), or an adaptive scope on hold), `lease` (a unit of a [lease](crate::LimiterBuilder::lease)) |
 //! | [`tollgate_aimd_rate_changes_total`](AIMD_RATE_CHANGES) | counter | `limiter`, `change` | adaptive rate changes made by this worker: `cut` (after a refusal), `step` (up, after successes) |
-//! | [`tollgate_aimd_rate`](AIMD_RATE) | gauge | `limiter` | the rate, in requests per second, this worker most recently set or read for any of the limiter's scopes |
+//! | [`tollgate_aimd_rate`](AIMD_RATE) | gauge | `limiter` | the rate, in requests per second, this worker most recently set or read for any of the limiter's scopes (the initial rate until then) |
 //!
 //! Each limiter registers its series when it is built and keeps the
 //! handles, so a decision costs a few atomic increments and never

@@ -259,6 +259,9 @@ fn an_adaptive_limiter_counts_its_grants_waits_and_rate_changes() {
             ..AimdConfig::default()
         };
         let harvester = AimdLimiter::new("crawler", config, backend.clone()).unwrap();
+        // A new limiter's rate is the initial one.
+        let built = take(&snapshotter);
+        assert_eq!(gauge(&built, "tollgate_aimd_rate{limiter=crawler}"), 10.0);
         let site = Key::new("example.org");
         let advance = |by: Duration| {
             clock.advance(by);
