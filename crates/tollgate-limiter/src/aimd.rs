@@ -116,6 +116,7 @@ use crate::error::Error;
 use crate::guard::Guard;
 use crate::key::Key;
 use crate::limiter::DEFAULT_TIMEOUT;
+use crate::metrics::{AimdMeter, Call, Change, Local as LocalHit, Outcome as Counted};
 use crate::model::Op;
 use crate::policy::{MAX_SPAN_MICROS, Policy, ProgressiveDelay, TokenBucket};
 use crate::time::micros;
@@ -464,6 +465,7 @@ struct Inner<B> {
     seen: Policy,
     backend: B,
     guard: Guard,
+    meter: AimdMeter,
     scopes: Mutex<Scopes>,
 }
 
@@ -570,6 +572,8 @@ impl<B: Backend> AimdLimiter<B> {
         let seen = ProgressiveDelay::new(SEEN_FREE, second, 1, second, config.idle_expiry)
             .map_err(|e| invalid("idle_expiry", e))?;
         let guard = Guard::new(name.clone(), config.timeout, config.breaker);
+        let meter = AimdMeter::new(&name);
+        meter.rate(config.initial_rate);
         Ok(Self {
             inner: Arc::new(Inner {
                 names: Names {
@@ -584,6 +588,7 @@ impl<B: Backend> AimdLimiter<B> {
                 hold_probe: hold_probe.into(),
                 seen: seen.into(),
                 guard,
+                meter,
                 config,
                 backend,
                 scopes: Mutex::new(Scopes {
@@ -631,11 +636,25 @@ impl<B: Backend> AimdLimiter<B> {
     /// Takes a token for `scope` if one is available now; otherwise says
     /// how long to wait (a hold, or the bucket's next token).
     pub async fn try_acquire(&self, scope: &Key) -> Result<Grant, Duration> {
+        let result = self.take(scope).await;
+        // A wait is a refusal, whoever imposed it; a token from the
+        // fallback bucket passed without the backend.
+        let outcome = match &result {
+            Ok(grant) if grant.local => Counted::FailedOpen,
+            Ok(_) => Counted::Allowed,
+            Err(_) => Counted::Refused,
+        };
+        self.inner.guard.meter().decision(Call::Check, outcome);
+        result
+    }
+
+    async fn take(&self, scope: &Key) -> Result<Grant, Duration> {
         let now = Instant::now();
         let refresh = {
             let mut scopes = self.scopes();
             let local = self.local(&mut scopes, scope, now);
             if let Some(until) = local.hold_until.filter(|&u| u > now) {
+                self.inner.guard.meter().local_hit(LocalHit::Denial);
                 return Err(until - now);
             }
             let due = local
@@ -795,6 +814,7 @@ impl<B: Backend> AimdLimiter<B> {
             Err(_) => None,
         };
         if let Some(rate) = rate {
+            self.inner.meter.rate(rate);
             self.with_local(scope, |l| l.rate = rate);
         }
     }
@@ -861,6 +881,7 @@ impl<B: Backend> AimdLimiter<B> {
             let _ = self.write_rate(scope, rate).await;
         }
         tracing::debug!(limiter = %names.rate, %scope, from = current, to = rate, shared, "aimd cut");
+        self.changed(Change::Cut, current, rate);
         self.with_local(scope, |l| l.rate = rate);
     }
 
@@ -910,7 +931,18 @@ impl<B: Backend> AimdLimiter<B> {
             return;
         }
         tracing::trace!(limiter = %names.rate, %scope, from = current, to = rate, "aimd step up");
+        self.changed(Change::Step, current, rate);
         self.with_local(scope, |l| l.rate = rate);
+    }
+
+    /// Reports a cut or step from `from` to `to`: counted only if the rate
+    /// moved (a cut at `min_rate`, a step at `max_rate` change nothing).
+    fn changed(&self, change: Change, from: f64, to: f64) {
+        if to == from {
+            self.inner.meter.rate(to);
+        } else {
+            self.inner.meter.change(change, to);
+        }
     }
 
     async fn read_rate(&self, scope: &Key) -> Result<f64, Error> {

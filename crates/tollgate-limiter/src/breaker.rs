@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::metrics::{BreakerMeter, BreakerState};
+
 /// Circuit-breaker settings.
 ///
 /// After `threshold` consecutive failures the breaker opens: decisions are
@@ -71,6 +73,8 @@ pub(crate) struct Breaker {
     /// only this flag and never takes the lock.
     healthy: AtomicBool,
     state: Mutex<(State, u64)>,
+    /// Reports each state change (under the lock, so in order).
+    meter: BreakerMeter,
 }
 
 /// Leave to call the backend, given by [`Breaker::admit`].
@@ -115,12 +119,14 @@ impl Drop for Permit<'_> {
 }
 
 impl Breaker {
-    pub(crate) fn new(config: BreakerConfig, probe_timeout: Duration) -> Self {
+    /// A closed breaker, reporting its state changes to `meter`.
+    pub(crate) fn new(config: BreakerConfig, probe_timeout: Duration, meter: BreakerMeter) -> Self {
         Self {
             config,
             probe_timeout,
             healthy: AtomicBool::new(true),
             state: Mutex::new((State::Closed { failures: 0 }, 0)),
+            meter,
         }
     }
 
@@ -158,6 +164,7 @@ impl Breaker {
             since: now,
             backoff,
         };
+        self.meter.transition(BreakerState::HalfOpen);
         Ok(permit(Some(*next_id)))
     }
 
@@ -169,7 +176,11 @@ impl Breaker {
         if self.config.threshold == 0 || self.healthy.load(Ordering::Acquire) {
             return;
         }
-        self.lock().0 = State::Closed { failures: 0 };
+        let mut guard = self.lock();
+        if !matches!(guard.0, State::Closed { .. }) {
+            self.meter.transition(BreakerState::Closed);
+        }
+        guard.0 = State::Closed { failures: 0 };
         self.healthy.store(true, Ordering::Release);
     }
 
@@ -200,6 +211,7 @@ impl Breaker {
             until: Instant::now() + backoff,
             backoff,
         };
+        self.meter.transition(BreakerState::Open);
         true
     }
 
@@ -219,6 +231,7 @@ impl Breaker {
                 until: Instant::now(),
                 backoff,
             };
+            self.meter.transition(BreakerState::Open);
         }
     }
 
@@ -242,6 +255,7 @@ mod tests {
                 max_backoff: Duration::from_secs(3),
             },
             TIMEOUT,
+            BreakerMeter::new("test"),
         )
     }
 

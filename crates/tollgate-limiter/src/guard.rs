@@ -1,6 +1,6 @@
-//! The one path every backend call takes: circuit breaker, deadline, and
-//! a throttled warning on failure. Shared by [`Limiter`](crate::Limiter)
-//! and [`AimdLimiter`](crate::AimdLimiter).
+//! The one path every backend call takes: circuit breaker, deadline, a
+//! throttled warning on failure, and the limiter's metrics. Shared by
+//! [`Limiter`](crate::Limiter) and [`AimdLimiter`](crate::AimdLimiter).
 
 use std::future::Future;
 use std::sync::Mutex;
@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use crate::breaker::{Breaker, BreakerConfig};
 use crate::error::Error;
+use crate::metrics::{BreakerMeter, Meter};
 
 /// Runs backend calls under a deadline and a breaker, and logs failures.
 #[derive(Debug)]
@@ -20,17 +21,24 @@ pub(crate) struct Guard {
     timeout: Duration,
     breaker: Breaker,
     log: LogThrottle,
+    meter: Meter,
 }
 
 impl Guard {
     pub(crate) fn new(name: String, timeout: Duration, breaker: BreakerConfig) -> Self {
         Self {
-            name,
             timeout,
             // A probe silent for longer than any call may take has failed.
-            breaker: Breaker::new(breaker, timeout),
+            breaker: Breaker::new(breaker, timeout, BreakerMeter::new(&name)),
             log: LogThrottle::new(Duration::from_secs(10)),
+            meter: Meter::new(&name),
+            name,
         }
+    }
+
+    /// The limiter's metrics.
+    pub(crate) fn meter(&self) -> &Meter {
+        &self.meter
     }
 
     /// The per-decision timeout.
@@ -56,8 +64,10 @@ impl Guard {
         Fut: Future<Output = Result<T, E>>,
     {
         let Ok(permit) = self.breaker.admit() else {
+            self.meter.error(&Error::BreakerOpen);
             return Err(Error::BreakerOpen);
         };
+        let watch = self.meter.start();
         // Poll once before arming the timer: an in-process backend answers
         // at once, and a timer costs more than its decision. The deadline
         // was taken before, so this poll counts within it.
@@ -72,6 +82,7 @@ impl Guard {
             Ok(Err(e)) => Err(Error::Backend(Box::new(e))),
             Err(_) => Err(Error::Timeout(self.timeout)),
         };
+        self.meter.backend_call(watch, &result);
         match &result {
             Ok(_) => {
                 if self.breaker.is_open() {

@@ -12,7 +12,8 @@
 //! * [`Key`]s that are bounded and never hold secrets in clear;
 //! * layered [`Config`]uration;
 //! * [`Clock`]s, with a [`MockClock`] for tests;
-//! * the [reference model](model) every backend must agree with.
+//! * the [reference model](model) every backend must agree with;
+//! * [`metrics`] of every decision (feature `metrics`).
 //!
 //! # Examples
 //!
@@ -49,6 +50,7 @@ mod guard;
 pub mod key;
 mod lease;
 pub mod limiter;
+pub mod metrics;
 pub mod model;
 pub mod policy;
 mod sharded;

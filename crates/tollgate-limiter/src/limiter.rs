@@ -16,6 +16,7 @@ use crate::error::Error;
 use crate::guard::Guard;
 use crate::key::Key;
 use crate::lease::Leases;
+use crate::metrics::{Call, Local, Outcome};
 use crate::model::Op;
 use crate::policy::{Policy, PolicyError};
 
@@ -412,7 +413,10 @@ impl<B: Backend> Limiter<B> {
         // (penalised windows must record them; see DenyCache).
         let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
         match cache.map(|c| c.charge(key, cost, window)) {
-            Some(Charge::Refused(denied)) => return Verdict::Decided(denied),
+            Some(Charge::Refused(denied)) => {
+                self.inner.guard.meter().local_hit(Local::Denial);
+                return self.counted(Call::Check, Verdict::Decided(denied));
+            }
             Some(Charge::Ask { pending }) if pending > 0 => {
                 // Recorded before this request is decided, as they were
                 // refused before it. A failure here is the next call's to
@@ -425,7 +429,7 @@ impl<B: Backend> Limiter<B> {
             Some(leases) => self.leased(leases, key, cost, deadline).await,
             None => self.try_op(key, op, deadline).await,
         };
-        self.finish(cache, key, cost, result)
+        self.counted(Call::Check, self.finish(cache, key, cost, result))
     }
 
     /// One request under lease mode: up to two backend calls, under one
@@ -438,6 +442,7 @@ impl<B: Backend> Limiter<B> {
         deadline: Instant,
     ) -> Result<Decision, Error> {
         if let Some(d) = leases.spend(key, cost) {
+            self.inner.guard.meter().local_hit(Local::Lease);
             return Ok(d);
         }
         // A batch is worth taking only if its rest can be kept.
@@ -473,10 +478,11 @@ impl<B: Backend> Limiter<B> {
         let op = Op::Peek(cost);
         let cache = self.local_denials(op);
         if let Some(denied) = cache.and_then(|c| c.get(key, cost)) {
-            return Verdict::Decided(denied);
+            self.inner.guard.meter().local_hit(Local::Denial);
+            return self.counted(Call::Peek, Verdict::Decided(denied));
         }
         let result = self.try_op(key, op, self.inner.guard.deadline()).await;
-        self.finish(cache, key, cost, result)
+        self.counted(Call::Peek, self.finish(cache, key, cost, result))
     }
 
     /// Forgets `key`: it becomes a fresh key (unblocks a user after a false
@@ -611,6 +617,15 @@ impl<B: Backend> Limiter<B> {
             .denials
             .as_ref()
             .filter(|_| DenyCache::applies(&self.inner.policy, op))
+    }
+
+    /// Counts a verdict in the decision metrics.
+    fn counted(&self, call: Call, verdict: Verdict) -> Verdict {
+        self.inner
+            .guard
+            .meter()
+            .decision(call, Outcome::of(&verdict));
+        verdict
     }
 
     /// Remembers a refusal in `cache`, then settles the verdict.

@@ -48,3 +48,72 @@ macro_rules! demo_tests {
         }
     };
 }
+
+/// An example binary serving on a loopback port, started by [`serve`];
+/// killed when dropped.
+#[derive(Debug)]
+pub struct Served {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+}
+
+impl Served {
+    /// The address it listens on.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        // Only the child this test started, by its handle.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the example binary `bin` with `args` (which make it serve on a
+/// loopback port it prints to standard error as `listening on
+/// http://ADDR`), counting in Redis at `redis_url` when given and in
+/// memory otherwise, and waits until it listens.
+///
+/// Panics unless it reports the backend it was asked for before
+/// listening.
+pub fn serve(bin: &str, args: &[&str], redis_url: Option<&str>) -> Served {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let mut cmd = Command::new(bin);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    match redis_url {
+        Some(url) => cmd.env("REDIS_URL", url),
+        None => cmd.env_remove("REDIS_URL"),
+    };
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {bin}: {e}"));
+    let mut lines = BufReader::new(child.stderr.take().expect("piped")).lines();
+    let mut seen = Vec::new();
+    let addr = loop {
+        let Some(Ok(line)) = lines.next() else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{bin} exited before listening: {seen:?}");
+        };
+        if let Some(addr) = line.strip_prefix("listening on http://") {
+            break addr.parse().expect("a socket address");
+        }
+        seen.push(line);
+    };
+    assert_eq!(
+        seen.iter().any(|l| l.contains("counting in Redis")),
+        redis_url.is_some(),
+        "{seen:?}"
+    );
+    // Keep reading, so that the child never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    Served { child, addr }
+}

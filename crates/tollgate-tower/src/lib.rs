@@ -51,8 +51,8 @@
 //!   `ConnectInfo<SocketAddr>`.
 //! * `tonic`: [`ClientIp`](extract::ClientIp) reads tonic's
 //!   `TcpConnectInfo`, plain or inside `TlsConnectInfo` (a TLS server).
-//! * `metrics`: counters and a latency histogram through the `metrics`
-//!   crate (see [Telemetry](#telemetry)).
+//! * `metrics`: the limiters' metrics (tollgate-limiter's `metrics`
+//!   feature) and one of the layers' own (see [Telemetry](#telemetry)).
 //!
 //! # Telemetry
 //!
@@ -60,15 +60,19 @@
 //! the limiter and key; refusals and backend failures are debug events
 //! (the limiter itself warns about backend failures, throttled).
 //!
-//! With the `metrics` feature:
+//! With the `metrics` feature, every limiter counts its own decisions by
+//! outcome, times its backend calls and reports its breaker (see
+//! [`tollgate_limiter::metrics`]): a decision a layer asks for is counted
+//! there, once, like a decision of any other consumer. The layers add only
+//! what never reaches a limiter:
 //!
-//! * `tollgate_requests_total{limiter, outcome}`, `outcome` one of
-//!   `allowed`, `denied`, `too_costly` (a cost the policy can never grant,
-//!   answered 413), `unavailable` (fail-closed backend failure,
-//!   answered 503), `failed_open`, `missing_key_allowed`,
-//!   `missing_key_rejected`;
-//! * `tollgate_backend_failures_total{limiter, fail_mode}`;
-//! * `tollgate_backend_duration_seconds{limiter}`, a histogram.
+//! * `tollgate_missing_key_total{limiter, outcome}`: requests (or stream
+//!   items) without a key, `outcome` `allowed` or `rejected` per
+//!   [`MissingKey`].
+//!
+//! What a refusal became follows from the decision: `refused` is a 429
+//! (413 for a cost the policy can never grant), `failed_closed` a 503,
+//! `failed_open` a request let through.
 
 pub mod buffer_body;
 pub mod extract;

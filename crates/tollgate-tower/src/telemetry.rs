@@ -1,30 +1,17 @@
-//! Tracing events and, with the `metrics` feature, metrics (listed in the
-//! crate docs).
+//! Tracing events and, with the `metrics` feature, the one metric only a
+//! layer can see (listed in the crate docs). Decisions, latency and
+//! backend failures are counted by the limiter itself
+//! ([`tollgate_limiter::metrics`]), once, whatever asked it.
 
 use tollgate_limiter::{Decision, Error, Key};
 
-#[cfg(feature = "metrics")]
-fn count(limiter: &str, outcome: &'static str) {
-    metrics::counter!("tollgate_requests_total", "limiter" => limiter.to_owned(), "outcome" => outcome)
-        .increment(1);
-}
-
-#[cfg(not(feature = "metrics"))]
-fn count(_: &str, _: &'static str) {}
-
-pub(crate) fn allowed(limiter: &str) {
-    count(limiter, "allowed");
-}
-
 pub(crate) fn denied(limiter: &str, key: &Key, d: &Decision) {
     tracing::debug!(limiter, %key, retry_after = ?d.retry_after(), "rate limited");
-    count(limiter, "denied");
 }
 
 pub(crate) fn denied_cost(limiter: &str, error: &Error) {
     let error: &dyn std::error::Error = error;
     tracing::debug!(limiter, error, "cost above the limit: refused");
-    count(limiter, "too_costly");
 }
 
 pub(crate) fn backend_failed(limiter: &str, closed: bool, error: &Error) {
@@ -44,45 +31,18 @@ pub(crate) fn backend_failed(limiter: &str, closed: bool, error: &Error) {
             "rate-limit backend failed: let through (fail-open)"
         );
     }
-    count(limiter, if closed { "unavailable" } else { "failed_open" });
-    #[cfg(feature = "metrics")]
-    metrics::counter!(
-        "tollgate_backend_failures_total",
-        "limiter" => limiter.to_owned(),
-        "fail_mode" => if closed { "closed" } else { "open" }
-    )
-    .increment(1);
 }
 
+/// A request (or stream item) without a key: the limiter is never asked,
+/// so only the layer can count it. Rare (a malformed request), so the
+/// label is built per call.
 pub(crate) fn missing_key(limiter: &str, allowed: bool) {
     tracing::debug!(limiter, allowed, "request without a rate-limit key");
-    count(
-        limiter,
-        if allowed {
-            "missing_key_allowed"
-        } else {
-            "missing_key_rejected"
-        },
-    );
-}
-
-/// Times one limiter call (a no-op without the `metrics` feature).
-pub(crate) struct Timer {
     #[cfg(feature = "metrics")]
-    start: std::time::Instant,
-}
-
-impl Timer {
-    pub(crate) fn start() -> Self {
-        Self {
-            #[cfg(feature = "metrics")]
-            start: std::time::Instant::now(),
-        }
-    }
-
-    pub(crate) fn record(self, _limiter: &str) {
-        #[cfg(feature = "metrics")]
-        metrics::histogram!("tollgate_backend_duration_seconds", "limiter" => _limiter.to_owned())
-            .record(self.start.elapsed().as_secs_f64());
-    }
+    metrics::counter!(
+        "tollgate_missing_key_total",
+        "limiter" => limiter.to_owned(),
+        "outcome" => if allowed { "allowed" } else { "rejected" }
+    )
+    .increment(1);
 }

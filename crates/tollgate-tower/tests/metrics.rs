@@ -1,5 +1,6 @@
-//! The `metrics` feature: limit refusals and backend failures are counted
-//! apart, and every decision's latency is recorded.
+//! The `metrics` feature: a layer's decisions are counted by the limiter,
+//! once, limit refusals and backend failures apart; the layer adds the
+//! requests without a key, which the limiter never sees.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -150,41 +151,43 @@ fn refusals_and_backend_failures_are_counted_apart() {
     });
     let got = store.lock().unwrap().clone();
     let count = |name: &str| got.get(name).copied().unwrap_or(0.0);
+    let decisions = |limiter: &str, outcome: &str| {
+        count(&format!(
+            "tollgate_decisions_total{{limiter={limiter},op=check,outcome={outcome}}}"
+        ))
+    };
+    // The limiter counts what the layer asked it, once.
+    assert_eq!(decisions("closed", "allowed"), 1.0);
+    assert_eq!(decisions("closed", "refused"), 1.0);
+    assert_eq!(decisions("closed", "failed_closed"), 1.0);
+    assert_eq!(decisions("open", "failed_open"), 1.0);
+    assert_eq!(decisions("open", "allowed"), 0.0);
+    // The layer counts only what the limiter never saw.
     assert_eq!(
-        count("tollgate_requests_total{limiter=closed,outcome=allowed}"),
+        count("tollgate_missing_key_total{limiter=closed,outcome=rejected}"),
         1.0
     );
     assert_eq!(
-        count("tollgate_requests_total{limiter=closed,outcome=denied}"),
+        count("tollgate_backend_errors_total{limiter=closed,reason=error}"),
         1.0
     );
     assert_eq!(
-        count("tollgate_requests_total{limiter=closed,outcome=missing_key_rejected}"),
+        count("tollgate_backend_errors_total{limiter=open,reason=error}"),
         1.0
     );
+    // Every backend call was timed (not the keyless request).
     assert_eq!(
-        count("tollgate_requests_total{limiter=closed,outcome=unavailable}"),
-        1.0
-    );
-    assert_eq!(
-        count("tollgate_requests_total{limiter=open,outcome=failed_open}"),
-        1.0
-    );
-    assert_eq!(
-        count("tollgate_backend_failures_total{fail_mode=closed,limiter=closed}"),
-        1.0
-    );
-    assert_eq!(
-        count("tollgate_backend_failures_total{fail_mode=open,limiter=open}"),
-        1.0
-    );
-    // Every decision that asked the limiter was timed (not the keyless one).
-    assert_eq!(
-        count("tollgate_backend_duration_seconds{limiter=closed}"),
+        count("tollgate_backend_latency_seconds{limiter=closed}"),
         3.0
     );
-    assert_eq!(
-        count("tollgate_backend_duration_seconds{limiter=open}"),
-        1.0
-    );
+    assert_eq!(count("tollgate_backend_latency_seconds{limiter=open}"), 1.0);
+    // No second count of the same decisions under another name.
+    let decided: f64 = got
+        .iter()
+        .filter(|(name, _)| !name.starts_with("tollgate_backend_latency_seconds"))
+        .filter(|(name, _)| !name.starts_with("tollgate_backend_errors_total"))
+        .filter(|(name, _)| !name.starts_with("tollgate_missing_key_total"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(decided, 4.0, "{got:#?}");
 }

@@ -16,7 +16,7 @@
 //! | `tower` | `tower::RateLimitLayer`, extractors, responders, the outbound adaptive layer |
 //! | `axum` | client IP from axum's `ConnectInfo` |
 //! | `tonic` | gRPC `RESOURCE_EXHAUSTED` and client IP for tonic |
-//! | `metrics` | counters and a latency histogram through the `metrics` crate |
+//! | `metrics` | every limiter's decisions, backend latency and breaker through the `metrics` crate ([`metrics`]) |
 //!
 //! # Examples
 //!

@@ -3,7 +3,8 @@
 //! `REDIS_URL` is set.
 //!
 //! The limits come from `limits.toml` (built in) and `TOLLGATE_*`
-//! environment variables.
+//! environment variables. `GET /metrics` serves every limiter's metrics
+//! in the Prometheus text format (see [`install_metrics`]).
 
 use std::net::SocketAddr;
 
@@ -11,11 +12,13 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
 use bytes::Bytes;
+use http::header::CONTENT_TYPE;
 use http::{HeaderName, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tollgate_limiter::{Backend, Config, ConfigError, KeyHasher};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
+use tollgate_limiter::{Backend, Config, ConfigError, KeyHasher, metrics};
 use tollgate_tower::RateLimitLayer;
 use tollgate_tower::extract::{ApiKey, ClientIp};
 
@@ -101,6 +104,44 @@ pub fn app_with<B: Backend + Clone>(
     Ok(router.layer(RateLimitLayer::new(per_ip, ClientIp::new())))
 }
 
+/// Installs the process's Prometheus recorder, with buckets for the
+/// backend latency histogram, and returns the handle that renders it.
+///
+/// Call it before building the limiters: each registers its metrics when
+/// it is built. Once per process, within a tokio runtime: a task drains
+/// the histogram's samples every 5 s (the exporter's own listener would;
+/// without it they pile up until a scrape).
+pub fn install_metrics() -> Result<PrometheusHandle, BuildError> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full(metrics::BACKEND_LATENCY.to_owned()),
+            metrics::LATENCY_BUCKETS,
+        )?
+        .install_recorder()?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
+}
+
+/// Adds `GET /metrics` (Prometheus text format) to `router`. Added after
+/// the rate-limit layers, the route is not limited: a scraper needs no
+/// API key.
+pub fn with_metrics(router: Router, handle: PrometheusHandle) -> Router {
+    router.route(
+        "/metrics",
+        get(move || {
+            let text = handle.render();
+            async move { ([(CONTENT_TYPE, "text/plain; version=0.0.4")], text) }
+        }),
+    )
+}
+
 /// Serves `router` on `listener`, with the peer addresses the per-IP
 /// limit needs.
 pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io::Result<()> {
@@ -120,6 +161,24 @@ pub struct Reply {
     pub ratelimit: String,
     /// `Retry-After`, if any.
     pub retry_after: Option<String>,
+}
+
+/// Fetches `GET http://{addr}{path}`, with API key `key` if given: the status and
+/// the body.
+pub async fn fetch(
+    addr: SocketAddr,
+    path: &str,
+    key: Option<&str>,
+) -> Result<(StatusCode, String), Box<dyn std::error::Error>> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut req = Request::get(format!("http://{addr}{path}"));
+    if let Some(key) = key {
+        req = req.header("x-api-key", key);
+    }
+    let res = client.request(req.body(Full::default())?).await?;
+    let status = res.status();
+    let body = res.into_body().collect().await?.to_bytes();
+    Ok((status, String::from_utf8(body.to_vec())?))
 }
 
 /// Sends `n` requests with API key `key` to `addr`, one after the other,

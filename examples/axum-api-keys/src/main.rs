@@ -2,9 +2,13 @@
 //! it a burst of requests with one API key and prints each status with its
 //! rate-limit fields: the 200s turn into 429s.
 //!
+//! It ends by scraping its own `GET /metrics` and printing the decision
+//! counters.
+//!
 //! `cargo run -p axum-api-keys -- --serve [ADDR]` keeps serving (default
-//! `127.0.0.1:3000`); add `--no-limit` to serve without the layers, or
-//! `--key-only` to limit per API key only (both are for benchmarks).
+//! `127.0.0.1:3000`), metrics at `/metrics`; add `--no-limit` to serve without the layers, or
+//! `--key-only` to limit per API key only, `--no-metrics` to record no
+//! metrics (all three are for benchmarks).
 //! `REDIS_URL=redis://127.0.0.1:6379` counts in Redis instead of memory.
 
 use std::error::Error;
@@ -34,6 +38,12 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .find(|a| !a.starts_with("--"))
         .map_or("127.0.0.1:3000", String::as_str);
 
+    // Before the limiters: they register their metrics when built.
+    let metrics = if args.iter().any(|a| a == "--no-metrics") {
+        None
+    } else {
+        Some(axum_api_keys::install_metrics()?)
+    };
     let config = axum_api_keys::limits()?;
     // A service hashes emails and API keys under its secret
     // (TOLLGATE_KEY_SECRET, the same on every worker) and fails at start-up
@@ -49,6 +59,10 @@ async fn main() -> Result<(), Box<dyn Error>> {
             axum_api_keys::app_with(&config, backend, layers, hasher)?
         }
         Err(_) => axum_api_keys::app_with(&config, MemoryBackend::new(), layers, hasher)?,
+    };
+    let router = match metrics {
+        Some(handle) => axum_api_keys::with_metrics(router, handle),
+        None => router,
     };
 
     if serve {
@@ -78,6 +92,16 @@ async fn main() -> Result<(), Box<dyn Error>> {
             r.status,
             r.ratelimit
         );
+    }
+    println!("\nGET http://{addr}/metrics");
+    let (_, text) = axum_api_keys::fetch(addr, "/metrics", None).await?;
+    if text.is_empty() {
+        println!("(--no-metrics)");
+    }
+    for line in text.lines() {
+        if line.starts_with("tollgate_decisions_total") && !line.ends_with(" 0") {
+            println!("{line}");
+        }
     }
     Ok(())
 }

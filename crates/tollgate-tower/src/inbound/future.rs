@@ -119,7 +119,6 @@ fn check<B: Backend>(ticket: Ticket<B>, upfront: bool) -> BoxFuture<(Verdict, Ti
         tracing::debug_span!("rate_limit", limiter = ticket.limiter.name(), key = %ticket.key);
     Box::pin(
         async move {
-            let timer = telemetry::Timer::start();
             let verdict = if upfront {
                 ticket.limiter.check_cost(&ticket.key, ticket.cost).await
             } else {
@@ -130,7 +129,6 @@ fn check<B: Backend>(ticket: Ticket<B>, upfront: bool) -> BoxFuture<(Verdict, Ti
                 // refuses it.
                 ticket.limiter.peek_cost(&ticket.key, ticket.cost).await
             };
-            timer.record(ticket.limiter.name());
             (verdict, ticket)
         }
         .instrument(span),
@@ -177,7 +175,6 @@ where
                     let name = ticket.limiter.name();
                     let refused = match verdict {
                         Verdict::Decided(d) if d.is_allowed() => {
-                            telemetry::allowed(name);
                             *this.decision = Some(d);
                             None
                         }

@@ -193,10 +193,7 @@ where
                 *this.check = None;
                 let name = this.limiter.name();
                 let wait = match &verdict {
-                    Verdict::Decided(d) if d.is_allowed() => {
-                        telemetry::allowed(name);
-                        None
-                    }
+                    Verdict::Decided(d) if d.is_allowed() => None,
                     Verdict::FailedOpen(e) => {
                         telemetry::backend_failed(name, false, e);
                         None

@@ -1,0 +1,357 @@
+//! Metrics of every limiter, through the [`metrics`](https://docs.rs/metrics)
+//! facade (feature `metrics`).
+//!
+//! Every consumer reports the same series, whether it is a tower layer, a
+//! stream, an [`AimdLimiter`](crate::AimdLimiter) or a direct
+//! [`Limiter`](crate::Limiter) call (the repository's `docs/metrics.md`
+//! has the details and a Grafana dashboard). The label `limiter` is the limiter's
+//! name; a key (an IP, an account, an API key) is never a label, so the
+//! number of series is bounded by the number of limiters.
+//!
+//! | name | type | labels | what |
+//! |---|---|---|---|
+//! | [`tollgate_decisions_total`](DECISIONS) | counter | `limiter`, `op`, `outcome` | verdicts: `op` is `check` (a charge: [`check`](crate::Limiter::check), [`check_cost`](crate::Limiter::check_cost), an adaptive [`try_acquire`](crate::AimdLimiter::try_acquire), each attempt of [`acquire`](crate::AimdLimiter::acquire)) or `peek` ([`peek`](crate::Limiter::peek), [`peek_cost`](crate::Limiter::peek_cost)); a limiter's [`try_acquire`](crate::Limiter::try_acquire) and [`try_peek`](crate::Limiter::try_peek) apply no fail mode and are not counted; `outcome` is `allowed`, `refused` (by the limit, or a cost the policy can never grant), `failed_open` or `failed_closed` (the backend failed and the [`FailMode`](crate::FailMode) answered) |
+//! | [`tollgate_backend_latency_seconds`](BACKEND_LATENCY) | histogram | `limiter` | the time of each backend call (a round trip to Redis), failed or not; answers given locally are not timed |
+//! | [`tollgate_backend_errors_total`](BACKEND_ERRORS) | counter | `limiter`, `reason` | backend calls that gave no answer: `reason` is `error`, `timeout`, or `breaker_open` (not attempted) |
+//! | [`tollgate_breaker_transitions_total`](BREAKER_TRANSITIONS) | counter | `limiter`, `to` | circuit-breaker state changes, by the state entered: `open`, `half_open` (a probe goes through), `closed` |
+//! | [`tollgate_breaker_state`](BREAKER_STATE) | gauge | `limiter` | `0` closed, `1` half-open, `2` open |
+//! | [`tollgate_local_hits_total`](LOCAL_HITS) | counter | `limiter`, `kind` | decisions answered without a round trip: `denial` (a key known to be over its limit, [`local_denials`](crate::LimiterBuilder::local_denials), or an adaptive scope on hold), `lease` (a unit of a [lease](crate::LimiterBuilder::lease)) |
+//! | [`tollgate_aimd_rate_changes_total`](AIMD_RATE_CHANGES) | counter | `limiter`, `change` | adaptive rate changes made by this worker: `cut` (after a refusal), `step` (up, after successes) |
+//! | [`tollgate_aimd_rate`](AIMD_RATE) | gauge | `limiter` | the rate, in requests per second, this worker most recently set or read for any of the limiter's scopes (the initial rate until then) |
+//!
+//! Each limiter registers its series when it is built and keeps the
+//! handles, so a decision costs a few atomic increments and never
+//! allocates. **Install the recorder (an exporter) before building the
+//! limiters**: a limiter built before holds handles that record nothing.
+//! Limiters sharing a name share their series. Without the feature,
+//! nothing is recorded and nothing is compiled in.
+//!
+//! The latency histogram's buckets are the exporter's choice;
+//! [`LATENCY_BUCKETS`] suits a Redis on the same network, e.g. for
+//! `metrics-exporter-prometheus`:
+//!
+//! ```ignore
+//! PrometheusBuilder::new()
+//!     .set_buckets_for_metric(
+//!         Matcher::Full(tollgate_limiter::metrics::BACKEND_LATENCY.into()),
+//!         tollgate_limiter::metrics::LATENCY_BUCKETS,
+//!     )?
+//!     .install_recorder()?;
+//! ```
+
+/// Decisions by limiter, operation and outcome (counter).
+pub const DECISIONS: &str = "tollgate_decisions_total";
+/// The time of each backend call, in seconds (histogram).
+pub const BACKEND_LATENCY: &str = "tollgate_backend_latency_seconds";
+/// Backend calls that gave no answer, by reason (counter).
+pub const BACKEND_ERRORS: &str = "tollgate_backend_errors_total";
+/// Circuit-breaker state changes, by the state entered (counter).
+pub const BREAKER_TRANSITIONS: &str = "tollgate_breaker_transitions_total";
+/// The circuit breaker's state: 0 closed, 1 half-open, 2 open (gauge).
+pub const BREAKER_STATE: &str = "tollgate_breaker_state";
+/// Decisions answered without a round trip, by kind (counter).
+pub const LOCAL_HITS: &str = "tollgate_local_hits_total";
+/// Adaptive rate changes, by change (counter).
+pub const AIMD_RATE_CHANGES: &str = "tollgate_aimd_rate_changes_total";
+/// The adaptive rate most recently set or read, in requests per second
+/// (gauge).
+pub const AIMD_RATE: &str = "tollgate_aimd_rate";
+
+/// Every metric the limiters emit.
+pub const NAMES: &[&str] = &[
+    DECISIONS,
+    BACKEND_LATENCY,
+    BACKEND_ERRORS,
+    BREAKER_TRANSITIONS,
+    BREAKER_STATE,
+    LOCAL_HITS,
+    AIMD_RATE_CHANGES,
+    AIMD_RATE,
+];
+
+/// Histogram buckets for [`BACKEND_LATENCY`], in seconds: 100 µs to 250 ms,
+/// around the default 50 ms timeout.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+];
+
+use crate::error::Error;
+use crate::limiter::Verdict;
+
+/// Which limiter call a decision answers (the `op` label).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Call {
+    Check = 0,
+    Peek = 1,
+}
+
+/// What a decision answered (the `outcome` label).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Outcome {
+    Allowed = 0,
+    Refused = 1,
+    FailedOpen = 2,
+    FailedClosed = 3,
+}
+
+impl Outcome {
+    pub(crate) fn of(verdict: &Verdict) -> Self {
+        match verdict {
+            Verdict::Decided(d) if d.is_allowed() => Self::Allowed,
+            Verdict::Decided(_) => Self::Refused,
+            Verdict::FailedOpen(_) => Self::FailedOpen,
+            // A cost that can never pass is refused by the policy, not by
+            // a failing backend.
+            Verdict::FailedClosed(e, _) if !e.is_unavailable() => Self::Refused,
+            Verdict::FailedClosed(..) => Self::FailedClosed,
+        }
+    }
+}
+
+/// What answered without a round trip (the `kind` label).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Local {
+    Denial = 0,
+    Lease = 1,
+}
+
+/// A circuit-breaker state (the `to` label; the gauge's value).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum BreakerState {
+    Closed = 0,
+    HalfOpen = 1,
+    Open = 2,
+}
+
+/// An adaptive rate change (the `change` label).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Change {
+    Cut = 0,
+    Step = 1,
+}
+
+#[cfg(feature = "metrics")]
+pub(crate) use on::{AimdMeter, BreakerMeter, Meter};
+
+#[cfg(not(feature = "metrics"))]
+pub(crate) use off::{AimdMeter, BreakerMeter, Meter};
+
+#[cfg(feature = "metrics")]
+mod on {
+    use ::metrics::{
+        Counter, Gauge, Histogram, Unit, counter, describe_counter, describe_gauge,
+        describe_histogram, gauge, histogram,
+    };
+    use tokio::time::Instant;
+
+    use super::*;
+
+    const OPS: [&str; 2] = ["check", "peek"];
+    const OUTCOMES: [&str; 4] = ["allowed", "refused", "failed_open", "failed_closed"];
+
+    /// A limiter's handles, registered once when it is built.
+    #[derive(Debug)]
+    pub(crate) struct Meter {
+        decisions: [[Counter; 4]; 2],
+        local: [Counter; 2],
+        latency: Histogram,
+        /// error, timeout, breaker_open.
+        errors: [Counter; 3],
+    }
+
+    /// When a backend call started.
+    #[derive(Debug, Clone, Copy)]
+    pub(crate) struct Stopwatch(Instant);
+
+    impl Meter {
+        pub(crate) fn new(name: &str) -> Self {
+            describe();
+            let limiter = || name.to_owned();
+            Self {
+                decisions: OPS.map(|op| {
+                    OUTCOMES.map(|outcome| {
+                        counter!(DECISIONS, "limiter" => limiter(), "op" => op, "outcome" => outcome)
+                    })
+                }),
+                local: ["denial", "lease"]
+                    .map(|kind| counter!(LOCAL_HITS, "limiter" => limiter(), "kind" => kind)),
+                latency: histogram!(BACKEND_LATENCY, "limiter" => limiter()),
+                errors: ["error", "timeout", "breaker_open"]
+                    .map(|reason| counter!(BACKEND_ERRORS, "limiter" => limiter(), "reason" => reason)),
+            }
+        }
+
+        pub(crate) fn decision(&self, call: Call, outcome: Outcome) {
+            self.decisions[call as usize][outcome as usize].increment(1);
+        }
+
+        pub(crate) fn local_hit(&self, kind: Local) {
+            self.local[kind as usize].increment(1);
+        }
+
+        pub(crate) fn start(&self) -> Stopwatch {
+            Stopwatch(Instant::now())
+        }
+
+        /// A backend call, started at `watch`, ended with `result`.
+        pub(crate) fn backend_call<T>(&self, watch: Stopwatch, result: &Result<T, Error>) {
+            self.latency.record(watch.0.elapsed().as_secs_f64());
+            if let Err(e) = result {
+                self.error(e);
+            }
+        }
+
+        /// A backend call that gave no answer.
+        pub(crate) fn error(&self, e: &Error) {
+            let i = match e {
+                Error::Timeout(_) => 1,
+                Error::BreakerOpen => 2,
+                _ => 0,
+            };
+            self.errors[i].increment(1);
+        }
+    }
+
+    /// A breaker's handles.
+    #[derive(Debug)]
+    pub(crate) struct BreakerMeter {
+        transitions: [Counter; 3],
+        state: Gauge,
+    }
+
+    impl BreakerMeter {
+        pub(crate) fn new(name: &str) -> Self {
+            let state = gauge!(BREAKER_STATE, "limiter" => name.to_owned());
+            state.set(f64::from(BreakerState::Closed as u8));
+            Self {
+                transitions: ["closed", "half_open", "open"].map(
+                    |to| counter!(BREAKER_TRANSITIONS, "limiter" => name.to_owned(), "to" => to),
+                ),
+                state,
+            }
+        }
+
+        pub(crate) fn transition(&self, to: BreakerState) {
+            self.transitions[to as usize].increment(1);
+            self.state.set(f64::from(to as u8));
+        }
+    }
+
+    /// An adaptive limiter's own handles.
+    #[derive(Debug)]
+    pub(crate) struct AimdMeter {
+        changes: [Counter; 2],
+        rate: Gauge,
+    }
+
+    impl AimdMeter {
+        pub(crate) fn new(name: &str) -> Self {
+            Self {
+                changes: ["cut", "step"].map(
+                    |change| counter!(AIMD_RATE_CHANGES, "limiter" => name.to_owned(), "change" => change),
+                ),
+                rate: gauge!(AIMD_RATE, "limiter" => name.to_owned()),
+            }
+        }
+
+        pub(crate) fn change(&self, change: Change, rate: f64) {
+            self.changes[change as usize].increment(1);
+            self.rate(rate);
+        }
+
+        pub(crate) fn rate(&self, rate: f64) {
+            self.rate.set(rate);
+        }
+    }
+
+    /// Gives the exporter each metric's help text and unit.
+    fn describe() {
+        describe_counter!(
+            DECISIONS,
+            "Rate-limit decisions, by limiter, operation (check, peek) and outcome"
+        );
+        describe_histogram!(
+            BACKEND_LATENCY,
+            Unit::Seconds,
+            "Time of each rate-limit backend call"
+        );
+        describe_counter!(
+            BACKEND_ERRORS,
+            "Rate-limit backend calls that gave no answer, by reason"
+        );
+        describe_counter!(
+            BREAKER_TRANSITIONS,
+            "Circuit-breaker state changes, by the state entered"
+        );
+        describe_gauge!(
+            BREAKER_STATE,
+            "Circuit-breaker state: 0 closed, 1 half-open, 2 open"
+        );
+        describe_counter!(
+            LOCAL_HITS,
+            "Rate-limit decisions answered without a backend round trip, by kind"
+        );
+        describe_counter!(
+            AIMD_RATE_CHANGES,
+            "Adaptive rate changes made by this worker (cut, step)"
+        );
+        describe_gauge!(
+            AIMD_RATE,
+            "Adaptive rate most recently set or read by this worker, requests per second"
+        );
+    }
+}
+
+/// Without the feature: the same calls, recording nothing.
+#[cfg(not(feature = "metrics"))]
+mod off {
+    use super::*;
+
+    #[derive(Debug)]
+    pub(crate) struct Meter;
+
+    #[derive(Debug, Clone, Copy)]
+    pub(crate) struct Stopwatch;
+
+    impl Meter {
+        pub(crate) fn new(_: &str) -> Self {
+            Self
+        }
+        #[inline(always)]
+        pub(crate) fn decision(&self, _: Call, _: Outcome) {}
+        #[inline(always)]
+        pub(crate) fn local_hit(&self, _: Local) {}
+        #[inline(always)]
+        pub(crate) fn start(&self) -> Stopwatch {
+            Stopwatch
+        }
+        #[inline(always)]
+        pub(crate) fn backend_call<T>(&self, _: Stopwatch, _: &Result<T, Error>) {}
+        #[inline(always)]
+        pub(crate) fn error(&self, _: &Error) {}
+    }
+
+    #[derive(Debug)]
+    pub(crate) struct BreakerMeter;
+
+    impl BreakerMeter {
+        pub(crate) fn new(_: &str) -> Self {
+            Self
+        }
+        #[inline(always)]
+        pub(crate) fn transition(&self, _: BreakerState) {}
+    }
+
+    #[derive(Debug)]
+    pub(crate) struct AimdMeter;
+
+    impl AimdMeter {
+        pub(crate) fn new(_: &str) -> Self {
+            Self
+        }
+        #[inline(always)]
+        pub(crate) fn change(&self, _: Change, _: f64) {}
+        #[inline(always)]
+        pub(crate) fn rate(&self, _: f64) {}
+    }
+}
