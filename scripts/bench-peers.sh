@@ -32,7 +32,8 @@ TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 
 command -v redis-server >/dev/null || { echo "redis-server not found" >&2; exit 1; }
 command -v node >/dev/null || { echo "node not found (node >= 20)" >&2; exit 1; }
-cargo build --release -q -p tollgate-bench --manifest-path "$ROOT/Cargo.toml"
+# The same build as scripts/bench-http.sh (same features: no rebuild).
+cargo build --release -q -p tollgate-bench --bins --examples --manifest-path "$ROOT/Cargo.toml"
 BENCH=$TARGET/release/tollgate-bench
 RLF=$ROOT/scripts/peers/rlf
 [ -d "$RLF/node_modules" ] || (cd "$RLF" && npm ci --silent --no-audit --no-fund)

@@ -93,3 +93,40 @@ fn main() {
         .expect("serve");
     });
 }
+
+/// The short form of scripts/bench-http.sh: each mode serves the route,
+/// and the limited ones answer with their rate-limit headers.
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use axum::extract::ConnectInfo;
+    use axum::http::{Request, StatusCode};
+    use tower::ServiceExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn every_mode_admits_with_its_headers() {
+        for (mode, header) in [
+            (Mode::Bare, None),
+            (Mode::Tollgate, Some("ratelimit")),
+            (Mode::Governor, Some("x-ratelimit-remaining")),
+        ] {
+            let app = router(mode);
+            for _ in 0..3 {
+                let mut req = Request::get("/v1/items").body(Body::empty()).unwrap();
+                req.extensions_mut()
+                    .insert(ConnectInfo(SocketAddr::from(([127, 0, 0, 1], 40_000))));
+                let res = app.clone().oneshot(req).await.unwrap();
+                assert_eq!(res.status(), StatusCode::OK, "{mode:?}");
+                match header {
+                    Some(h) => assert!(res.headers().contains_key(h), "{mode:?}: {res:?}"),
+                    None => assert!(
+                        !res.headers().keys().any(|k| k.as_str().contains("ratelimit")),
+                        "{res:?}"
+                    ),
+                }
+            }
+        }
+    }
+}

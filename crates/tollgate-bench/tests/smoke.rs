@@ -40,6 +40,68 @@ fn compares_library_and_bare_client() {
     assert!(text.contains("errors 0"), "{text}");
 }
 
+/// The short form of scripts/bench-peers.sh's Rust side: every peer, both
+/// orders, a ratio line and a result line per path, and server CPU read.
+#[test]
+fn compares_library_with_every_peer_in_both_orders() {
+    if !tollgate_testkit::redis_server::available() {
+        return;
+    }
+    for order in [
+        &["--peers", "bare,gcra"][..],
+        &["--peers", "gcra,bare", "--peers-first"],
+    ] {
+        let mut args = vec![
+            "--spawn-server",
+            "--duration",
+            "200ms",
+            "--rounds",
+            "1",
+            "--concurrency",
+            "4",
+            "--keys",
+            "10",
+        ];
+        args.extend_from_slice(order);
+        let out = bench(&args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for peer in ["bare", "gcra"] {
+            let ratio = text
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("ratio library/{peer}: ")))
+                .unwrap_or_else(|| panic!("no ratio for {peer} in:\n{text}"));
+            let wall: f64 = ratio.split_whitespace().next().unwrap().parse().unwrap();
+            let cpu: f64 = ratio.rsplit(' ').next().unwrap().parse().unwrap();
+            assert!(wall > 0.0 && cpu > 0.0, "{ratio}");
+        }
+        for path in ["library", "bare", "gcra"] {
+            let result = text
+                .lines()
+                .find(|l| l.starts_with(&format!("result path={path} ")))
+                .unwrap_or_else(|| panic!("no result line for {path} in:\n{text}"));
+            assert!(result.ends_with(" errors=0"), "{result}");
+            assert!(!result.contains("server_cpu=0.000000"), "{result}");
+        }
+    }
+    // The minimal script is a token bucket only.
+    let out = bench(&[
+        "--spawn-server",
+        "--duration",
+        "200ms",
+        "--peers",
+        "gcra",
+        "--strategy",
+        "sliding-window",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--peers gcra"));
+}
+
 #[test]
 fn memory_backend() {
     let out = bench(&[
