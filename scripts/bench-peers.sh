@@ -20,7 +20,10 @@
 #
 # Prints, per scenario and run, decisions/s of each path and the ratios
 # library / peer in wall-clock throughput and in decisions per second of
-# redis-server CPU (INFO cpu read around every round). Needs redis-server,
+# redis-server CPU (INFO cpu read around every round), and the errors of
+# each path (for the library: verdicts without a decision, i.e. its default
+# 50 ms timeout or its breaker; pass e.g. TIMEOUT=1s to the environment to
+# give it longer on a loaded machine). Needs redis-server,
 # node >= 20 and npm (npm ci installs the pinned peer).
 set -euo pipefail
 
@@ -54,7 +57,7 @@ rust_paths() { # keys peers-first? -> result lines of library, bare, gcra
   local order=()
   if [ "$2" = yes ]; then order=(--peers gcra,bare --peers-first); else order=(--peers bare,gcra); fi
   "$BENCH" --backend redis --url "$URL" --concurrency "$CONC" --keys "$1" \
-    --duration "${SECS}s" --rounds 1 "${order[@]}" | grep '^result '
+    --duration "${SECS}s" --rounds 1 ${TIMEOUT:+--timeout "$TIMEOUT"} "${order[@]}" | grep '^result '
 }
 rlf_path() { # keys -> result line of rlf
   node "$RLF/bench.js" --url "$URL" --concurrency "$CONC" --keys "$1" \
@@ -80,13 +83,13 @@ done
 echo "## tollgate vs peers: $CONC tasks / loops, $ROUNDS rounds of ${SECS}s per path and run"
 echo "(load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores; redis $(redis-server --version | cut -d' ' -f3 | cut -d= -f2); $(date -u +%FT%RZ))"
 echo
-echo "| keys | run (order) | library/s | bare/s | gcra/s | rlf/s | lib/bare | lib/gcra | lib/rlf | per server-CPU s: lib/gcra | lib/rlf | errors |"
+echo "| keys | run (order) | library/s | bare/s | gcra/s | rlf/s | lib/bare | lib/gcra | lib/rlf | per server-CPU s: lib/gcra | lib/rlf | errors lib, bare, gcra, rlf |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 awk '
   {
     for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
     id = f["keys"] SUBSEP f["run"] SUBSEP f["path"]
-    d[id] += f["decisions"]; s[id] += f["seconds"]; c[id] += f["server_cpu"]; e[f["keys"] SUBSEP f["run"]] += f["errors"]
+    d[id] += f["decisions"]; s[id] += f["seconds"]; c[id] += f["server_cpu"]; e[id] += f["errors"]
   }
   function rate(k, r, p) { return d[k, r, p] / s[k, r, p] }
   function eff(k, r, p) { return c[k, r, p] > 0 ? d[k, r, p] / c[k, r, p] : 0 }
@@ -95,13 +98,14 @@ awk '
     split("10000 1", ks, " ")
     for (ki = 1; ki <= 2; ki++) for (r = 1; r <= 2; r++) {
       k = ks[ki]
-      printf "| %s | %s | %.0f | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %d |\n",
+      printf "| %s | %s | %.0f | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %d, %d, %d, %d |\n",
         k == 1 ? "1 (hot)" : k, r == 1 ? "1 (library first)" : "2 (rlf first)",
         rate(k, r, "library"), rate(k, r, "bare"), rate(k, r, "gcra"), rate(k, r, "rlf"),
         ratio(rate(k, r, "library"), rate(k, r, "bare")),
         ratio(rate(k, r, "library"), rate(k, r, "gcra")),
         ratio(rate(k, r, "library"), rate(k, r, "rlf")),
         ratio(eff(k, r, "library"), eff(k, r, "gcra")),
-        ratio(eff(k, r, "library"), eff(k, r, "rlf")), e[k, r]
+        ratio(eff(k, r, "library"), eff(k, r, "rlf")),
+        e[k, r, "library"], e[k, r, "bare"], e[k, r, "gcra"], e[k, r, "rlf"]
     }
   }' "$RESULTS"

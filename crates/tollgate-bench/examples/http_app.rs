@@ -122,7 +122,9 @@ mod tests {
                 match header {
                     Some(h) => assert!(res.headers().contains_key(h), "{mode:?}: {res:?}"),
                     None => assert!(
-                        !res.headers().keys().any(|k| k.as_str().contains("ratelimit")),
+                        !res.headers()
+                            .keys()
+                            .any(|k| k.as_str().contains("ratelimit")),
                         "{res:?}"
                     ),
                 }

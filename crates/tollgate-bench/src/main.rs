@@ -126,6 +126,9 @@ struct Args {
     /// spends them locally (1 = off).
     #[arg(long, default_value_t = 1)]
     lease: u64,
+    /// The limiter's per-decision timeout (default: the library's, 50 ms).
+    #[arg(long, value_parser = parse_duration)]
+    timeout: Option<Duration>,
     /// Tokio worker threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -310,6 +313,9 @@ async fn library<B: Backend + Clone>(args: &Args, backend: B, duration: Duration
     let mut builder = Limiter::builder("bench", policy(args.strategy), backend);
     if args.lease > 1 {
         builder = builder.lease(args.lease, Duration::from_secs(1));
+    }
+    if let Some(timeout) = args.timeout {
+        builder = builder.timeout(timeout);
     }
     let limiter = builder.build();
     drive(args.concurrency, args.keys, duration, move |k| {
