@@ -92,7 +92,7 @@ struct Args {
     /// Measuring time per path (split over the rounds), e.g. `5s`.
     #[arg(long, default_value = "4s", value_parser = parse_duration)]
     duration: Duration,
-    /// Rounds per path, alternating library and bare client.
+    /// Rounds per path, alternating the library and its peers.
     #[arg(long, default_value_t = 2)]
     rounds: u32,
     /// Strategy of the limiter.
