@@ -24,6 +24,10 @@ fn compares_library_and_bare_client() {
         "4",
         "--keys",
         "10",
+        // No error is asserted: on a loaded CI machine the library's
+        // default 50 ms timeout is not what this test is about.
+        "--timeout",
+        "1s",
     ]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -61,6 +65,8 @@ fn compares_library_with_every_peer_in_both_orders() {
             "4",
             "--keys",
             "10",
+            "--timeout",
+            "1s",
         ];
         args.extend_from_slice(order);
         let out = bench(&args);
