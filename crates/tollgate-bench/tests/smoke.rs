@@ -9,32 +9,41 @@ fn bench(args: &[&str]) -> std::process::Output {
         .expect("run tollgate-bench")
 }
 
-#[test]
-fn compares_library_and_bare_client() {
-    if !tollgate_testkit::redis_server::available() {
-        return;
-    }
-    let out = bench(&[
+/// A short run against a throwaway server, 4 tasks, 10 keys; its output,
+/// once it succeeded.
+fn spawned(duration: &str, rounds: &str, extra: &[&str]) -> String {
+    let mut args = vec![
         "--spawn-server",
         "--duration",
-        "400ms",
+        duration,
         "--rounds",
-        "2",
+        rounds,
         "--concurrency",
         "4",
         "--keys",
         "10",
-        // No error is asserted: on a loaded CI machine the library's
-        // default 50 ms timeout is not what this test is about.
+        // Errors are asserted: on a loaded CI machine the library's
+        // default 50 ms timeout is not what these tests are about.
         "--timeout",
         "1s",
-    ]);
-    let text = String::from_utf8_lossy(&out.stdout);
+    ];
+    args.extend_from_slice(extra);
+    let out = bench(&args);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    text
+}
+
+#[test]
+fn compares_library_and_bare_client() {
+    if !tollgate_testkit::redis_server::available() {
+        return;
+    }
+    let text = spawned("400ms", "2", &[]);
     for line in ["library", "bare", "ratio library/bare:"] {
         assert!(
             text.lines().any(|l| l.starts_with(line)),
@@ -55,27 +64,7 @@ fn compares_library_with_every_peer_in_both_orders() {
         &["--peers", "bare,gcra"][..],
         &["--peers", "gcra,bare", "--peers-first"],
     ] {
-        let mut args = vec![
-            "--spawn-server",
-            "--duration",
-            "200ms",
-            "--rounds",
-            "1",
-            "--concurrency",
-            "4",
-            "--keys",
-            "10",
-            "--timeout",
-            "1s",
-        ];
-        args.extend_from_slice(order);
-        let out = bench(&args);
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = spawned("200ms", "1", order);
         for peer in ["bare", "gcra"] {
             let ratio = text
                 .lines()
