@@ -1,14 +1,26 @@
 //! `tollgate-bench`: the load tool.
 //!
 //! Measures decisions per second and latency percentiles of a backend at a
-//! given concurrency and key spread. For the Redis backend it also sends the
-//! same script (same KEYS, same ARGV) through a bare redis client in the
-//! same run, alternating rounds, and prints the ratio library / bare.
+//! given concurrency and key spread. For the Redis backend it measures its
+//! peers in the same run, on the same server, alternating rounds, and
+//! prints the ratio library / peer, in wall-clock throughput and in
+//! decisions per second of redis-server CPU (read from `INFO cpu` around
+//! every round). The peers (`--peers`, any of them):
+//!
+//! * `bare`: the same script as the library (same KEYS, same ARGV) sent by
+//!   a bare redis client: what the library adds around its script;
+//! * `gcra`: a bare redis client sending the smallest correct token bucket
+//!   (`lua/minimal_gcra.lua`: server TIME, one GET, one SET with PX): what
+//!   the library's script costs over the least a token bucket needs.
 //!
 //! ```text
 //! cargo run --release -p tollgate-bench -- --backend redis --spawn-server \
-//!     --concurrency 64 --keys 10000 --duration 5s
+//!     --concurrency 50 --keys 10000 --duration 8s --rounds 4 --peers bare,gcra
 //! ```
+//!
+//! Besides the human-readable lines, every path prints one `result` line
+//! (`result path=<name> decisions=<n> seconds=<wall> server_cpu=<s>
+//! errors=<n>`) that scripts/bench-peers.sh sums over runs.
 //!
 //! Only loopback servers are targets: `--url` must point at 127.0.0.0/8 or
 //! localhost, and every run is bounded by `--duration` (at most 60 s).
@@ -33,6 +45,24 @@ enum BackendKind {
 enum StrategyKind {
     TokenBucket,
     SlidingWindow,
+}
+
+/// A peer measured against the library on the same server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Peer {
+    /// The library's own script through a bare redis client.
+    Bare,
+    /// The minimal GCRA script through a bare redis client.
+    Gcra,
+}
+
+impl Peer {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Bare => "bare",
+            Self::Gcra => "gcra",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -62,7 +92,7 @@ struct Args {
     /// Measuring time per path (split over the rounds), e.g. `5s`.
     #[arg(long, default_value = "4s", value_parser = parse_duration)]
     duration: Duration,
-    /// Rounds per path, alternating library and bare client.
+    /// Rounds per path, alternating the library and its peers.
     #[arg(long, default_value_t = 2)]
     rounds: u32,
     /// Strategy of the limiter.
@@ -81,13 +111,24 @@ struct Args {
     /// consumers use) or `Backend::decide` directly.
     #[arg(long, value_enum, default_value = "limiter")]
     path: PathKind,
-    /// Skip the bare-client comparison.
+    /// The peers measured against the library, in this order within a
+    /// round (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "bare")]
+    peers: Vec<Peer>,
+    /// Measure no peer (same as an empty `--peers`).
     #[arg(long)]
     no_bare: bool,
+    /// Run the peers before the library in every round (the opposite
+    /// order: two runs, one each way, cancel an order effect).
+    #[arg(long)]
+    peers_first: bool,
     /// Lease mode: the `Limiter` takes this many units per round trip and
     /// spends them locally (1 = off).
     #[arg(long, default_value_t = 1)]
     lease: u64,
+    /// The limiter's per-decision timeout (default: the library's, 50 ms).
+    #[arg(long, value_parser = parse_duration)]
+    timeout: Option<Duration>,
     /// Tokio worker threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -116,6 +157,8 @@ struct Stats {
     decisions: u64,
     errors: u64,
     elapsed: Duration,
+    /// Seconds of redis-server CPU (user + system) spent during the rounds.
+    server_cpu: f64,
     latencies_us: Vec<u32>,
 }
 
@@ -124,11 +167,21 @@ impl Stats {
         self.decisions += other.decisions;
         self.errors += other.errors;
         self.elapsed += other.elapsed;
+        self.server_cpu += other.server_cpu;
         self.latencies_us.extend(other.latencies_us);
     }
 
     fn rate(&self) -> f64 {
         self.decisions as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// Decisions per second of redis-server CPU (0 when not measured).
+    fn per_server_cpu(&self) -> f64 {
+        if self.server_cpu > 0.0 {
+            self.decisions as f64 / self.server_cpu
+        } else {
+            0.0
+        }
     }
 
     fn percentile(&mut self, p: f64) -> u32 {
@@ -141,11 +194,29 @@ impl Stats {
     }
 
     fn line(&mut self, name: &str) -> String {
-        format!(
+        let mut line = format!(
             "{name:<8} {:>10.0} decisions/s   p50 {:>5} µs   p99 {:>5} µs   errors {}",
             self.rate(),
             self.percentile(0.50),
             self.percentile(0.99),
+            self.errors
+        );
+        if self.server_cpu > 0.0 {
+            line += &format!(
+                "   {:>8.0} decisions per server-CPU second",
+                self.per_server_cpu()
+            );
+        }
+        line
+    }
+
+    /// The machine-readable line scripts/bench-peers.sh sums over runs.
+    fn result(&self, name: &str) -> String {
+        format!(
+            "result path={name} decisions={} seconds={:.6} server_cpu={:.6} errors={}",
+            self.decisions,
+            self.elapsed.as_secs_f64(),
+            self.server_cpu,
             self.errors
         )
     }
@@ -237,23 +308,20 @@ async fn library<B: Backend + Clone>(args: &Args, backend: B, duration: Duration
         })
         .await;
     }
-    let limiter = Limiter::builder("bench", policy(args.strategy), backend)
-        .timeout(Duration::from_secs(1))
-        .lease(args.lease, Duration::from_secs(1))
-        .build();
-    let leased = args.lease > 1;
+    // What a user calls: `check`, default settings (timeout, breaker,
+    // fail-closed); a verdict without a decision is a backend failure.
+    let mut builder = Limiter::builder("bench", policy(args.strategy), backend);
+    if args.lease > 1 {
+        builder = builder.lease(args.lease, Duration::from_secs(1));
+    }
+    if let Some(timeout) = args.timeout {
+        builder = builder.timeout(timeout);
+    }
+    let limiter = builder.build();
     drive(args.concurrency, args.keys, duration, move |k| {
         let limiter = limiter.clone();
         let names = Arc::clone(&names);
-        async move {
-            let key = &names[k as usize];
-            if leased {
-                // Lease mode lives in the settled path.
-                limiter.check(key).await.decision().is_some()
-            } else {
-                limiter.try_acquire(key, 1).await.is_ok()
-            }
-        }
+        async move { limiter.check(&names[k as usize]).await.decision().is_some() }
     })
     .await
 }
@@ -294,6 +362,53 @@ async fn bare(args: &Args, conn: MultiplexedConnection, duration: Duration) -> S
     .await
 }
 
+/// The smallest correct token bucket (see `lua/minimal_gcra.lua`).
+const MINIMAL_GCRA: &str = include_str!("../lua/minimal_gcra.lua");
+
+/// A bare client sending the minimal GCRA script, for the same bucket as
+/// the library's token bucket (the `gcra` peer). Refusals count as
+/// decisions, as the library's do.
+async fn gcra(args: &Args, conn: MultiplexedConnection, duration: Duration) -> Stats {
+    let Policy::TokenBucket(bucket) = policy(StrategyKind::TokenBucket) else {
+        unreachable!("a token bucket")
+    };
+    let interval = bucket.period().as_micros() as u64 / bucket.refill();
+    let tau = bucket.capacity() * interval;
+    let script = Arc::new(redis::Script::new(MINIMAL_GCRA));
+    let names = key_names(args.keys);
+    drive(args.concurrency, args.keys, duration, move |k| {
+        let (script, names) = (Arc::clone(&script), Arc::clone(&names));
+        let mut conn = conn.clone();
+        async move {
+            let key = format!("bench-gcra:{{{}}}", names[k as usize].as_str());
+            script
+                .key(key)
+                .arg(interval)
+                .arg(tau)
+                .invoke_async::<(i64, i64)>(&mut conn)
+                .await
+                .is_ok()
+        }
+    })
+    .await
+}
+
+/// redis-server's CPU time so far (user + system, all its threads), in
+/// seconds, from `INFO cpu`.
+async fn server_cpu(conn: &mut MultiplexedConnection) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(conn)
+        .await
+        .expect("INFO cpu");
+    info.lines()
+        .filter_map(|l| {
+            let (name, value) = l.trim().split_once(':')?;
+            matches!(name, "used_cpu_user" | "used_cpu_sys").then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
 fn main() {
     let args = Args::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -306,6 +421,16 @@ fn main() {
 
 async fn run(args: Args) {
     let slice = args.duration / args.rounds.max(1);
+    let mut peers = if args.no_bare {
+        Vec::new()
+    } else {
+        args.peers.clone()
+    };
+    peers.dedup();
+    if peers.contains(&Peer::Gcra) && args.strategy != StrategyKind::TokenBucket {
+        eprintln!("--peers gcra: the minimal script is a token bucket (--strategy token-bucket)");
+        std::process::exit(2);
+    }
     println!(
         "backend {:?} via {:?}, strategy {:?}, concurrency {}, keys {}, {} round(s) of {:?} per path",
         args.backend, args.path, args.strategy, args.concurrency, args.keys, args.rounds, slice
@@ -339,6 +464,12 @@ async fn run(args: Args) {
         "pool_size {}, exclusive_checkout {}, test_on_check_out {}",
         args.pool_size, args.exclusive_checkout, args.test_on_check_out
     );
+    let names: Vec<_> = peers.iter().map(|p| p.name()).collect();
+    println!(
+        "peers [{}], {} first in every round",
+        names.join(", "),
+        if args.peers_first { "peers" } else { "library" }
+    );
     let backend = RedisBackend::builder(&url)
         .prefix("bench-lib")
         .pool_size(args.pool_size)
@@ -348,26 +479,68 @@ async fn run(args: Args) {
         .build()
         .await
         .expect("connect the backend");
-    let conn = redis::Client::open(url.as_str())
-        .expect("url")
+    let client = redis::Client::open(url.as_str()).expect("url");
+    let conn = client
         .get_multiplexed_async_connection()
         .await
         .expect("connect the bare client");
-    // Warm up both paths (connections, script cache).
+    // Its own connection: reading the server's CPU is not measured.
+    let mut probe = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect the CPU probe");
+    // Warm up every path (connections, script cache).
     let _ = library(&args, backend.clone(), Duration::from_millis(200)).await;
-    if !args.no_bare {
-        let _ = bare(&args, conn.clone(), Duration::from_millis(200)).await;
+    for &peer in &peers {
+        let _ = measure_peer(&args, peer, conn.clone(), Duration::from_millis(200)).await;
     }
-    let (mut lib, mut raw) = (Stats::default(), Stats::default());
+    let mut lib = Stats::default();
+    let mut raw: Vec<Stats> = peers.iter().map(|_| Stats::default()).collect();
     for _ in 0..args.rounds.max(1) {
-        lib.merge(library(&args, backend.clone(), slice).await);
-        if !args.no_bare {
-            raw.merge(bare(&args, conn.clone(), slice).await);
+        if !args.peers_first {
+            lib.merge(round(&mut probe, library(&args, backend.clone(), slice)).await);
+        }
+        for (i, &peer) in peers.iter().enumerate() {
+            raw[i].merge(round(&mut probe, measure_peer(&args, peer, conn.clone(), slice)).await);
+        }
+        if args.peers_first {
+            lib.merge(round(&mut probe, library(&args, backend.clone(), slice)).await);
         }
     }
     println!("{}", lib.line("library"));
-    if !args.no_bare {
-        println!("{}", raw.line("bare"));
-        println!("ratio library/bare: {:.3}", lib.rate() / raw.rate());
+    for (stats, peer) in raw.iter_mut().zip(&peers) {
+        println!("{}", stats.line(peer.name()));
+    }
+    for (stats, peer) in raw.iter().zip(&peers) {
+        println!(
+            "ratio library/{}: {:.3}   per server-CPU second: {:.3}",
+            peer.name(),
+            lib.rate() / stats.rate(),
+            lib.per_server_cpu() / stats.per_server_cpu()
+        );
+    }
+    println!("{}", lib.result("library"));
+    for (stats, peer) in raw.iter().zip(&peers) {
+        println!("{}", stats.result(peer.name()));
+    }
+}
+
+/// One round of one path, with the server CPU it cost.
+async fn round(probe: &mut MultiplexedConnection, path: impl Future<Output = Stats>) -> Stats {
+    let before = server_cpu(probe).await;
+    let mut stats = path.await;
+    stats.server_cpu = server_cpu(probe).await - before;
+    stats
+}
+
+async fn measure_peer(
+    args: &Args,
+    peer: Peer,
+    conn: MultiplexedConnection,
+    duration: Duration,
+) -> Stats {
+    match peer {
+        Peer::Bare => bare(args, conn, duration).await,
+        Peer::Gcra => gcra(args, conn, duration).await,
     }
 }

@@ -9,28 +9,41 @@ fn bench(args: &[&str]) -> std::process::Output {
         .expect("run tollgate-bench")
 }
 
-#[test]
-fn compares_library_and_bare_client() {
-    if !tollgate_testkit::redis_server::available() {
-        return;
-    }
-    let out = bench(&[
+/// A short run against a throwaway server, 4 tasks, 10 keys; its output,
+/// once it succeeded.
+fn spawned(duration: &str, rounds: &str, extra: &[&str]) -> String {
+    let mut args = vec![
         "--spawn-server",
         "--duration",
-        "400ms",
+        duration,
         "--rounds",
-        "2",
+        rounds,
         "--concurrency",
         "4",
         "--keys",
         "10",
-    ]);
-    let text = String::from_utf8_lossy(&out.stdout);
+        // Errors are asserted: on a loaded CI machine the library's
+        // default 50 ms timeout is not what these tests are about.
+        "--timeout",
+        "1s",
+    ];
+    args.extend_from_slice(extra);
+    let out = bench(&args);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    text
+}
+
+#[test]
+fn compares_library_and_bare_client() {
+    if !tollgate_testkit::redis_server::available() {
+        return;
+    }
+    let text = spawned("400ms", "2", &[]);
     for line in ["library", "bare", "ratio library/bare:"] {
         assert!(
             text.lines().any(|l| l.starts_with(line)),
@@ -38,6 +51,50 @@ fn compares_library_and_bare_client() {
         );
     }
     assert!(text.contains("errors 0"), "{text}");
+}
+
+/// The short form of scripts/bench-peers.sh's Rust side: every peer, both
+/// orders, a ratio line and a result line per path, and server CPU read.
+#[test]
+fn compares_library_with_every_peer_in_both_orders() {
+    if !tollgate_testkit::redis_server::available() {
+        return;
+    }
+    for order in [
+        &["--peers", "bare,gcra"][..],
+        &["--peers", "gcra,bare", "--peers-first"],
+    ] {
+        let text = spawned("200ms", "1", order);
+        for peer in ["bare", "gcra"] {
+            let ratio = text
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("ratio library/{peer}: ")))
+                .unwrap_or_else(|| panic!("no ratio for {peer} in:\n{text}"));
+            let wall: f64 = ratio.split_whitespace().next().unwrap().parse().unwrap();
+            let cpu: f64 = ratio.rsplit(' ').next().unwrap().parse().unwrap();
+            assert!(wall > 0.0 && cpu > 0.0, "{ratio}");
+        }
+        for path in ["library", "bare", "gcra"] {
+            let result = text
+                .lines()
+                .find(|l| l.starts_with(&format!("result path={path} ")))
+                .unwrap_or_else(|| panic!("no result line for {path} in:\n{text}"));
+            assert!(result.ends_with(" errors=0"), "{result}");
+            assert!(!result.contains("server_cpu=0.000000"), "{result}");
+        }
+    }
+    // The minimal script is a token bucket only.
+    let out = bench(&[
+        "--spawn-server",
+        "--duration",
+        "200ms",
+        "--peers",
+        "gcra",
+        "--strategy",
+        "sliding-window",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--peers gcra"));
 }
 
 #[test]

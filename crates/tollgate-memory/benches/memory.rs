@@ -1,10 +1,20 @@
 //! The memory backend against the `governor` crate, in the same run.
 //!
-//! Both decide a token bucket (governor's GCRA is the same algorithm) for
-//! one hot key and spread over 10k keys, with a generous quota so every
-//! decision is an admission that writes state. Run with
-//! `cargo bench -p tollgate-memory --bench memory`; docs/benchmarks.md
-//! reports the ratios.
+//! Group `limiter`: the path users call, `Limiter::check(&key).await` over
+//! `MemoryBackend` with the default settings, next to governor's keyed
+//! limiter (`RateLimiter::keyed(..).check_key`), for 1 key and 10k keys,
+//! an admitting workload (a generous quota: every decision writes state)
+//! and a refusing one (10 tokens, one back an hour: after the first ten
+//! every decision is a refusal), on 1 and 2 threads (each thread does half
+//! the iterations, so a reported time is the inverse of the aggregate
+//! throughput).
+//!
+//! Group `decide`: the backend's `decide` alone (no `Limiter`), admitting.
+//!
+//! Both sides decide a token bucket (governor's GCRA is the same
+//! algorithm). Run with `cargo bench -p tollgate-memory --bench memory`
+//! (measurement time 2 s per case by default: about two minutes);
+//! docs/benchmarks.md reports the ratios.
 
 // criterion_group! generates an undocumented public function.
 #![allow(missing_docs)]
@@ -13,8 +23,9 @@ use std::future::Future;
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::pin::pin;
+use std::sync::Barrier;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
@@ -28,6 +39,143 @@ fn ready<F: Future>(f: F) -> F::Output {
         Poll::Ready(v) => v,
         Poll::Pending => unreachable!("the memory backend decides at once"),
     }
+}
+
+/// Runs `iters` decisions split over `threads` threads, started together;
+/// `work(thread, n)` makes `n` decisions and returns how long they took.
+/// The slowest thread's time is the run's: the aggregate throughput.
+fn split<W>(threads: usize, iters: u64, work: W) -> Duration
+where
+    W: Fn(usize, u64) -> Duration + Sync,
+{
+    let per_thread = iters.div_ceil(threads as u64);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let work = &work;
+                s.spawn(move || work(t, per_thread))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("bench thread"))
+            .max()
+            .unwrap_or_default()
+    })
+}
+
+/// An admitting or a refusing workload, for both libraries.
+#[derive(Clone, Copy)]
+enum Workload {
+    Admitting,
+    Refusing,
+}
+
+impl Workload {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Admitting => "admit",
+            Self::Refusing => "refuse",
+        }
+    }
+
+    fn policy(self) -> Policy {
+        match self {
+            Self::Admitting => TokenBucket::per_second(1_000, 1_000_000).unwrap().into(),
+            Self::Refusing => TokenBucket::new(10, 1, Duration::from_secs(3_600))
+                .unwrap()
+                .into(),
+        }
+    }
+
+    fn quota(self) -> Quota {
+        match self {
+            Self::Admitting => Quota::per_second(NonZeroU32::new(1_000_000).unwrap())
+                .allow_burst(NonZeroU32::new(1_000).unwrap()),
+            Self::Refusing => Quota::with_period(Duration::from_secs(3_600))
+                .unwrap()
+                .allow_burst(NonZeroU32::new(10).unwrap()),
+        }
+    }
+}
+
+/// `Limiter::check` (default settings) against governor's keyed limiter.
+fn limiter_vs_governor(c: &mut Criterion) {
+    let mut group = c.benchmark_group("limiter");
+    for workload in [Workload::Admitting, Workload::Refusing] {
+        for keys in [1usize, 10_000] {
+            let names: Vec<Key> = (0..keys).map(|i| Key::new(format!("user-{i}"))).collect();
+            let gnames: Vec<String> = (0..keys).map(|i| format!("user-{i}")).collect();
+            let limiter = Limiter::new("bench", workload.policy(), MemoryBackend::new());
+            let governor = RateLimiter::keyed(workload.quota());
+            // Past the first capacity of every key, the workload is what
+            // it says on both sides.
+            let rt = runtime();
+            rt.block_on(async {
+                for name in names.iter().cycle().take(keys * 11) {
+                    let _ = limiter.check(name).await;
+                }
+                let expect = matches!(workload, Workload::Admitting);
+                assert_eq!(limiter.check(&names[0]).await.is_allowed(), expect);
+            });
+            for name in gnames.iter().cycle().take(keys * 11) {
+                let _ = governor.check_key(name);
+            }
+            assert_eq!(
+                governor.check_key(&gnames[0]).is_ok(),
+                matches!(workload, Workload::Admitting)
+            );
+            for threads in [1usize, 2] {
+                let id =
+                    |lib: &str| format!("{lib}/{}/{keys}-keys/{threads}-threads", workload.name());
+                // Each thread starts at its own place in the key set.
+                let start = |t: usize| t * keys / threads;
+                group.bench_function(id("tollgate-limiter"), |b| {
+                    b.iter_custom(|iters| {
+                        let barrier = Barrier::new(threads);
+                        split(threads, iters, |t, n| {
+                            let rt = runtime();
+                            barrier.wait();
+                            rt.block_on(async {
+                                let mut i = start(t);
+                                let begin = Instant::now();
+                                for _ in 0..n {
+                                    i = (i + 1) % keys;
+                                    black_box(limiter.check(&names[i]).await.is_allowed());
+                                }
+                                begin.elapsed()
+                            })
+                        })
+                    })
+                });
+                group.bench_function(id("governor-keyed"), |b| {
+                    b.iter_custom(|iters| {
+                        let barrier = Barrier::new(threads);
+                        split(threads, iters, |t, n| {
+                            barrier.wait();
+                            let mut i = start(t);
+                            let begin = Instant::now();
+                            for _ in 0..n {
+                                i = (i + 1) % keys;
+                                black_box(governor.check_key(&gnames[i]).is_ok());
+                            }
+                            begin.elapsed()
+                        })
+                    })
+                });
+            }
+        }
+    }
+    group.finish();
+}
+
+/// A runtime per bench thread, as a user's `.await` runs on one (the
+/// limiter's timeout needs its timer).
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
 }
 
 fn bench(c: &mut Criterion) {
@@ -79,10 +227,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| black_box(tollgate_limiter::Clock::now(&tollgate_limiter::SystemClock)))
     });
     // The whole Limiter path (timeout and breaker) on a runtime.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let limiter = Limiter::builder("bench", policy, MemoryBackend::new())
         .timeout(Duration::from_millis(50))
         .build();
@@ -103,5 +248,14 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+criterion_group! {
+    name = benches;
+    // Short by default: the whole bench in a few minutes on a shared
+    // machine (`--measurement-time 10` for a longer run).
+    config = Criterion::default()
+        .measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(500))
+        .sample_size(30);
+    targets = limiter_vs_governor, bench
+}
 criterion_main!(benches);
