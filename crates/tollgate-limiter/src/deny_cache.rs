@@ -94,7 +94,7 @@ impl DenyCache {
             (policy, op),
             (_, Op::Peek(_))
                 | (
-                    Policy::TokenBucket(_) | Policy::SlidingWindow(_),
+                    Policy::TokenBucket(_) | Policy::SlidingWindow(_) | Policy::Composite(_),
                     Op::Acquire(_)
                 )
         )

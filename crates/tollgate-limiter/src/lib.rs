@@ -4,7 +4,7 @@
 //! talks to Redis or HTTP:
 //!
 //! * [policies](Policy): [`TokenBucket`], exact [`SlidingWindow`],
-//!   [`ProgressiveDelay`];
+//!   [`ProgressiveDelay`], and [`Composite`]s of several, decided at once;
 //! * the [`Decision`] a limiter answers with (a refusal is a value);
 //! * the [`Backend`] trait that the memory and Redis backends implement;
 //! * the [`Limiter`]: a named policy over a backend, with a per-decision
@@ -41,6 +41,7 @@
 pub mod aimd;
 pub mod backend;
 mod breaker;
+pub mod composite;
 pub mod config;
 pub mod decision;
 mod deny_cache;
@@ -57,6 +58,7 @@ pub mod time;
 pub use aimd::{AimdConfig, AimdLimiter};
 pub use backend::{Backend, Request, Scope};
 pub use breaker::BreakerConfig;
+pub use composite::Composite;
 pub use config::{Config, ConfigBuilder, ConfigError, LimiterConfig, parse_rate};
 pub use decision::Decision;
 pub use error::{BoxError, Error};

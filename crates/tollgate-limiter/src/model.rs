@@ -8,6 +8,7 @@
 
 use std::collections::VecDeque;
 
+use crate::composite::CompositeState;
 use crate::decision::Decision;
 use crate::policy::{Policy, ProgressiveDelay, SlidingWindow, TokenBucket};
 use crate::time::Timestamp;
@@ -294,6 +295,8 @@ pub enum State {
     SlidingWindow(SlidingWindowState),
     /// See [`ProgressiveDelayState`].
     ProgressiveDelay(ProgressiveDelayState),
+    /// See [`CompositeState`].
+    Composite(CompositeState),
 }
 
 impl State {
@@ -303,6 +306,7 @@ impl State {
             Policy::TokenBucket(_) => Self::TokenBucket(TokenBucketState::default()),
             Policy::SlidingWindow(_) => Self::SlidingWindow(SlidingWindowState::default()),
             Policy::ProgressiveDelay(_) => Self::ProgressiveDelay(ProgressiveDelayState::default()),
+            Policy::Composite(_) => Self::Composite(CompositeState::default()),
         }
     }
 
@@ -332,6 +336,8 @@ impl State {
                 s.acquire(now, p, c)
             }
             (Self::ProgressiveDelay(s), Policy::ProgressiveDelay(p), _) => s.peek(now, p),
+            // The parts' decisions carry their own windows.
+            (Self::Composite(s), Policy::Composite(c), op) => return s.apply(now, c, op),
             _ => {
                 *self = Self::fresh(policy);
                 return self.apply(now, policy, op);
@@ -347,6 +353,7 @@ impl State {
             (Self::TokenBucket(s), _) => s.expires_at(),
             (Self::SlidingWindow(s), Policy::SlidingWindow(p)) => s.expires_at(p),
             (Self::ProgressiveDelay(s), Policy::ProgressiveDelay(p)) => s.expires_at(p),
+            (Self::Composite(s), Policy::Composite(c)) => s.expires_at(c),
             _ => 0,
         }
     }
@@ -369,6 +376,8 @@ pub fn records(policy: &Policy, op: Op, decision: &Decision) -> bool {
             decision.is_allowed() || p.penalises_refused()
         }
         (Op::Acquire(_), Policy::ProgressiveDelay(_)) => true,
+        // Every part is charged, or none.
+        (Op::Acquire(_), Policy::Composite(_)) => decision.is_allowed(),
     }
 }
 
@@ -379,6 +388,7 @@ pub fn window_of(policy: &Policy) -> std::time::Duration {
         Policy::TokenBucket(p) => p.capacity() * p.interval_micros(),
         Policy::SlidingWindow(p) => p.window_micros(),
         Policy::ProgressiveDelay(p) => p.forget_after_micros(),
+        Policy::Composite(c) => return c.window(),
     };
     std::time::Duration::from_micros(us)
 }

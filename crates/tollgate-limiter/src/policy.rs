@@ -7,6 +7,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::composite::Composite;
 use crate::time::micros;
 
 /// The longest span any policy may cover: ten years, in microseconds.
@@ -307,6 +308,8 @@ pub enum Strategy {
     SlidingWindow,
     /// [`ProgressiveDelay`].
     ProgressiveDelay,
+    /// [`Composite`]: several token buckets and sliding windows at once.
+    Composite,
 }
 
 impl Strategy {
@@ -316,6 +319,7 @@ impl Strategy {
             Self::TokenBucket => "token_bucket",
             Self::SlidingWindow => "sliding_window",
             Self::ProgressiveDelay => "progressive_delay",
+            Self::Composite => "composite",
         }
     }
 }
@@ -336,6 +340,8 @@ pub enum Policy {
     SlidingWindow(SlidingWindow),
     /// See [`ProgressiveDelay`].
     ProgressiveDelay(ProgressiveDelay),
+    /// See [`Composite`].
+    Composite(Composite),
 }
 
 impl Policy {
@@ -345,26 +351,30 @@ impl Policy {
             Self::TokenBucket(_) => Strategy::TokenBucket,
             Self::SlidingWindow(_) => Strategy::SlidingWindow,
             Self::ProgressiveDelay(_) => Strategy::ProgressiveDelay,
+            Self::Composite(_) => Strategy::Composite,
         }
     }
 
-    /// The headline number: capacity, window limit, or free attempts.
+    /// The headline number: capacity, window limit, or free attempts (for
+    /// a composite, the largest cost every part grants).
     pub fn limit(&self) -> u64 {
         match self {
             Self::TokenBucket(p) => p.capacity,
             Self::SlidingWindow(p) => p.limit,
             Self::ProgressiveDelay(p) => p.free_attempts,
+            Self::Composite(c) => c.max_cost(),
         }
     }
 
     /// The time span the limit is expressed over, for `RateLimit-Policy`'s
     /// `w` parameter: the time to refill the whole bucket, the window, or the
-    /// forget-after period.
+    /// forget-after period (for a composite, the longest of its parts').
     pub fn window(&self) -> Duration {
         match self {
             Self::TokenBucket(p) => Duration::from_micros(p.capacity * p.interval_us),
             Self::SlidingWindow(p) => p.window,
             Self::ProgressiveDelay(p) => p.forget_after(),
+            Self::Composite(c) => c.window(),
         }
     }
 
@@ -375,6 +385,16 @@ impl Policy {
             Self::TokenBucket(p) => Some(p.capacity),
             Self::SlidingWindow(p) => Some(p.limit),
             Self::ProgressiveDelay(_) => None,
+            Self::Composite(c) => Some(c.max_cost()),
+        }
+    }
+
+    /// The policies a decision checks: the parts of a composite, else the
+    /// policy itself.
+    pub fn parts(&self) -> Vec<Policy> {
+        match self {
+            Self::Composite(c) => c.policies().collect(),
+            other => vec![*other],
         }
     }
 
@@ -399,6 +419,12 @@ impl From<TokenBucket> for Policy {
 impl From<SlidingWindow> for Policy {
     fn from(p: SlidingWindow) -> Self {
         Self::SlidingWindow(p)
+    }
+}
+
+impl From<Composite> for Policy {
+    fn from(p: Composite) -> Self {
+        Self::Composite(p)
     }
 }
 
