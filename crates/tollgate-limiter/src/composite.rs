@@ -256,8 +256,7 @@ pub fn combine(decisions: &[Decision]) -> Decision {
         }
     } else {
         for (i, d) in decisions.iter().enumerate() {
-            if d.is_denied() && best.is_none_or(|b| d.retry_after() > decisions[b].retry_after())
-            {
+            if d.is_denied() && best.is_none_or(|b| d.retry_after() > decisions[b].retry_after()) {
                 best = Some(i);
             }
         }
@@ -318,7 +317,10 @@ mod tests {
         // The bucket still holds its third token.
         let tb_state = &s.parts[0];
         assert_eq!(
-            tb_state.clone().apply(0, &c.policy(0).unwrap(), Op::PEEK).remaining(),
+            tb_state
+                .clone()
+                .apply(0, &c.policy(0).unwrap(), Op::PEEK)
+                .remaining(),
             1
         );
     }

@@ -544,7 +544,9 @@ fn composite_policy(l: &RawLimiter, parts: &[RawLimiter]) -> Result<Policy, Fiel
             .map_err(|(f, r)| ("policies", format!("policies[{i}].{f}: {r}")))?;
         policies.push(p);
     }
-    Ok(Composite::new(policies).map_err(|e| (e.field, e.reason))?.into())
+    Ok(Composite::new(policies)
+        .map_err(|e| (e.field, e.reason))?
+        .into())
 }
 
 fn opt_duration(s: Option<&str>) -> Result<Option<Duration>, String> {
@@ -623,7 +625,10 @@ mod tests {
             "[[limiters.api.policies]]\nstrategy = \"sliding_window\"\nlimit = 3\nwindow = \"1s\"",
         )
         .unwrap();
-        assert_eq!(c.limiter("api").unwrap().policy.strategy(), Strategy::Composite);
+        assert_eq!(
+            c.limiter("api").unwrap().policy.strategy(),
+            Strategy::Composite
+        );
     }
 
     #[test]
@@ -638,7 +643,10 @@ mod tests {
         let e = err(r#"
             [limiters.api]
             policies = [{ strategy = "token_bucket", capacity = 0, refill = "10/s" }]"#);
-        assert!(e.contains("limiters.api.policies: policies[0].capacity"), "{e}");
+        assert!(
+            e.contains("limiters.api.policies: policies[0].capacity"),
+            "{e}"
+        );
         let e = err(r#"
             [limiters.api]
             policies = [{ strategy = "sliding_window", limit = 1, window = "1s", penalise_refused = true }]"#);
