@@ -281,6 +281,63 @@ mod tests {
             .into()
     }
 
+    fn part() -> impl proptest::strategy::Strategy<Value = Policy> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (1u64..6, 1u64..4, 1u64..3_000_000).prop_map(|(c, r, p)| {
+                Policy::from(TokenBucket::new(c, r, Duration::from_micros(p)).unwrap())
+            }),
+            (1u64..6, 1u64..5_000_000).prop_map(|(l, w)| {
+                Policy::from(SlidingWindow::new(l, Duration::from_micros(w)).unwrap())
+            }),
+        ]
+    }
+
+    proptest::proptest! {
+        /// All or nothing: each part's state is exactly what that policy
+        /// alone would hold had it seen only the requests the composite
+        /// admitted; a refusal is some part's refusal, and a pass every
+        /// part's.
+        #[test]
+        fn each_part_sees_only_what_the_composite_admitted(
+            parts in proptest::collection::vec(part(), 1..=MAX_PARTS),
+            steps in proptest::collection::vec((0u64..2_000_000, 0u64..7, proptest::bool::ANY), 1..80),
+        ) {
+            let c = Composite::new(parts.clone()).unwrap();
+            let mut composite = CompositeState::default();
+            let mut alone: Vec<State> = parts.iter().map(State::fresh).collect();
+            let mut now = 0;
+            for (dt, cost, peek) in steps {
+                now += dt;
+                let op = if peek { Op::Peek(cost) } else { Op::Acquire(cost) };
+                let d = composite.apply(now, &c, op);
+                let verdicts: Vec<Decision> = alone
+                    .iter()
+                    .zip(&parts)
+                    .map(|(s, p)| s.clone().apply(now, p, Op::Peek(cost)))
+                    .collect();
+                proptest::prop_assert_eq!(
+                    d.is_allowed(),
+                    verdicts.iter().all(Decision::is_allowed)
+                );
+                if d.is_denied() {
+                    proptest::prop_assert!(verdicts[d.part()].is_denied());
+                    let latest = verdicts.iter().map(|v| v.retry_after()).max().unwrap();
+                    proptest::prop_assert!(d.is_impossible() || d.retry_after() == latest);
+                }
+                if d.is_allowed() && !peek {
+                    for (s, p) in alone.iter_mut().zip(&parts) {
+                        s.apply(now, p, op);
+                    }
+                }
+                for (i, (s, p)) in alone.iter().zip(&parts).enumerate() {
+                    let mine = composite.parts[i].clone().apply(now, p, Op::PEEK);
+                    proptest::prop_assert_eq!(mine, s.clone().apply(now, p, Op::PEEK));
+                }
+            }
+        }
+    }
+
     #[test]
     fn refuses_what_does_not_compose() {
         assert!(Composite::new([]).is_err());
