@@ -172,6 +172,11 @@ async fn a_composite_answers_with_every_part_and_charges_nothing_on_refusal() {
         assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(header(&refused, "retry-after"), ["3600"]);
         assert_eq!(header(&refused, "ratelimit"), ["\"plan.1\";r=0;t=3600"]);
+        assert!(
+            body(refused)
+                .await
+                .contains("\"violated-policies\":[\"plan.1\"]")
+        );
     }
     assert_eq!(echo.calls(), 2);
     // The bucket lost only the two admitted tokens.

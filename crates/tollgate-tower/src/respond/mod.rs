@@ -129,15 +129,24 @@ impl<'a> Quota<'a> {
         to_header(buf)
     }
 
+    /// The name of the policy the decision is about, as the header fields
+    /// spell it: the limiter's name, or for a composite its binding part's,
+    /// `<name>.<index>` (what a refusal's `violated-policies` lists).
+    pub fn policy_name(&self) -> std::borrow::Cow<'a, str> {
+        match self.policy {
+            Policy::Composite(_) => part_name(self.name, self.decision.part()).into(),
+            _ => self.name.into(),
+        }
+    }
+
     /// `RateLimit: "name";r=<remaining>;t=<seconds to reset>`; for a
     /// composite, of the binding part, `"<name>.<index>"`.
     pub fn header(&self) -> HeaderValue {
-        let r = (b'r', self.decision.remaining());
-        let t = (b't', self.reset_secs());
-        match self.policy {
-            Policy::Composite(_) => field(&part_name(self.name, self.decision.part()), r, t),
-            _ => field(self.name, r, t),
-        }
+        field(
+            &self.policy_name(),
+            (b'r', self.decision.remaining()),
+            (b't', self.reset_secs()),
+        )
     }
 }
 
