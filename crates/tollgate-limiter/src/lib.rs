@@ -41,7 +41,6 @@
 pub mod aimd;
 pub mod backend;
 mod breaker;
-pub mod composite;
 pub mod config;
 pub mod decision;
 mod deny_cache;
@@ -53,6 +52,8 @@ pub mod limiter;
 pub mod model;
 pub mod policy;
 mod sharded;
+pub mod strategy;
+pub use strategy::composite;
 pub mod time;
 
 pub use aimd::{AimdConfig, AimdLimiter};
