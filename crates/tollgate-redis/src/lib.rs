@@ -18,7 +18,8 @@
 //!   [`Clock`] instead (a [`MockClock`](tollgate_limiter::MockClock) in tests,
 //!   replays).
 //! * **Keys**: `<prefix>:<limiter>:{<key>}` (a HASH), plus `…:log` (the
-//!   sliding-window log) and `…:override` (a per-key override), all in the
+//!   sliding-window log), `…:log1` to `…:log4` (a composite's windows' logs,
+//!   see `lua/composite.lua`) and `…:override` (a per-key override), all in the
 //!   key's hash slot; `<prefix>:<limiter>:override` holds a limiter-wide
 //!   override. Every key's TTL is the time until its state equals a fresh
 //!   key's, rounded up to a millisecond; a key that becomes fresh is deleted.
