@@ -198,6 +198,7 @@ fn aged(e: &Entry, now: Instant) -> Decision {
         d.reset_after().saturating_sub(elapsed),
     )
     .with_window(d.window())
+    .with_part(d.part())
 }
 
 #[cfg(test)]
