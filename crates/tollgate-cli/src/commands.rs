@@ -35,6 +35,7 @@ fn decision_json(d: &Decision) -> Value {
         "retry_after_us": u64::try_from(d.retry_after().as_micros()).unwrap_or(u64::MAX),
         "retry_after_secs": d.retry_after_secs(),
         "reset_after_us": u64::try_from(d.reset_after().as_micros()).unwrap_or(u64::MAX),
+        "part": d.part(),
     })
 }
 
@@ -421,6 +422,12 @@ async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
     print_header(&t, &key);
     o.print(Some(&key));
     print_decision(&d);
+    // A composite's numbers are its binding part's: say which.
+    if let Policy::Composite(c) = o.key.or(o.limiter).unwrap_or(o.configured)
+        && let Some(part) = c.policy(d.part())
+    {
+        println!("binding      part {}: {}", d.part(), describe(&part));
+    }
     Ok(())
 }
 

@@ -85,6 +85,24 @@ pub(crate) fn policy_fields(p: &Policy) -> Vec<(&'static str, String)> {
             ("max_delay", dur(pd.max_delay())),
             ("forget_after", dur(pd.forget_after())),
         ],
+        Policy::Composite(c) => {
+            let parts: Vec<String> = c
+                .policies()
+                .map(|part| {
+                    let mut f = vec![format!(
+                        "strategy = {}",
+                        toml_string(part.strategy().as_str())
+                    )];
+                    f.extend(
+                        policy_fields(&part)
+                            .into_iter()
+                            .map(|(k, v)| format!("{k} = {v}")),
+                    );
+                    format!("{{ {} }}", f.join(", "))
+                })
+                .collect();
+            vec![("policies", format!("[{}]", parts.join(", ")))]
+        }
         // `Policy` is non-exhaustive: a strategy this CLI does not know.
         _ => Vec::new(),
     }
@@ -95,6 +113,11 @@ pub(crate) fn policy_fields(p: &Policy) -> Vec<(&'static str, String)> {
 pub(crate) fn policy_json(p: &Policy) -> serde_json::Value {
     let mut map = serde_json::Map::new();
     map.insert("strategy".into(), p.strategy().as_str().into());
+    if let Policy::Composite(c) = p {
+        let parts: Vec<_> = c.policies().map(|part| policy_json(&part)).collect();
+        map.insert("policies".into(), parts.into());
+        return serde_json::Value::Object(map);
+    }
     for (k, v) in policy_fields(p) {
         // A TOML integer, boolean or basic string (as `toml_string` writes
         // it) is also a JSON value.
@@ -214,6 +237,7 @@ mod tests {
             "[limiters.api]\nstrategy='token_bucket'\ncapacity=3\nrefill='7/1500ms'",
             "[limiters.api]\nstrategy='sliding_window'\nlimit=20\nwindow='15m'\npenalise_refused=true",
             "[limiters.api]\nstrategy='progressive_delay'\nfree_attempts=5\nbase_delay='1s'\nfactor=3\nmax_delay='15m'\nforget_after='1h'",
+            COMPOSITE,
         ] {
             let l = limiter(toml);
             // An override that changes nothing gives the configured policy.
@@ -250,6 +274,39 @@ mod tests {
         assert!(err(&l, "[limiters.api]\ncapacity = 3").contains("table header"));
         assert!(err(&l, "capacity = ").contains("invalid override"));
         assert!(err(&l, " ").contains("no policy"));
+    }
+
+    const COMPOSITE: &str = "[limiters.api]\nstrategy='composite'\npolicies=[\
+        {strategy='token_bucket', capacity=10, refill='10/s'},\
+        {strategy='sliding_window', limit=1000, window='1day'}]";
+
+    #[test]
+    fn composites_show_and_override_their_list() {
+        let l = limiter(COMPOSITE);
+        assert_eq!(
+            describe(&l.policy),
+            "composite: policies = [{ strategy = \"token_bucket\", capacity = 10, refill = \"10/s\" }, \
+             { strategy = \"sliding_window\", limit = 1000, window = \"1day\" }]"
+        );
+        assert_eq!(
+            policy_json(&l.policy)["policies"][1],
+            serde_json::json!({"strategy": "sliding_window", "limit": 1000, "window": "1day"})
+        );
+        // An override replaces the whole list, under the configuration's rules.
+        let p = override_policy(
+            &l,
+            "policies = [{ strategy = 'token_bucket', capacity = 5, refill = '1/s' }]",
+        )
+        .unwrap();
+        assert_eq!(p.max_cost(), Some(5));
+        let e = err(
+            &l,
+            "policies = [{ strategy = 'token_bucket', capacity = 0, refill = '1/s' }]",
+        );
+        assert!(
+            e.contains("limiters.api.policies: policies[0].capacity"),
+            "{e}"
+        );
     }
 
     #[test]

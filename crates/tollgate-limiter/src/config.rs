@@ -55,6 +55,7 @@ use serde::{Deserialize, Serialize};
 use crate::aimd::AimdConfig;
 use crate::backend::Backend;
 use crate::breaker::BreakerConfig;
+use crate::composite::Composite;
 use crate::limiter::{DEFAULT_TIMEOUT, FailMode, Limiter};
 use crate::policy::{Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy, TokenBucket};
 
@@ -130,6 +131,8 @@ struct RawLimiter {
     limit: Option<u64>,
     window: Option<String>,
     penalise_refused: Option<bool>,
+    // composite: the policies, each a table of the fields above
+    policies: Option<Vec<RawLimiter>>,
     // progressive delay
     free_attempts: Option<u64>,
     base_delay: Option<String>,
@@ -382,15 +385,76 @@ fn validate(
     breaker: BreakerConfig,
 ) -> Result<LimiterConfig, ConfigError> {
     let err = |field, reason: String| ConfigError::invalid(name, field, reason);
+    let policy = match (l.strategy.as_deref(), &l.policies) {
+        (Some("composite") | None, Some(parts)) => {
+            composite_policy(l, parts).map_err(|(f, r)| err(f, r))?
+        }
+        (Some("composite"), None) => {
+            return Err(err(
+                "policies",
+                "missing (a composite lists its policies)".into(),
+            ));
+        }
+        (_, Some(_)) => {
+            return Err(err(
+                "policies",
+                "belongs to composite (set strategy = \"composite\" or leave it out)".into(),
+            ));
+        }
+        (_, None) => single_policy(l).map_err(|(f, r)| err(f, r))?,
+    };
+    let cost = l.cost.unwrap_or(1);
+    if cost == 0 {
+        return Err(err("cost", "must be at least 1".into()));
+    }
+    policy
+        .check_cost(cost)
+        .map_err(|e| ConfigError::from_policy(name, e))?;
+    let min_cost = l.min_cost.unwrap_or(1);
+    if min_cost == 0 {
+        return Err(err("min_cost", "must be at least 1".into()));
+    }
+    policy
+        .check_cost(min_cost)
+        .map_err(|e| err("min_cost", e.reason))?;
+    let fail_mode = match &l.fail_mode {
+        Some(s) => s.parse().map_err(|e| err("fail_mode", e))?,
+        None => fail_mode,
+    };
+    let timeout = opt_duration(l.timeout.as_deref())
+        .map_err(|e| err("timeout", e))?
+        .unwrap_or(timeout);
+    if timeout.is_zero() {
+        return Err(err("timeout", "must be above zero".into()));
+    }
+    Ok(LimiterConfig {
+        name: name.to_owned(),
+        policy,
+        cost,
+        min_cost,
+        fail_mode,
+        timeout,
+        breaker,
+    })
+}
+
+/// A policy error: the field, as spelled in configuration, and why.
+type FieldError = (&'static str, String);
+
+/// The policy of a limiter (or a composite's part) with one strategy.
+fn single_policy(l: &RawLimiter) -> Result<Policy, FieldError> {
+    let err = |field: &'static str, reason: String| (field, reason);
     let strategy = match l.strategy.as_deref() {
         Some("token_bucket") => Strategy::TokenBucket,
         Some("sliding_window") => Strategy::SlidingWindow,
         Some("progressive_delay") => Strategy::ProgressiveDelay,
+        Some("composite") => Strategy::Composite,
         Some(other) => {
             return Err(err(
                 "strategy",
                 format!(
-                    "unknown strategy {other:?}; expected token_bucket, sliding_window or progressive_delay"
+                    "unknown strategy {other:?}; expected token_bucket, sliding_window, \
+                     progressive_delay or composite"
                 ),
             ));
         }
@@ -434,12 +498,13 @@ fn validate(
         return Err(err(field, format!("belongs to {s}, not to {strategy}")));
     }
     let req = |field: &'static str, v: Option<u64>| v.ok_or_else(|| err(field, "missing".into()));
-    let dur = |field: &'static str, v: &Option<String>| -> Result<Duration, ConfigError> {
+    let dur = |field: &'static str, v: &Option<String>| -> Result<Duration, FieldError> {
         opt_duration(v.as_deref())
             .map_err(|e| err(field, e))?
             .ok_or_else(|| err(field, "missing".into()))
     };
-    let policy: Policy = match strategy {
+    Ok(match strategy {
+        Strategy::Composite => return Err(err("policies", "missing".into())),
         Strategy::TokenBucket => {
             let capacity = req("capacity", l.capacity)?;
             let (refill, period) = match &l.refill {
@@ -447,12 +512,12 @@ fn validate(
                 None => return Err(err("refill", "missing (e.g. \"60/min\")".into())),
             };
             TokenBucket::new(capacity, refill, period)
-                .map_err(|e| ConfigError::from_policy(name, e))?
+                .map_err(|e| (e.field, e.reason))?
                 .into()
         }
         Strategy::SlidingWindow => {
             SlidingWindow::new(req("limit", l.limit)?, dur("window", &l.window)?)
-                .map_err(|e| ConfigError::from_policy(name, e))?
+                .map_err(|e| (e.field, e.reason))?
                 .penalise_refused(l.penalise_refused.unwrap_or(false))
                 .into()
         }
@@ -463,42 +528,60 @@ fn validate(
             dur("max_delay", &l.max_delay)?,
             dur("forget_after", &l.forget_after)?,
         )
-        .map_err(|e| ConfigError::from_policy(name, e))?
+        .map_err(|e| (e.field, e.reason))?
         .into(),
-    };
-    let cost = l.cost.unwrap_or(1);
-    if cost == 0 {
-        return Err(err("cost", "must be at least 1".into()));
-    }
-    policy
-        .check_cost(cost)
-        .map_err(|e| ConfigError::from_policy(name, e))?;
-    let min_cost = l.min_cost.unwrap_or(1);
-    if min_cost == 0 {
-        return Err(err("min_cost", "must be at least 1".into()));
-    }
-    policy
-        .check_cost(min_cost)
-        .map_err(|e| err("min_cost", e.reason))?;
-    let fail_mode = match &l.fail_mode {
-        Some(s) => s.parse().map_err(|e| err("fail_mode", e))?,
-        None => fail_mode,
-    };
-    let timeout = opt_duration(l.timeout.as_deref())
-        .map_err(|e| err("timeout", e))?
-        .unwrap_or(timeout);
-    if timeout.is_zero() {
-        return Err(err("timeout", "must be above zero".into()));
-    }
-    Ok(LimiterConfig {
-        name: name.to_owned(),
-        policy,
-        cost,
-        min_cost,
-        fail_mode,
-        timeout,
-        breaker,
     })
+}
+
+/// A composite's policy: each part a single policy without the limiter's
+/// own settings; errors name the part (`policies[1].capacity: …`).
+fn composite_policy(l: &RawLimiter, parts: &[RawLimiter]) -> Result<Policy, FieldError> {
+    let present = [
+        ("capacity", l.capacity.is_some()),
+        ("refill", l.refill.is_some()),
+        ("limit", l.limit.is_some()),
+        ("window", l.window.is_some()),
+        ("penalise_refused", l.penalise_refused.is_some()),
+        ("free_attempts", l.free_attempts.is_some()),
+        ("base_delay", l.base_delay.is_some()),
+        ("factor", l.factor.is_some()),
+        ("max_delay", l.max_delay.is_some()),
+        ("forget_after", l.forget_after.is_some()),
+    ];
+    if let Some((field, _)) = present.iter().find(|(_, set)| *set) {
+        return Err((
+            field,
+            "belongs to one of the composite's policies, not to the composite".into(),
+        ));
+    }
+    let mut policies = Vec::with_capacity(parts.len());
+    for (i, part) in parts.iter().enumerate() {
+        let nested = [
+            ("policies", part.policies.is_some()),
+            ("cost", part.cost.is_some()),
+            ("min_cost", part.min_cost.is_some()),
+            ("fail_mode", part.fail_mode.is_some()),
+            ("timeout", part.timeout.is_some()),
+        ];
+        if let Some((field, _)) = nested.iter().find(|(_, set)| *set) {
+            return Err((
+                "policies",
+                format!("policies[{i}].{field}: set it on the limiter, not on one policy"),
+            ));
+        }
+        if part.strategy.as_deref() == Some("composite") {
+            return Err((
+                "policies",
+                format!("policies[{i}].strategy: a composite cannot nest a composite"),
+            ));
+        }
+        let p = single_policy(part)
+            .map_err(|(f, r)| ("policies", format!("policies[{i}].{f}: {r}")))?;
+        policies.push(p);
+    }
+    Ok(Composite::new(policies)
+        .map_err(|e| (e.field, e.reason))?
+        .into())
 }
 
 fn opt_duration(s: Option<&str>) -> Result<Option<Duration>, String> {
@@ -550,6 +633,91 @@ mod tests {
 
     fn err(toml: &str) -> String {
         load(toml).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn composite_loads_from_a_list_of_policies() {
+        let c = load(
+            r#"
+            [limiters.api]
+            strategy = "composite"
+            policies = [
+                { strategy = "token_bucket", capacity = 10, refill = "10/s" },
+                { strategy = "sliding_window", limit = 1000, window = "1d" },
+            ]
+            cost = 2
+            "#,
+        )
+        .unwrap();
+        let l = c.limiter("api").unwrap();
+        let Policy::Composite(p) = l.policy else {
+            panic!("{:?}", l.policy)
+        };
+        assert_eq!(p.len(), 2);
+        assert_eq!(l.policy.max_cost(), Some(10));
+        // `strategy` may be left out when `policies` is given.
+        let c = load(
+            "[[limiters.api.policies]]\nstrategy = \"sliding_window\"\nlimit = 3\nwindow = \"1s\"",
+        )
+        .unwrap();
+        assert_eq!(
+            c.limiter("api").unwrap().policy.strategy(),
+            Strategy::Composite
+        );
+    }
+
+    #[test]
+    fn composite_errors_name_the_part_and_field() {
+        let e = err(r#"
+            [limiters.api]
+            policies = [
+                { strategy = "token_bucket", capacity = 10, refill = "10/s" },
+                { strategy = "progressive_delay", free_attempts = 1, base_delay = "1s", max_delay = "2s", forget_after = "1m" },
+            ]"#);
+        assert!(e.contains("limiters.api.policies: policies[1]"), "{e}");
+        let e = err(r#"
+            [limiters.api]
+            policies = [{ strategy = "token_bucket", capacity = 0, refill = "10/s" }]"#);
+        assert!(
+            e.contains("limiters.api.policies: policies[0].capacity"),
+            "{e}"
+        );
+        let e = err(r#"
+            [limiters.api]
+            policies = [{ strategy = "sliding_window", limit = 1, window = "1s", penalise_refused = true }]"#);
+        assert!(e.contains("penalises refusals"), "{e}");
+        let e = err(r#"
+            [limiters.api]
+            strategy = "token_bucket"
+            capacity = 1
+            refill = "1/s"
+            policies = [{ strategy = "token_bucket", capacity = 1, refill = "1/s" }]"#);
+        assert!(e.contains("limiters.api.policies"), "{e}");
+        let e = err("[limiters.api]\nstrategy = \"composite\"");
+        assert!(e.contains("limiters.api.policies: missing"), "{e}");
+        let e = err(r#"
+            [limiters.api]
+            limit = 3
+            policies = [{ strategy = "token_bucket", capacity = 1, refill = "1/s" }]"#);
+        assert!(e.contains("limiters.api.limit"), "{e}");
+        let e = err(r#"
+            [limiters.api]
+            policies = [{ strategy = "token_bucket", capacity = 5, refill = "1/s" }]
+            cost = 6"#);
+        assert!(e.contains("limiters.api.cost"), "{e}");
+    }
+
+    #[test]
+    fn composite_from_the_environment() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env(
+                "TOLLGATE_LIMITERS__API__POLICIES",
+                r#"[{strategy="token_bucket",capacity=5,refill="1/s"},{strategy="sliding_window",limit=3,window="1m"}]"#,
+            );
+            let c = Config::builder().env().load().unwrap();
+            assert_eq!(c.limiter("api").unwrap().policy.max_cost(), Some(3));
+            Ok(())
+        });
     }
 
     #[test]

@@ -18,6 +18,8 @@ pub struct Decision {
     /// and the `Denied` that carries one, small).
     window_us: u64,
     impossible: bool,
+    /// The binding part of a composite policy (0 otherwise).
+    part: u8,
 }
 
 impl Decision {
@@ -31,6 +33,7 @@ impl Decision {
             reset_after,
             window_us: 0,
             impossible: false,
+            part: 0,
         }
     }
 
@@ -49,6 +52,7 @@ impl Decision {
             reset_after,
             window_us: 0,
             impossible: false,
+            part: 0,
         }
     }
 
@@ -68,6 +72,7 @@ impl Decision {
             reset_after: Duration::from_micros(reset_after_us),
             window_us: 0,
             impossible: false,
+            part: 0,
         }
     }
 
@@ -88,6 +93,19 @@ impl Decision {
     pub fn with_window(mut self, window: Duration) -> Self {
         self.window_us = crate::time::micros(window);
         self
+    }
+
+    /// The same decision, made by part `index` of a composite policy.
+    pub fn with_part(mut self, index: usize) -> Self {
+        self.part = u8::try_from(index).unwrap_or(u8::MAX);
+        self
+    }
+
+    /// Which part of a [composite](crate::Composite) policy this decision
+    /// is (the binding one: see [`crate::composite`]); 0 for a single
+    /// policy.
+    pub fn part(&self) -> usize {
+        usize::from(self.part)
     }
 
     /// Whether the request was refused because its cost can never fit

@@ -94,7 +94,7 @@ impl DenyCache {
             (policy, op),
             (_, Op::Peek(_))
                 | (
-                    Policy::TokenBucket(_) | Policy::SlidingWindow(_),
+                    Policy::TokenBucket(_) | Policy::SlidingWindow(_) | Policy::Composite(_),
                     Op::Acquire(_)
                 )
         )
@@ -198,6 +198,7 @@ fn aged(e: &Entry, now: Instant) -> Decision {
         d.reset_after().saturating_sub(elapsed),
     )
     .with_window(d.window())
+    .with_part(d.part())
 }
 
 #[cfg(test)]

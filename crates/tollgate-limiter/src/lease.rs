@@ -65,11 +65,11 @@ impl Leases {
         }
         lease.left -= cost;
         let d = lease.decision;
-        Some(Decision::allowed(
-            d.limit(),
-            d.remaining() + lease.left,
-            d.reset_after(),
-        ))
+        Some(
+            Decision::allowed(d.limit(), d.remaining() + lease.left, d.reset_after())
+                .with_window(d.window())
+                .with_part(d.part()),
+        )
     }
 
     /// Keeps `left` units of a batch the backend granted with `decision`

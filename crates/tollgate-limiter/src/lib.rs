@@ -4,7 +4,7 @@
 //! talks to Redis or HTTP:
 //!
 //! * [policies](Policy): [`TokenBucket`], exact [`SlidingWindow`],
-//!   [`ProgressiveDelay`];
+//!   [`ProgressiveDelay`], and [`Composite`]s of several, decided at once;
 //! * the [`Decision`] a limiter answers with (a refusal is a value);
 //! * the [`Backend`] trait that the memory and Redis backends implement;
 //! * the [`Limiter`]: a named policy over a backend, with a per-decision
@@ -54,11 +54,14 @@ pub mod metrics;
 pub mod model;
 pub mod policy;
 mod sharded;
+pub mod strategy;
+pub use strategy::composite;
 pub mod time;
 
 pub use aimd::{AimdConfig, AimdLimiter};
 pub use backend::{Backend, Request, Scope};
 pub use breaker::BreakerConfig;
+pub use composite::Composite;
 pub use config::{Config, ConfigBuilder, ConfigError, LimiterConfig, RedisConfig, parse_rate};
 pub use decision::Decision;
 pub use error::{BoxError, Error};

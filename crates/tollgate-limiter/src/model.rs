@@ -6,11 +6,14 @@
 //! and the conformance suite checks every backend against them decision by
 //! decision. Read this module to know exactly what a limiter does.
 
-use std::collections::VecDeque;
-
 use crate::decision::Decision;
-use crate::policy::{Policy, ProgressiveDelay, SlidingWindow, TokenBucket};
+use crate::policy::Policy;
 use crate::time::Timestamp;
+
+pub use crate::strategy::composite::CompositeState;
+pub use crate::strategy::progressive_delay::ProgressiveDelayState;
+pub use crate::strategy::sliding_window::SlidingWindowState;
+pub use crate::strategy::token_bucket::TokenBucketState;
 
 /// What a request does to a key's state.
 ///
@@ -45,246 +48,6 @@ impl Op {
     pub const PEEK: Op = Op::Peek(1);
 }
 
-/// State of one token-bucket key: its theoretical arrival time (GCRA).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TokenBucketState {
-    /// When the bucket will be full again; 0 for a fresh key.
-    pub tat: Timestamp,
-}
-
-impl TokenBucketState {
-    /// Takes `cost` tokens at `now` (a cost of 0 counts as 1).
-    pub fn acquire(&mut self, now: Timestamp, p: &TokenBucket, cost: u64) -> Decision {
-        self.decide(now, p, cost, true)
-    }
-
-    /// Whether `cost` tokens would be taken at `now`; changes nothing.
-    pub fn peek(&self, now: Timestamp, p: &TokenBucket, cost: u64) -> Decision {
-        let mut copy = *self;
-        copy.decide(now, p, cost, false)
-    }
-
-    fn decide(&mut self, now: Timestamp, p: &TokenBucket, cost: u64, charge: bool) -> Decision {
-        let cost = cost.max(1);
-        let t = p.interval_micros();
-        let tau = p.capacity() * t;
-        let tat = self.tat.max(now);
-        let debt = tat - now;
-        // The debt can exceed tau when an override shrank the bucket: then
-        // nothing remains (never a negative count).
-        let remaining = tau.saturating_sub(debt) / t;
-        if cost > p.capacity() {
-            return Decision::impossible(p.capacity(), remaining, debt);
-        }
-        // cost <= capacity, so this cannot overflow what tau holds.
-        let new_debt = debt + cost * t;
-        if new_debt > tau {
-            return Decision::from_micros(false, p.capacity(), remaining, new_debt - tau, debt);
-        }
-        if !charge {
-            return Decision::from_micros(true, p.capacity(), remaining, 0, debt);
-        }
-        self.tat = now + new_debt;
-        Decision::from_micros(true, p.capacity(), (tau - new_debt) / t, 0, new_debt)
-    }
-
-    /// When this state becomes equal to a fresh key's.
-    pub fn expires_at(&self) -> Timestamp {
-        self.tat
-    }
-}
-
-/// State of one sliding-window key: the log of admitted (and, if
-/// penalised, refused) events, oldest first.
-///
-/// **Bounded log.** Whenever a decision records an event, the oldest
-/// events are dropped while the newer ones alone still hold at least
-/// `limit` units (`total - head_cost >= limit`). Events leave the window
-/// oldest first, so as long as any kept event is in the window every
-/// dropped one is too, and the kept ones alone already refuse every
-/// request: the verdict, `remaining` (0) and the exact retry-after
-/// (`needed = total + want - limit >= want > 0` is reached inside the kept
-/// events) are the same as with the whole log. Without a penalty the log
-/// never holds more than `limit` units, so this only ever trims penalised
-/// windows under a flood: a key keeps at most `limit` events (each costs at
-/// least 1) and a decision's work is bounded by the limit, never by how
-/// many requests a client sent.
-///
-/// The one observable consequence: an override *raising* the limit while a
-/// trimmed log is in the window sees only the kept units (at least the old
-/// limit), not every refused request of the flood.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SlidingWindowState {
-    /// `(timestamp, cost)`, timestamps non-decreasing.
-    pub events: VecDeque<(Timestamp, u64)>,
-    /// Sum of the costs in `events`.
-    pub total: u64,
-}
-
-/// What a sliding-window decision may write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Record {
-    /// An acquire: record the cost if it fits or the window penalises.
-    Charge,
-    /// Nothing.
-    Peek,
-    /// Record the units if the window penalises, and answer a peek.
-    Penalty,
-}
-
-impl SlidingWindowState {
-    /// Takes `cost` units at `now` (a cost of 0 counts as 1).
-    ///
-    /// `now` is clamped to the newest event, so a clock that steps back
-    /// cannot reorder the log.
-    pub fn acquire(&mut self, now: Timestamp, p: &SlidingWindow, cost: u64) -> Decision {
-        self.decide(now, p, cost, Record::Charge)
-    }
-
-    /// Whether `cost` units would be taken at `now`; records nothing
-    /// (events that left the window are dropped, which changes no answer).
-    pub fn peek(&mut self, now: Timestamp, p: &SlidingWindow, cost: u64) -> Decision {
-        self.decide(now, p, cost, Record::Peek)
-    }
-
-    /// Records `units` refused units at `now` if the window penalises
-    /// refusals (see [`Op::Penalise`]), then answers a peek of 1.
-    pub fn penalise(&mut self, now: Timestamp, p: &SlidingWindow, units: u64) -> Decision {
-        self.decide(now, p, units, Record::Penalty)
-    }
-
-    fn decide(&mut self, now: Timestamp, p: &SlidingWindow, cost: u64, rec: Record) -> Decision {
-        let w = p.window_micros();
-        let now = self.events.back().map_or(now, |&(ts, _)| now.max(ts));
-        while let Some(&(ts, c)) = self.events.front() {
-            if ts + w > now {
-                break;
-            }
-            self.total -= c;
-            self.events.pop_front();
-        }
-        let limit = p.limit();
-        let record = |s: &mut Self, cost: u64| {
-            match s.events.back_mut() {
-                Some((ts, c)) if *ts == now => *c += cost,
-                _ => s.events.push_back((now, cost)),
-            }
-            s.total += cost;
-            s.trim(limit);
-        };
-        let want = match rec {
-            Record::Penalty => {
-                let units = cost.min(limit);
-                if units > 0 && p.penalises_refused() {
-                    record(self, units);
-                }
-                1
-            }
-            Record::Charge | Record::Peek => cost.max(1),
-        };
-        let reset = |s: &Self| s.events.back().map_or(0, |&(ts, _)| ts + w - now);
-        if want > limit {
-            return Decision::impossible(limit, limit.saturating_sub(self.total), reset(self));
-        }
-        let fits = self.total + want <= limit;
-        if rec == Record::Charge && (fits || p.penalises_refused()) {
-            record(self, want);
-        }
-        let retry = if fits {
-            0
-        } else {
-            self.retry_after(now, w, limit, want)
-        };
-        let remaining = limit.saturating_sub(self.total);
-        Decision::from_micros(fits, limit, remaining, retry, reset(self))
-    }
-
-    /// Drops the oldest events while the newer ones alone hold at least
-    /// `limit` units (see the type's docs for why no answer changes).
-    fn trim(&mut self, limit: u64) {
-        while let Some(&(_, c)) = self.events.front() {
-            if self.total - c < limit {
-                break;
-            }
-            self.total -= c;
-            self.events.pop_front();
-        }
-    }
-
-    /// The exact moment a request of `cost` fits: when the oldest events
-    /// that block it leave the window.
-    fn retry_after(&self, now: Timestamp, w: u64, limit: u64, cost: u64) -> u64 {
-        let needed = (self.total + cost).saturating_sub(limit);
-        let mut freed = 0;
-        for &(ts, c) in &self.events {
-            freed += c;
-            if freed >= needed {
-                return ts + w - now;
-            }
-        }
-        // Unreachable: a cost above the limit is answered as impossible.
-        w
-    }
-
-    /// When this state becomes equal to a fresh key's.
-    pub fn expires_at(&self, p: &SlidingWindow) -> Timestamp {
-        self.events
-            .back()
-            .map_or(0, |&(ts, _)| ts + p.window_micros())
-    }
-}
-
-/// State of one progressive-delay key.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ProgressiveDelayState {
-    /// Failures recorded since the key was last fresh.
-    pub failures: u64,
-    /// The key is blocked before this instant.
-    pub blocked_until: Timestamp,
-    /// The last recorded failure.
-    pub last_failure: Timestamp,
-}
-
-impl ProgressiveDelayState {
-    /// Records `failures` failures at `now` (0 counts as 1).
-    pub fn acquire(&mut self, now: Timestamp, p: &ProgressiveDelay, failures: u64) -> Decision {
-        self.decide(now, p, failures.max(1))
-    }
-
-    /// Whether the key is blocked at `now`; records nothing (a forgotten
-    /// key is made fresh, which changes no answer).
-    pub fn peek(&mut self, now: Timestamp, p: &ProgressiveDelay) -> Decision {
-        self.decide(now, p, 0)
-    }
-
-    fn decide(&mut self, now: Timestamp, p: &ProgressiveDelay, failures: u64) -> Decision {
-        if self.failures > 0 && self.expires_at(p) <= now {
-            *self = Self::default();
-        }
-        if failures > 0 {
-            self.failures = self.failures.saturating_add(failures);
-            self.last_failure = now;
-            let delay = p.delay_micros(self.failures);
-            if delay > 0 {
-                self.blocked_until = self.blocked_until.max(now + delay);
-            }
-        }
-        let allowed = now >= self.blocked_until;
-        let retry = self.blocked_until.saturating_sub(now);
-        let reset = self.expires_at(p).saturating_sub(now);
-        let remaining = p.free_attempts().saturating_sub(self.failures);
-        Decision::from_micros(allowed, p.free_attempts(), remaining, retry, reset)
-    }
-
-    /// When this state becomes equal to a fresh key's.
-    pub fn expires_at(&self, p: &ProgressiveDelay) -> Timestamp {
-        if self.failures == 0 {
-            return 0;
-        }
-        (self.last_failure + p.forget_after_micros()).max(self.blocked_until)
-    }
-}
-
 /// The state of one key under any strategy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
@@ -294,6 +57,8 @@ pub enum State {
     SlidingWindow(SlidingWindowState),
     /// See [`ProgressiveDelayState`].
     ProgressiveDelay(ProgressiveDelayState),
+    /// See [`CompositeState`].
+    Composite(CompositeState),
 }
 
 impl State {
@@ -303,6 +68,7 @@ impl State {
             Policy::TokenBucket(_) => Self::TokenBucket(TokenBucketState::default()),
             Policy::SlidingWindow(_) => Self::SlidingWindow(SlidingWindowState::default()),
             Policy::ProgressiveDelay(_) => Self::ProgressiveDelay(ProgressiveDelayState::default()),
+            Policy::Composite(_) => Self::Composite(CompositeState::default()),
         }
     }
 
@@ -332,6 +98,8 @@ impl State {
                 s.acquire(now, p, c)
             }
             (Self::ProgressiveDelay(s), Policy::ProgressiveDelay(p), _) => s.peek(now, p),
+            // The parts' decisions carry their own windows.
+            (Self::Composite(s), Policy::Composite(c), op) => return s.apply(now, c, op),
             _ => {
                 *self = Self::fresh(policy);
                 return self.apply(now, policy, op);
@@ -347,6 +115,7 @@ impl State {
             (Self::TokenBucket(s), _) => s.expires_at(),
             (Self::SlidingWindow(s), Policy::SlidingWindow(p)) => s.expires_at(p),
             (Self::ProgressiveDelay(s), Policy::ProgressiveDelay(p)) => s.expires_at(p),
+            (Self::Composite(s), Policy::Composite(c)) => s.expires_at(c),
             _ => 0,
         }
     }
@@ -369,6 +138,8 @@ pub fn records(policy: &Policy, op: Op, decision: &Decision) -> bool {
             decision.is_allowed() || p.penalises_refused()
         }
         (Op::Acquire(_), Policy::ProgressiveDelay(_)) => true,
+        // Every part is charged, or none.
+        (Op::Acquire(_), Policy::Composite(_)) => decision.is_allowed(),
     }
 }
 
@@ -379,6 +150,7 @@ pub fn window_of(policy: &Policy) -> std::time::Duration {
         Policy::TokenBucket(p) => p.capacity() * p.interval_micros(),
         Policy::SlidingWindow(p) => p.window_micros(),
         Policy::ProgressiveDelay(p) => p.forget_after_micros(),
+        Policy::Composite(c) => return c.window(),
     };
     std::time::Duration::from_micros(us)
 }
@@ -493,6 +265,7 @@ impl Model {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::{ProgressiveDelay, SlidingWindow, TokenBucket};
     use std::time::Duration;
 
     const S: u64 = 1_000_000;

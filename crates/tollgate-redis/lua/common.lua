@@ -1,8 +1,9 @@
 -- tollgate: helpers shared by every strategy script.
 --
--- This file is prepended to token_bucket.lua, sliding_window.lua and
--- progressive_delay.lua (see src/scripts.rs); it is never loaded alone.
--- Every strategy script takes the same KEYS and ARGV:
+-- This file is prepended to token_bucket.lua, sliding_window.lua,
+-- progressive_delay.lua and composite.lua (see src/scripts.rs); it is never
+-- loaded alone. Every strategy script takes the same KEYS and ARGV
+-- (composite.lua takes four more keys after these, see its header):
 --
 -- KEYS[1]  state     <prefix>:<limiter>:{<key>}            HASH
 --            s  strategy of the stored state: 't' | 'w' | 'p'
@@ -28,7 +29,8 @@
 -- Returns {verdict, limit, remaining, retry_after_us, reset_after_us,
 -- window_us}: verdict 1 allowed, 0 refused, 2 refused because the cost can
 -- never fit the policy in force (its capacity or limit is smaller);
--- window_us is the span the policy in force is expressed over. Or
+-- window_us is the span the policy in force is expressed over (composite.lua
+-- adds a 7th item: the index, from 0, of the binding part). Or
 -- {-1, strategy} when the policy in force is of another strategy than
 -- this script's: the client then runs that strategy's script.
 --
@@ -88,7 +90,15 @@ end
 --   1:t:<capacity>:<refill>:<period_us>:<interval_us>   token bucket
 --   1:w:<limit>:<window_us>:<penalise 0|1>              sliding window
 --   1:p:<free>:<base_us>:<factor>:<max_us>:<forget_us>  progressive delay
+--   1:c|<part>|<part>...  composite: each part a t or w encoding without '1:'
 local function decode(enc)
+  if string.sub(enc, 1, 4) == '1:c|' then
+    local parts = {}
+    for part in string.gmatch(string.sub(enc, 5), '[^|]+') do
+      parts[#parts + 1] = decode('1:' .. part)
+    end
+    return { kind = 'c', parts = parts }
+  end
   local f = {}
   for part in string.gmatch(enc, '[^:]+') do
     f[#f + 1] = part
@@ -114,12 +124,12 @@ local function decode(enc)
   error('tollgate: unknown strategy in policy encoding')
 end
 
--- The policy in force: the key's override, else the limiter's, else the
--- configured one.
-local function policy_in_force()
+-- The policy in force: the key's override, else the limiter's (at key
+-- lim_key, nil in cluster mode), else the configured one.
+local function policy_in_force(lim_key)
   local enc = redis.call('GET', KEYS[3])
-  if not enc and KEYS[4] then
-    enc = redis.call('GET', KEYS[4])
+  if not enc and lim_key then
+    enc = redis.call('GET', lim_key)
   end
   if not enc and ARGV[4] ~= '' then
     enc = ARGV[4]
@@ -139,4 +149,24 @@ local function expire(key, expires_at, now)
     ms = floor
   end
   redis.call('PEXPIRE', key, fmt(ms))
+end
+
+-- Visits the sliding-window log at `key` (pairs ts, cost; oldest first), a
+-- chunk of 256 items at a time, until visit(ts, cost) returns true; returns
+-- the number of list items before the event it stopped at (all of them if
+-- it never did). Reads are bounded by the events visited, not the log.
+local function each_event(key, visit)
+  local idx = 0
+  while true do
+    local chunk = redis.call('LRANGE', key, idx, idx + 255)
+    if #chunk == 0 then
+      return idx
+    end
+    for i = 1, #chunk, 2 do
+      if visit(tonumber(chunk[i]), tonumber(chunk[i + 1])) then
+        return idx + i - 1
+      end
+    end
+    idx = idx + #chunk
+  end
 end

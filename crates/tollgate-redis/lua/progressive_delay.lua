@@ -9,7 +9,7 @@
 -- Model: ProgressiveDelayState::acquire / peek.
 
 local now = now_us()
-local p = policy_in_force()
+local p = policy_in_force(KEYS[4])
 if p.kind ~= 'p' then
   return { -1, p.kind }
 end

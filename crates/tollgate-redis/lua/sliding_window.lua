@@ -12,10 +12,8 @@
 -- and memory are bounded by the policy, not by the number of requests.
 -- Model: SlidingWindowState::acquire / peek / penalise.
 
-local CHUNK = 256 -- list items (128 events) read per LRANGE
-
 local now = now_us()
-local p = policy_in_force()
+local p = policy_in_force(KEYS[4])
 if p.kind ~= 'w' then
   return { -1, p.kind }
 end
@@ -52,29 +50,10 @@ if total > 0 then
   end
 end
 
--- Visits the log's events oldest first, a chunk at a time, until
--- visit(ts, cost) returns true; returns the number of list items before
--- the event it stopped at (all of them if it never did).
-local function each_event(visit)
-  local idx = 0
-  while true do
-    local chunk = redis.call('LRANGE', KEYS[2], idx, idx + CHUNK - 1)
-    if #chunk == 0 then
-      return idx
-    end
-    for i = 1, #chunk, 2 do
-      if visit(tonumber(chunk[i]), tonumber(chunk[i + 1])) then
-        return idx + i - 1
-      end
-    end
-    idx = idx + #chunk
-  end
-end
-
 -- Drops events from the head of the log while should_drop(ts, cost) holds,
 -- taking their cost off the total.
 local function drop_head(should_drop)
-  local drop = each_event(function(ts, c)
+  local drop = each_event(KEYS[2], function(ts, c)
     if not should_drop(ts, c) then
       return true
     end
@@ -150,7 +129,7 @@ else
     local needed = total + want - limit
     local freed = 0
     retry = w
-    each_event(function(ts, c)
+    each_event(KEYS[2], function(ts, c)
       freed = freed + c
       if freed >= needed then
         retry = ts + w - clamped

@@ -7,7 +7,7 @@
 -- Model: TokenBucketState::acquire / peek.
 
 local now = now_us()
-local p = policy_in_force()
+local p = policy_in_force(KEYS[4])
 if p.kind ~= 't' then
   return { -1, p.kind }
 end

@@ -9,6 +9,7 @@
 //! | token bucket | `1:t:<capacity>:<refill>:<period_us>:<interval_us>` |
 //! | sliding window | `1:w:<limit>:<window_us>:<penalise 0\|1>` |
 //! | progressive delay | `1:p:<free>:<base_us>:<factor>:<max_us>:<forget_us>` |
+//! | composite | `1:c\|<part>\|<part>…`, each part a token bucket or sliding window encoding without its `1:` |
 //!
 //! The token bucket carries its interval (rounded up by the core) so the
 //! script never divides; the other fields let [`decode`] rebuild the exact
@@ -33,7 +34,9 @@
 
 use std::time::Duration;
 
-use tollgate_limiter::{Policy, PolicyError, ProgressiveDelay, SlidingWindow, TokenBucket};
+use tollgate_limiter::{
+    Composite, Policy, PolicyError, ProgressiveDelay, SlidingWindow, TokenBucket,
+};
 
 /// The largest integer a Lua number holds exactly.
 pub const MAX_EXACT: u64 = 1 << 53;
@@ -102,6 +105,15 @@ pub fn encode(policy: &Policy) -> Result<String, EncodingError> {
             exact("max_delay", p.max_delay_micros())?,
             exact("forget_after", p.forget_after_micros())?,
         ),
+        Policy::Composite(c) => {
+            let mut out = String::from("1:c");
+            for part in c.policies() {
+                out.push('|');
+                // Every part encodes as "1:<letter>:…": keep what follows "1:".
+                out.push_str(&encode(&part)?[2..]);
+            }
+            out
+        }
         other => return Err(EncodingError::UnknownStrategy(other.strategy().as_str())),
     })
 }
@@ -109,6 +121,18 @@ pub fn encode(policy: &Policy) -> Result<String, EncodingError> {
 /// Decodes a stored policy, validating it as the constructors do.
 pub fn decode(s: &str) -> Result<Policy, EncodingError> {
     let malformed = || EncodingError::Malformed(s.chars().take(64).collect());
+    if let Some(parts) = s.strip_prefix("1:c|") {
+        let parts = parts
+            .split('|')
+            .map(|p| match p.as_bytes().first() {
+                Some(b't' | b'w') => decode(&format!("1:{p}")),
+                _ => Err(malformed()),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        return Ok(Composite::new(parts)
+            .map_err(EncodingError::Invalid)?
+            .into());
+    }
     let mut parts = s.split(':');
     if parts.next() != Some("1") {
         return Err(malformed());
@@ -156,6 +180,12 @@ mod tests {
             "1:w:1:1:2",
             "1:w:a:1:0",
             "1:t:1:1:1000000:7",
+            "1:c",
+            "1:c|",
+            "1:c|p:1:1:1:1:1",
+            "1:c|1:t:1:1:1:1",
+            "1:c|w:1:1:1",
+            "1:c|t:1:1:1:1|t:1:1:1:1|t:1:1:1:1|t:1:1:1:1|t:1:1:1:1",
         ] {
             assert!(decode(s).is_err(), "{s}");
         }

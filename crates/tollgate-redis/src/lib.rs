@@ -18,7 +18,8 @@
 //!   [`Clock`] instead (a [`MockClock`](tollgate_limiter::MockClock) in tests,
 //!   replays).
 //! * **Keys**: `<prefix>:<limiter>:{<key>}` (a HASH), plus `…:log` (the
-//!   sliding-window log) and `…:override` (a per-key override), all in the
+//!   sliding-window log), `…:log1` to `…:log4` (a composite's windows' logs,
+//!   see `lua/composite.lua`) and `…:override` (a per-key override), all in the
 //!   key's hash slot; `<prefix>:<limiter>:override` holds a limiter-wide
 //!   override. Every key's TTL is the time until its state equals a fresh
 //!   key's, rounded up to a millisecond; a key that becomes fresh is deleted.
@@ -575,6 +576,12 @@ impl RedisBackend {
             if !cluster {
                 inv.key(&limiter_override_key);
             }
+            if strategy == Strategy::Composite {
+                // The parts' logs (see lua/composite.lua).
+                for i in 1..=4 {
+                    inv.key(format!("{log}{i}"));
+                }
+            }
             match now {
                 Some(now) => inv.arg(now),
                 None => inv.arg(""),
@@ -630,7 +637,7 @@ fn parse_reply(v: &[Value]) -> Result<Reply, RedisError> {
             .map(Reply::Redirect)
             .ok_or_else(|| RedisError::Protocol(format!("unknown strategy {letter:?}")));
     }
-    if v.len() != 6 {
+    if v.len() != 6 && v.len() != 7 {
         return Err(RedisError::Protocol(format!("{} items", v.len())));
     }
     let (limit, remaining, retry, reset) = (uint(1)?, uint(2)?, uint(3)?, uint(4)?);
@@ -638,9 +645,13 @@ fn parse_reply(v: &[Value]) -> Result<Reply, RedisError> {
         2 => Decision::impossible(limit, remaining, reset),
         verdict => Decision::from_micros(verdict == 1, limit, remaining, retry, reset),
     };
-    Ok(Reply::Decision(
-        decision.with_window(Duration::from_micros(uint(5)?)),
-    ))
+    let decision = decision.with_window(Duration::from_micros(uint(5)?));
+    // A composite names its binding part.
+    let decision = match v.len() {
+        7 => decision.with_part(usize::try_from(uint(6)?).unwrap_or(usize::MAX)),
+        _ => decision,
+    };
+    Ok(Reply::Decision(decision))
 }
 
 fn check_limiter(name: &str) -> Result<(), RedisError> {

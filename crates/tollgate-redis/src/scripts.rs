@@ -21,10 +21,13 @@ pub(crate) const TOKEN_BUCKET_CODE: &str = code!("token_bucket.lua");
 pub(crate) const SLIDING_WINDOW_CODE: &str = code!("sliding_window.lua");
 /// The progressive-delay script's source.
 pub(crate) const PROGRESSIVE_DELAY_CODE: &str = code!("progressive_delay.lua");
+/// The composite script's source.
+pub(crate) const COMPOSITE_CODE: &str = code!("composite.lua");
 
 static TOKEN_BUCKET: LazyLock<Script> = LazyLock::new(|| Script::new(TOKEN_BUCKET_CODE));
 static SLIDING_WINDOW: LazyLock<Script> = LazyLock::new(|| Script::new(SLIDING_WINDOW_CODE));
 static PROGRESSIVE_DELAY: LazyLock<Script> = LazyLock::new(|| Script::new(PROGRESSIVE_DELAY_CODE));
+static COMPOSITE: LazyLock<Script> = LazyLock::new(|| Script::new(COMPOSITE_CODE));
 
 /// The script deciding for `strategy`.
 pub(crate) fn for_strategy(strategy: Strategy) -> &'static Script {
@@ -32,6 +35,7 @@ pub(crate) fn for_strategy(strategy: Strategy) -> &'static Script {
         Strategy::TokenBucket => &TOKEN_BUCKET,
         Strategy::SlidingWindow => &SLIDING_WINDOW,
         Strategy::ProgressiveDelay => &PROGRESSIVE_DELAY,
+        Strategy::Composite => &COMPOSITE,
     }
 }
 
@@ -42,6 +46,7 @@ pub fn source(strategy: Strategy) -> &'static str {
         Strategy::TokenBucket => TOKEN_BUCKET_CODE,
         Strategy::SlidingWindow => SLIDING_WINDOW_CODE,
         Strategy::ProgressiveDelay => PROGRESSIVE_DELAY_CODE,
+        Strategy::Composite => COMPOSITE_CODE,
     }
 }
 
@@ -51,13 +56,15 @@ pub(crate) fn strategy_of(letter: &str) -> Option<Strategy> {
         "t" => Some(Strategy::TokenBucket),
         "w" => Some(Strategy::SlidingWindow),
         "p" => Some(Strategy::ProgressiveDelay),
+        "c" => Some(Strategy::Composite),
         _ => None,
     }
 }
 
 /// Every script's source, to preload.
-pub(crate) const ALL: [&str; 3] = [
+pub(crate) const ALL: [&str; 4] = [
     TOKEN_BUCKET_CODE,
     SLIDING_WINDOW_CODE,
     PROGRESSIVE_DELAY_CODE,
+    COMPOSITE_CODE,
 ];

@@ -709,3 +709,52 @@ tollgate_testkit::on_every_server! {
         ));
     }
 }
+
+/// A composite's keys (the state and its windows' logs) share the key's
+/// hash tag and all get one TTL, the latest part's expiry; a refusal writes
+/// no charge; a reset deletes them all.
+#[tokio::test]
+async fn composite_keys_share_one_ttl() {
+    let Some(url) = shared_url(Server::Redis) else {
+        return;
+    };
+    let prefix = unique_name("cttl");
+    let clock = MockClock::new();
+    let b = RedisBackend::builder(&url)
+        .prefix(&prefix)
+        .caller_time(clock.clone())
+        .durability(Durability::Skip)
+        .build()
+        .await
+        .unwrap();
+    let mut r = raw(&url).await;
+    let k = Key::new("k");
+    let policy = tollgate_limiter::Composite::new([
+        Policy::from(TokenBucket::new(10, 1, S).unwrap()),
+        Policy::from(SlidingWindow::new(2, 20 * S).unwrap()),
+        Policy::from(SlidingWindow::new(5, 60 * S).unwrap()),
+    ])
+    .unwrap();
+    let l = Limiter::new("c", policy, b.clone());
+    assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+    assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+    let d = l.try_acquire(&k, 1).await.unwrap();
+    assert!(d.is_denied() && d.part() == 1, "{d:?}");
+    let state = b.state_key("c", &k);
+    let keys = [
+        state.clone(),
+        format!("{state}:log2"),
+        format!("{state}:log3"),
+    ];
+    for key in &keys {
+        let pttl: i64 = r.pttl(key).await.unwrap();
+        assert!(pttl > 59_000 && pttl <= 60_000, "{key}: pttl {pttl}");
+    }
+    // The third window saw only the two admitted requests.
+    let log: Vec<String> = r.lrange(format!("{state}:log3"), 0, -1).await.unwrap();
+    assert_eq!(log, [clock.now().to_string(), "2".to_owned()]);
+    l.reset(&k).await.unwrap();
+    for key in &keys {
+        assert!(!r.exists::<_, bool>(key).await.unwrap(), "{key}");
+    }
+}

@@ -30,8 +30,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
 use tollgate_limiter::model::Model;
 use tollgate_limiter::{
-    Backend, Clock, Decision, Key, Limiter, MockClock, Op, Policy, ProgressiveDelay, Request,
-    Scope, SlidingWindow, TokenBucket,
+    Backend, Clock, Composite, Decision, Key, Limiter, MockClock, Op, Policy, ProgressiveDelay,
+    Request, Scope, SlidingWindow, TokenBucket,
 };
 
 const S: Duration = Duration::from_secs(1);
@@ -445,6 +445,85 @@ pub async fn concurrent_sliding_window<B: Backend + Clone>(backend: B, _clock: M
     assert_eq!(hammer(l, 32, 10).await, 77);
 }
 
+/// Many concurrent tasks on one key, time frozen: a composite admits
+/// exactly what its tightest part allows, and charges the others only for
+/// those.
+pub async fn concurrent_composite<B: Backend + Clone>(backend: B, _clock: MockClock) {
+    let policy = Composite::new([
+        Policy::from(TokenBucket::new(100, 1, 3600 * S).unwrap()),
+        Policy::from(SlidingWindow::new(45, 60 * S).unwrap()),
+    ])
+    .unwrap();
+    let l = limiter("ccomp", policy, backend);
+    let key = Key::new("hot");
+    assert_eq!(hammer(l.clone(), 32, 10).await, 45);
+    let d = peek(&l, &key, 1).await;
+    assert_eq!((d.part(), d.remaining()), (1, 0));
+    // The bucket was charged 45 times, not 320.
+    l.set_override(
+        Some(&key),
+        Some(
+            Composite::new([Policy::from(TokenBucket::new(100, 1, 3600 * S).unwrap())])
+                .unwrap()
+                .into(),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(peek(&l, &key, 1).await.remaining(), 55);
+}
+
+/// Two stacked limiters charge the first even when the second refuses; a
+/// composite of the same two policies charges nothing on a refusal.
+pub async fn composite_charges_nothing_on_refusal<B: Backend + Clone>(
+    backend: B,
+    _clock: MockClock,
+) {
+    let bucket = TokenBucket::new(5, 1, 3600 * S).unwrap();
+    let window = SlidingWindow::new(2, 3600 * S).unwrap();
+    let key = Key::new("k");
+
+    let first = limiter("stack1", bucket, backend.clone());
+    let second = limiter("stack2", window, backend.clone());
+    for _ in 0..5 {
+        if decide(&first, &key, 1).await.is_allowed() {
+            decide(&second, &key, 1).await;
+        }
+    }
+    // Three of the five were refused by the window, yet took a token each.
+    assert_eq!(peek(&first, &key, 1).await.remaining(), 0);
+
+    let both = Composite::new([Policy::from(bucket), Policy::from(window)]).unwrap();
+    let l = limiter("composite", both, backend);
+    let verdicts: Vec<bool> = acquire_each(&l, &key, 5).await;
+    assert_eq!(verdicts, [true, true, false, false, false]);
+    let d = decide(&l, &key, 1).await;
+    assert_eq!(d.part(), 1, "the window binds");
+    assert_eq!(d.retry_after(), 3600 * S);
+    // The bucket lost only the two admitted tokens: a window override
+    // raising its limit lets the remaining three through, and no more.
+    let raised = Composite::new([
+        Policy::from(bucket),
+        Policy::from(SlidingWindow::new(100, 3600 * S).unwrap()),
+    ])
+    .unwrap();
+    l.set_override(Some(&key), Some(raised.into()))
+        .await
+        .unwrap();
+    let d = peek(&l, &key, 1).await;
+    assert_eq!((d.part(), d.remaining()), (0, 3));
+    assert!(decide(&l, &key, 3).await.is_allowed());
+    assert!(decide(&l, &key, 1).await.is_denied());
+}
+
+async fn acquire_each<B: Backend>(l: &Limiter<B>, key: &Key, n: usize) -> Vec<bool> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(decide(l, key, 1).await.is_allowed());
+    }
+    out
+}
+
 /// One step of a random trace.
 #[derive(Debug, Clone)]
 pub enum Step {
@@ -491,16 +570,13 @@ fn durations() -> impl Strategy<Value = u64> {
 /// limits often.
 pub fn policies() -> impl Strategy<Value = Policy> {
     prop_oneof![
-        (1u64..8, 1u64..5, 1u64..4_000_000).prop_map(|(cap, refill, period)| {
-            Policy::from(TokenBucket::new(cap, refill, Duration::from_micros(period)).unwrap())
+        token_buckets(),
+        (sliding_windows(), any::<bool>()).prop_map(|(p, penalise)| match p {
+            Policy::SlidingWindow(w) => Policy::from(w.penalise_refused(penalise)),
+            other => other,
         }),
-        (1u64..8, 1u64..6_000_000, any::<bool>()).prop_map(|(limit, window, penalise)| {
-            Policy::from(
-                SlidingWindow::new(limit, Duration::from_micros(window))
-                    .unwrap()
-                    .penalise_refused(penalise),
-            )
-        }),
+        proptest::collection::vec(parts(), 1..=3)
+            .prop_map(|parts| { Policy::from(Composite::new(parts).unwrap()) }),
         (0u64..3, 1u64..1_000_000, 1u64..4, 1u64..4, 1u64..10_000_000).prop_map(
             |(free, base, factor, max_mult, forget)| {
                 Policy::from(
@@ -516,6 +592,24 @@ pub fn policies() -> impl Strategy<Value = Policy> {
             }
         ),
     ]
+}
+
+/// Random parts of a composite: token buckets and sliding windows that do
+/// not penalise refusals.
+fn parts() -> impl Strategy<Value = Policy> {
+    prop_oneof![token_buckets(), sliding_windows()]
+}
+
+fn token_buckets() -> impl Strategy<Value = Policy> {
+    (1u64..8, 1u64..5, 1u64..4_000_000).prop_map(|(cap, refill, period)| {
+        Policy::from(TokenBucket::new(cap, refill, Duration::from_micros(period)).unwrap())
+    })
+}
+
+fn sliding_windows() -> impl Strategy<Value = Policy> {
+    (1u64..8, 1u64..6_000_000).prop_map(|(limit, window)| {
+        Policy::from(SlidingWindow::new(limit, Duration::from_micros(window)).unwrap())
+    })
 }
 
 /// A policy of the same strategy as `base`, with other parameters.
@@ -650,7 +744,8 @@ macro_rules! conformance_tests {
                 token_bucket_burst_and_refill, token_bucket_cost, sliding_window_exact,
                 sliding_window_penalise, progressive_delay, peek_and_reset, zero_cost_is_charged,
                 cost_under_overrides, isolation, overrides, concurrent_token_bucket,
-                concurrent_sliding_window);
+                concurrent_sliding_window, concurrent_composite,
+                composite_charges_nothing_on_refusal);
 
             #[test]
             fn agrees_with_model() {

@@ -10,7 +10,8 @@ use bytes::Bytes;
 use http::{HeaderName, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tollgate_limiter::{
-    FailMode, Key, Limiter, MockClock, ProgressiveDelay, SlidingWindow, TokenBucket,
+    Composite, FailMode, Key, Limiter, MockClock, Policy, ProgressiveDelay, SlidingWindow,
+    TokenBucket,
 };
 use tollgate_memory::MemoryBackend;
 use tollgate_tower::extract::{ApiKey, ClientIp, KeyHasher, PeerAddr};
@@ -138,6 +139,58 @@ async fn refuses_with_429_retry_after_and_ietf_fields() {
     );
     clock.advance(Duration::from_millis(29_500));
     assert_eq!(call(&svc, req(Some("k"))).await.status(), StatusCode::OK);
+}
+
+/// A composite limiter: every part in `RateLimit-Policy`, the binding one in
+/// `RateLimit`, `Retry-After` the latest refusal, and a refusal by the
+/// window leaves the bucket's tokens alone (stacked layers would not).
+#[tokio::test]
+async fn a_composite_answers_with_every_part_and_charges_nothing_on_refusal() {
+    let clock = MockClock::new();
+    let backend = MemoryBackend::with_clock(clock.clone());
+    let policy = Composite::new([
+        Policy::from(TokenBucket::new(3, 1, Duration::from_secs(10)).unwrap()),
+        Policy::from(SlidingWindow::new(2, Duration::from_secs(3600)).unwrap()),
+    ])
+    .unwrap();
+    let limiter = Limiter::new("plan", policy, backend);
+    let echo = Echo::default();
+    let svc = RateLimitLayer::new(limiter.clone(), ApiKey::bearer(KeyHasher::unkeyed()))
+        .layer(echo.service());
+
+    let first = call(&svc, req(Some("k"))).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(
+        header(&first, "ratelimit-policy"),
+        ["\"plan.0\";q=3;w=30, \"plan.1\";q=2;w=3600"]
+    );
+    // The window has 1 left, the bucket 2: the window binds.
+    assert_eq!(header(&first, "ratelimit"), ["\"plan.1\";r=1;t=3600"]);
+    assert_eq!(call(&svc, req(Some("k"))).await.status(), StatusCode::OK);
+    for _ in 0..3 {
+        let refused = call(&svc, req(Some("k"))).await;
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(header(&refused, "retry-after"), ["3600"]);
+        assert_eq!(header(&refused, "ratelimit"), ["\"plan.1\";r=0;t=3600"]);
+        assert!(
+            body(refused)
+                .await
+                .contains("\"violated-policies\":[\"plan.1\"]")
+        );
+    }
+    assert_eq!(echo.calls(), 2);
+    // The bucket lost only the two admitted tokens.
+    let bucket_only = Composite::new([Policy::from(
+        TokenBucket::new(3, 1, Duration::from_secs(10)).unwrap(),
+    )])
+    .unwrap();
+    limiter
+        .set_override(None, Some(bucket_only.into()))
+        .await
+        .unwrap();
+    let res = call(&svc, req(Some("k"))).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(header(&res, "ratelimit"), ["\"plan.0\";r=0;t=30"]);
 }
 
 #[tokio::test]

@@ -44,8 +44,9 @@ async fn the_pro_plan_has_its_own_quota() {
     let addr = start(true).await;
     let replies = axum_api_keys::burst(addr, "pro_key", 8).await.unwrap();
     assert!(replies.iter().all(|r| r.status == StatusCode::OK));
+    // A composite: the binding part (the fewest remaining) is the burst.
     assert!(
-        replies[0].ratelimit.contains("\"api_pro\";r=49;"),
+        replies[0].ratelimit.contains("\"api_pro.0\";r=49;"),
         "{:?}",
         replies[0]
     );

@@ -141,7 +141,7 @@ pub(crate) fn default_refusal(refusal: &Refusal<'_>) -> http::Response<Bytes> {
                     "Quota exceeded; retry in {} s.",
                     q.decision.retry_after_secs()
                 ),
-                Some(q.name),
+                Some(&q.policy_name()),
             ),
         ),
         Refusal::Unavailable { .. } => (

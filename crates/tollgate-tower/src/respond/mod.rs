@@ -74,7 +74,15 @@ impl<'a> Quota<'a> {
     /// `RateLimit-Policy: "name";q=<limit>;w=<window seconds>`, both from
     /// the policy in force (an override, if one is set), as the decision
     /// reports it.
+    ///
+    /// A [composite](tollgate_limiter::Composite) lists every part, named
+    /// `<name>.<index>` (from 0): `"api.0";q=10;w=1, "api.1";q=1000;w=86400`.
+    /// The binding part's numbers are the decision's (the policy in force);
+    /// the others' are the configured policy's.
     pub fn policy_header(&self) -> HeaderValue {
+        if let Policy::Composite(c) = self.policy {
+            return self.composite_policy_header(c);
+        }
         let q = self.decision.limit();
         let window = match self.decision.window() {
             w if w.is_zero() => self.policy.window(),
@@ -99,14 +107,52 @@ impl<'a> Quota<'a> {
         })
     }
 
-    /// `RateLimit: "name";r=<remaining>;t=<seconds to reset>`.
+    fn composite_policy_header(&self, c: &tollgate_limiter::Composite) -> HeaderValue {
+        let binding = self.decision.part();
+        let mut buf = Vec::with_capacity(c.len() * (self.name.len() + 32));
+        for (i, part) in c.policies().enumerate() {
+            let (q, window) = if i == binding && !self.decision.window().is_zero() {
+                (self.decision.limit(), self.decision.window())
+            } else {
+                (part.limit(), part.window())
+            };
+            if i > 0 {
+                buf.extend_from_slice(b", ");
+            }
+            write_field(
+                &mut buf,
+                &part_name(self.name, i),
+                (b'q', q),
+                (b'w', ceil_secs(window).max(1)),
+            );
+        }
+        to_header(buf)
+    }
+
+    /// The name of the policy the decision is about, as the header fields
+    /// spell it: the limiter's name, or for a composite its binding part's,
+    /// `<name>.<index>` (what a refusal's `violated-policies` lists).
+    pub fn policy_name(&self) -> std::borrow::Cow<'a, str> {
+        match self.policy {
+            Policy::Composite(_) => part_name(self.name, self.decision.part()).into(),
+            _ => self.name.into(),
+        }
+    }
+
+    /// `RateLimit: "name";r=<remaining>;t=<seconds to reset>`; for a
+    /// composite, of the binding part, `"<name>.<index>"`.
     pub fn header(&self) -> HeaderValue {
         field(
-            self.name,
+            &self.policy_name(),
             (b'r', self.decision.remaining()),
             (b't', self.reset_secs()),
         )
     }
+}
+
+/// A composite part's name in the header fields.
+fn part_name(name: &str, index: usize) -> String {
+    format!("{name}.{index}")
 }
 
 /// Policy header values remembered per thread.
@@ -124,11 +170,19 @@ thread_local! {
 /// on every response.
 fn field(name: &str, a: (u8, u64), b: (u8, u64)) -> HeaderValue {
     let mut buf = Vec::with_capacity(name.len() + 48);
-    sf_string(&mut buf, name);
+    write_field(&mut buf, name, a, b);
+    to_header(buf)
+}
+
+fn write_field(buf: &mut Vec<u8>, name: &str, a: (u8, u64), b: (u8, u64)) {
+    sf_string(buf, name);
     for (param, value) in [a, b] {
         buf.extend_from_slice(&[b';', param, b'=']);
-        push_u64(&mut buf, value);
+        push_u64(buf, value);
     }
+}
+
+fn to_header(buf: Vec<u8>) -> HeaderValue {
     // Only printable ASCII was written.
     HeaderValue::from_maybe_shared(Bytes::from(buf))
         .unwrap_or_else(|_| HeaderValue::from_static("\"\""))
@@ -243,5 +297,27 @@ mod tests {
         let denied = Decision::denied(100, 0, Duration::from_millis(1), Duration::from_secs(60));
         let q = Quota::new("a\"b\\c\u{e9}", &policy, &denied);
         assert_eq!(q.header(), "\"a\\\"b\\\\c_\";r=0;t=1");
+    }
+
+    #[test]
+    fn a_composite_lists_every_part_and_names_the_binding_one() {
+        use tollgate_limiter::model::{Op, State};
+        use tollgate_limiter::{Composite, SlidingWindow};
+        let policy = Policy::from(
+            Composite::new([
+                Policy::from(TokenBucket::new(10, 10, Duration::from_secs(1)).unwrap()),
+                Policy::from(SlidingWindow::new(2, Duration::from_secs(86_400)).unwrap()),
+            ])
+            .unwrap(),
+        );
+        let mut s = State::fresh(&policy);
+        s.apply(0, &policy, Op::Acquire(2));
+        let d = s.apply(0, &policy, Op::Acquire(1));
+        let q = Quota::new("api", &policy, &d);
+        assert_eq!(
+            q.policy_header(),
+            "\"api.0\";q=10;w=1, \"api.1\";q=2;w=86400"
+        );
+        assert_eq!(q.header(), "\"api.1\";r=0;t=86400");
     }
 }

@@ -1,0 +1,147 @@
+//! Token bucket (GCRA): its policy and its state in the reference model.
+
+use std::time::Duration;
+
+use crate::decision::Decision;
+use crate::policy::{MAX_SPAN_MICROS, PolicyError, span};
+use crate::time::Timestamp;
+
+/// Token bucket: `capacity` is the peak burst, `refill` tokens per `period`
+/// the average rate.
+///
+/// A new key starts full; a request takes `cost` tokens if there are enough
+/// and is refused, consuming nothing, otherwise. It is implemented as GCRA
+/// over whole microseconds: the time one token takes to drip back (the
+/// *interval*, `period / refill`) is rounded up to a whole microsecond.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_limiter::TokenBucket;
+///
+/// let tb = TokenBucket::new(10, 60, Duration::from_secs(60))?;
+/// assert_eq!(tb.interval(), Duration::from_secs(1));
+/// # Ok::<(), tollgate_limiter::PolicyError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TokenBucket {
+    capacity: u64,
+    refill: u64,
+    period: Duration,
+    interval_us: u64,
+}
+
+impl TokenBucket {
+    /// A bucket of `capacity` tokens refilled at `refill` tokens per `period`.
+    pub fn new(capacity: u64, refill: u64, period: Duration) -> Result<Self, PolicyError> {
+        if capacity == 0 {
+            return Err(PolicyError::new("capacity", "must be at least 1"));
+        }
+        if refill == 0 {
+            return Err(PolicyError::new("refill", "must be at least 1"));
+        }
+        let period_us = span("period", period)?;
+        if refill > period_us {
+            return Err(PolicyError::new(
+                "refill",
+                "at most one token per microsecond can be refilled",
+            ));
+        }
+        let interval_us = period_us.div_ceil(refill);
+        match capacity.checked_mul(interval_us) {
+            Some(tau) if tau <= MAX_SPAN_MICROS => {}
+            _ => {
+                return Err(PolicyError::new(
+                    "capacity",
+                    "a full refill of the bucket must take at most 10 years",
+                ));
+            }
+        }
+        Ok(Self {
+            capacity,
+            refill,
+            period,
+            interval_us,
+        })
+    }
+
+    /// A bucket that refills `per_second` tokens a second.
+    pub fn per_second(capacity: u64, per_second: u64) -> Result<Self, PolicyError> {
+        Self::new(capacity, per_second, Duration::from_secs(1))
+    }
+
+    /// The peak burst.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Tokens refilled per [`period`](Self::period).
+    pub fn refill(&self) -> u64 {
+        self.refill
+    }
+
+    /// The refill period.
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// The time one token takes to drip back, rounded up to a microsecond.
+    pub fn interval(&self) -> Duration {
+        Duration::from_micros(self.interval_us)
+    }
+
+    /// [`interval`](Self::interval) in microseconds.
+    pub fn interval_micros(&self) -> u64 {
+        self.interval_us
+    }
+}
+
+/// State of one token-bucket key: its theoretical arrival time (GCRA).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenBucketState {
+    /// When the bucket will be full again; 0 for a fresh key.
+    pub tat: Timestamp,
+}
+
+impl TokenBucketState {
+    /// Takes `cost` tokens at `now` (a cost of 0 counts as 1).
+    pub fn acquire(&mut self, now: Timestamp, p: &TokenBucket, cost: u64) -> Decision {
+        self.decide(now, p, cost, true)
+    }
+
+    /// Whether `cost` tokens would be taken at `now`; changes nothing.
+    pub fn peek(&self, now: Timestamp, p: &TokenBucket, cost: u64) -> Decision {
+        let mut copy = *self;
+        copy.decide(now, p, cost, false)
+    }
+
+    fn decide(&mut self, now: Timestamp, p: &TokenBucket, cost: u64, charge: bool) -> Decision {
+        let cost = cost.max(1);
+        let t = p.interval_micros();
+        let tau = p.capacity() * t;
+        let tat = self.tat.max(now);
+        let debt = tat - now;
+        // The debt can exceed tau when an override shrank the bucket: then
+        // nothing remains (never a negative count).
+        let remaining = tau.saturating_sub(debt) / t;
+        if cost > p.capacity() {
+            return Decision::impossible(p.capacity(), remaining, debt);
+        }
+        // cost <= capacity, so this cannot overflow what tau holds.
+        let new_debt = debt + cost * t;
+        if new_debt > tau {
+            return Decision::from_micros(false, p.capacity(), remaining, new_debt - tau, debt);
+        }
+        if !charge {
+            return Decision::from_micros(true, p.capacity(), remaining, 0, debt);
+        }
+        self.tat = now + new_debt;
+        Decision::from_micros(true, p.capacity(), (tau - new_debt) / t, 0, new_debt)
+    }
+
+    /// When this state becomes equal to a fresh key's.
+    pub fn expires_at(&self) -> Timestamp {
+        self.tat
+    }
+}

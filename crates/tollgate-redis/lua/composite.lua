@@ -1,0 +1,254 @@
+-- tollgate: composite, one all-or-nothing decision over up to 4 token
+-- buckets and sliding windows (never penalising).
+--
+-- KEYS and ARGV: see common.lua, then four more keys, the parts' logs:
+-- KEYS[#KEYS-3 .. #KEYS]  <prefix>:<limiter>:{<key>}:log1 .. :log4   LIST
+-- (KEYS[4], the limiter override, is present when #KEYS == 8; KEYS[2] is
+-- unused.) Every key shares the hash tag: one cluster slot.
+-- State, KEYS[1]: HASH { s = 'c', x = expiry, and per part i (from 1)
+-- k<i> = 't' | 'w', v<i> = tat (token bucket) or total cost in log<i>
+-- (sliding window) }. A part's log is a sliding window's (see
+-- sliding_window.lua). On every write, all the keys get one TTL: the
+-- composite's expiry, the latest of its parts'.
+-- Every part first answers as a peek; only if all pass are all charged.
+-- Returns common.lua's reply plus a 7th item: the binding part (from 0).
+-- Model: CompositeState::apply and composite::combine.
+
+local now = now_us()
+local lim_key = nil
+if #KEYS == 8 then
+  lim_key = KEYS[4]
+end
+local p = policy_in_force(lim_key)
+if p.kind ~= 'c' then
+  return { -1, p.kind }
+end
+local op, cost = parse_op()
+local parts = p.parts
+local n = #parts
+local function log_key(i)
+  return KEYS[#KEYS - 4 + i]
+end
+
+local h = {}
+local raw = redis.call('HGETALL', KEYS[1])
+for i = 1, #raw, 2 do
+  h[raw[i]] = raw[i + 1]
+end
+local live = h.s == 'c' and tonumber(h.x) > now and op ~= 'reset'
+if not live then
+  -- Expired, of another strategy, or reset: every part is fresh.
+  redis.call('DEL', KEYS[1], log_key(1), log_key(2), log_key(3), log_key(4))
+  h = {}
+end
+-- No part penalises: a penalty records nothing and answers a peek of 1.
+if op == 'reset' or op == 'penalise' then
+  op, cost = 'peek', 1
+end
+
+-- Parts beyond the list are forgotten, and a part whose strategy changed
+-- starts fresh (the model's State::apply).
+local function forget(i)
+  redis.call('DEL', log_key(i))
+  if live then
+    redis.call('HDEL', KEYS[1], 'k' .. i, 'v' .. i)
+  end
+end
+for i = n + 1, 4 do
+  if h['k' .. i] then
+    forget(i)
+  end
+end
+
+-- Per part: its current state, its answer as a peek, and (sliding
+-- windows) the clamped now and the newest event.
+local st = {}
+for i = 1, n do
+  local q = parts[i]
+  local s = { kind = q.kind, v = 0 }
+  if h['k' .. i] == q.kind then
+    s.v = tonumber(h['v' .. i])
+  elseif h['k' .. i] then
+    forget(i)
+  end
+  if q.kind == 't' then
+    local t = q.interval
+    local tau = q.capacity * t
+    local tat = s.v
+    if tat < now then
+      tat = now
+    end
+    local debt = tat - now
+    local remaining = 0
+    if tau > debt then
+      remaining = idiv(tau - debt, t)
+    end
+    s.tat = tat
+    if cost > q.capacity then
+      s.r = { 2, q.capacity, remaining, 0, debt, tau }
+    else
+      local new_debt = debt + cost * t
+      if new_debt > tau then
+        s.r = { 0, q.capacity, remaining, new_debt - tau, debt, tau }
+      else
+        s.r = { 1, q.capacity, remaining, 0, debt, tau }
+        s.new_debt = new_debt
+      end
+    end
+  else
+    local w, limit, key = q.window, q.limit, log_key(i)
+    local total = s.v
+    local clamped = now
+    local last_ts = nil
+    if total > 0 then
+      local tail = redis.call('LRANGE', key, -2, -1)
+      if #tail == 2 then
+        last_ts = tonumber(tail[1])
+        if last_ts > clamped then
+          clamped = last_ts
+        end
+      else
+        -- A total without its log cannot be trusted: start afresh.
+        forget(i)
+        total = 0
+      end
+    end
+    -- Events leave the window at ts + w <= clamped.
+    if total > 0 and tonumber(redis.call('LINDEX', key, 0)) + w <= clamped then
+      local drop = each_event(key, function(ts, c)
+        if ts + w > clamped then
+          return true
+        end
+        total = total - c
+        return false
+      end)
+      redis.call('LTRIM', key, drop, -1)
+      if total == 0 then
+        last_ts = nil
+        redis.call('DEL', key)
+      end
+      if live then
+        redis.call('HSET', KEYS[1], 'v' .. i, fmt(total))
+      end
+    end
+    s.v, s.clamped, s.last_ts = total, clamped, last_ts
+    local reset = 0
+    if last_ts then
+      reset = last_ts + w - clamped
+    end
+    local remaining = 0
+    if limit > total then
+      remaining = limit - total
+    end
+    if cost > limit then
+      s.r = { 2, limit, remaining, 0, reset, w }
+    elseif total + cost <= limit then
+      s.r = { 1, limit, remaining, 0, reset, w }
+    else
+      local needed = total + cost - limit
+      local freed = 0
+      local retry = w
+      each_event(key, function(ts, c)
+        freed = freed + c
+        if freed >= needed then
+          retry = ts + w - clamped
+          return true
+        end
+        return false
+      end)
+      s.r = { 0, limit, remaining, retry, reset, w }
+    end
+  end
+  st[i] = s
+end
+
+-- The binding answer (composite::combine): the first impossible part;
+-- else, all passing, the fewest remaining; else the latest retry-after.
+local function combine()
+  local best = nil
+  for i = 1, n do
+    if st[i].r[1] == 2 then
+      best = i
+      break
+    end
+  end
+  if not best then
+    local all = true
+    for i = 1, n do
+      if st[i].r[1] ~= 1 then
+        all = false
+      end
+    end
+    for i = 1, n do
+      local r = st[i].r
+      if all then
+        if not best or r[3] < st[best].r[3] then
+          best = i
+        end
+      elseif r[1] == 0 and (not best or r[4] > st[best].r[4]) then
+        best = i
+      end
+    end
+  end
+  local r = st[best].r
+  return { r[1], r[2], r[3], r[4], r[5], r[6], best - 1 }
+end
+
+local all = true
+for i = 1, n do
+  if st[i].r[1] ~= 1 then
+    all = false
+  end
+end
+if op ~= 'acquire' or not all then
+  return combine()
+end
+
+-- Charge every part, then give every key the composite's expiry.
+local expires_at = 0
+local fields = { 's', 'c' }
+for i = 1, n do
+  local q, s = parts[i], st[i]
+  local part_expiry
+  if q.kind == 't' then
+    local t = q.interval
+    local tau = q.capacity * t
+    local new_tat = now + s.new_debt
+    s.v = new_tat
+    part_expiry = new_tat
+    s.r = { 1, q.capacity, idiv(tau - s.new_debt, t), 0, s.new_debt, tau }
+  else
+    local w, key = q.window, log_key(i)
+    if s.last_ts == s.clamped then
+      local c = tonumber(redis.call('LINDEX', key, -1)) + cost
+      redis.call('LSET', key, -1, fmt(c))
+    else
+      redis.call('RPUSH', key, fmt(s.clamped), fmt(cost))
+    end
+    s.v = s.v + cost
+    part_expiry = s.clamped + w
+    local remaining = 0
+    if q.limit > s.v then
+      remaining = q.limit - s.v
+    end
+    -- The newest event is now: it resets one window from now.
+    s.r = { 1, q.limit, remaining, 0, w, w }
+  end
+  if part_expiry > expires_at then
+    expires_at = part_expiry
+  end
+  fields[#fields + 1] = 'k' .. i
+  fields[#fields + 1] = q.kind
+  fields[#fields + 1] = 'v' .. i
+  fields[#fields + 1] = fmt(s.v)
+end
+fields[#fields + 1] = 'x'
+fields[#fields + 1] = fmt(expires_at)
+redis.call('HSET', KEYS[1], unpack(fields))
+expire(KEYS[1], expires_at, now)
+for i = 1, n do
+  if parts[i].kind == 'w' then
+    expire(log_key(i), expires_at, now)
+  end
+end
+return combine()
