@@ -1,8 +1,11 @@
 //! The start-up durability check: is the counter's Redis "redis-durable"?
 //!
 //! A rate-limit counter that Redis may evict or lose on restart silently
-//! hands out fresh quotas. The backend asks each server (each master of a
-//! cluster) for `appendonly` and `maxmemory-policy` with `CONFIG GET`:
+//! hands out fresh quotas. The backend asks each server that holds the
+//! counters or can come to (each master of a cluster and its replicas; a
+//! Sentinel master and the replicas its sentinels know: a replica promoted
+//! by a failover keeps its own settings) for `appendonly` and
+//! `maxmemory-policy` with `CONFIG GET`:
 //!
 //! * `appendonly yes`: the counters survive a restart;
 //! * `maxmemory-policy noeviction`: writes fail rather than evict keys.
@@ -61,11 +64,45 @@ impl fmt::Display for Setting {
     }
 }
 
+/// A server's role when it was checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum NodeRole {
+    /// It holds the counters now.
+    Master,
+    /// A replica: it becomes the master after a failover.
+    Replica,
+    /// `ROLE` failed (denied by an ACL, renamed).
+    Unknown,
+}
+
+impl fmt::Display for NodeRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Master => "master",
+            Self::Replica => "replica",
+            Self::Unknown => "unknown",
+        })
+    }
+}
+
+impl NodeRole {
+    fn of(reply: Result<Value, redis::RedisError>) -> Self {
+        match reply.ok().as_ref().and_then(crate::conn::role_of).as_deref() {
+            Some("master") => Self::Master,
+            Some("slave" | "replica") => Self::Replica,
+            _ => Self::Unknown,
+        }
+    }
+}
+
 /// The durability settings of one server.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct NodeReport {
     /// The server (`host:port`).
     pub node: String,
+    /// Its role when checked.
+    pub role: NodeRole,
     /// `appendonly`: `yes` is required.
     pub appendonly: Setting,
     /// `appendfsync`, for information (`everysec` loses at most about a
@@ -79,21 +116,26 @@ impl NodeReport {
     /// What is wrong with this server (empty when it is durable).
     pub fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();
+        let node = match self.role {
+            NodeRole::Replica => format!("{} (replica)", self.node),
+            _ => self.node.clone(),
+        };
+        let node = &node;
         match self.appendonly.is("yes") {
             Some(true) => {}
             Some(false) => out.push(format!(
                 "{}: appendonly is not yes: counters are lost on restart",
-                self.node
+                node
             )),
-            None => out.push(format!("{}: appendonly {}", self.node, self.appendonly)),
+            None => out.push(format!("{}: appendonly {}", node, self.appendonly)),
         }
         match self.maxmemory_policy.is("noeviction") {
             Some(true) => {}
             Some(false) => out.push(format!(
                 "{}: maxmemory-policy is {}, not noeviction: rate-limit keys (all with a TTL) may be evicted",
-                self.node, self.maxmemory_policy
+                node, self.maxmemory_policy
             )),
-            None => out.push(format!("{}: maxmemory-policy {}", self.node, self.maxmemory_policy)),
+            None => out.push(format!("{}: maxmemory-policy {}", node, self.maxmemory_policy)),
         }
         out
     }
@@ -102,7 +144,8 @@ impl NodeReport {
 /// The result of the durability check: one entry per server.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct DurabilityReport {
-    /// Every server checked (every master of a cluster).
+    /// Every server checked, with its role: every node of a cluster; a
+    /// Sentinel master and its replicas.
     pub nodes: Vec<NodeReport>,
 }
 
@@ -168,23 +211,25 @@ fn setting(name: &str, reply: Result<Value, redis::RedisError>) -> Setting {
     }
 }
 
-fn node_report(node: String, mut settings: Vec<Setting>) -> NodeReport {
+fn node_report(node: String, role: NodeRole, mut settings: Vec<Setting>) -> NodeReport {
     let maxmemory_policy = settings.pop().unwrap_or(Setting::Unknown("missing".into()));
     let appendfsync = settings.pop().unwrap_or(Setting::Unknown("missing".into()));
     let appendonly = settings.pop().unwrap_or(Setting::Unknown("missing".into()));
     NodeReport {
         node,
+        role,
         appendonly,
         appendfsync,
         maxmemory_policy,
     }
 }
 
-/// Reads the settings of one server over `conn`.
+/// Reads the role and settings of one server over `conn`.
 pub(crate) async fn check_node<C: redis::aio::ConnectionLike>(
     node: String,
     conn: &mut C,
 ) -> NodeReport {
+    let role = NodeRole::of(redis::cmd("ROLE").query_async(conn).await);
     let mut settings = Vec::new();
     for name in SETTINGS {
         let reply = redis::cmd("CONFIG")
@@ -194,35 +239,70 @@ pub(crate) async fn check_node<C: redis::aio::ConnectionLike>(
             .await;
         settings.push(setting(name, reply));
     }
-    node_report(node, settings)
+    node_report(node, role, settings)
 }
 
-/// Reads the settings of every master of a cluster.
+/// Connects to `client`'s server under the timeouts and reads its role and
+/// settings; one that cannot be reached is reported with unknown settings.
+pub(crate) async fn check_client(client: &redis::Client, t: crate::conn::Timeouts) -> NodeReport {
+    let node = client.get_connection_info().addr().to_string();
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(t.connect))
+        .set_response_timeout(Some(t.response));
+    match client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+    {
+        Ok(mut c) => check_node(node, &mut c).await,
+        Err(e) => {
+            let why = Setting::Unknown(format!("unreachable: {e}"));
+            node_report(node, NodeRole::Unknown, vec![why.clone(), why.clone(), why])
+        }
+    }
+}
+
+/// Each node's reply to `cmd`, sent to every node of a cluster.
+#[cfg(feature = "cluster")]
+async fn on_all_nodes(
+    conn: &mut redis::cluster_async::ClusterConnection,
+    cmd: redis::Cmd,
+) -> Result<Vec<(String, Value)>, crate::RedisError> {
+    use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+    let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllNodes, None));
+    match conn.route_command(cmd, routing).await? {
+        Value::Map(nodes) => Ok(nodes
+            .into_iter()
+            .map(|(node, v)| Ok((redis::from_redis_value::<String>(node)?, v)))
+            .collect::<redis::RedisResult<Vec<_>>>()?),
+        other => Err(crate::RedisError::Protocol(format!(
+            "a command to all nodes: {other:?}"
+        ))),
+    }
+}
+
+/// Reads the role and settings of every node of a cluster, masters and
+/// replicas.
 #[cfg(feature = "cluster")]
 pub(crate) async fn check_cluster(
     conn: &mut redis::cluster_async::ClusterConnection,
 ) -> Result<DurabilityReport, crate::RedisError> {
-    use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
-    let mut by_node: std::collections::BTreeMap<String, Vec<Setting>> = Default::default();
+    let mut by_node: std::collections::BTreeMap<String, (NodeRole, Vec<Setting>)> =
+        Default::default();
+    for (node, v) in on_all_nodes(conn, redis::cmd("ROLE")).await? {
+        by_node.insert(node, (NodeRole::of(Ok(v)), Vec::new()));
+    }
     for name in SETTINGS {
         let mut cmd = redis::cmd("CONFIG");
         cmd.arg("GET").arg(name);
-        let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-        let reply = conn.route_command(cmd, routing).await?;
-        let Value::Map(nodes) = reply else {
-            return Err(crate::RedisError::Protocol(format!(
-                "CONFIG GET on all masters: {reply:?}"
-            )));
-        };
-        for (node, v) in nodes {
-            let node: String = redis::from_redis_value(node).map_err(redis::RedisError::from)?;
-            by_node.entry(node).or_default().push(setting(name, Ok(v)));
+        for (node, v) in on_all_nodes(conn, cmd).await? {
+            let entry = by_node.entry(node).or_insert((NodeRole::Unknown, Vec::new()));
+            entry.1.push(setting(name, Ok(v)));
         }
     }
     Ok(DurabilityReport {
         nodes: by_node
             .into_iter()
-            .map(|(n, s)| node_report(n, s))
+            .map(|(n, (role, s))| node_report(n, role, s))
             .collect(),
     })
 }
@@ -234,6 +314,7 @@ mod tests {
     fn node(aof: &str, policy: Setting) -> NodeReport {
         NodeReport {
             node: "n".into(),
+            role: NodeRole::Master,
             appendonly: Setting::Known(aof.into()),
             appendfsync: Setting::Known("everysec".into()),
             maxmemory_policy: policy,

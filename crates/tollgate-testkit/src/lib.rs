@@ -4,6 +4,8 @@
 //!   (through [`conformance_tests!`]) and must agree with the core's
 //!   reference model decision by decision.
 //! * [`demo`]: runs an example binary the way a user does.
+//! * [`ha`]: a Redis Sentinel topology (master, replica, three sentinels)
+//!   and a Redis Cluster with replicas, for failover tests.
 //! * [`redis_server`]: throwaway `redis-server` processes (and a 3-master
 //!   cluster) on free loopback ports, for tests against a real Redis.
 //! * [`relay`]: a TCP relay under test control (silence, retarget), for
@@ -11,5 +13,6 @@
 
 pub mod conformance;
 pub mod demo;
+pub mod ha;
 pub mod redis_server;
 pub mod relay;
