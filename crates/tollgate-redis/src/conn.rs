@@ -73,6 +73,10 @@ pub(crate) enum Connector {
         client: redis::cluster::ClusterClient,
         /// The whole connect (several nodes) is bounded by a multiple.
         connect_timeout: Duration,
+        /// How to reach a node other than through the cluster client (the
+        /// first URL's credentials and TLS): the durability check reads
+        /// the replicas, which the client does not route to.
+        node: Box<redis::ConnectionInfo>,
     },
     /// The master a Redis Sentinel names, asked anew on every connect.
     Sentinel {
@@ -112,6 +116,7 @@ impl Connector {
             Self::Cluster {
                 client,
                 connect_timeout,
+                ..
             } => {
                 // The cluster client connects to several nodes, each under
                 // the connect timeout; bound the whole.

@@ -88,7 +88,12 @@ impl fmt::Display for NodeRole {
 
 impl NodeRole {
     fn of(reply: Result<Value, redis::RedisError>) -> Self {
-        match reply.ok().as_ref().and_then(crate::conn::role_of).as_deref() {
+        match reply
+            .ok()
+            .as_ref()
+            .and_then(crate::conn::role_of)
+            .as_deref()
+        {
             Some("master") => Self::Master,
             Some("slave" | "replica") => Self::Replica,
             _ => Self::Unknown,
@@ -261,14 +266,14 @@ pub(crate) async fn check_client(client: &redis::Client, t: crate::conn::Timeout
     }
 }
 
-/// Each node's reply to `cmd`, sent to every node of a cluster.
+/// Each master's reply to `cmd`.
 #[cfg(feature = "cluster")]
-async fn on_all_nodes(
+async fn on_all_masters(
     conn: &mut redis::cluster_async::ClusterConnection,
     cmd: redis::Cmd,
 ) -> Result<Vec<(String, Value)>, crate::RedisError> {
     use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
-    let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllNodes, None));
+    let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
     match conn.route_command(cmd, routing).await? {
         Value::Map(nodes) => Ok(nodes
             .into_iter()
@@ -280,31 +285,79 @@ async fn on_all_nodes(
     }
 }
 
-/// Reads the role and settings of every node of a cluster, masters and
-/// replicas.
+/// Reads the role and settings of every node of a cluster: the masters
+/// through the cluster client, the replicas (which it does not route to)
+/// each over a connection of its own, made like `node`.
 #[cfg(feature = "cluster")]
 pub(crate) async fn check_cluster(
     conn: &mut redis::cluster_async::ClusterConnection,
+    node: &redis::ConnectionInfo,
+    t: crate::conn::Timeouts,
 ) -> Result<DurabilityReport, crate::RedisError> {
+    use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
     let mut by_node: std::collections::BTreeMap<String, (NodeRole, Vec<Setting>)> =
         Default::default();
-    for (node, v) in on_all_nodes(conn, redis::cmd("ROLE")).await? {
+    for (node, v) in on_all_masters(conn, redis::cmd("ROLE")).await? {
         by_node.insert(node, (NodeRole::of(Ok(v)), Vec::new()));
     }
     for name in SETTINGS {
         let mut cmd = redis::cmd("CONFIG");
         cmd.arg("GET").arg(name);
-        for (node, v) in on_all_nodes(conn, cmd).await? {
-            let entry = by_node.entry(node).or_insert((NodeRole::Unknown, Vec::new()));
+        for (node, v) in on_all_masters(conn, cmd).await? {
+            let entry = by_node
+                .entry(node)
+                .or_insert((NodeRole::Unknown, Vec::new()));
             entry.1.push(setting(name, Ok(v)));
         }
     }
-    Ok(DurabilityReport {
-        nodes: by_node
-            .into_iter()
-            .map(|(n, (role, s))| node_report(n, role, s))
-            .collect(),
-    })
+    let mut nodes: Vec<NodeReport> = by_node
+        .into_iter()
+        .map(|(n, (role, s))| node_report(n, role, s))
+        .collect();
+    let random = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+    let topology = conn
+        .route_command(redis::cmd("CLUSTER").arg("NODES").clone(), random)
+        .await?;
+    let topology: String = redis::from_redis_value(topology).map_err(redis::RedisError::from)?;
+    for (host, port) in replicas_in(&topology) {
+        let mut addr = node.addr().clone();
+        match &mut addr {
+            redis::ConnectionAddr::Tcp(h, p) => (*h, *p) = (host, port),
+            redis::ConnectionAddr::TcpTls {
+                host: h, port: p, ..
+            } => (*h, *p) = (host, port),
+            _ => continue,
+        }
+        let client = redis::Client::open(node.clone().set_addr(addr))?;
+        nodes.push(check_client(&client, t).await);
+    }
+    Ok(DurabilityReport { nodes })
+}
+
+/// The replicas (`host`, `port`) a `CLUSTER NODES` reply lists, except
+/// those marked failed or without an address.
+#[cfg(feature = "cluster")]
+fn replicas_in(cluster_nodes: &str) -> Vec<(String, u16)> {
+    cluster_nodes
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let (addr, flags) = (f.nth(1)?, f.next()?);
+            let flags: Vec<&str> = flags.split(',').collect();
+            let replica = flags.contains(&"slave") || flags.contains(&"replica");
+            if !replica
+                || flags
+                    .iter()
+                    .any(|g| matches!(*g, "fail" | "fail?" | "noaddr"))
+            {
+                return None;
+            }
+            // `ip:port@cport[,hostname]`
+            let ip_port = addr.split(['@', ',']).next()?;
+            let (host, port) = ip_port.rsplit_once(':')?;
+            Some((host.to_owned(), port.parse().ok()?))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -337,5 +390,28 @@ mod tests {
         };
         assert!(!unknown.is_durable() && !unknown.is_known_bad());
         assert!(!DurabilityReport::default().is_durable());
+        let replica = NodeReport {
+            role: NodeRole::Replica,
+            ..node("no", Setting::Known("noeviction".into()))
+        };
+        assert!(replica.problems()[0].starts_with("n (replica): appendonly"));
+    }
+
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn finds_replicas_in_cluster_nodes() {
+        let nodes = "\
+a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
+b2 127.0.0.1:7003@17003,host.example slave a1 0 1 4 connected
+c3 127.0.0.1:7004@17004 slave,fail a1 0 1 4 disconnected
+d4 10.0.0.5:7005@17005 replica x 0 1 4 connected
+";
+        assert_eq!(
+            replicas_in(nodes),
+            [
+                ("127.0.0.1".to_owned(), 7003),
+                ("10.0.0.5".to_owned(), 7005)
+            ]
+        );
     }
 }

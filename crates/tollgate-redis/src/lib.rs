@@ -89,7 +89,7 @@ use redis::Value;
 use tokio::time::Instant;
 use tollgate_limiter::{Backend, Clock, Decision, Key, Op, Policy, Request, Scope, Strategy};
 
-pub use durability::{Durability, DurabilityReport, NodeReport, Setting};
+pub use durability::{Durability, DurabilityReport, NodeReport, NodeRole, Setting};
 pub use error::RedisError;
 
 use conn::Conn;
@@ -473,9 +473,11 @@ impl RedisBackendBuilder {
                 root_cert: Some(pem.clone()),
             });
         }
+        let first = self.urls.first().ok_or(RedisError::Unsupported("no URL"))?;
         Ok(conn::Connector::Cluster {
             client: builder.build()?,
             connect_timeout: self.connect_timeout,
+            node: Box::new(self.connection_info(first)?),
         })
     }
 
@@ -518,7 +520,11 @@ impl RedisBackend {
             .into_iter()
             .map(|s| s.as_ref().to_owned())
             .collect();
-        Self::builder(format!("{}{}/{master_name}", sentinel::SCHEME, hosts.join(",")))
+        Self::builder(format!(
+            "{}{}/{master_name}",
+            sentinel::SCHEME,
+            hosts.join(",")
+        ))
     }
 
     /// Starts building a backend for a Redis Cluster, from one or more of
@@ -585,7 +591,12 @@ impl RedisBackend {
                 Ok(DurabilityReport { nodes })
             }
             #[cfg(feature = "cluster")]
-            conn::Link::Cluster(mut c) => durability::check_cluster(&mut c).await,
+            conn::Link::Cluster(mut c) => {
+                let conn::Connector::Cluster { node, .. } = self.inner.conn.connector() else {
+                    unreachable!("a cluster link comes from a cluster connector")
+                };
+                durability::check_cluster(&mut c, node, self.inner.conn.timeouts()).await
+            }
         }
     }
 

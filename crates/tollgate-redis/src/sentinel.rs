@@ -37,7 +37,10 @@ const DEFAULT_PORT: u16 = 26379;
 
 /// Whether `url` names sentinels rather than a server.
 pub(crate) fn is_sentinel_url(url: &str) -> bool {
-    let lower = url.get(..SCHEME.len() + 1).unwrap_or(url).to_ascii_lowercase();
+    let lower = url
+        .get(..SCHEME.len() + 1)
+        .unwrap_or(url)
+        .to_ascii_lowercase();
     lower.starts_with(SCHEME) || lower.starts_with("rediss+sentinel://")
 }
 
@@ -239,12 +242,20 @@ impl Sentinels {
     }
 
     /// Clients for the replicas the sentinels know (each checked with
-    /// `ROLE`): the servers that can become the master.
+    /// `ROLE`): the servers that can become the master. None is not an
+    /// error (a master without a replica, or right after a failover).
     pub(crate) async fn replicas(&self) -> redis::RedisResult<Vec<redis::Client>> {
         let lookup = async {
             let mut s = self.sentinel.lock().await;
-            s.async_get_replica_clients(&self.master, Some(&self.node))
+            match s
+                .async_get_replica_clients(&self.master, Some(&self.node))
                 .await
+            {
+                Err(e) if e.kind() == redis::ErrorKind::NoValidReplicasFoundBySentinel => {
+                    Ok(Vec::new())
+                }
+                other => other,
+            }
         };
         tokio::time::timeout(self.lookup_timeout, lookup)
             .await

@@ -259,6 +259,21 @@ impl RedisSentinel {
     }
 }
 
+/// Waits until `server` is a replica in sync with its master (after a
+/// restart, a failed-over master rejoins as one); whether it did within
+/// `timeout`.
+pub fn wait_synced(server: &RedisServer, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        let info = server.cli(&["info", "replication"]);
+        if info.contains("role:slave") && info.contains("master_link_status:up") {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
 impl RedisCluster {
     /// Three masters with one replica each, `cluster-node-timeout 1000`
     /// (a failover takes a couple of seconds) and
@@ -314,6 +329,13 @@ impl RedisCluster {
     /// Kills node `i` (`SIGKILL`, a crash).
     pub fn kill_node(&mut self, i: usize) {
         self.nodes[i].kill();
+    }
+
+    /// Starts node `i` again, on its port and data directory (its
+    /// `nodes.conf`): it rejoins the cluster, as a replica if it was failed
+    /// over meanwhile.
+    pub fn restart_node(&mut self, i: usize) {
+        self.nodes[i].restart();
     }
 
     /// Waits until a running master other than node `old` serves `slot`

@@ -510,7 +510,9 @@ impl RedisCluster {
             // replica must be in sync, or it cannot take over.
             info.contains("cluster_state:ok")
                 && info.contains(&known)
-                && !n.cli(&["info", "replication"]).contains("master_link_status:down")
+                && !n
+                    .cli(&["info", "replication"])
+                    .contains("master_link_status:down")
         })
     }
 
