@@ -304,6 +304,20 @@ pub(crate) struct ValidateArgs {
     pub(crate) files: Vec<PathBuf>,
 }
 
+impl Global {
+    /// `--redis-url` splits on commas (a cluster's nodes), but a Sentinel
+    /// URL lists its sentinels with commas too: puts it back together.
+    pub(crate) fn rejoin_sentinel_url(&mut self) {
+        let sentinel = self.redis_url.first().is_some_and(|u| {
+            let u = u.trim().to_ascii_lowercase();
+            u.starts_with("redis+sentinel://") || u.starts_with("rediss+sentinel://")
+        });
+        if sentinel && self.redis_url.len() > 1 {
+            self.redis_url = vec![self.redis_url.join(",")];
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,19 +370,5 @@ mod tests {
         assert!(r.is_err());
         let r = Cli::try_parse_from(["tollgate", "inspect", "api"]);
         assert!(r.is_err());
-    }
-}
-
-impl Global {
-    /// `--redis-url` splits on commas (a cluster's nodes), but a Sentinel
-    /// URL lists its sentinels with commas too: puts it back together.
-    pub(crate) fn rejoin_sentinel_url(&mut self) {
-        let sentinel = self.redis_url.first().is_some_and(|u| {
-            let u = u.trim().to_ascii_lowercase();
-            u.starts_with("redis+sentinel://") || u.starts_with("rediss+sentinel://")
-        });
-        if sentinel && self.redis_url.len() > 1 {
-            self.redis_url = vec![self.redis_url.join(",")];
-        }
     }
 }

@@ -544,8 +544,7 @@ async fn durability(g: &Global, strict: bool) -> Result<(), Failure> {
     let report = timed(g, "durability", work).await?;
     // One server: named by its URL. Several (a cluster, a Sentinel master
     // and its replicas): by address, with their roles.
-    let single =
-        !g.cluster && report.nodes.len() == 1 && !g.redis_url[0].contains("+sentinel://");
+    let single = !g.cluster && report.nodes.len() == 1 && !g.redis_url[0].contains("+sentinel://");
     let verdict = if report.is_durable() {
         Ok(())
     } else if report.is_known_bad() || strict {

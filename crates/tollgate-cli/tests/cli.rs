@@ -876,7 +876,10 @@ fn durability_covers_a_sentinel_master_and_its_replica() {
     let v = json(&o);
     assert_eq!(v["durable"], true, "{v}");
     let servers = v["servers"].as_array().unwrap();
-    let roles: Vec<&str> = servers.iter().map(|s| s["role"].as_str().unwrap()).collect();
+    let roles: Vec<&str> = servers
+        .iter()
+        .map(|s| s["role"].as_str().unwrap())
+        .collect();
     assert_eq!(roles, ["master", "replica"], "{v}");
     let master = format!("127.0.0.1:{}", ha.master_port().unwrap());
     assert_eq!(servers[0]["server"], master.as_str());

@@ -456,6 +456,7 @@ async fn acl_user_from_url() {
         "+set",
         "+del",
         "+ping",
+        "+role",
         "+time",
         "+hmget",
         "+hset",
