@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tollgate_limiter::{BreakerConfig, FailMode, Key, Limiter, TokenBucket, Verdict};
 use tollgate_redis::{Durability, NodeRole, RedisBackend};
-use tollgate_testkit::conformance::unique_name;
+use tollgate_testkit::conformance::{assert_fail_mode_held, unique_name};
 use tollgate_testkit::ha::{RedisSentinel, wait_synced};
 use tollgate_testkit::redis_server::RedisCluster;
 
@@ -44,11 +44,16 @@ fn cycles() -> u32 {
         .unwrap_or(1)
 }
 
-/// A short connect timeout, as `docs/redis.md` recommends for HA: a
-/// reconnection that reaches a dead address gives up sooner.
-fn tuned(b: tollgate_redis::RedisBackendBuilder) -> tollgate_redis::RedisBackendBuilder {
+/// Builds with the start-up durability check and a short connect timeout,
+/// as `docs/redis.md` recommends for HA (a reconnection that reaches a dead
+/// address gives up sooner).
+async fn build(b: tollgate_redis::RedisBackendBuilder) -> RedisBackend {
     b.prefix(unique_name("failover"))
         .connect_timeout(Duration::from_millis(250))
+        .durability(Durability::Report)
+        .build()
+        .await
+        .expect("connect")
 }
 
 fn limiter(name: &str, mode: FailMode, capacity: u64, b: &RedisBackend) -> Limiter<RedisBackend> {
@@ -193,16 +198,7 @@ impl Load {
                     if v.decision().is_none() && !on_victim {
                         tally.failed_elsewhere.fetch_add(1, Ordering::Relaxed);
                     }
-                    // The fail modes hold for a backend failure.
-                    match l.fail_mode() {
-                        FailMode::Closed if v.is_allowed() => {
-                            assert!(v.decision().is_some(), "fail-closed admitted on {v:?}")
-                        }
-                        FailMode::Open if !v.is_allowed() => {
-                            assert!(v.decision().is_some(), "fail-open refused on {v:?}")
-                        }
-                        _ => {}
-                    }
+                    assert_fail_mode_held(l.fail_mode(), &v);
                     tokio::time::sleep(Duration::from_millis(2)).await;
                 }
             }));
@@ -319,11 +315,7 @@ async fn sentinel_failover_under_load() {
     let Some(mut ha) = blocking(RedisSentinel::start) else {
         return;
     };
-    let b = tuned(RedisBackend::builder(ha.url()))
-        .durability(Durability::Report)
-        .build()
-        .await
-        .expect("connect through the sentinels");
+    let b = build(RedisBackend::builder(ha.url())).await;
 
     // The durability check covers the master and the replica that can
     // become it.
@@ -400,11 +392,7 @@ async fn cluster_failover_under_load() {
         return;
     };
     assert_eq!(slot("a:{ledger}"), blocking(|| cluster.keyslot("ledger")));
-    let b = tuned(RedisBackend::cluster_builder(cluster.urls()))
-        .durability(Durability::Report)
-        .build()
-        .await
-        .expect("connect to the cluster");
+    let b = build(RedisBackend::cluster_builder(cluster.urls())).await;
 
     // The durability check covers every node: three masters and the three
     // replicas that can become one.
