@@ -804,6 +804,24 @@ mod tests {
     }
 
     #[test]
+    fn sentinel_urls_are_checked_at_build_and_never_shown_with_passwords() {
+        let b = RedisBackend::builder("redis+sentinel://u:s3cret@a:1,b:2/m?sentinel_password=hush");
+        let shown = format!("{b:?}");
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("hush"),
+            "{shown}"
+        );
+        assert!(shown.contains("a:1,b:2/m"), "{shown}");
+        let err = RedisBackend::builder("redis+sentinel://u:s3cret@a:1,b:2")
+            .build_lazy()
+            .expect_err("no master name");
+        assert!(matches!(err, RedisError::InvalidUrl(_)), "{err:?}");
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+        let b = RedisBackend::sentinel_builder(["a:1", "b:2"], "m");
+        assert!(format!("{b:?}").contains("redis+sentinel://a:1,b:2/m"));
+    }
+
+    #[test]
     fn replies_are_checked() {
         let ok = [
             Value::Int(1),
