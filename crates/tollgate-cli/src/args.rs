@@ -43,9 +43,11 @@ pub(crate) struct Global {
     #[arg(short = 'c', long = "config", value_name = "FILE", global = true)]
     pub(crate) config: Vec<PathBuf>,
     /// The Redis server (`redis://[user:password@]host:port[/db]`;
-    /// `rediss://` with the `tls` feature); with --cluster, a
-    /// comma-separated list of nodes [default: the configuration's
-    /// `[redis]` section, else redis://127.0.0.1:6379].
+    /// `rediss://` with the `tls` feature), or the master of a Redis
+    /// Sentinel setup
+    /// (`redis+sentinel://[user:password@]host:port[,host:port...]/<master-name>`);
+    /// with --cluster, a comma-separated list of nodes [default: the
+    /// configuration's `[redis]` section, else redis://127.0.0.1:6379].
     #[arg(
         long,
         env = "REDIS_URL",
@@ -307,6 +309,20 @@ pub(crate) struct ValidateArgs {
     /// Configuration files, layered in order after any `--config` ones.
     #[arg(value_name = "FILE")]
     pub(crate) files: Vec<PathBuf>,
+}
+
+impl Global {
+    /// `--redis-url` splits on commas (a cluster's nodes), but a Sentinel
+    /// URL lists its sentinels with commas too: puts it back together.
+    pub(crate) fn rejoin_sentinel_url(&mut self) {
+        let sentinel = self.redis_url.first().is_some_and(|u| {
+            let u = u.trim().to_ascii_lowercase();
+            u.starts_with("redis+sentinel://") || u.starts_with("rediss+sentinel://")
+        });
+        if sentinel && self.redis_url.len() > 1 {
+            self.redis_url = vec![self.redis_url.join(",")];
+        }
+    }
 }
 
 #[cfg(test)]

@@ -171,12 +171,17 @@ fn validate(files: &[PathBuf], as_json: bool) -> Result<(), Failure> {
     Ok(())
 }
 
-/// A URL with its password hidden.
+/// A URL with its passwords hidden (a Sentinel URL's query may hold the
+/// sentinels' own).
 fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    match rest.rsplit_once('@') {
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, Some(q)),
+        None => (rest, None),
+    };
+    let shown = match rest.rsplit_once('@') {
         Some((userinfo, host)) => {
             let user = userinfo.split(':').next().unwrap_or("");
             if userinfo.contains(':') {
@@ -185,7 +190,20 @@ fn redact(url: &str) -> String {
                 format!("{scheme}://{userinfo}@{host}")
             }
         }
-        None => url.to_owned(),
+        None => format!("{scheme}://{rest}"),
+    };
+    match query {
+        None => shown,
+        Some(q) => {
+            let q: Vec<String> = q
+                .split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) if k.contains("password") => format!("{k}=***"),
+                    _ => kv.to_owned(),
+                })
+                .collect();
+            format!("{shown}?{}", q.join("&"))
+        }
     }
 }
 
@@ -583,7 +601,9 @@ async fn durability(g: &Global, strict: bool) -> Result<(), Failure> {
             .map_err(|e| Failure::backend("durability check", &e))
     };
     let report = timed(g, "durability", work).await?;
-    let single = !g.cluster && report.nodes.len() == 1;
+    // One server: named by its URL. Several (a cluster, a Sentinel master
+    // and its replicas): by address, with their roles.
+    let single = !g.cluster && report.nodes.len() == 1 && !g.redis_url[0].contains("+sentinel://");
     let verdict = if report.is_durable() {
         Ok(())
     } else if report.is_known_bad() || strict {
@@ -600,14 +620,16 @@ async fn durability(g: &Global, strict: bool) -> Result<(), Failure> {
             .nodes
             .iter()
             .map(|n| {
-                let own = format!("{}: ", n.node);
+                // Each problem starts with its server (and role): said
+                // once, by the fields.
                 let problems: Vec<String> = n
                     .problems()
                     .into_iter()
-                    .map(|p| p.strip_prefix(&own).map(str::to_owned).unwrap_or(p))
+                    .map(|p| p.split_once(": ").map_or(p.clone(), |(_, p)| p.to_owned()))
                     .collect();
                 json!({
                     "server": if single { host(&g.redis_url[0]) } else { n.node.clone() },
+                    "role": n.role.to_string(),
                     "appendonly": setting(&n.appendonly),
                     "appendfsync": setting(&n.appendfsync),
                     "maxmemory_policy": setting(&n.maxmemory_policy),
@@ -637,6 +659,7 @@ async fn durability(g: &Global, strict: bool) -> Result<(), Failure> {
             n.node.clone()
         };
         println!("server            {node}");
+        println!("role              {}", n.role);
         println!("appendonly        {} (want yes)", n.appendonly);
         println!("appendfsync       {}", n.appendfsync);
         println!("maxmemory-policy  {} (want noeviction)", n.maxmemory_policy);
@@ -687,6 +710,10 @@ mod tests {
         );
         assert_eq!(redact("redis://:s3cret@h:1"), "redis://:***@h:1");
         assert_eq!(redact("redis://h:1"), "redis://h:1");
+        assert_eq!(
+            redact("redis+sentinel://u:pw@a:1,b:2/m?sentinel_password=s3&sentinel_username=x"),
+            "redis+sentinel://u:***@a:1,b:2/m?sentinel_password=***&sentinel_username=x"
+        );
         assert_eq!(host("rediss://u:p@h.example:6380/2"), "h.example:6380");
     }
 }

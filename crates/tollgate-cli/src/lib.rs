@@ -60,7 +60,8 @@ use clap::Parser;
 /// `tollgate` binary does. Errors are printed on standard error; the exit
 /// code says what failed (see [Exit codes](crate#exit-codes)).
 pub fn main() -> ExitCode {
-    let cli = args::Cli::parse();
+    let mut cli = args::Cli::parse();
+    cli.global.rejoin_sentinel_url();
     match commands::run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {

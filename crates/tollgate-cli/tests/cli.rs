@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use tollgate_limiter::{Config, Decision, Key, KeyHasher, Limiter};
 use tollgate_redis::{Durability, RedisBackend};
+use tollgate_testkit::ha::RedisSentinel;
 use tollgate_testkit::redis_server::{RedisServer, Server};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
@@ -1105,4 +1106,32 @@ tollgate_testkit::on_every_server! {
         }
         assert_eq!(out.matches("appendonly is not yes").count(), 3, "{out}");
     }
+}
+
+/// A `redis+sentinel://` URL (split on its commas by `--redis-url`, and
+/// put back together): the report covers the master and its replica,
+/// with their roles.
+#[test]
+fn durability_covers_a_sentinel_master_and_its_replica() {
+    let Some(ha) = RedisSentinel::builder()
+        .server(RedisServer::builder().appendonly(true))
+        .start()
+    else {
+        return;
+    };
+    let o = run(&["--redis-url", &ha.url(), "durability", "--json"], &[]);
+    expect(&o, 0);
+    let v = json(&o);
+    assert_eq!(v["durable"], true, "{v}");
+    let servers = v["servers"].as_array().unwrap();
+    let roles: Vec<&str> = servers
+        .iter()
+        .map(|s| s["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["master", "replica"], "{v}");
+    let master = format!("127.0.0.1:{}", ha.master_port().unwrap());
+    assert_eq!(servers[0]["server"], master.as_str());
+    let o = run(&["durability"], &[("REDIS_URL", &ha.url())]);
+    let out = expect(&o, 0);
+    assert!(out.contains("role              replica"), "{out}");
 }

@@ -23,6 +23,19 @@
 //! the slot (callers then fail at once, and the limiter's fail mode
 //! answers) and connects afresh, starting an attempt at most every
 //! [`RETRY`], until a new connection answers.
+//!
+//! Failovers. A one-server connection must reach a master: the keeper's
+//! check is `ROLE`, not `PING`, and a `READONLY` reply (a write that
+//! reached a replica) makes the keeper check too. So a connection that
+//! followed an address to a demoted master (a restart behind the same
+//! address, a DNS or virtual-IP failover) is replaced like a dead one. With
+//! Redis Sentinel every new connection first asks the sentinels where the
+//! master is (see [`crate::sentinel`]), so the replacement reaches the
+//! promoted replica. A cluster connection follows the cluster's own
+//! topology changes (redis-rs refreshes its slot map on `MOVED` and on a
+//! dead node); its check asks the masters for a `PING` and needs one
+//! answer, not all: one dead master must not take the other masters' slots
+//! down with it.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -60,6 +73,15 @@ pub(crate) enum Connector {
         client: redis::cluster::ClusterClient,
         /// The whole connect (several nodes) is bounded by a multiple.
         connect_timeout: Duration,
+        /// How to reach a node other than through the cluster client (the
+        /// first URL's credentials and TLS): the durability check reads
+        /// the replicas, which the client does not route to.
+        node: Box<redis::ConnectionInfo>,
+    },
+    /// The master a Redis Sentinel names, asked anew on every connect.
+    Sentinel {
+        sentinel: crate::sentinel::Sentinels,
+        config: ConnectionManagerConfig,
     },
 }
 
@@ -67,13 +89,10 @@ impl Connector {
     /// One server, through a redis-rs connection manager with these
     /// timeouts.
     pub(crate) fn single(client: redis::Client, t: Timeouts) -> Self {
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(t.connect))
-            .set_response_timeout(Some(t.response))
-            // One attempt per (re)connection: the keeper paces the retries,
-            // and a caller never waits behind a chain of back-offs.
-            .set_number_of_retries(0);
-        Self::Single { client, config }
+        Self::Single {
+            client,
+            config: manager_config(t),
+        }
     }
 
     /// A connection that may not have connected yet (a manager connects on
@@ -83,10 +102,21 @@ impl Connector {
             Self::Single { client, config } => Ok(Link::Single(
                 ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?,
             )),
+            Self::Sentinel { sentinel, config } => {
+                // A manager follows its address on reconnection; after a
+                // failover that address is a replica, and the keeper's
+                // `ROLE` check sends us back here.
+                let client = sentinel.master().await?;
+                Ok(Link::Single(ConnectionManager::new_lazy_with_config(
+                    client,
+                    config.clone(),
+                )?))
+            }
             #[cfg(feature = "cluster")]
             Self::Cluster {
                 client,
                 connect_timeout,
+                ..
             } => {
                 // The cluster client connects to several nodes, each under
                 // the connect timeout; bound the whole.
@@ -99,6 +129,16 @@ impl Connector {
             }
         }
     }
+}
+
+/// The configuration of every one-server connection manager.
+pub(crate) fn manager_config(t: Timeouts) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(t.connect))
+        .set_response_timeout(Some(t.response))
+        // One attempt per (re)connection: the keeper paces the retries,
+        // and a caller never waits behind a chain of back-offs.
+        .set_number_of_retries(0)
 }
 
 /// One shared connection.
@@ -159,7 +199,8 @@ impl Slot {
 }
 
 /// Whether an error means the connection itself failed (it is gone, or it
-/// did not answer in time), as opposed to a command error on a healthy
+/// did not answer in time) or reached a replica (`READONLY`: a failover
+/// happened behind it), as opposed to a command error on a healthy
 /// connection.
 fn breaks(e: &redis::RedisError) -> bool {
     e.is_io_error()
@@ -167,22 +208,62 @@ fn breaks(e: &redis::RedisError) -> bool {
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_unrecoverable_error()
+        || e.code() == Some("READONLY")
 }
 
 fn timed_out() -> redis::RedisError {
     std::io::Error::from(std::io::ErrorKind::TimedOut).into()
 }
 
-/// Whether `link` answers a `PING` within the timeouts (a reply that is a
-/// server error, such as `LOADING`, still proves the connection alive).
+/// Whether `link` answers within the timeouts, and reaches a master: a
+/// one-server link's `ROLE` must say `master`; a cluster link needs one
+/// master to answer a `PING` (the cluster client tracks each node itself).
+/// A reply that is a server error (`LOADING`, `ROLE` denied by an ACL)
+/// still proves the connection alive.
 async fn answers(link: &mut Link, t: Timeouts) -> Result<(), redis::RedisError> {
+    let check = async {
+        match link {
+            Link::Single(c) => {
+                let role = redis::cmd("ROLE").query_async::<Value>(c).await?;
+                match role_of(&role) {
+                    Some(r) if r != "master" => Err(std::io::Error::other(format!(
+                        "connected to a {r}, not a master (a failover?)"
+                    ))
+                    .into()),
+                    _ => Ok(()),
+                }
+            }
+            #[cfg(feature = "cluster")]
+            Link::Cluster(c) => {
+                use redis::cluster_routing::{
+                    MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo,
+                };
+                let any = RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllMasters,
+                    Some(ResponsePolicy::OneSucceeded),
+                ));
+                c.route_command(redis::cmd("PING"), any).await.map(drop)
+            }
+        }
+    };
     // The link's own timeouts bound this already; the outer bound keeps the
     // keeper from hanging on a client that retries internally.
-    let ping = redis::cmd("PING");
-    match tokio::time::timeout(t.connect + t.response, ping.query_async::<Value>(link)).await {
+    match tokio::time::timeout(t.connect + t.response, check).await {
         Err(_) => Err(timed_out()),
         Ok(Err(e)) if breaks(&e) => Err(e),
         Ok(_) => Ok(()),
+    }
+}
+
+/// The role in a `ROLE` reply (`master`, `slave`, `sentinel`).
+pub(crate) fn role_of(reply: &Value) -> Option<String> {
+    match reply {
+        Value::Array(items) => match items.first() {
+            Some(Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+            Some(Value::SimpleString(s)) => Some(s.clone()),
+            _ => None,
+        },
+        _ => None,
     }
 }
 
@@ -287,6 +368,7 @@ pub(crate) struct Conn {
     timeouts: Timeouts,
     cluster: bool,
     keepers: Vec<AbortHandle>,
+    connector: Connector,
 }
 
 /// How the slots are used.
@@ -324,7 +406,7 @@ impl Conn {
 
     fn start(connector: &Connector, t: Timeouts, usage: Usage, links: Vec<Option<Link>>) -> Self {
         let cluster = match connector {
-            Connector::Single { .. } => false,
+            Connector::Single { .. } | Connector::Sentinel { .. } => false,
             #[cfg(feature = "cluster")]
             Connector::Cluster { .. } => true,
         };
@@ -357,11 +439,22 @@ impl Conn {
             timeouts: t,
             cluster,
             keepers,
+            connector: connector.clone(),
         }
     }
 
     pub(crate) fn is_cluster(&self) -> bool {
         self.cluster
+    }
+
+    /// How this backend connects (the durability check asks Sentinel for
+    /// the replicas).
+    pub(crate) fn connector(&self) -> &Connector {
+        &self.connector
+    }
+
+    pub(crate) fn timeouts(&self) -> Timeouts {
+        self.timeouts
     }
 
     /// A slot's connection for one call: round robin, or (exclusive mode)

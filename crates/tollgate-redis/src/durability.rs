@@ -1,8 +1,11 @@
 //! The start-up durability check: is the counter's Redis "redis-durable"?
 //!
 //! A rate-limit counter that Redis may evict or lose on restart silently
-//! hands out fresh quotas. The backend asks each server (each master of a
-//! cluster) for `appendonly` and `maxmemory-policy` with `CONFIG GET`:
+//! hands out fresh quotas. The backend asks each server that holds the
+//! counters or can come to (each master of a cluster and its replicas; a
+//! Sentinel master and the replicas its sentinels know: a replica promoted
+//! by a failover keeps its own settings) for `appendonly` and
+//! `maxmemory-policy` with `CONFIG GET`:
 //!
 //! * `appendonly yes`: the counters survive a restart;
 //! * `maxmemory-policy noeviction`: writes fail rather than evict keys.
@@ -61,11 +64,50 @@ impl fmt::Display for Setting {
     }
 }
 
+/// A server's role when it was checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum NodeRole {
+    /// It holds the counters now.
+    Master,
+    /// A replica: it becomes the master after a failover.
+    Replica,
+    /// `ROLE` failed (denied by an ACL, renamed).
+    Unknown,
+}
+
+impl fmt::Display for NodeRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Master => "master",
+            Self::Replica => "replica",
+            Self::Unknown => "unknown",
+        })
+    }
+}
+
+impl NodeRole {
+    fn of(reply: Result<Value, redis::RedisError>) -> Self {
+        match reply
+            .ok()
+            .as_ref()
+            .and_then(crate::conn::role_of)
+            .as_deref()
+        {
+            Some("master") => Self::Master,
+            Some("slave" | "replica") => Self::Replica,
+            _ => Self::Unknown,
+        }
+    }
+}
+
 /// The durability settings of one server.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct NodeReport {
     /// The server (`host:port`).
     pub node: String,
+    /// Its role when checked.
+    pub role: NodeRole,
     /// `appendonly`: `yes` is required.
     pub appendonly: Setting,
     /// `appendfsync`, for information (`everysec` loses at most about a
@@ -79,21 +121,26 @@ impl NodeReport {
     /// What is wrong with this server (empty when it is durable).
     pub fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();
+        let node = match self.role {
+            NodeRole::Replica => format!("{} (replica)", self.node),
+            _ => self.node.clone(),
+        };
+        let node = &node;
         match self.appendonly.is("yes") {
             Some(true) => {}
             Some(false) => out.push(format!(
                 "{}: appendonly is not yes: counters are lost on restart",
-                self.node
+                node
             )),
-            None => out.push(format!("{}: appendonly {}", self.node, self.appendonly)),
+            None => out.push(format!("{}: appendonly {}", node, self.appendonly)),
         }
         match self.maxmemory_policy.is("noeviction") {
             Some(true) => {}
             Some(false) => out.push(format!(
                 "{}: maxmemory-policy is {}, not noeviction: rate-limit keys (all with a TTL) may be evicted",
-                self.node, self.maxmemory_policy
+                node, self.maxmemory_policy
             )),
-            None => out.push(format!("{}: maxmemory-policy {}", self.node, self.maxmemory_policy)),
+            None => out.push(format!("{}: maxmemory-policy {}", node, self.maxmemory_policy)),
         }
         out
     }
@@ -102,7 +149,8 @@ impl NodeReport {
 /// The result of the durability check: one entry per server.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct DurabilityReport {
-    /// Every server checked (every master of a cluster).
+    /// Every server checked, with its role: every node of a cluster; a
+    /// Sentinel master and its replicas.
     pub nodes: Vec<NodeReport>,
 }
 
@@ -168,23 +216,25 @@ fn setting(name: &str, reply: Result<Value, redis::RedisError>) -> Setting {
     }
 }
 
-fn node_report(node: String, mut settings: Vec<Setting>) -> NodeReport {
+fn node_report(node: String, role: NodeRole, mut settings: Vec<Setting>) -> NodeReport {
     let maxmemory_policy = settings.pop().unwrap_or(Setting::Unknown("missing".into()));
     let appendfsync = settings.pop().unwrap_or(Setting::Unknown("missing".into()));
     let appendonly = settings.pop().unwrap_or(Setting::Unknown("missing".into()));
     NodeReport {
         node,
+        role,
         appendonly,
         appendfsync,
         maxmemory_policy,
     }
 }
 
-/// Reads the settings of one server over `conn`.
+/// Reads the role and settings of one server over `conn`.
 pub(crate) async fn check_node<C: redis::aio::ConnectionLike>(
     node: String,
     conn: &mut C,
 ) -> NodeReport {
+    let role = NodeRole::of(redis::cmd("ROLE").query_async(conn).await);
     let mut settings = Vec::new();
     for name in SETTINGS {
         let reply = redis::cmd("CONFIG")
@@ -194,37 +244,120 @@ pub(crate) async fn check_node<C: redis::aio::ConnectionLike>(
             .await;
         settings.push(setting(name, reply));
     }
-    node_report(node, settings)
+    node_report(node, role, settings)
 }
 
-/// Reads the settings of every master of a cluster.
+/// Connects to `client`'s server under the timeouts and reads its role and
+/// settings; one that cannot be reached is reported with unknown settings.
+pub(crate) async fn check_client(client: &redis::Client, t: crate::conn::Timeouts) -> NodeReport {
+    let node = client.get_connection_info().addr().to_string();
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(t.connect))
+        .set_response_timeout(Some(t.response));
+    match client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+    {
+        Ok(mut c) => check_node(node, &mut c).await,
+        Err(e) => {
+            let why = Setting::Unknown(format!("unreachable: {e}"));
+            node_report(node, NodeRole::Unknown, vec![why.clone(), why.clone(), why])
+        }
+    }
+}
+
+/// Each master's reply to `cmd`.
+#[cfg(feature = "cluster")]
+async fn on_all_masters(
+    conn: &mut redis::cluster_async::ClusterConnection,
+    cmd: redis::Cmd,
+) -> Result<Vec<(String, Value)>, crate::RedisError> {
+    use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+    let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+    match conn.route_command(cmd, routing).await? {
+        Value::Map(nodes) => Ok(nodes
+            .into_iter()
+            .map(|(node, v)| Ok((redis::from_redis_value::<String>(node)?, v)))
+            .collect::<redis::RedisResult<Vec<_>>>()?),
+        other => Err(crate::RedisError::Protocol(format!(
+            "a command to all nodes: {other:?}"
+        ))),
+    }
+}
+
+/// Reads the role and settings of every node of a cluster: the masters
+/// through the cluster client, the replicas (which it does not route to)
+/// each over a connection of its own, made like `node`.
 #[cfg(feature = "cluster")]
 pub(crate) async fn check_cluster(
     conn: &mut redis::cluster_async::ClusterConnection,
+    node: &redis::ConnectionInfo,
+    t: crate::conn::Timeouts,
 ) -> Result<DurabilityReport, crate::RedisError> {
-    use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
-    let mut by_node: std::collections::BTreeMap<String, Vec<Setting>> = Default::default();
+    use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+    let mut by_node: std::collections::BTreeMap<String, (NodeRole, Vec<Setting>)> =
+        Default::default();
+    for (node, v) in on_all_masters(conn, redis::cmd("ROLE")).await? {
+        by_node.insert(node, (NodeRole::of(Ok(v)), Vec::new()));
+    }
     for name in SETTINGS {
         let mut cmd = redis::cmd("CONFIG");
         cmd.arg("GET").arg(name);
-        let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-        let reply = conn.route_command(cmd, routing).await?;
-        let Value::Map(nodes) = reply else {
-            return Err(crate::RedisError::Protocol(format!(
-                "CONFIG GET on all masters: {reply:?}"
-            )));
-        };
-        for (node, v) in nodes {
-            let node: String = redis::from_redis_value(node).map_err(redis::RedisError::from)?;
-            by_node.entry(node).or_default().push(setting(name, Ok(v)));
+        for (node, v) in on_all_masters(conn, cmd).await? {
+            let entry = by_node
+                .entry(node)
+                .or_insert((NodeRole::Unknown, Vec::new()));
+            entry.1.push(setting(name, Ok(v)));
         }
     }
-    Ok(DurabilityReport {
-        nodes: by_node
-            .into_iter()
-            .map(|(n, s)| node_report(n, s))
-            .collect(),
-    })
+    let mut nodes: Vec<NodeReport> = by_node
+        .into_iter()
+        .map(|(n, (role, s))| node_report(n, role, s))
+        .collect();
+    let random = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+    let topology = conn
+        .route_command(redis::cmd("CLUSTER").arg("NODES").clone(), random)
+        .await?;
+    let topology: String = redis::from_redis_value(topology).map_err(redis::RedisError::from)?;
+    for (host, port) in replicas_in(&topology) {
+        let mut addr = node.addr().clone();
+        match &mut addr {
+            redis::ConnectionAddr::Tcp(h, p) => (*h, *p) = (host, port),
+            redis::ConnectionAddr::TcpTls {
+                host: h, port: p, ..
+            } => (*h, *p) = (host, port),
+            _ => continue,
+        }
+        let client = redis::Client::open(node.clone().set_addr(addr))?;
+        nodes.push(check_client(&client, t).await);
+    }
+    Ok(DurabilityReport { nodes })
+}
+
+/// The replicas (`host`, `port`) a `CLUSTER NODES` reply lists, except
+/// those marked failed or without an address.
+#[cfg(feature = "cluster")]
+fn replicas_in(cluster_nodes: &str) -> Vec<(String, u16)> {
+    cluster_nodes
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let (addr, flags) = (f.nth(1)?, f.next()?);
+            let flags: Vec<&str> = flags.split(',').collect();
+            let replica = flags.contains(&"slave") || flags.contains(&"replica");
+            if !replica
+                || flags
+                    .iter()
+                    .any(|g| matches!(*g, "fail" | "fail?" | "noaddr"))
+            {
+                return None;
+            }
+            // `ip:port@cport[,hostname]`
+            let ip_port = addr.split(['@', ',']).next()?;
+            let (host, port) = ip_port.rsplit_once(':')?;
+            Some((host.to_owned(), port.parse().ok()?))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -234,6 +367,7 @@ mod tests {
     fn node(aof: &str, policy: Setting) -> NodeReport {
         NodeReport {
             node: "n".into(),
+            role: NodeRole::Master,
             appendonly: Setting::Known(aof.into()),
             appendfsync: Setting::Known("everysec".into()),
             maxmemory_policy: policy,
@@ -256,5 +390,28 @@ mod tests {
         };
         assert!(!unknown.is_durable() && !unknown.is_known_bad());
         assert!(!DurabilityReport::default().is_durable());
+        let replica = NodeReport {
+            role: NodeRole::Replica,
+            ..node("no", Setting::Known("noeviction".into()))
+        };
+        assert!(replica.problems()[0].starts_with("n (replica): appendonly"));
+    }
+
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn finds_replicas_in_cluster_nodes() {
+        let nodes = "\
+a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
+b2 127.0.0.1:7003@17003,host.example slave a1 0 1 4 connected
+c3 127.0.0.1:7004@17004 slave,fail a1 0 1 4 disconnected
+d4 10.0.0.5:7005@17005 replica x 0 1 4 connected
+";
+        assert_eq!(
+            replicas_in(nodes),
+            [
+                ("127.0.0.1".to_owned(), 7003),
+                ("10.0.0.5".to_owned(), 7005)
+            ]
+        );
     }
 }

@@ -32,6 +32,10 @@ pub enum RedisError {
     /// `}`, which would move the Redis Cluster hash tag).
     #[error("invalid limiter name {0:?}: braces are reserved for the hash tag")]
     InvalidLimiterName(String),
+    /// A Redis URL that cannot be used (the reason names the part that is
+    /// wrong, never a password).
+    #[error("invalid redis URL: {0}")]
+    InvalidUrl(String),
     /// The builder was asked for something this build cannot do (a
     /// `rediss://` URL without the `tls` feature, a cluster without the
     /// `cluster` feature).

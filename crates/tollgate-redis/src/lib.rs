@@ -33,8 +33,14 @@
 //! * **Connections**: multiplexed connections managed by redis-rs's
 //!   `ConnectionManager` (see [`RedisBackendBuilder::pool_size`]); Redis
 //!   Cluster through the redis crate's cluster client with the feature
-//!   `cluster`; `rediss://` URLs with the feature `tls`. Credentials go in
-//!   the URL (`redis://user:password@host:6379`).
+//!   `cluster`; Redis Sentinel with a
+//!   `redis+sentinel://host:port[,host:port...]/<master-name>` URL (see
+//!   [`RedisBackend::builder`]); `rediss://` URLs with the feature `tls`.
+//!   Credentials go in the URL (`redis://user:password@host:6379`).
+//! * **Failover**: a connection that reaches a replica (`ROLE`, or a
+//!   `READONLY` reply) is replaced like a dead one; with Sentinel the new
+//!   one goes to the master the sentinels name. What a failover costs and
+//!   can lose is measured in `docs/redis.md`.
 //! * **Health** is the backend's job, not its callers': connects and
 //!   replies are bounded ([`RedisBackendBuilder::connect_timeout`],
 //!   [`RedisBackendBuilder::response_timeout`]), and a connection that stops
@@ -78,6 +84,7 @@ pub mod durability;
 pub mod encoding;
 mod error;
 pub mod scripts;
+mod sentinel;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -88,7 +95,7 @@ use redis::Value;
 use tokio::time::Instant;
 use tollgate_limiter::{Backend, Clock, Decision, Key, Op, Policy, Request, Scope, Strategy};
 
-pub use durability::{Durability, DurabilityReport, NodeReport, Setting};
+pub use durability::{Durability, DurabilityReport, NodeReport, NodeRole, Setting};
 pub use error::RedisError;
 
 use conn::Conn;
@@ -161,10 +168,12 @@ pub struct RedisBackendBuilder {
 impl fmt::Debug for RedisBackendBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // URLs may hold a password: show only where they point.
+        // A Sentinel URL's query may hold the sentinels' password.
         let hosts: Vec<&str> = self
             .urls
             .iter()
             .map(|u| u.rsplit('@').next().unwrap_or(u))
+            .map(|u| u.split('?').next().unwrap_or(u))
             .collect();
         f.debug_struct("RedisBackendBuilder")
             .field("hosts", &hosts)
@@ -378,6 +387,11 @@ impl RedisBackendBuilder {
         if self.prefix.contains(['{', '}']) {
             return Err(RedisError::InvalidLimiterName(self.prefix.clone()));
         }
+        if self.cluster && self.urls.iter().any(|u| sentinel::is_sentinel_url(u)) {
+            return Err(RedisError::InvalidUrl(
+                "a redis+sentinel:// URL is not a cluster node".into(),
+            ));
+        }
         if self.urls.iter().any(|u| u.starts_with("rediss://")) {
             #[cfg(not(feature = "tls"))]
             return Err(RedisError::Unsupported("rediss:// needs the `tls` feature"));
@@ -410,6 +424,16 @@ impl RedisBackendBuilder {
             return self.cluster_connector();
         }
         let url = self.urls.first().ok_or(RedisError::Unsupported("no URL"))?;
+        if sentinel::is_sentinel_url(url) {
+            let parsed = sentinel::parse(url)?;
+            // A lookup asks several sentinels, then the master: bounded
+            // like the cluster's multi-node connect.
+            let lookup = (self.connect_timeout + self.response_timeout) * 3;
+            return Ok(conn::Connector::Sentinel {
+                sentinel: sentinel::Sentinels::new(&parsed, lookup)?,
+                config: conn::manager_config(self.timeouts()),
+            });
+        }
         let client = redis::Client::open(self.connection_info(url)?)?;
         Ok(conn::Connector::single(client, self.timeouts()))
     }
@@ -455,9 +479,11 @@ impl RedisBackendBuilder {
                 root_cert: Some(pem.clone()),
             });
         }
+        let first = self.urls.first().ok_or(RedisError::Unsupported("no URL"))?;
         Ok(conn::Connector::Cluster {
             client: builder.build()?,
             connect_timeout: self.connect_timeout,
+            node: Box::new(self.connection_info(first)?),
         })
     }
 
@@ -471,9 +497,40 @@ impl RedisBackendBuilder {
 
 impl RedisBackend {
     /// Starts building a backend for one Redis server (`redis://` or
-    /// `rediss://`, with `user:password@` for ACL users).
+    /// `rediss://`, with `user:password@` for ACL users), or for the master
+    /// of a Redis Sentinel setup:
+    ///
+    /// ```text
+    /// redis+sentinel://[user:password@]host[:port][,host[:port]...]/<master-name>[/<db>]
+    /// ```
+    ///
+    /// The hosts are the sentinels (port 26379 by default), the
+    /// credentials are the master's; sentinels with a password of their
+    /// own take `?sentinel_password=..` (and `sentinel_username=..`). Every
+    /// connection, at start-up and whenever one is replaced, asks the
+    /// sentinels where the master is now, so decisions follow a failover.
     pub fn builder(url: impl Into<String>) -> RedisBackendBuilder {
         RedisBackendBuilder::new(vec![url.into()], false)
+    }
+
+    /// Starts building a backend for the master `master_name` of a Redis
+    /// Sentinel setup, from the sentinels' `host:port` addresses (no
+    /// credentials; use a `redis+sentinel://` URL with
+    /// [`builder`](Self::builder) for those).
+    pub fn sentinel_builder<I, S>(sentinels: I, master_name: &str) -> RedisBackendBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let hosts: Vec<String> = sentinels
+            .into_iter()
+            .map(|s| s.as_ref().to_owned())
+            .collect();
+        Self::builder(format!(
+            "{}{}/{master_name}",
+            sentinel::SCHEME,
+            hosts.join(",")
+        ))
     }
 
     /// Starts building a backend for a Redis Cluster, from one or more of
@@ -517,16 +574,35 @@ impl RedisBackend {
 
     /// Runs the durability check now (it also runs at start-up unless
     /// [`Durability::Skip`]).
+    ///
+    /// It covers every server that holds the counters or can come to: each
+    /// master of a cluster and its replicas; with Sentinel the master and
+    /// the replicas the sentinels know.
     pub async fn check_durability(&self) -> Result<DurabilityReport, RedisError> {
         match self.inner.conn.link()? {
             conn::Link::Single(mut c) => {
-                let node = String::from("redis");
-                Ok(DurabilityReport {
-                    nodes: vec![durability::check_node(node, &mut c).await],
-                })
+                let mut nodes = Vec::new();
+                match self.inner.conn.connector() {
+                    conn::Connector::Sentinel { sentinel, .. } => {
+                        let master = sentinel.master().await?;
+                        let node = master.get_connection_info().addr().to_string();
+                        nodes.push(durability::check_node(node, &mut c).await);
+                        let t = self.inner.conn.timeouts();
+                        for replica in sentinel.replicas().await? {
+                            nodes.push(durability::check_client(&replica, t).await);
+                        }
+                    }
+                    _ => nodes.push(durability::check_node("redis".into(), &mut c).await),
+                }
+                Ok(DurabilityReport { nodes })
             }
             #[cfg(feature = "cluster")]
-            conn::Link::Cluster(mut c) => durability::check_cluster(&mut c).await,
+            conn::Link::Cluster(mut c) => {
+                let conn::Connector::Cluster { node, .. } = self.inner.conn.connector() else {
+                    unreachable!("a cluster link comes from a cluster connector")
+                };
+                durability::check_cluster(&mut c, node, self.inner.conn.timeouts()).await
+            }
         }
     }
 
@@ -741,6 +817,24 @@ mod tests {
         let shown = format!("{b:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
         assert!(shown.contains("127.0.0.1:6379"), "{shown}");
+    }
+
+    #[test]
+    fn sentinel_urls_are_checked_at_build_and_never_shown_with_passwords() {
+        let b = RedisBackend::builder("redis+sentinel://u:s3cret@a:1,b:2/m?sentinel_password=hush");
+        let shown = format!("{b:?}");
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("hush"),
+            "{shown}"
+        );
+        assert!(shown.contains("a:1,b:2/m"), "{shown}");
+        let err = RedisBackend::builder("redis+sentinel://u:s3cret@a:1,b:2")
+            .build_lazy()
+            .expect_err("no master name");
+        assert!(matches!(err, RedisError::InvalidUrl(_)), "{err:?}");
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+        let b = RedisBackend::sentinel_builder(["a:1", "b:2"], "m");
+        assert!(format!("{b:?}").contains("redis+sentinel://a:1,b:2/m"));
     }
 
     #[test]

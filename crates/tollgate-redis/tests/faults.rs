@@ -21,7 +21,7 @@ use tollgate_limiter::{
     Backend, FailMode, Key, Limiter, Op, Policy, Request, TokenBucket, Verdict,
 };
 use tollgate_redis::{Durability, RedisBackend};
-use tollgate_testkit::conformance::unique_name;
+use tollgate_testkit::conformance::{assert_fail_mode_held, unique_name};
 use tollgate_testkit::redis_server::RedisServer;
 use tollgate_testkit::relay::Relay;
 
@@ -266,15 +266,7 @@ tollgate_testkit::on_every_server! {
                             Verdict::FailedClosed(..) => &tally.failed_closed,
                         }
                         .fetch_add(1, Ordering::Relaxed);
-                        match l.fail_mode() {
-                            FailMode::Closed if v.is_allowed() => {
-                                assert!(v.decision().is_some(), "fail-closed admitted on {v:?}")
-                            }
-                            FailMode::Open if !v.is_allowed() => {
-                                assert!(v.decision().is_some(), "fail-open refused on {v:?}")
-                            }
-                            _ => {}
-                        }
+                        assert_fail_mode_held(l.fail_mode(), &v);
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
                 })

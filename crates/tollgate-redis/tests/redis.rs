@@ -489,6 +489,7 @@ tollgate_testkit::on_every_server! {
             "+set",
             "+del",
             "+ping",
+            "+role",
             "+time",
             "+hmget",
             "+hset",

@@ -46,6 +46,22 @@ pub fn unique_name(base: &str) -> String {
     )
 }
 
+/// Asserts that a limiter's fail mode held for a verdict: a fail-closed
+/// limiter admits only on a decision from its backend, a fail-open one
+/// refuses only on one (for fault and failover tests).
+pub fn assert_fail_mode_held(mode: tollgate_limiter::FailMode, v: &tollgate_limiter::Verdict) {
+    use tollgate_limiter::FailMode;
+    match mode {
+        FailMode::Closed if v.is_allowed() => {
+            assert!(v.decision().is_some(), "fail-closed admitted on {v:?}")
+        }
+        FailMode::Open if !v.is_allowed() => {
+            assert!(v.decision().is_some(), "fail-open refused on {v:?}")
+        }
+        _ => {}
+    }
+}
+
 fn limiter<B: Backend>(base: &str, policy: impl Into<Policy>, backend: B) -> Limiter<B> {
     // Generous timeout: conformance is about verdicts, not latency.
     Limiter::builder(unique_name(base), policy, backend)

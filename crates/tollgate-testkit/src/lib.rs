@@ -4,6 +4,8 @@
 //!   (through [`conformance_tests!`]) and must agree with the core's
 //!   reference model decision by decision.
 //! * [`demo`]: runs an example binary the way a user does.
+//! * [`ha`]: a Redis Sentinel topology (master, replica, three sentinels)
+//!   and a Redis Cluster with replicas, for failover tests.
 //! * [`redis_server`]: throwaway `redis-server` or `valkey-server`
 //!   processes (and a 3-master cluster) on free loopback ports, for tests
 //!   against a real Redis; [`on_every_server!`] runs a test on both.
@@ -12,5 +14,6 @@
 
 pub mod conformance;
 pub mod demo;
+pub mod ha;
 pub mod redis_server;
 pub mod relay;

@@ -155,7 +155,7 @@ pub fn available() -> bool {
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct RedisServerBuilder {
-    server: Server,
+    pub(crate) server: Server,
     tls: bool,
     appendonly: bool,
     maxmemory_policy: String,
@@ -258,6 +258,7 @@ impl RedisServerBuilder {
                 port,
                 tls_port,
                 dir: dir.clone(),
+                config: None,
                 args,
                 process: None,
             };
@@ -269,7 +270,7 @@ impl RedisServerBuilder {
         panic!("could not start {}: {last_err}", self.server);
     }
 
-    fn args(&self) -> Vec<String> {
+    pub(crate) fn args(&self) -> Vec<String> {
         let mut a: Vec<String> = vec![
             "--save".into(),
             String::new(),
@@ -286,7 +287,7 @@ impl RedisServerBuilder {
     }
 }
 
-struct Process {
+pub(crate) struct Process {
     /// The `sh` guard.
     guard: Child,
     /// Its stdin: closing it makes the guard kill the server.
@@ -297,12 +298,15 @@ struct Process {
 
 /// A throwaway `redis-server` on `127.0.0.1`, killed on drop.
 pub struct RedisServer {
-    server: Server,
-    port: u16,
-    tls_port: Option<u16>,
-    dir: PathBuf,
-    args: Vec<String>,
-    process: Option<Process>,
+    pub(crate) server: Server,
+    pub(crate) port: u16,
+    pub(crate) tls_port: Option<u16>,
+    pub(crate) dir: PathBuf,
+    /// A configuration file, given first on the command line (a sentinel
+    /// needs one it can rewrite).
+    pub(crate) config: Option<PathBuf>,
+    pub(crate) args: Vec<String>,
+    pub(crate) process: Option<Process>,
 }
 
 impl std::fmt::Debug for RedisServer {
@@ -427,7 +431,7 @@ impl RedisServer {
         self.process.is_some()
     }
 
-    fn spawn(&mut self) -> Result<(), String> {
+    pub(crate) fn spawn(&mut self) -> Result<(), String> {
         let log = self.dir.join(format!("redis-{}.log", self.port));
         // The guard starts redis, prints its pid, waits for its stdin to
         // close (the test process ended or dropped us), then kills it.
@@ -440,6 +444,7 @@ impl RedisServer {
             .arg("sh")
             .arg(&self.dir)
             .arg(self.server.binary())
+            .args(&self.config)
             .args([
                 "--port",
                 &self.port.to_string(),
@@ -536,7 +541,7 @@ impl Drop for RedisServer {
 /// `redis-cli --cluster create`; killed on drop.
 #[derive(Debug)]
 pub struct RedisCluster {
-    nodes: Vec<RedisServer>,
+    pub(crate) nodes: Vec<RedisServer>,
 }
 
 impl RedisCluster {
@@ -551,23 +556,44 @@ impl RedisCluster {
         if !server.available() {
             return None;
         }
+        Some(Self::create(
+            server,
+            3,
+            0,
+            &[("cluster-node-timeout", "2000")],
+        ))
+    }
+
+    /// Starts `masters * (1 + replicas)` nodes with these extra settings
+    /// and joins them (`redis-cli --cluster create --cluster-replicas`);
+    /// returns once every node sees the cluster whole and every replica is
+    /// in sync.
+    pub(crate) fn create(
+        server: Server,
+        masters: usize,
+        replicas: usize,
+        settings: &[(&str, &str)],
+    ) -> Self {
         let mut nodes = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..masters * (1 + replicas) {
             let dir = temp_dir("redis-cluster");
             let mut started = None;
             for _ in 0..5 {
                 // The cluster bus listens on port + 10000.
                 let port = free_port(true);
+                let mut builder = RedisServerBuilder::default()
+                    .arg("cluster-enabled", "yes")
+                    .arg("cluster-config-file", "nodes.conf");
+                for (name, value) in settings {
+                    builder = builder.arg(name, value);
+                }
                 let mut node = RedisServer {
                     server,
                     port,
                     tls_port: None,
                     dir: dir.clone(),
-                    args: RedisServerBuilder::default()
-                        .arg("cluster-enabled", "yes")
-                        .arg("cluster-config-file", "nodes.conf")
-                        .arg("cluster-node-timeout", "2000")
-                        .args(),
+                    config: None,
+                    args: builder.args(),
                     process: None,
                 };
                 if node.spawn().is_ok() {
@@ -581,9 +607,10 @@ impl RedisCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
+        let replicas = replicas.to_string();
         let mut args = vec!["--cluster", "create"];
         args.extend(addrs.iter().map(String::as_str));
-        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        args.extend(["--cluster-replicas", &replicas, "--cluster-yes"]);
         let out = Command::new("redis-cli")
             .args(&args)
             .stdin(Stdio::null())
@@ -601,7 +628,7 @@ impl RedisCluster {
             assert!(Instant::now() < deadline, "cluster did not reach state ok");
             std::thread::sleep(Duration::from_millis(100));
         }
-        Some(cluster)
+        cluster
     }
 
     /// One cluster for the whole test binary; `None` when Redis is not
@@ -620,11 +647,17 @@ impl RedisCluster {
     }
 
     fn is_ok(&self) -> bool {
+        let known = format!("cluster_known_nodes:{}", self.nodes.len());
         self.nodes.iter().all(|n| {
             let info = n.cli(&["cluster", "info"]);
-            // Every node must also know all three masters, or a client
-            // may be redirected to a node that does not know the slot yet.
-            info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3")
+            // Every node must also know every other, or a client may be
+            // redirected to a node that does not know the slot yet; and a
+            // replica must be in sync, or it cannot take over.
+            info.contains("cluster_state:ok")
+                && info.contains(&known)
+                && !n
+                    .cli(&["info", "replication"])
+                    .contains("master_link_status:down")
         })
     }
 
@@ -639,7 +672,7 @@ impl RedisCluster {
     }
 }
 
-fn cli(port: u16, args: &[&str]) -> String {
+pub(crate) fn cli(port: u16, args: &[&str]) -> String {
     let out = Command::new("redis-cli")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(args)
@@ -769,7 +802,7 @@ fn server_pid(port: u16) -> Option<u32> {
 
 /// A loopback port nobody listens on (and, for a cluster node, whose bus
 /// port, port + 10000, is free too).
-fn free_port(with_bus: bool) -> u16 {
+pub(crate) fn free_port(with_bus: bool) -> u16 {
     loop {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
         let port = l.local_addr().expect("local addr").port();
@@ -782,7 +815,7 @@ fn free_port(with_bus: bool) -> u16 {
     }
 }
 
-fn temp_dir(kind: &str) -> PathBuf {
+pub(crate) fn temp_dir(kind: &str) -> PathBuf {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let dir = std::env::temp_dir().join(format!(
         "tollgate-{kind}-{}-{}",

@@ -1,0 +1,469 @@
+//! Failovers on real servers: Redis Sentinel (a master, a replica, three
+//! sentinels) and Redis Cluster (three masters, three replicas). Load runs
+//! through a fail-open and a fail-closed limiter while the master is
+//! killed (`SIGKILL`); the tests assert that decisions resume on the
+//! promoted replica, that the fail modes hold in between, and (cluster)
+//! that the other masters keep deciding while one has no master. They measure the gap and what
+//! the failover lost, and print both (`--nocapture`).
+//!
+//! `TOLLGATE_FAILOVER_CYCLES` (default 1) repeats the failover: the killed
+//! server is restarted, rejoins as a replica, and the new master is killed
+//! next; `scripts/failover-soak.sh` runs the long form.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tollgate_limiter::{BreakerConfig, FailMode, Key, Limiter, TokenBucket, Verdict};
+use tollgate_redis::{Durability, NodeRole, RedisBackend};
+use tollgate_testkit::conformance::{assert_fail_mode_held, unique_name};
+use tollgate_testkit::ha::{RedisSentinel, wait_synced};
+use tollgate_testkit::redis_server::RedisCluster;
+
+const S: Duration = Duration::from_secs(1);
+
+/// The ledger's capacity: never reached, so every acquisition the backend
+/// answers is admitted and recorded. Its refill, one token per
+/// [`LEDGER_DRIP`] (the slowest a bucket this size may refill), adds under
+/// one token in a 5-minute soak.
+const LEDGER: u64 = 1_000_000;
+const LEDGER_DRIP: Duration = Duration::from_secs(300);
+
+/// How long decisions may take to resume after a master is killed: the
+/// failure detection (`down-after-milliseconds` 500 / `cluster-node-timeout`
+/// 1000), the election and promotion, the client's reconnection, with
+/// room for a machine shared with builds.
+const RESUME_WITHIN: Duration = Duration::from_secs(20);
+
+fn cycles() -> u32 {
+    std::env::var("TOLLGATE_FAILOVER_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
+/// Builds with the start-up durability check and a short connect timeout,
+/// as `docs/redis.md` recommends for HA (a reconnection that reaches a dead
+/// address gives up sooner).
+async fn build(b: tollgate_redis::RedisBackendBuilder) -> RedisBackend {
+    b.prefix(unique_name("failover"))
+        .connect_timeout(Duration::from_millis(250))
+        .durability(Durability::Report)
+        .build()
+        .await
+        .expect("connect")
+}
+
+fn limiter(name: &str, mode: FailMode, capacity: u64, b: &RedisBackend) -> Limiter<RedisBackend> {
+    let policy = TokenBucket::new(capacity, 1, LEDGER_DRIP).unwrap();
+    Limiter::builder(name, policy, b.clone())
+        .fail_mode(mode)
+        .breaker(BreakerConfig {
+            max_backoff: S,
+            ..BreakerConfig::default()
+        })
+        .build()
+}
+
+/// What the load saw.
+#[derive(Default)]
+struct Tally {
+    decided: AtomicU64,
+    failed_open: AtomicU64,
+    failed_closed: AtomicU64,
+    /// Failed verdicts on keys whose master was not killed (cluster; the
+    /// limiter's breaker is shared by all its keys).
+    failed_elsewhere: AtomicU64,
+    /// Ledger acquisitions sent, and admitted by Redis.
+    attempted: AtomicU64,
+    acked: AtomicU64,
+    /// The longest time without a decision on the ledger key, in µs.
+    gap_us: AtomicU64,
+    /// Failed verdicts of the steady probe (its own limiter, on a master
+    /// that is never killed).
+    steady_failed: AtomicU64,
+    steady_decided: AtomicU64,
+    /// The steady probe's longest wait for a verdict, in µs.
+    steady_max_us: AtomicU64,
+}
+
+/// Load on one backend: a ledger task (acquisitions of 1 on one key, in the
+/// killed master's slot), 8 tasks on 200 keys through a fail-open and a
+/// fail-closed limiter, and optionally a steady probe.
+struct Load {
+    tally: Arc<Tally>,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<JoinHandle<()>>,
+    ledger: Limiter<RedisBackend>,
+    ledger_key: Key,
+}
+
+impl Load {
+    /// `victim(key)`: whether the key lives on the master that is killed.
+    fn start(
+        b: &RedisBackend,
+        ledger_key: Key,
+        steady_key: Option<Key>,
+        victim: impl Fn(&str) -> bool,
+    ) -> Self {
+        let tally = Arc::new(Tally::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let ledger = limiter("ledger", FailMode::Closed, LEDGER, b);
+        let mut tasks = Vec::new();
+        {
+            let (l, k, tally, stop) = (
+                ledger.clone(),
+                ledger_key.clone(),
+                tally.clone(),
+                stop.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let mut last = Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    tally.attempted.fetch_add(1, Ordering::Relaxed);
+                    match l.check(&k).await {
+                        Verdict::Decided(d) => {
+                            assert!(d.is_allowed(), "the ledger is never full: {d:?}");
+                            tally.acked.fetch_add(1, Ordering::Relaxed);
+                            let gap = last.elapsed().as_micros() as u64;
+                            tally.gap_us.fetch_max(gap, Ordering::Relaxed);
+                            last = Instant::now();
+                        }
+                        v => assert!(!v.is_allowed(), "fail-closed admitted: {v:?}"),
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }));
+        }
+        if let Some(k) = steady_key {
+            // A patient caller (1 s), to tell a stall from a stop: the
+            // cluster client holds every request while it refreshes its slot
+            // map.
+            let policy = TokenBucket::new(LEDGER, 1, LEDGER_DRIP).unwrap();
+            let l = Limiter::builder("steady", policy, b.clone())
+                .fail_mode(FailMode::Closed)
+                .timeout(S)
+                .build();
+            let (tally, stop) = (tally.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let start = Instant::now();
+                    let v = l.check(&k).await;
+                    let waited = start.elapsed().as_micros() as u64;
+                    tally.steady_max_us.fetch_max(waited, Ordering::Relaxed);
+                    if v.decision().is_none() && tally.steady_failed.load(Ordering::Relaxed) < 3 {
+                        println!("steady probe failed: {v:?}");
+                    }
+                    match v {
+                        Verdict::Decided(_) => &tally.steady_decided,
+                        _ => &tally.steady_failed,
+                    }
+                    .fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }));
+        }
+        // Small buckets, so real refusals happen too.
+        let open = limiter("open", FailMode::Open, 20, b);
+        let closed = limiter("closed", FailMode::Closed, 20, b);
+        let keys: Arc<Vec<(Key, bool)>> = Arc::new(
+            (0..200)
+                .map(|i| {
+                    let name = format!("k{i}");
+                    let v = victim(&name);
+                    (Key::new(name), v)
+                })
+                .collect(),
+        );
+        for t in 0..8u64 {
+            let (open, closed, keys) = (open.clone(), closed.clone(), keys.clone());
+            let (tally, stop) = (tally.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut i = t;
+                while !stop.load(Ordering::Relaxed) {
+                    i = i
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let (k, on_victim) = &keys[((i >> 33) % 200) as usize];
+                    let l = if i & 1 == 0 { &open } else { &closed };
+                    let v = l.check(k).await;
+                    match &v {
+                        Verdict::Decided(_) => &tally.decided,
+                        Verdict::FailedOpen(_) => &tally.failed_open,
+                        Verdict::FailedClosed(..) => &tally.failed_closed,
+                    }
+                    .fetch_add(1, Ordering::Relaxed);
+                    if v.decision().is_none() && !on_victim {
+                        tally.failed_elsewhere.fetch_add(1, Ordering::Relaxed);
+                    }
+                    assert_fail_mode_held(l.fail_mode(), &v);
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }));
+        }
+        Self {
+            tally,
+            stop,
+            tasks,
+            ledger,
+            ledger_key,
+        }
+    }
+
+    /// How many verdicts of the steady probe were decisions so far.
+    fn steady_decided(&self) -> u64 {
+        self.tally.steady_decided.load(Ordering::Relaxed)
+    }
+
+    /// Asks the ledger every 10 ms until it is decided; how long that took
+    /// from `since`.
+    async fn resumed(&self, since: Instant) -> Duration {
+        while since.elapsed() < RESUME_WITHIN {
+            if self.ledger.try_peek(&self.ledger_key, 1).await.is_ok() {
+                return since.elapsed();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let last = self.ledger.try_peek(&self.ledger_key, 1).await;
+        panic!("decisions did not resume within {RESUME_WITHIN:?}: {last:?}");
+    }
+
+    /// Stops the load and reports; panics if a task did (a fail mode was
+    /// broken).
+    async fn finish(self, what: &str) -> Figures {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            t.await.expect("no load task panicked");
+        }
+        let d = self
+            .ledger
+            .try_peek(&self.ledger_key, 1)
+            .await
+            .expect("the ledger decides after the failover");
+        let t = &self.tally;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let f = Figures {
+            recorded: LEDGER - d.remaining(),
+            acked: get(&t.acked),
+            attempted: get(&t.attempted),
+            gap: Duration::from_micros(get(&t.gap_us)),
+            decided: get(&t.decided),
+            failed_open: get(&t.failed_open),
+            failed_closed: get(&t.failed_closed),
+            failed_elsewhere: get(&t.failed_elsewhere),
+            steady_decided: get(&t.steady_decided),
+            steady_failed: get(&t.steady_failed),
+            steady_max: Duration::from_micros(get(&t.steady_max_us)),
+        };
+        println!(
+            "{what}: ledger acked {} (sent {}), recorded after the failover {}, lost {}; \
+             longest gap {:?}; load {} decided, {} failed open, {} failed closed \
+             ({} on other masters' keys); steady probe {} decided, {} failed, longest wait {:?}",
+            f.acked,
+            f.attempted,
+            f.recorded,
+            f.acked.saturating_sub(f.recorded),
+            f.gap,
+            f.decided,
+            f.failed_open,
+            f.failed_closed,
+            f.failed_elsewhere,
+            f.steady_decided,
+            f.steady_failed,
+            f.steady_max,
+        );
+        f
+    }
+}
+
+#[derive(Debug)]
+struct Figures {
+    recorded: u64,
+    acked: u64,
+    attempted: u64,
+    gap: Duration,
+    decided: u64,
+    failed_open: u64,
+    failed_closed: u64,
+    failed_elsewhere: u64,
+    steady_decided: u64,
+    steady_failed: u64,
+    steady_max: Duration,
+}
+
+impl Figures {
+    /// What holds after any failover.
+    fn check(&self) {
+        // Redis cannot record more than was sent (it may record a call whose
+        // reply was lost: sent but not acknowledged).
+        assert!(self.recorded <= self.attempted, "{self:?}");
+        assert!(self.decided > 0 && self.acked > 0, "{self:?}");
+        assert!(
+            self.failed_closed > 0 && self.failed_open > 0,
+            "the failover reached both limiters: {self:?}"
+        );
+    }
+}
+
+/// Runs blocking testkit work (process control, `redis-cli`) on this
+/// worker thread, letting the runtime move its other tasks away.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// Sentinel: the master is killed; the sentinels promote the replica;
+/// decisions resume on it, through the same `redis+sentinel://` backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_under_load() {
+    let Some(mut ha) = blocking(RedisSentinel::start) else {
+        return;
+    };
+    let b = build(RedisBackend::builder(ha.url())).await;
+
+    // The durability check covers the master and the replica that can
+    // become it.
+    let report = b.check_durability().await.unwrap();
+    let roles: Vec<NodeRole> = report.nodes.iter().map(|n| n.role).collect();
+    assert_eq!(roles, [NodeRole::Master, NodeRole::Replica], "{report:?}");
+    let master = blocking(|| ha.master_port()).unwrap();
+    assert_eq!(report.nodes[0].node, format!("127.0.0.1:{master}"));
+
+    let load = Load::start(&b, Key::new("ledger"), None, |_| true);
+    for cycle in 0..cycles() {
+        tokio::time::sleep(S).await;
+        let killed_at = Instant::now();
+        let old = blocking(|| ha.kill_master());
+        let new = blocking(|| ha.wait_promoted(old, RESUME_WITHIN));
+        let new = new.expect("the sentinels promoted the replica");
+        let promoted = killed_at.elapsed();
+        let took = load.resumed(killed_at).await;
+        println!(
+            "sentinel cycle {cycle}: master :{old} killed; :{new} promoted after {promoted:?}, \
+             decisions resumed after {took:?}"
+        );
+        if cycle + 1 < cycles() {
+            // The killed server comes back and the sentinels make it a
+            // replica of the new master: the next cycle kills that one.
+            blocking(|| {
+                let s = ha.servers_mut().iter_mut().find(|s| s.port() == old);
+                let s = s.expect("ours");
+                s.restart();
+                assert!(wait_synced(s, 60 * S), "the old master did not rejoin");
+            });
+        }
+    }
+    tokio::time::sleep(S).await;
+    let f = load.finish("sentinel").await;
+    f.check();
+
+    // After the failover the report names the new master.
+    let report = b.check_durability().await.unwrap();
+    let now = blocking(|| ha.master_port()).unwrap();
+    assert_eq!(report.nodes[0].node, format!("127.0.0.1:{now}"));
+    assert_eq!(report.nodes[0].role, NodeRole::Master);
+}
+
+/// The hash slot of a key (CRC16/XMODEM of its hash tag, or of the whole
+/// key), as Redis Cluster computes it.
+fn slot(key: &str) -> u16 {
+    let tagged = key
+        .split_once('{')
+        .and_then(|(_, r)| r.split_once('}'))
+        .map(|(t, _)| t)
+        .filter(|t| !t.is_empty())
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for &b in tagged.as_bytes() {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+/// Cluster: the master of the ledger's slot is killed; its replica is
+/// promoted; decisions on that slot resume, and a key on another master
+/// is decided throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_failover_under_load() {
+    let Some(mut cluster) = blocking(RedisCluster::start_with_replicas) else {
+        return;
+    };
+    assert_eq!(slot("a:{ledger}"), blocking(|| cluster.keyslot("ledger")));
+    let b = build(RedisBackend::cluster_builder(cluster.urls())).await;
+
+    // The durability check covers every node: three masters and the three
+    // replicas that can become one.
+    let report = b.check_durability().await.unwrap();
+    let masters = report.nodes.iter().filter(|n| n.role == NodeRole::Master);
+    let replicas = report.nodes.iter().filter(|n| n.role == NodeRole::Replica);
+    assert_eq!((masters.count(), replicas.count()), (3, 3), "{report:?}");
+
+    let ledger_slot = slot("ledger");
+    let (victim, steady, owners) = blocking(|| {
+        let victim = cluster.master_of(ledger_slot).expect("a master");
+        let steady = (0..)
+            .map(|i| format!("steady{i}"))
+            .find(|k| cluster.master_of(slot(k)) != Some(victim))
+            .unwrap();
+        let owners: Vec<Option<usize>> = (0..200)
+            .map(|i| cluster.master_of(slot(&format!("k{i}"))))
+            .collect();
+        (victim, steady, owners)
+    });
+    let on_victim = move |k: &str| owners[k[1..].parse::<usize>().unwrap()] == Some(victim);
+    let load = Load::start(&b, Key::new("ledger"), Some(Key::new(steady)), on_victim);
+    for cycle in 0..cycles() {
+        tokio::time::sleep(S).await;
+        let old = blocking(|| {
+            let old = cluster.master_of(ledger_slot).expect("a master");
+            cluster.kill_node(old);
+            old
+        });
+        let killed_at = Instant::now();
+        let before = load.steady_decided();
+        let new = blocking(|| cluster.wait_promoted(ledger_slot, old, RESUME_WITHIN));
+        let new = new.expect("the replica was promoted");
+        let promoted = killed_at.elapsed();
+        // The other masters kept deciding while this one had no master.
+        let meanwhile = load.steady_decided() - before;
+        assert!(
+            meanwhile > 0,
+            "no decision on another master in {promoted:?}"
+        );
+        let took = load.resumed(killed_at).await;
+        println!(
+            "cluster cycle {cycle}: master :{} killed; :{} promoted after {promoted:?}, \
+             decisions on its slots resumed after {took:?}; meanwhile {meanwhile} decisions \
+             on another master",
+            cluster.nodes()[old].port(),
+            cluster.nodes()[new].port()
+        );
+        if cycle + 1 < cycles() {
+            // The killed node comes back as a replica of the new master.
+            blocking(|| {
+                cluster.restart_node(old);
+                assert!(
+                    wait_synced(&cluster.nodes()[old], 60 * S),
+                    "the old master did not rejoin"
+                );
+            });
+        }
+    }
+    tokio::time::sleep(S).await;
+    let f = load.finish("cluster").await;
+    f.check();
+    // The other masters never stopped (asserted per cycle above). A
+    // request to one of them can still fail, rarely: the cluster client
+    // holds every request while it refreshes its slot map, and one that
+    // waits past the response timeout fails (docs/redis.md); counted, not
+    // asserted.
+    assert!(f.steady_decided > 0, "{f:?}");
+}

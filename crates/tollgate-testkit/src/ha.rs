@@ -1,0 +1,374 @@
+//! High-availability topologies on loopback ports, for failover tests:
+//! a Redis Sentinel setup ([`RedisSentinel`]: a master, a replica, three
+//! sentinels) and a Redis Cluster with a replica per master
+//! ([`RedisCluster::start_with_replicas`]).
+//!
+//! Every process is a [`RedisServer`] (the sentinels are `redis-server
+//! --sentinel`, the same binary as the `redis-sentinel` command), so they
+//! are killed when the topology is dropped, or when the test process ends.
+//! The timings are short, so that a failover takes a couple of seconds and
+//! not the production defaults' half a minute.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tollgate_testkit::ha::RedisSentinel;
+//!
+//! let Some(mut ha) = RedisSentinel::start() else { return };
+//! let url = ha.url(); // redis+sentinel://127.0.0.1:<p1>,127.0.0.1:<p2>,127.0.0.1:<p3>/tollgate
+//! let old = ha.kill_master();
+//! let new = ha.wait_promoted(old, Duration::from_secs(30)).expect("a failover");
+//! # let _ = (url, new);
+//! ```
+
+use std::time::{Duration, Instant};
+
+use crate::redis_server::{
+    RedisCluster, RedisServer, RedisServerBuilder, Server, available, cli, free_port, temp_dir,
+};
+
+/// How long a topology may take to settle (sentinels discovering each
+/// other, replicas syncing) before the start panics.
+const SETTLE: Duration = Duration::from_secs(30);
+
+/// Settings of a [`RedisSentinel`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct RedisSentinelBuilder {
+    server: RedisServerBuilder,
+    master_name: String,
+    down_after: Duration,
+    failover_timeout: Duration,
+}
+
+impl Default for RedisSentinelBuilder {
+    fn default() -> Self {
+        Self {
+            server: RedisServerBuilder::default(),
+            master_name: "tollgate".into(),
+            down_after: Duration::from_millis(500),
+            failover_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl RedisSentinelBuilder {
+    /// The settings of the master and its replica (default: the
+    /// [`RedisServer`] defaults).
+    pub fn server(mut self, server: RedisServerBuilder) -> Self {
+        self.server = server;
+        self
+    }
+
+    /// `sentinel down-after-milliseconds` (default 500 ms; production
+    /// defaults to 30 s).
+    pub fn down_after(mut self, d: Duration) -> Self {
+        self.down_after = d;
+        self
+    }
+
+    /// `sentinel failover-timeout` (default 2 s; production defaults to
+    /// 3 min).
+    pub fn failover_timeout(mut self, d: Duration) -> Self {
+        self.failover_timeout = d;
+        self
+    }
+
+    /// The monitored master's name (default `tollgate`).
+    pub fn master_name(mut self, name: &str) -> Self {
+        self.master_name = name.into();
+        self
+    }
+
+    /// Starts the master, its replica and three sentinels with a quorum of
+    /// two, and returns once the sentinels know each other and the replica
+    /// (a failover needs both); `None` when Redis is not installed (outside
+    /// CI).
+    pub fn start(self) -> Option<RedisSentinel> {
+        if !available() {
+            return None;
+        }
+        let master = self.server.clone().start()?;
+        let replica = self
+            .server
+            .clone()
+            .raw_args(["--replicaof", "127.0.0.1", &master.port().to_string()])
+            .start()?;
+        let deadline = Instant::now() + SETTLE;
+        while !replica
+            .cli(&["info", "replication"])
+            .contains("master_link_status:up")
+        {
+            assert!(Instant::now() < deadline, "the replica did not sync");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let sentinels = (0..3).map(|_| self.sentinel(master.port())).collect();
+        let ha = RedisSentinel {
+            master_name: self.master_name,
+            servers: vec![master, replica],
+            sentinels,
+        };
+        while !ha.settled() {
+            assert!(
+                Instant::now() < deadline,
+                "the sentinels did not discover each other and the replica"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Some(ha)
+    }
+
+    fn sentinel(&self, master_port: u16) -> RedisServer {
+        let dir = temp_dir("redis-sentinel");
+        let name = &self.master_name;
+        let conf = dir.join("sentinel.conf");
+        // Sentinel rewrites its file (it records what it learns there).
+        std::fs::write(
+            &conf,
+            format!(
+                "sentinel monitor {name} 127.0.0.1 {master_port} 2\n\
+                 sentinel down-after-milliseconds {name} {}\n\
+                 sentinel failover-timeout {name} {}\n\
+                 sentinel parallel-syncs {name} 1\n",
+                self.down_after.as_millis(),
+                self.failover_timeout.as_millis()
+            ),
+        )
+        .expect("write sentinel.conf");
+        let mut last = String::new();
+        for _ in 0..5 {
+            let mut s = RedisServer {
+                server: Server::Redis,
+                port: free_port(false),
+                tls_port: None,
+                dir: dir.clone(),
+                config: Some(conf.clone()),
+                args: vec!["--sentinel".into()],
+                process: None,
+            };
+            match s.spawn() {
+                Ok(()) => return s,
+                Err(e) => last = e,
+            }
+        }
+        panic!("could not start a sentinel: {last}");
+    }
+}
+
+/// A Redis Sentinel topology on `127.0.0.1`: a master, one replica and
+/// three sentinels (quorum 2) watching it; every process is killed on drop.
+#[derive(Debug)]
+pub struct RedisSentinel {
+    master_name: String,
+    /// The first master, then its replica. Their roles change with a
+    /// failover; the sentinels say which is the master now.
+    servers: Vec<RedisServer>,
+    sentinels: Vec<RedisServer>,
+}
+
+impl RedisSentinel {
+    /// A topology with the default settings (see [`RedisSentinelBuilder`]).
+    pub fn start() -> Option<Self> {
+        Self::builder().start()
+    }
+
+    /// Settings for a new topology.
+    pub fn builder() -> RedisSentinelBuilder {
+        RedisSentinelBuilder::default()
+    }
+
+    /// `redis+sentinel://127.0.0.1:<p1>,127.0.0.1:<p2>,127.0.0.1:<p3>/<master name>`.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .collect();
+        format!("redis+sentinel://{}/{}", hosts.join(","), self.master_name)
+    }
+
+    /// The monitored master's name.
+    pub fn master_name(&self) -> &str {
+        &self.master_name
+    }
+
+    /// The data servers: the first master, then its replica.
+    pub fn servers(&self) -> &[RedisServer] {
+        &self.servers
+    }
+
+    /// The data servers, to stop, kill or restart one.
+    pub fn servers_mut(&mut self) -> &mut [RedisServer] {
+        &mut self.servers
+    }
+
+    /// The sentinels.
+    pub fn sentinels(&self) -> &[RedisServer] {
+        &self.sentinels
+    }
+
+    /// The master's port as the first answering sentinel names it.
+    pub fn master_port(&self) -> Option<u16> {
+        self.sentinels.iter().find_map(|s| {
+            let out = s.cli(&["sentinel", "get-master-addr-by-name", &self.master_name]);
+            out.lines().nth(1)?.trim().parse().ok()
+        })
+    }
+
+    /// Kills the current master (`SIGKILL`, a crash) and returns its port.
+    pub fn kill_master(&mut self) -> u16 {
+        let port = self.master_port().expect("the sentinels name a master");
+        let server = self
+            .servers
+            .iter_mut()
+            .find(|s| s.port() == port)
+            .expect("the master is one of ours");
+        server.kill();
+        port
+    }
+
+    /// Waits until the sentinels name a master other than `old` and that
+    /// server says it is one; its port, or `None` after `timeout`.
+    pub fn wait_promoted(&self, old: u16, timeout: Duration) -> Option<u16> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(port) = self.master_port()
+                && port != old
+                && cli(port, &["role"]).starts_with("master")
+            {
+                return Some(port);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// Whether every sentinel knows the two others and the replica.
+    fn settled(&self) -> bool {
+        self.sentinels.iter().all(|s| {
+            let out = s.cli(&["sentinel", "master", &self.master_name]);
+            let fields: Vec<&str> = out.lines().collect();
+            let field = |name: &str| {
+                fields
+                    .iter()
+                    .position(|l| *l == name)
+                    .and_then(|i| fields.get(i + 1).copied())
+            };
+            field("num-other-sentinels") == Some("2") && field("num-slaves") == Some("1")
+        })
+    }
+}
+
+/// Waits until `server` is a replica in sync with its master (after a
+/// restart, a failed-over master rejoins as one); whether it did within
+/// `timeout`.
+pub fn wait_synced(server: &RedisServer, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        let info = server.cli(&["info", "replication"]);
+        if info.contains("role:slave") && info.contains("master_link_status:up") {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+impl RedisCluster {
+    /// Three masters with one replica each, `cluster-node-timeout 1000`
+    /// (a failover takes a couple of seconds) and
+    /// `cluster-require-full-coverage no` (the masters that are up keep
+    /// serving their slots while another one is down); `None` when Redis
+    /// is not installed (outside CI).
+    pub fn start_with_replicas() -> Option<Self> {
+        if !available() {
+            return None;
+        }
+        Some(Self::create(
+            Server::Redis,
+            3,
+            1,
+            &[
+                ("cluster-node-timeout", "1000"),
+                ("cluster-require-full-coverage", "no"),
+            ],
+        ))
+    }
+
+    /// The hash slot of `key` (`CLUSTER KEYSLOT`, asked of a running node).
+    pub fn keyslot(&self, key: &str) -> u16 {
+        self.ask(&["cluster", "keyslot", key])
+            .trim()
+            .parse()
+            .expect("CLUSTER KEYSLOT answers a number")
+    }
+
+    /// The index in [`nodes`](Self::nodes) of the master serving `slot`,
+    /// as a running node sees it.
+    pub fn master_of(&self, slot: u16) -> Option<usize> {
+        let nodes = self.ask(&["cluster", "nodes"]);
+        let port = nodes.lines().find_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let flags = f.get(2)?;
+            if !flags.contains("master") || flags.contains("fail") {
+                return None;
+            }
+            let serves = f.iter().skip(8).any(|range| {
+                let mut ends = range.split('-').map(|n| n.parse::<u16>().ok());
+                match (ends.next().flatten(), ends.next()) {
+                    (Some(a), None) => a == slot,
+                    (Some(a), Some(Some(b))) => (a..=b).contains(&slot),
+                    _ => false,
+                }
+            });
+            let addr = f.get(1)?.split('@').next()?;
+            serves.then(|| addr.rsplit(':').next()?.parse::<u16>().ok())?
+        })?;
+        self.nodes.iter().position(|n| n.port() == port)
+    }
+
+    /// Kills node `i` (`SIGKILL`, a crash).
+    pub fn kill_node(&mut self, i: usize) {
+        self.nodes[i].kill();
+    }
+
+    /// Starts node `i` again, on its port and data directory (its
+    /// `nodes.conf`): it rejoins the cluster, as a replica if it was failed
+    /// over meanwhile.
+    pub fn restart_node(&mut self, i: usize) {
+        self.nodes[i].restart();
+    }
+
+    /// Waits until a running master other than node `old` serves `slot`
+    /// and every running node says the cluster is ok; its index, or `None`
+    /// after `timeout`.
+    pub fn wait_promoted(&self, slot: u16, old: usize, timeout: Duration) -> Option<usize> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(i) = self.master_of(slot)
+                && i != old
+                && self.nodes[i].is_running()
+                && self
+                    .nodes
+                    .iter()
+                    .filter(|n| n.is_running())
+                    .all(|n| n.cli(&["cluster", "info"]).contains("cluster_state:ok"))
+            {
+                return Some(i);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// `redis-cli <args>` on the first running node.
+    fn ask(&self, args: &[&str]) -> String {
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.is_running())
+            .expect("a running node");
+        node.cli(args)
+    }
+}
