@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-test-deps.sh
-cargo test --workspace --all-features
+# Every failing test binary is reported, not only the first.
+cargo test --workspace --all-features --no-fail-fast
