@@ -92,6 +92,16 @@ end
 --   1:p:<free>:<base_us>:<factor>:<max_us>:<forget_us>  progressive delay
 --   1:c|<part>|<part>...  composite: each part a t or w encoding without '1:'
 local function decode(enc)
+  -- The single-strategy shapes in one match each, without the field table
+  -- the general path builds: this runs on every decision.
+  local a, b, c = string.match(enc, '^1:t:(%d+):%d+:%d+:(%d+)$')
+  if a then
+    return { kind = 't', capacity = tonumber(a), interval = tonumber(b) }
+  end
+  a, b, c = string.match(enc, '^1:w:(%d+):(%d+):([01])$')
+  if a then
+    return { kind = 'w', limit = tonumber(a), window = tonumber(b), penalise = c == '1' }
+  end
   if string.sub(enc, 1, 4) == '1:c|' then
     local parts = {}
     for part in string.gmatch(string.sub(enc, 5), '[^|]+') do
@@ -127,9 +137,13 @@ end
 -- The policy in force: the key's override, else the limiter's (at key
 -- lim_key, nil in cluster mode), else the configured one.
 local function policy_in_force(lim_key)
-  local enc = redis.call('GET', KEYS[3])
-  if not enc and lim_key then
-    enc = redis.call('GET', lim_key)
+  local enc
+  if lim_key then
+    -- Both overrides in one call: most keys have neither.
+    local o = redis.call('MGET', KEYS[3], lim_key)
+    enc = o[1] or o[2]
+  else
+    enc = redis.call('GET', KEYS[3])
   end
   if not enc and ARGV[4] ~= '' then
     enc = ARGV[4]

@@ -492,6 +492,7 @@ tollgate_testkit::on_every_server! {
             "+role",
             "+time",
             "+hmget",
+            "+mget",
             "+hset",
             "+pexpire",
             "+lrange",
