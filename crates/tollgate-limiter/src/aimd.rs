@@ -999,7 +999,7 @@ impl<B: Backend> AimdLimiter<B> {
         Fut: Future<Output = Result<T, B::Error>>,
     {
         let guard = &self.inner.guard;
-        guard.run(guard.deadline(), call).await
+        guard.run(&guard.deadline(), call).await
     }
 }
 

@@ -3,7 +3,7 @@
 //! [`Limiter`](crate::Limiter) and [`AimdLimiter`](crate::AimdLimiter).
 
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -46,9 +46,13 @@ impl Guard {
         self.timeout
     }
 
-    /// The deadline of a decision starting now.
-    pub(crate) fn deadline(&self) -> Instant {
-        Instant::now() + self.timeout
+    /// The deadline of a decision starting now: every backend call of the
+    /// decision shares it.
+    pub(crate) fn deadline(&self) -> Deadline {
+        Deadline {
+            timeout: self.timeout,
+            at: OnceLock::new(),
+        }
     }
 
     /// Runs one backend call, to be answered by `deadline`.
@@ -57,7 +61,7 @@ impl Guard {
     /// its work when the future is created. Dropping the returned future at
     /// any point (or a panic in the backend) cannot leave the breaker
     /// waiting for a probe's report: see [`Permit`](crate::breaker::Permit).
-    pub(crate) async fn run<T, E, F, Fut>(&self, deadline: Instant, call: F) -> Result<T, Error>
+    pub(crate) async fn run<T, E, F, Fut>(&self, deadline: &Deadline, call: F) -> Result<T, Error>
     where
         E: std::error::Error + Send + Sync + 'static,
         F: FnOnce() -> Fut,
@@ -68,14 +72,14 @@ impl Guard {
             return Err(Error::BreakerOpen);
         };
         let watch = self.meter.start();
-        // Poll once before arming the timer: an in-process backend answers
-        // at once, and a timer costs more than its decision. The deadline
-        // was taken before, so this poll counts within it.
+        // Poll once before reading the clock and arming the timer: an
+        // in-process backend answers at once, and a clock read and a timer
+        // cost more than its decision.
         let mut fut = std::pin::pin!(call());
         let first = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
         let answer = match first {
             Poll::Ready(r) => Ok(r),
-            Poll::Pending => tokio::time::timeout_at(deadline, fut).await,
+            Poll::Pending => tokio::time::timeout_at(deadline.at(), fut).await,
         };
         let result = match answer {
             Ok(Ok(v)) => Ok(v),
@@ -96,6 +100,24 @@ impl Guard {
             }
         }
         result
+    }
+}
+
+/// The deadline of one decision, shared by its backend calls. It is taken
+/// when the decision first waits for its backend, not when it starts: a
+/// decision answered at once (an in-process backend) never reads the clock,
+/// and a network backend's first poll (building and writing the command)
+/// takes microseconds, not a share of the timeout worth a clock read.
+#[derive(Debug)]
+pub(crate) struct Deadline {
+    timeout: Duration,
+    at: OnceLock<Instant>,
+}
+
+impl Deadline {
+    /// The instant the decision's waiting ends, fixed on first use.
+    fn at(&self) -> Instant {
+        *self.at.get_or_init(|| Instant::now() + self.timeout)
     }
 }
 

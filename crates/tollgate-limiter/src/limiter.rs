@@ -6,14 +6,13 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
 
 use crate::backend::{Backend, Request, Scope};
 use crate::breaker::BreakerConfig;
 use crate::decision::Decision;
 use crate::deny_cache::{Charge, DenyCache};
 use crate::error::Error;
-use crate::guard::Guard;
+use crate::guard::{Deadline, Guard};
 use crate::key::Key;
 use crate::lease::Leases;
 use crate::metrics::{Call, Local, Outcome};
@@ -226,8 +225,8 @@ impl<B: Backend> LimiterBuilder<B> {
     /// counts as a failure (default: 50 ms).
     ///
     /// The bound is per call of the limiter ([`Limiter::check_cost`] and
-    /// the other methods): a deadline is taken when the call starts and
-    /// every backend call it makes shares it, so lease mode's two round
+    /// the other methods): a deadline is taken when the call first waits
+    /// for its backend and every backend call it makes shares it, so lease mode's two round
     /// trips near the limit wait no longer than one. A consumer that makes
     /// a second decision for one request (such as a layer that charges by
     /// outcome after the response, in its own task) gets a second deadline
@@ -401,7 +400,7 @@ impl<B: Backend> Limiter<B> {
     /// [timeout](LimiterBuilder::timeout), even when it asks the backend
     /// more than once (lease mode near the limit, local refusals carried to
     /// a penalised window): every backend call of one decision shares one
-    /// deadline, taken when the decision starts. The bound is on waiting: a
+    /// deadline, taken when the decision first waits. The bound is on waiting: a
     /// backend that blocks its caller's thread without yielding cannot be
     /// interrupted (tollgate's backends never do).
     pub async fn check_cost(&self, key: &Key, cost: u64) -> Verdict {
@@ -421,13 +420,13 @@ impl<B: Backend> Limiter<B> {
                 // Recorded before this request is decided, as they were
                 // refused before it. A failure here is the next call's to
                 // report.
-                let _ = self.try_op(key, Op::Penalise(pending), deadline).await;
+                let _ = self.try_op(key, Op::Penalise(pending), &deadline).await;
             }
             _ => {}
         }
         let result = match &self.inner.leases {
-            Some(leases) => self.leased(leases, key, cost, deadline).await,
-            None => self.try_op(key, op, deadline).await,
+            Some(leases) => self.leased(leases, key, cost, &deadline).await,
+            None => self.try_op(key, op, &deadline).await,
         };
         self.counted(Call::Check, self.finish(cache, key, cost, result))
     }
@@ -439,7 +438,7 @@ impl<B: Backend> Limiter<B> {
         leases: &Leases,
         key: &Key,
         cost: u64,
-        deadline: Instant,
+        deadline: &Deadline,
     ) -> Result<Decision, Error> {
         if let Some(d) = leases.spend(key, cost) {
             self.inner.guard.meter().local_hit(Local::Lease);
@@ -481,7 +480,7 @@ impl<B: Backend> Limiter<B> {
             self.inner.guard.meter().local_hit(Local::Denial);
             return self.counted(Call::Peek, Verdict::Decided(denied));
         }
-        let result = self.try_op(key, op, self.inner.guard.deadline()).await;
+        let result = self.try_op(key, op, &self.inner.guard.deadline()).await;
         self.counted(Call::Peek, self.finish(cache, key, cost, result))
     }
 
@@ -494,7 +493,7 @@ impl<B: Backend> Limiter<B> {
         if let Some(leases) = &self.inner.leases {
             leases.forget(key);
         }
-        self.try_op(key, Op::Reset, self.inner.guard.deadline())
+        self.try_op(key, Op::Reset, &self.inner.guard.deadline())
             .await
     }
 
@@ -503,7 +502,7 @@ impl<B: Backend> Limiter<B> {
     /// but without applying the fail mode.
     pub async fn try_acquire(&self, key: &Key, cost: u64) -> Result<Decision, Error> {
         let cost = cost.max(self.inner.min_cost);
-        self.try_op(key, Op::Acquire(cost), self.inner.guard.deadline())
+        self.try_op(key, Op::Acquire(cost), &self.inner.guard.deadline())
             .await
     }
 
@@ -513,7 +512,7 @@ impl<B: Backend> Limiter<B> {
     /// the fail mode (what an operator's "inspect" wants).
     pub async fn try_peek(&self, key: &Key, cost: u64) -> Result<Decision, Error> {
         let cost = cost.max(self.inner.min_cost);
-        self.try_op(key, Op::Peek(cost), self.inner.guard.deadline())
+        self.try_op(key, Op::Peek(cost), &self.inner.guard.deadline())
             .await
     }
 
@@ -544,7 +543,7 @@ impl<B: Backend> Limiter<B> {
         let result = self
             .inner
             .guard
-            .run(self.inner.guard.deadline(), || {
+            .run(&self.inner.guard.deadline(), || {
                 self.inner.backend.set_override(scope, policy.as_ref())
             })
             .await;
@@ -570,7 +569,7 @@ impl<B: Backend> Limiter<B> {
         let scope = self.scope(key);
         let guard = &self.inner.guard;
         guard
-            .run(guard.deadline(), || self.inner.backend.get_override(scope))
+            .run(&guard.deadline(), || self.inner.backend.get_override(scope))
             .await
     }
 
@@ -584,7 +583,7 @@ impl<B: Backend> Limiter<B> {
     /// One backend decision, under the guard and `deadline`. The backend
     /// knows the policy in force, so it decides whether a cost can ever
     /// fit; such a refusal becomes [`Error::Policy`] here.
-    async fn try_op(&self, key: &Key, op: Op, deadline: Instant) -> Result<Decision, Error> {
+    async fn try_op(&self, key: &Key, op: Op, deadline: &Deadline) -> Result<Decision, Error> {
         let d = self
             .inner
             .guard
