@@ -789,13 +789,21 @@ mod tests {
         let e = cal("");
         assert!(e.contains("limiters.plan.period: missing"), "{e}");
         let e = cal("period = \"day\"\nwindow = \"1d\"");
-        assert!(e.contains("limiters.plan.window: belongs to sliding_window"), "{e}");
-        let e = err("[limiters.w]\nstrategy = \"sliding_window\"\nlimit = 1\nwindow = \"1s\"\nperiod = \"day\"");
+        assert!(
+            e.contains("limiters.plan.window: belongs to sliding_window"),
+            "{e}"
+        );
+        let e = err(
+            "[limiters.w]\nstrategy = \"sliding_window\"\nlimit = 1\nwindow = \"1s\"\nperiod = \"day\"",
+        );
         assert!(e.contains("limiters.w.period: belongs to calendar"), "{e}");
         let e = err(r#"
             [limiters.api]
             policies = [{ strategy = "calendar", limit = 5, period = "week", time_zone = "Nowhere" }]"#);
-        assert!(e.contains("limiters.api.policies: policies[0].time_zone"), "{e}");
+        assert!(
+            e.contains("limiters.api.policies: policies[0].time_zone"),
+            "{e}"
+        );
         let e = cal("period = \"day\"\ncost = 6");
         assert!(e.contains("limiters.plan.cost"), "{e}");
     }

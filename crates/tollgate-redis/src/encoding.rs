@@ -238,12 +238,17 @@ mod tests {
         let c = Policy::from(
             Composite::new([
                 Policy::from(TokenBucket::new(10, 10, Duration::from_secs(1)).unwrap()),
-                Policy::from(Calendar::new(7, Period::Week, "America/Argentina/Buenos_Aires").unwrap()),
+                Policy::from(
+                    Calendar::new(7, Period::Week, "America/Argentina/Buenos_Aires").unwrap(),
+                ),
             ])
             .unwrap(),
         );
         let enc = encode(&c).unwrap();
-        assert_eq!(enc, "1:c|t:10:10:1000000:100000|q:7:w:America/Argentina/Buenos_Aires");
+        assert_eq!(
+            enc,
+            "1:c|t:10:10:1000000:100000|q:7:w:America/Argentina/Buenos_Aires"
+        );
         assert_eq!(decode(&enc).unwrap(), c);
     }
 

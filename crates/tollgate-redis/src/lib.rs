@@ -94,8 +94,8 @@ use std::time::Duration;
 use redis::Value;
 use tokio::time::Instant;
 use tollgate_limiter::{
-    Backend, Calendar, Clock, Decision, Key, Op, Period, Policy, Request, Scope, Strategy, SystemClock,
-    Zone,
+    Backend, Calendar, Clock, Decision, Key, Op, Period, Policy, Request, Scope, Strategy,
+    SystemClock, Zone,
 };
 
 pub use durability::{Durability, DurabilityReport, NodeReport, NodeRole, Setting};
@@ -713,7 +713,10 @@ enum Reply {
     Decision(Decision),
     Redirect(Strategy),
     /// The script needs calendar bounds for `specs` around its time `now`.
-    Bounds { now: u64, specs: Vec<String> },
+    Bounds {
+        now: u64,
+        specs: Vec<String>,
+    },
 }
 
 /// The calendar bounds sent in ARGV[6], one entry per spec.

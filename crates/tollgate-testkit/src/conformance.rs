@@ -712,9 +712,7 @@ fn calendars() -> impl Strategy<Value = Policy> {
         prop_oneof![Just(Period::Day), Just(Period::Week), Just(Period::Month)],
         proptest::sample::select(&ZONES[..]),
     )
-        .prop_map(|(limit, period, zone)| {
-            Policy::from(Calendar::new(limit, period, zone).unwrap())
-        })
+        .prop_map(|(limit, period, zone)| Policy::from(Calendar::new(limit, period, zone).unwrap()))
 }
 
 fn token_buckets() -> impl Strategy<Value = Policy> {
@@ -795,12 +793,10 @@ pub fn calendar_traces(len: usize) -> impl Strategy<Value = (Timestamp, Policy, 
         let kind = policy.strategy();
         let variant = prop_oneof![
             calendars(),
-            (calendars(), proptest::collection::vec(parts(), 0..=2)).prop_map(
-                |(c, mut more)| {
-                    more.insert(0, c);
-                    Policy::from(Composite::new(more).unwrap())
-                }
-            ),
+            (calendars(), proptest::collection::vec(parts(), 0..=2)).prop_map(|(c, mut more)| {
+                more.insert(0, c);
+                Policy::from(Composite::new(more).unwrap())
+            }),
         ]
         .prop_filter("same strategy", move |p| p.strategy() == kind);
         let hour = 3_600_000_000u64;

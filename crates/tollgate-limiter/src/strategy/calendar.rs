@@ -277,6 +277,18 @@ impl Zone {
         &self.0.tz
     }
 
+    /// `ts` (µs since the epoch) as this zone's wall clock, in RFC 9557
+    /// form: `2026-03-01T00:00:00+01:00[Europe/Berlin]`.
+    pub fn civil(&self, ts: Timestamp) -> String {
+        i64::try_from(ts)
+            .ok()
+            .and_then(|us| jiff::Timestamp::from_microsecond(us).ok())
+            .map_or_else(
+                || format!("@{ts}µs"),
+                |t| t.to_zoned_datetime(self.0.tz.clone()).to_string(),
+            )
+    }
+
     /// The first instant of `d` in this zone (µs since the epoch).
     fn start_of(&self, d: Date) -> Option<Timestamp> {
         let zdt = d.to_zoned_datetime(self.0.tz.clone()).ok()?;
@@ -559,7 +571,12 @@ mod tests {
 
     #[test]
     fn windows_tile_the_time_line() {
-        for tz in ["Europe/Berlin", "America/Sao_Paulo", "Australia/Lord_Howe", "UTC"] {
+        for tz in [
+            "Europe/Berlin",
+            "America/Sao_Paulo",
+            "Australia/Lord_Howe",
+            "UTC",
+        ] {
             for period in [Period::Day, Period::Week, Period::Month] {
                 let c = cal(period, tz);
                 let mut t = at("UTC", 2018, 1, 1, 0, 0);
@@ -644,6 +661,10 @@ mod tests {
         assert_eq!(Zone::get("Mars/Olympus").unwrap_err().field, "time_zone");
         assert_eq!(Zone::get("").unwrap_err().field, "time_zone");
         assert_eq!(Zone::utc().name(), "UTC");
+        assert_eq!(
+            a.civil(at("Europe/Berlin", 2026, 3, 1, 0, 0)),
+            "2026-03-01T00:00:00+01:00[Europe/Berlin]"
+        );
         assert_eq!("fortnight".parse::<Period>().unwrap_err().field, "period");
         assert_eq!("Month".parse::<Period>().unwrap(), Period::Month);
         assert_eq!(
