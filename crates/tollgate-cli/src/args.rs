@@ -228,9 +228,15 @@ pub(crate) struct PolicyFlags {
     /// Token bucket: the refill rate, e.g. `60/min`, `10/s`.
     #[arg(long, value_name = "RATE", help_heading = "Policy")]
     pub(crate) refill: Option<String>,
-    /// Sliding window: the most cost per window.
+    /// Sliding window, calendar quota: the most cost per window.
     #[arg(long, value_name = "N", help_heading = "Policy")]
     pub(crate) limit: Option<u64>,
+    /// Calendar quota: `day`, `week` (ISO, from Monday) or `month`.
+    #[arg(long, value_name = "PERIOD", help_heading = "Policy")]
+    pub(crate) period: Option<String>,
+    /// Calendar quota: the IANA time zone, e.g. `Europe/Berlin`.
+    #[arg(long, value_name = "ZONE", help_heading = "Policy")]
+    pub(crate) time_zone: Option<String>,
     /// Sliding window: the window, e.g. `15m`.
     #[arg(long, value_name = "DURATION", help_heading = "Policy")]
     pub(crate) window: Option<String>,
@@ -273,6 +279,8 @@ impl PolicyFlags {
             ("base_delay", &self.base_delay),
             ("max_delay", &self.max_delay),
             ("forget_after", &self.forget_after),
+            ("period", &self.period),
+            ("time_zone", &self.time_zone),
         ] {
             if let Some(v) = v {
                 lines.push(format!("{name} = {}", crate::render::toml_string(v)));

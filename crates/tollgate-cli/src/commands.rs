@@ -4,7 +4,9 @@ use std::future::Future;
 use std::path::PathBuf;
 
 use serde_json::{Value, json};
-use tollgate_limiter::{Config, Decision, Error, FailMode, Key, Limiter, Policy, RedisConfig};
+use tollgate_limiter::{
+    Clock, Config, Decision, Error, FailMode, Key, Limiter, Policy, RedisConfig, SystemClock,
+};
 use tollgate_redis::{Durability, RedisBackend, Setting};
 
 use crate::args::{Cli, Command, ConfigCommand, Global, KeyedArgs, OverrideCommand, ScopeArgs};
@@ -426,6 +428,16 @@ async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
         Ok((d, o))
     };
     let (d, o) = timed(g, "inspect", work).await?;
+    let in_force = o.key.or(o.limiter).unwrap_or(o.configured);
+    // A composite's numbers are its binding part's.
+    let binding = match in_force {
+        Policy::Composite(c) => c.policy(d.part()),
+        other => Some(other),
+    };
+    let window = match binding {
+        Some(Policy::Calendar(c)) => Some(CalendarWindow::of(&c, &d, SystemClock.now())),
+        _ => None,
+    };
     if g.json {
         let l = &t.limiter;
         print_json(&json!({
@@ -434,19 +446,83 @@ async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
             "redis_key": l.backend().state_key(l.name(), &key.key),
             "policy": o.json(),
             "decision": decision_json(&d),
+            "calendar_window": window.as_ref().map_or(Value::Null, CalendarWindow::json),
         }));
         return Ok(());
     }
     print_header(&t, &key);
     o.print(Some(&key));
     print_decision(&d);
-    // A composite's numbers are its binding part's: say which.
-    if let Policy::Composite(c) = o.key.or(o.limiter).unwrap_or(o.configured)
-        && let Some(part) = c.policy(d.part())
-    {
+    if let (Policy::Composite(_), Some(part)) = (in_force, binding) {
         println!("binding      part {}: {}", d.part(), describe(&part));
     }
+    if let Some(w) = window {
+        w.print();
+    }
     Ok(())
+}
+
+/// The current window of a calendar quota, as `inspect` shows it.
+struct CalendarWindow {
+    calendar: tollgate_limiter::Calendar,
+    start: u64,
+    end: u64,
+    used: u64,
+}
+
+impl CalendarWindow {
+    /// The window of `d`, a peek made about `now`: the one the backend
+    /// counted in (it ends `reset_after` after the backend's now; its
+    /// middle is found on this machine's clock, whatever a small skew),
+    /// or for a window nothing was charged in, the one holding `now`.
+    fn of(c: &tollgate_limiter::Calendar, d: &Decision, now: u64) -> Self {
+        let micros = |x: std::time::Duration| u64::try_from(x.as_micros()).unwrap_or(u64::MAX);
+        let (start, end) = match micros(d.reset_after()) {
+            0 => c.window_at(now),
+            reset => c.window_at(
+                now.saturating_add(reset)
+                    .saturating_sub(micros(d.window()) / 2),
+            ),
+        };
+        Self {
+            calendar: *c,
+            start,
+            end,
+            used: d.limit().saturating_sub(d.remaining()),
+        }
+    }
+
+    fn json(&self) -> Value {
+        let zone = self.calendar.zone();
+        json!({
+            "period": self.calendar.period().as_str(),
+            "time_zone": zone.name(),
+            "start": zone.civil(self.start),
+            "end": zone.civil(self.end),
+            "start_us": self.start,
+            "end_us": self.end,
+            "used": self.used,
+            "limit": self.calendar.limit(),
+        })
+    }
+
+    fn print(&self) {
+        let zone = self.calendar.zone();
+        println!(
+            "window       {} per {} in {}: {} .. {}",
+            self.calendar.limit(),
+            self.calendar.period(),
+            zone.name(),
+            zone.civil(self.start),
+            zone.civil(self.end),
+        );
+        println!(
+            "used         {} of {} in this window; the count starts from zero at {}",
+            self.used,
+            self.calendar.limit(),
+            zone.civil(self.end),
+        );
+    }
 }
 
 async fn reset(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {

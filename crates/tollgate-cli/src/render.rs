@@ -103,6 +103,11 @@ pub(crate) fn policy_fields(p: &Policy) -> Vec<(&'static str, String)> {
                 .collect();
             vec![("policies", format!("[{}]", parts.join(", ")))]
         }
+        Policy::Calendar(c) => vec![
+            ("limit", c.limit().to_string()),
+            ("period", toml_string(c.period().as_str())),
+            ("time_zone", toml_string(c.zone().name())),
+        ],
         // `Policy` is non-exhaustive: a strategy this CLI does not know.
         _ => Vec::new(),
     }

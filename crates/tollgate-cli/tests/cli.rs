@@ -1135,3 +1135,76 @@ fn durability_covers_a_sentinel_master_and_its_replica() {
     let out = expect(&o, 0);
     assert!(out.contains("role              replica"), "{out}");
 }
+
+// ---------------------------------------------------------------- calendar
+
+tollgate_testkit::on_every_server! {
+    /// A calendar quota: `inspect` shows the current window in its zone,
+    /// what was used in it and when the count starts again; an override
+    /// of another period moves the window.
+    #[test]
+    fn inspect_shows_the_calendar_window(server: Server) {
+        use tollgate_limiter::{Calendar, Clock, Period, SystemClock};
+        let Some(url) = shared_url(server) else { return };
+        let c = ConfigFile::new(
+            "[defaults]\nprefix = \"t-cal\"\n\n[limiters.plan]\nstrategy = \"calendar\"\n\
+             limit = 10\nperiod = \"month\"\ntime_zone = \"Europe/Berlin\"\n",
+        );
+        let service = c.limiter(&url, "plan");
+        let key = Key::new("tenant-7");
+        let before = SystemClock.now();
+        assert!(decide(&service, &key, 3).is_allowed());
+        let month = Calendar::new(10, Period::Month, "Europe/Berlin").unwrap();
+        let inspect = |json: bool| {
+            let mut args = vec!["-c", c.arg()];
+            if json {
+                args.push("--json");
+            }
+            args.extend(["inspect", "plan", "--key", "tenant-7"]);
+            run(&args, &[("REDIS_URL", &url)])
+        };
+        let o = inspect(true);
+        expect(&o, 0);
+        let after = SystemClock.now();
+        let v = json(&o);
+        let w = &v["calendar_window"];
+        assert_eq!(w["used"], 3);
+        assert_eq!(w["limit"], 10);
+        assert_eq!(w["period"], "month");
+        assert_eq!(w["time_zone"], "Europe/Berlin");
+        let end = w["end_us"].as_u64().unwrap();
+        assert!(
+            end == month.window_at(before).1 || end == month.window_at(after).1,
+            "{v}"
+        );
+        assert!(w["end"].as_str().unwrap().ends_with("[Europe/Berlin]"), "{v}");
+        assert!(w["end"].as_str().unwrap().contains("-01T00:00:00+0"), "{v}");
+        assert_eq!(v["decision"]["remaining"], 7);
+
+        let out = expect(&inspect(false), 0);
+        assert!(field(&out, "used").starts_with("3 of 10 in this window"), "{out}");
+        assert!(field(&out, "window").starts_with("10 per month in Europe/Berlin: "), "{out}");
+
+        // Per day instead: a new window, nothing used in it yet.
+        let o = run(
+            &[
+                "-c", c.arg(), "override", "set", "plan", "--key", "tenant-7",
+                "--period", "day", "--time-zone", "UTC",
+            ],
+            &[("REDIS_URL", &url)],
+        );
+        let out = expect(&o, 0);
+        assert!(out.contains("calendar: limit = 10, period = \"day\", time_zone = \"UTC\""), "{out}");
+        let v = json(&inspect(true));
+        assert_eq!(v["calendar_window"]["used"], 0);
+        assert_eq!(v["calendar_window"]["period"], "day");
+        assert!(v["calendar_window"]["end"].as_str().unwrap().ends_with("T00:00:00+00:00[UTC]"), "{v}");
+        // A zone that does not exist is refused, naming the field.
+        let o = run(
+            &["-c", c.arg(), "override", "set", "plan", "--time-zone", "Europe/Nowhere"],
+            &[("REDIS_URL", &url)],
+        );
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains("limiters.plan.time_zone"), "{}", stderr(&o));
+    }
+}

@@ -26,6 +26,12 @@
 //! capacity = 100
 //! refill = "60/min"
 //! fail_mode = "open"
+//!
+//! [limiters.plan]
+//! strategy = "calendar"   # a quota per calendar day, week or month
+//! limit = 10000
+//! period = "month"        # "day" | "week" (ISO, from Monday) | "month"
+//! time_zone = "Europe/Berlin"  # IANA name; default "UTC"
 //! ```
 //!
 //! A `[redis]` section says where the Redis backend connects and how
@@ -57,7 +63,10 @@ use crate::backend::Backend;
 use crate::breaker::BreakerConfig;
 use crate::composite::Composite;
 use crate::limiter::{DEFAULT_TIMEOUT, FailMode, Limiter};
-use crate::policy::{Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy, TokenBucket};
+use crate::policy::{
+    Calendar, Period, Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy, TokenBucket,
+    Zone,
+};
 
 mod redis;
 
@@ -127,10 +136,13 @@ struct RawLimiter {
     // token bucket
     capacity: Option<u64>,
     refill: Option<String>,
-    // sliding window
+    // sliding window (and calendar: limit)
     limit: Option<u64>,
     window: Option<String>,
     penalise_refused: Option<bool>,
+    // calendar
+    period: Option<String>,
+    time_zone: Option<String>,
     // composite: the policies, each a table of the fields above
     policies: Option<Vec<RawLimiter>>,
     // progressive delay
@@ -449,12 +461,13 @@ fn single_policy(l: &RawLimiter) -> Result<Policy, FieldError> {
         Some("sliding_window") => Strategy::SlidingWindow,
         Some("progressive_delay") => Strategy::ProgressiveDelay,
         Some("composite") => Strategy::Composite,
+        Some("calendar") => Strategy::Calendar,
         Some(other) => {
             return Err(err(
                 "strategy",
                 format!(
                     "unknown strategy {other:?}; expected token_bucket, sliding_window, \
-                     progressive_delay or composite"
+                     progressive_delay, calendar or composite"
                 ),
             ));
         }
@@ -462,7 +475,7 @@ fn single_policy(l: &RawLimiter) -> Result<Policy, FieldError> {
     };
     // Each strategy's own fields; any other strategy's field is a mistake
     // worth reporting (a `window` on a token bucket does nothing).
-    let present: [(&'static str, bool, Strategy); 10] = [
+    let present: [(&'static str, bool, Strategy); 12] = [
         ("capacity", l.capacity.is_some(), Strategy::TokenBucket),
         ("refill", l.refill.is_some(), Strategy::TokenBucket),
         ("limit", l.limit.is_some(), Strategy::SlidingWindow),
@@ -493,8 +506,14 @@ fn single_policy(l: &RawLimiter) -> Result<Policy, FieldError> {
             l.forget_after.is_some(),
             Strategy::ProgressiveDelay,
         ),
+        ("period", l.period.is_some(), Strategy::Calendar),
+        ("time_zone", l.time_zone.is_some(), Strategy::Calendar),
     ];
-    if let Some((field, _, s)) = present.iter().find(|(_, set, s)| *set && *s != strategy) {
+    // A calendar quota shares `limit` with the sliding window.
+    let belongs = |field: &str, s: Strategy| {
+        s == strategy || (field == "limit" && strategy == Strategy::Calendar)
+    };
+    if let Some((field, _, s)) = present.iter().find(|(f, set, s)| *set && !belongs(f, *s)) {
         return Err(err(field, format!("belongs to {s}, not to {strategy}")));
     }
     let req = |field: &'static str, v: Option<u64>| v.ok_or_else(|| err(field, "missing".into()));
@@ -519,6 +538,19 @@ fn single_policy(l: &RawLimiter) -> Result<Policy, FieldError> {
             SlidingWindow::new(req("limit", l.limit)?, dur("window", &l.window)?)
                 .map_err(|e| (e.field, e.reason))?
                 .penalise_refused(l.penalise_refused.unwrap_or(false))
+                .into()
+        }
+        Strategy::Calendar => {
+            let period: Period = match &l.period {
+                Some(p) => p.parse().map_err(|e: PolicyError| (e.field, e.reason))?,
+                None => return Err(err("period", "missing (day, week or month)".into())),
+            };
+            let zone = match &l.time_zone {
+                Some(z) => Zone::get(z).map_err(|e| (e.field, e.reason))?,
+                None => Zone::utc(),
+            };
+            Calendar::in_zone(req("limit", l.limit)?, period, zone)
+                .map_err(|e| (e.field, e.reason))?
                 .into()
         }
         Strategy::ProgressiveDelay => ProgressiveDelay::new(
@@ -547,6 +579,8 @@ fn composite_policy(l: &RawLimiter, parts: &[RawLimiter]) -> Result<Policy, Fiel
         ("factor", l.factor.is_some()),
         ("max_delay", l.max_delay.is_some()),
         ("forget_after", l.forget_after.is_some()),
+        ("period", l.period.is_some()),
+        ("time_zone", l.time_zone.is_some()),
     ];
     if let Some((field, _)) = present.iter().find(|(_, set)| *set) {
         return Err((
@@ -705,6 +739,93 @@ mod tests {
             policies = [{ strategy = "token_bucket", capacity = 5, refill = "1/s" }]
             cost = 6"#);
         assert!(e.contains("limiters.api.cost"), "{e}");
+    }
+
+    #[test]
+    fn calendar_quotas_load_and_name_bad_fields() {
+        let c = load(
+            r#"
+            [limiters.plan]
+            strategy = "calendar"
+            limit = 10000
+            period = "month"
+            time_zone = "Europe/Berlin"
+
+            [limiters.daily]
+            strategy = "calendar"
+            limit = 100
+            period = "day"
+
+            [limiters.api]
+            policies = [
+                { strategy = "token_bucket", capacity = 10, refill = "10/s" },
+                { strategy = "calendar", limit = 10000, period = "month", time_zone = "Europe/Berlin" },
+            ]
+            "#,
+        )
+        .unwrap();
+        let Policy::Calendar(plan) = c.limiter("plan").unwrap().policy else {
+            panic!()
+        };
+        assert_eq!(
+            (plan.limit(), plan.period(), plan.zone().name()),
+            (10_000, Period::Month, "Europe/Berlin")
+        );
+        let Policy::Calendar(daily) = c.limiter("daily").unwrap().policy else {
+            panic!()
+        };
+        assert_eq!(daily.zone().name(), "UTC", "UTC unless told otherwise");
+        assert_eq!(c.limiter("api").unwrap().policy.max_cost(), Some(10));
+        let cal = |extra: &str| {
+            err(&format!(
+                "[limiters.plan]\nstrategy = \"calendar\"\nlimit = 5\n{extra}"
+            ))
+        };
+        let e = cal("period = \"month\"\ntime_zone = \"Europe/Berlln\"");
+        assert!(e.contains("limiters.plan.time_zone"), "{e}");
+        assert!(e.contains("Europe/Berlln"), "{e}");
+        let e = cal("period = \"fortnight\"");
+        assert!(e.contains("limiters.plan.period"), "{e}");
+        let e = cal("");
+        assert!(e.contains("limiters.plan.period: missing"), "{e}");
+        let e = cal("period = \"day\"\nwindow = \"1d\"");
+        assert!(
+            e.contains("limiters.plan.window: belongs to sliding_window"),
+            "{e}"
+        );
+        let e = err(
+            "[limiters.w]\nstrategy = \"sliding_window\"\nlimit = 1\nwindow = \"1s\"\nperiod = \"day\"",
+        );
+        assert!(e.contains("limiters.w.period: belongs to calendar"), "{e}");
+        let e = err(r#"
+            [limiters.api]
+            policies = [{ strategy = "calendar", limit = 5, period = "week", time_zone = "Nowhere" }]"#);
+        assert!(
+            e.contains("limiters.api.policies: policies[0].time_zone"),
+            "{e}"
+        );
+        let e = cal("period = \"day\"\ncost = 6");
+        assert!(e.contains("limiters.plan.cost"), "{e}");
+    }
+
+    #[test]
+    fn calendar_from_the_environment() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("TOLLGATE_LIMITERS__PLAN__STRATEGY", "calendar");
+            jail.set_env("TOLLGATE_LIMITERS__PLAN__LIMIT", "10000");
+            jail.set_env("TOLLGATE_LIMITERS__PLAN__PERIOD", "week");
+            jail.set_env("TOLLGATE_LIMITERS__PLAN__TIME_ZONE", "America/New_York");
+            let c = Config::builder().env().load().unwrap();
+            let Policy::Calendar(p) = c.limiter("plan").unwrap().policy else {
+                panic!()
+            };
+            assert_eq!(p.period(), Period::Week);
+            assert_eq!(p.zone().name(), "America/New_York");
+            jail.set_env("TOLLGATE_LIMITERS__PLAN__TIME_ZONE", "Europe/Atlantis");
+            let e = Config::builder().env().load().unwrap_err().to_string();
+            assert!(e.contains("limiters.plan.time_zone"), "{e}");
+            Ok(())
+        });
     }
 
     #[test]

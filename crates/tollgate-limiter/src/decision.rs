@@ -116,7 +116,8 @@ impl Decision {
 
     /// The span the limit of the policy in force (an override, if one was
     /// set) is expressed over: the time to refill the whole bucket, the
-    /// window, or the forget-after period; what `RateLimit-Policy`'s `w`
+    /// window, the forget-after period, or the current calendar window
+    /// (from its start to the next boundary); what `RateLimit-Policy`'s `w`
     /// announces. Zero when the decision was not made by a backend (a
     /// hand-built decision).
     pub fn window(&self) -> Duration {

@@ -94,7 +94,10 @@ impl DenyCache {
             (policy, op),
             (_, Op::Peek(_))
                 | (
-                    Policy::TokenBucket(_) | Policy::SlidingWindow(_) | Policy::Composite(_),
+                    Policy::TokenBucket(_)
+                        | Policy::SlidingWindow(_)
+                        | Policy::Composite(_)
+                        | Policy::Calendar(_),
                     Op::Acquire(_)
                 )
         )

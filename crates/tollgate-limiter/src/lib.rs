@@ -4,7 +4,8 @@
 //! talks to Redis or HTTP:
 //!
 //! * [policies](Policy): [`TokenBucket`], exact [`SlidingWindow`],
-//!   [`ProgressiveDelay`], and [`Composite`]s of several, decided at once;
+//!   [`ProgressiveDelay`], [`Calendar`] quotas (per day, week or month of a
+//!   time zone), and [`Composite`]s of several, decided at once;
 //! * the [`Decision`] a limiter answers with (a refusal is a value);
 //! * the [`Backend`] trait that the memory and Redis backends implement;
 //! * the [`Limiter`]: a named policy over a backend, with a per-decision
@@ -55,7 +56,7 @@ pub mod model;
 pub mod policy;
 mod sharded;
 pub mod strategy;
-pub use strategy::composite;
+pub use strategy::{calendar, composite};
 pub mod time;
 
 pub use aimd::{AimdConfig, AimdLimiter};
@@ -68,7 +69,10 @@ pub use error::{BoxError, Error};
 pub use key::{Key, KeyHasher};
 pub use limiter::{DEFAULT_LOCAL_CAPACITY, Denied, FailMode, Limiter, LimiterBuilder, Verdict};
 pub use model::Op;
-pub use policy::{Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy, TokenBucket};
+pub use policy::{
+    Calendar, Period, Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy, TokenBucket,
+    Zone,
+};
 pub use time::{Clock, MockClock, SystemClock, Timestamp};
 
 /// Locks a mutex whose data stays valid whatever a panicking holder did

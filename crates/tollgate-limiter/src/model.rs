@@ -10,6 +10,7 @@ use crate::decision::Decision;
 use crate::policy::Policy;
 use crate::time::Timestamp;
 
+pub use crate::strategy::calendar::CalendarState;
 pub use crate::strategy::composite::CompositeState;
 pub use crate::strategy::progressive_delay::ProgressiveDelayState;
 pub use crate::strategy::sliding_window::SlidingWindowState;
@@ -59,6 +60,8 @@ pub enum State {
     ProgressiveDelay(ProgressiveDelayState),
     /// See [`CompositeState`].
     Composite(CompositeState),
+    /// See [`CalendarState`].
+    Calendar(CalendarState),
 }
 
 impl State {
@@ -69,6 +72,7 @@ impl State {
             Policy::SlidingWindow(_) => Self::SlidingWindow(SlidingWindowState::default()),
             Policy::ProgressiveDelay(_) => Self::ProgressiveDelay(ProgressiveDelayState::default()),
             Policy::Composite(_) => Self::Composite(CompositeState::default()),
+            Policy::Calendar(_) => Self::Calendar(CalendarState::default()),
         }
     }
 
@@ -100,6 +104,13 @@ impl State {
             (Self::ProgressiveDelay(s), Policy::ProgressiveDelay(p), _) => s.peek(now, p),
             // The parts' decisions carry their own windows.
             (Self::Composite(s), Policy::Composite(c), op) => return s.apply(now, c, op),
+            // The current window's length, which daylight saving and
+            // months vary.
+            (Self::Calendar(s), Policy::Calendar(p), Op::Acquire(c)) => {
+                return s.acquire(now, p, c);
+            }
+            (Self::Calendar(s), Policy::Calendar(p), Op::Peek(c)) => return s.peek(now, p, c),
+            (Self::Calendar(s), Policy::Calendar(p), _) => return s.peek(now, p, 1),
             _ => {
                 *self = Self::fresh(policy);
                 return self.apply(now, policy, op);
@@ -116,6 +127,7 @@ impl State {
             (Self::SlidingWindow(s), Policy::SlidingWindow(p)) => s.expires_at(p),
             (Self::ProgressiveDelay(s), Policy::ProgressiveDelay(p)) => s.expires_at(p),
             (Self::Composite(s), Policy::Composite(c)) => s.expires_at(c),
+            (Self::Calendar(s), _) => s.expires_at(),
             _ => 0,
         }
     }
@@ -140,17 +152,21 @@ pub fn records(policy: &Policy, op: Op, decision: &Decision) -> bool {
         (Op::Acquire(_), Policy::ProgressiveDelay(_)) => true,
         // Every part is charged, or none.
         (Op::Acquire(_), Policy::Composite(_)) => decision.is_allowed(),
+        (Op::Acquire(_), Policy::Calendar(_)) => decision.is_allowed(),
     }
 }
 
 /// The span `policy`'s limit is expressed over, as the backends compute it
-/// (whole microseconds): what a [`Decision::window`] carries.
+/// (whole microseconds): what a [`Decision::window`] carries (for a
+/// calendar quota, whose decisions carry the current window's length, the
+/// nominal period).
 pub fn window_of(policy: &Policy) -> std::time::Duration {
     let us = match policy {
         Policy::TokenBucket(p) => p.capacity() * p.interval_micros(),
         Policy::SlidingWindow(p) => p.window_micros(),
         Policy::ProgressiveDelay(p) => p.forget_after_micros(),
         Policy::Composite(c) => return c.window(),
+        Policy::Calendar(p) => return p.window(),
     };
     std::time::Duration::from_micros(us)
 }

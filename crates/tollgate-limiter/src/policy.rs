@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::time::micros;
 
+pub use crate::strategy::calendar::{Calendar, Period, Zone};
 pub use crate::strategy::composite::Composite;
 pub use crate::strategy::progressive_delay::ProgressiveDelay;
 pub use crate::strategy::sliding_window::SlidingWindow;
@@ -61,6 +62,8 @@ pub enum Strategy {
     ProgressiveDelay,
     /// [`Composite`]: several token buckets and sliding windows at once.
     Composite,
+    /// [`Calendar`]: a quota per calendar day, week or month of a time zone.
+    Calendar,
 }
 
 impl Strategy {
@@ -71,6 +74,7 @@ impl Strategy {
             Self::SlidingWindow => "sliding_window",
             Self::ProgressiveDelay => "progressive_delay",
             Self::Composite => "composite",
+            Self::Calendar => "calendar",
         }
     }
 }
@@ -93,6 +97,8 @@ pub enum Policy {
     ProgressiveDelay(ProgressiveDelay),
     /// See [`Composite`].
     Composite(Composite),
+    /// See [`Calendar`].
+    Calendar(Calendar),
 }
 
 impl Policy {
@@ -103,29 +109,35 @@ impl Policy {
             Self::SlidingWindow(_) => Strategy::SlidingWindow,
             Self::ProgressiveDelay(_) => Strategy::ProgressiveDelay,
             Self::Composite(_) => Strategy::Composite,
+            Self::Calendar(_) => Strategy::Calendar,
         }
     }
 
-    /// The headline number: capacity, window limit, or free attempts (for
-    /// a composite, the largest cost every part grants).
+    /// The headline number: capacity, window limit, free attempts, or
+    /// quota per calendar window (for a composite, the largest cost every
+    /// part grants).
     pub fn limit(&self) -> u64 {
         match self {
             Self::TokenBucket(p) => p.capacity(),
             Self::SlidingWindow(p) => p.limit(),
             Self::ProgressiveDelay(p) => p.free_attempts(),
             Self::Composite(c) => c.max_cost(),
+            Self::Calendar(p) => p.limit(),
         }
     }
 
     /// The time span the limit is expressed over, for `RateLimit-Policy`'s
     /// `w` parameter: the time to refill the whole bucket, the window, or the
-    /// forget-after period (for a composite, the longest of its parts').
+    /// forget-after period, the nominal calendar period (1, 7 or 31 days:
+    /// a decision carries the actual window's length); for a composite,
+    /// the longest of its parts'.
     pub fn window(&self) -> Duration {
         match self {
             Self::TokenBucket(p) => Duration::from_micros(p.capacity() * p.interval_micros()),
             Self::SlidingWindow(p) => p.window(),
             Self::ProgressiveDelay(p) => p.forget_after(),
             Self::Composite(c) => c.window(),
+            Self::Calendar(p) => p.window(),
         }
     }
 
@@ -137,6 +149,7 @@ impl Policy {
             Self::SlidingWindow(p) => Some(p.limit()),
             Self::ProgressiveDelay(_) => None,
             Self::Composite(c) => Some(c.max_cost()),
+            Self::Calendar(p) => Some(p.limit()),
         }
     }
 
@@ -176,6 +189,12 @@ impl From<SlidingWindow> for Policy {
 impl From<Composite> for Policy {
     fn from(p: Composite) -> Self {
         Self::Composite(p)
+    }
+}
+
+impl From<Calendar> for Policy {
+    fn from(p: Calendar) -> Self {
+        Self::Calendar(p)
     }
 }
 

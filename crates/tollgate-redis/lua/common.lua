@@ -1,12 +1,13 @@
 -- tollgate: helpers shared by every strategy script.
 --
 -- This file is prepended to token_bucket.lua, sliding_window.lua,
--- progressive_delay.lua and composite.lua (see src/scripts.rs); it is never
+-- progressive_delay.lua, calendar.lua and composite.lua (see
+-- src/scripts.rs); it is never
 -- loaded alone. Every strategy script takes the same KEYS and ARGV
 -- (composite.lua takes four more keys after these, see its header):
 --
 -- KEYS[1]  state     <prefix>:<limiter>:{<key>}            HASH
---            s  strategy of the stored state: 't' | 'w' | 'p'
+--            s  strategy of the stored state: 't' | 'w' | 'p' | 'q' | 'c'
 --            x  expiry (µs): from then on the key reads as fresh
 --            (+ the strategy's own fields)
 -- KEYS[2]  log       <prefix>:<limiter>:{<key>}:log        LIST (sliding window)
@@ -25,11 +26,22 @@
 -- ARGV[4]  the limiter-wide override known to the client (cluster mode), or ''
 -- ARGV[5]  the least TTL in ms to give a written key (0 in production; a
 --          floor for tests whose caller clock runs slower than real time)
+-- ARGV[6]  calendar bounds, computed by the client (the scripts do no
+--          time-zone arithmetic), one entry per calendar period and zone,
+--          separated by spaces: '<spec>,<b0>,<b1>,<b2>,<b3>', where spec is
+--          '<d|w|m>:<zone>' and b0 < b1 < b2 < b3 are window starts in µs
+--          (previous, current, next window, and the next one's end) around
+--          the client's clock. The script picks, by its own now, the window
+--          [b_i, b_i+1) that holds it; when none does (or the policy in
+--          force has a spec the client did not send), it answers
+--          {-2, now, spec...}: the client computes those specs' bounds
+--          around that now and calls again. '' when no calendar is known.
 --
 -- Returns {verdict, limit, remaining, retry_after_us, reset_after_us,
 -- window_us}: verdict 1 allowed, 0 refused, 2 refused because the cost can
 -- never fit the policy in force (its capacity or limit is smaller);
--- window_us is the span the policy in force is expressed over (composite.lua
+-- window_us is the span the policy in force is expressed over (a calendar
+-- quota's current window; composite.lua
 -- adds a 7th item: the index, from 0, of the binding part). Or
 -- {-1, strategy} when the policy in force is of another strategy than
 -- this script's: the client then runs that strategy's script.
@@ -90,7 +102,8 @@ end
 --   1:t:<capacity>:<refill>:<period_us>:<interval_us>   token bucket
 --   1:w:<limit>:<window_us>:<penalise 0|1>              sliding window
 --   1:p:<free>:<base_us>:<factor>:<max_us>:<forget_us>  progressive delay
---   1:c|<part>|<part>...  composite: each part a t or w encoding without '1:'
+--   1:q:<limit>:<d|w|m>:<zone>                          calendar quota
+--   1:c|<part>|<part>...  composite: each part a t, w or q encoding without '1:'
 local function decode(enc)
   -- The single-strategy shapes in one match each, without the field table
   -- the general path builds: this runs on every decision.
@@ -121,6 +134,8 @@ local function decode(enc)
     return { kind = kind, capacity = tonumber(f[3]), interval = tonumber(f[6]) }
   elseif kind == 'w' then
     return { kind = kind, limit = tonumber(f[3]), window = tonumber(f[4]), penalise = f[5] == '1' }
+  elseif kind == 'q' then
+    return { kind = kind, limit = tonumber(f[3]), spec = f[4] .. ':' .. f[5] }
   elseif kind == 'p' then
     return {
       kind = kind,
@@ -183,4 +198,62 @@ local function each_event(key, visit)
     end
     idx = idx + #chunk
   end
+end
+
+-- The calendar window [start, end) holding `now` for calendar quota q, from
+-- the client's bounds (ARGV[6]); nil when they do not hold it.
+local function calendar_window(q, now)
+  for entry in string.gmatch(ARGV[6] or '', '[^ ]+') do
+    local f = {}
+    for x in string.gmatch(entry, '[^,]+') do
+      f[#f + 1] = x
+    end
+    if f[1] == q.spec then
+      for i = 2, 4 do
+        local a, b = tonumber(f[i]), tonumber(f[i + 1])
+        if a <= now and now < b then
+          return a, b
+        end
+      end
+      return nil
+    end
+  end
+  return nil
+end
+
+-- A calendar quota's decision (the model's CalendarState::decide) for a
+-- cost of at least 1. s is the stored state { a = start, e = end, n = used }
+-- (n = 0 for a fresh key). Returns the reply as a peek, and when the cost
+-- fits, the state a charge writes: { start, end, used, end - now }. The
+-- caller has checked that calendar_window(q, now) is known.
+local function calendar_decide(q, s, now, cost)
+  local start, stop
+  if s.n > 0 and s.a > now then
+    -- A clock that stepped back keeps counting in the stored window.
+    start, stop = s.a, s.e
+  else
+    start, stop = calendar_window(q, now)
+  end
+  local used = 0
+  if s.n > 0 and s.a == start and s.e == stop then
+    used = s.n
+  end
+  local limit = q.limit
+  local window = stop - start
+  local until_end = stop - now
+  local remaining = 0
+  if limit > used then
+    remaining = limit - used
+  end
+  local reset = 0
+  if used > 0 then
+    reset = until_end
+  end
+  if cost > limit then
+    return { 2, limit, remaining, 0, reset, window }
+  end
+  if used + cost > limit then
+    return { 0, limit, remaining, until_end, reset, window }
+  end
+  return { 1, limit, remaining, 0, reset, window }, { start, stop, used + cost, until_end }
 end

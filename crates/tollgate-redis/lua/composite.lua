@@ -1,13 +1,15 @@
 -- tollgate: composite, one all-or-nothing decision over up to 4 token
--- buckets and sliding windows (never penalising).
+-- buckets, sliding windows (never penalising) and calendar quotas.
 --
 -- KEYS and ARGV: see common.lua, then four more keys, the parts' logs:
 -- KEYS[#KEYS-3 .. #KEYS]  <prefix>:<limiter>:{<key>}:log1 .. :log4   LIST
 -- (KEYS[4], the limiter override, is present when #KEYS == 8; KEYS[2] is
 -- unused.) Every key shares the hash tag: one cluster slot.
 -- State, KEYS[1]: HASH { s = 'c', x = expiry, and per part i (from 1)
--- k<i> = 't' | 'w', v<i> = tat (token bucket) or total cost in log<i>
--- (sliding window) }. A part's log is a sliding window's (see
+-- k<i> = 't' | 'w' | 'q', v<i> = tat (token bucket), total cost in log<i>
+-- (sliding window) or units used (calendar quota, whose window is
+-- a<i> = start, e<i> = end) }. ARGV[6] carries the calendar parts' bounds
+-- (see common.lua). A part's log is a sliding window's (see
 -- sliding_window.lua). On every write, all the keys get one TTL: the
 -- composite's expiry, the latest of its parts'.
 -- Every part first answers as a peek; only if all pass are all charged.
@@ -23,9 +25,19 @@ local p = policy_in_force(lim_key)
 if p.kind ~= 'c' then
   return { -1, p.kind }
 end
-local op, cost = parse_op()
 local parts = p.parts
 local n = #parts
+-- Every calendar part's window must be known before anything is read.
+local missing = {}
+for i = 1, n do
+  if parts[i].kind == 'q' and not calendar_window(parts[i], now) then
+    missing[#missing + 1] = parts[i].spec
+  end
+end
+if #missing > 0 then
+  return { -2, fmt(now), unpack(missing) }
+end
+local op, cost = parse_op()
 local function log_key(i)
   return KEYS[#KEYS - 4 + i]
 end
@@ -51,7 +63,7 @@ end
 local function forget(i)
   redis.call('DEL', log_key(i))
   if live then
-    redis.call('HDEL', KEYS[1], 'k' .. i, 'v' .. i)
+    redis.call('HDEL', KEYS[1], 'k' .. i, 'v' .. i, 'a' .. i, 'e' .. i)
   end
 end
 for i = n + 1, 4 do
@@ -71,7 +83,13 @@ for i = 1, n do
   elseif h['k' .. i] then
     forget(i)
   end
-  if q.kind == 't' then
+  if q.kind == 'q' then
+    local c = { a = 0, e = 0, n = 0 }
+    if s.v > 0 then
+      c = { a = tonumber(h['a' .. i]), e = tonumber(h['e' .. i]), n = s.v }
+    end
+    s.r, s.w = calendar_decide(q, c, now, cost)
+  elseif q.kind == 't' then
     local t = q.interval
     local tau = q.capacity * t
     local tat = s.v
@@ -210,7 +228,15 @@ local fields = { 's', 'c' }
 for i = 1, n do
   local q, s = parts[i], st[i]
   local part_expiry
-  if q.kind == 't' then
+  if q.kind == 'q' then
+    s.v = s.w[3]
+    part_expiry = s.w[2]
+    fields[#fields + 1] = 'a' .. i
+    fields[#fields + 1] = fmt(s.w[1])
+    fields[#fields + 1] = 'e' .. i
+    fields[#fields + 1] = fmt(s.w[2])
+    s.r = { 1, q.limit, s.r[3] - cost, 0, s.w[4], s.r[6] }
+  elseif q.kind == 't' then
     local t = q.interval
     local tau = q.capacity * t
     local new_tat = now + s.new_debt

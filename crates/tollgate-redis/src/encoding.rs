@@ -9,7 +9,8 @@
 //! | token bucket | `1:t:<capacity>:<refill>:<period_us>:<interval_us>` |
 //! | sliding window | `1:w:<limit>:<window_us>:<penalise 0\|1>` |
 //! | progressive delay | `1:p:<free>:<base_us>:<factor>:<max_us>:<forget_us>` |
-//! | composite | `1:c\|<part>\|<part>…`, each part a token bucket or sliding window encoding without its `1:` |
+//! | calendar quota | `1:q:<limit>:<d\|w\|m>:<IANA zone>` |
+//! | composite | `1:c\|<part>\|<part>…`, each part a token bucket, sliding window or calendar encoding without its `1:` |
 //!
 //! The token bucket carries its interval (rounded up by the core) so the
 //! script never divides; the other fields let [`decode`] rebuild the exact
@@ -35,7 +36,8 @@
 use std::time::Duration;
 
 use tollgate_limiter::{
-    Composite, Policy, PolicyError, ProgressiveDelay, SlidingWindow, TokenBucket,
+    Calendar, Composite, Period, Policy, PolicyError, ProgressiveDelay, SlidingWindow, TokenBucket,
+    Zone,
 };
 
 /// The largest integer a Lua number holds exactly.
@@ -105,6 +107,13 @@ pub fn encode(policy: &Policy) -> Result<String, EncodingError> {
             exact("max_delay", p.max_delay_micros())?,
             exact("forget_after", p.forget_after_micros())?,
         ),
+        // The zone's canonical name holds no ':' or '|' (Zone::get checks).
+        Policy::Calendar(p) => format!(
+            "1:q:{}:{}:{}",
+            bound("limit", p.limit())?,
+            p.period().letter(),
+            p.zone().name(),
+        ),
         Policy::Composite(c) => {
             let mut out = String::from("1:c");
             for part in c.policies() {
@@ -125,13 +134,30 @@ pub fn decode(s: &str) -> Result<Policy, EncodingError> {
         let parts = parts
             .split('|')
             .map(|p| match p.as_bytes().first() {
-                Some(b't' | b'w') => decode(&format!("1:{p}")),
+                Some(b't' | b'w' | b'q') => decode(&format!("1:{p}")),
                 _ => Err(malformed()),
             })
             .collect::<Result<Vec<_>, _>>()?;
         return Ok(Composite::new(parts)
             .map_err(EncodingError::Invalid)?
             .into());
+    }
+    if let Some(rest) = s.strip_prefix("1:q:") {
+        return match rest.split(':').collect::<Vec<_>>().as_slice() {
+            [limit, period, zone] if period.len() == 1 => {
+                let limit = limit.parse::<u64>().map_err(|_| malformed())?;
+                let period = period
+                    .chars()
+                    .next()
+                    .and_then(Period::from_letter)
+                    .ok_or_else(malformed)?;
+                let zone = Zone::get(zone).map_err(EncodingError::Invalid)?;
+                Ok(Calendar::in_zone(limit, period, zone)
+                    .map_err(EncodingError::Invalid)?
+                    .into())
+            }
+            _ => Err(malformed()),
+        };
     }
     let mut parts = s.split(':');
     if parts.next() != Some("1") {
@@ -186,6 +212,11 @@ mod tests {
             "1:c|1:t:1:1:1:1",
             "1:c|w:1:1:1",
             "1:c|t:1:1:1:1|t:1:1:1:1|t:1:1:1:1|t:1:1:1:1|t:1:1:1:1",
+            "1:q:5:d",
+            "1:q:5:y:UTC",
+            "1:q:x:d:UTC",
+            "1:q:5:d:UTC:1",
+            "1:c|q:5:d",
         ] {
             assert!(decode(s).is_err(), "{s}");
         }
@@ -193,6 +224,32 @@ mod tests {
             decode("1:w:0:1:0"),
             Err(EncodingError::Invalid(_))
         ));
+        assert!(matches!(
+            decode("1:q:5:d:Mars/Olympus"),
+            Err(EncodingError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn calendar_quotas_carry_their_zone() {
+        let p = Policy::from(Calendar::new(10_000, Period::Month, "europe/berlin").unwrap());
+        assert_eq!(encode(&p).unwrap(), "1:q:10000:m:Europe/Berlin");
+        assert_eq!(decode("1:q:10000:m:Europe/Berlin").unwrap(), p);
+        let c = Policy::from(
+            Composite::new([
+                Policy::from(TokenBucket::new(10, 10, Duration::from_secs(1)).unwrap()),
+                Policy::from(
+                    Calendar::new(7, Period::Week, "America/Argentina/Buenos_Aires").unwrap(),
+                ),
+            ])
+            .unwrap(),
+        );
+        let enc = encode(&c).unwrap();
+        assert_eq!(
+            enc,
+            "1:c|t:10:10:1000000:100000|q:7:w:America/Argentina/Buenos_Aires"
+        );
+        assert_eq!(decode(&enc).unwrap(), c);
     }
 
     #[test]

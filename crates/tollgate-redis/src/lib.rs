@@ -93,7 +93,10 @@ use std::time::Duration;
 
 use redis::Value;
 use tokio::time::Instant;
-use tollgate_limiter::{Backend, Clock, Decision, Key, Op, Policy, Request, Scope, Strategy};
+use tollgate_limiter::{
+    Backend, Calendar, Clock, Decision, Key, Op, Period, Policy, Request, Scope, Strategy,
+    SystemClock, Zone,
+};
 
 pub use durability::{Durability, DurabilityReport, NodeReport, NodeRole, Setting};
 pub use error::RedisError;
@@ -642,10 +645,21 @@ impl RedisBackend {
         };
         let limiter_override_key = self.limiter_override_key(req.limiter);
         let mut strategy = req.policy.strategy();
+        // Calendar quotas: the window bounds around this client's clock
+        // (the script picks by its own; see lua/common.lua, ARGV[6]).
+        let mut calendars = CalendarBounds::default();
+        let client_now = now.unwrap_or_else(|| SystemClock.now());
+        for p in req.policy.parts() {
+            if let Policy::Calendar(c) = p {
+                calendars.insert(&c, client_now);
+            }
+        }
         // The policy in force may be an override of another strategy: the
-        // script then names the one to run. Overrides changing under our
-        // feet can bounce us at most a couple of times.
-        for _ in 0..3 {
+        // script then names the one to run; or of a calendar period or zone
+        // we sent no bounds for, or the server's clock may be beyond them:
+        // the script then names the specs and its time. Overrides changing
+        // under our feet can bounce us at most a few times.
+        for _ in 0..4 {
             let script = scripts::for_strategy(strategy);
             let mut inv = script.prepare_invoke();
             inv.key(&state).key(&log).key(&key_override);
@@ -665,11 +679,17 @@ impl RedisBackend {
             inv.arg(&op)
                 .arg(&policy)
                 .arg(&limiter_override)
-                .arg(self.inner.min_ttl_ms);
+                .arg(self.inner.min_ttl_ms)
+                .arg(calendars.arg());
             let reply: Vec<Value> = self.inner.conn.invoke(&inv).await?;
             match parse_reply(&reply)? {
                 Reply::Decision(d) => return Ok(d),
                 Reply::Redirect(s) => strategy = s,
+                Reply::Bounds { now, specs } => {
+                    for spec in specs {
+                        calendars.insert(&calendar_of_spec(&spec)?, now);
+                    }
+                }
             }
         }
         Err(RedisError::Protocol("policy strategy kept changing".into()))
@@ -692,6 +712,54 @@ fn op_arg(op: Op) -> String {
 enum Reply {
     Decision(Decision),
     Redirect(Strategy),
+    /// The script needs calendar bounds for `specs` around its time `now`.
+    Bounds {
+        now: u64,
+        specs: Vec<String>,
+    },
+}
+
+/// The calendar bounds sent in ARGV[6], one entry per spec.
+#[derive(Debug, Default)]
+struct CalendarBounds {
+    entries: Vec<(String, [u64; 4])>,
+}
+
+impl CalendarBounds {
+    /// Adds (or replaces) `c`'s bounds around `now`.
+    fn insert(&mut self, c: &Calendar, now: u64) {
+        let spec = c.spec();
+        let bounds = c.bounds(now);
+        match self.entries.iter_mut().find(|(s, _)| *s == spec) {
+            Some(e) => e.1 = bounds,
+            None => self.entries.push((spec, bounds)),
+        }
+    }
+
+    fn arg(&self) -> String {
+        let mut out = String::new();
+        for (spec, [a, b, c, d]) in &self.entries {
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            out.push_str(&format!("{spec},{a},{b},{c},{d}"));
+        }
+        out
+    }
+}
+
+/// The calendar a script's `<period>:<zone>` spec names (the limit plays
+/// no part in the bounds).
+fn calendar_of_spec(spec: &str) -> Result<Calendar, RedisError> {
+    let bad = || RedisError::Protocol(format!("calendar spec {spec:?}"));
+    let (letter, zone) = spec.split_once(':').ok_or_else(bad)?;
+    let mut chars = letter.chars();
+    let period = match (chars.next().and_then(Period::from_letter), chars.next()) {
+        (Some(p), None) => p,
+        _ => return Err(bad()),
+    };
+    let zone = Zone::get(zone).map_err(|_| bad())?;
+    Calendar::in_zone(1, period, zone).map_err(|_| bad())
 }
 
 fn parse_reply(v: &[Value]) -> Result<Reply, RedisError> {
@@ -704,6 +772,19 @@ fn parse_reply(v: &[Value]) -> Result<Reply, RedisError> {
     let uint = |i: usize| -> Result<u64, RedisError> {
         u64::try_from(int(i)?).map_err(|_| RedisError::Protocol(format!("item {i} is negative")))
     };
+    let text = |i: usize| -> Result<String, RedisError> {
+        match v.get(i) {
+            Some(Value::BulkString(b)) => Ok(String::from_utf8_lossy(b).into_owned()),
+            other => Err(RedisError::Protocol(format!("item {i}: {other:?}"))),
+        }
+    };
+    if int(0)? == -2 {
+        let now = text(1)?
+            .parse()
+            .map_err(|_| RedisError::Protocol("calendar bounds: bad time".into()))?;
+        let specs = (2..v.len()).map(text).collect::<Result<_, _>>()?;
+        return Ok(Reply::Bounds { now, specs });
+    }
     if int(0)? == -1 {
         let letter = match v.get(1) {
             Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),

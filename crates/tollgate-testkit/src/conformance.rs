@@ -30,8 +30,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
 use tollgate_limiter::model::Model;
 use tollgate_limiter::{
-    Backend, Clock, Composite, Decision, Key, Limiter, MockClock, Op, Policy, ProgressiveDelay,
-    Request, Scope, SlidingWindow, TokenBucket,
+    Backend, Calendar, Clock, Composite, Decision, Key, Limiter, MockClock, Op, Period, Policy,
+    ProgressiveDelay, Request, Scope, SlidingWindow, Timestamp, TokenBucket,
 };
 
 const S: Duration = Duration::from_secs(1);
@@ -532,6 +532,84 @@ pub async fn composite_charges_nothing_on_refusal<B: Backend + Clone>(
     assert!(decide(&l, &key, 1).await.is_denied());
 }
 
+/// µs since the epoch of a civil time in `tz`.
+fn civil(tz: &str, (y, m, d): (i16, i8, i8), (h, min): (i8, i8)) -> Timestamp {
+    let zdt = jiff::civil::date(y, m, d)
+        .at(h, min, 0, 0)
+        .in_tz(tz)
+        .expect("a valid civil time");
+    u64::try_from(zdt.timestamp().as_microsecond()).expect("after 1970")
+}
+
+/// A calendar quota per Berlin day counts from zero at local midnight,
+/// including across the 23-hour day of the spring change; a refusal waits
+/// for the next boundary; decisions carry the current window's length.
+pub async fn calendar_day_across_daylight_saving<B: Backend>(backend: B, clock: MockClock) {
+    let berlin = "Europe/Berlin";
+    // Saturday 28 March 2026, 22:00 in Berlin.
+    clock.set(civil(berlin, (2026, 3, 28), (22, 0)));
+    let l = limiter(
+        "cal-day",
+        Calendar::new(3, Period::Day, berlin).unwrap(),
+        backend,
+    );
+    let k = Key::new("plan");
+    let d = decide(&l, &k, 2).await;
+    assert!(d.is_allowed());
+    assert_eq!((d.remaining(), d.reset_after()), (1, 2 * 3600 * S));
+    assert_eq!(d.window(), 24 * 3600 * S);
+    let d = decide(&l, &k, 2).await;
+    assert!(d.is_denied());
+    assert_eq!(d.retry_after(), 2 * 3600 * S, "the next boundary");
+    assert!(decide(&l, &k, 1).await.is_allowed());
+    clock.advance(2 * 3600 * S - Duration::from_micros(1));
+    assert!(decide(&l, &k, 1).await.is_denied());
+    clock.advance(Duration::from_micros(1));
+    // Midnight: a fresh window of 23 hours.
+    let d = decide(&l, &k, 3).await;
+    assert!(d.is_allowed());
+    assert_eq!(d.window(), 23 * 3600 * S);
+    assert_eq!(d.reset_after(), 23 * 3600 * S);
+    let d = peek(&l, &k, 1).await;
+    assert_eq!((d.remaining(), d.retry_after()), (0, 23 * 3600 * S));
+    // A cost above the quota is impossible, never a wait.
+    assert!(l.try_acquire(&k, 4).await.is_err());
+}
+
+/// A monthly quota in a composite with a token bucket: the bucket binds
+/// within a second, the month binds when spent, and nothing is charged on
+/// a refusal; February ends at Berlin midnight, not UTC's.
+pub async fn calendar_month_in_a_composite<B: Backend>(backend: B, clock: MockClock) {
+    let berlin = "Europe/Berlin";
+    clock.set(civil(berlin, (2026, 2, 28), (23, 0)));
+    let policy = Composite::new([
+        Policy::from(TokenBucket::new(2, 2, S).unwrap()),
+        Policy::from(Calendar::new(5, Period::Month, berlin).unwrap()),
+    ])
+    .unwrap();
+    let l = limiter("cal-month", policy, backend);
+    let k = Key::new("tenant");
+    assert_eq!(acquire_each(&l, &k, 3).await, [true, true, false]);
+    let d = decide(&l, &k, 1).await;
+    assert_eq!((d.part(), d.retry_after()), (0, Duration::from_millis(500)));
+    clock.advance(S);
+    assert_eq!(acquire_each(&l, &k, 3).await, [true, true, false]);
+    clock.advance(S);
+    assert!(decide(&l, &k, 1).await.is_allowed());
+    clock.advance(S);
+    // Five used: the month binds until 1 March, 00:00 in Berlin.
+    let d = decide(&l, &k, 1).await;
+    assert!(d.is_denied());
+    assert_eq!(d.part(), 1);
+    assert_eq!(d.retry_after(), 3600 * S - 3 * S);
+    assert_eq!(d.window(), 28 * 86_400 * S);
+    // The bucket was not charged by the refusal: it is full again.
+    clock.set(civil(berlin, (2026, 3, 1), (0, 0)));
+    assert_eq!(acquire_each(&l, &k, 3).await, [true, true, false]);
+    let d = peek(&l, &k, 1).await;
+    assert_eq!(d.part(), 0);
+}
+
 async fn acquire_each<B: Backend>(l: &Limiter<B>, key: &Key, n: usize) -> Vec<bool> {
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
@@ -593,6 +671,7 @@ pub fn policies() -> impl Strategy<Value = Policy> {
         }),
         proptest::collection::vec(parts(), 1..=3)
             .prop_map(|parts| { Policy::from(Composite::new(parts).unwrap()) }),
+        calendars(),
         (0u64..3, 1u64..1_000_000, 1u64..4, 1u64..4, 1u64..10_000_000).prop_map(
             |(free, base, factor, max_mult, forget)| {
                 Policy::from(
@@ -610,10 +689,30 @@ pub fn policies() -> impl Strategy<Value = Policy> {
     ]
 }
 
-/// Random parts of a composite: token buckets and sliding windows that do
-/// not penalise refusals.
+/// Random parts of a composite: token buckets, sliding windows that do not
+/// penalise refusals, and calendar quotas.
 fn parts() -> impl Strategy<Value = Policy> {
-    prop_oneof![token_buckets(), sliding_windows()]
+    prop_oneof![token_buckets(), sliding_windows(), calendars()]
+}
+
+/// Zones with daylight saving (Berlin, New York, Lord Howe's half hour,
+/// Sao Paulo's old midnight change), without (UTC, Kathmandu's +05:45).
+const ZONES: [&str; 6] = [
+    "UTC",
+    "Europe/Berlin",
+    "America/New_York",
+    "Australia/Lord_Howe",
+    "America/Sao_Paulo",
+    "Asia/Kathmandu",
+];
+
+fn calendars() -> impl Strategy<Value = Policy> {
+    (
+        1u64..8,
+        prop_oneof![Just(Period::Day), Just(Period::Week), Just(Period::Month)],
+        proptest::sample::select(&ZONES[..]),
+    )
+        .prop_map(|(limit, period, zone)| Policy::from(Calendar::new(limit, period, zone).unwrap()))
 }
 
 fn token_buckets() -> impl Strategy<Value = Policy> {
@@ -653,6 +752,99 @@ pub fn traces(len: usize) -> impl Strategy<Value = (Policy, Vec<Step>)> {
         ];
         (Just(policy), proptest::collection::vec(step, 1..len))
     })
+}
+
+/// Instants around which calendar traces start: daylight-saving changes,
+/// the ends of February, of a year and of an ISO week, in several zones.
+fn calendar_anchors() -> Vec<Timestamp> {
+    vec![
+        civil("Europe/Berlin", (2026, 3, 29), (3, 0)),
+        civil("Europe/Berlin", (2026, 10, 25), (2, 0)),
+        civil("Europe/Berlin", (2026, 3, 1), (0, 0)),
+        civil("Europe/Berlin", (2028, 3, 1), (0, 0)),
+        civil("Europe/Berlin", (2027, 1, 1), (0, 0)),
+        civil("Europe/Berlin", (2026, 1, 5), (0, 0)),
+        civil("America/New_York", (2026, 3, 8), (3, 0)),
+        civil("America/New_York", (2026, 11, 1), (1, 0)),
+        civil("Australia/Lord_Howe", (2026, 4, 5), (2, 0)),
+        civil("America/Sao_Paulo", (2018, 11, 4), (1, 0)),
+        civil("UTC", (2026, 6, 1), (0, 0)),
+    ]
+}
+
+/// A random trace for a calendar quota (alone or in a composite): a start
+/// instant near a boundary, and up to `len` steps whose time steps cross
+/// day, week and month boundaries.
+pub fn calendar_traces(len: usize) -> impl Strategy<Value = (Timestamp, Policy, Vec<Step>)> {
+    let policy = prop_oneof![
+        calendars(),
+        (calendars(), proptest::collection::vec(parts(), 0..=2)).prop_map(|(c, mut more)| {
+            more.insert(0, c);
+            Policy::from(Composite::new(more).unwrap())
+        }),
+    ];
+    let start = (
+        proptest::sample::select(calendar_anchors()),
+        0u64..3 * 86_400_000_000,
+    )
+        .prop_map(|(anchor, before)| anchor - before);
+    (start, policy).prop_flat_map(move |(start, policy)| {
+        let max = policy.max_cost().unwrap_or(3);
+        let kind = policy.strategy();
+        let variant = prop_oneof![
+            calendars(),
+            (calendars(), proptest::collection::vec(parts(), 0..=2)).prop_map(|(c, mut more)| {
+                more.insert(0, c);
+                Policy::from(Composite::new(more).unwrap())
+            }),
+        ]
+        .prop_filter("same strategy", move |p| p.strategy() == kind);
+        let hour = 3_600_000_000u64;
+        let step = prop_oneof![
+            2 => durations().prop_map(Step::Advance),
+            3 => (hour / 60..6 * hour).prop_map(Step::Advance),
+            2 => (6 * hour..4 * 24 * hour).prop_map(Step::Advance),
+            1 => (4 * 24 * hour..12 * 24 * hour).prop_map(Step::Advance),
+            8 => (0..KEYS, 0..=max + 1).prop_map(|(key, cost)| Step::Acquire { key, cost }),
+            3 => (0..KEYS, 0..=max + 1).prop_map(|(key, cost)| Step::Peek { key, cost }),
+            1 => (0..KEYS, 0..=2 * max).prop_map(|(key, units)| Step::Penalise { key, units }),
+            1 => (0..KEYS).prop_map(Step::Reset),
+            1 => (proptest::option::of(0..KEYS), proptest::option::of(variant))
+                .prop_map(|(k, p)| Step::Override(k, p)),
+        ];
+        (
+            Just(start),
+            Just(policy),
+            proptest::collection::vec(step, 1..len),
+        )
+    })
+}
+
+/// Replays `cases` random [calendar traces](calendar_traces) through the
+/// backend and the reference model, each from its own start instant (the
+/// clock is set back and forth between traces; each uses its own limiter).
+pub fn calendars_agree_with_model<B, F, Fut>(setup: F, cases: u32)
+where
+    B: Backend,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = (B, MockClock)>,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let (backend, clock) = rt.block_on(setup());
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&calendar_traces(60), |(start, policy, steps)| {
+            clock.set(start);
+            rt.block_on(replay(&backend, &clock, &policy, &steps))
+        })
+        .unwrap_or_else(|e| panic!("backend disagrees with the reference model: {e}"));
 }
 
 /// Replays one trace through `backend` and the model; the first decision
@@ -761,11 +953,17 @@ macro_rules! conformance_tests {
                 sliding_window_penalise, progressive_delay, peek_and_reset, zero_cost_is_charged,
                 cost_under_overrides, isolation, overrides, concurrent_token_bucket,
                 concurrent_sliding_window, concurrent_composite,
-                composite_charges_nothing_on_refusal);
+                composite_charges_nothing_on_refusal, calendar_day_across_daylight_saving,
+                calendar_month_in_a_composite);
 
             #[test]
             fn agrees_with_model() {
                 $crate::conformance::agrees_with_model(|| $setup, $cases);
+            }
+
+            #[test]
+            fn calendars_agree_with_model() {
+                $crate::conformance::calendars_agree_with_model(|| $setup, ($cases / 3).max(50));
             }
         }
     };

@@ -10,8 +10,8 @@ use bytes::Bytes;
 use http::{HeaderName, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tollgate_limiter::{
-    Composite, FailMode, Key, Limiter, MockClock, Policy, ProgressiveDelay, SlidingWindow,
-    TokenBucket,
+    Calendar, Composite, FailMode, Key, Limiter, MockClock, Period, Policy, ProgressiveDelay,
+    SlidingWindow, TokenBucket,
 };
 use tollgate_memory::MemoryBackend;
 use tollgate_tower::extract::{ApiKey, ClientIp, KeyHasher, PeerAddr};
@@ -191,6 +191,65 @@ async fn a_composite_answers_with_every_part_and_charges_nothing_on_refusal() {
     let res = call(&svc, req(Some("k"))).await;
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(header(&res, "ratelimit"), ["\"plan.0\";r=0;t=30"]);
+}
+
+/// A monthly quota in Berlin: `w` is the current month's length (28 days
+/// in February, 31 days less the daylight-saving hour in March), and `t`
+/// and `Retry-After` point at the next boundary, Berlin midnight.
+#[tokio::test]
+async fn a_calendar_quota_resets_at_the_boundary() {
+    // Saturday 28 February 2026, 23:00 in Berlin (22:00 UTC).
+    let clock = MockClock::starting_at(1_772_316_000_000_000);
+    let backend = MemoryBackend::with_clock(clock.clone());
+    let month = Calendar::new(2, Period::Month, "Europe/Berlin").unwrap();
+    let limiter = Limiter::new("plan", month, backend.clone());
+    let svc = RateLimitLayer::new(limiter, ApiKey::bearer(KeyHasher::unkeyed()))
+        .layer(Echo::default().service());
+
+    let first = call(&svc, req(Some("k"))).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(
+        header(&first, "ratelimit-policy"),
+        ["\"plan\";q=2;w=2419200"]
+    );
+    assert_eq!(header(&first, "ratelimit"), ["\"plan\";r=1;t=3600"]);
+    assert_eq!(call(&svc, req(Some("k"))).await.status(), StatusCode::OK);
+    clock.advance(Duration::from_secs(1800));
+    let refused = call(&svc, req(Some("k"))).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&refused, "retry-after"), ["1800"]);
+    assert_eq!(header(&refused, "ratelimit"), ["\"plan\";r=0;t=1800"]);
+    clock.advance(Duration::from_secs(1800));
+    let march = call(&svc, req(Some("k"))).await;
+    assert_eq!(march.status(), StatusCode::OK);
+    let w = 31 * 86_400 - 3600;
+    assert_eq!(
+        header(&march, "ratelimit-policy"),
+        [format!("\"plan\";q=2;w={w}")]
+    );
+    assert_eq!(header(&march, "ratelimit"), [format!("\"plan\";r=1;t={w}")]);
+
+    // 10 a second AND 2 a month: the month binds and names its part.
+    let both = Composite::new([
+        Policy::from(bucket(10, Duration::from_secs(1))),
+        month.into(),
+    ])
+    .unwrap();
+    let svc = RateLimitLayer::new(
+        Limiter::new("api", both, backend),
+        ApiKey::bearer(KeyHasher::unkeyed()),
+    )
+    .layer(Echo::default().service());
+    let res = call(&svc, req(Some("k"))).await;
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        [format!("\"api.0\";q=10;w=1, \"api.1\";q=2;w={w}")]
+    );
+    assert_eq!(header(&res, "ratelimit"), [format!("\"api.1\";r=1;t={w}")]);
+    assert_eq!(call(&svc, req(Some("k"))).await.status(), StatusCode::OK);
+    let refused = call(&svc, req(Some("k"))).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&refused, "retry-after"), [w.to_string()]);
 }
 
 #[tokio::test]

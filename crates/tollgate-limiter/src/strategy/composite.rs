@@ -1,8 +1,9 @@
 //! Composite limits: several policies on one key, decided all-or-nothing.
 //!
-//! A [`Composite`] holds up to [`MAX_PARTS`] token buckets and sliding
-//! windows (for example 10 per second AND 1,000 per day AND 100 in any 15
-//! minutes). A request passes only if every part would pass it, and when
+//! A [`Composite`] holds up to [`MAX_PARTS`] token buckets, sliding
+//! windows and calendar quotas (for example 10 per second AND 1,000 per day
+//! AND 100 in any 15 minutes, or 10 per second AND 10,000 per calendar
+//! month). A request passes only if every part would pass it, and when
 //! any part refuses, **no** part is charged: one decision, one backend round
 //! trip (one Lua script, every part's state under the key's hash tag, so one
 //! Redis Cluster slot). Two stacked layers cannot do this: the first charges
@@ -24,7 +25,8 @@
 //!
 //! # Which policies compose
 //!
-//! Token buckets and sliding windows that do not penalise refusals.
+//! Token buckets, sliding windows that do not penalise refusals, and
+//! [calendar quotas](crate::calendar).
 //! Progressive delay counts failures, not requests, and blocks by itself:
 //! composing it would mean charging a failure only if some other limit
 //! passed, which no login flow wants; it is refused at construction (and at
@@ -69,7 +71,7 @@ use std::time::Duration;
 
 use crate::decision::Decision;
 use crate::model::{Op, State};
-use crate::policy::{Policy, PolicyError, SlidingWindow, TokenBucket};
+use crate::policy::{Calendar, Policy, PolicyError, SlidingWindow, TokenBucket};
 use crate::time::Timestamp;
 
 /// The most policies one composite holds.
@@ -82,6 +84,8 @@ pub enum Part {
     TokenBucket(TokenBucket),
     /// See [`SlidingWindow`] (never penalising).
     SlidingWindow(SlidingWindow),
+    /// See [`Calendar`].
+    Calendar(Calendar),
 }
 
 impl From<Part> for Policy {
@@ -89,6 +93,7 @@ impl From<Part> for Policy {
         match p {
             Part::TokenBucket(p) => Policy::TokenBucket(p),
             Part::SlidingWindow(p) => Policy::SlidingWindow(p),
+            Part::Calendar(p) => Policy::Calendar(p),
         }
     }
 }
@@ -101,8 +106,8 @@ pub struct Composite {
 }
 
 impl Composite {
-    /// A composite of `parts`: 1 to [`MAX_PARTS`] token buckets and sliding
-    /// windows that do not penalise refusals. The error's field is
+    /// A composite of `parts`: 1 to [`MAX_PARTS`] token buckets, sliding
+    /// windows that do not penalise refusals, and calendar quotas. The error's field is
     /// `policies`, its reason names the offending part.
     pub fn new(parts: impl IntoIterator<Item = Policy>) -> Result<Self, PolicyError> {
         let mut out = [None; MAX_PARTS];
@@ -117,6 +122,7 @@ impl Composite {
             out[i] = Some(match p {
                 Policy::TokenBucket(p) => Part::TokenBucket(p),
                 Policy::SlidingWindow(p) if !p.penalises_refused() => Part::SlidingWindow(p),
+                Policy::Calendar(p) => Part::Calendar(p),
                 Policy::SlidingWindow(_) => {
                     return Err(PolicyError::new(
                         "policies",
@@ -131,7 +137,7 @@ impl Composite {
                         "policies",
                         format!(
                             "policies[{i}]: a {} cannot be part of a composite (only \
-                             token_bucket and sliding_window)",
+                             token_bucket, sliding_window and calendar)",
                             other.strategy()
                         ),
                     ));

@@ -7,6 +7,7 @@
 //! The public paths (`tollgate_limiter::TokenBucket`,
 //! `tollgate_limiter::model::TokenBucketState`, ...) are re-exports.
 
+pub mod calendar;
 pub mod composite;
 pub mod progressive_delay;
 pub mod sliding_window;

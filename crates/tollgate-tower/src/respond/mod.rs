@@ -73,7 +73,9 @@ impl<'a> Quota<'a> {
 
     /// `RateLimit-Policy: "name";q=<limit>;w=<window seconds>`, both from
     /// the policy in force (an override, if one is set), as the decision
-    /// reports it.
+    /// reports it. For a [calendar quota](tollgate_limiter::calendar), `w`
+    /// is the current window's length (a 23-hour day, a 28-day February)
+    /// and `t` the time to its end, the next boundary.
     ///
     /// A [composite](tollgate_limiter::Composite) lists every part, named
     /// `<name>.<index>` (from 0): `"api.0";q=10;w=1, "api.1";q=1000;w=86400`.
