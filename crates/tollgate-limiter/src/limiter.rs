@@ -6,7 +6,6 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-
 use crate::backend::{Backend, Request, Scope};
 use crate::breaker::BreakerConfig;
 use crate::decision::Decision;

@@ -4,7 +4,7 @@
 //! limiter.
 
 use proptest::prelude::*;
-use tollgate_limiter::{Config, Key, MockClock};
+use tollgate_limiter::{Config, Key, MockClock, Policy};
 use tollgate_memory::MemoryBackend;
 
 /// Every field a limiter section knows, plus one it does not.
@@ -19,6 +19,8 @@ const LIMITER_FIELDS: &[&str] = &[
     "factor",
     "max_delay",
     "forget_after",
+    "period",
+    "time_zone",
     "cost",
     "min_cost",
     "fail_mode",
@@ -69,6 +71,9 @@ fn value() -> impl Strategy<Value = String> {
             Just("18446744073709551615/s"),
             Just("99999999999999h"),
             Just("open"),
+            Just("month"),
+            Just("Europe/Berlin"),
+            Just("Mars/Olympus"),
             Just("closed"),
             Just(""),
             Just("/"),
@@ -85,6 +90,7 @@ fn strategy() -> impl Strategy<Value = String> {
         Just("token_bucket"),
         Just("sliding_window"),
         Just("progressive_delay"),
+        Just("calendar"),
         Just("leaky_bucket"),
     ]
     .prop_map(toml_string)
@@ -105,7 +111,10 @@ fn check(toml: &str) -> Result<(), TestCaseError> {
         Ok(config) => {
             // What loads is a limiter that decides.
             for lc in config.limiters() {
-                prop_assert!(lc.policy.limit() > 0, "{toml}");
+                // A progressive delay may grant no free attempt (the first
+                // failure is delayed); every other limit grants something.
+                let none_free = matches!(lc.policy, Policy::ProgressiveDelay(_));
+                prop_assert!(lc.policy.limit() > 0 || none_free, "{toml}");
                 let limiter = lc.build(MemoryBackend::with_clock(MockClock::new()));
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_time()
