@@ -53,6 +53,7 @@ pub mod limiter;
 pub mod metrics;
 pub mod model;
 pub mod policy;
+mod reserve;
 mod sharded;
 pub mod strategy;
 pub use strategy::composite;
@@ -67,7 +68,8 @@ pub use decision::Decision;
 pub use error::{BoxError, Error};
 pub use key::{Key, KeyHasher};
 pub use limiter::{DEFAULT_LOCAL_CAPACITY, Denied, FailMode, Limiter, LimiterBuilder, Verdict};
-pub use model::Op;
+pub use model::{Op, Receipt};
+pub use reserve::Reservation;
 pub use policy::{Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy, TokenBucket};
 pub use time::{Clock, MockClock, SystemClock, Timestamp};
 

@@ -9,5 +9,6 @@
 
 pub mod composite;
 pub mod progressive_delay;
+pub mod reservation;
 pub mod sliding_window;
 pub mod token_bucket;
