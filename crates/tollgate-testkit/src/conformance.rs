@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
-use tollgate_limiter::model::Model;
+use tollgate_limiter::model::{Model, Receipt};
 use tollgate_limiter::{
     Backend, Clock, Composite, Decision, Key, Limiter, MockClock, Op, Policy, ProgressiveDelay,
     Request, Scope, SlidingWindow, TokenBucket,
@@ -569,6 +569,24 @@ pub enum Step {
     },
     /// Reset key number `key`.
     Reset(usize),
+    /// Reserve `cost` on key number `key`; the receipt is kept for a
+    /// later [`Step::Settle`].
+    Reserve {
+        /// Which of the trace's keys.
+        key: usize,
+        /// The estimate.
+        cost: u64,
+    },
+    /// Settle the receipt of an earlier reservation (number `which`,
+    /// modulo the reservations made so far; none made: nothing happens)
+    /// with the real cost `actual`. A receipt may be settled more than
+    /// once: the backend must still agree with the model.
+    Settle {
+        /// Which reservation.
+        which: usize,
+        /// The real cost.
+        actual: u64,
+    },
     /// Set (`Some`) or clear an override, on the limiter (`key = None`) or
     /// one key. The policy is a variant of the trace's strategy.
     Override(Option<usize>, Option<Policy>),
@@ -648,6 +666,9 @@ pub fn traces(len: usize) -> impl Strategy<Value = (Policy, Vec<Step>)> {
             3 => (0..KEYS, 0..=max + 1).prop_map(|(key, cost)| Step::Peek { key, cost }),
             1 => (0..KEYS, 0..=2 * max).prop_map(|(key, units)| Step::Penalise { key, units }),
             1 => (0..KEYS).prop_map(Step::Reset),
+            3 => (0..KEYS, 0..=max + 1).prop_map(|(key, cost)| Step::Reserve { key, cost }),
+            3 => (0..8usize, 0..=2 * max + 1)
+                .prop_map(|(which, actual)| Step::Settle { which, actual }),
             1 => (proptest::option::of(0..KEYS), proptest::option::of(variant(&policy)))
                 .prop_map(|(k, p)| Step::Override(k, p)),
         ];
@@ -666,8 +687,38 @@ pub async fn replay<B: Backend>(
     let name = unique_name("model");
     let keys: Vec<Key> = (0..KEYS).map(|i| Key::new(format!("k{i}"))).collect();
     let mut model = Model::new();
+    let mut receipts: Vec<(usize, Receipt)> = Vec::new();
     for (i, step) in steps.iter().enumerate() {
         let (key, op) = match step {
+            Step::Reserve { key, cost } => {
+                let now = clock.now();
+                let req = Request {
+                    limiter: &name,
+                    key: &keys[*key],
+                    policy,
+                    op: Op::Acquire(*cost),
+                };
+                let got = backend
+                    .reserve(req)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("step {i}: backend failed: {e}")))?;
+                let want = model.reserve(&name, keys[*key].as_str(), now, policy, *cost);
+                prop_assert_eq!(got, want, "step {} (reserve {} on k{}) of {:?}", i, cost, key, steps);
+                receipts.push((*key, want.1));
+                continue;
+            }
+            Step::Settle { which, actual } => {
+                let Some(&(key, receipt)) = receipts.get(which % receipts.len().max(1)) else {
+                    continue;
+                };
+                (
+                    key,
+                    Op::Settle {
+                        receipt,
+                        actual: *actual,
+                    },
+                )
+            }
             Step::Advance(us) => {
                 clock.advance_micros(*us);
                 continue;
