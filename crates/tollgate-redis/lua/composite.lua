@@ -85,9 +85,13 @@ if settling then
       local tat = v
       if actual < units then
         if m and m.born == born and tat > now then
+          -- Only what has not dripped back yet (none once at <= now).
           local refund = (units - actual) * t
           if refund > m.at - now then
             refund = m.at - now
+          end
+          if refund < 0 then
+            refund = 0
           end
           tat = tat - refund
           if tat < now then
