@@ -532,6 +532,60 @@ pub async fn composite_charges_nothing_on_refusal<B: Backend + Clone>(
     assert!(decide(&l, &key, 1).await.is_denied());
 }
 
+/// Reserve, then settle, through the [`Limiter`]: the estimate is taken
+/// atomically, a settle refunds the unused units or charges the excess,
+/// an unsettled reservation stays charged, a refund after a reset mints
+/// nothing; on a token bucket, a sliding window and a composite.
+pub async fn reserve_and_settle<B: Backend + Clone>(backend: B, clock: MockClock) {
+    let ms = Duration::from_millis(1);
+    let policies: [Policy; 3] = [
+        TokenBucket::new(1_000, 10, S).unwrap().into(),
+        SlidingWindow::new(1_000, 60 * S).unwrap().into(),
+        Composite::new([
+            TokenBucket::new(1_000, 10, S).unwrap().into(),
+            SlidingWindow::new(5_000, 3600 * S).unwrap().into(),
+        ])
+        .unwrap()
+        .into(),
+    ];
+    for policy in policies {
+        let l = limiter("rs", policy, backend.clone());
+        let k = Key::new("tenant");
+        let remaining = |v: &tollgate_limiter::Verdict| v.decision().map(|d| d.remaining());
+        let (v, r) = l.reserve(&k, 800).await;
+        assert_eq!((remaining(&v), r.units()), (Some(200), 800), "{policy:?}");
+        // What is reserved is taken: a second estimate does not fit.
+        let (v, empty) = l.reserve(&k, 300).await;
+        assert!(!v.is_allowed() && empty.is_empty(), "{policy:?}");
+        assert!(matches!(empty.settle(0).await, Ok(None)));
+        clock.advance(ms);
+        let d = r.settle(300).await.unwrap().unwrap();
+        assert_eq!(d.remaining(), 700, "{policy:?}");
+        // The excess is charged.
+        let (_, r) = l.reserve(&k, 100).await;
+        let d = r.settle(250).await.unwrap().unwrap();
+        assert_eq!(d.remaining(), 450, "{policy:?}");
+        // Dropped unsettled: the whole estimate stays charged.
+        let (v, r) = l.reserve(&k, 400).await;
+        assert!(v.is_allowed());
+        drop(r);
+        assert_eq!(peek(&l, &k, 1).await.remaining(), 50, "{policy:?}");
+        // A refund after a reset gives back nothing the reset did not.
+        l.reset(&k).await.unwrap();
+        let (_, r) = l.reserve(&k, 1_000).await;
+        l.reset(&k).await.unwrap();
+        clock.advance(ms);
+        assert!(decide(&l, &k, 1_000).await.is_allowed());
+        clock.advance(ms);
+        let d = r.settle(0).await.unwrap().unwrap();
+        assert_eq!(d.remaining(), 0, "{policy:?}");
+        // An estimate no wait can grant is refused as a check is.
+        let (v, r) = l.reserve(&Key::new("big"), 100_000).await;
+        assert!(matches!(v.error(), Some(tollgate_limiter::Error::Policy(_))));
+        assert!(r.is_empty());
+    }
+}
+
 async fn acquire_each<B: Backend>(l: &Limiter<B>, key: &Key, n: usize) -> Vec<bool> {
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
@@ -812,7 +866,7 @@ macro_rules! conformance_tests {
                 sliding_window_penalise, progressive_delay, peek_and_reset, zero_cost_is_charged,
                 cost_under_overrides, isolation, overrides, concurrent_token_bucket,
                 concurrent_sliding_window, concurrent_composite,
-                composite_charges_nothing_on_refusal);
+                composite_charges_nothing_on_refusal, reserve_and_settle);
 
             #[test]
             fn agrees_with_model() {
