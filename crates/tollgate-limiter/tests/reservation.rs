@@ -159,12 +159,21 @@ fn unused_units_come_back_at_once() {
     for policy in [
         tb(1_000, 10),
         sw(1_000, 60),
-        Composite::new([tb(1_000, 10), sw(5_000, 3600)]).unwrap().into(),
+        Composite::new([tb(1_000, 10), sw(5_000, 3600)])
+            .unwrap()
+            .into(),
     ] {
         let mut key = Slot::fresh(&policy);
         let (d, receipt) = key.reserve(START, &policy, 800);
         assert_eq!(d.remaining(), 200, "{policy:?}");
-        let after = key.apply(START + 1, &policy, Op::Settle { receipt, actual: 300 });
+        let after = key.apply(
+            START + 1,
+            &policy,
+            Op::Settle {
+                receipt,
+                actual: 300,
+            },
+        );
         assert_eq!(after.remaining(), 700, "{policy:?}");
     }
 }
@@ -181,7 +190,10 @@ fn a_token_bucket_does_not_refund_what_already_dripped_back() {
     assert_eq!(d.remaining(), 10);
     let mut key = Slot::fresh(&policy);
     let (_, receipt) = key.reserve(START, &policy, 10);
-    assert!(key.apply(START + 7 * S, &policy, Op::Acquire(7)).is_allowed());
+    assert!(
+        key.apply(START + 7 * S, &policy, Op::Acquire(7))
+            .is_allowed()
+    );
     let d = key.apply(START + 7 * S, &policy, Op::Settle { receipt, actual: 0 });
     // Had only 0 been reserved: 10 - 7 = 3 left; and so it is.
     assert_eq!(d.remaining(), 3);
@@ -192,8 +204,14 @@ fn a_window_that_rolled_refunds_nothing() {
     let policy = sw(10, 60);
     let mut key = Slot::fresh(&policy);
     let (_, receipt) = key.reserve(START, &policy, 10);
-    assert!(key.apply(START + 30 * S, &policy, Op::Acquire(1)).is_denied());
-    assert!(key.apply(START + 60 * S, &policy, Op::Acquire(4)).is_allowed());
+    assert!(
+        key.apply(START + 30 * S, &policy, Op::Acquire(1))
+            .is_denied()
+    );
+    assert!(
+        key.apply(START + 60 * S, &policy, Op::Acquire(4))
+            .is_allowed()
+    );
     // The reservation's entry left the window at 60 s.
     let d = key.apply(START + 61 * S, &policy, Op::Settle { receipt, actual: 0 });
     assert_eq!(d.remaining(), 6);
@@ -218,20 +236,47 @@ fn the_excess_is_charged_into_overdraft_bounded() {
     let (_, receipt) = key.reserve(START, &policy, 10);
     // Used 25: 15 more, capped at the capacity (10), the debt at two full
     // refills (20 s).
-    let d = key.apply(START, &policy, Op::Settle { receipt, actual: 25 });
+    let d = key.apply(
+        START,
+        &policy,
+        Op::Settle {
+            receipt,
+            actual: 25,
+        },
+    );
     assert!(d.is_denied());
     assert_eq!(d.retry_after(), Duration::from_secs(11));
-    let d = key.apply(START, &policy, Op::Settle { receipt, actual: u64::MAX });
+    let d = key.apply(
+        START,
+        &policy,
+        Op::Settle {
+            receipt,
+            actual: u64::MAX,
+        },
+    );
     assert_eq!(d.retry_after(), Duration::from_secs(11));
 
     let policy = sw(10, 60);
     let mut key = Slot::fresh(&policy);
     let (_, receipt) = key.reserve(START, &policy, 10);
-    let d = key.apply(START + S, &policy, Op::Settle { receipt, actual: 14 });
-    assert_eq!((d.remaining(), d.retry_after()), (0, Duration::from_secs(59)));
+    let d = key.apply(
+        START + S,
+        &policy,
+        Op::Settle {
+            receipt,
+            actual: 14,
+        },
+    );
+    assert_eq!(
+        (d.remaining(), d.retry_after()),
+        (0, Duration::from_secs(59))
+    );
     // The 4 extra units were recorded at 1 s: they stay a window from then.
     let d = key.apply(START + 60 * S, &policy, Op::PEEK);
-    assert_eq!((d.remaining(), d.reset_after()), (6, Duration::from_secs(1)));
+    assert_eq!(
+        (d.remaining(), d.reset_after()),
+        (6, Duration::from_secs(1))
+    );
 }
 
 #[test]
@@ -240,7 +285,14 @@ fn a_composite_settles_every_part() {
     let mut key = Slot::fresh(&policy);
     let (d, receipt) = key.reserve(START, &policy, 40);
     assert_eq!((d.part(), d.remaining()), (1, 10));
-    let d = key.apply(START, &policy, Op::Settle { receipt, actual: 10 });
+    let d = key.apply(
+        START,
+        &policy,
+        Op::Settle {
+            receipt,
+            actual: 10,
+        },
+    );
     assert_eq!((d.part(), d.remaining()), (1, 40));
     let Slot { state, .. } = &key;
     let tollgate_limiter::model::State::Composite(c) = state else {

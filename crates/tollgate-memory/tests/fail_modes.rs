@@ -278,5 +278,9 @@ async fn an_open_breaker_answers_a_reservation_at_once() {
     let calls = backend.faulty_calls();
     let (v, r) = l.reserve(&Key::new("a"), 1).await;
     assert!(!v.is_allowed() && r.is_empty());
-    assert_eq!(backend.faulty_calls(), calls, "the breaker asked the backend");
+    assert_eq!(
+        backend.faulty_calls(),
+        calls,
+        "the breaker asked the backend"
+    );
 }

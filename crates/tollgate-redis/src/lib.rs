@@ -743,7 +743,7 @@ fn parse_reply(v: &[Value], strategy: Strategy) -> Result<Reply, RedisError> {
         _ => 6,
     };
     let max = base + 2 * tollgate_limiter::composite::MAX_PARTS;
-    if v.len() < base || v.len() > max || (v.len() - base) % 2 != 0 {
+    if v.len() < base || v.len() > max || !(v.len() - base).is_multiple_of(2) {
         return Err(RedisError::Protocol(format!("{} items", v.len())));
     }
     let mut marks: Marks = Default::default();

@@ -581,7 +581,10 @@ pub async fn reserve_and_settle<B: Backend + Clone>(backend: B, clock: MockClock
         assert_eq!(d.remaining(), 0, "{policy:?}");
         // An estimate no wait can grant is refused as a check is.
         let (v, r) = l.reserve(&Key::new("big"), 100_000).await;
-        assert!(matches!(v.error(), Some(tollgate_limiter::Error::Policy(_))));
+        assert!(matches!(
+            v.error(),
+            Some(tollgate_limiter::Error::Policy(_))
+        ));
         assert!(r.is_empty());
     }
 }
@@ -757,7 +760,15 @@ pub async fn replay<B: Backend>(
                     .await
                     .map_err(|e| TestCaseError::fail(format!("step {i}: backend failed: {e}")))?;
                 let want = model.reserve(&name, keys[*key].as_str(), now, policy, *cost);
-                prop_assert_eq!(got, want, "step {} (reserve {} on k{}) of {:?}", i, cost, key, steps);
+                prop_assert_eq!(
+                    got,
+                    want,
+                    "step {} (reserve {} on k{}) of {:?}",
+                    i,
+                    cost,
+                    key,
+                    steps
+                );
                 receipts.push((*key, want.1));
                 continue;
             }

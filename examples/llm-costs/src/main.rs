@@ -59,10 +59,7 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
             .filter(|v| v["usage"].is_object())
             .map(|v| {
                 let u = &v["usage"];
-                format!(
-                    ", used {}, {} left",
-                    u["charged_tokens"], u["tokens_left"]
-                )
+                format!(", used {}, {} left", u["charged_tokens"], u["tokens_left"])
             })
             .unwrap_or_default();
         println!(

@@ -106,7 +106,10 @@ async fn roles_and_token_budget<B: Backend + Clone>(backend: B, clock: MockClock
     // The API limit is not the token budget: cheap calls still work, and
     // another key has its own budget.
     assert_eq!(send(&app, models(key)).await.0, 200);
-    assert_eq!(completion(&app, "admin_3", 19_900).await.1["tokens_left"], 19_650);
+    assert_eq!(
+        completion(&app, "admin_3", 19_900).await.1["tokens_left"],
+        19_650
+    );
     // A call larger than the whole budget can never pass: 400, not 429.
     assert_eq!(send(&app, complete("admin_3", 30_000)).await.0, 400);
 
@@ -117,7 +120,11 @@ async fn roles_and_token_budget<B: Backend + Clone>(backend: B, clock: MockClock
 
 /// (status, the `usage` the gateway reports).
 async fn completion(app: &Router, key: &str, max_tokens: u64) -> (u16, serde_json::Value) {
-    let res = app.clone().oneshot(complete(key, max_tokens)).await.unwrap();
+    let res = app
+        .clone()
+        .oneshot(complete(key, max_tokens))
+        .await
+        .unwrap();
     let status = res.status().as_u16();
     let body = res.into_body().collect().await.unwrap().to_bytes();
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();

@@ -51,6 +51,27 @@
 //! Nothing is held forever, nothing runs in the background, and the safe
 //! side (the whole estimate counted) is the default.
 //!
+//! # What a strategy provides
+//!
+//! Two functions in its module, and their twins in its Lua script:
+//!
+//! * `mark()`: where the last charge sits, as a [`Mark`] (`born`: the
+//!   identity of the state the units were taken from; `at`: where in it),
+//!   appended to the reply of a reserve (`'r<n>'`);
+//! * `settle(now, policy, mark, units, actual)`: the refund or the excess,
+//!   answering a peek of one unit (`'s<units>:<actual>:<marks>'`).
+//!
+//! [`State`](crate::model::State) dispatches to them, composites pass each
+//! part its own mark ([`Receipt::part`]), and the conformance suite replays
+//! reserves and settles against the model. A fixed (calendar) window fits
+//! with the same small addition: its mark's `born` is the start of the
+//! window the units were counted in; a refund takes
+//! `min(unused, count)` off the count only while that window is still the
+//! current one (a window that has rolled already gave everything back, and
+//! so did a reset); the excess is added to the current window's count
+//! (at most its limit). Nothing else changes: not the `Op`, not the
+//! [`Receipt`], not the `Limiter` or the layers.
+//!
 //! # Examples
 //!
 //! ```

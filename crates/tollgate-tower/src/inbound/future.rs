@@ -133,8 +133,7 @@ fn check<B: Backend>(mut ticket: Ticket<B>, mode: Mode) -> BoxFuture<(Verdict, T
     Box::pin(
         async move {
             let verdict = if mode == Mode::Reserve {
-                let (verdict, reservation) =
-                    ticket.limiter.reserve(&ticket.key, ticket.cost).await;
+                let (verdict, reservation) = ticket.limiter.reserve(&ticket.key, ticket.cost).await;
                 ticket.reservation = Some(reservation);
                 verdict
             } else if mode == Mode::Upfront {
