@@ -893,6 +893,39 @@ mod tests {
     }
 
     #[test]
+    fn a_reservation_reads_its_marks_and_a_settle_sends_them() {
+        let ints = |v: &[i64]| v.iter().map(|&n| Value::Int(n)).collect::<Vec<_>>();
+        let Ok(Reply::Decision(d, marks)) =
+            parse_reply(&ints(&[1, 5, 4, 0, 7, 9, 11, 22]), Strategy::TokenBucket)
+        else {
+            panic!("a decision")
+        };
+        assert!(d.is_allowed());
+        assert_eq!(marks[0], Some(Mark { born: 11, at: 22 }));
+        assert_eq!(marks[1], None);
+        // A composite: 7 items, then a mark per part.
+        let reply = ints(&[1, 5, 4, 0, 7, 9, 1, 1, 2, 3, 4]);
+        let Ok(Reply::Decision(d, marks)) = parse_reply(&reply, Strategy::Composite) else {
+            panic!("a decision")
+        };
+        assert_eq!(d.part(), 1);
+        assert_eq!(
+            marks[..2],
+            [Some(Mark { born: 1, at: 2 }), Some(Mark { born: 3, at: 4 })]
+        );
+        // Half a mark, or more parts than a composite holds, is a protocol error.
+        for bad in [&reply[..10], &ints(&[1; 16])[..]] {
+            assert!(matches!(
+                parse_reply(bad, Strategy::Composite),
+                Err(RedisError::Protocol(_))
+            ));
+        }
+        let mut receipt = Receipt::unmarked(9);
+        receipt.marks[1] = Some(Mark { born: 3, at: 4 });
+        assert_eq!(op_arg(Op::Settle { receipt, actual: 2 }), "s9:2:-:3,4:-:-");
+    }
+
+    #[test]
     fn replies_are_checked() {
         let ok = [
             Value::Int(1),
