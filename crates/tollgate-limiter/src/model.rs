@@ -47,6 +47,11 @@ pub enum Op {
     /// `actual`: refund the unused units still held, or charge the excess.
     /// Changes nothing under a progressive delay. Answers as `Peek(1)`
     /// would afterwards.
+    ///
+    /// Settle a receipt once: the model does not remember receipts, so a
+    /// second settle of the same one refunds (or charges) again, within
+    /// what the state still holds. [`Reservation::settle`](crate::Reservation::settle)
+    /// consumes its reservation, so a `Limiter` cannot.
     Settle {
         /// What the reservation took, as its backend reported it.
         receipt: Receipt,
