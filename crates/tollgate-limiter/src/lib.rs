@@ -9,6 +9,9 @@
 //! * the [`Backend`] trait that the memory and Redis backends implement;
 //! * the [`Limiter`]: a named policy over a backend, with a per-decision
 //!   timeout, a circuit breaker, a [`FailMode`] and runtime overrides;
+//! * [reservations](strategy::reservation) for costs known only afterwards
+//!   (LLM tokens): [`Limiter::reserve`] an estimate, then
+//!   [`Reservation::settle`] the real cost;
 //! * [`Key`]s that are bounded and never hold secrets in clear;
 //! * layered [`Config`]uration;
 //! * [`Clock`]s, with a [`MockClock`] for tests;
