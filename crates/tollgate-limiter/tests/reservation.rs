@@ -117,6 +117,75 @@ proptest! {
         run_both(&mut real, &mut cf, &policy, &mut now, &after)?;
     }
 
+    /// Several reservations in flight, settled in any order between other
+    /// charges, time and resets: at every step, whatever the key admits,
+    /// it would also admit had each reservation charged only its actual
+    /// cost when it was made. Settling never mints budget.
+    #[test]
+    fn interleaved_reservations_never_give_more_than_their_actual_costs(
+        policy in policies(),
+        steps in proptest::collection::vec(
+            prop_oneof![
+                3 => prop_oneof![1u64..1_000, 1_000u64..3_000_000].prop_map(Ev::Advance),
+                3 => (1u64..6).prop_map(Ev::Acquire),
+                4 => (1u64..12, 0u64..=100).prop_map(|(max, used)| Ev::Reserve { max, used }),
+                4 => (0usize..16).prop_map(Ev::Settle),
+                1 => Just(Ev::Reset),
+            ],
+            1..60,
+        ),
+    ) {
+        let limit = policy.max_cost().unwrap();
+        let (mut real, mut cf) = (Slot::fresh(&policy), Slot::fresh(&policy));
+        let mut now = START;
+        // (receipt, actual, settled)
+        let mut held: Vec<(Receipt, u64, bool)> = Vec::new();
+        for ev in steps {
+            match ev {
+                Ev::Advance(us) => now += us,
+                Ev::Acquire(c) => {
+                    if real.apply(now, &policy, Op::Acquire(c)).is_allowed() {
+                        prop_assert!(cf.apply(now, &policy, Op::Acquire(c)).is_allowed());
+                    }
+                }
+                Ev::Reserve { max, used } => {
+                    let max = max.min(limit);
+                    let actual = max * used / 100;
+                    let (d, receipt) = real.reserve(now, &policy, max);
+                    if d.is_allowed() {
+                        if actual > 0 {
+                            prop_assert!(cf.apply(now, &policy, Op::Acquire(actual)).is_allowed());
+                        }
+                        held.push((receipt, actual, false));
+                    }
+                }
+                Ev::Settle(which) => {
+                    let n = held.len().max(1);
+                    if let Some((receipt, actual, settled)) = held.get_mut(which % n)
+                        && !*settled
+                    {
+                        *settled = true;
+                        real.apply(now, &policy, Op::Settle { receipt: *receipt, actual: *actual });
+                    }
+                }
+                Ev::Reset => {
+                    real.apply(now, &policy, Op::Reset);
+                    cf.apply(now, &policy, Op::Reset);
+                    now += 1;
+                }
+            }
+            for cost in 1..=limit {
+                let (mut r, mut c) = (real.clone(), cf.clone());
+                if r.apply(now, &policy, Op::Peek(cost)).is_allowed() {
+                    prop_assert!(
+                        c.apply(now, &policy, Op::Peek(cost)).is_allowed(),
+                        "{cost} fits the key, not the counterfactual"
+                    );
+                }
+            }
+        }
+    }
+
     /// A settle with the estimate itself changes nothing, and a refund
     /// never leaves more than the policy's limit.
     #[test]
@@ -142,6 +211,15 @@ proptest! {
         let refunded = key.apply(now, &policy, Op::Settle { receipt, actual: 0 });
         prop_assert!(refunded.remaining() <= policy.limit());
     }
+}
+
+#[derive(Debug, Clone)]
+enum Ev {
+    Advance(u64),
+    Acquire(u64),
+    Reserve { max: u64, used: u64 },
+    Settle(usize),
+    Reset,
 }
 
 fn tb(capacity: u64, per_sec: u64) -> Policy {
