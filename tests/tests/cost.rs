@@ -224,6 +224,70 @@ async fn cost_limit_follows_overrides<B: Backend>(backend: B) {
     }
 }
 
+/// Reserve, then settle, with requests in flight together: unlike
+/// counting by outcome, a reservation takes the estimate atomically, so
+/// concurrent requests never admit more estimates than fit; once settled,
+/// the key has been charged exactly what the responses reported.
+async fn reservations_in_flight_never_overspend<B: Backend>(backend: B) {
+    const IN_FLIGHT: usize = 8;
+    let (limiter, calls) = hourly("reserve", 10, backend);
+    // Admitted requests are held in the handler until every request has
+    // been decided (admitted, or refused and answered).
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let inner = {
+        let calls = Arc::clone(&calls);
+        service_fn(move |_: Request<String>| {
+            let (calls, mut gate) = (Arc::clone(&calls), gate.clone());
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                gate.wait_for(|open| *open).await.expect("the gate opens");
+                let mut res = Response::new(String::new());
+                res.headers_mut().insert("x-used", 1.into());
+                Ok::<_, Infallible>(res)
+            }
+        })
+    };
+    let svc = RateLimitLayer::new(limiter.clone(), key)
+        .cost(tokens)
+        .settle(|res: &Response<String>| {
+            res.headers()
+                .get("x-used")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+        })
+        .layer(inner);
+    let answered = Arc::new(AtomicUsize::new(0));
+    let wave: Vec<_> = (0..IN_FLIGHT)
+        .map(|_| {
+            let (svc, answered) = (svc.clone(), Arc::clone(&answered));
+            tokio::spawn(async move {
+                let res = svc.oneshot(req("k", Some(3))).await;
+                answered.fetch_add(1, Ordering::SeqCst);
+                res
+            })
+        })
+        .collect();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while calls.load(Ordering::SeqCst) + answered.load(Ordering::SeqCst) < IN_FLIGHT {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("every request is decided");
+    open.send(true).unwrap();
+    let statuses: Vec<_> = futures_util::future::join_all(wave)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().unwrap().status())
+        .collect();
+    let served = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    // floor(10 / 3) = 3 estimates fit, however many are in flight.
+    assert_eq!(served, 3, "{statuses:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    // Each used 1 of its 3: 10 - 3 left.
+    let left = limiter.try_peek(&Key::new("k"), 1).await.unwrap();
+    assert_eq!(left.remaining(), 7);
+}
+
 macro_rules! on_both_backends {
     ($($name:ident),*) => {
         mod memory {
@@ -249,5 +313,6 @@ on_both_backends!(
     count_by_outcome_charges_the_whole_cost,
     count_by_outcome_overshoot_is_bounded_by_requests_in_flight,
     zero_cost_is_counted,
-    cost_limit_follows_overrides
+    cost_limit_follows_overrides,
+    reservations_in_flight_never_overspend
 );

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::decision::Decision;
 use crate::key::Key;
-use crate::model::Op;
+use crate::model::{Op, Receipt};
 use crate::policy::Policy;
 
 /// One decision asked of a backend.
@@ -62,6 +62,33 @@ pub trait Backend: Send + Sync + 'static {
         req: Request<'_>,
     ) -> impl Future<Output = Result<Decision, Self::Error>> + Send;
 
+    /// Reserves an estimate atomically: `req.op` is the
+    /// [`Op::Acquire`] of the estimate, decided exactly as
+    /// [`decide`](Self::decide) would, and the answer carries the
+    /// [`Receipt`] that a later [`Op::Settle`] needs to refund what was not
+    /// used (see [reservations](crate::strategy::reservation)).
+    ///
+    /// The default implementation decides and answers a receipt without
+    /// marks: settling it can charge an excess but refunds nothing, the
+    /// safe side. tollgate's memory and Redis backends override it.
+    fn reserve(
+        &self,
+        req: Request<'_>,
+    ) -> impl Future<Output = Result<(Decision, Receipt), Self::Error>> + Send {
+        async move {
+            let units = match req.op {
+                Op::Acquire(c) => c.max(1),
+                _ => 0,
+            };
+            let d = self.decide(req).await?;
+            let receipt = match d.is_allowed() {
+                true => Receipt::unmarked(units),
+                false => Receipt::NONE,
+            };
+            Ok((d, receipt))
+        }
+    }
+
     /// Sets (`Some`) or clears (`None`) a runtime override. Every worker
     /// sharing the backend sees it on its next decision.
     fn set_override(
@@ -103,6 +130,13 @@ impl<B: Backend> Backend for Arc<B> {
         req: Request<'_>,
     ) -> impl Future<Output = Result<Decision, Self::Error>> + Send {
         (**self).decide(req)
+    }
+
+    fn reserve(
+        &self,
+        req: Request<'_>,
+    ) -> impl Future<Output = Result<(Decision, Receipt), Self::Error>> + Send {
+        (**self).reserve(req)
     }
 
     fn set_override(

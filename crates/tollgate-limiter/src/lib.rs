@@ -10,6 +10,9 @@
 //! * the [`Backend`] trait that the memory and Redis backends implement;
 //! * the [`Limiter`]: a named policy over a backend, with a per-decision
 //!   timeout, a circuit breaker, a [`FailMode`] and runtime overrides;
+//! * [reservations](strategy::reservation) for costs known only afterwards
+//!   (LLM tokens): [`Limiter::reserve`] an estimate, then
+//!   [`Reservation::settle`] the real cost;
 //! * [`Key`]s that are bounded and never hold secrets in clear;
 //! * layered [`Config`]uration;
 //! * [`Clock`]s, with a [`MockClock`] for tests;
@@ -54,6 +57,7 @@ pub mod limiter;
 pub mod metrics;
 pub mod model;
 pub mod policy;
+mod reserve;
 mod sharded;
 pub mod strategy;
 pub use strategy::{calendar, composite};
@@ -68,11 +72,12 @@ pub use decision::Decision;
 pub use error::{BoxError, Error};
 pub use key::{Key, KeyHasher};
 pub use limiter::{DEFAULT_LOCAL_CAPACITY, Denied, FailMode, Limiter, LimiterBuilder, Verdict};
-pub use model::Op;
+pub use model::{Op, Receipt};
 pub use policy::{
     Calendar, Period, Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy, TokenBucket,
     Zone,
 };
+pub use reserve::Reservation;
 pub use time::{Clock, MockClock, SystemClock, Timestamp};
 
 /// Locks a mutex whose data stays valid whatever a panicking holder did

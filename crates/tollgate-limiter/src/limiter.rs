@@ -15,8 +15,9 @@ use crate::guard::{Deadline, Guard};
 use crate::key::Key;
 use crate::lease::Leases;
 use crate::metrics::{Call, Local, Outcome};
-use crate::model::Op;
+use crate::model::{Op, Receipt};
 use crate::policy::{Policy, PolicyError};
+use crate::reserve::Reservation;
 
 /// What a limiter answers when its backend cannot.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -460,6 +461,127 @@ impl<B: Backend> Limiter<B> {
         self.try_op(key, Op::Acquire(cost), deadline).await
     }
 
+    /// Reserves `estimate` units for `key` (at least the
+    /// [minimum cost](LimiterBuilder::min_cost)), for a cost known only
+    /// afterwards (an LLM call: its prompt plus `max_tokens`); settle the
+    /// [`Reservation`] with the real cost once known.
+    ///
+    /// The estimate is taken atomically, in one round trip, and refused or
+    /// admitted exactly as [`check_cost`](Self::check_cost) would (fail
+    /// mode, timeout, breaker, impossible costs, local denials). The
+    /// reservation holds something only when the backend admitted it: a
+    /// refusal, or a pass under fail-open while the backend is down,
+    /// answers an empty one, whose settle does nothing. Lease mode does not
+    /// apply: a reservation always asks the backend, as leased units could
+    /// not be refunded.
+    ///
+    /// Token buckets, sliding windows and composites of them; a
+    /// progressive delay counts failures, not costs, and refuses with
+    /// [`Error::Policy`]. The rules of refunds, excess and unsettled
+    /// reservations: [`strategy::reservation`](crate::strategy::reservation).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # async fn example<B: tollgate_limiter::Backend>(limiter: tollgate_limiter::Limiter<B>) {
+    /// use tollgate_limiter::Key;
+    ///
+    /// let key = Key::new("tenant-7");
+    /// let (verdict, reservation) = limiter.reserve(&key, 400 + 1_000).await;
+    /// if !verdict.is_allowed() {
+    ///     // answer 429 (or 503 when fail-closed and the backend is down)
+    ///     return;
+    /// }
+    /// let used = 612; // what the model reports
+    /// let _ = reservation.settle(used).await;
+    /// # }
+    /// ```
+    pub async fn reserve(&self, key: &Key, estimate: u64) -> (Verdict, Reservation<B>) {
+        let deadline = self.inner.guard.deadline();
+        let cost = estimate.max(self.inner.min_cost);
+        if self.inner.policy.max_cost().is_none() {
+            let e = Error::Policy(PolicyError::new(
+                "strategy",
+                format!(
+                    "limiter {:?} is a {}: reservations need a token bucket, a sliding \
+                     window or a composite",
+                    self.inner.name,
+                    self.inner.policy.strategy()
+                ),
+            ));
+            let verdict = Verdict::FailedClosed(e, Duration::from_secs(1));
+            return (self.counted(Call::Check, verdict), Reservation::empty());
+        }
+        let cache = self.local_denials(Op::Acquire(cost));
+        let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
+        match cache.map(|c| c.charge(key, cost, window)) {
+            Some(Charge::Refused(denied)) => {
+                self.inner.guard.meter().local_hit(Local::Denial);
+                let verdict = Verdict::Decided(denied);
+                return (self.counted(Call::Check, verdict), Reservation::empty());
+            }
+            Some(Charge::Ask { pending }) if pending > 0 => {
+                // As in check_cost: refusals answered locally first.
+                let _ = self.try_op(key, Op::Penalise(pending), &deadline).await;
+            }
+            _ => {}
+        }
+        let result = self.try_reserve(key, cost, &deadline).await;
+        let receipt = result.as_ref().map_or(Receipt::NONE, |(_, r)| *r);
+        let verdict = self.finish(cache, key, cost, result.map(|(d, _)| d));
+        let held = matches!(&verdict, Verdict::Decided(d) if d.is_allowed()) && receipt.units > 0;
+        let reservation = match held {
+            true => Reservation::held(self.clone(), key.clone(), receipt),
+            false => Reservation::empty(),
+        };
+        (self.counted(Call::Check, verdict), reservation)
+    }
+
+    /// One backend reservation, under the guard and `deadline`; an
+    /// impossible cost becomes [`Error::Policy`] as in `try_op`.
+    async fn try_reserve(
+        &self,
+        key: &Key,
+        cost: u64,
+        deadline: &Deadline,
+    ) -> Result<(Decision, Receipt), Error> {
+        let (d, receipt) = self
+            .inner
+            .guard
+            .run(deadline, || {
+                self.inner.backend.reserve(Request {
+                    limiter: &self.inner.name,
+                    key,
+                    policy: &self.inner.policy,
+                    op: Op::Acquire(cost),
+                })
+            })
+            .await?;
+        if d.is_impossible() {
+            return Err(Error::Policy(PolicyError::new(
+                "cost",
+                format!("a cost of {cost} can never pass a limit of {}", d.limit()),
+            )));
+        }
+        Ok((d, receipt))
+    }
+
+    /// Settles `receipt` with its real cost: one backend call under the
+    /// timeout and the breaker (see [`Reservation::settle`]).
+    pub(crate) async fn settle_receipt(
+        &self,
+        key: &Key,
+        receipt: Receipt,
+        actual: u64,
+    ) -> Result<Decision, Error> {
+        // Refunds free units: refusals cached before are stale.
+        if let Some(cache) = &self.inner.denials {
+            cache.forget(key);
+        }
+        let op = Op::Settle { receipt, actual };
+        self.try_op(key, op, &self.inner.guard.deadline()).await
+    }
+
     /// Reports whether a request of the
     /// [minimum cost](LimiterBuilder::min_cost) would pass now, consuming
     /// nothing (for a progressive delay: whether the key is blocked).
@@ -598,7 +720,7 @@ impl<B: Backend> Limiter<B> {
         if d.is_impossible() {
             let cost = match op {
                 Op::Acquire(c) | Op::Peek(c) | Op::Penalise(c) => c,
-                Op::Reset => 0,
+                Op::Reset | Op::Settle { .. } => 0,
             };
             return Err(Error::Policy(PolicyError::new(
                 "cost",

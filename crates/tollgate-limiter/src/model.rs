@@ -13,6 +13,7 @@ use crate::time::Timestamp;
 pub use crate::strategy::calendar::CalendarState;
 pub use crate::strategy::composite::CompositeState;
 pub use crate::strategy::progressive_delay::ProgressiveDelayState;
+pub use crate::strategy::reservation::{Mark, Receipt};
 pub use crate::strategy::sliding_window::SlidingWindowState;
 pub use crate::strategy::token_bucket::TokenBucketState;
 
@@ -42,6 +43,22 @@ pub enum Op {
     /// Forget the key: it becomes a fresh key (for a progressive delay, a
     /// successful login). Answers as `Peek(1)` would afterwards.
     Reset,
+    /// Settle a reservation (see [`Slot::reserve`] and
+    /// [reservations](crate::strategy::reservation)) whose real cost was
+    /// `actual`: refund the unused units still held, or charge the excess.
+    /// Changes nothing under a progressive delay. Answers as `Peek(1)`
+    /// would afterwards.
+    ///
+    /// Settle a receipt once: the model does not remember receipts, so a
+    /// second settle of the same one refunds (or charges) again, within
+    /// what the state still holds. [`Reservation::settle`](crate::Reservation::settle)
+    /// consumes its reservation, so a `Limiter` cannot.
+    Settle {
+        /// What the reservation took, as its backend reported it.
+        receipt: Receipt,
+        /// The real cost (0 refunds the whole reservation).
+        actual: u64,
+    },
 }
 
 impl Op {
@@ -89,6 +106,9 @@ impl State {
         let decision = match (&mut *self, policy, op) {
             (Self::TokenBucket(s), Policy::TokenBucket(p), Op::Acquire(c)) => s.acquire(now, p, c),
             (Self::TokenBucket(s), Policy::TokenBucket(p), Op::Peek(c)) => s.peek(now, p, c),
+            (Self::TokenBucket(s), Policy::TokenBucket(p), Op::Settle { receipt, actual }) => {
+                s.settle(now, p, receipt.marks[0], receipt.units, actual)
+            }
             (Self::TokenBucket(s), Policy::TokenBucket(p), _) => s.peek(now, p, 1),
             (Self::SlidingWindow(s), Policy::SlidingWindow(p), Op::Acquire(c)) => {
                 s.acquire(now, p, c)
@@ -96,6 +116,9 @@ impl State {
             (Self::SlidingWindow(s), Policy::SlidingWindow(p), Op::Peek(c)) => s.peek(now, p, c),
             (Self::SlidingWindow(s), Policy::SlidingWindow(p), Op::Penalise(n)) => {
                 s.penalise(now, p, n)
+            }
+            (Self::SlidingWindow(s), Policy::SlidingWindow(p), Op::Settle { receipt, actual }) => {
+                s.settle(now, p, receipt.marks[0], receipt.units, actual)
             }
             (Self::SlidingWindow(s), Policy::SlidingWindow(p), Op::Reset) => s.peek(now, p, 1),
             (Self::ProgressiveDelay(s), Policy::ProgressiveDelay(p), Op::Acquire(c)) => {
@@ -117,6 +140,28 @@ impl State {
             }
         };
         decision.with_window(window_of(policy))
+    }
+
+    /// Where the last charge sits (see [`Receipt`]): the first part of a
+    /// token bucket or a sliding window; each part of a composite.
+    pub fn marks(&self) -> [Option<Mark>; crate::composite::MAX_PARTS] {
+        match self {
+            Self::Composite(c) => c.marks(),
+            other => {
+                let mut marks = [None; crate::composite::MAX_PARTS];
+                marks[0] = other.mark();
+                marks
+            }
+        }
+    }
+
+    /// Where the last charge of a single policy sits.
+    pub(crate) fn mark(&self) -> Option<Mark> {
+        match self {
+            Self::TokenBucket(s) => Some(s.mark()),
+            Self::SlidingWindow(s) => s.mark(),
+            _ => None,
+        }
     }
 
     /// When this state becomes equal to a fresh key's under `policy`: a
@@ -143,6 +188,9 @@ pub fn records(policy: &Policy, op: Op, decision: &Decision) -> bool {
     }
     match (op, policy) {
         (Op::Peek(_) | Op::Reset, _) => false,
+        // A refund or an excess: the expiry follows the state either way.
+        (Op::Settle { .. }, Policy::ProgressiveDelay(_)) => false,
+        (Op::Settle { .. }, _) => true,
         (Op::Penalise(n), Policy::SlidingWindow(p)) => n > 0 && p.penalises_refused(),
         (Op::Penalise(_), _) => false,
         (Op::Acquire(_), Policy::TokenBucket(_)) => decision.is_allowed(),
@@ -211,6 +259,22 @@ impl Slot {
         decision
     }
 
+    /// Reserves `units` at `now` under `policy` (see
+    /// [reservations](crate::strategy::reservation)): exactly an
+    /// [`Op::Acquire`] of `units`, answered with the [`Receipt`] a later
+    /// [`Op::Settle`] needs ([`Receipt::NONE`] when refused).
+    pub fn reserve(&mut self, now: Timestamp, policy: &Policy, units: u64) -> (Decision, Receipt) {
+        let decision = self.apply(now, policy, Op::Acquire(units));
+        if !decision.is_allowed() {
+            return (decision, Receipt::NONE);
+        }
+        let receipt = Receipt {
+            units: units.max(1),
+            marks: self.state.marks(),
+        };
+        (decision, receipt)
+    }
+
     /// Whether the key still holds state at `now` (a backend may drop it
     /// otherwise).
     pub fn is_live(&self, now: Timestamp) -> bool {
@@ -255,6 +319,28 @@ impl Model {
             .entry(k)
             .or_insert_with(|| Slot::fresh(&policy))
             .apply(now, &policy, op)
+    }
+
+    /// Reserves `units` on `key` of `limiter` at `now` (see
+    /// [`Slot::reserve`]).
+    pub fn reserve(
+        &mut self,
+        limiter: &str,
+        key: &str,
+        now: Timestamp,
+        policy: &Policy,
+        units: u64,
+    ) -> (Decision, Receipt) {
+        let k = (limiter.to_owned(), key.to_owned());
+        let policy = *self
+            .key_overrides
+            .get(&k)
+            .or_else(|| self.limiter_overrides.get(limiter))
+            .unwrap_or(policy);
+        self.keys
+            .entry(k)
+            .or_insert_with(|| Slot::fresh(&policy))
+            .reserve(now, &policy, units)
     }
 
     /// Sets or clears an override for a limiter (`key = None`) or one key.

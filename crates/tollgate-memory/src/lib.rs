@@ -46,7 +46,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hashbrown::{DefaultHashBuilder, HashTable};
-use tollgate_limiter::model::{Slot, State};
+use tollgate_limiter::model::{Op, Receipt, Slot, State};
 use tollgate_limiter::time::micros;
 use tollgate_limiter::{
     Backend, Clock, Decision, Key, Policy, Request, Scope, SystemClock, Timestamp,
@@ -288,6 +288,18 @@ impl<C: Clock> MemoryBackend<C> {
     }
 
     fn decide_now(&self, req: &Request<'_>) -> Decision {
+        let op = req.op;
+        self.with_slot(req, |slot, now, policy| slot.apply(now, policy, op))
+    }
+
+    /// Runs `f` on the key's slot (a fresh one if the key is not held) at
+    /// the clock's now under the policy in force, then keeps the slot only
+    /// if it still holds state.
+    fn with_slot<T>(
+        &self,
+        req: &Request<'_>,
+        f: impl FnOnce(&mut Slot, Timestamp, &Policy) -> T,
+    ) -> T {
         let now = self.shared.clock.now();
         let policy = self.effective_policy(req, now);
         let lookup = Lookup {
@@ -302,7 +314,7 @@ impl<C: Clock> MemoryBackend<C> {
         {
             Ok(mut entry) => {
                 let slot = &mut entry.get_mut().2;
-                let decision = slot.apply(now, &policy, req.op);
+                let decision = f(slot, now, &policy);
                 if !slot.is_live(now) {
                     // The key is as good as fresh: keep nothing.
                     entry.remove();
@@ -311,7 +323,7 @@ impl<C: Clock> MemoryBackend<C> {
             }
             Err(_) => {
                 let mut slot = Slot::fresh(&policy);
-                let decision = slot.apply(now, &policy, req.op);
+                let decision = f(&mut slot, now, &policy);
                 if slot.is_live(now) {
                     // Growing rehashes from the stored hash.
                     shard
@@ -553,6 +565,22 @@ impl<C: Clock> Backend for MemoryBackend<C> {
                 }))
             }
         }
+    }
+
+    async fn reserve(&self, req: Request<'_>) -> Result<(Decision, Receipt), MemoryError> {
+        let delay = self.inject()?;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let units = match req.op {
+            Op::Acquire(c) => c,
+            // Not a reservation: decided as asked, nothing to refund.
+            op => {
+                let d = self.decide_now(&Request { op, ..req });
+                return Ok((d, Receipt::NONE));
+            }
+        };
+        Ok(self.with_slot(&req, |slot, now, policy| slot.reserve(now, policy, units)))
     }
 
     async fn set_override(

@@ -230,3 +230,57 @@ async fn local_denials_answer_a_flood_without_the_backend() {
     l.reset(&k).await.unwrap();
     assert!(l.check(&k).await.is_allowed());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_reservation_follows_the_fail_mode_and_holds_nothing_without_the_backend() {
+    for mode in [FailMode::Open, FailMode::Closed] {
+        let backend = MemoryBackend::new();
+        let l = limiter(&backend, mode, NO_BREAKER);
+        let k = Key::new("a");
+        backend.fail_next(1);
+        let (v, r) = l.reserve(&k, 4).await;
+        assert_eq!(v.is_allowed(), mode == FailMode::Open, "{mode}");
+        assert!(v.error().is_some());
+        // Nothing was taken, so nothing can be refunded or charged.
+        assert!(r.is_empty());
+        assert!(matches!(r.settle(0).await, Ok(None)));
+        assert_eq!(l.try_peek(&k, 1).await.unwrap().remaining(), 10);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_settle_that_fails_or_times_out_keeps_the_estimate_charged() {
+    let backend = MemoryBackend::new();
+    let l = limiter(&backend, FailMode::Open, NO_BREAKER);
+    let k = Key::new("a");
+    let (_, r) = l.reserve(&k, 8).await;
+    backend.fail_next(1);
+    assert!(matches!(r.settle(0).await, Err(Error::Backend(_))));
+    assert_eq!(l.try_peek(&k, 1).await.unwrap().remaining(), 2);
+    let (_, r) = l.reserve(&k, 2).await;
+    backend.set_delay(Duration::from_secs(1));
+    assert!(matches!(r.settle(0).await, Err(Error::Timeout(_))));
+    backend.clear_faults();
+    assert_eq!(l.try_peek(&k, 1).await.unwrap().remaining(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_open_breaker_answers_a_reservation_at_once() {
+    let backend = MemoryBackend::new();
+    let breaker = BreakerConfig {
+        threshold: 1,
+        backoff: Duration::from_secs(10),
+        max_backoff: Duration::from_secs(10),
+    };
+    let l = limiter(&backend, FailMode::Closed, breaker);
+    backend.set_failing(true);
+    let _ = l.check(&Key::new("a")).await;
+    let calls = backend.faulty_calls();
+    let (v, r) = l.reserve(&Key::new("a"), 1).await;
+    assert!(!v.is_allowed() && r.is_empty());
+    assert_eq!(
+        backend.faulty_calls(),
+        calls,
+        "the breaker asked the backend"
+    );
+}

@@ -28,7 +28,7 @@ elseif st[1] then
   -- Expired, of another strategy, or reset: the key is fresh.
   redis.call('DEL', KEYS[1])
 end
-if op == 'reset' or op == 'penalise' then
+if op == 'reset' or op == 'penalise' or op == 'settle' then
   op, cost = 'peek', 1
 end
 

@@ -22,6 +22,13 @@
 --            '!<n>'  penalise: record n refused units (penalised sliding
 --                    windows only, at most limit of them); answers '?1'
 --            '-1'    reset the key; answers '?1'
+--            'r<n>'  reserve: acquire n, and append to the reply where the
+--                    units sit (see RESERVE below)
+--            's<units>:<actual>:<m1>:..:<mk>'  settle a reservation of
+--                    <units> that cost <actual>: refund the unused units
+--                    still held, or charge the excess; answers '?1'. Each
+--                    mi is a part's mark '<born>,<at>', or '-' for none
+--                    (model: strategy/reservation.rs)
 -- ARGV[3]  the limiter's configured policy, encoded (see decode below)
 -- ARGV[4]  the limiter-wide override known to the client (cluster mode), or ''
 -- ARGV[5]  the least TTL in ms to give a written key (0 in production; a
@@ -41,8 +48,9 @@
 -- window_us}: verdict 1 allowed, 0 refused, 2 refused because the cost can
 -- never fit the policy in force (its capacity or limit is smaller);
 -- window_us is the span the policy in force is expressed over (a calendar
--- quota's current window; composite.lua
--- adds a 7th item: the index, from 0, of the binding part). Or
+-- quota's current window; composite.lua adds a 7th item: the index, from 0,
+-- of the binding part). A reserve that passed appends, per part, its mark:
+-- born, at (see each script). Or
 -- {-1, strategy} when the policy in force is of another strategy than
 -- this script's: the client then runs that strategy's script.
 --
@@ -66,8 +74,13 @@ local function idiv(a, b)
   return q
 end
 
--- The operation of ARGV[2]: 'acquire' | 'peek' | 'penalise' | 'reset',
--- and its number (at least 1 except for a penalty).
+-- Whether this acquire is a reservation (its reply carries the marks).
+local RESERVE = false
+
+-- The operation of ARGV[2]: 'acquire' | 'peek' | 'penalise' | 'reset' |
+-- 'settle', and its number (at least 1 except for a penalty; a settle's is
+-- the units reserved, and a third value { actual, marks = { [i] = {born,
+-- at} or false } }).
 local function parse_op()
   local a = ARGV[2]
   if a == '-1' then
@@ -75,7 +88,26 @@ local function parse_op()
   end
   local op = 'acquire'
   local sigil = string.sub(a, 1, 1)
-  if sigil == '?' then
+  if sigil == 's' then
+    local f = {}
+    for part in string.gmatch(string.sub(a, 2), '[^:]+') do
+      f[#f + 1] = part
+    end
+    local marks = {}
+    for i = 3, #f do
+      local b, at = string.match(f[i], '^(%d+),(%d+)$')
+      if b then
+        marks[i - 2] = { born = tonumber(b), at = tonumber(at) }
+      else
+        marks[i - 2] = false
+      end
+    end
+    return 'settle', tonumber(f[1]), { actual = tonumber(f[2]), marks = marks }
+  end
+  if sigil == 'r' then
+    RESERVE = true
+    a = string.sub(a, 2)
+  elseif sigil == '?' then
     op = 'peek'
   elseif sigil == '!' then
     op = 'penalise'

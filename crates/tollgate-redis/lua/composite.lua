@@ -8,13 +8,18 @@
 -- State, KEYS[1]: HASH { s = 'c', x = expiry, and per part i (from 1)
 -- k<i> = 't' | 'w' | 'q', v<i> = tat (token bucket), total cost in log<i>
 -- (sliding window) or units used (calendar quota, whose window is
--- a<i> = start, e<i> = end) }. ARGV[6] carries the calendar parts' bounds
--- (see common.lua). A part's log is a sliding window's (see
+-- a<i> = start, e<i> = end), b<i> = born, when the part's life began
+-- (absent counts as 0) }. ARGV[6] carries the calendar parts' bounds
+-- (see common.lua). A reserve appends, per part, its mark: born, then the
+-- tat after the charge (token bucket), the entry's timestamp (window) or
+-- the window's start (calendar quota). A settle settles each part on its
+-- own, then answers '?1'. A part's log is a sliding window's (see
 -- sliding_window.lua). On every write, all the keys get one TTL: the
 -- composite's expiry, the latest of its parts'.
 -- Every part first answers as a peek; only if all pass are all charged.
 -- Returns common.lua's reply plus a 7th item: the binding part (from 0).
--- Model: CompositeState::apply and composite::combine.
+-- Model: CompositeState::apply and composite::combine; each part's settle
+-- is TokenBucketState::settle / SlidingWindowState::settle.
 
 local now = now_us()
 local lim_key = nil
@@ -37,7 +42,7 @@ end
 if #missing > 0 then
   return { -2, fmt(now), unpack(missing) }
 end
-local op, cost = parse_op()
+local op, cost, settle = parse_op()
 local function log_key(i)
   return KEYS[#KEYS - 4 + i]
 end
@@ -63,7 +68,7 @@ end
 local function forget(i)
   redis.call('DEL', log_key(i))
   if live then
-    redis.call('HDEL', KEYS[1], 'k' .. i, 'v' .. i, 'a' .. i, 'e' .. i)
+    redis.call('HDEL', KEYS[1], 'k' .. i, 'v' .. i, 'a' .. i, 'e' .. i, 'b' .. i)
   end
 end
 for i = n + 1, 4 do
@@ -72,14 +77,170 @@ for i = n + 1, 4 do
   end
 end
 
+-- A settle: each part settles its own share (the parts' settle in the
+-- model), in h and the logs; the parts then answer '?1' below, and every
+-- part is written back with the composite's expiry.
+local settling = op == 'settle'
+if settling then
+  local units, actual = cost, settle.actual
+  for i = 1, n do
+    local q, m = parts[i], settle.marks[i]
+    if h['k' .. i] and h['k' .. i] ~= q.kind then
+      forget(i)
+    end
+    if h['k' .. i] ~= q.kind then
+      h['k' .. i], h['v' .. i], h['b' .. i] = q.kind, '0', '0'
+    end
+    local v, born = tonumber(h['v' .. i]), tonumber(h['b' .. i] or '0')
+    if q.kind == 'q' then
+      -- A calendar quota keeps what was reserved (the model's
+      -- CalendarState answers a settle as a peek): its count, window and
+      -- life stay as they are.
+    elseif q.kind == 't' then
+      local t = q.interval
+      local tau = q.capacity * t
+      local tat = v
+      if actual < units then
+        if m and m.born == born and tat > now then
+          -- Only what has not dripped back yet (none once at <= now).
+          local refund = (units - actual) * t
+          if refund > m.at - now then
+            refund = m.at - now
+          end
+          if refund < 0 then
+            refund = 0
+          end
+          tat = tat - refund
+          if tat < now then
+            tat = now
+          end
+        end
+      elseif actual > units then
+        local excess = actual - units
+        if excess > q.capacity then
+          excess = q.capacity
+        end
+        if tat <= now then
+          born = now
+        end
+        local nt = tat
+        if nt < now then
+          nt = now
+        end
+        nt = nt + excess * t
+        if nt > now + 2 * tau then
+          nt = now + 2 * tau
+        end
+        if nt > tat then
+          tat = nt
+        end
+      end
+      v = tat
+    else
+      local w, limit, key = q.window, q.limit, log_key(i)
+      local total = v
+      local clamped = now
+      local last_ts = nil
+      if total > 0 then
+        local tail = redis.call('LRANGE', key, -2, -1)
+        if #tail == 2 then
+          last_ts = tonumber(tail[1])
+          if last_ts > clamped then
+            clamped = last_ts
+          end
+        else
+          redis.call('DEL', key)
+          total = 0
+        end
+      end
+      -- Events that left the window go first.
+      if total > 0 then
+        local drop = each_event(key, function(ts, c)
+          if ts + w > clamped then
+            return true
+          end
+          total = total - c
+          return false
+        end)
+        if drop > 0 then
+          redis.call('LTRIM', key, drop, -1)
+        end
+        if total == 0 then
+          redis.call('DEL', key)
+          last_ts = nil
+        end
+      end
+      if actual > units then
+        -- The excess, now, at most limit; then the newest events holding
+        -- at least limit are kept (sliding_window.lua's record).
+        local c = actual - units
+        if c > limit then
+          c = limit
+        end
+        if total == 0 then
+          born = clamped
+        end
+        if last_ts == clamped then
+          local merged = tonumber(redis.call('LINDEX', key, -1)) + c
+          redis.call('LSET', key, -1, fmt(merged))
+        else
+          redis.call('RPUSH', key, fmt(clamped), fmt(c))
+        end
+        total = total + c
+        if total > limit then
+          local drop = each_event(key, function(_, hc)
+            if total - hc >= limit then
+              total = total - hc
+              return false
+            end
+            return true
+          end)
+          if drop > 0 then
+            redis.call('LTRIM', key, drop, -1)
+          end
+        end
+      elseif actual < units and m and m.born == born and total > 0 then
+        local found = nil
+        local idx = each_event(key, function(ts, c)
+          if ts >= m.at then
+            if ts == m.at then
+              found = c
+            end
+            return true
+          end
+          return false
+        end)
+        if found then
+          local refund = units - actual
+          if refund > found then
+            refund = found
+          end
+          total = total - refund
+          if found == refund then
+            redis.call('LSET', key, idx, '#')
+            redis.call('LSET', key, idx + 1, '#')
+            redis.call('LREM', key, 2, '#')
+          else
+            redis.call('LSET', key, idx + 1, fmt(found - refund))
+          end
+        end
+      end
+      v = total
+    end
+    h['v' .. i], h['b' .. i] = fmt(v), fmt(born)
+  end
+  op, cost = 'peek', 1
+end
+
 -- Per part: its current state, its answer as a peek, and (sliding
 -- windows) the clamped now and the newest event.
 local st = {}
 for i = 1, n do
   local q = parts[i]
-  local s = { kind = q.kind, v = 0 }
+  local s = { kind = q.kind, v = 0, born = 0 }
   if h['k' .. i] == q.kind then
     s.v = tonumber(h['v' .. i])
+    s.born = tonumber(h['b' .. i] or '0')
   elseif h['k' .. i] then
     forget(i)
   end
@@ -218,6 +379,49 @@ for i = 1, n do
     all = false
   end
 end
+if settling then
+  -- A write either way: every part, and the composite's expiry (the
+  -- latest of its parts'); a key as good as fresh is dropped.
+  local expires_at = 0
+  local fields = { 's', 'c' }
+  for i = 1, n do
+    local q, s = parts[i], st[i]
+    local e = 0
+    if q.kind == 'q' then
+      -- The count lives until its window ends.
+      if s.v > 0 then
+        e = tonumber(h['e' .. i])
+      end
+    elseif q.kind == 't' then
+      e = s.v
+    elseif s.last_ts then
+      e = s.last_ts + q.window
+    end
+    if e > expires_at then
+      expires_at = e
+    end
+    fields[#fields + 1] = 'k' .. i
+    fields[#fields + 1] = q.kind
+    fields[#fields + 1] = 'v' .. i
+    fields[#fields + 1] = fmt(s.v)
+    fields[#fields + 1] = 'b' .. i
+    fields[#fields + 1] = fmt(s.born)
+  end
+  if expires_at > now then
+    fields[#fields + 1] = 'x'
+    fields[#fields + 1] = fmt(expires_at)
+    redis.call('HSET', KEYS[1], unpack(fields))
+    expire(KEYS[1], expires_at, now)
+    for i = 1, n do
+      if parts[i].kind == 'w' then
+        expire(log_key(i), expires_at, now)
+      end
+    end
+  else
+    redis.call('DEL', KEYS[1], log_key(1), log_key(2), log_key(3), log_key(4))
+  end
+  return combine()
+end
 if op ~= 'acquire' or not all then
   return combine()
 end
@@ -240,11 +444,21 @@ for i = 1, n do
     local t = q.interval
     local tau = q.capacity * t
     local new_tat = now + s.new_debt
+    if s.v <= now then
+      -- A full bucket: a new life.
+      s.born = now
+    end
     s.v = new_tat
+    s.mark = new_tat
     part_expiry = new_tat
     s.r = { 1, q.capacity, idiv(tau - s.new_debt, t), 0, s.new_debt, tau }
   else
     local w, key = q.window, log_key(i)
+    if s.v == 0 then
+      -- An empty log: a new life.
+      s.born = s.clamped
+    end
+    s.mark = s.clamped
     if s.last_ts == s.clamped then
       local c = tonumber(redis.call('LINDEX', key, -1)) + cost
       redis.call('LSET', key, -1, fmt(c))
@@ -267,6 +481,8 @@ for i = 1, n do
   fields[#fields + 1] = q.kind
   fields[#fields + 1] = 'v' .. i
   fields[#fields + 1] = fmt(s.v)
+  fields[#fields + 1] = 'b' .. i
+  fields[#fields + 1] = fmt(s.born)
 end
 fields[#fields + 1] = 'x'
 fields[#fields + 1] = fmt(expires_at)
@@ -277,4 +493,17 @@ for i = 1, n do
     expire(log_key(i), expires_at, now)
   end
 end
-return combine()
+local reply = combine()
+if RESERVE then
+  for i = 1, n do
+    if st[i].mark then
+      reply[#reply + 1] = st[i].born
+      reply[#reply + 1] = st[i].mark
+    else
+      -- No mark (a calendar part keeps what it took): -1, -1.
+      reply[#reply + 1] = -1
+      reply[#reply + 1] = -1
+    end
+  end
+end
+return reply

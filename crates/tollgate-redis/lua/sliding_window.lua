@@ -1,7 +1,10 @@
 -- tollgate: exact sliding window (a log of events), one decision.
 --
 -- KEYS and ARGV: see common.lua.
--- State, KEYS[1]: HASH { s = 'w', x = expiry, n = total cost in the log }.
+-- State, KEYS[1]: HASH { s = 'w', x = expiry, n = total cost in the log,
+-- b = born: when this life began, the first event in an empty log (absent
+-- counts as 0) }. A reserve appends its mark: born, the timestamp of the
+-- entry holding its units.
 -- Log, KEYS[2]: LIST of pairs, oldest first: ts1, cost1, ts2, cost2, ...
 -- (timestamps non-decreasing; events at one instant are merged). Both keys
 -- share the hash tag and the TTL.
@@ -10,21 +13,22 @@
 -- answer (see SlidingWindowState in the model). A penalised flood thus keeps
 -- at most `limit` events, and every decision reads at most that many: work
 -- and memory are bounded by the policy, not by the number of requests.
--- Model: SlidingWindowState::acquire / peek / penalise.
+-- Model: SlidingWindowState::acquire / peek / penalise / settle.
 
 local now = now_us()
 local p = policy_in_force(KEYS[4])
 if p.kind ~= 'w' then
   return { -1, p.kind }
 end
-local op, cost = parse_op()
+local op, cost, settle = parse_op()
 local w, limit = p.window, p.limit
 
-local st = redis.call('HMGET', KEYS[1], 's', 'x', 'n')
+local st = redis.call('HMGET', KEYS[1], 's', 'x', 'n', 'b')
 local live = st[1] == 'w' and tonumber(st[2]) > now and op ~= 'reset'
-local total = 0
+local total, born = 0, 0
 if live then
   total = tonumber(st[3])
+  born = tonumber(st[4] or '0')
 else
   -- Fresh: drop an expired log, another strategy's state, or (reset) ours.
   redis.call('DEL', KEYS[1], KEYS[2])
@@ -85,6 +89,9 @@ end
 -- dropped unless total > limit; the newest event is never dropped).
 local recorded = false
 local function record(c)
+  if total == 0 then
+    born = clamped
+  end
   if last_ts == clamped then
     last_c = last_c + c
     redis.call('LSET', KEYS[2], -1, fmt(last_c))
@@ -101,13 +108,63 @@ local function record(c)
   end
 end
 
+-- A settle: the excess is recorded now, whatever the policy (at most
+-- limit); else the unused units are taken out of the reservation's entry,
+-- if it is still in the window and in this life. Answers '?1'.
+local settling = op == 'settle'
+if settling then
+  local units, actual, m = cost, settle.actual, settle.marks[1]
+  if actual > units then
+    op, cost = 'overdraw', actual - units
+  else
+    op, cost = 'peek', 1
+    if actual < units and m and m.born == born and total > 0 then
+      local found = nil
+      local idx = each_event(KEYS[2], function(ts, c)
+        if ts >= m.at then
+          if ts == m.at then
+            found = c
+          end
+          return true
+        end
+        return false
+      end)
+      if found then
+        local refund = units - actual
+        if refund > found then
+          refund = found
+        end
+        total = total - refund
+        if found == refund then
+          -- Out of the list: mark the pair, then remove it.
+          redis.call('LSET', KEYS[2], idx, '#')
+          redis.call('LSET', KEYS[2], idx + 1, '#')
+          redis.call('LREM', KEYS[2], 2, '#')
+        else
+          redis.call('LSET', KEYS[2], idx + 1, fmt(found - refund))
+        end
+        -- The newest entry may be gone: now is clamped to the new one.
+        last_ts, last_c = nil, nil
+        clamped = now
+        if total > 0 then
+          local tail = redis.call('LRANGE', KEYS[2], -2, -1)
+          last_ts, last_c = tonumber(tail[1]), tonumber(tail[2])
+          if last_ts > clamped then
+            clamped = last_ts
+          end
+        end
+      end
+    end
+  end
+end
+
 local want = cost
-if op == 'penalise' then
+if op == 'penalise' or op == 'overdraw' then
   local units = cost
   if units > limit then
     units = limit
   end
-  if units > 0 and p.penalise then
+  if units > 0 and (p.penalise or op == 'overdraw') then
     record(units)
   end
   want = 1
@@ -150,12 +207,13 @@ if limit > total then
 end
 
 if total == 0 then
-  if trimmed then
+  if trimmed or settling then
     redis.call('DEL', KEYS[1], KEYS[2])
   end
-elseif recorded then
+elseif recorded or settling then
+  -- A settle is a write either way: the expiry follows the state.
   local expires_at = last_ts + w
-  redis.call('HSET', KEYS[1], 's', 'w', 'x', fmt(expires_at), 'n', fmt(total))
+  redis.call('HSET', KEYS[1], 's', 'w', 'x', fmt(expires_at), 'n', fmt(total), 'b', fmt(born))
   expire(KEYS[1], expires_at, now)
   expire(KEYS[2], expires_at, now)
 elseif trimmed then
@@ -163,4 +221,7 @@ elseif trimmed then
   redis.call('HSET', KEYS[1], 'n', fmt(total))
 end
 
+if RESERVE and verdict == 1 then
+  return { verdict, limit, remaining, retry, reset, w, born, last_ts }
+end
 return { verdict, limit, remaining, retry, reset, w }

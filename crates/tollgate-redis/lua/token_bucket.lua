@@ -2,23 +2,27 @@
 --
 -- KEYS and ARGV: see common.lua (KEYS[2], the log, is unused here; a
 -- penalty records nothing and answers a peek of 1).
--- State, KEYS[1]: HASH { s = 't', x = tat }: the theoretical arrival time,
--- which is also the key's expiry (the bucket is full again at tat).
--- Model: TokenBucketState::acquire / peek.
+-- State, KEYS[1]: HASH { s = 't', x = tat, b = born }: the theoretical
+-- arrival time, which is also the key's expiry (the bucket is full again at
+-- tat), and when this life of the key began (the first charge of a full
+-- bucket; absent counts as 0). A reserve appends its mark: born, the tat
+-- after the charge.
+-- Model: TokenBucketState::acquire / peek / settle.
 
 local now = now_us()
 local p = policy_in_force(KEYS[4])
 if p.kind ~= 't' then
   return { -1, p.kind }
 end
-local op, cost = parse_op()
+local op, cost, settle = parse_op()
 local t = p.interval
 local tau = p.capacity * t
 
-local st = redis.call('HMGET', KEYS[1], 's', 'x')
-local tat = 0
+local st = redis.call('HMGET', KEYS[1], 's', 'x', 'b')
+local tat, born = 0, 0
 if st[1] == 't' and tonumber(st[2]) > now and op ~= 'reset' then
   tat = tonumber(st[2])
+  born = tonumber(st[3] or '0')
 elseif st[1] then
   -- Expired, of another strategy, or reset: the key is fresh.
   redis.call('DEL', KEYS[1])
@@ -27,7 +31,57 @@ if op == 'reset' or op == 'penalise' then
   op, cost = 'peek', 1
 end
 
-if tat < now then
+if op == 'settle' then
+  -- Refund the unused units not yet dripped back, in this life only; or
+  -- charge the excess (at most capacity; a debt of at most 2 tau).
+  local units, actual, m = cost, settle.actual, settle.marks[1]
+  if actual < units then
+    if m and m.born == born and tat > now then
+      -- Only what has not dripped back yet (none once at <= now).
+      local refund = (units - actual) * t
+      if refund > m.at - now then
+        refund = m.at - now
+      end
+      if refund < 0 then
+        refund = 0
+      end
+      tat = tat - refund
+      if tat < now then
+        tat = now
+      end
+    end
+  elseif actual > units then
+    local excess = actual - units
+    if excess > p.capacity then
+      excess = p.capacity
+    end
+    if tat <= now then
+      born = now
+    end
+    local nt = tat
+    if nt < now then
+      nt = now
+    end
+    nt = nt + excess * t
+    if nt > now + 2 * tau then
+      nt = now + 2 * tau
+    end
+    if nt > tat then
+      tat = nt
+    end
+  end
+  if tat > now then
+    redis.call('HSET', KEYS[1], 's', 't', 'x', fmt(tat), 'b', fmt(born))
+    expire(KEYS[1], tat, now)
+  elseif st[1] then
+    redis.call('DEL', KEYS[1])
+  end
+  op, cost = 'peek', 1
+end
+
+if tat <= now then
+  -- A full bucket: a charge starts a new life.
+  born = now
   tat = now
 end
 local debt = tat - now
@@ -48,6 +102,10 @@ if op == 'peek' then
   return { 1, p.capacity, remaining, 0, debt, tau }
 end
 local new_tat = now + new_debt
-redis.call('HSET', KEYS[1], 's', 't', 'x', fmt(new_tat))
+redis.call('HSET', KEYS[1], 's', 't', 'x', fmt(new_tat), 'b', fmt(born))
 expire(KEYS[1], new_tat, now)
-return { 1, p.capacity, idiv(tau - new_debt, t), 0, new_debt, tau }
+local reply = { 1, p.capacity, idiv(tau - new_debt, t), 0, new_debt, tau }
+if RESERVE then
+  reply[7], reply[8] = born, new_tat
+end
+return reply

@@ -93,6 +93,7 @@ use std::time::Duration;
 
 use redis::Value;
 use tokio::time::Instant;
+use tollgate_limiter::model::{Mark, Receipt};
 use tollgate_limiter::{
     Backend, Calendar, Clock, Decision, Key, Op, Period, Policy, Request, Scope, Strategy,
     SystemClock, Zone,
@@ -628,8 +629,17 @@ impl RedisBackend {
     }
 
     async fn decide_inner(&self, req: Request<'_>) -> Result<Decision, RedisError> {
+        Ok(self.run(req, false).await?.0)
+    }
+
+    /// Runs the script of the policy in force; `reserve` makes an acquire
+    /// a reservation, whose reply carries the marks.
+    async fn run(&self, req: Request<'_>, reserve: bool) -> Result<(Decision, Marks), RedisError> {
         check_limiter(req.limiter)?;
-        let op = op_arg(req.op);
+        let mut op = op_arg(req.op);
+        if reserve {
+            op.insert(0, 'r');
+        }
         let policy = encoding::encode(req.policy)?;
         // Caller time is read once, so a redirected call decides at the
         // same instant.
@@ -682,8 +692,8 @@ impl RedisBackend {
                 .arg(self.inner.min_ttl_ms)
                 .arg(calendars.arg());
             let reply: Vec<Value> = self.inner.conn.invoke(&inv).await?;
-            match parse_reply(&reply)? {
-                Reply::Decision(d) => return Ok(d),
+            match parse_reply(&reply, strategy)? {
+                Reply::Decision(d, marks) => return Ok((d, marks)),
                 Reply::Redirect(s) => strategy = s,
                 Reply::Bounds { now, specs } => {
                     for spec in specs {
@@ -706,11 +716,24 @@ fn op_arg(op: Op) -> String {
         Op::Peek(c) => format!("?{}", n(c)),
         Op::Penalise(c) => format!("!{}", n(c)),
         Op::Reset => "-1".to_owned(),
+        Op::Settle { receipt, actual } => {
+            let mut arg = format!("s{}:{}", n(receipt.units), n(actual));
+            for mark in receipt.marks {
+                match mark {
+                    Some(m) => arg.push_str(&format!(":{},{}", m.born, m.at)),
+                    None => arg.push_str(":-"),
+                }
+            }
+            arg
+        }
     }
 }
 
+/// Where a reservation's units sit, per part (see `lua/common.lua`).
+type Marks = [Option<Mark>; tollgate_limiter::composite::MAX_PARTS];
+
 enum Reply {
-    Decision(Decision),
+    Decision(Decision, Marks),
     Redirect(Strategy),
     /// The script needs calendar bounds for `specs` around its time `now`.
     Bounds {
@@ -762,7 +785,7 @@ fn calendar_of_spec(spec: &str) -> Result<Calendar, RedisError> {
     Calendar::in_zone(1, period, zone).map_err(|_| bad())
 }
 
-fn parse_reply(v: &[Value]) -> Result<Reply, RedisError> {
+fn parse_reply(v: &[Value], strategy: Strategy) -> Result<Reply, RedisError> {
     let int = |i: usize| -> Result<i64, RedisError> {
         match v.get(i) {
             Some(Value::Int(n)) => Ok(*n),
@@ -794,8 +817,26 @@ fn parse_reply(v: &[Value]) -> Result<Reply, RedisError> {
             .map(Reply::Redirect)
             .ok_or_else(|| RedisError::Protocol(format!("unknown strategy {letter:?}")));
     }
-    if v.len() != 6 && v.len() != 7 {
+    // A composite names its binding part; a reservation appends a mark
+    // (born, at) per part.
+    let base = match strategy {
+        Strategy::Composite => 7,
+        _ => 6,
+    };
+    let max = base + 2 * tollgate_limiter::composite::MAX_PARTS;
+    if v.len() < base || v.len() > max || !(v.len() - base).is_multiple_of(2) {
         return Err(RedisError::Protocol(format!("{} items", v.len())));
+    }
+    let mut marks: Marks = Default::default();
+    for (i, m) in marks.iter_mut().enumerate() {
+        let at = base + 2 * i;
+        // A part without a mark (a calendar quota) answers -1, -1.
+        if at + 1 < v.len() && int(at)? >= 0 {
+            *m = Some(Mark {
+                born: uint(at)?,
+                at: uint(at + 1)?,
+            });
+        }
     }
     let (limit, remaining, retry, reset) = (uint(1)?, uint(2)?, uint(3)?, uint(4)?);
     let decision = match int(0)? {
@@ -803,12 +844,11 @@ fn parse_reply(v: &[Value]) -> Result<Reply, RedisError> {
         verdict => Decision::from_micros(verdict == 1, limit, remaining, retry, reset),
     };
     let decision = decision.with_window(Duration::from_micros(uint(5)?));
-    // A composite names its binding part.
-    let decision = match v.len() {
-        7 => decision.with_part(usize::try_from(uint(6)?).unwrap_or(usize::MAX)),
+    let decision = match strategy {
+        Strategy::Composite => decision.with_part(usize::try_from(uint(6)?).unwrap_or(usize::MAX)),
         _ => decision,
     };
-    Ok(Reply::Decision(decision))
+    Ok(Reply::Decision(decision, marks))
 }
 
 fn check_limiter(name: &str) -> Result<(), RedisError> {
@@ -862,6 +902,22 @@ impl Backend for RedisBackend {
         req: Request<'_>,
     ) -> impl Future<Output = Result<Decision, RedisError>> + Send {
         self.decide_inner(req)
+    }
+
+    async fn reserve(&self, req: Request<'_>) -> Result<(Decision, Receipt), RedisError> {
+        let Op::Acquire(units) = req.op else {
+            // Not a reservation: decided as asked, nothing to refund.
+            return Ok((self.decide_inner(req).await?, Receipt::NONE));
+        };
+        let (d, marks) = self.run(req, true).await?;
+        let receipt = match d.is_allowed() {
+            true => Receipt {
+                units: units.clamp(1, encoding::MAX_EXACT),
+                marks,
+            },
+            false => Receipt::NONE,
+        };
+        Ok((d, receipt))
     }
 
     async fn set_override(
@@ -919,6 +975,39 @@ mod tests {
     }
 
     #[test]
+    fn a_reservation_reads_its_marks_and_a_settle_sends_them() {
+        let ints = |v: &[i64]| v.iter().map(|&n| Value::Int(n)).collect::<Vec<_>>();
+        let Ok(Reply::Decision(d, marks)) =
+            parse_reply(&ints(&[1, 5, 4, 0, 7, 9, 11, 22]), Strategy::TokenBucket)
+        else {
+            panic!("a decision")
+        };
+        assert!(d.is_allowed());
+        assert_eq!(marks[0], Some(Mark { born: 11, at: 22 }));
+        assert_eq!(marks[1], None);
+        // A composite: 7 items, then a mark per part.
+        let reply = ints(&[1, 5, 4, 0, 7, 9, 1, 1, 2, 3, 4]);
+        let Ok(Reply::Decision(d, marks)) = parse_reply(&reply, Strategy::Composite) else {
+            panic!("a decision")
+        };
+        assert_eq!(d.part(), 1);
+        assert_eq!(
+            marks[..2],
+            [Some(Mark { born: 1, at: 2 }), Some(Mark { born: 3, at: 4 })]
+        );
+        // Half a mark, or more parts than a composite holds, is a protocol error.
+        for bad in [&reply[..10], &ints(&[1; 16])[..]] {
+            assert!(matches!(
+                parse_reply(bad, Strategy::Composite),
+                Err(RedisError::Protocol(_))
+            ));
+        }
+        let mut receipt = Receipt::unmarked(9);
+        receipt.marks[1] = Some(Mark { born: 3, at: 4 });
+        assert_eq!(op_arg(Op::Settle { receipt, actual: 2 }), "s9:2:-:3,4:-:-");
+    }
+
+    #[test]
     fn replies_are_checked() {
         let ok = [
             Value::Int(1),
@@ -928,20 +1017,20 @@ mod tests {
             Value::Int(7),
             Value::Int(9),
         ];
-        let Ok(Reply::Decision(d)) = parse_reply(&ok) else {
+        let Ok(Reply::Decision(d, _)) = parse_reply(&ok, Strategy::TokenBucket) else {
             panic!("a decision")
         };
         let w = Duration::from_micros(9);
         assert_eq!(d, Decision::from_micros(true, 5, 4, 0, 7).with_window(w));
         let mut never = ok.clone();
         never[0] = Value::Int(2);
-        let Ok(Reply::Decision(d)) = parse_reply(&never) else {
+        let Ok(Reply::Decision(d, _)) = parse_reply(&never, Strategy::TokenBucket) else {
             panic!("a decision")
         };
         assert_eq!(d, Decision::impossible(5, 4, 7).with_window(w));
         let redirect = [Value::Int(-1), Value::BulkString(b"w".to_vec())];
         assert!(matches!(
-            parse_reply(&redirect),
+            parse_reply(&redirect, Strategy::TokenBucket),
             Ok(Reply::Redirect(Strategy::SlidingWindow))
         ));
         for bad in [
@@ -949,7 +1038,10 @@ mod tests {
             &ok[..5],
             &[Value::Int(-1), Value::BulkString(b"z".to_vec())],
         ] {
-            assert!(matches!(parse_reply(bad), Err(RedisError::Protocol(_))));
+            assert!(matches!(
+                parse_reply(bad, Strategy::TokenBucket),
+                Err(RedisError::Protocol(_))
+            ));
         }
     }
 }

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
-use tollgate_limiter::model::Model;
+use tollgate_limiter::model::{Model, Receipt};
 use tollgate_limiter::{
     Backend, Calendar, Clock, Composite, Decision, Key, Limiter, MockClock, Op, Period, Policy,
     ProgressiveDelay, Request, Scope, SlidingWindow, Timestamp, TokenBucket,
@@ -610,6 +610,87 @@ pub async fn calendar_month_in_a_composite<B: Backend>(backend: B, clock: MockCl
     assert_eq!(d.part(), 0);
 }
 
+/// Reserve, then settle, through the [`Limiter`]: the estimate is taken
+/// atomically, a settle refunds the unused units or charges the excess,
+/// an unsettled reservation stays charged, a refund after a reset mints
+/// nothing; on a token bucket, a sliding window and a composite.
+pub async fn reserve_and_settle<B: Backend + Clone>(backend: B, clock: MockClock) {
+    let ms = Duration::from_millis(1);
+    let policies: [Policy; 3] = [
+        TokenBucket::new(1_000, 10, S).unwrap().into(),
+        SlidingWindow::new(1_000, 60 * S).unwrap().into(),
+        Composite::new([
+            TokenBucket::new(1_000, 10, S).unwrap().into(),
+            SlidingWindow::new(5_000, 3600 * S).unwrap().into(),
+        ])
+        .unwrap()
+        .into(),
+    ];
+    for policy in policies {
+        let l = limiter("rs", policy, backend.clone());
+        let k = Key::new("tenant");
+        let remaining = |v: &tollgate_limiter::Verdict| v.decision().map(|d| d.remaining());
+        let (v, r) = l.reserve(&k, 800).await;
+        assert_eq!((remaining(&v), r.units()), (Some(200), 800), "{policy:?}");
+        // What is reserved is taken: a second estimate does not fit.
+        let (v, empty) = l.reserve(&k, 300).await;
+        assert!(!v.is_allowed() && empty.is_empty(), "{policy:?}");
+        assert!(matches!(empty.settle(0).await, Ok(None)));
+        clock.advance(ms);
+        let d = r.settle(300).await.unwrap().unwrap();
+        assert_eq!(d.remaining(), 700, "{policy:?}");
+        // The excess is charged.
+        let (_, r) = l.reserve(&k, 100).await;
+        let d = r.settle(250).await.unwrap().unwrap();
+        assert_eq!(d.remaining(), 450, "{policy:?}");
+        // Dropped unsettled: the whole estimate stays charged.
+        let (v, r) = l.reserve(&k, 400).await;
+        assert!(v.is_allowed());
+        drop(r);
+        assert_eq!(peek(&l, &k, 1).await.remaining(), 50, "{policy:?}");
+        // A refund after a reset gives back nothing the reset did not.
+        l.reset(&k).await.unwrap();
+        let (_, r) = l.reserve(&k, 1_000).await;
+        l.reset(&k).await.unwrap();
+        clock.advance(ms);
+        assert!(decide(&l, &k, 1_000).await.is_allowed());
+        clock.advance(ms);
+        let d = r.settle(0).await.unwrap().unwrap();
+        assert_eq!(d.remaining(), 0, "{policy:?}");
+        // An estimate no wait can grant is refused as a check is.
+        let (v, r) = l.reserve(&Key::new("big"), 100_000).await;
+        assert!(matches!(
+            v.error(),
+            Some(tollgate_limiter::Error::Policy(_))
+        ));
+        assert!(r.is_empty());
+    }
+}
+
+/// A reservation on a composite with a calendar quota: the bucket part is
+/// settled, the calendar part keeps the whole estimate (calendar quotas
+/// do not refund yet), and the settle never clears the quota's count.
+pub async fn reserve_keeps_a_calendar_part<B: Backend + Clone>(backend: B, clock: MockClock) {
+    clock.set(civil("UTC", (2026, 2, 10), (12, 0)));
+    let policy = Composite::new([
+        Policy::from(TokenBucket::new(1_000, 10, S).unwrap()),
+        Policy::from(Calendar::new(1_000, Period::Month, "UTC").unwrap()),
+    ])
+    .unwrap();
+    let l = limiter("rs-cal", policy, backend);
+    let k = Key::new("tenant");
+    let (v, r) = l.reserve(&k, 800).await;
+    assert!(v.is_allowed());
+    let d = r.settle(300).await.unwrap().unwrap();
+    assert_eq!(d.remaining(), 200, "the month keeps the estimate");
+    assert_eq!(d.part(), 1);
+    clock.advance(2 * S);
+    let d = peek(&l, &k, 1).await;
+    assert_eq!((d.remaining(), d.part()), (200, 1));
+    assert!(decide(&l, &k, 200).await.is_allowed());
+    assert!(decide(&l, &k, 1).await.is_denied());
+}
+
 async fn acquire_each<B: Backend>(l: &Limiter<B>, key: &Key, n: usize) -> Vec<bool> {
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
@@ -647,6 +728,24 @@ pub enum Step {
     },
     /// Reset key number `key`.
     Reset(usize),
+    /// Reserve `cost` on key number `key`; the receipt is kept for a
+    /// later [`Step::Settle`].
+    Reserve {
+        /// Which of the trace's keys.
+        key: usize,
+        /// The estimate.
+        cost: u64,
+    },
+    /// Settle the receipt of an earlier reservation (number `which`,
+    /// modulo the reservations made so far; none made: nothing happens)
+    /// with the real cost `actual`. A receipt may be settled more than
+    /// once: the backend must still agree with the model.
+    Settle {
+        /// Which reservation.
+        which: usize,
+        /// The real cost.
+        actual: u64,
+    },
     /// Set (`Some`) or clear an override, on the limiter (`key = None`) or
     /// one key. The policy is a variant of the trace's strategy.
     Override(Option<usize>, Option<Policy>),
@@ -747,6 +846,9 @@ pub fn traces(len: usize) -> impl Strategy<Value = (Policy, Vec<Step>)> {
             3 => (0..KEYS, 0..=max + 1).prop_map(|(key, cost)| Step::Peek { key, cost }),
             1 => (0..KEYS, 0..=2 * max).prop_map(|(key, units)| Step::Penalise { key, units }),
             1 => (0..KEYS).prop_map(Step::Reset),
+            3 => (0..KEYS, 0..=max + 1).prop_map(|(key, cost)| Step::Reserve { key, cost }),
+            3 => (0..8usize, 0..=2 * max + 1)
+                .prop_map(|(which, actual)| Step::Settle { which, actual }),
             1 => (proptest::option::of(0..KEYS), proptest::option::of(variant(&policy)))
                 .prop_map(|(k, p)| Step::Override(k, p)),
         ];
@@ -858,8 +960,46 @@ pub async fn replay<B: Backend>(
     let name = unique_name("model");
     let keys: Vec<Key> = (0..KEYS).map(|i| Key::new(format!("k{i}"))).collect();
     let mut model = Model::new();
+    let mut receipts: Vec<(usize, Receipt)> = Vec::new();
     for (i, step) in steps.iter().enumerate() {
         let (key, op) = match step {
+            Step::Reserve { key, cost } => {
+                let now = clock.now();
+                let req = Request {
+                    limiter: &name,
+                    key: &keys[*key],
+                    policy,
+                    op: Op::Acquire(*cost),
+                };
+                let got = backend
+                    .reserve(req)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("step {i}: backend failed: {e}")))?;
+                let want = model.reserve(&name, keys[*key].as_str(), now, policy, *cost);
+                prop_assert_eq!(
+                    got,
+                    want,
+                    "step {} (reserve {} on k{}) of {:?}",
+                    i,
+                    cost,
+                    key,
+                    steps
+                );
+                receipts.push((*key, want.1));
+                continue;
+            }
+            Step::Settle { which, actual } => {
+                let Some(&(key, receipt)) = receipts.get(which % receipts.len().max(1)) else {
+                    continue;
+                };
+                (
+                    key,
+                    Op::Settle {
+                        receipt,
+                        actual: *actual,
+                    },
+                )
+            }
             Step::Advance(us) => {
                 clock.advance_micros(*us);
                 continue;
@@ -954,7 +1094,7 @@ macro_rules! conformance_tests {
                 cost_under_overrides, isolation, overrides, concurrent_token_bucket,
                 concurrent_sliding_window, concurrent_composite,
                 composite_charges_nothing_on_refusal, calendar_day_across_daylight_saving,
-                calendar_month_in_a_composite);
+                calendar_month_in_a_composite, reserve_and_settle, reserve_keeps_a_calendar_part);
 
             #[test]
             fn agrees_with_model() {

@@ -702,3 +702,77 @@ async fn a_charge_in_flight_survives_the_client_going_away() {
         StatusCode::TOO_MANY_REQUESTS
     );
 }
+
+/// The tokens a call really used, put in the response by the service.
+#[derive(Clone, Copy)]
+struct Used(u64);
+
+#[tokio::test]
+async fn reserve_then_settle_from_the_response() {
+    let backend = MemoryBackend::new();
+    let limiter = Limiter::builder(
+        "llm",
+        TokenBucket::new(100, 1, Duration::from_secs(60)).unwrap(),
+        backend.clone(),
+    )
+    .fail_mode(FailMode::Open)
+    .build();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    // Reports the usage the request asks for (`x-used`), if any.
+    let model = service_fn(move |req: Request<String>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        let used = req
+            .headers()
+            .get("x-used")
+            .and_then(|v| v.to_str().ok()?.parse().ok());
+        let mut res = Response::new(String::from("completion"));
+        if let Some(n) = used {
+            res.extensions_mut().insert(Used(n));
+        }
+        async move { Ok::<_, Infallible>(res) }
+    });
+    let svc = RateLimitLayer::new(limiter.clone(), ApiKey::bearer(KeyHasher::unkeyed()))
+        .cost(|req: &Request<String>| {
+            req.headers()
+                .get("x-estimate")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(1)
+        })
+        .settle(|res: &Response<String>| res.extensions().get::<Used>().map(|u| u.0))
+        .layer(model);
+    let ask = |estimate: u64, used: Option<u64>| {
+        let mut r = req(Some("k"));
+        r.headers_mut().insert("x-estimate", estimate.into());
+        if let Some(n) = used {
+            r.headers_mut().insert("x-used", n.into());
+        }
+        r
+    };
+    let key = ApiKey::bearer(KeyHasher::unkeyed());
+    let key = tollgate_tower::extract::KeyExtractor::extract(&key, &req(Some("k"))).unwrap();
+    let left = || async { limiter.try_peek(&key, 1).await.unwrap().remaining() };
+
+    // 80 reserved, 30 used: 50 come back, and the fields say so.
+    let res = call(&svc, ask(80, Some(30))).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(left().await, 70);
+    assert!(header(&res, "ratelimit")[0].starts_with("\"llm\";r=70;"));
+    // An estimate that does not fit is refused before the model is called.
+    assert_eq!(
+        call(&svc, ask(80, Some(1))).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // No usage reported: the whole estimate stays charged.
+    assert_eq!(call(&svc, ask(60, None)).await.status(), StatusCode::OK);
+    assert_eq!(left().await, 10);
+    // More than estimated: the excess is charged too.
+    assert_eq!(call(&svc, ask(5, Some(9))).await.status(), StatusCode::OK);
+    assert_eq!(left().await, 1);
+    // Fail-open without the backend: the call passes, and its settle has
+    // nothing to give back.
+    backend.fail_next(1);
+    assert_eq!(call(&svc, ask(1, Some(0))).await.status(), StatusCode::OK);
+    assert_eq!(left().await, 1);
+}

@@ -4,10 +4,12 @@
 //!   (`api_standard`, `api_admin`), chosen per request by the tower
 //!   layer's policy resolver; fail-open.
 //! * **LLM calls**: a token bucket per key counted in model tokens
-//!   (`llm_tokens`), charged by each call's cost, its prompt plus
-//!   `max_tokens`, by the handler through the [`Limiter`] itself (an
-//!   internal consumer: a refusal is a typed
-//!   [`Denied`](tollgate_limiter::Denied)); fail-closed.
+//!   (`llm_tokens`), by the handler through the [`Limiter`] itself (an
+//!   internal consumer); fail-closed. A call's cost is known only once the
+//!   model answers, so the handler *reserves* the most it can cost (its
+//!   prompt plus `max_tokens`) before calling the model, and *settles* with
+//!   the usage the model reports: the unused tokens come back at once (see
+//!   [`Limiter::reserve`]).
 //!
 //! A key can have API calls left and no tokens, or the other way round:
 //! cheap endpoints keep working when the inference budget is spent.
@@ -47,6 +49,35 @@ pub fn role_of(key: &str) -> &'static str {
 /// characters a token) plus the most the model may answer.
 pub fn cost(prompt: &str, max_tokens: u64) -> u64 {
     (prompt.chars().count() as u64).div_ceil(4) + max_tokens
+}
+
+/// The most a fake model's answer takes, in tokens.
+pub const ANSWER_TOKENS: u64 = 250;
+
+/// What the (fake) model reports having used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// Tokens of the prompt.
+    pub prompt_tokens: u64,
+    /// Tokens of the answer (at most `max_tokens`).
+    pub completion_tokens: u64,
+}
+
+impl Usage {
+    /// Both.
+    pub fn total(&self) -> u64 {
+        self.prompt_tokens + self.completion_tokens
+    }
+}
+
+/// A fake model: answers [`ANSWER_TOKENS`] tokens at most, and reports its
+/// usage as a real API does.
+pub async fn fake_model(prompt: &str, max_tokens: u64) -> (String, Usage) {
+    let usage = Usage {
+        prompt_tokens: cost(prompt, 0),
+        completion_tokens: max_tokens.min(ANSWER_TOKENS),
+    };
+    ("(a fake model's answer)".to_owned(), usage)
 }
 
 /// A completion request.
@@ -96,17 +127,33 @@ async fn complete<B: Backend>(
         return StatusCode::BAD_REQUEST.into_response();
     };
     let tokens = cost(&c.prompt, c.max_tokens);
-    match gw
-        .tokens
-        .check_cost(&gw.hasher.secret(key), tokens)
-        .await
-        .into_result()
-    {
-        Ok(_) => Json(serde_json::json!({
-            "completion": "(a fake model's answer)",
-            "usage": { "charged_tokens": tokens },
-        }))
-        .into_response(),
+    let key = gw.hasher.secret(key);
+    // The most this call can cost is taken now, atomically: concurrent
+    // calls of one key cannot overspend the budget between them.
+    let (verdict, reservation) = gw.tokens.reserve(&key, tokens).await;
+    match verdict.into_result() {
+        Ok(_) => {
+            let (completion, usage) = fake_model(&c.prompt, c.max_tokens).await;
+            // The unused tokens come back. Should this fail (the counter
+            // is down), the whole estimate stays charged: the safe side.
+            // A handler that returns early or panics before this line
+            // leaves the estimate charged too; it drips back as usual.
+            let after = reservation.settle(usage.total()).await;
+            if let Err(e) = &after {
+                tracing::warn!(error = %e, "llm_tokens: settle failed; the estimate stays charged");
+            }
+            Json(serde_json::json!({
+                "completion": completion,
+                "usage": {
+                    "prompt_tokens": usage.prompt_tokens,
+                    "completion_tokens": usage.completion_tokens,
+                    "reserved_tokens": tokens,
+                    "charged_tokens": usage.total(),
+                    "tokens_left": after.ok().flatten().map(|d| d.remaining()),
+                },
+            }))
+            .into_response()
+        }
         // More than the whole budget: waiting will not help.
         Err(denied) if matches!(denied.error, Some(Error::Policy(_))) => problem(
             StatusCode::BAD_REQUEST,

@@ -1,14 +1,17 @@
-//! `cargo run -p llm-costs`: a standard key spends its token budget on
-//! three large completions (the third is refused, naming `llm_tokens`)
-//! while its cheap API calls keep working; an admin key has a higher API
-//! ceiling. `REDIS_URL=redis://127.0.0.1:6379` counts in Redis instead of
-//! memory.
+//! `cargo run -p llm-costs`: each completion reserves its prompt plus
+//! `max_tokens` from a standard key's token budget and settles with the
+//! usage the (fake) model reports, so three large completions all pass and
+//! cost what they used; a fourth that asks for most of the budget does not
+//! fit what is left (refused, naming `llm_tokens`), while cheap API calls
+//! keep working. `REDIS_URL=redis://127.0.0.1:6379` counts in Redis
+//! instead of memory.
 
 use std::error::Error;
 
 use axum::Router;
 use axum::body::Body;
 use http::Request;
+use http_body_util::BodyExt;
 use tollgate_limiter::KeyHasher;
 use tollgate_memory::MemoryBackend;
 use tollgate_redis::RedisBackend;
@@ -37,22 +40,31 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
     };
     println!("token budget 20000 per key (20000/h); API 60/min (standard), 600/min (admin)");
     let prompt = "Summarise the attached report. ".repeat(40);
-    for i in 1..=3 {
-        let body = serde_json::json!({ "prompt": prompt, "max_tokens": 8000 }).to_string();
+    for (i, max_tokens) in [(1, 8000), (2, 8000), (3, 8000), (4, 19_000)] {
+        let body = serde_json::json!({ "prompt": prompt, "max_tokens": max_tokens }).to_string();
         let req = Request::post("/v1/complete")
             .header("x-api-key", "demo_key")
             .header("content-type", "application/json")
             .body(Body::from(body))?;
         let res = app.clone().oneshot(req).await?;
+        let status = res.status();
         let retry = res
             .headers()
             .get("retry-after")
             .map(|v| format!("  Retry-After: {}", v.to_str().unwrap_or("?")))
             .unwrap_or_default();
+        let body = res.into_body().collect().await?.to_bytes();
+        let usage = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .filter(|v| v["usage"].is_object())
+            .map(|v| {
+                let u = &v["usage"];
+                format!(", used {}, {} left", u["charged_tokens"], u["tokens_left"])
+            })
+            .unwrap_or_default();
         println!(
-            "completion #{i} ({} tokens): {}{retry}",
-            llm_costs::cost(&prompt, 8000),
-            res.status()
+            "completion #{i} (reserved {} tokens): {status}{usage}{retry}",
+            llm_costs::cost(&prompt, max_tokens),
         );
     }
     let req = Request::get("/v1/models")

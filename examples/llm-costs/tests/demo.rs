@@ -1,15 +1,19 @@
-//! `cargo run -p llm-costs`, as a user runs it: it exits by itself; the
-//! third large completion is refused while cheap calls still pass.
+//! `cargo run -p llm-costs`, as a user runs it: it exits by itself; three
+//! large completions pass and are charged what they used, the fourth does
+//! not fit what is left, while cheap calls still pass.
 
 tollgate_testkit::demo_tests!(env!("CARGO_BIN_EXE_llm-costs"), check);
 
 fn check(stdout: &str) {
     assert!(
-        stdout.contains("completion #2 (8310 tokens): 200 OK"),
+        stdout.contains("completion #3 (reserved 8310 tokens): 200 OK, used 560, 18320 left"),
         "{stdout}"
     );
+    // 19_310 - 18_320 = 990 tokens to drip back, at 20_000 an hour.
     assert!(
-        stdout.contains("completion #3 (8310 tokens): 429 Too Many Requests  Retry-After: 888"),
+        stdout.contains(
+            "completion #4 (reserved 19310 tokens): 429 Too Many Requests  Retry-After: 179"
+        ),
         "{stdout}"
     );
     assert!(stdout.contains("GET /v1/models: 200 OK"), "{stdout}");

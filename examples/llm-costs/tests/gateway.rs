@@ -1,7 +1,8 @@
 //! The API-key and LLM-cost rows on both backends (time from a mock
 //! clock): per-role ceilings through the policy resolver; a token budget
-//! charged by each call's tokens, separate from the API limit; each with
-//! its own fail mode.
+//! separate from the API limit, each call reserving its prompt plus
+//! `max_tokens` and settling with the usage the model reports; each limit
+//! with its own fail mode.
 
 use std::time::Duration;
 
@@ -83,28 +84,51 @@ async fn roles_and_token_budget<B: Backend + Clone>(backend: B, clock: MockClock
         Some("api_admin")
     );
 
-    // The token budget is separate, and charged by tokens: 100 (prompt) +
-    // 9_900 = 10_000 a call, two calls spend the 20_000.
+    // The token budget is separate, and charged by tokens. A call reserves
+    // its prompt (100) + max_tokens: 10_000 here; the fake model uses 100 +
+    // 250, and the rest comes back when the call settles.
     let key = "admin_2";
     assert_eq!(llm_costs::cost(&"x".repeat(400), 9_900), 10_000);
-    assert_eq!(send(&app, complete(key, 9_900)).await.0, 200);
-    assert_eq!(send(&app, complete(key, 9_900)).await.0, 200);
-    let (status, policy, retry) = send(&app, complete(key, 9_900)).await;
+    let (status, usage) = completion(&app, key, 9_900).await;
+    assert_eq!(status, 200);
+    assert_eq!(usage["reserved_tokens"], 10_000);
+    assert_eq!(usage["charged_tokens"], 350);
+    assert_eq!(usage["tokens_left"], 19_650);
+    // So a second and a third such call pass too (without settling, the
+    // third would be refused: 3 x 10_000 > 20_000).
+    assert_eq!(completion(&app, key, 9_900).await.1["tokens_left"], 19_300);
+    assert_eq!(completion(&app, key, 9_900).await.1["tokens_left"], 18_950);
+    // A call that reserves more than is left is refused before the model
+    // is called: 1_050 tokens short at 20_000 an hour is 189 s.
+    let (status, policy, retry) = send(&app, complete(key, 19_900)).await;
     assert_eq!((status, policy.as_deref()), (429, Some("llm_tokens")));
-    // 10_000 tokens at 20_000 an hour: half an hour.
-    assert_eq!(retry, Some(1800));
-    // A small call does not fit either: nothing has dripped back yet.
-    assert_eq!(send(&app, complete(key, 10)).await.0, 429);
+    assert_eq!(retry, Some(189));
     // The API limit is not the token budget: cheap calls still work, and
     // another key has its own budget.
     assert_eq!(send(&app, models(key)).await.0, 200);
-    assert_eq!(send(&app, complete("admin_3", 9_900)).await.0, 200);
+    assert_eq!(
+        completion(&app, "admin_3", 19_900).await.1["tokens_left"],
+        19_650
+    );
     // A call larger than the whole budget can never pass: 400, not 429.
     assert_eq!(send(&app, complete("admin_3", 30_000)).await.0, 400);
 
-    // Half an hour later the budget has refilled enough for one call.
-    clock.advance(Duration::from_secs(1800));
-    assert_eq!(send(&app, complete(key, 9_900)).await.0, 200);
+    // 189 s later, enough has dripped back for the large call.
+    clock.advance(Duration::from_secs(189));
+    assert_eq!(send(&app, complete(key, 19_900)).await.0, 200);
+}
+
+/// (status, the `usage` the gateway reports).
+async fn completion(app: &Router, key: &str, max_tokens: u64) -> (u16, serde_json::Value) {
+    let res = app
+        .clone()
+        .oneshot(complete(key, max_tokens))
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    (status, v["usage"].clone())
 }
 
 #[tokio::test]

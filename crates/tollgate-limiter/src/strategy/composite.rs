@@ -211,10 +211,24 @@ impl CompositeState {
         for p in c.policies().skip(self.parts.len()) {
             self.parts.push(State::fresh(&p));
         }
+        // Each part settles its own share of a reservation.
+        if let Op::Settle { receipt, actual } = op {
+            let settled: Vec<Decision> = self
+                .parts
+                .iter_mut()
+                .zip(c.policies())
+                .enumerate()
+                .map(|(i, (s, p))| {
+                    let receipt = receipt.part(i);
+                    s.apply(now, &p, Op::Settle { receipt, actual })
+                })
+                .collect();
+            return combine(&settled);
+        }
         // No part penalises: a penalty records nothing and answers a peek.
         let look = match op {
             Op::Acquire(cost) | Op::Peek(cost) => Op::Peek(cost),
-            Op::Penalise(_) | Op::Reset => Op::PEEK,
+            Op::Penalise(_) | Op::Reset | Op::Settle { .. } => Op::PEEK,
         };
         let peeks: Vec<Decision> = self
             .parts
@@ -233,6 +247,15 @@ impl CompositeState {
             .map(|(s, p)| s.apply(now, &p, op))
             .collect();
         combine(&taken)
+    }
+
+    /// Where a charge just made sits, part by part.
+    pub fn marks(&self) -> [Option<crate::strategy::reservation::Mark>; MAX_PARTS] {
+        let mut marks = [None; MAX_PARTS];
+        for (m, s) in marks.iter_mut().zip(&self.parts) {
+            *m = s.mark();
+        }
+        marks
     }
 
     /// When this state becomes equal to a fresh key's: the latest of its

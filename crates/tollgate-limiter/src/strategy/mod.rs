@@ -10,5 +10,6 @@
 pub mod calendar;
 pub mod composite;
 pub mod progressive_delay;
+pub mod reservation;
 pub mod sliding_window;
 pub mod token_bucket;

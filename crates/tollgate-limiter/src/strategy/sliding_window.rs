@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::decision::Decision;
 use crate::policy::{PolicyError, span};
+use crate::strategy::reservation::Mark;
 use crate::time::Timestamp;
 
 /// Exact sliding window: at most `limit` units of cost in any
@@ -91,6 +92,9 @@ pub struct SlidingWindowState {
     pub events: VecDeque<(Timestamp, u64)>,
     /// Sum of the costs in `events`.
     pub total: u64,
+    /// When this life of the key began: the first event recorded in an
+    /// empty log (see [reservations](crate::strategy::reservation)).
+    pub born: Timestamp,
 }
 
 /// What a sliding-window decision may write.
@@ -102,6 +106,9 @@ enum Record {
     Peek,
     /// Record the units if the window penalises, and answer a peek.
     Penalty,
+    /// Record the units (at most `limit`) whatever the policy, and answer
+    /// a peek: a settled reservation's excess.
+    Overdraw,
 }
 
 impl SlidingWindowState {
@@ -137,6 +144,9 @@ impl SlidingWindowState {
         }
         let limit = p.limit();
         let record = |s: &mut Self, cost: u64| {
+            if s.total == 0 {
+                s.born = now;
+            }
             match s.events.back_mut() {
                 Some((ts, c)) if *ts == now => *c += cost,
                 _ => s.events.push_back((now, cost)),
@@ -148,6 +158,13 @@ impl SlidingWindowState {
             Record::Penalty => {
                 let units = cost.min(limit);
                 if units > 0 && p.penalises_refused() {
+                    record(self, units);
+                }
+                1
+            }
+            Record::Overdraw => {
+                let units = cost.min(limit);
+                if units > 0 {
                     record(self, units);
                 }
                 1
@@ -169,6 +186,47 @@ impl SlidingWindowState {
         };
         let remaining = limit.saturating_sub(self.total);
         Decision::from_micros(fits, limit, remaining, retry, reset(self))
+    }
+
+    /// Where a charge just made sits: this life, and the newest entry.
+    pub fn mark(&self) -> Option<Mark> {
+        self.events.back().map(|&(at, _)| Mark {
+            born: self.born,
+            at,
+        })
+    }
+
+    /// Settles a reservation of `units` that cost `actual` (see
+    /// [reservations](crate::strategy::reservation)): takes the unused
+    /// units out of the entry the reservation recorded, if it is still in
+    /// the window and in this life (at most its cost), or records the
+    /// excess now (at most `limit`). Answers as a peek of 1 afterwards.
+    pub fn settle(
+        &mut self,
+        now: Timestamp,
+        p: &SlidingWindow,
+        mark: Option<Mark>,
+        units: u64,
+        actual: u64,
+    ) -> Decision {
+        if actual > units {
+            return self.decide(now, p, actual - units, Record::Overdraw);
+        }
+        // Drops the events that left the window first.
+        let before = self.decide(now, p, 1, Record::Peek);
+        let Some(m) = mark.filter(|m| actual < units && m.born == self.born) else {
+            return before;
+        };
+        let Some(i) = self.events.iter().position(|&(ts, _)| ts == m.at) else {
+            return before;
+        };
+        let refund = (units - actual).min(self.events[i].1);
+        self.events[i].1 -= refund;
+        self.total -= refund;
+        if self.events[i].1 == 0 {
+            self.events.remove(i);
+        }
+        self.decide(now, p, 1, Record::Peek)
     }
 
     /// Drops the oldest events while the newer ones alone hold at least

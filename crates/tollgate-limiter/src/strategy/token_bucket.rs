@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::decision::Decision;
 use crate::policy::{MAX_SPAN_MICROS, PolicyError, span};
+use crate::strategy::reservation::Mark;
 use crate::time::Timestamp;
 
 /// Token bucket: `capacity` is the peak burst, `refill` tokens per `period`
@@ -102,6 +103,9 @@ impl TokenBucket {
 pub struct TokenBucketState {
     /// When the bucket will be full again; 0 for a fresh key.
     pub tat: Timestamp,
+    /// When this life of the key began: the first charge of a full bucket
+    /// (see [reservations](crate::strategy::reservation)).
+    pub born: Timestamp,
 }
 
 impl TokenBucketState {
@@ -136,8 +140,59 @@ impl TokenBucketState {
         if !charge {
             return Decision::from_micros(true, p.capacity(), remaining, 0, debt);
         }
+        if self.tat <= now {
+            self.born = now;
+        }
         self.tat = now + new_debt;
         Decision::from_micros(true, p.capacity(), (tau - new_debt) / t, 0, new_debt)
+    }
+
+    /// Where a charge just made sits: this life, and the arrival time
+    /// after it.
+    pub fn mark(&self) -> Mark {
+        Mark {
+            born: self.born,
+            at: self.tat,
+        }
+    }
+
+    /// Settles a reservation of `units` that cost `actual` (see
+    /// [reservations](crate::strategy::reservation)): refunds the unused
+    /// units that have not dripped back yet, in this life only, or charges
+    /// the excess (at most `capacity`, and a debt of at most two full
+    /// refills). Answers as a peek of 1 afterwards.
+    pub fn settle(
+        &mut self,
+        now: Timestamp,
+        p: &TokenBucket,
+        mark: Option<Mark>,
+        units: u64,
+        actual: u64,
+    ) -> Decision {
+        let t = p.interval_micros();
+        if actual < units {
+            if let Some(m) = mark
+                && m.born == self.born
+                && self.tat > now
+            {
+                let refund = (units - actual)
+                    .saturating_mul(t)
+                    .min(m.at.saturating_sub(now));
+                self.tat = self.tat.saturating_sub(refund).max(now);
+            }
+        } else if actual > units {
+            let excess = (actual - units).min(p.capacity());
+            let tau = p.capacity() * t;
+            if self.tat <= now {
+                self.born = now;
+            }
+            // Never lowers an arrival time already beyond the bound (an
+            // override shrank the bucket).
+            self.tat = (self.tat.max(now) + excess * t)
+                .min(now + 2 * tau)
+                .max(self.tat);
+        }
+        self.peek(now, p, 1)
     }
 
     /// When this state becomes equal to a fresh key's.

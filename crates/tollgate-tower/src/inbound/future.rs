@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
-use tollgate_limiter::{Backend, Decision, Key, Limiter, Verdict};
+use tollgate_limiter::{Backend, Decision, Key, Limiter, Reservation, Verdict};
 use tower_service::Service;
 use tracing::Instrument;
 
@@ -23,6 +23,19 @@ pub(crate) struct Ticket<B> {
     pub(crate) limiter: Limiter<B>,
     pub(crate) key: Key,
     pub(crate) cost: u64,
+    /// What a reserving request holds until its response settles it.
+    pub(crate) reservation: Option<Reservation<B>>,
+}
+
+/// How the cost is asked for before the request is handed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Taken now.
+    Upfront,
+    /// Looked at now, charged after the response.
+    Peek,
+    /// Reserved now, settled from the response.
+    Reserve,
 }
 
 pin_project! {
@@ -74,14 +87,14 @@ where
 {
     pub(crate) fn checking(
         ticket: Ticket<B>,
-        upfront: bool,
+        mode: Mode,
         service: S,
         req: Req,
         post: Arc<Post<R, V>>,
     ) -> Self {
         Self {
             state: State::Checking {
-                check: check(ticket, upfront),
+                check: check(ticket, mode),
                 service: Some(service),
                 req: Some(req),
             },
@@ -114,12 +127,16 @@ where
 
 /// Asks the limiter: takes the cost now (`upfront`), or only looks whether
 /// the cost fits, the charge waiting for the response.
-fn check<B: Backend>(ticket: Ticket<B>, upfront: bool) -> BoxFuture<(Verdict, Ticket<B>)> {
+fn check<B: Backend>(mut ticket: Ticket<B>, mode: Mode) -> BoxFuture<(Verdict, Ticket<B>)> {
     let span =
         tracing::debug_span!("rate_limit", limiter = ticket.limiter.name(), key = %ticket.key);
     Box::pin(
         async move {
-            let verdict = if upfront {
+            let verdict = if mode == Mode::Reserve {
+                let (verdict, reservation) = ticket.limiter.reserve(&ticket.key, ticket.cost).await;
+                ticket.reservation = Some(reservation);
+                verdict
+            } else if mode == Mode::Upfront {
                 ticket.limiter.check_cost(&ticket.key, ticket.cost).await
             } else {
                 // Look for the request's whole cost, not one unit: a key
@@ -151,6 +168,17 @@ fn settle<B: Backend>(ticket: &Ticket<B>, outcome: Outcome) -> Option<BoxFuture<
     };
     let task = tokio::spawn(charge);
     Some(Box::pin(async move { task.await.ok().flatten() }))
+}
+
+/// Settles a reservation with the real cost the response reported, in a
+/// task of its own (as [`settle`]). An empty reservation (fail-open without
+/// the backend) settles nothing.
+fn settle_reservation<B: Backend>(
+    reservation: Reservation<B>,
+    actual: u64,
+) -> BoxFuture<Option<Decision>> {
+    let task = tokio::spawn(async move { reservation.settle(actual).await.ok().flatten() });
+    Box::pin(async move { task.await.ok().flatten() })
 }
 
 impl<S, Req, B, R, V> Future for ResponseFuture<S, Req, B, R, V>
@@ -221,7 +249,18 @@ where
                 }
                 StateProj::Inner { fut } => {
                     let response = ready!(fut.poll(cx))?;
-                    if !V::UPFRONT {
+                    if V::RESERVE {
+                        // No usage reported: the estimate stays charged.
+                        let usage = this.post.classify.usage(&response);
+                        let held = this.ticket.as_mut().and_then(|t| t.reservation.take());
+                        if let (Some(actual), Some(reservation)) = (usage, held) {
+                            this.state.set(State::Settling {
+                                settle: settle_reservation(reservation, actual),
+                                response: Some(response),
+                            });
+                            continue;
+                        }
+                    } else if !V::UPFRONT {
                         let outcome = this.post.classify.classify(&response);
                         let settle = this.ticket.as_ref().and_then(|t| settle(t, outcome));
                         if let Some(settle) = settle {

@@ -141,8 +141,83 @@ pub trait Classify<Res> {
     /// [`classify`](Self::classify) never called).
     const UPFRONT: bool = false;
 
+    /// Whether the cost is an estimate, *reserved* before the request is
+    /// handed on and settled with [`usage`](Self::usage) after (see
+    /// [`SettleWith`]).
+    const RESERVE: bool = false;
+
     /// What `response` does to the count.
     fn classify(&self, response: &Res) -> Outcome;
+
+    /// The real cost `response` reports, for a reserving classifier;
+    /// `None` keeps the whole estimate charged.
+    fn usage(&self, response: &Res) -> Option<u64> {
+        let _ = response;
+        None
+    }
+}
+
+/// Reserve, then settle from the response: the request's [`Cost`] is an
+/// estimate (an LLM call's prompt plus `max_tokens`), reserved atomically
+/// before the request is handed on (refused as an upfront charge would
+/// be), and settled with the real cost the closure reads from the response
+/// (`Fn(&Res) -> Option<u64>`): the unused units come back, an excess is
+/// charged. Made by
+/// [`RateLimitLayer::settle`](super::RateLimitLayer::settle).
+///
+/// The closure answering `None`, or the inner service failing (`Err`),
+/// keeps the whole estimate charged: the safe side, as does a request
+/// dropped before its response (a client gone). The settle runs as a task
+/// of its own (on the tokio runtime), so a client gone while it is in
+/// flight does not skip it; the response waits for it, and its `RateLimit`
+/// fields show the figures after the settle. The rules of refunds and excess:
+/// [`tollgate_limiter::strategy::reservation`].
+///
+/// A handler that knows the usage can put it in the response's extensions
+/// for the closure to read:
+///
+/// ```
+/// # use tollgate_limiter::{Limiter, TokenBucket};
+/// # use tollgate_memory::MemoryBackend;
+/// use tollgate_tower::{RateLimitLayer, extract::{ApiKey, KeyHasher}};
+///
+/// /// The tokens a completion really used, set by the handler.
+/// #[derive(Clone, Copy)]
+/// struct Usage(u64);
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let limiter = Limiter::new("llm", TokenBucket::per_second(10_000, 100)?, MemoryBackend::new());
+/// let layer = RateLimitLayer::new(limiter, ApiKey::bearer(KeyHasher::new("the fleet's secret, 16+ bytes")?))
+///     .cost(|_req: &http::Request<String>| 4_000) // prompt + max_tokens, from the request
+///     .settle(|res: &http::Response<String>| res.extensions().get::<Usage>().map(|u| u.0));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Copy)]
+pub struct SettleWith<F>(pub(crate) F);
+
+impl<F> fmt::Debug for SettleWith<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("SettleWith")
+            .field(&std::any::type_name::<F>())
+            .finish()
+    }
+}
+
+impl<F, Res> Classify<Res> for SettleWith<F>
+where
+    F: Fn(&Res) -> Option<u64>,
+{
+    const UPFRONT: bool = true;
+    const RESERVE: bool = true;
+
+    fn classify(&self, _: &Res) -> Outcome {
+        Outcome::Count
+    }
+
+    fn usage(&self, response: &Res) -> Option<u64> {
+        (self.0)(response)
+    }
 }
 
 /// Every admitted request counts, charged atomically before it is handed

@@ -131,6 +131,14 @@ impl<L, K, R, C, V> RateLimitLayer<L, K, R, C, V> {
         }
     }
 
+    /// Reserve, then settle: each request's [cost](Self::cost) is an
+    /// estimate, reserved before the request is handed on and settled with
+    /// the real cost that `usage` (a closure `Fn(&Res) -> Option<u64>`)
+    /// reads from the response. See [`SettleWith`](super::SettleWith).
+    pub fn settle<F>(self, usage: F) -> RateLimitLayer<L, K, R, C, super::SettleWith<F>> {
+        self.classify(super::SettleWith(usage))
+    }
+
     /// What to do with a request that has no key (default: reject).
     pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
         self.missing = missing;

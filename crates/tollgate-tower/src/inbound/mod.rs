@@ -88,6 +88,8 @@ mod hooks;
 mod layer;
 mod service;
 
-pub use hooks::{Classify, Cost, MissingKey, Outcome, PerRequest, SelectLimiter, Upfront};
+pub use hooks::{
+    Classify, Cost, MissingKey, Outcome, PerRequest, SelectLimiter, SettleWith, Upfront,
+};
 pub use layer::RateLimitLayer;
 pub use service::RateLimit;

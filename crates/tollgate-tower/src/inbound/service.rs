@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 use tollgate_limiter::FailMode;
 use tower_service::Service;
 
-use super::future::{ResponseFuture, Ticket};
+use super::future::{Mode, ResponseFuture, Ticket};
 use super::hooks::{Classify, Cost, MissingKey, SelectLimiter};
 use crate::extract::KeyExtractor;
 use crate::respond::{Refusal, Respond};
@@ -137,7 +137,17 @@ where
         // limiter has answered; a fresh clone takes its place here.
         let clone = self.inner.clone();
         let inner = mem::replace(&mut self.inner, clone);
-        let ticket = Ticket { limiter, key, cost };
-        ResponseFuture::checking(ticket, V::UPFRONT, inner, req, Arc::clone(&self.post))
+        let ticket = Ticket {
+            limiter,
+            key,
+            cost,
+            reservation: None,
+        };
+        let mode = match (V::RESERVE, V::UPFRONT) {
+            (true, _) => Mode::Reserve,
+            (false, true) => Mode::Upfront,
+            (false, false) => Mode::Peek,
+        };
+        ResponseFuture::checking(ticket, mode, inner, req, Arc::clone(&self.post))
     }
 }

@@ -1,0 +1,106 @@
+//! [`Reservation`]: an estimate taken by [`Limiter::reserve`], settled with
+//! the real cost.
+
+use std::fmt;
+
+use crate::backend::Backend;
+use crate::decision::Decision;
+use crate::error::Error;
+use crate::key::Key;
+use crate::limiter::Limiter;
+use crate::model::Receipt;
+
+/// An estimate taken by [`Limiter::reserve`]; [`settle`](Self::settle) it
+/// with the real cost once known.
+///
+/// Dropping it without settling does nothing at all (no task, no call):
+/// the whole estimate stays charged and comes back the way every charge
+/// does, as the bucket refills or the window slides. A crashed worker
+/// therefore leaks nothing for longer than the policy's own span, and
+/// errs on the safe side. See
+/// [`strategy::reservation`](crate::strategy::reservation) for the rules.
+///
+/// An *empty* reservation holds nothing: the reservation was refused, or
+/// passed under fail-open while the backend could not answer. Settling it
+/// does nothing.
+#[must_use = "settle it with the real cost; dropped, it keeps the whole estimate charged"]
+pub struct Reservation<B> {
+    held: Option<Held<B>>,
+}
+
+struct Held<B> {
+    limiter: Limiter<B>,
+    key: Key,
+    receipt: Receipt,
+}
+
+impl<B> Reservation<B> {
+    pub(crate) fn empty() -> Self {
+        Self { held: None }
+    }
+
+    pub(crate) fn held(limiter: Limiter<B>, key: Key, receipt: Receipt) -> Self {
+        Self {
+            held: Some(Held {
+                limiter,
+                key,
+                receipt,
+            }),
+        }
+    }
+
+    /// The units held (0 for an empty reservation).
+    pub fn units(&self) -> u64 {
+        self.held.as_ref().map_or(0, |h| h.receipt.units)
+    }
+
+    /// Whether it holds nothing (refused, or passed under fail-open without
+    /// the backend).
+    pub fn is_empty(&self) -> bool {
+        self.held.is_none()
+    }
+
+    /// What the backend reported taking (`None` when empty).
+    pub fn receipt(&self) -> Option<&Receipt> {
+        self.held.as_ref().map(|h| &h.receipt)
+    }
+}
+
+impl<B: Backend> Reservation<B> {
+    /// Settles the reservation with the real cost, `actual`: the unused
+    /// units still held are refunded, or the excess is charged (even into
+    /// overdraft, bounded: see
+    /// [`strategy::reservation`](crate::strategy::reservation)). One
+    /// backend round trip, under the limiter's timeout and breaker.
+    ///
+    /// Answers the key's figures afterwards (as a peek of one unit would);
+    /// `Ok(None)` for an empty reservation, which settles nothing. On
+    /// `Err` (the backend failed or timed out, whatever the fail mode: no
+    /// request waits on this answer) nothing is known to be refunded: the
+    /// estimate stays charged, the safe side, and an excess is not charged.
+    /// Settling twice is not possible: this consumes the reservation.
+    pub async fn settle(self, actual: u64) -> Result<Option<Decision>, Error> {
+        match self.held {
+            None => Ok(None),
+            Some(h) => h
+                .limiter
+                .settle_receipt(&h.key, h.receipt, actual)
+                .await
+                .map(Some),
+        }
+    }
+}
+
+impl<B> fmt::Debug for Reservation<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.held {
+            None => f.write_str("Reservation(empty)"),
+            Some(h) => f
+                .debug_struct("Reservation")
+                .field("limiter", &h.limiter)
+                .field("key", &h.key)
+                .field("receipt", &h.receipt)
+                .finish(),
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! Reserve, then settle: for costs known only afterwards (LLM tokens).
+//!
+//! A caller *reserves* an estimate (a prompt plus `max_tokens`): the
+//! estimate is taken atomically, exactly like an
+//! [`Op::Acquire`](crate::model::Op::Acquire) of that cost, and the backend
+//! hands back a [`Receipt`] saying where the units sit in the key's state.
+//! Once the real cost is known, [`Op::Settle`](crate::model::Op::Settle)
+//! gives back the difference, or charges the excess.
+//!
+//! Token buckets, sliding windows and composites of them (each part is
+//! settled on its own) support it; a progressive delay counts failures, not
+//! costs: a settle there changes nothing.
+//!
+//! # The rules
+//!
+//! **A refund never gives more than was taken, and never gives back what
+//! time has already given back.**
+//!
+//! * *Token bucket*: the reservation's [`Mark::at`] is the bucket's
+//!   theoretical arrival time right after the charge. Of the unused units,
+//!   only those that have not dripped back yet are returned: the refund is
+//!   `min(unused × interval, at − now)`, and the bucket never holds more
+//!   than a full one. A reservation settled after its units have refilled
+//!   refunds nothing.
+//! * *Sliding window*: the units are taken out of the log entry recorded at
+//!   the reservation's instant ([`Mark::at`], as the backend saw it, after
+//!   clamping), at most that entry's cost. Once the entry has left the
+//!   window, nothing is refunded: a window that has rolled already gave the
+//!   units back.
+//! * **One life.** Each key's state records when it was created
+//!   ([`Mark::born`]): the first charge on a fresh key (an empty log, a full
+//!   bucket). A refund applies only to the life its reservation was made
+//!   in: after a reset, an expiry, or (composites) an override that changed
+//!   a part's strategy, the state is another life and nothing is refunded,
+//!   so a refund never mints budget the reset already gave back. (Two lives
+//!   born in the same microsecond cannot be told apart: a reservation, a
+//!   reset and a new charge of the same key within one microsecond of the
+//!   server's clock.)
+//!
+//! **The excess is charged, even into overdraft, bounded.** A call that
+//! cost more than its estimate spent the units already: settling charges
+//! the excess unconditionally, at the settle's instant, so the key pays it
+//! back before its next request passes. One settle charges at most the
+//! policy's limit (a bucket's capacity, a window's limit) more, and a
+//! bucket's debt never exceeds two full refills: a wrong usage figure cannot
+//! lock a key out for more than that.
+//!
+//! **An unsettled reservation is a plain charge.** Dropped, forgotten, or
+//! its worker crashed: the estimate stays charged, and comes back the way
+//! every charge does (the bucket refills, the entry leaves the window).
+//! Nothing is held forever, nothing runs in the background, and the safe
+//! side (the whole estimate counted) is the default.
+//!
+//! # What a strategy provides
+//!
+//! Two functions in its module, and their twins in its Lua script:
+//!
+//! * `mark()`: where the last charge sits, as a [`Mark`] (`born`: the
+//!   identity of the state the units were taken from; `at`: where in it),
+//!   appended to the reply of a reserve (`'r<n>'`);
+//! * `settle(now, policy, mark, units, actual)`: the refund or the excess,
+//!   answering a peek of one unit (`'s<units>:<actual>:<marks>'`).
+//!
+//! [`State`](crate::model::State) dispatches to them, composites pass each
+//! part its own mark ([`Receipt::part`]), and the conformance suite replays
+//! reserves and settles against the model. A fixed (calendar) window fits
+//! with the same small addition: its mark's `born` is the start of the
+//! window the units were counted in; a refund takes
+//! `min(unused, count)` off the count only while that window is still the
+//! current one (a window that has rolled already gave everything back, and
+//! so did a reset); the excess is added to the current window's count
+//! (at most its limit). Nothing else changes: not the `Op`, not the
+//! [`Receipt`], not the `Limiter` or the layers.
+//!
+//! # Examples
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate_limiter::{model::{Op, Slot}, Policy, TokenBucket};
+//!
+//! let policy = Policy::from(TokenBucket::new(1_000, 1, Duration::from_secs(1))?);
+//! let mut key = Slot::fresh(&policy);
+//! let now = 1_000_000;
+//! // Reserve the prompt plus max_tokens.
+//! let (decision, receipt) = key.reserve(now, &policy, 800);
+//! assert_eq!(decision.remaining(), 200);
+//! // The model used 300 tokens: 500 come back.
+//! let after = key.apply(now, &policy, Op::Settle { receipt, actual: 300 });
+//! assert_eq!(after.remaining(), 700);
+//! # Ok::<(), tollgate_limiter::PolicyError>(())
+//! ```
+
+use crate::strategy::composite::MAX_PARTS;
+use crate::time::Timestamp;
+
+/// Where a reservation's units sit in one policy's state (one part of a
+/// composite).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Mark {
+    /// When the state's current life began (see the [module docs](self)).
+    pub born: Timestamp,
+    /// Token bucket: the theoretical arrival time right after the charge.
+    /// Sliding window: the timestamp of the log entry holding the units.
+    pub at: Timestamp,
+}
+
+/// What a reservation took: its units, and where they sit (one [`Mark`]
+/// per part; the first for a single policy).
+///
+/// A refused reservation took nothing: its receipt is [`Receipt::NONE`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Receipt {
+    /// The units taken (0 when nothing was).
+    pub units: u64,
+    /// Per part, where the units sit; `None` where the backend did not say
+    /// (nothing of that part can be refunded).
+    pub marks: [Option<Mark>; MAX_PARTS],
+}
+
+impl Receipt {
+    /// Nothing taken.
+    pub const NONE: Receipt = Receipt {
+        units: 0,
+        marks: [None; MAX_PARTS],
+    };
+
+    /// `units` taken, with no marks: settling may charge an excess but
+    /// refunds nothing (what a backend that does not implement
+    /// reservations answers).
+    pub fn unmarked(units: u64) -> Self {
+        Self {
+            units,
+            ..Self::NONE
+        }
+    }
+
+    /// The receipt of part `index` alone, as a single policy sees it.
+    pub fn part(&self, index: usize) -> Self {
+        let mut marks = [None; MAX_PARTS];
+        marks[0] = self.marks.get(index).copied().flatten();
+        Self {
+            units: self.units,
+            marks,
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! Reserve, then settle: what a settle promises, on random traces of the
+//! reference model (the backends agree with the model decision by decision,
+//! in the conformance suite).
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tollgate_limiter::model::{Op, Receipt, Slot};
+use tollgate_limiter::{Composite, Policy, SlidingWindow, TokenBucket};
+
+const START: u64 = 1_767_225_600_000_000;
+const S: u64 = 1_000_000;
+
+fn policies() -> impl Strategy<Value = Policy> {
+    let tb = (1u64..12, 1u64..5, 1u64..4_000_000).prop_map(|(c, r, p)| {
+        Policy::from(TokenBucket::new(c, r, Duration::from_micros(p)).unwrap())
+    });
+    let sw = (1u64..12, 1u64..6_000_000)
+        .prop_map(|(l, w)| Policy::from(SlidingWindow::new(l, Duration::from_micros(w)).unwrap()));
+    let part = prop_oneof![tb.clone(), sw.clone()];
+    prop_oneof![
+        tb,
+        sw,
+        proptest::collection::vec(part, 1..=3)
+            .prop_map(|parts| Policy::from(Composite::new(parts).unwrap())),
+    ]
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Advance(u64),
+    Acquire(u64),
+    Reset,
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    let step = prop_oneof![
+        4 => prop_oneof![1u64..1_000, 1_000u64..3_000_000].prop_map(Step::Advance),
+        6 => (1u64..6).prop_map(Step::Acquire),
+        1 => Just(Step::Reset),
+    ];
+    proptest::collection::vec(step, 0..30)
+}
+
+/// Applies `steps` to both keys: whatever `real` admits, `cf` must admit too
+/// (it never has less budget); both are charged alike.
+fn run_both(
+    real: &mut Slot,
+    cf: &mut Slot,
+    policy: &Policy,
+    now: &mut u64,
+    steps: &[Step],
+) -> Result<(), TestCaseError> {
+    for step in steps {
+        match *step {
+            Step::Advance(us) => *now += us,
+            Step::Acquire(c) => {
+                let d = real.apply(*now, policy, Op::Acquire(c));
+                if d.is_allowed() {
+                    let other = cf.apply(*now, policy, Op::Acquire(c));
+                    prop_assert!(other.is_allowed(), "the counterfactual refused {c}");
+                }
+            }
+            Step::Reset => {
+                real.apply(*now, policy, Op::Reset);
+                cf.apply(*now, policy, Op::Reset);
+                // One microsecond apart: see the module docs of reservations
+                // on lives born in the same microsecond.
+                *now += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(3000))]
+
+    /// A settle never mints budget: after reserving `max`, whatever happens
+    /// (charges, time, resets, windows rolling, buckets refilling), settling
+    /// with `actual <= max` leaves the key with no more budget than if only
+    /// `actual` had been charged at the reservation's instant, now and for
+    /// every later request.
+    #[test]
+    fn a_settle_never_gives_more_than_charging_the_actual_cost(
+        policy in policies(),
+        before in steps(),
+        between in steps(),
+        after in steps(),
+        max in 1u64..12,
+        used in 0u64..=100,
+    ) {
+        let max = max.min(policy.max_cost().unwrap());
+        let actual = max * used / 100;
+        let (mut real, mut cf) = (Slot::fresh(&policy), Slot::fresh(&policy));
+        let mut now = START;
+        run_both(&mut real, &mut cf, &policy, &mut now, &before)?;
+        let (d, receipt) = real.reserve(now, &policy, max);
+        if d.is_allowed() {
+            prop_assert_eq!(receipt.units, max);
+            if actual > 0 {
+                prop_assert!(cf.apply(now, &policy, Op::Acquire(actual)).is_allowed());
+            }
+        } else {
+            prop_assert_eq!(receipt, Receipt::NONE);
+        }
+        run_both(&mut real, &mut cf, &policy, &mut now, &between)?;
+        let settled = real.apply(now, &policy, Op::Settle { receipt, actual });
+        let mut peek_cf = cf.clone();
+        prop_assert!(settled.remaining() <= peek_cf.apply(now, &policy, Op::PEEK).remaining());
+        for cost in 1..=policy.max_cost().unwrap() {
+            let (mut r, mut c) = (real.clone(), cf.clone());
+            if r.apply(now, &policy, Op::Peek(cost)).is_allowed() {
+                prop_assert!(c.apply(now, &policy, Op::Peek(cost)).is_allowed());
+            }
+        }
+        run_both(&mut real, &mut cf, &policy, &mut now, &after)?;
+    }
+
+    /// Several reservations in flight, settled in any order between other
+    /// charges, time and resets: at every step, whatever the key admits,
+    /// it would also admit had each reservation charged only its actual
+    /// cost when it was made. Settling never mints budget.
+    #[test]
+    fn interleaved_reservations_never_give_more_than_their_actual_costs(
+        policy in policies(),
+        steps in proptest::collection::vec(
+            prop_oneof![
+                3 => prop_oneof![1u64..1_000, 1_000u64..3_000_000].prop_map(Ev::Advance),
+                3 => (1u64..6).prop_map(Ev::Acquire),
+                4 => (1u64..12, 0u64..=100).prop_map(|(max, used)| Ev::Reserve { max, used }),
+                4 => (0usize..16).prop_map(Ev::Settle),
+                1 => Just(Ev::Reset),
+            ],
+            1..60,
+        ),
+    ) {
+        let limit = policy.max_cost().unwrap();
+        let (mut real, mut cf) = (Slot::fresh(&policy), Slot::fresh(&policy));
+        let mut now = START;
+        // (receipt, actual, settled)
+        let mut held: Vec<(Receipt, u64, bool)> = Vec::new();
+        for ev in steps {
+            match ev {
+                Ev::Advance(us) => now += us,
+                Ev::Acquire(c) => {
+                    if real.apply(now, &policy, Op::Acquire(c)).is_allowed() {
+                        prop_assert!(cf.apply(now, &policy, Op::Acquire(c)).is_allowed());
+                    }
+                }
+                Ev::Reserve { max, used } => {
+                    let max = max.min(limit);
+                    let actual = max * used / 100;
+                    let (d, receipt) = real.reserve(now, &policy, max);
+                    if d.is_allowed() {
+                        if actual > 0 {
+                            prop_assert!(cf.apply(now, &policy, Op::Acquire(actual)).is_allowed());
+                        }
+                        held.push((receipt, actual, false));
+                    }
+                }
+                Ev::Settle(which) => {
+                    let n = held.len().max(1);
+                    if let Some((receipt, actual, settled)) = held.get_mut(which % n)
+                        && !*settled
+                    {
+                        *settled = true;
+                        real.apply(now, &policy, Op::Settle { receipt: *receipt, actual: *actual });
+                    }
+                }
+                Ev::Reset => {
+                    real.apply(now, &policy, Op::Reset);
+                    cf.apply(now, &policy, Op::Reset);
+                    now += 1;
+                }
+            }
+            for cost in 1..=limit {
+                let (mut r, mut c) = (real.clone(), cf.clone());
+                if r.apply(now, &policy, Op::Peek(cost)).is_allowed() {
+                    prop_assert!(
+                        c.apply(now, &policy, Op::Peek(cost)).is_allowed(),
+                        "{cost} fits the key, not the counterfactual"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A settle with the estimate itself changes nothing, and a refund
+    /// never leaves more than the policy's limit.
+    #[test]
+    fn settling_the_estimate_changes_nothing(
+        policy in policies(),
+        before in steps(),
+        max in 1u64..12,
+        wait in 0u64..10_000_000,
+    ) {
+        let max = max.min(policy.max_cost().unwrap());
+        let mut key = Slot::fresh(&policy);
+        let mut now = START;
+        let mut other = Slot::fresh(&policy);
+        run_both(&mut key, &mut other, &policy, &mut now, &before)?;
+        let (d, receipt) = key.reserve(now, &policy, max);
+        if d.is_denied() {
+            return Ok(());
+        }
+        now += wait;
+        let mut copy = key.clone();
+        let want = copy.apply(now, &policy, Op::PEEK);
+        prop_assert_eq!(key.apply(now, &policy, Op::Settle { receipt, actual: max }), want);
+        let refunded = key.apply(now, &policy, Op::Settle { receipt, actual: 0 });
+        prop_assert!(refunded.remaining() <= policy.limit());
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Ev {
+    Advance(u64),
+    Acquire(u64),
+    Reserve { max: u64, used: u64 },
+    Settle(usize),
+    Reset,
+}
+
+fn tb(capacity: u64, per_sec: u64) -> Policy {
+    TokenBucket::per_second(capacity, per_sec).unwrap().into()
+}
+
+fn sw(limit: u64, secs: u64) -> Policy {
+    SlidingWindow::new(limit, Duration::from_secs(secs))
+        .unwrap()
+        .into()
+}
+
+#[test]
+fn unused_units_come_back_at_once() {
+    for policy in [
+        tb(1_000, 10),
+        sw(1_000, 60),
+        Composite::new([tb(1_000, 10), sw(5_000, 3600)])
+            .unwrap()
+            .into(),
+    ] {
+        let mut key = Slot::fresh(&policy);
+        let (d, receipt) = key.reserve(START, &policy, 800);
+        assert_eq!(d.remaining(), 200, "{policy:?}");
+        let after = key.apply(
+            START + 1,
+            &policy,
+            Op::Settle {
+                receipt,
+                actual: 300,
+            },
+        );
+        assert_eq!(after.remaining(), 700, "{policy:?}");
+    }
+}
+
+#[test]
+fn a_token_bucket_does_not_refund_what_already_dripped_back() {
+    // 10 tokens, one a second.
+    let policy = tb(10, 1);
+    let mut key = Slot::fresh(&policy);
+    let (_, receipt) = key.reserve(START, &policy, 10);
+    // 7 s later, 7 tokens are back; of the 10 unused, only the 3 still
+    // out can come back.
+    let d = key.apply(START + 7 * S, &policy, Op::Settle { receipt, actual: 0 });
+    assert_eq!(d.remaining(), 10);
+    let mut key = Slot::fresh(&policy);
+    let (_, receipt) = key.reserve(START, &policy, 10);
+    assert!(
+        key.apply(START + 7 * S, &policy, Op::Acquire(7))
+            .is_allowed()
+    );
+    let d = key.apply(START + 7 * S, &policy, Op::Settle { receipt, actual: 0 });
+    // Had only 0 been reserved: 10 - 7 = 3 left; and so it is.
+    assert_eq!(d.remaining(), 3);
+}
+
+#[test]
+fn a_window_that_rolled_refunds_nothing() {
+    let policy = sw(10, 60);
+    let mut key = Slot::fresh(&policy);
+    let (_, receipt) = key.reserve(START, &policy, 10);
+    assert!(
+        key.apply(START + 30 * S, &policy, Op::Acquire(1))
+            .is_denied()
+    );
+    assert!(
+        key.apply(START + 60 * S, &policy, Op::Acquire(4))
+            .is_allowed()
+    );
+    // The reservation's entry left the window at 60 s.
+    let d = key.apply(START + 61 * S, &policy, Op::Settle { receipt, actual: 0 });
+    assert_eq!(d.remaining(), 6);
+}
+
+#[test]
+fn a_refund_after_a_reset_mints_nothing() {
+    for policy in [tb(10, 1), sw(10, 60)] {
+        let mut key = Slot::fresh(&policy);
+        let (_, receipt) = key.reserve(START, &policy, 10);
+        key.apply(START + 1, &policy, Op::Reset);
+        assert!(key.apply(START + 2, &policy, Op::Acquire(10)).is_allowed());
+        let d = key.apply(START + 3, &policy, Op::Settle { receipt, actual: 0 });
+        assert_eq!(d.remaining(), 0, "{policy:?}");
+    }
+}
+
+#[test]
+fn the_excess_is_charged_into_overdraft_bounded() {
+    let policy = tb(10, 1);
+    let mut key = Slot::fresh(&policy);
+    let (_, receipt) = key.reserve(START, &policy, 10);
+    // Used 25: 15 more, capped at the capacity (10), the debt at two full
+    // refills (20 s).
+    let d = key.apply(
+        START,
+        &policy,
+        Op::Settle {
+            receipt,
+            actual: 25,
+        },
+    );
+    assert!(d.is_denied());
+    assert_eq!(d.retry_after(), Duration::from_secs(11));
+    let d = key.apply(
+        START,
+        &policy,
+        Op::Settle {
+            receipt,
+            actual: u64::MAX,
+        },
+    );
+    assert_eq!(d.retry_after(), Duration::from_secs(11));
+
+    let policy = sw(10, 60);
+    let mut key = Slot::fresh(&policy);
+    let (_, receipt) = key.reserve(START, &policy, 10);
+    let d = key.apply(
+        START + S,
+        &policy,
+        Op::Settle {
+            receipt,
+            actual: 14,
+        },
+    );
+    assert_eq!(
+        (d.remaining(), d.retry_after()),
+        (0, Duration::from_secs(59))
+    );
+    // The 4 extra units were recorded at 1 s: they stay a window from then.
+    let d = key.apply(START + 60 * S, &policy, Op::PEEK);
+    assert_eq!(
+        (d.remaining(), d.reset_after()),
+        (6, Duration::from_secs(1))
+    );
+}
+
+#[test]
+fn a_composite_settles_every_part() {
+    let policy: Policy = Composite::new([tb(100, 1), sw(50, 60)]).unwrap().into();
+    let mut key = Slot::fresh(&policy);
+    let (d, receipt) = key.reserve(START, &policy, 40);
+    assert_eq!((d.part(), d.remaining()), (1, 10));
+    let d = key.apply(
+        START,
+        &policy,
+        Op::Settle {
+            receipt,
+            actual: 10,
+        },
+    );
+    assert_eq!((d.part(), d.remaining()), (1, 40));
+    let Slot { state, .. } = &key;
+    let tollgate_limiter::model::State::Composite(c) = state else {
+        panic!("a composite")
+    };
+    let bucket = c.parts[0].clone().apply(START, &tb(100, 1), Op::PEEK);
+    assert_eq!(bucket.remaining(), 90);
+}
