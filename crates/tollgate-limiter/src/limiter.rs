@@ -578,6 +578,8 @@ impl<B: Backend> Limiter<B> {
         if let Some(cache) = &self.inner.denials {
             cache.forget(key);
         }
+        // Every admitted call costs at least the minimum, as with check_cost.
+        let actual = actual.max(self.inner.min_cost);
         let op = Op::Settle { receipt, actual };
         self.try_op(key, op, &self.inner.guard.deadline()).await
     }

@@ -67,10 +67,11 @@ impl<B> Reservation<B> {
 }
 
 impl<B: Backend> Reservation<B> {
-    /// Settles the reservation with the real cost, `actual`: the unused
-    /// units still held are refunded, or the excess is charged (even into
-    /// overdraft, bounded: see
-    /// [`strategy::reservation`](crate::strategy::reservation)). One
+    /// Settles the reservation with the real cost, `actual` (at least the
+    /// limiter's [minimum cost](crate::LimiterBuilder::min_cost): a call
+    /// reporting no usage still counts): the unused units still held are
+    /// refunded, or the excess is charged (even into overdraft, bounded:
+    /// see [`strategy::reservation`](crate::strategy::reservation)). One
     /// backend round trip, under the limiter's timeout and breaker.
     ///
     /// Answers the key's figures afterwards (as a peek of one unit would);

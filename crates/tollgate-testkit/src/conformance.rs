@@ -657,6 +657,10 @@ pub async fn reserve_and_settle<B: Backend + Clone>(backend: B, clock: MockClock
         clock.advance(ms);
         let d = r.settle(0).await.unwrap().unwrap();
         assert_eq!(d.remaining(), 0, "{policy:?}");
+        // A call that reports no usage still costs the minimum (1).
+        let quiet = Key::new("quiet");
+        let (_, r) = l.reserve(&quiet, 5).await;
+        assert_eq!(r.settle(0).await.unwrap().unwrap().remaining(), 999);
         // An estimate no wait can grant is refused as a check is.
         let (v, r) = l.reserve(&Key::new("big"), 100_000).await;
         assert!(matches!(

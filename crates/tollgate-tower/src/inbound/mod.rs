@@ -82,6 +82,10 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! A cost known only from the response (LLM tokens) is reserved as an
+//! estimate and settled with the usage the response reports: one more
+//! line, [`RateLimitLayer::settle`] (see [`SettleWith`]).
 
 pub mod future;
 mod hooks;
