@@ -38,6 +38,11 @@
 //!   the clocks go forward. [`Calendar::window`] is the nominal period (1
 //!   day, 7 days, 31 days), for where no instant is known.
 //! * A cost above `limit` is impossible: no window can ever grant it.
+//! * Like every fixed window, a quota can be spent twice in a short time
+//!   around a boundary (all of it at the end of one window, all again at
+//!   the start of the next): that is what a calendar quota means. Compose it
+//!   with a token bucket or a sliding window (a [composite](crate::composite))
+//!   to bound the rate as well.
 //!
 //! # State and expiry
 //!
