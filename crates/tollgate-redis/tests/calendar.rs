@@ -137,6 +137,11 @@ tollgate_testkit::on_every_server! {
         let d = l.try_acquire(&k, 2).await.unwrap();
         let after = SystemClock.now();
         assert!(d.is_allowed());
+        if day.window_at(before) != day.window_at(after) {
+            // Midnight passed during the call: which day counted is not
+            // known here (the model comparisons cover the boundary).
+            return;
+        }
         let (_, end) = day.window_at(after);
         let reset = u64::try_from(d.reset_after().as_micros()).unwrap();
         // The server's clock is this machine's: between the two readings.
