@@ -95,6 +95,10 @@ tollgate_testkit::on_every_server! {
         assert_eq!(reply, [1, 1, 0, 0, 23 * H as i64 - 5, 23 * H as i64]);
         let start: String = r.hget(&state, "a").await.unwrap();
         assert_eq!(start, midnight.to_string());
+        // The key expires at the end of its window (23 h after midnight,
+        // rounded up to a millisecond), not a moment later.
+        let pttl: i64 = r.pttl(&state).await.unwrap();
+        assert!(pttl > 82_799_000 && pttl <= 82_800_000, "pttl {pttl}");
         let reply = ints(&eval(&mut r, &state, midnight + 7, policy, &sent).await);
         assert_eq!(reply[..4], [0, 1, 0, 23 * H as i64 - 7]);
 
