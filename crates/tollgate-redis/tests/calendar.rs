@@ -30,7 +30,12 @@ async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
 fn berlin(y: i16, m: i8, d: i8, h: i8) -> Timestamp {
     let zdt = jiff::civil::date(y, m, d)
         .at(h, 0, 0, 0)
-        .in_tz("Europe/Berlin")
+        .to_zoned_datetime(
+            tollgate_limiter::Zone::get("Europe/Berlin")
+                .unwrap()
+                .time_zone()
+                .clone(),
+        )
         .unwrap();
     u64::try_from(zdt.timestamp().as_microsecond()).unwrap()
 }

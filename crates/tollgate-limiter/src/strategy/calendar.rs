@@ -21,8 +21,9 @@
 //! every instant is in exactly one.
 //!
 //! Time-zone rules come from the IANA database bundled into the binary (the
-//! `jiff` crate with its `tzdb-bundle-always` feature), not from the host's
-//! `/usr/share/zoneinfo`: every worker running one build computes the same
+//! `jiff` crate with its `tzdb-bundle-always` feature, asked through
+//! `TimeZoneDatabase::bundled`), not from the host's `/usr/share/zoneinfo`
+//! or `TZDIR`: every worker running one build computes the same
 //! windows, whatever its host's tzdata says. A new rule reaches tollgate
 //! with a new build.
 //!
@@ -106,7 +107,7 @@ use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 use jiff::civil::Date;
-use jiff::tz::TimeZone;
+use jiff::tz::{TimeZone, TimeZoneDatabase};
 
 use crate::decision::Decision;
 use crate::policy::PolicyError;
@@ -232,6 +233,11 @@ struct Interned {
 static ZONES: LazyLock<Mutex<HashMap<String, &'static Interned>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
+/// The database bundled into the binary, asked explicitly: even if another
+/// crate of the build turned on jiff's system-database features, zones come
+/// from here, never from the host.
+static BUNDLED: LazyLock<TimeZoneDatabase> = LazyLock::new(TimeZoneDatabase::bundled);
+
 impl Zone {
     /// The zone named `name` in the IANA database (`"Europe/Berlin"`,
     /// `"UTC"`; case-insensitive, kept in its canonical spelling). The
@@ -242,7 +248,7 @@ impl Zone {
         if let Some(z) = crate::lock(&ZONES).get(name) {
             return Ok(Self(z));
         }
-        let tz = TimeZone::get(name).map_err(|_| {
+        let tz = BUNDLED.get(name).map_err(|_| {
             invalid(format!(
                 "unknown time zone {name:?} (an IANA name such as \"Europe/Berlin\" or \"UTC\")"
             ))
@@ -539,7 +545,7 @@ mod tests {
     fn at(tz: &str, y: i16, m: i8, d: i8, h: i8, min: i8) -> Timestamp {
         let zdt = jiff::civil::date(y, m, d)
             .at(h, min, 0, 0)
-            .to_zoned_datetime(TimeZone::get(tz).unwrap())
+            .to_zoned_datetime(Zone::get(tz).unwrap().time_zone().clone())
             .unwrap();
         u64::try_from(zdt.timestamp().as_microsecond()).unwrap()
     }
