@@ -59,9 +59,14 @@
 //! that only changes the limit keeps counting in the same window.
 //!
 //! A clock that steps back across a boundary (a server whose clock was
-//! corrected) does not reopen the earlier window: while `now` is before the
-//! stored window's start, the stored window is still the one counted in,
-//! as the sliding window clamps `now` to its newest event.
+//! corrected) does not reopen the earlier window once the key counted in
+//! the newer one: while `now` is before the stored window's start, the
+//! stored window is still the one counted in, as the sliding window clamps
+//! `now` to its newest event. (A clock that jumps past a boundary and back
+//! before the key counted anything in the new window finds the old
+//! window's key expired: that window's last moments start from zero. A
+//! slack on the expiry would narrow this, at the price of keys outliving
+//! their state; exact expiry is the rule every strategy follows.)
 //!
 //! # In the Redis backend
 //!
