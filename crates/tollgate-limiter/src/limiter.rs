@@ -191,7 +191,10 @@ impl<B: Backend> LimiterBuilder<B> {
     ///   `capacity + W × (batch − 1)` (over a period `T`, at most
     ///   `capacity + refill × T / period + W × (batch − 1)`);
     /// * sliding window: at most `limit + W × (batch − 1)` in any
-    ///   window-long interval.
+    ///   window-long interval;
+    /// * calendar quota: at most `limit + W × (batch − 1)` in one calendar
+    ///   window (units leased before a boundary, spent within `ttl` after
+    ///   it).
     ///
     /// Leases expire after `ttl`, so choosing `ttl` shorter than the time
     /// the backend takes to grant `W × (batch − 1)` units again (its refill

@@ -110,3 +110,60 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// A calendar quota admits at most its limit per calendar window of its
+    /// zone, whatever the steps; a refusal's retry-after lands exactly on
+    /// the next boundary, where the count starts from zero; a cost that
+    /// fits the limit always passes at the start of a window.
+    #[test]
+    fn calendar_never_exceeds_its_limit_per_window(
+        limit in 1u64..20,
+        period in prop_oneof![
+            Just(tollgate_limiter::Period::Day),
+            Just(tollgate_limiter::Period::Week),
+            Just(tollgate_limiter::Period::Month),
+        ],
+        zone in proptest::sample::select(vec![
+            "UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Kathmandu",
+        ]),
+        start_days in 0u64..800,
+        steps in proptest::collection::vec(
+            (prop_oneof![0u64..600_000_000, 0u64..4 * 86_400_000_000], 1u64..8),
+            1..150,
+        ),
+    ) {
+        use tollgate_limiter::Calendar;
+        use tollgate_limiter::model::CalendarState;
+        let p = Calendar::new(limit, period, zone).unwrap();
+        let mut s = CalendarState::default();
+        let mut now = START + start_days * 86_400_000_000;
+        let mut used: std::collections::HashMap<(u64, u64), u64> = Default::default();
+        for (wait, cost) in steps {
+            now += wait;
+            let window = p.window_at(now);
+            prop_assert!(window.0 <= now && now < window.1);
+            let d = s.acquire(now, &p, cost);
+            prop_assert_eq!(d.window().as_micros() as u64, window.1 - window.0);
+            if d.is_impossible() {
+                prop_assert!(cost > limit);
+                continue;
+            }
+            if d.is_allowed() {
+                let u = used.entry(window).or_default();
+                *u += cost;
+                prop_assert!(*u <= limit, "{} admitted in {:?}", u, window);
+                prop_assert_eq!(d.remaining(), limit - *u);
+                prop_assert_eq!(d.reset_after().as_micros() as u64, window.1 - now);
+            } else {
+                let r = d.retry_after().as_micros() as u64;
+                prop_assert_eq!(now + r, window.1, "the next boundary");
+                let mut probe = s;
+                prop_assert!(probe.acquire(now + r - 1, &p, cost).is_denied());
+                prop_assert!(probe.acquire(now + r, &p, cost).is_allowed());
+            }
+        }
+    }
+}

@@ -702,7 +702,9 @@ impl RedisBackend {
                 }
             }
         }
-        Err(RedisError::Protocol("policy strategy kept changing".into()))
+        Err(RedisError::Protocol(
+            "the policy in force kept changing (strategy or calendar bounds)".into(),
+        ))
     }
 }
 

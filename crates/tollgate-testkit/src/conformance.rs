@@ -536,7 +536,7 @@ pub async fn composite_charges_nothing_on_refusal<B: Backend + Clone>(
 fn civil(tz: &str, (y, m, d): (i16, i8, i8), (h, min): (i8, i8)) -> Timestamp {
     let zdt = jiff::civil::date(y, m, d)
         .at(h, min, 0, 0)
-        .in_tz(tz)
+        .to_zoned_datetime(tollgate_limiter::Zone::get(tz).unwrap().time_zone().clone())
         .expect("a valid civil time");
     u64::try_from(zdt.timestamp().as_microsecond()).expect("after 1970")
 }

@@ -57,6 +57,8 @@ fn every_row_has_its_strategy_and_fail_mode() {
             FailMode::Closed,
         ),
         ("llm_tokens", Strategy::TokenBucket, FailMode::Closed),
+        ("plan_monthly", Strategy::Calendar, FailMode::Open),
+        ("plan_api", Strategy::Composite, FailMode::Open),
     ];
     for (name, strategy, fail_mode) in rows {
         let l = c.limiter(name).unwrap();
@@ -118,4 +120,34 @@ fn the_examples_ship_the_documented_numbers() {
             assert_eq!(doc.fail_mode, ex.fail_mode, "{name}");
         }
     }
+}
+
+/// The calendar section's worked example: `plan_monthly` with a limit of
+/// 3, from 31 January 2026 at 23:59 in Berlin.
+#[test]
+fn the_calendar_worked_example_holds() {
+    use tollgate_limiter::model::{Op, State};
+    use tollgate_limiter::{Calendar, Period};
+    let c = documented();
+    let Policy::Calendar(documented) = c.limiter("plan_monthly").unwrap().policy else {
+        panic!("plan_monthly is a calendar quota")
+    };
+    assert_eq!(documented.period(), Period::Month);
+    assert_eq!(documented.zone().name(), "Europe/Berlin");
+    let policy =
+        Policy::from(Calendar::in_zone(3, documented.period(), documented.zone()).unwrap());
+    let mut key = State::fresh(&policy);
+    // 2026-01-31T22:59:00Z
+    let now = 1_769_900_340_000_000;
+    for left in [2, 1, 0] {
+        let d = key.apply(now, &policy, Op::Acquire(1));
+        assert!(d.is_allowed());
+        assert_eq!((d.remaining(), d.reset_after_secs()), (left, 60));
+        assert_eq!(d.window(), Duration::from_secs(2_678_400));
+    }
+    let d = key.apply(now, &policy, Op::Acquire(1));
+    assert_eq!((d.is_denied(), d.retry_after_secs()), (true, 60));
+    let d = key.apply(now + 60_000_000, &policy, Op::Acquire(1));
+    assert!(d.is_allowed());
+    assert_eq!((d.remaining(), d.reset_after_secs()), (2, 2_419_200));
 }

@@ -319,6 +319,10 @@ mod tests {
             (1u64..6, 1u64..5_000_000).prop_map(|(l, w)| {
                 Policy::from(SlidingWindow::new(l, Duration::from_micros(w)).unwrap())
             }),
+            (1u64..6).prop_map(|l| {
+                let period = crate::Period::Day;
+                Policy::from(crate::Calendar::new(l, period, "UTC").unwrap())
+            }),
         ]
     }
 
@@ -330,7 +334,10 @@ mod tests {
         #[test]
         fn each_part_sees_only_what_the_composite_admitted(
             parts in proptest::collection::vec(part(), 1..=MAX_PARTS),
-            steps in proptest::collection::vec((0u64..2_000_000, 0u64..7, proptest::bool::ANY), 1..80),
+            steps in proptest::collection::vec(
+                (proptest::prop_oneof![0u64..2_000_000, 0u64..30_000_000_000], 0u64..7, proptest::bool::ANY),
+                1..80,
+            ),
         ) {
             let c = Composite::new(parts.clone()).unwrap();
             let mut composite = CompositeState::default();
