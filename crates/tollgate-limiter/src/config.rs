@@ -38,6 +38,24 @@
 //! response_timeout = "500ms"
 //! ```
 //!
+//! A concurrency limit caps the requests of one key in flight at once
+//! (see [`Concurrency`]); `mode = "shadow"` decides and records but never
+//! refuses (see [`shadow`](crate::shadow)), and a top-level `shadow = true`
+//! (`TOLLGATE_SHADOW=true`) puts every limiter in shadow mode:
+//!
+//! ```toml
+//! [limiters.exports]
+//! strategy = "concurrency"
+//! max_in_flight = 4
+//! lease = "2m"
+//!
+//! [limiters.search]
+//! strategy = "token_bucket"
+//! capacity = 20
+//! refill = "10/s"
+//! mode = "shadow"
+//! ```
+//!
 //! Everything is validated when loaded: an unknown field, an unknown
 //! strategy, a zero capacity or window, a field that does not belong to the
 //! strategy, a default cost or a `min_cost` (the least any call is charged,
@@ -57,7 +75,10 @@ use crate::backend::Backend;
 use crate::breaker::BreakerConfig;
 use crate::composite::Composite;
 use crate::limiter::{DEFAULT_TIMEOUT, FailMode, Limiter};
-use crate::policy::{Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy, TokenBucket};
+use crate::policy::{
+    Concurrency, Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy, TokenBucket,
+};
+use crate::shadow::Mode;
 
 mod redis;
 
@@ -139,7 +160,11 @@ struct RawLimiter {
     factor: Option<u64>,
     max_delay: Option<String>,
     forget_after: Option<String>,
+    // concurrency
+    max_in_flight: Option<u64>,
+    lease: Option<String>,
     // common
+    mode: Option<String>,
     cost: Option<u64>,
     min_cost: Option<u64>,
     fail_mode: Option<String>,
@@ -149,6 +174,9 @@ struct RawLimiter {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
+    /// Every limiter in shadow mode, whatever its own `mode`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    shadow: Option<bool>,
     #[serde(default)]
     defaults: RawDefaults,
     #[serde(default)]
@@ -211,6 +239,15 @@ impl ConfigBuilder {
         self
     }
 
+    /// Adds a layer that sets the top-level `shadow` switch: with `true`,
+    /// every limiter is in [shadow mode](crate::shadow) whatever its own
+    /// `mode` says (a dry run of a whole deployment). Later layers (the
+    /// environment's `TOLLGATE_SHADOW`) may still change it.
+    pub fn shadow(mut self, yes: bool) -> Self {
+        self.figment = self.figment.merge(Serialized::default("shadow", yes));
+        self
+    }
+
     /// Merges the layers and validates every limiter.
     pub fn load(self) -> Result<Config, ConfigError> {
         let raw: RawConfig = self.figment.extract().map_err(Box::new)?;
@@ -236,6 +273,9 @@ pub struct LimiterConfig {
     pub timeout: Duration,
     /// Its circuit breaker.
     pub breaker: BreakerConfig,
+    /// Enforce (default) or shadow: the limiter's `mode`, or shadow for
+    /// every limiter under the top-level `shadow = true`.
+    pub mode: Mode,
 }
 
 impl LimiterConfig {
@@ -246,6 +286,7 @@ impl LimiterConfig {
             .timeout(self.timeout)
             .breaker(self.breaker)
             .min_cost(self.min_cost)
+            .mode(self.mode)
             .build()
     }
 }
@@ -359,7 +400,10 @@ impl Config {
                     "limiter names must be non-empty, without '{', '}' or ':'",
                 ));
             }
-            let cfg = validate(&name, &l, fail_mode, timeout, breaker)?;
+            let mut cfg = validate(&name, &l, fail_mode, timeout, breaker)?;
+            if raw.shadow == Some(true) {
+                cfg.mode = Mode::Shadow;
+            }
             limiters.insert(name, cfg);
         }
         let adaptive = raw
@@ -427,6 +471,10 @@ fn validate(
     if timeout.is_zero() {
         return Err(err("timeout", "must be above zero".into()));
     }
+    let mode = match &l.mode {
+        Some(s) => s.parse().map_err(|e| err("mode", e))?,
+        None => Mode::default(),
+    };
     Ok(LimiterConfig {
         name: name.to_owned(),
         policy,
@@ -435,6 +483,7 @@ fn validate(
         fail_mode,
         timeout,
         breaker,
+        mode,
     })
 }
 
@@ -449,12 +498,13 @@ fn single_policy(l: &RawLimiter) -> Result<Policy, FieldError> {
         Some("sliding_window") => Strategy::SlidingWindow,
         Some("progressive_delay") => Strategy::ProgressiveDelay,
         Some("composite") => Strategy::Composite,
+        Some("concurrency") => Strategy::Concurrency,
         Some(other) => {
             return Err(err(
                 "strategy",
                 format!(
                     "unknown strategy {other:?}; expected token_bucket, sliding_window, \
-                     progressive_delay or composite"
+                     progressive_delay, composite or concurrency"
                 ),
             ));
         }
@@ -462,7 +512,7 @@ fn single_policy(l: &RawLimiter) -> Result<Policy, FieldError> {
     };
     // Each strategy's own fields; any other strategy's field is a mistake
     // worth reporting (a `window` on a token bucket does nothing).
-    let present: [(&'static str, bool, Strategy); 10] = [
+    let present: [(&'static str, bool, Strategy); 12] = [
         ("capacity", l.capacity.is_some(), Strategy::TokenBucket),
         ("refill", l.refill.is_some(), Strategy::TokenBucket),
         ("limit", l.limit.is_some(), Strategy::SlidingWindow),
@@ -493,6 +543,12 @@ fn single_policy(l: &RawLimiter) -> Result<Policy, FieldError> {
             l.forget_after.is_some(),
             Strategy::ProgressiveDelay,
         ),
+        (
+            "max_in_flight",
+            l.max_in_flight.is_some(),
+            Strategy::Concurrency,
+        ),
+        ("lease", l.lease.is_some(), Strategy::Concurrency),
     ];
     if let Some((field, _, s)) = present.iter().find(|(_, set, s)| *set && *s != strategy) {
         return Err(err(field, format!("belongs to {s}, not to {strategy}")));
@@ -530,6 +586,11 @@ fn single_policy(l: &RawLimiter) -> Result<Policy, FieldError> {
         )
         .map_err(|e| (e.field, e.reason))?
         .into(),
+        Strategy::Concurrency => {
+            Concurrency::new(req("max_in_flight", l.max_in_flight)?, dur("lease", &l.lease)?)
+                .map_err(|e| (e.field, e.reason))?
+                .into()
+        }
     })
 }
 
@@ -547,6 +608,8 @@ fn composite_policy(l: &RawLimiter, parts: &[RawLimiter]) -> Result<Policy, Fiel
         ("factor", l.factor.is_some()),
         ("max_delay", l.max_delay.is_some()),
         ("forget_after", l.forget_after.is_some()),
+        ("max_in_flight", l.max_in_flight.is_some()),
+        ("lease", l.lease.is_some()),
     ];
     if let Some((field, _)) = present.iter().find(|(_, set)| *set) {
         return Err((
@@ -562,6 +625,7 @@ fn composite_policy(l: &RawLimiter, parts: &[RawLimiter]) -> Result<Policy, Fiel
             ("min_cost", part.min_cost.is_some()),
             ("fail_mode", part.fail_mode.is_some()),
             ("timeout", part.timeout.is_some()),
+            ("mode", part.mode.is_some()),
         ];
         if let Some((field, _)) = nested.iter().find(|(_, set)| *set) {
             return Err((
@@ -925,5 +989,47 @@ mod tests {
             .load()
             .unwrap_err();
         assert!(e.to_string().contains("tollgate.toml"), "{e}");
+    }
+
+    #[test]
+    fn concurrency_loads_and_names_its_fields() {
+        let c = load("[limiters.exports]\nstrategy='concurrency'\nmax_in_flight=4\nlease='2m'")
+            .unwrap();
+        let l = c.limiter("exports").unwrap();
+        assert_eq!(
+            l.policy,
+            Policy::from(Concurrency::new(4, Duration::from_secs(120)).unwrap())
+        );
+        let e = err("[limiters.x]\nstrategy='concurrency'\nmax_in_flight=0\nlease='1m'");
+        assert!(e.contains("limiters.x.max_in_flight"), "{e}");
+        let e = err("[limiters.x]\nstrategy='concurrency'\nmax_in_flight=2");
+        assert!(e.contains("limiters.x.lease: missing"), "{e}");
+        let e = err("[limiters.x]\nstrategy='concurrency'\nmax_in_flight=2\nlease='1m'\nlimit=3");
+        assert!(e.contains("limiters.x.limit") && e.contains("sliding_window"), "{e}");
+        let e = err("[limiters.x]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/s'\nlease='1m'");
+        assert!(e.contains("limiters.x.lease") && e.contains("concurrency"), "{e}");
+        // A cost is not a number of slots: any cost loads.
+        assert!(load("[limiters.x]\nstrategy='concurrency'\nmax_in_flight=1\nlease='1s'\ncost=5").is_ok());
+    }
+
+    #[test]
+    fn mode_defaults_to_enforce_and_the_top_level_switch_shadows_all() {
+        let tb = "[limiters.a]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/s'\n\
+                  [limiters.b]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/s'\nmode='shadow'\n";
+        let c = load(tb).unwrap();
+        assert_eq!(c.limiter("a").unwrap().mode, Mode::Enforce);
+        assert_eq!(c.limiter("b").unwrap().mode, Mode::Shadow);
+        let e = err("[limiters.a]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/s'\nmode='dry'");
+        assert!(e.contains("limiters.a.mode"), "{e}");
+        let all = Config::builder().toml_str(tb).shadow(true).load().unwrap();
+        assert!(all.limiters().all(|l| l.mode == Mode::Shadow));
+        let all = load(&format!("shadow = true\n{tb}")).unwrap();
+        assert_eq!(all.limiter("a").unwrap().mode, Mode::Shadow);
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("TOLLGATE_SHADOW", "true");
+            let c = Config::builder().toml_str(tb).env().load().unwrap();
+            assert_eq!(c.limiter("a").unwrap().mode, Mode::Shadow);
+            Ok(())
+        });
     }
 }

@@ -92,8 +92,13 @@ impl DenyCache {
     pub(crate) fn applies(policy: &Policy, op: Op) -> bool {
         matches!(
             (policy, op),
-            (_, Op::Peek(_))
-                | (
+            (
+                Policy::TokenBucket(_)
+                    | Policy::SlidingWindow(_)
+                    | Policy::Composite(_)
+                    | Policy::ProgressiveDelay(_),
+                Op::Peek(_)
+            ) | (
                     Policy::TokenBucket(_) | Policy::SlidingWindow(_) | Policy::Composite(_),
                     Op::Acquire(_)
                 )

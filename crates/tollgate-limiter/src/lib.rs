@@ -4,11 +4,13 @@
 //! talks to Redis or HTTP:
 //!
 //! * [policies](Policy): [`TokenBucket`], exact [`SlidingWindow`],
-//!   [`ProgressiveDelay`], and [`Composite`]s of several, decided at once;
+//!   [`ProgressiveDelay`], [`Composite`]s of several, decided at once, and
+//!   [`Concurrency`] limits on requests in flight;
 //! * the [`Decision`] a limiter answers with (a refusal is a value);
 //! * the [`Backend`] trait that the memory and Redis backends implement;
 //! * the [`Limiter`]: a named policy over a backend, with a per-decision
-//!   timeout, a circuit breaker, a [`FailMode`] and runtime overrides;
+//!   timeout, a circuit breaker, a [`FailMode`], runtime overrides and a
+//!   [shadow mode](shadow);
 //! * [`Key`]s that are bounded and never hold secrets in clear;
 //! * layered [`Config`]uration;
 //! * [`Clock`]s, with a [`MockClock`] for tests;
@@ -52,7 +54,9 @@ mod lease;
 pub mod limiter;
 pub mod metrics;
 pub mod model;
+mod permit;
 pub mod policy;
+pub mod shadow;
 mod sharded;
 pub mod strategy;
 pub use strategy::composite;
@@ -68,7 +72,11 @@ pub use error::{BoxError, Error};
 pub use key::{Key, KeyHasher};
 pub use limiter::{DEFAULT_LOCAL_CAPACITY, Denied, FailMode, Limiter, LimiterBuilder, Verdict};
 pub use model::Op;
-pub use policy::{Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy, TokenBucket};
+pub use permit::Permit;
+pub use shadow::Mode;
+pub use policy::{
+    Concurrency, Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy, TokenBucket,
+};
 pub use time::{Clock, MockClock, SystemClock, Timestamp};
 
 /// Locks a mutex whose data stays valid whatever a panicking holder did

@@ -11,6 +11,7 @@ use crate::policy::Policy;
 use crate::time::Timestamp;
 
 pub use crate::strategy::composite::CompositeState;
+pub use crate::strategy::concurrency::ConcurrencyState;
 pub use crate::strategy::progressive_delay::ProgressiveDelayState;
 pub use crate::strategy::sliding_window::SlidingWindowState;
 pub use crate::strategy::token_bucket::TokenBucketState;
@@ -41,6 +42,15 @@ pub enum Op {
     /// Forget the key: it becomes a fresh key (for a progressive delay, a
     /// successful login). Answers as `Peek(1)` would afterwards.
     Reset,
+    /// Take the [concurrency](crate::Concurrency) slot of this id (drawn at
+    /// random by the caller), or renew its lease if the key holds it
+    /// already. Under any other policy: answers as `Peek(1)`, records
+    /// nothing.
+    Hold(u64),
+    /// Give back the [concurrency](crate::Concurrency) slot of this id (if
+    /// the key holds it); answers as `Peek(1)` would afterwards. Under any
+    /// other policy: answers as `Peek(1)`, records nothing.
+    Release(u64),
 }
 
 impl Op {
@@ -59,6 +69,8 @@ pub enum State {
     ProgressiveDelay(ProgressiveDelayState),
     /// See [`CompositeState`].
     Composite(CompositeState),
+    /// See [`ConcurrencyState`].
+    Concurrency(ConcurrencyState),
 }
 
 impl State {
@@ -69,6 +81,7 @@ impl State {
             Policy::SlidingWindow(_) => Self::SlidingWindow(SlidingWindowState::default()),
             Policy::ProgressiveDelay(_) => Self::ProgressiveDelay(ProgressiveDelayState::default()),
             Policy::Composite(_) => Self::Composite(CompositeState::default()),
+            Policy::Concurrency(_) => Self::Concurrency(ConcurrencyState::default()),
         }
     }
 
@@ -93,13 +106,14 @@ impl State {
             (Self::SlidingWindow(s), Policy::SlidingWindow(p), Op::Penalise(n)) => {
                 s.penalise(now, p, n)
             }
-            (Self::SlidingWindow(s), Policy::SlidingWindow(p), Op::Reset) => s.peek(now, p, 1),
+            (Self::SlidingWindow(s), Policy::SlidingWindow(p), _) => s.peek(now, p, 1),
             (Self::ProgressiveDelay(s), Policy::ProgressiveDelay(p), Op::Acquire(c)) => {
                 s.acquire(now, p, c)
             }
             (Self::ProgressiveDelay(s), Policy::ProgressiveDelay(p), _) => s.peek(now, p),
             // The parts' decisions carry their own windows.
             (Self::Composite(s), Policy::Composite(c), op) => return s.apply(now, c, op),
+            (Self::Concurrency(s), Policy::Concurrency(p), op) => s.apply(now, p, op),
             _ => {
                 *self = Self::fresh(policy);
                 return self.apply(now, policy, op);
@@ -116,6 +130,7 @@ impl State {
             (Self::SlidingWindow(s), Policy::SlidingWindow(p)) => s.expires_at(p),
             (Self::ProgressiveDelay(s), Policy::ProgressiveDelay(p)) => s.expires_at(p),
             (Self::Composite(s), Policy::Composite(c)) => s.expires_at(c),
+            (Self::Concurrency(s), _) => s.expires_at(),
             _ => 0,
         }
     }
@@ -131,6 +146,12 @@ pub fn records(policy: &Policy, op: Op, decision: &Decision) -> bool {
     }
     match (op, policy) {
         (Op::Peek(_) | Op::Reset, _) => false,
+        // Taking, renewing or giving back a slot; any other operation only
+        // looks at a concurrency limit.
+        (Op::Hold(_), Policy::Concurrency(_)) => decision.is_allowed(),
+        (Op::Release(_), Policy::Concurrency(_)) => true,
+        (Op::Hold(_) | Op::Release(_), _) => false,
+        (_, Policy::Concurrency(_)) => false,
         (Op::Penalise(n), Policy::SlidingWindow(p)) => n > 0 && p.penalises_refused(),
         (Op::Penalise(_), _) => false,
         (Op::Acquire(_), Policy::TokenBucket(_)) => decision.is_allowed(),
@@ -151,6 +172,7 @@ pub fn window_of(policy: &Policy) -> std::time::Duration {
         Policy::SlidingWindow(p) => p.window_micros(),
         Policy::ProgressiveDelay(p) => p.forget_after_micros(),
         Policy::Composite(c) => return c.window(),
+        Policy::Concurrency(p) => p.lease_micros(),
     };
     std::time::Duration::from_micros(us)
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::time::micros;
 
 pub use crate::strategy::composite::Composite;
+pub use crate::strategy::concurrency::Concurrency;
 pub use crate::strategy::progressive_delay::ProgressiveDelay;
 pub use crate::strategy::sliding_window::SlidingWindow;
 pub use crate::strategy::token_bucket::TokenBucket;
@@ -61,6 +62,8 @@ pub enum Strategy {
     ProgressiveDelay,
     /// [`Composite`]: several token buckets and sliding windows at once.
     Composite,
+    /// [`Concurrency`]: requests in flight.
+    Concurrency,
 }
 
 impl Strategy {
@@ -71,6 +74,7 @@ impl Strategy {
             Self::SlidingWindow => "sliding_window",
             Self::ProgressiveDelay => "progressive_delay",
             Self::Composite => "composite",
+            Self::Concurrency => "concurrency",
         }
     }
 }
@@ -93,6 +97,8 @@ pub enum Policy {
     ProgressiveDelay(ProgressiveDelay),
     /// See [`Composite`].
     Composite(Composite),
+    /// See [`Concurrency`].
+    Concurrency(Concurrency),
 }
 
 impl Policy {
@@ -103,39 +109,45 @@ impl Policy {
             Self::SlidingWindow(_) => Strategy::SlidingWindow,
             Self::ProgressiveDelay(_) => Strategy::ProgressiveDelay,
             Self::Composite(_) => Strategy::Composite,
+            Self::Concurrency(_) => Strategy::Concurrency,
         }
     }
 
-    /// The headline number: capacity, window limit, or free attempts (for
-    /// a composite, the largest cost every part grants).
+    /// The headline number: capacity, window limit, free attempts, or
+    /// requests in flight (for a composite, the largest cost every part
+    /// grants).
     pub fn limit(&self) -> u64 {
         match self {
             Self::TokenBucket(p) => p.capacity(),
             Self::SlidingWindow(p) => p.limit(),
             Self::ProgressiveDelay(p) => p.free_attempts(),
             Self::Composite(c) => c.max_cost(),
+            Self::Concurrency(p) => p.max_in_flight(),
         }
     }
 
     /// The time span the limit is expressed over, for `RateLimit-Policy`'s
     /// `w` parameter: the time to refill the whole bucket, the window, or the
-    /// forget-after period (for a composite, the longest of its parts').
+    /// forget-after period, or a concurrency slot's lease (for a composite,
+    /// the longest of its parts').
     pub fn window(&self) -> Duration {
         match self {
             Self::TokenBucket(p) => Duration::from_micros(p.capacity() * p.interval_micros()),
             Self::SlidingWindow(p) => p.window(),
             Self::ProgressiveDelay(p) => p.forget_after(),
             Self::Composite(c) => c.window(),
+            Self::Concurrency(p) => p.lease(),
         }
     }
 
     /// The largest cost one request can ever be granted, or `None` when cost
-    /// is not bounded by the policy (progressive delay counts failures).
+    /// is not bounded by the policy (progressive delay counts failures; a
+    /// concurrency limit counts requests, whatever their cost).
     pub fn max_cost(&self) -> Option<u64> {
         match self {
             Self::TokenBucket(p) => Some(p.capacity()),
             Self::SlidingWindow(p) => Some(p.limit()),
-            Self::ProgressiveDelay(_) => None,
+            Self::ProgressiveDelay(_) | Self::Concurrency(_) => None,
             Self::Composite(c) => Some(c.max_cost()),
         }
     }
@@ -176,6 +188,12 @@ impl From<SlidingWindow> for Policy {
 impl From<Composite> for Policy {
     fn from(p: Composite) -> Self {
         Self::Composite(p)
+    }
+}
+
+impl From<Concurrency> for Policy {
+    fn from(p: Concurrency) -> Self {
+        Self::Concurrency(p)
     }
 }
 

@@ -8,6 +8,7 @@
 //! `tollgate_limiter::model::TokenBucketState`, ...) are re-exports.
 
 pub mod composite;
+pub mod concurrency;
 pub mod progressive_delay;
 pub mod sliding_window;
 pub mod token_bucket;
