@@ -1,9 +1,10 @@
 -- tollgate: helpers shared by every strategy script.
 --
 -- This file is prepended to token_bucket.lua, sliding_window.lua,
--- progressive_delay.lua and composite.lua (see src/scripts.rs); it is never
--- loaded alone. Every strategy script takes the same KEYS and ARGV
--- (composite.lua takes four more keys after these, see its header):
+-- progressive_delay.lua, composite.lua and concurrency.lua (see
+-- src/scripts.rs); it is never loaded alone. Every strategy script takes
+-- the same KEYS and ARGV (composite.lua takes four more keys after these,
+-- concurrency.lua one, see their headers):
 --
 -- KEYS[1]  state     <prefix>:<limiter>:{<key>}            HASH
 --            s  strategy of the stored state: 't' | 'w' | 'p'
@@ -21,6 +22,10 @@
 --            '!<n>'  penalise: record n refused units (penalised sliding
 --                    windows only, at most limit of them); answers '?1'
 --            '-1'    reset the key; answers '?1'
+--            'h<id>' hold concurrency slot <id> (concurrency.lua); any
+--                    other script answers '?1'
+--            'r<id>' release concurrency slot <id> (concurrency.lua); any
+--                    other script answers '?1'
 -- ARGV[3]  the limiter's configured policy, encoded (see decode below)
 -- ARGV[4]  the limiter-wide override known to the client (cluster mode), or ''
 -- ARGV[5]  the least TTL in ms to give a written key (0 in production; a
@@ -63,6 +68,10 @@ local function parse_op()
   end
   local op = 'acquire'
   local sigil = string.sub(a, 1, 1)
+  if sigil == 'h' or sigil == 'r' then
+    -- A concurrency slot: only concurrency.lua takes one.
+    return 'peek', 1
+  end
   if sigil == '?' then
     op = 'peek'
   elseif sigil == '!' then
@@ -78,6 +87,18 @@ local function parse_op()
   return op, n
 end
 
+-- The operation of ARGV[2] for concurrency.lua: 'hold' | 'release' and
+-- the slot id (a string), or parse_op's answer.
+local function parse_slot_op()
+  local sigil = string.sub(ARGV[2], 1, 1)
+  if sigil == 'h' then
+    return 'hold', string.sub(ARGV[2], 2)
+  elseif sigil == 'r' then
+    return 'release', string.sub(ARGV[2], 2)
+  end
+  return parse_op()
+end
+
 local function now_us()
   if ARGV[1] ~= '' then
     return tonumber(ARGV[1])
@@ -91,6 +112,7 @@ end
 --   1:w:<limit>:<window_us>:<penalise 0|1>              sliding window
 --   1:p:<free>:<base_us>:<factor>:<max_us>:<forget_us>  progressive delay
 --   1:c|<part>|<part>...  composite: each part a t or w encoding without '1:'
+--   1:n:<max_in_flight>:<lease_us>                      concurrency
 local function decode(enc)
   if string.sub(enc, 1, 4) == '1:c|' then
     local parts = {}
@@ -120,6 +142,8 @@ local function decode(enc)
       max = tonumber(f[6]),
       forget = tonumber(f[7]),
     }
+  elseif kind == 'n' then
+    return { kind = kind, max = tonumber(f[3]), lease = tonumber(f[4]) }
   end
   error('tollgate: unknown strategy in policy encoding')
 end

@@ -10,6 +10,7 @@
 //! | sliding window | `1:w:<limit>:<window_us>:<penalise 0\|1>` |
 //! | progressive delay | `1:p:<free>:<base_us>:<factor>:<max_us>:<forget_us>` |
 //! | composite | `1:c\|<part>\|<part>…`, each part a token bucket or sliding window encoding without its `1:` |
+//! | concurrency | `1:n:<max_in_flight>:<lease_us>` |
 //!
 //! The token bucket carries its interval (rounded up by the core) so the
 //! script never divides; the other fields let [`decode`] rebuild the exact
@@ -35,7 +36,7 @@
 use std::time::Duration;
 
 use tollgate_limiter::{
-    Composite, Policy, PolicyError, ProgressiveDelay, SlidingWindow, TokenBucket,
+    Composite, Concurrency, Policy, PolicyError, ProgressiveDelay, SlidingWindow, TokenBucket,
 };
 
 /// The largest integer a Lua number holds exactly.
@@ -105,6 +106,11 @@ pub fn encode(policy: &Policy) -> Result<String, EncodingError> {
             exact("max_delay", p.max_delay_micros())?,
             exact("forget_after", p.forget_after_micros())?,
         ),
+        Policy::Concurrency(p) => format!(
+            "1:n:{}:{}",
+            p.max_in_flight(),
+            exact("lease", p.lease_micros())?
+        ),
         Policy::Composite(c) => {
             let mut out = String::from("1:c");
             for part in c.policies() {
@@ -155,6 +161,9 @@ pub fn decode(s: &str) -> Result<Policy, EncodingError> {
             SlidingWindow::new(limit, micros(window))
                 .map_err(EncodingError::Invalid)?
                 .penalise_refused(penalise == 1),
+        ),
+        ("n", &[max, lease]) => Policy::from(
+            Concurrency::new(max, micros(lease)).map_err(EncodingError::Invalid)?,
         ),
         ("p", &[free, base, factor, max, forget]) => Policy::from(
             ProgressiveDelay::new(free, micros(base), factor, micros(max), micros(forget))

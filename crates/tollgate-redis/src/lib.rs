@@ -19,7 +19,8 @@
 //!   replays).
 //! * **Keys**: `<prefix>:<limiter>:{<key>}` (a HASH), plus `…:log` (the
 //!   sliding-window log), `…:log1` to `…:log4` (a composite's windows' logs,
-//!   see `lua/composite.lua`) and `…:override` (a per-key override), all in the
+//!   see `lua/composite.lua`), `…:slots` (a concurrency limit's slots, a
+//!   ZSET, see `lua/concurrency.lua`) and `…:override` (a per-key override), all in the
 //!   key's hash slot; `<prefix>:<limiter>:override` holds a limiter-wide
 //!   override. Every key's TTL is the time until its state equals a fresh
 //!   key's, rounded up to a millisecond; a key that becomes fresh is deleted.
@@ -658,6 +659,10 @@ impl RedisBackend {
                     inv.key(format!("{log}{i}"));
                 }
             }
+            if strategy == Strategy::Concurrency {
+                // The slots (see lua/concurrency.lua).
+                inv.key(format!("{state}:slots"));
+            }
             match now {
                 Some(now) => inv.arg(now),
                 None => inv.arg(""),
@@ -686,6 +691,8 @@ fn op_arg(op: Op) -> String {
         Op::Peek(c) => format!("?{}", n(c)),
         Op::Penalise(c) => format!("!{}", n(c)),
         Op::Reset => "-1".to_owned(),
+        Op::Hold(id) => format!("h{id}"),
+        Op::Release(id) => format!("r{id}"),
     }
 }
 

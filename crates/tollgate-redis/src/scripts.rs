@@ -23,11 +23,14 @@ pub(crate) const SLIDING_WINDOW_CODE: &str = code!("sliding_window.lua");
 pub(crate) const PROGRESSIVE_DELAY_CODE: &str = code!("progressive_delay.lua");
 /// The composite script's source.
 pub(crate) const COMPOSITE_CODE: &str = code!("composite.lua");
+/// The concurrency script's source.
+pub(crate) const CONCURRENCY_CODE: &str = code!("concurrency.lua");
 
 static TOKEN_BUCKET: LazyLock<Script> = LazyLock::new(|| Script::new(TOKEN_BUCKET_CODE));
 static SLIDING_WINDOW: LazyLock<Script> = LazyLock::new(|| Script::new(SLIDING_WINDOW_CODE));
 static PROGRESSIVE_DELAY: LazyLock<Script> = LazyLock::new(|| Script::new(PROGRESSIVE_DELAY_CODE));
 static COMPOSITE: LazyLock<Script> = LazyLock::new(|| Script::new(COMPOSITE_CODE));
+static CONCURRENCY: LazyLock<Script> = LazyLock::new(|| Script::new(CONCURRENCY_CODE));
 
 /// The script deciding for `strategy`.
 pub(crate) fn for_strategy(strategy: Strategy) -> &'static Script {
@@ -36,6 +39,7 @@ pub(crate) fn for_strategy(strategy: Strategy) -> &'static Script {
         Strategy::SlidingWindow => &SLIDING_WINDOW,
         Strategy::ProgressiveDelay => &PROGRESSIVE_DELAY,
         Strategy::Composite => &COMPOSITE,
+        Strategy::Concurrency => &CONCURRENCY,
     }
 }
 
@@ -47,6 +51,7 @@ pub fn source(strategy: Strategy) -> &'static str {
         Strategy::SlidingWindow => SLIDING_WINDOW_CODE,
         Strategy::ProgressiveDelay => PROGRESSIVE_DELAY_CODE,
         Strategy::Composite => COMPOSITE_CODE,
+        Strategy::Concurrency => CONCURRENCY_CODE,
     }
 }
 
@@ -57,14 +62,16 @@ pub(crate) fn strategy_of(letter: &str) -> Option<Strategy> {
         "w" => Some(Strategy::SlidingWindow),
         "p" => Some(Strategy::ProgressiveDelay),
         "c" => Some(Strategy::Composite),
+        "n" => Some(Strategy::Concurrency),
         _ => None,
     }
 }
 
 /// Every script's source, to preload.
-pub(crate) const ALL: [&str; 4] = [
+pub(crate) const ALL: [&str; 5] = [
     TOKEN_BUCKET_CODE,
     SLIDING_WINDOW_CODE,
     PROGRESSIVE_DELAY_CODE,
     COMPOSITE_CODE,
+    CONCURRENCY_CODE,
 ];

@@ -30,7 +30,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
 use tollgate_limiter::model::Model;
 use tollgate_limiter::{
-    Backend, Clock, Composite, Decision, Key, Limiter, MockClock, Op, Policy, ProgressiveDelay,
+    Backend, Clock, Composite, Concurrency, Decision, Key, Limiter, MockClock, Op, Policy, ProgressiveDelay,
     Request, Scope, SlidingWindow, TokenBucket,
 };
 
@@ -489,6 +489,79 @@ pub async fn concurrent_composite<B: Backend + Clone>(backend: B, _clock: MockCl
     assert_eq!(peek(&l, &key, 1).await.remaining(), 55);
 }
 
+/// A concurrency limit through [`Limiter::hold`]: at most `max_in_flight`
+/// permits at once; a released or dropped permit frees its slot; a slot
+/// nobody releases (a dead worker) frees when its lease expires; a renewed
+/// one does not.
+pub async fn concurrency_slots<B: Backend + Clone>(backend: B, clock: MockClock) {
+    let l = limiter("conc", Concurrency::new(2, 10 * S).unwrap(), backend);
+    let k = Key::new("export");
+    let (v1, p1) = l.hold(&k).await;
+    let (v2, p2) = l.hold(&k).await;
+    assert!(v1.is_allowed() && v2.is_allowed());
+    let (p1, p2) = (p1.expect("a permit"), p2.expect("a permit"));
+    assert_ne!(p1.id(), p2.id());
+    let (v3, p3) = l.hold(&k).await;
+    let d = *v3.decision().expect("decided");
+    assert!(d.is_denied() && p3.is_none());
+    assert_eq!((d.limit(), d.remaining(), d.retry_after()), (2, 0, S));
+    // Another key has its own slots.
+    assert!(l.hold(&Key::new("other")).await.0.is_allowed());
+    // An explicit release frees a slot at once.
+    assert!(p1.release().await.expect("released").is_allowed());
+    let (v, p) = l.hold(&k).await;
+    assert!(v.is_allowed());
+    // A dropped permit releases in a spawned task.
+    drop(p);
+    let mut freed = false;
+    for _ in 0..500 {
+        if peek(&l, &k, 1).await.remaining() == 1 {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(freed, "the dropped permit's slot was not released");
+    // A dead worker: a slot taken and never released (its permit leaked).
+    let (_, lost) = l.hold(&k).await;
+    std::mem::forget(lost.expect("a permit"));
+    assert_eq!(peek(&l, &k, 1).await.remaining(), 0);
+    clock.advance(6 * S);
+    assert!(p2.renew().await.expect("renewed").is_allowed());
+    clock.advance(4 * S);
+    // The leaked slot's lease is over; p2's was renewed at 6 s.
+    let d = peek(&l, &k, 1).await;
+    assert_eq!(d.remaining(), 1);
+    assert_eq!(d.reset_after(), 6 * S);
+    clock.advance(6 * S);
+    assert_eq!(peek(&l, &k, 1).await.remaining(), 2);
+    // The renewal of an expired slot takes a free one again.
+    assert!(p2.renew().await.expect("renewed").is_allowed());
+    p2.release().await.expect("released");
+    assert_eq!(peek(&l, &k, 1).await.remaining(), 2);
+}
+
+/// At most `max_in_flight` of many concurrent holders pass at once.
+pub async fn concurrent_holds<B: Backend + Clone>(backend: B, _clock: MockClock) {
+    let l = limiter("chold", Concurrency::new(5, 3600 * S).unwrap(), backend);
+    let handles: Vec<_> = (0..32)
+        .map(|_| {
+            let l = l.clone();
+            tokio::spawn(async move {
+                let (v, p) = l.hold(&Key::new("hot")).await;
+                // Keep the slot: nobody releases.
+                std::mem::forget(p);
+                v.is_allowed()
+            })
+        })
+        .collect();
+    let mut passed = 0;
+    for h in handles {
+        passed += u64::from(h.await.expect("task panicked"));
+    }
+    assert_eq!(passed, 5);
+}
+
 /// Two stacked limiters charge the first even when the second refuses; a
 /// composite of the same two policies charges nothing on a refusal.
 pub async fn composite_charges_nothing_on_refusal<B: Backend + Clone>(
@@ -569,6 +642,20 @@ pub enum Step {
     },
     /// Reset key number `key`.
     Reset(usize),
+    /// Hold (or renew) concurrency slot `id` on key number `key`.
+    Hold {
+        /// Which of the trace's keys.
+        key: usize,
+        /// The slot id.
+        id: u64,
+    },
+    /// Release concurrency slot `id` on key number `key`.
+    Release {
+        /// Which of the trace's keys.
+        key: usize,
+        /// The slot id.
+        id: u64,
+    },
     /// Set (`Some`) or clear an override, on the limiter (`key = None`) or
     /// one key. The policy is a variant of the trace's strategy.
     Override(Option<usize>, Option<Policy>),
@@ -593,6 +680,9 @@ pub fn policies() -> impl Strategy<Value = Policy> {
         }),
         proptest::collection::vec(parts(), 1..=3)
             .prop_map(|parts| { Policy::from(Composite::new(parts).unwrap()) }),
+        (1u64..5, 1u64..8_000_000).prop_map(|(max, lease)| {
+            Policy::from(Concurrency::new(max, Duration::from_micros(lease)).unwrap())
+        }),
         (0u64..3, 1u64..1_000_000, 1u64..4, 1u64..4, 1u64..10_000_000).prop_map(
             |(free, base, factor, max_mult, forget)| {
                 Policy::from(
@@ -648,6 +738,10 @@ pub fn traces(len: usize) -> impl Strategy<Value = (Policy, Vec<Step>)> {
             3 => (0..KEYS, 0..=max + 1).prop_map(|(key, cost)| Step::Peek { key, cost }),
             1 => (0..KEYS, 0..=2 * max).prop_map(|(key, units)| Step::Penalise { key, units }),
             1 => (0..KEYS).prop_map(Step::Reset),
+            // A few ids, so that holds renew and releases find their slot;
+            // under other strategies these look.
+            6 => (0..KEYS, 0..6u64).prop_map(|(key, id)| Step::Hold { key, id }),
+            3 => (0..KEYS, 0..6u64).prop_map(|(key, id)| Step::Release { key, id }),
             1 => (proptest::option::of(0..KEYS), proptest::option::of(variant(&policy)))
                 .prop_map(|(k, p)| Step::Override(k, p)),
         ];
@@ -688,6 +782,8 @@ pub async fn replay<B: Backend>(
             Step::Peek { key, cost } => (*key, Op::Peek(*cost)),
             Step::Penalise { key, units } => (*key, Op::Penalise(*units)),
             Step::Reset(key) => (*key, Op::Reset),
+            Step::Hold { key, id } => (*key, Op::Hold(*id)),
+            Step::Release { key, id } => (*key, Op::Release(*id)),
         };
         let now = clock.now();
         let got = backend
@@ -761,7 +857,7 @@ macro_rules! conformance_tests {
                 sliding_window_penalise, progressive_delay, peek_and_reset, zero_cost_is_charged,
                 cost_under_overrides, isolation, overrides, concurrent_token_bucket,
                 concurrent_sliding_window, concurrent_composite,
-                composite_charges_nothing_on_refusal);
+                composite_charges_nothing_on_refusal, concurrency_slots, concurrent_holds);
 
             #[test]
             fn agrees_with_model() {
