@@ -4,7 +4,9 @@ use std::future::Future;
 use std::path::PathBuf;
 
 use serde_json::{Value, json};
-use tollgate_limiter::{Config, Decision, Error, FailMode, Key, Limiter, Policy, RedisConfig};
+use tollgate_limiter::{
+    Config, Decision, Error, FailMode, Key, Limiter, Mode, Policy, RedisConfig,
+};
 use tollgate_redis::{Durability, RedisBackend, Setting};
 
 use crate::args::{Cli, Command, ConfigCommand, Global, KeyedArgs, OverrideCommand, ScopeArgs};
@@ -296,6 +298,9 @@ fn cluster_builder(_: &Global) -> Result<tollgate_redis::RedisBackendBuilder, Fa
 /// The named limiter of the configuration, over the command's Redis.
 struct Target {
     limiter: Limiter<RedisBackend>,
+    /// The configured mode (the CLI's own limiter always enforces: it
+    /// only looks).
+    mode: Mode,
 }
 
 async fn target(g: &Global, name: &str) -> Result<Target, Failure> {
@@ -313,7 +318,10 @@ async fn target(g: &Global, name: &str) -> Result<Target, Failure> {
         .fail_mode(FailMode::Closed)
         .timeout(g.timeout)
         .build();
-    Ok(Target { limiter })
+    Ok(Target {
+        limiter,
+        mode: lc.mode,
+    })
 }
 
 /// Maps a limiter error: a policy problem is the user's, anything else is
@@ -426,22 +434,46 @@ async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
         Ok((d, o))
     };
     let (d, o) = timed(g, "inspect", work).await?;
+    let in_force = o.key.or(o.limiter).unwrap_or(o.configured);
+    // A concurrency limit's state is its slots: held = limit - free.
+    let slots = matches!(in_force, Policy::Concurrency(_))
+        .then(|| (d.limit().saturating_sub(d.remaining()), d.limit()));
     if g.json {
         let l = &t.limiter;
-        print_json(&json!({
+        let mut doc = json!({
             "limiter": l.name(),
+            "mode": t.mode.to_string(),
             "key": key_json(Some(&key)),
             "redis_key": l.backend().state_key(l.name(), &key.key),
             "policy": o.json(),
             "decision": decision_json(&d),
-        }));
+        });
+        if let Some((held, max)) = slots {
+            doc["slots"] = json!({
+                "held": held,
+                "max_in_flight": max,
+                "last_lease_expires_in_us":
+                    u64::try_from(d.reset_after().as_micros()).unwrap_or(u64::MAX),
+                "redis_key": format!("{}:slots", l.backend().state_key(l.name(), &key.key)),
+            });
+        }
+        print_json(&doc);
         return Ok(());
     }
     print_header(&t, &key);
+    if t.mode == Mode::Shadow {
+        println!("mode         shadow: refusals are recorded, never enforced");
+    }
     o.print(Some(&key));
+    if let Some((held, max)) = slots {
+        println!(
+            "in flight    {held} of {max} slots held (the last lease expires in {})",
+            human_duration(d.reset_after())
+        );
+    }
     print_decision(&d);
     // A composite's numbers are its binding part's: say which.
-    if let Policy::Composite(c) = o.key.or(o.limiter).unwrap_or(o.configured)
+    if let Policy::Composite(c) = in_force
         && let Some(part) = c.policy(d.part())
     {
         println!("binding      part {}: {}", d.part(), describe(&part));
