@@ -165,6 +165,9 @@ struct RawLimiter {
     lease: Option<String>,
     // common
     mode: Option<String>,
+    /// A candidate policy evaluated beside the enforced one: a table of
+    /// policy fields.
+    candidate: Option<Box<RawLimiter>>,
     cost: Option<u64>,
     min_cost: Option<u64>,
     fail_mode: Option<String>,
@@ -276,18 +279,25 @@ pub struct LimiterConfig {
     /// Enforce (default) or shadow: the limiter's `mode`, or shadow for
     /// every limiter under the top-level `shadow = true`.
     pub mode: Mode,
+    /// A candidate policy evaluated beside the enforced one (see
+    /// [`LimiterBuilder::candidate`](crate::LimiterBuilder::candidate)):
+    /// the `[limiters.<name>.candidate]` table.
+    pub candidate: Option<Policy>,
 }
 
 impl LimiterConfig {
     /// A limiter built from this configuration.
     pub fn build<B: Backend>(&self, backend: B) -> Limiter<B> {
-        Limiter::builder(self.name.clone(), self.policy, backend)
+        let b = Limiter::builder(self.name.clone(), self.policy, backend)
             .fail_mode(self.fail_mode)
             .timeout(self.timeout)
             .breaker(self.breaker)
             .min_cost(self.min_cost)
-            .mode(self.mode)
-            .build()
+            .mode(self.mode);
+        match self.candidate {
+            Some(c) => b.candidate(c).build(),
+            None => b.build(),
+        }
     }
 }
 
@@ -429,23 +439,10 @@ fn validate(
     breaker: BreakerConfig,
 ) -> Result<LimiterConfig, ConfigError> {
     let err = |field, reason: String| ConfigError::invalid(name, field, reason);
-    let policy = match (l.strategy.as_deref(), &l.policies) {
-        (Some("composite") | None, Some(parts)) => {
-            composite_policy(l, parts).map_err(|(f, r)| err(f, r))?
-        }
-        (Some("composite"), None) => {
-            return Err(err(
-                "policies",
-                "missing (a composite lists its policies)".into(),
-            ));
-        }
-        (_, Some(_)) => {
-            return Err(err(
-                "policies",
-                "belongs to composite (set strategy = \"composite\" or leave it out)".into(),
-            ));
-        }
-        (_, None) => single_policy(l).map_err(|(f, r)| err(f, r))?,
+    let policy = limiter_policy(l).map_err(|(f, r)| err(f, r))?;
+    let candidate = match &l.candidate {
+        Some(c) => Some(candidate_policy(c, &policy).map_err(|(f, r)| err(f, r))?),
+        None => None,
     };
     let cost = l.cost.unwrap_or(1);
     if cost == 0 {
@@ -484,6 +481,55 @@ fn validate(
         timeout,
         breaker,
         mode,
+        candidate,
+    })
+}
+
+/// A candidate's policy: policy fields only, and neither side a
+/// concurrency limit; errors name the field under `candidate`.
+fn candidate_policy(c: &RawLimiter, enforced: &Policy) -> Result<Policy, FieldError> {
+    let nested = [
+        ("cost", c.cost.is_some()),
+        ("min_cost", c.min_cost.is_some()),
+        ("fail_mode", c.fail_mode.is_some()),
+        ("timeout", c.timeout.is_some()),
+        ("mode", c.mode.is_some()),
+        ("candidate", c.candidate.is_some()),
+    ];
+    if let Some((field, _)) = nested.iter().find(|(_, set)| *set) {
+        return Err((
+            "candidate",
+            format!("candidate.{field}: set it on the limiter, not on its candidate"),
+        ));
+    }
+    let policy = limiter_policy(c).map_err(|(f, r)| ("candidate", format!("candidate.{f}: {r}")))?;
+    if matches!(policy, Policy::Concurrency(_)) || matches!(enforced, Policy::Concurrency(_)) {
+        return Err((
+            "candidate",
+            "a concurrency limit neither takes nor is a candidate".into(),
+        ));
+    }
+    Ok(policy)
+}
+
+/// A limiter's (or a candidate's) policy: a composite or a single one.
+fn limiter_policy(l: &RawLimiter) -> Result<Policy, FieldError> {
+    let err = |field: &'static str, reason: String| (field, reason);
+    Ok(match (l.strategy.as_deref(), &l.policies) {
+        (Some("composite") | None, Some(parts)) => composite_policy(l, parts)?,
+        (Some("composite"), None) => {
+            return Err(err(
+                "policies",
+                "missing (a composite lists its policies)".into(),
+            ));
+        }
+        (_, Some(_)) => {
+            return Err(err(
+                "policies",
+                "belongs to composite (set strategy = \"composite\" or leave it out)".into(),
+            ));
+        }
+        (_, None) => single_policy(l)?,
     })
 }
 
@@ -626,6 +672,7 @@ fn composite_policy(l: &RawLimiter, parts: &[RawLimiter]) -> Result<Policy, Fiel
             ("fail_mode", part.fail_mode.is_some()),
             ("timeout", part.timeout.is_some()),
             ("mode", part.mode.is_some()),
+            ("candidate", part.candidate.is_some()),
         ];
         if let Some((field, _)) = nested.iter().find(|(_, set)| *set) {
             return Err((
@@ -1031,5 +1078,38 @@ mod tests {
             assert_eq!(c.limiter("a").unwrap().mode, Mode::Shadow);
             Ok(())
         });
+    }
+
+    #[test]
+    fn a_candidate_loads_as_a_policy_table_and_names_its_fields() {
+        let c = load(
+            r#"
+            [limiters.api]
+            strategy = "token_bucket"
+            capacity = 100
+            refill = "60/min"
+            [limiters.api.candidate]
+            strategy = "sliding_window"
+            limit = 50
+            window = "1m"
+            "#,
+        )
+        .unwrap();
+        let l = c.limiter("api").unwrap();
+        assert_eq!(
+            l.candidate,
+            Some(Policy::from(
+                SlidingWindow::new(50, Duration::from_secs(60)).unwrap()
+            ))
+        );
+        assert_eq!(l.policy.strategy(), Strategy::TokenBucket);
+        let base = "[limiters.api]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/s'\n";
+        let e = err(&format!("{base}[limiters.api.candidate]\nstrategy='sliding_window'\nlimit=0\nwindow='1m'"));
+        assert!(e.contains("limiters.api.candidate: candidate.limit"), "{e}");
+        let e = err(&format!("{base}[limiters.api.candidate]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/s'\ncost=2"));
+        assert!(e.contains("candidate.cost"), "{e}");
+        let e = err(&format!("{base}[limiters.api.candidate]\nstrategy='concurrency'\nmax_in_flight=1\nlease='1s'"));
+        assert!(e.contains("concurrency"), "{e}");
+        assert_eq!(load(base).unwrap().limiter("api").unwrap().candidate, None);
     }
 }

@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::guard::{Guard, LogThrottle};
 use crate::key::Key;
 use crate::lease::Leases;
-use crate::metrics::{Call, Local, Outcome};
+use crate::metrics::{Agreement, Call, CandidateMeter, Local, Outcome};
 use crate::model::Op;
 use crate::permit::Permit;
 use crate::policy::{Policy, PolicyError};
@@ -167,9 +167,32 @@ pub struct LimiterBuilder<B> {
     local_capacity: usize,
     min_cost: u64,
     mode: Mode,
+    candidate: Option<Policy>,
 }
 
 impl<B: Backend> LimiterBuilder<B> {
+    /// Evaluates `policy` beside the enforced one on every charge and peek
+    /// the backend decides, in the same round trip (see
+    /// [`Backend::decide_with_candidate`]), and counts where the two
+    /// disagree (`tollgate_candidate_decisions_total`, see
+    /// [`metrics`](crate::metrics)); the candidate never changes a verdict.
+    /// How a team rolls out a new limit: measure who it would refuse
+    /// before enforcing it.
+    ///
+    /// The candidate keeps its own state under the limiter name
+    /// `<name>:candidate` (configured limiter names cannot hold `:`), as if
+    /// it alone were enforced on every request: it is charged when it
+    /// would pass. Overrides of the limiter do not apply to it. Requests
+    /// answered locally ([`local_denials`](Self::local_denials),
+    /// [`lease`](Self::lease)) are not shown to it, and a lease's batch is
+    /// charged to it as one request of that cost: it is exact without
+    /// them. A concurrency limit takes no candidate (nor is one): the
+    /// candidate is ignored there.
+    pub fn candidate(mut self, policy: impl Into<Policy>) -> Self {
+        self.candidate = Some(policy.into());
+        self
+    }
+
     /// Enforce (the default) or [shadow](crate::shadow): decide and
     /// record, but let every request pass.
     pub fn mode(mut self, mode: Mode) -> Self {
@@ -272,6 +295,17 @@ impl<B: Backend> LimiterBuilder<B> {
 
     /// The limiter.
     pub fn build(self) -> Limiter<B> {
+        let candidate = self
+            .candidate
+            .filter(|c| {
+                !matches!(c, Policy::Concurrency(_))
+                    && !matches!(self.policy, Policy::Concurrency(_))
+            })
+            .map(|c| Candidate {
+                name: format!("{}:candidate", self.name),
+                meter: CandidateMeter::new(&self.name),
+                policy: c,
+            });
         Limiter {
             inner: Arc::new(Inner {
                 guard: Guard::new(self.name.clone(), self.timeout, self.breaker),
@@ -282,6 +316,7 @@ impl<B: Backend> LimiterBuilder<B> {
                 min_cost: self.min_cost,
                 mode: self.mode,
                 shadow_log: LogThrottle::new(SHADOW_LOG_PERIOD),
+                candidate,
                 denials: self
                     .local_denials
                     .map(|ttl| DenyCache::new(ttl, self.local_capacity)),
@@ -340,9 +375,18 @@ struct Inner<B> {
     min_cost: u64,
     mode: Mode,
     shadow_log: LogThrottle,
+    candidate: Option<Candidate>,
     guard: Guard,
     denials: Option<DenyCache>,
     leases: Option<Leases>,
+}
+
+/// A candidate policy, evaluated beside the enforced one.
+struct Candidate {
+    /// Its namespace: `<limiter>:candidate`.
+    name: String,
+    policy: Policy,
+    meter: CandidateMeter,
 }
 
 impl<B> Clone for Limiter<B> {
@@ -360,6 +404,7 @@ impl<B> fmt::Debug for Limiter<B> {
             .field("policy", &self.inner.policy)
             .field("fail_mode", &self.inner.fail_mode)
             .field("mode", &self.inner.mode)
+            .field("candidate", &self.inner.candidate.as_ref().map(|c| c.policy))
             .field("timeout", &self.inner.guard.timeout())
             .field("backend", &std::any::type_name::<B>())
             .finish()
@@ -385,6 +430,7 @@ impl<B: Backend> Limiter<B> {
             local_capacity: DEFAULT_LOCAL_CAPACITY,
             min_cost: 1,
             mode: Mode::default(),
+            candidate: None,
         }
     }
 
@@ -411,6 +457,15 @@ impl<B: Backend> Limiter<B> {
     /// Enforce or shadow.
     pub fn mode(&self) -> Mode {
         self.inner.mode
+    }
+
+    /// The [candidate policy](LimiterBuilder::candidate) evaluated beside
+    /// the enforced one, and the limiter name its state lives under.
+    pub fn candidate(&self) -> Option<(&Policy, &str)> {
+        self.inner
+            .candidate
+            .as_ref()
+            .map(|c| (&c.policy, c.name.as_str()))
     }
 
     /// The backend.
@@ -655,18 +710,36 @@ impl<B: Backend> Limiter<B> {
     /// knows the policy in force, so it decides whether a cost can ever
     /// fit; such a refusal becomes [`Error::Policy`] here.
     async fn try_op(&self, key: &Key, op: Op, deadline: Instant) -> Result<Decision, Error> {
-        let d = self
-            .inner
-            .guard
-            .run(deadline, || {
-                self.inner.backend.decide(Request {
-                    limiter: &self.inner.name,
+        let req = Request {
+            limiter: &self.inner.name,
+            key,
+            policy: &self.inner.policy,
+            op,
+        };
+        let guard = &self.inner.guard;
+        let d = match (&self.inner.candidate, op) {
+            // A request's charge or look: the candidate decides beside it.
+            (Some(c), Op::Acquire(_) | Op::Peek(_)) => {
+                let beside = Request {
+                    limiter: &c.name,
                     key,
-                    policy: &self.inner.policy,
+                    policy: &c.policy,
                     op,
-                })
-            })
-            .await?;
+                };
+                let (d, cd) = guard
+                    .run(deadline, || {
+                        self.inner.backend.decide_with_candidate(req, beside)
+                    })
+                    .await?;
+                c.meter.record(Agreement::of(&d, cd.as_ref()));
+                d
+            }
+            _ => {
+                guard
+                    .run(deadline, || self.inner.backend.decide(req))
+                    .await?
+            }
+        };
         if d.is_impossible() {
             let cost = match op {
                 Op::Acquire(c) | Op::Peek(c) | Op::Penalise(c) => c,
