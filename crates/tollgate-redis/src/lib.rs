@@ -626,51 +626,13 @@ impl RedisBackend {
     }
 
     async fn decide_inner(&self, req: Request<'_>) -> Result<Decision, RedisError> {
-        check_limiter(req.limiter)?;
-        let op = op_arg(req.op);
-        let policy = encoding::encode(req.policy)?;
-        // Caller time is read once, so a redirected call decides at the
-        // same instant.
-        let now = self.inner.clock.as_ref().map(|c| c.now());
-        let state = self.state_key(req.limiter, req.key);
-        let log = format!("{state}:log");
-        let key_override = format!("{state}:override");
-        let cluster = self.inner.conn.is_cluster();
-        let limiter_override = if cluster {
-            self.limiter_override_arg(req.limiter).await?
-        } else {
-            String::new()
-        };
-        let limiter_override_key = self.limiter_override_key(req.limiter);
+        let call = self.call(req).await?;
         let mut strategy = req.policy.strategy();
         // The policy in force may be an override of another strategy: the
         // script then names the one to run. Overrides changing under our
         // feet can bounce us at most a couple of times.
         for _ in 0..3 {
-            let script = scripts::for_strategy(strategy);
-            let mut inv = script.prepare_invoke();
-            inv.key(&state).key(&log).key(&key_override);
-            if !cluster {
-                inv.key(&limiter_override_key);
-            }
-            if strategy == Strategy::Composite {
-                // The parts' logs (see lua/composite.lua).
-                for i in 1..=4 {
-                    inv.key(format!("{log}{i}"));
-                }
-            }
-            if strategy == Strategy::Concurrency {
-                // The slots (see lua/concurrency.lua).
-                inv.key(format!("{state}:slots"));
-            }
-            match now {
-                Some(now) => inv.arg(now),
-                None => inv.arg(""),
-            };
-            inv.arg(&op)
-                .arg(&policy)
-                .arg(&limiter_override)
-                .arg(self.inner.min_ttl_ms);
+            let inv = call.invocation(strategy);
             let reply: Vec<Value> = self.inner.conn.invoke(&inv).await?;
             match parse_reply(&reply)? {
                 Reply::Decision(d) => return Ok(d),
@@ -678,6 +640,123 @@ impl RedisBackend {
             }
         }
         Err(RedisError::Protocol("policy strategy kept changing".into()))
+    }
+
+    /// What one decision sends, whatever the script.
+    async fn call(&self, req: Request<'_>) -> Result<Call, RedisError> {
+        check_limiter(req.limiter)?;
+        let cluster = self.inner.conn.is_cluster();
+        let limiter_override = if cluster {
+            self.limiter_override_arg(req.limiter).await?
+        } else {
+            String::new()
+        };
+        Ok(Call {
+            state: self.state_key(req.limiter, req.key),
+            limiter_override_key: (!cluster).then(|| self.limiter_override_key(req.limiter)),
+            // Caller time is read once, so a redirected call decides at the
+            // same instant.
+            now: self.inner.clock.as_ref().map(|c| c.now()),
+            op: op_arg(req.op),
+            policy: encoding::encode(req.policy)?,
+            limiter_override,
+            min_ttl_ms: self.inner.min_ttl_ms,
+        })
+    }
+
+    /// The enforced decision and the candidate's in one round trip: the two
+    /// scripts pipelined. Both keys carry the key's hash tag, so a cluster
+    /// sends the pipeline to one node. A script not loaded yet (it did
+    /// nothing), or a policy in force of another strategy than the
+    /// configured one (an override: the script charged nothing and named
+    /// the one to run), is sent again on its own.
+    async fn decide_pair(
+        &self,
+        req: Request<'_>,
+        candidate: Request<'_>,
+    ) -> Result<(Decision, Option<Decision>), RedisError> {
+        let (a, b) = match (self.call(req).await, self.call(candidate).await) {
+            (Ok(a), Ok(b)) => (a, b),
+            // A candidate that cannot be sent never fails the decision.
+            (Ok(_), Err(_)) => return Ok((self.decide_inner(req).await?, None)),
+            (Err(e), _) => return Err(e),
+        };
+        let (ia, ib) = (
+            a.invocation(req.policy.strategy()),
+            b.invocation(candidate.policy.strategy()),
+        );
+        let mut pipe = redis::pipe();
+        // Each reply on its own: a script that failed (not loaded yet) did
+        // nothing, and only it is sent again.
+        pipe.invoke_script(&ia).invoke_script(&ib).ignore_errors();
+        let replies: Vec<redis::RedisResult<Vec<Value>>> = self.inner.conn.pipeline(&pipe).await?;
+        let mut replies = replies.into_iter();
+        let mut next = || match replies.next() {
+            Some(Ok(v)) => Some(parse_reply(&v)),
+            Some(Err(e)) if e.kind() != redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                Some(Err(RedisError::from(e)))
+            }
+            _ => None,
+        };
+        let (ra, rb) = (next(), next());
+        let enforced = match ra {
+            Some(Ok(Reply::Decision(d))) => d,
+            Some(Err(e)) => return Err(e),
+            // Not loaded, or a redirect: the single call handles both.
+            _ => self.decide_inner(req).await?,
+        };
+        let beside = match rb {
+            Some(Ok(Reply::Decision(d))) => Some(d),
+            Some(Err(_)) => None,
+            _ => self.decide_inner(candidate).await.ok(),
+        };
+        Ok((enforced, beside))
+    }
+}
+
+/// One decision's keys and arguments (see `lua/common.lua`).
+struct Call {
+    state: String,
+    /// Single server only: in a cluster, ARGV[4] carries the override.
+    limiter_override_key: Option<String>,
+    now: Option<u64>,
+    op: String,
+    policy: String,
+    limiter_override: String,
+    min_ttl_ms: u64,
+}
+
+impl Call {
+    /// The invocation of `strategy`'s script.
+    fn invocation(&self, strategy: Strategy) -> redis::ScriptInvocation<'static> {
+        let script = scripts::for_strategy(strategy);
+        let mut inv = script.prepare_invoke();
+        let log = format!("{}:log", self.state);
+        inv.key(&self.state)
+            .key(&log)
+            .key(format!("{}:override", self.state));
+        if let Some(k) = &self.limiter_override_key {
+            inv.key(k);
+        }
+        if strategy == Strategy::Composite {
+            // The parts' logs (see lua/composite.lua).
+            for i in 1..=4 {
+                inv.key(format!("{log}{i}"));
+            }
+        }
+        if strategy == Strategy::Concurrency {
+            // The slots (see lua/concurrency.lua).
+            inv.key(format!("{}:slots", self.state));
+        }
+        match self.now {
+            Some(now) => inv.arg(now),
+            None => inv.arg(""),
+        };
+        inv.arg(&self.op)
+            .arg(&self.policy)
+            .arg(&self.limiter_override)
+            .arg(self.min_ttl_ms);
+        inv
     }
 }
 
@@ -788,6 +867,14 @@ impl Backend for RedisBackend {
         req: Request<'_>,
     ) -> impl Future<Output = Result<Decision, RedisError>> + Send {
         self.decide_inner(req)
+    }
+
+    fn decide_with_candidate(
+        &self,
+        req: Request<'_>,
+        candidate: Request<'_>,
+    ) -> impl Future<Output = Result<(Decision, Option<Decision>), RedisError>> + Send {
+        self.decide_pair(req, candidate)
     }
 
     async fn set_override(

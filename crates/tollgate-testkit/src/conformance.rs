@@ -757,7 +757,22 @@ pub async fn replay<B: Backend>(
     policy: &Policy,
     steps: &[Step],
 ) -> Result<(), TestCaseError> {
+    replay_with_candidate(backend, clock, policy, None, steps).await
+}
+
+/// [`replay`], with a candidate policy decided beside every acquire and
+/// peek ([`Backend::decide_with_candidate`], under the limiter name
+/// `<name>:candidate`): both decisions must equal the model's, so the
+/// candidate never touches the enforced counters and vice versa.
+pub async fn replay_with_candidate<B: Backend>(
+    backend: &B,
+    clock: &MockClock,
+    policy: &Policy,
+    candidate: Option<&Policy>,
+    steps: &[Step],
+) -> Result<(), TestCaseError> {
     let name = unique_name("model");
+    let beside = format!("{name}:candidate");
     let keys: Vec<Key> = (0..KEYS).map(|i| Key::new(format!("k{i}"))).collect();
     let mut model = Model::new();
     for (i, step) in steps.iter().enumerate() {
@@ -786,15 +801,41 @@ pub async fn replay<B: Backend>(
             Step::Release { key, id } => (*key, Op::Release(*id)),
         };
         let now = clock.now();
-        let got = backend
-            .decide(Request {
-                limiter: &name,
-                key: &keys[key],
-                policy,
-                op,
-            })
-            .await
-            .map_err(|e| TestCaseError::fail(format!("step {i}: backend failed: {e}")))?;
+        let req = Request {
+            limiter: &name,
+            key: &keys[key],
+            policy,
+            op,
+        };
+        let got = match (candidate, op) {
+            (Some(c), Op::Acquire(_) | Op::Peek(_)) => {
+                let cand = Request {
+                    limiter: &beside,
+                    key: &keys[key],
+                    policy: c,
+                    op,
+                };
+                let (got, got_c) = backend
+                    .decide_with_candidate(req, cand)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("step {i}: backend failed: {e}")))?;
+                let want_c = model.apply(&beside, keys[key].as_str(), now, c, op);
+                prop_assert_eq!(
+                    got_c,
+                    Some(want_c),
+                    "candidate, step {} ({:?} on k{}) of {:?}",
+                    i,
+                    op,
+                    key,
+                    steps
+                );
+                got
+            }
+            _ => backend
+                .decide(req)
+                .await
+                .map_err(|e| TestCaseError::fail(format!("step {i}: backend failed: {e}")))?,
+        };
         let want = model.apply(&name, keys[key].as_str(), now, policy, op);
         prop_assert_eq!(
             got,
@@ -836,6 +877,75 @@ where
         .unwrap_or_else(|e| panic!("backend disagrees with the reference model: {e}"));
 }
 
+/// Like [`agrees_with_model`], each trace with a candidate policy decided
+/// beside the enforced one (see [`replay_with_candidate`]).
+pub fn candidate_agrees_with_model<B, F, Fut>(setup: F, cases: u32)
+where
+    B: Backend,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = (B, MockClock)>,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let (backend, clock) = rt.block_on(setup());
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let not_concurrency = |p: &Policy| !matches!(p, Policy::Concurrency(_));
+    let traces = (
+        traces(60).prop_filter("no candidate for concurrency", move |(p, _)| not_concurrency(p)),
+        policies().prop_filter("a concurrency limit is no candidate", not_concurrency),
+    );
+    runner
+        .run(&traces, |((policy, steps), candidate)| {
+            rt.block_on(replay_with_candidate(
+                &backend,
+                &clock,
+                &policy,
+                Some(&candidate),
+                &steps,
+            ))
+        })
+        .unwrap_or_else(|e| panic!("backend disagrees with the reference model: {e}"));
+}
+
+/// A candidate beside an enforced limit, through a [`Limiter`]: the
+/// enforced verdicts are the enforced policy's alone, and the candidate's
+/// state (read under `<name>:candidate`) is the candidate's alone.
+pub async fn candidate_beside_enforced<B: Backend + Clone>(backend: B, _clock: MockClock) {
+    let name = unique_name("cand");
+    let l = Limiter::builder(&name, TokenBucket::new(3, 1, 3600 * S).unwrap(), backend.clone())
+        .candidate(SlidingWindow::new(2, 3600 * S).unwrap())
+        .timeout(Duration::from_secs(5))
+        .build();
+    let (_, beside) = l.candidate().expect("a candidate");
+    assert_eq!(beside, format!("{name}:candidate"));
+    let shadow = Limiter::builder(beside, SlidingWindow::new(2, 3600 * S).unwrap(), backend)
+        .timeout(Duration::from_secs(5))
+        .build();
+    let k = Key::new("k");
+    let passed: Vec<bool> = {
+        let mut v = Vec::new();
+        for _ in 0..5 {
+            v.push(decide(&l, &k, 1).await.is_allowed());
+        }
+        v
+    };
+    // The enforced bucket alone decides: 3 pass, whatever the candidate.
+    assert_eq!(passed, [true, true, true, false, false]);
+    // The candidate counted its own 2 passes, and refused the rest.
+    let d = peek(&shadow, &k, 1).await;
+    assert_eq!((d.limit(), d.remaining()), (2, 0));
+    assert!(d.is_denied());
+    // A reset of the enforced key leaves the candidate's state alone.
+    l.reset(&k).await.expect("reset");
+    assert!(peek(&shadow, &k, 1).await.is_denied());
+}
+
 /// Generates the whole suite as `#[tokio::test]`s in a module named
 /// `conformance`.
 ///
@@ -857,11 +967,17 @@ macro_rules! conformance_tests {
                 sliding_window_penalise, progressive_delay, peek_and_reset, zero_cost_is_charged,
                 cost_under_overrides, isolation, overrides, concurrent_token_bucket,
                 concurrent_sliding_window, concurrent_composite,
-                composite_charges_nothing_on_refusal, concurrency_slots, concurrent_holds);
+                composite_charges_nothing_on_refusal, concurrency_slots, concurrent_holds,
+                candidate_beside_enforced);
 
             #[test]
             fn agrees_with_model() {
                 $crate::conformance::agrees_with_model(|| $setup, $cases);
+            }
+
+            #[test]
+            fn candidate_agrees_with_model() {
+                $crate::conformance::candidate_agrees_with_model(|| $setup, $cases / 3 + 1);
             }
         }
     };
