@@ -10,7 +10,7 @@
 //!
 //! | name | type | labels | what |
 //! |---|---|---|---|
-//! | [`tollgate_decisions_total`](DECISIONS) | counter | `limiter`, `op`, `outcome` | verdicts: `op` is `check` (a charge: [`check`](crate::Limiter::check), [`check_cost`](crate::Limiter::check_cost), an adaptive [`try_acquire`](crate::AimdLimiter::try_acquire), each attempt of [`acquire`](crate::AimdLimiter::acquire)) or `peek` ([`peek`](crate::Limiter::peek), [`peek_cost`](crate::Limiter::peek_cost)); a limiter's [`try_acquire`](crate::Limiter::try_acquire) and [`try_peek`](crate::Limiter::try_peek) apply no fail mode and are not counted; `outcome` is `allowed`, `refused` (by the limit, or a cost the policy can never grant), `failed_open` or `failed_closed` (the backend failed and the [`FailMode`](crate::FailMode) answered), or `shadowed` (a limiter in [shadow mode](crate::shadow) let through what it would have refused or failed closed on); a [`hold`](crate::Limiter::hold) counts as a `check` |
+//! | [`tollgate_decisions_total`](DECISIONS) | counter | `limiter`, `op`, `outcome` | verdicts: `op` is `check` (a charge: [`check`](crate::Limiter::check), [`check_cost`](crate::Limiter::check_cost), an adaptive [`try_acquire`](crate::AimdLimiter::try_acquire), each attempt of [`acquire`](crate::AimdLimiter::acquire)) or `peek` ([`peek`](crate::Limiter::peek), [`peek_cost`](crate::Limiter::peek_cost)); a limiter's [`try_acquire`](crate::Limiter::try_acquire) and [`try_peek`](crate::Limiter::try_peek) apply no fail mode and are not counted; `outcome` is `allowed`, `refused` (by the limit, or a cost the policy can never grant), `failed_open` or `failed_closed` (the backend failed and the [`FailMode`](crate::FailMode) answered), or `shadow` (a limiter in [shadow mode](crate::shadow) let through what it would have refused or failed closed on); a [`hold`](crate::Limiter::hold) counts as a `check` |
 //! | [`tollgate_backend_latency_seconds`](BACKEND_LATENCY) | histogram | `limiter` | the time of each backend call (a round trip to Redis), failed or not; answers given locally are not timed |
 //! | [`tollgate_backend_errors_total`](BACKEND_ERRORS) | counter | `limiter`, `reason` | backend calls that gave no answer: `reason` is `error`, `timeout`, or `breaker_open` (not attempted) |
 //! | [`tollgate_breaker_transitions_total`](BREAKER_TRANSITIONS) | counter | `limiter`, `to` | circuit-breaker state changes, by the state entered: `open`, `half_open` (a probe goes through), `closed` |
@@ -183,7 +183,7 @@ mod on {
         "refused",
         "failed_open",
         "failed_closed",
-        "shadowed",
+        "shadow",
     ];
 
     /// A limiter's handles, registered once when it is built.

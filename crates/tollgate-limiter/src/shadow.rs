@@ -7,12 +7,12 @@
 //! the limit, a cost the policy can never grant, or a fail-closed backend
 //! failure) passes as [`Verdict::Shadowed`](crate::Verdict::Shadowed),
 //! carrying the [`Denied`](crate::Denied) the caller would have got. It is
-//! counted with the outcome `shadowed` (see [`metrics`](crate::metrics))
+//! counted with the outcome `shadow` (see [`metrics`](crate::metrics))
 //! and logged at info level at most once per limiter every
 //! [`SHADOW_LOG_PERIOD`], with the number of refusals kept quiet.
 //!
 //! This is how a team rolls a new limit out: ship it in shadow mode, watch
-//! `tollgate_decisions_total{outcome="shadowed"}` (who would have been
+//! `tollgate_decisions_total{outcome="shadow"}` (who would have been
 //! refused, and how often), then switch the limiter to
 //! [`Mode::Enforce`] in configuration. A whole deployment can be put in
 //! shadow mode at once (the top-level `shadow = true` of

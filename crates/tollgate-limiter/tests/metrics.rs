@@ -363,7 +363,7 @@ fn shadow_refusals_are_counted_apart_and_a_candidate_counts_disagreements() {
 
         let got = take(&snapshotter);
         assert_eq!(decisions(&got, "new", "check", "allowed"), 1);
-        assert_eq!(decisions(&got, "new", "check", "shadowed"), 4);
+        assert_eq!(decisions(&got, "new", "check", "shadow"), 4);
         assert_eq!(decisions(&got, "new", "check", "refused"), 0);
         assert_eq!(decisions(&got, "new", "check", "failed_closed"), 0);
         let verdict = |v: &str| {

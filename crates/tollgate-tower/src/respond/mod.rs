@@ -299,7 +299,7 @@ pub trait Respond<Res> {
 /// without the limiter (no `RateLimit` fields that would make a
 /// well-behaved client slow down), while an outer layer (access log,
 /// tracing) can read what would have happened. The limiter's metrics count
-/// it as `outcome="shadowed"` and its log says so, throttled.
+/// it as `outcome="shadow"` and its log says so, throttled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShadowRefusal {
     /// The limiter's name.
