@@ -502,7 +502,8 @@ fn candidate_policy(c: &RawLimiter, enforced: &Policy) -> Result<Policy, FieldEr
             format!("candidate.{field}: set it on the limiter, not on its candidate"),
         ));
     }
-    let policy = limiter_policy(c).map_err(|(f, r)| ("candidate", format!("candidate.{f}: {r}")))?;
+    let policy =
+        limiter_policy(c).map_err(|(f, r)| ("candidate", format!("candidate.{f}: {r}")))?;
     if matches!(policy, Policy::Concurrency(_)) || matches!(enforced, Policy::Concurrency(_)) {
         return Err((
             "candidate",
@@ -632,11 +633,12 @@ fn single_policy(l: &RawLimiter) -> Result<Policy, FieldError> {
         )
         .map_err(|e| (e.field, e.reason))?
         .into(),
-        Strategy::Concurrency => {
-            Concurrency::new(req("max_in_flight", l.max_in_flight)?, dur("lease", &l.lease)?)
-                .map_err(|e| (e.field, e.reason))?
-                .into()
-        }
+        Strategy::Concurrency => Concurrency::new(
+            req("max_in_flight", l.max_in_flight)?,
+            dur("lease", &l.lease)?,
+        )
+        .map_err(|e| (e.field, e.reason))?
+        .into(),
     })
 }
 
@@ -1052,11 +1054,20 @@ mod tests {
         let e = err("[limiters.x]\nstrategy='concurrency'\nmax_in_flight=2");
         assert!(e.contains("limiters.x.lease: missing"), "{e}");
         let e = err("[limiters.x]\nstrategy='concurrency'\nmax_in_flight=2\nlease='1m'\nlimit=3");
-        assert!(e.contains("limiters.x.limit") && e.contains("sliding_window"), "{e}");
+        assert!(
+            e.contains("limiters.x.limit") && e.contains("sliding_window"),
+            "{e}"
+        );
         let e = err("[limiters.x]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/s'\nlease='1m'");
-        assert!(e.contains("limiters.x.lease") && e.contains("concurrency"), "{e}");
+        assert!(
+            e.contains("limiters.x.lease") && e.contains("concurrency"),
+            "{e}"
+        );
         // A cost is not a number of slots: any cost loads.
-        assert!(load("[limiters.x]\nstrategy='concurrency'\nmax_in_flight=1\nlease='1s'\ncost=5").is_ok());
+        assert!(
+            load("[limiters.x]\nstrategy='concurrency'\nmax_in_flight=1\nlease='1s'\ncost=5")
+                .is_ok()
+        );
     }
 
     #[test]
@@ -1104,11 +1115,17 @@ mod tests {
         );
         assert_eq!(l.policy.strategy(), Strategy::TokenBucket);
         let base = "[limiters.api]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/s'\n";
-        let e = err(&format!("{base}[limiters.api.candidate]\nstrategy='sliding_window'\nlimit=0\nwindow='1m'"));
+        let e = err(&format!(
+            "{base}[limiters.api.candidate]\nstrategy='sliding_window'\nlimit=0\nwindow='1m'"
+        ));
         assert!(e.contains("limiters.api.candidate: candidate.limit"), "{e}");
-        let e = err(&format!("{base}[limiters.api.candidate]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/s'\ncost=2"));
+        let e = err(&format!(
+            "{base}[limiters.api.candidate]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/s'\ncost=2"
+        ));
         assert!(e.contains("candidate.cost"), "{e}");
-        let e = err(&format!("{base}[limiters.api.candidate]\nstrategy='concurrency'\nmax_in_flight=1\nlease='1s'"));
+        let e = err(&format!(
+            "{base}[limiters.api.candidate]\nstrategy='concurrency'\nmax_in_flight=1\nlease='1s'"
+        ));
         assert!(e.contains("concurrency"), "{e}");
         assert_eq!(load(base).unwrap().limiter("api").unwrap().candidate, None);
     }

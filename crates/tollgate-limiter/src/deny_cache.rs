@@ -99,9 +99,9 @@ impl DenyCache {
                     | Policy::ProgressiveDelay(_),
                 Op::Peek(_)
             ) | (
-                    Policy::TokenBucket(_) | Policy::SlidingWindow(_) | Policy::Composite(_),
-                    Op::Acquire(_)
-                )
+                Policy::TokenBucket(_) | Policy::SlidingWindow(_) | Policy::Composite(_),
+                Op::Acquire(_)
+            )
         )
     }
 

@@ -73,10 +73,10 @@ pub use key::{Key, KeyHasher};
 pub use limiter::{DEFAULT_LOCAL_CAPACITY, Denied, FailMode, Limiter, LimiterBuilder, Verdict};
 pub use model::Op;
 pub use permit::Permit;
-pub use shadow::Mode;
 pub use policy::{
     Concurrency, Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy, TokenBucket,
 };
+pub use shadow::Mode;
 pub use time::{Clock, MockClock, SystemClock, Timestamp};
 
 /// Locks a mutex whose data stays valid whatever a panicking holder did

@@ -404,7 +404,10 @@ impl<B> fmt::Debug for Limiter<B> {
             .field("policy", &self.inner.policy)
             .field("fail_mode", &self.inner.fail_mode)
             .field("mode", &self.inner.mode)
-            .field("candidate", &self.inner.candidate.as_ref().map(|c| c.policy))
+            .field(
+                "candidate",
+                &self.inner.candidate.as_ref().map(|c| c.policy),
+            )
             .field("timeout", &self.inner.guard.timeout())
             .field("backend", &std::any::type_name::<B>())
             .finish()

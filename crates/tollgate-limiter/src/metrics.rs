@@ -125,11 +125,11 @@ pub(crate) enum Agreement {
 }
 
 impl Agreement {
-    pub(crate) fn of(
-        enforced: &crate::Decision,
-        candidate: Option<&crate::Decision>,
-    ) -> Self {
-        match (enforced.is_allowed(), candidate.map(crate::Decision::is_allowed)) {
+    pub(crate) fn of(enforced: &crate::Decision, candidate: Option<&crate::Decision>) -> Self {
+        match (
+            enforced.is_allowed(),
+            candidate.map(crate::Decision::is_allowed),
+        ) {
             (_, None) => Self::CandidateFailed,
             (true, Some(true)) => Self::BothAllowed,
             (false, Some(false)) => Self::BothRefused,
@@ -294,7 +294,9 @@ mod on {
                     "candidate_allows",
                     "candidate_failed",
                 ]
-                .map(|v| counter!(CANDIDATE_DECISIONS, "limiter" => name.to_owned(), "verdict" => v)),
+                .map(
+                    |v| counter!(CANDIDATE_DECISIONS, "limiter" => name.to_owned(), "verdict" => v),
+                ),
             }
         }
 

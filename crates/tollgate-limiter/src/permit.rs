@@ -55,7 +55,9 @@ impl<B: Backend> Permit<B> {
     /// another request took the slot meanwhile, the renewal is refused (a
     /// denied decision) and this request holds nothing any more.
     pub async fn renew(&self) -> Result<Decision, Error> {
-        self.limiter.slot_op(&self.key, crate::Op::Hold(self.id)).await
+        self.limiter
+            .slot_op(&self.key, crate::Op::Hold(self.id))
+            .await
     }
 
     /// Gives the slot back now, waiting for the backend; on an error the

@@ -162,9 +162,9 @@ pub fn decode(s: &str) -> Result<Policy, EncodingError> {
                 .map_err(EncodingError::Invalid)?
                 .penalise_refused(penalise == 1),
         ),
-        ("n", &[max, lease]) => Policy::from(
-            Concurrency::new(max, micros(lease)).map_err(EncodingError::Invalid)?,
-        ),
+        ("n", &[max, lease]) => {
+            Policy::from(Concurrency::new(max, micros(lease)).map_err(EncodingError::Invalid)?)
+        }
         ("p", &[free, base, factor, max, forget]) => Policy::from(
             ProgressiveDelay::new(free, micros(base), factor, micros(max), micros(forget))
                 .map_err(EncodingError::Invalid)?,

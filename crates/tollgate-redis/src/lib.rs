@@ -693,7 +693,9 @@ impl RedisBackend {
         let mut replies = replies.into_iter();
         let mut next = || match replies.next() {
             Some(Ok(v)) => Some(parse_reply(&v)),
-            Some(Err(e)) if e.kind() != redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            Some(Err(e))
+                if e.kind() != redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
                 Some(Err(RedisError::from(e)))
             }
             _ => None,

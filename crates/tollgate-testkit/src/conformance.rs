@@ -30,8 +30,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
 use tollgate_limiter::model::Model;
 use tollgate_limiter::{
-    Backend, Clock, Composite, Concurrency, Decision, Key, Limiter, MockClock, Op, Policy, ProgressiveDelay,
-    Request, Scope, SlidingWindow, TokenBucket,
+    Backend, Clock, Composite, Concurrency, Decision, Key, Limiter, MockClock, Op, Policy,
+    ProgressiveDelay, Request, Scope, SlidingWindow, TokenBucket,
 };
 
 const S: Duration = Duration::from_secs(1);
@@ -897,7 +897,9 @@ where
     });
     let not_concurrency = |p: &Policy| !matches!(p, Policy::Concurrency(_));
     let traces = (
-        traces(60).prop_filter("no candidate for concurrency", move |(p, _)| not_concurrency(p)),
+        traces(60).prop_filter("no candidate for concurrency", move |(p, _)| {
+            not_concurrency(p)
+        }),
         policies().prop_filter("a concurrency limit is no candidate", not_concurrency),
     );
     runner
@@ -918,10 +920,14 @@ where
 /// state (read under `<name>:candidate`) is the candidate's alone.
 pub async fn candidate_beside_enforced<B: Backend + Clone>(backend: B, _clock: MockClock) {
     let name = unique_name("cand");
-    let l = Limiter::builder(&name, TokenBucket::new(3, 1, 3600 * S).unwrap(), backend.clone())
-        .candidate(SlidingWindow::new(2, 3600 * S).unwrap())
-        .timeout(Duration::from_secs(5))
-        .build();
+    let l = Limiter::builder(
+        &name,
+        TokenBucket::new(3, 1, 3600 * S).unwrap(),
+        backend.clone(),
+    )
+    .candidate(SlidingWindow::new(2, 3600 * S).unwrap())
+    .timeout(Duration::from_secs(5))
+    .build();
     let (_, beside) = l.candidate().expect("a candidate");
     assert_eq!(beside, format!("{name}:candidate"));
     let shadow = Limiter::builder(beside, SlidingWindow::new(2, 3600 * S).unwrap(), backend)

@@ -25,7 +25,10 @@ fn limiter(max: u64) -> (Limiter<MemoryBackend<MockClock>>, MockClock) {
 }
 
 async fn free_slots(l: &Limiter<MemoryBackend<MockClock>>) -> u64 {
-    l.try_peek(&Key::new("tenant-1"), 1).await.unwrap().remaining()
+    l.try_peek(&Key::new("tenant-1"), 1)
+        .await
+        .unwrap()
+        .remaining()
 }
 
 /// Lets the spawned releases run, then reads the free slots.
@@ -39,12 +42,9 @@ async fn settled_free_slots(l: &Limiter<MemoryBackend<MockClock>>, want: u64) ->
     free_slots(l).await
 }
 
-fn ok_service() -> impl Service<
-    Request<String>,
-    Response = Response<String>,
-    Error = Infallible,
-    Future: Send,
-> + Clone
+fn ok_service()
+-> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
++ Clone
 + Send {
     service_fn(|_req: Request<String>| async {
         Ok::<_, Infallible>(Response::new(String::from("export")))
@@ -55,14 +55,32 @@ fn ok_service() -> impl Service<
 async fn a_slot_is_held_until_the_body_ends_then_429_is_lifted() {
     let (l, _clock) = limiter(2);
     let mut svc = ConcurrencyLimitLayer::new(l.clone(), tenant).layer(ok_service());
-    let a = svc.ready().await.unwrap().call(Request::default()).await.unwrap();
-    let b = svc.ready().await.unwrap().call(Request::default()).await.unwrap();
+    let a = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::default())
+        .await
+        .unwrap();
+    let b = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::default())
+        .await
+        .unwrap();
     assert_eq!((a.status(), b.status()), (StatusCode::OK, StatusCode::OK));
     assert_eq!(
         a.headers()["ratelimit-policy"].to_str().unwrap(),
         "\"exports\";q=2;w=60"
     );
-    let refused = svc.ready().await.unwrap().call(Request::default()).await.unwrap();
+    let refused = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::default())
+        .await
+        .unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(refused.headers()["retry-after"], "1");
     assert_eq!(free_slots(&l).await, 0);
@@ -101,13 +119,31 @@ async fn a_panicking_or_failing_service_gives_its_slot_back() {
 async fn a_slot_whose_release_is_lost_comes_back_with_its_lease() {
     let (l, clock) = limiter(1);
     let mut svc = ConcurrencyLimitLayer::new(l.clone(), tenant).layer(ok_service());
-    let held = svc.ready().await.unwrap().call(Request::default()).await.unwrap();
+    let held = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::default())
+        .await
+        .unwrap();
     // A worker that dies never drops its body.
     std::mem::forget(held);
-    let refused = svc.ready().await.unwrap().call(Request::default()).await.unwrap();
+    let refused = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::default())
+        .await
+        .unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     clock.advance(Duration::from_secs(60));
-    let res = svc.ready().await.unwrap().call(Request::default()).await.unwrap();
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::default())
+        .await
+        .unwrap();
     assert_eq!(res.status(), StatusCode::OK);
 }
 
@@ -119,15 +155,30 @@ async fn shadow_mode_lets_refusals_through_with_an_extension_and_no_headers() {
         .mode(Mode::Shadow)
         .build();
     let mut svc = RateLimitLayer::new(l, tenant).layer(ok_service());
-    let first = svc.ready().await.unwrap().call(Request::default()).await.unwrap();
+    let first = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::default())
+        .await
+        .unwrap();
     assert_eq!(first.status(), StatusCode::OK);
     assert!(first.extensions().get::<ShadowRefusal>().is_none());
     assert!(first.headers().contains_key("ratelimit"));
-    let second = svc.ready().await.unwrap().call(Request::default()).await.unwrap();
+    let second = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::default())
+        .await
+        .unwrap();
     assert_eq!(second.status(), StatusCode::OK);
     assert!(!second.headers().contains_key("ratelimit"));
     assert!(!second.headers().contains_key("retry-after"));
-    let shadow = second.extensions().get::<ShadowRefusal>().expect("shadowed");
+    let shadow = second
+        .extensions()
+        .get::<ShadowRefusal>()
+        .expect("shadowed");
     assert_eq!(shadow.limiter, "new-limit");
     assert_eq!(shadow.retry_after, Duration::from_secs(60));
     assert!(shadow.decision.is_some_and(|d| d.is_denied()));
@@ -142,8 +193,20 @@ async fn a_shadowed_concurrency_limit_holds_nothing_beyond_its_slots() {
         .mode(Mode::Shadow)
         .build();
     let mut svc = ConcurrencyLimitLayer::new(l.clone(), tenant).layer(ok_service());
-    let a = svc.ready().await.unwrap().call(Request::default()).await.unwrap();
-    let b = svc.ready().await.unwrap().call(Request::default()).await.unwrap();
+    let a = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::default())
+        .await
+        .unwrap();
+    let b = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::default())
+        .await
+        .unwrap();
     assert_eq!((a.status(), b.status()), (StatusCode::OK, StatusCode::OK));
     assert!(b.extensions().get::<ShadowRefusal>().is_some());
     // Only the first holds a slot: dropping the second frees nothing.

@@ -83,7 +83,8 @@ pub fn app_with<B: Backend + Clone>(
         return Ok(router.route("/v1/export", export));
     }
     let exports = config.limiter("api_exports")?.build(backend.clone());
-    let export_key = ApiKey::header(HeaderName::from_static("x-api-key"), hasher.clone()).or_bearer();
+    let export_key =
+        ApiKey::header(HeaderName::from_static("x-api-key"), hasher.clone()).or_bearer();
     let router = router.route(
         "/v1/export",
         export.route_layer(ConcurrencyLimitLayer::new(exports, export_key)),

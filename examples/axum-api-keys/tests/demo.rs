@@ -120,13 +120,8 @@ async fn exports_are_limited_in_flight_until_their_body_is_sent() {
 
     let config = axum_api_keys::limits().unwrap();
     let backend = MemoryBackend::new();
-    let mut app = axum_api_keys::app_with(
-        &config,
-        backend,
-        axum_api_keys::Layers::PerKey,
-        hasher(),
-    )
-    .unwrap();
+    let mut app =
+        axum_api_keys::app_with(&config, backend, axum_api_keys::Layers::PerKey, hasher()).unwrap();
     let export = |key: &str| {
         Request::get("/v1/export")
             .header("x-api-key", key)
@@ -140,7 +135,10 @@ async fn exports_are_limited_in_flight_until_their_body_is_sent() {
     // Two responses whose bodies are not sent yet hold both slots.
     let first = call("pro_exporter").await;
     let second = call("pro_exporter").await;
-    assert_eq!((first.status(), second.status()), (StatusCode::OK, StatusCode::OK));
+    assert_eq!(
+        (first.status(), second.status()),
+        (StatusCode::OK, StatusCode::OK)
+    );
     let third = call("pro_exporter").await;
     assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(third.headers()["retry-after"], "1");

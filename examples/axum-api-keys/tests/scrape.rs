@@ -89,7 +89,9 @@ fn the_scraped_counters_follow_the_requests() {
         let candidate = |verdict: &str| {
             value(
                 &m,
-                &format!("tollgate_candidate_decisions_total{{limiter=api_free,verdict={verdict}}}"),
+                &format!(
+                    "tollgate_candidate_decisions_total{{limiter=api_free,verdict={verdict}}}"
+                ),
             )
         };
         assert_eq!(candidate("both_allowed"), 3.0);

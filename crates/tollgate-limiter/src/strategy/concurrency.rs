@@ -211,7 +211,10 @@ mod tests {
         let mut s = ConcurrencyState::default();
         assert_eq!(s.apply(0, &p, Op::Hold(7)).remaining(), 1);
         let d = s.apply(5 * S, &p, Op::Hold(7));
-        assert_eq!((d.remaining(), d.reset_after()), (1, Duration::from_secs(10)));
+        assert_eq!(
+            (d.remaining(), d.reset_after()),
+            (1, Duration::from_secs(10))
+        );
         // Renewed at 5 s: still held at 12 s, gone at 15 s.
         assert_eq!(s.apply(12 * S, &p, Op::PEEK).remaining(), 1);
         assert_eq!(s.apply(15 * S, &p, Op::PEEK).remaining(), 2);

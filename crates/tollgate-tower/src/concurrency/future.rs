@@ -129,7 +129,9 @@ where
                     let (verdict, permit) = ready!(hold.as_mut().poll(cx));
                     let shared = &**this.shared;
                     // The key only feeds the debug log.
-                    let key = permit.as_ref().map_or_else(|| Key::new("-"), |p| p.key().clone());
+                    let key = permit
+                        .as_ref()
+                        .map_or_else(|| Key::new("-"), |p| p.key().clone());
                     match answer(&shared.responder, &shared.limiter, &key, verdict) {
                         Answer::Pass { decision, shadow } => {
                             *this.decision = decision;

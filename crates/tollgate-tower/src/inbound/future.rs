@@ -176,19 +176,15 @@ where
                     req,
                 } => {
                     let (verdict, ticket) = ready!(check.as_mut().poll(cx));
-                    let refused = match answer(
-                        &this.post.responder,
-                        &ticket.limiter,
-                        &ticket.key,
-                        verdict,
-                    ) {
-                        Answer::Pass { decision, shadow } => {
-                            *this.decision = decision;
-                            *this.shadow = shadow;
-                            None
-                        }
-                        Answer::Refuse(response) => Some(response),
-                    };
+                    let refused =
+                        match answer(&this.post.responder, &ticket.limiter, &ticket.key, verdict) {
+                            Answer::Pass { decision, shadow } => {
+                                *this.decision = decision;
+                                *this.shadow = shadow;
+                                None
+                            }
+                            Answer::Refuse(response) => Some(response),
+                        };
                     match refused {
                         None => {
                             let mut service = service.take().expect("polled after completion");
