@@ -647,7 +647,7 @@ tollgate_testkit::on_every_server! {
         let o = inspect_email(&[], &[("TOLLGATE_KEY_SECRET", "")]);
         assert_eq!(o.status.code(), Some(2));
         assert!(stderr(&o).contains("TOLLGATE_KEY_SECRET"), "{}", stderr(&o));
-        let dir = std::env::temp_dir().join(format!("tollgate-cli-secret-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("tollgate-cli-secret-{}-{server}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("secret");
         std::fs::write(&file, format!("{SECRET}\n")).unwrap();
