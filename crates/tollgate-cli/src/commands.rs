@@ -301,6 +301,8 @@ struct Target {
     /// The configured mode (the CLI's own limiter always enforces: it
     /// only looks).
     mode: Mode,
+    /// The configured candidate policy, read under `<name>:candidate`.
+    candidate: Option<Limiter<RedisBackend>>,
 }
 
 async fn target(g: &Global, name: &str) -> Result<Target, Failure> {
@@ -314,6 +316,11 @@ async fn target(g: &Global, name: &str) -> Result<Target, Failure> {
         .clone()
         .unwrap_or_else(|| config.prefix().to_owned());
     let backend = connect(g, &prefix).await?;
+    let candidate = lc.candidate.map(|p| {
+        Limiter::builder(format!("{}:candidate", lc.name), p, backend.clone())
+            .timeout(g.timeout)
+            .build()
+    });
     let limiter = Limiter::builder(lc.name, lc.policy, backend)
         .fail_mode(FailMode::Closed)
         .timeout(g.timeout)
@@ -321,6 +328,7 @@ async fn target(g: &Global, name: &str) -> Result<Target, Failure> {
     Ok(Target {
         limiter,
         mode: lc.mode,
+        candidate,
     })
 }
 
@@ -431,9 +439,17 @@ async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
             .await
             .map_err(|e| limiter_error("inspect", &e))?;
         let o = Overrides::read(&t, Some(&key.key)).await?;
-        Ok((d, o))
+        let c = match &t.candidate {
+            Some(c) => Some(
+                c.try_peek(&key.key, 1)
+                    .await
+                    .map_err(|e| limiter_error("inspect", &e))?,
+            ),
+            None => None,
+        };
+        Ok((d, o, c))
     };
-    let (d, o) = timed(g, "inspect", work).await?;
+    let (d, o, c) = timed(g, "inspect", work).await?;
     let in_force = o.key.or(o.limiter).unwrap_or(o.configured);
     // A concurrency limit's state is its slots: held = limit - free.
     let slots = matches!(in_force, Policy::Concurrency(_))
@@ -448,6 +464,13 @@ async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
             "policy": o.json(),
             "decision": decision_json(&d),
         });
+        if let (Some(cl), Some(cd)) = (&t.candidate, &c) {
+            doc["candidate"] = json!({
+                "limiter": cl.name(),
+                "policy": policy_json(cl.policy()),
+                "decision": decision_json(cd),
+            });
+        }
         if let Some((held, max)) = slots {
             doc["slots"] = json!({
                 "held": held,
@@ -472,6 +495,20 @@ async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
         );
     }
     print_decision(&d);
+    if let (Some(cl), Some(cd)) = (&t.candidate, &c) {
+        println!(
+            "candidate    {} (state under {}): {}, {} of {} remaining",
+            describe(cl.policy()),
+            cl.name(),
+            if cd.is_allowed() {
+                "would allow"
+            } else {
+                "would REFUSE"
+            },
+            cd.remaining(),
+            cd.limit()
+        );
+    }
     // A composite's numbers are its binding part's: say which.
     if let Policy::Composite(c) = in_force
         && let Some(part) = c.policy(d.part())

@@ -567,6 +567,48 @@ tollgate_testkit::on_every_server! {
 
 tollgate_testkit::on_every_server! {
     #[test]
+    fn inspect_shows_the_candidate_beside_the_enforced_policy(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let c = ConfigFile::new(
+            r#"
+            [defaults]
+            prefix = "t-cand"
+            [limiters.api]
+            strategy = "token_bucket"
+            capacity = 5
+            refill = "1/h"
+            [limiters.api.candidate]
+            strategy = "sliding_window"
+            limit = 2
+            window = "1h"
+            "#,
+        );
+        let service = c.limiter(&url, "api");
+        let k = Key::new("acct-1");
+        for _ in 0..3 {
+            assert!(block_on(service.check(&k)).is_allowed());
+        }
+        let run_cli = |json: bool| {
+            let mut args = vec!["-c", c.arg()];
+            if json {
+                args.push("--json");
+            }
+            args.extend(["inspect", "api", "--key", "acct-1"]);
+            run(&args, &[("REDIS_URL", &url)])
+        };
+        let out = expect(&run_cli(false), 0);
+        assert_eq!(field(&out, "remaining"), "2");
+        let cand = field(&out, "candidate");
+        assert!(cand.contains("api:candidate") && cand.contains("would REFUSE"), "{out}");
+        let v = json(&run_cli(true));
+        assert_eq!(v["candidate"]["limiter"], "api:candidate");
+        assert_eq!(v["candidate"]["decision"]["remaining"], 0);
+        assert_eq!(v["candidate"]["policy"]["strategy"], "sliding_window");
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    #[test]
     fn inspect_shows_what_the_service_counted(server: Server) {
         let Some(url) = shared_url(server) else { return };
         let c = config("t-inspect");

@@ -147,3 +147,22 @@ impl LogThrottle {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_log_throttle_lets_one_line_per_period_and_counts_the_rest() {
+        let t = LogThrottle::new(Duration::from_secs(10));
+        assert_eq!(t.due(false), Some(0));
+        assert_eq!(t.due(false), None);
+        assert_eq!(t.due(false), None);
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert_eq!(t.due(false), None);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(t.due(false), Some(3));
+        // A forced line (the breaker opened) always goes out.
+        assert_eq!(t.due(true), Some(0));
+    }
+}
