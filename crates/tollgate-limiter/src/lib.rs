@@ -60,6 +60,7 @@ pub mod shadow;
 mod sharded;
 pub mod strategy;
 pub use strategy::composite;
+pub use strategy::concurrency;
 pub mod time;
 
 pub use aimd::{AimdConfig, AimdLimiter};

@@ -1,9 +1,9 @@
 //! Concurrency limits: at most `max_in_flight` requests of one key running
 //! at once, across every worker sharing the backend.
 //!
-//! A request takes a *slot* ([`Op::Hold`](crate::Op::Hold) with a slot id
+//! A request takes a *slot* ([`Op::Hold`] with a slot id
 //! the caller draws at random) in its decision's round trip, and gives it
-//! back ([`Op::Release`](crate::Op::Release)) when it ends. Each slot is a
+//! back ([`Op::Release`]) when it ends. Each slot is a
 //! lease: it expires `lease` after it was taken (or last renewed, by holding
 //! the same id again), so the slots of a worker that died, or whose release
 //! was lost, come back by themselves. Choose `lease` above the longest
