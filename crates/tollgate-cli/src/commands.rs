@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde_json::{Value, json};
 use tollgate_limiter::{
-    Clock, Config, Decision, Error, FailMode, Key, Limiter, Policy, RedisConfig, SystemClock,
+    Clock, Config, Decision, Error, FailMode, Key, Limiter, Mode, Policy, RedisConfig, SystemClock,
 };
 use tollgate_redis::{Durability, RedisBackend, Setting};
 
@@ -298,6 +298,11 @@ fn cluster_builder(_: &Global) -> Result<tollgate_redis::RedisBackendBuilder, Fa
 /// The named limiter of the configuration, over the command's Redis.
 struct Target {
     limiter: Limiter<RedisBackend>,
+    /// The configured mode (the CLI's own limiter always enforces: it
+    /// only looks).
+    mode: Mode,
+    /// The configured candidate policy, read under `<name>:candidate`.
+    candidate: Option<Limiter<RedisBackend>>,
 }
 
 async fn target(g: &Global, name: &str) -> Result<Target, Failure> {
@@ -311,11 +316,20 @@ async fn target(g: &Global, name: &str) -> Result<Target, Failure> {
         .clone()
         .unwrap_or_else(|| config.prefix().to_owned());
     let backend = connect(g, &prefix).await?;
+    let candidate = lc.candidate.map(|p| {
+        Limiter::builder(format!("{}:candidate", lc.name), p, backend.clone())
+            .timeout(g.timeout)
+            .build()
+    });
     let limiter = Limiter::builder(lc.name, lc.policy, backend)
         .fail_mode(FailMode::Closed)
         .timeout(g.timeout)
         .build();
-    Ok(Target { limiter })
+    Ok(Target {
+        limiter,
+        mode: lc.mode,
+        candidate,
+    })
 }
 
 /// Maps a limiter error: a policy problem is the user's, anything else is
@@ -425,9 +439,17 @@ async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
             .await
             .map_err(|e| limiter_error("inspect", &e))?;
         let o = Overrides::read(&t, Some(&key.key)).await?;
-        Ok((d, o))
+        let c = match &t.candidate {
+            Some(c) => Some(
+                c.try_peek(&key.key, 1)
+                    .await
+                    .map_err(|e| limiter_error("inspect", &e))?,
+            ),
+            None => None,
+        };
+        Ok((d, o, c))
     };
-    let (d, o) = timed(g, "inspect", work).await?;
+    let (d, o, c) = timed(g, "inspect", work).await?;
     let in_force = o.key.or(o.limiter).unwrap_or(o.configured);
     // A composite's numbers are its binding part's.
     let binding = match in_force {
@@ -438,21 +460,66 @@ async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
         Some(Policy::Calendar(c)) => Some(CalendarWindow::of(&c, &d, SystemClock.now())),
         _ => None,
     };
+    // A concurrency limit's state is its slots: held = limit - free.
+    let slots = matches!(in_force, Policy::Concurrency(_))
+        .then(|| (d.limit().saturating_sub(d.remaining()), d.limit()));
     if g.json {
         let l = &t.limiter;
-        print_json(&json!({
+        let mut doc = json!({
             "limiter": l.name(),
+            "mode": t.mode.to_string(),
             "key": key_json(Some(&key)),
             "redis_key": l.backend().state_key(l.name(), &key.key),
             "policy": o.json(),
             "decision": decision_json(&d),
             "calendar_window": window.as_ref().map_or(Value::Null, CalendarWindow::json),
-        }));
+        });
+        if let (Some(cl), Some(cd)) = (&t.candidate, &c) {
+            doc["candidate"] = json!({
+                "limiter": cl.name(),
+                "policy": policy_json(cl.policy()),
+                "decision": decision_json(cd),
+            });
+        }
+        if let Some((held, max)) = slots {
+            doc["slots"] = json!({
+                "held": held,
+                "max_in_flight": max,
+                "last_lease_expires_in_us":
+                    u64::try_from(d.reset_after().as_micros()).unwrap_or(u64::MAX),
+                "redis_key": format!("{}:slots", l.backend().state_key(l.name(), &key.key)),
+            });
+        }
+        print_json(&doc);
         return Ok(());
     }
     print_header(&t, &key);
+    if t.mode == Mode::Shadow {
+        println!("mode         shadow: refusals are recorded, never enforced");
+    }
     o.print(Some(&key));
+    if let Some((held, max)) = slots {
+        println!(
+            "in flight    {held} of {max} slots held (the last lease expires in {})",
+            human_duration(d.reset_after())
+        );
+    }
     print_decision(&d);
+    if let (Some(cl), Some(cd)) = (&t.candidate, &c) {
+        println!(
+            "candidate    {} (state under {}): {}, {} of {} remaining",
+            describe(cl.policy()),
+            cl.name(),
+            if cd.is_allowed() {
+                "would allow"
+            } else {
+                "would REFUSE"
+            },
+            cd.remaining(),
+            cd.limit()
+        );
+    }
+    // A composite's numbers are its binding part's: say which.
     if let (Policy::Composite(_), Some(part)) = (in_force, binding) {
         println!("binding      part {}: {}", d.part(), describe(&part));
     }

@@ -85,6 +85,10 @@ pub(crate) fn policy_fields(p: &Policy) -> Vec<(&'static str, String)> {
             ("max_delay", dur(pd.max_delay())),
             ("forget_after", dur(pd.forget_after())),
         ],
+        Policy::Concurrency(c) => vec![
+            ("max_in_flight", c.max_in_flight().to_string()),
+            ("lease", dur(c.lease())),
+        ],
         Policy::Composite(c) => {
             let parts: Vec<String> = c
                 .policies()
@@ -142,7 +146,7 @@ pub(crate) fn describe(p: &Policy) -> String {
 }
 
 /// Fields that configure a limiter but are not part of a runtime override.
-const NOT_OVERRIDABLE: [&str; 4] = ["cost", "min_cost", "fail_mode", "timeout"];
+const NOT_OVERRIDABLE: [&str; 5] = ["cost", "min_cost", "fail_mode", "timeout", "mode"];
 
 /// Builds an override of `limiter`'s policy from `snippet` (TOML fields of
 /// one limiter, without a table header): the fields given replace the

@@ -519,6 +519,96 @@ fn config_validate_checks_the_redis_section() {
 
 tollgate_testkit::on_every_server! {
     #[test]
+    fn inspect_shows_the_slots_held_and_the_mode(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let c = ConfigFile::new(
+            r#"
+            [defaults]
+            prefix = "t-slots"
+            [limiters.exports]
+            strategy = "concurrency"
+            max_in_flight = 3
+            lease = "2m"
+            mode = "shadow"
+            "#,
+        );
+        let service = c.limiter(&url, "exports");
+        let k = Key::new("tenant-7");
+        // Two requests in flight, one of them on a worker that died.
+        let (_, held) = block_on(service.hold(&k));
+        let (_, lost) = block_on(service.hold(&k));
+        std::mem::forget(lost.expect("a slot"));
+        let inspect = |json: bool| {
+            let mut args = vec!["-c", c.arg()];
+            if json {
+                args.push("--json");
+            }
+            args.extend(["inspect", "exports", "--key", "tenant-7"]);
+            run(&args, &[("REDIS_URL", &url)])
+        };
+        let out = expect(&inspect(false), 0);
+        assert!(field(&out, "in flight").starts_with("2 of 3 slots held"), "{out}");
+        assert!(field(&out, "mode").starts_with("shadow"), "{out}");
+        assert_eq!(field(&out, "remaining"), "1");
+        let v = json(&inspect(true));
+        assert_eq!(v["mode"], "shadow");
+        assert_eq!(v["slots"]["held"], 2);
+        assert_eq!(v["slots"]["max_in_flight"], 3);
+        assert!(v["slots"]["redis_key"].as_str().unwrap().ends_with("{tenant-7}:slots"));
+        // The request that ended gives its slot back; a reset frees the
+        // dead worker's without waiting for its lease.
+        block_on(held.expect("a slot").release()).expect("released");
+        assert_eq!(json(&inspect(true))["slots"]["held"], 1);
+        expect(&run(&["-c", c.arg(), "reset", "exports", "--key", "tenant-7"], &[("REDIS_URL", &url)]), 0);
+        assert_eq!(json(&inspect(true))["slots"]["held"], 0);
+        assert_eq!(peek(&service, &k).remaining(), 3);
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    #[test]
+    fn inspect_shows_the_candidate_beside_the_enforced_policy(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let c = ConfigFile::new(
+            r#"
+            [defaults]
+            prefix = "t-cand"
+            [limiters.api]
+            strategy = "token_bucket"
+            capacity = 5
+            refill = "1/h"
+            [limiters.api.candidate]
+            strategy = "sliding_window"
+            limit = 2
+            window = "1h"
+            "#,
+        );
+        let service = c.limiter(&url, "api");
+        let k = Key::new("acct-1");
+        for _ in 0..3 {
+            assert!(block_on(service.check(&k)).is_allowed());
+        }
+        let run_cli = |json: bool| {
+            let mut args = vec!["-c", c.arg()];
+            if json {
+                args.push("--json");
+            }
+            args.extend(["inspect", "api", "--key", "acct-1"]);
+            run(&args, &[("REDIS_URL", &url)])
+        };
+        let out = expect(&run_cli(false), 0);
+        assert_eq!(field(&out, "remaining"), "2");
+        let cand = field(&out, "candidate");
+        assert!(cand.contains("api:candidate") && cand.contains("would REFUSE"), "{out}");
+        let v = json(&run_cli(true));
+        assert_eq!(v["candidate"]["limiter"], "api:candidate");
+        assert_eq!(v["candidate"]["decision"]["remaining"], 0);
+        assert_eq!(v["candidate"]["policy"]["strategy"], "sliding_window");
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    #[test]
     fn inspect_shows_what_the_service_counted(server: Server) {
         let Some(url) = shared_url(server) else { return };
         let c = config("t-inspect");
@@ -599,7 +689,7 @@ tollgate_testkit::on_every_server! {
         let o = inspect_email(&[], &[("TOLLGATE_KEY_SECRET", "")]);
         assert_eq!(o.status.code(), Some(2));
         assert!(stderr(&o).contains("TOLLGATE_KEY_SECRET"), "{}", stderr(&o));
-        let dir = std::env::temp_dir().join(format!("tollgate-cli-secret-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("tollgate-cli-secret-{}-{server}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("secret");
         std::fs::write(&file, format!("{SECRET}\n")).unwrap();

@@ -89,6 +89,27 @@ pub trait Backend: Send + Sync + 'static {
         }
     }
 
+    /// Decides `req` and, beside it, `candidate`: the same key and
+    /// operation under a [candidate policy](crate::LimiterBuilder::candidate),
+    /// in another limiter namespace (its own state, never the enforced
+    /// one's). The candidate's answer is `None` when it could not be
+    /// decided: a candidate never fails the enforced decision.
+    ///
+    /// Backends that can should decide both in one round trip (the Redis
+    /// backend pipelines the two scripts; both keys share the key's hash
+    /// tag, so one cluster node answers). The default decides one after the
+    /// other.
+    fn decide_with_candidate(
+        &self,
+        req: Request<'_>,
+        candidate: Request<'_>,
+    ) -> impl Future<Output = Result<(Decision, Option<Decision>), Self::Error>> + Send {
+        async move {
+            let enforced = self.decide(req).await?;
+            Ok((enforced, self.decide(candidate).await.ok()))
+        }
+    }
+
     /// Sets (`Some`) or clears (`None`) a runtime override. Every worker
     /// sharing the backend sees it on its next decision.
     fn set_override(
@@ -137,6 +158,14 @@ impl<B: Backend> Backend for Arc<B> {
         req: Request<'_>,
     ) -> impl Future<Output = Result<(Decision, Receipt), Self::Error>> + Send {
         (**self).reserve(req)
+    }
+
+    fn decide_with_candidate(
+        &self,
+        req: Request<'_>,
+        candidate: Request<'_>,
+    ) -> impl Future<Output = Result<(Decision, Option<Decision>), Self::Error>> + Send {
+        (**self).decide_with_candidate(req, candidate)
     }
 
     fn set_override(

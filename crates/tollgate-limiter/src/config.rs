@@ -44,6 +44,24 @@
 //! response_timeout = "500ms"
 //! ```
 //!
+//! A concurrency limit caps the requests of one key in flight at once
+//! (see [`Concurrency`]); `mode = "shadow"` decides and records but never
+//! refuses (see [`shadow`](crate::shadow)), and a top-level `shadow = true`
+//! (`TOLLGATE_SHADOW=true`) puts every limiter in shadow mode:
+//!
+//! ```toml
+//! [limiters.exports]
+//! strategy = "concurrency"
+//! max_in_flight = 4
+//! lease = "2m"
+//!
+//! [limiters.search]
+//! strategy = "token_bucket"
+//! capacity = 20
+//! refill = "10/s"
+//! mode = "shadow"
+//! ```
+//!
 //! Everything is validated when loaded: an unknown field, an unknown
 //! strategy, a zero capacity or window, a field that does not belong to the
 //! strategy, a default cost or a `min_cost` (the least any call is charged,
@@ -64,9 +82,10 @@ use crate::breaker::BreakerConfig;
 use crate::composite::Composite;
 use crate::limiter::{DEFAULT_TIMEOUT, FailMode, Limiter};
 use crate::policy::{
-    Calendar, Period, Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy, TokenBucket,
-    Zone,
+    Calendar, Concurrency, Period, Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy,
+    TokenBucket, Zone,
 };
+use crate::shadow::Mode;
 
 mod redis;
 
@@ -151,7 +170,14 @@ struct RawLimiter {
     factor: Option<u64>,
     max_delay: Option<String>,
     forget_after: Option<String>,
+    // concurrency
+    max_in_flight: Option<u64>,
+    lease: Option<String>,
     // common
+    mode: Option<String>,
+    /// A candidate policy evaluated beside the enforced one: a table of
+    /// policy fields.
+    candidate: Option<Box<RawLimiter>>,
     cost: Option<u64>,
     min_cost: Option<u64>,
     fail_mode: Option<String>,
@@ -161,6 +187,9 @@ struct RawLimiter {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
+    /// Every limiter in shadow mode, whatever its own `mode`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    shadow: Option<bool>,
     #[serde(default)]
     defaults: RawDefaults,
     #[serde(default)]
@@ -223,6 +252,15 @@ impl ConfigBuilder {
         self
     }
 
+    /// Adds a layer that sets the top-level `shadow` switch: with `true`,
+    /// every limiter is in [shadow mode](crate::shadow) whatever its own
+    /// `mode` says (a dry run of a whole deployment). Later layers (the
+    /// environment's `TOLLGATE_SHADOW`) may still change it.
+    pub fn shadow(mut self, yes: bool) -> Self {
+        self.figment = self.figment.merge(Serialized::default("shadow", yes));
+        self
+    }
+
     /// Merges the layers and validates every limiter.
     pub fn load(self) -> Result<Config, ConfigError> {
         let raw: RawConfig = self.figment.extract().map_err(Box::new)?;
@@ -248,17 +286,28 @@ pub struct LimiterConfig {
     pub timeout: Duration,
     /// Its circuit breaker.
     pub breaker: BreakerConfig,
+    /// Enforce (default) or shadow: the limiter's `mode`, or shadow for
+    /// every limiter under the top-level `shadow = true`.
+    pub mode: Mode,
+    /// A candidate policy evaluated beside the enforced one (see
+    /// [`LimiterBuilder::candidate`](crate::LimiterBuilder::candidate)):
+    /// the `[limiters.<name>.candidate]` table.
+    pub candidate: Option<Policy>,
 }
 
 impl LimiterConfig {
     /// A limiter built from this configuration.
     pub fn build<B: Backend>(&self, backend: B) -> Limiter<B> {
-        Limiter::builder(self.name.clone(), self.policy, backend)
+        let b = Limiter::builder(self.name.clone(), self.policy, backend)
             .fail_mode(self.fail_mode)
             .timeout(self.timeout)
             .breaker(self.breaker)
             .min_cost(self.min_cost)
-            .build()
+            .mode(self.mode);
+        match self.candidate {
+            Some(c) => b.candidate(c).build(),
+            None => b.build(),
+        }
     }
 }
 
@@ -371,7 +420,10 @@ impl Config {
                     "limiter names must be non-empty, without '{', '}' or ':'",
                 ));
             }
-            let cfg = validate(&name, &l, fail_mode, timeout, breaker)?;
+            let mut cfg = validate(&name, &l, fail_mode, timeout, breaker)?;
+            if raw.shadow == Some(true) {
+                cfg.mode = Mode::Shadow;
+            }
             limiters.insert(name, cfg);
         }
         let adaptive = raw
@@ -397,23 +449,10 @@ fn validate(
     breaker: BreakerConfig,
 ) -> Result<LimiterConfig, ConfigError> {
     let err = |field, reason: String| ConfigError::invalid(name, field, reason);
-    let policy = match (l.strategy.as_deref(), &l.policies) {
-        (Some("composite") | None, Some(parts)) => {
-            composite_policy(l, parts).map_err(|(f, r)| err(f, r))?
-        }
-        (Some("composite"), None) => {
-            return Err(err(
-                "policies",
-                "missing (a composite lists its policies)".into(),
-            ));
-        }
-        (_, Some(_)) => {
-            return Err(err(
-                "policies",
-                "belongs to composite (set strategy = \"composite\" or leave it out)".into(),
-            ));
-        }
-        (_, None) => single_policy(l).map_err(|(f, r)| err(f, r))?,
+    let policy = limiter_policy(l).map_err(|(f, r)| err(f, r))?;
+    let candidate = match &l.candidate {
+        Some(c) => Some(candidate_policy(c, &policy).map_err(|(f, r)| err(f, r))?),
+        None => None,
     };
     let cost = l.cost.unwrap_or(1);
     if cost == 0 {
@@ -439,6 +478,10 @@ fn validate(
     if timeout.is_zero() {
         return Err(err("timeout", "must be above zero".into()));
     }
+    let mode = match &l.mode {
+        Some(s) => s.parse().map_err(|e| err("mode", e))?,
+        None => Mode::default(),
+    };
     Ok(LimiterConfig {
         name: name.to_owned(),
         policy,
@@ -447,6 +490,57 @@ fn validate(
         fail_mode,
         timeout,
         breaker,
+        mode,
+        candidate,
+    })
+}
+
+/// A candidate's policy: policy fields only, and neither side a
+/// concurrency limit; errors name the field under `candidate`.
+fn candidate_policy(c: &RawLimiter, enforced: &Policy) -> Result<Policy, FieldError> {
+    let nested = [
+        ("cost", c.cost.is_some()),
+        ("min_cost", c.min_cost.is_some()),
+        ("fail_mode", c.fail_mode.is_some()),
+        ("timeout", c.timeout.is_some()),
+        ("mode", c.mode.is_some()),
+        ("candidate", c.candidate.is_some()),
+    ];
+    if let Some((field, _)) = nested.iter().find(|(_, set)| *set) {
+        return Err((
+            "candidate",
+            format!("candidate.{field}: set it on the limiter, not on its candidate"),
+        ));
+    }
+    let policy =
+        limiter_policy(c).map_err(|(f, r)| ("candidate", format!("candidate.{f}: {r}")))?;
+    if matches!(policy, Policy::Concurrency(_)) || matches!(enforced, Policy::Concurrency(_)) {
+        return Err((
+            "candidate",
+            "a concurrency limit neither takes nor is a candidate".into(),
+        ));
+    }
+    Ok(policy)
+}
+
+/// A limiter's (or a candidate's) policy: a composite or a single one.
+fn limiter_policy(l: &RawLimiter) -> Result<Policy, FieldError> {
+    let err = |field: &'static str, reason: String| (field, reason);
+    Ok(match (l.strategy.as_deref(), &l.policies) {
+        (Some("composite") | None, Some(parts)) => composite_policy(l, parts)?,
+        (Some("composite"), None) => {
+            return Err(err(
+                "policies",
+                "missing (a composite lists its policies)".into(),
+            ));
+        }
+        (_, Some(_)) => {
+            return Err(err(
+                "policies",
+                "belongs to composite (set strategy = \"composite\" or leave it out)".into(),
+            ));
+        }
+        (_, None) => single_policy(l)?,
     })
 }
 
@@ -462,12 +556,13 @@ fn single_policy(l: &RawLimiter) -> Result<Policy, FieldError> {
         Some("progressive_delay") => Strategy::ProgressiveDelay,
         Some("composite") => Strategy::Composite,
         Some("calendar") => Strategy::Calendar,
+        Some("concurrency") => Strategy::Concurrency,
         Some(other) => {
             return Err(err(
                 "strategy",
                 format!(
                     "unknown strategy {other:?}; expected token_bucket, sliding_window, \
-                     progressive_delay, calendar or composite"
+                     progressive_delay, calendar, composite or concurrency"
                 ),
             ));
         }
@@ -475,7 +570,7 @@ fn single_policy(l: &RawLimiter) -> Result<Policy, FieldError> {
     };
     // Each strategy's own fields; any other strategy's field is a mistake
     // worth reporting (a `window` on a token bucket does nothing).
-    let present: [(&'static str, bool, Strategy); 12] = [
+    let present: [(&'static str, bool, Strategy); 14] = [
         ("capacity", l.capacity.is_some(), Strategy::TokenBucket),
         ("refill", l.refill.is_some(), Strategy::TokenBucket),
         ("limit", l.limit.is_some(), Strategy::SlidingWindow),
@@ -508,6 +603,12 @@ fn single_policy(l: &RawLimiter) -> Result<Policy, FieldError> {
         ),
         ("period", l.period.is_some(), Strategy::Calendar),
         ("time_zone", l.time_zone.is_some(), Strategy::Calendar),
+        (
+            "max_in_flight",
+            l.max_in_flight.is_some(),
+            Strategy::Concurrency,
+        ),
+        ("lease", l.lease.is_some(), Strategy::Concurrency),
     ];
     // A calendar quota shares `limit` with the sliding window.
     let belongs = |field: &str, s: Strategy| {
@@ -562,6 +663,12 @@ fn single_policy(l: &RawLimiter) -> Result<Policy, FieldError> {
         )
         .map_err(|e| (e.field, e.reason))?
         .into(),
+        Strategy::Concurrency => Concurrency::new(
+            req("max_in_flight", l.max_in_flight)?,
+            dur("lease", &l.lease)?,
+        )
+        .map_err(|e| (e.field, e.reason))?
+        .into(),
     })
 }
 
@@ -581,6 +688,8 @@ fn composite_policy(l: &RawLimiter, parts: &[RawLimiter]) -> Result<Policy, Fiel
         ("forget_after", l.forget_after.is_some()),
         ("period", l.period.is_some()),
         ("time_zone", l.time_zone.is_some()),
+        ("max_in_flight", l.max_in_flight.is_some()),
+        ("lease", l.lease.is_some()),
     ];
     if let Some((field, _)) = present.iter().find(|(_, set)| *set) {
         return Err((
@@ -596,6 +705,8 @@ fn composite_policy(l: &RawLimiter, parts: &[RawLimiter]) -> Result<Policy, Fiel
             ("min_cost", part.min_cost.is_some()),
             ("fail_mode", part.fail_mode.is_some()),
             ("timeout", part.timeout.is_some()),
+            ("mode", part.mode.is_some()),
+            ("candidate", part.candidate.is_some()),
         ];
         if let Some((field, _)) = nested.iter().find(|(_, set)| *set) {
             return Err((
@@ -1046,5 +1157,95 @@ mod tests {
             .load()
             .unwrap_err();
         assert!(e.to_string().contains("tollgate.toml"), "{e}");
+    }
+
+    #[test]
+    fn concurrency_loads_and_names_its_fields() {
+        let c = load("[limiters.exports]\nstrategy='concurrency'\nmax_in_flight=4\nlease='2m'")
+            .unwrap();
+        let l = c.limiter("exports").unwrap();
+        assert_eq!(
+            l.policy,
+            Policy::from(Concurrency::new(4, Duration::from_secs(120)).unwrap())
+        );
+        let e = err("[limiters.x]\nstrategy='concurrency'\nmax_in_flight=0\nlease='1m'");
+        assert!(e.contains("limiters.x.max_in_flight"), "{e}");
+        let e = err("[limiters.x]\nstrategy='concurrency'\nmax_in_flight=2");
+        assert!(e.contains("limiters.x.lease: missing"), "{e}");
+        let e = err("[limiters.x]\nstrategy='concurrency'\nmax_in_flight=2\nlease='1m'\nlimit=3");
+        assert!(
+            e.contains("limiters.x.limit") && e.contains("sliding_window"),
+            "{e}"
+        );
+        let e = err("[limiters.x]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/s'\nlease='1m'");
+        assert!(
+            e.contains("limiters.x.lease") && e.contains("concurrency"),
+            "{e}"
+        );
+        // A cost is not a number of slots: any cost loads.
+        assert!(
+            load("[limiters.x]\nstrategy='concurrency'\nmax_in_flight=1\nlease='1s'\ncost=5")
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn mode_defaults_to_enforce_and_the_top_level_switch_shadows_all() {
+        let tb = "[limiters.a]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/s'\n\
+                  [limiters.b]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/s'\nmode='shadow'\n";
+        let c = load(tb).unwrap();
+        assert_eq!(c.limiter("a").unwrap().mode, Mode::Enforce);
+        assert_eq!(c.limiter("b").unwrap().mode, Mode::Shadow);
+        let e = err("[limiters.a]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/s'\nmode='dry'");
+        assert!(e.contains("limiters.a.mode"), "{e}");
+        let all = Config::builder().toml_str(tb).shadow(true).load().unwrap();
+        assert!(all.limiters().all(|l| l.mode == Mode::Shadow));
+        let all = load(&format!("shadow = true\n{tb}")).unwrap();
+        assert_eq!(all.limiter("a").unwrap().mode, Mode::Shadow);
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("TOLLGATE_SHADOW", "true");
+            let c = Config::builder().toml_str(tb).env().load().unwrap();
+            assert_eq!(c.limiter("a").unwrap().mode, Mode::Shadow);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_candidate_loads_as_a_policy_table_and_names_its_fields() {
+        let c = load(
+            r#"
+            [limiters.api]
+            strategy = "token_bucket"
+            capacity = 100
+            refill = "60/min"
+            [limiters.api.candidate]
+            strategy = "sliding_window"
+            limit = 50
+            window = "1m"
+            "#,
+        )
+        .unwrap();
+        let l = c.limiter("api").unwrap();
+        assert_eq!(
+            l.candidate,
+            Some(Policy::from(
+                SlidingWindow::new(50, Duration::from_secs(60)).unwrap()
+            ))
+        );
+        assert_eq!(l.policy.strategy(), Strategy::TokenBucket);
+        let base = "[limiters.api]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/s'\n";
+        let e = err(&format!(
+            "{base}[limiters.api.candidate]\nstrategy='sliding_window'\nlimit=0\nwindow='1m'"
+        ));
+        assert!(e.contains("limiters.api.candidate: candidate.limit"), "{e}");
+        let e = err(&format!(
+            "{base}[limiters.api.candidate]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/s'\ncost=2"
+        ));
+        assert!(e.contains("candidate.cost"), "{e}");
+        let e = err(&format!(
+            "{base}[limiters.api.candidate]\nstrategy='concurrency'\nmax_in_flight=1\nlease='1s'"
+        ));
+        assert!(e.contains("concurrency"), "{e}");
+        assert_eq!(load(base).unwrap().limiter("api").unwrap().candidate, None);
     }
 }

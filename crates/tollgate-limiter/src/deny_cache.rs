@@ -92,14 +92,20 @@ impl DenyCache {
     pub(crate) fn applies(policy: &Policy, op: Op) -> bool {
         matches!(
             (policy, op),
-            (_, Op::Peek(_))
-                | (
-                    Policy::TokenBucket(_)
-                        | Policy::SlidingWindow(_)
-                        | Policy::Composite(_)
-                        | Policy::Calendar(_),
-                    Op::Acquire(_)
-                )
+            (
+                Policy::TokenBucket(_)
+                    | Policy::SlidingWindow(_)
+                    | Policy::Composite(_)
+                    | Policy::Calendar(_)
+                    | Policy::ProgressiveDelay(_),
+                Op::Peek(_)
+            ) | (
+                Policy::TokenBucket(_)
+                    | Policy::SlidingWindow(_)
+                    | Policy::Composite(_)
+                    | Policy::Calendar(_),
+                Op::Acquire(_)
+            )
         )
     }
 

@@ -121,35 +121,43 @@ impl Deadline {
     }
 }
 
-/// Logs backend failures at warn level, at most once per period per
-/// limiter, with a count of the ones kept quiet.
+/// Lets a log line through at most once per period (per limiter: each
+/// limiter holds its own), counting the ones kept quiet. Backend failures
+/// and shadow-mode refusals both go through one.
 #[derive(Debug)]
-struct LogThrottle {
+pub(crate) struct LogThrottle {
     period: Duration,
     state: Mutex<(Option<Instant>, u64)>,
 }
 
 impl LogThrottle {
-    fn new(period: Duration) -> Self {
+    pub(crate) fn new(period: Duration) -> Self {
         Self {
             period,
             state: Mutex::new((None, 0)),
         }
     }
 
-    fn warn(&self, limiter: &str, error: &Error, opened: bool) {
+    /// Whether a line may be logged now (always when `force`), with the
+    /// number of lines kept quiet since the last one; `None` counts this
+    /// one as kept quiet.
+    pub(crate) fn due(&self, force: bool) -> Option<u64> {
         let now = Instant::now();
-        let suppressed = {
-            let mut state = crate::lock(&self.state);
-            let due = state
-                .0
-                .is_none_or(|last| now.duration_since(last) >= self.period);
-            if !(due || opened) {
-                state.1 += 1;
-                return;
-            }
-            state.0 = Some(now);
-            std::mem::take(&mut state.1)
+        let mut state = crate::lock(&self.state);
+        let due = state
+            .0
+            .is_none_or(|last| now.duration_since(last) >= self.period);
+        if !(due || force) {
+            state.1 += 1;
+            return None;
+        }
+        state.0 = Some(now);
+        Some(std::mem::take(&mut state.1))
+    }
+
+    fn warn(&self, limiter: &str, error: &Error, opened: bool) {
+        let Some(suppressed) = self.due(opened) else {
+            return;
         };
         let error: &dyn std::error::Error = error;
         tracing::warn!(
@@ -159,5 +167,24 @@ impl LogThrottle {
             breaker_opened = opened,
             "rate-limit backend failure"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_log_throttle_lets_one_line_per_period_and_counts_the_rest() {
+        let t = LogThrottle::new(Duration::from_secs(10));
+        assert_eq!(t.due(false), Some(0));
+        assert_eq!(t.due(false), None);
+        assert_eq!(t.due(false), None);
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert_eq!(t.due(false), None);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(t.due(false), Some(3));
+        // A forced line (the breaker opened) always goes out.
+        assert_eq!(t.due(true), Some(0));
     }
 }

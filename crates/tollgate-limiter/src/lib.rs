@@ -5,11 +5,13 @@
 //!
 //! * [policies](Policy): [`TokenBucket`], exact [`SlidingWindow`],
 //!   [`ProgressiveDelay`], [`Calendar`] quotas (per day, week or month of a
-//!   time zone), and [`Composite`]s of several, decided at once;
+//!   time zone), [`Composite`]s of several, decided at once, and
+//!   [`Concurrency`] limits on requests in flight;
 //! * the [`Decision`] a limiter answers with (a refusal is a value);
 //! * the [`Backend`] trait that the memory and Redis backends implement;
 //! * the [`Limiter`]: a named policy over a backend, with a per-decision
-//!   timeout, a circuit breaker, a [`FailMode`] and runtime overrides;
+//!   timeout, a circuit breaker, a [`FailMode`], runtime overrides and a
+//!   [shadow mode](shadow);
 //! * [reservations](strategy::reservation) for costs known only afterwards
 //!   (LLM tokens): [`Limiter::reserve`] an estimate, then
 //!   [`Reservation::settle`] the real cost;
@@ -56,11 +58,13 @@ mod lease;
 pub mod limiter;
 pub mod metrics;
 pub mod model;
+mod permit;
 pub mod policy;
 mod reserve;
+pub mod shadow;
 mod sharded;
 pub mod strategy;
-pub use strategy::{calendar, composite};
+pub use strategy::{calendar, composite, concurrency};
 pub mod time;
 
 pub use aimd::{AimdConfig, AimdLimiter};
@@ -73,11 +77,13 @@ pub use error::{BoxError, Error};
 pub use key::{Key, KeyHasher};
 pub use limiter::{DEFAULT_LOCAL_CAPACITY, Denied, FailMode, Limiter, LimiterBuilder, Verdict};
 pub use model::{Op, Receipt};
+pub use permit::Permit;
 pub use policy::{
-    Calendar, Period, Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy, TokenBucket,
-    Zone,
+    Calendar, Concurrency, Period, Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy,
+    TokenBucket, Zone,
 };
 pub use reserve::Reservation;
+pub use shadow::Mode;
 pub use time::{Clock, MockClock, SystemClock, Timestamp};
 
 /// Locks a mutex whose data stays valid whatever a panicking holder did

@@ -11,13 +11,15 @@ use crate::breaker::BreakerConfig;
 use crate::decision::Decision;
 use crate::deny_cache::{Charge, DenyCache};
 use crate::error::Error;
-use crate::guard::{Deadline, Guard};
+use crate::guard::{Deadline, Guard, LogThrottle};
 use crate::key::Key;
 use crate::lease::Leases;
-use crate::metrics::{Call, Local, Outcome};
+use crate::metrics::{Agreement, Call, CandidateMeter, Local, Outcome};
 use crate::model::{Op, Receipt};
+use crate::permit::Permit;
 use crate::policy::{Policy, PolicyError};
 use crate::reserve::Reservation;
+use crate::shadow::{Mode, SHADOW_LOG_PERIOD};
 
 /// What a limiter answers when its backend cannot.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -68,6 +70,11 @@ pub enum Verdict {
     /// The backend failed and the limiter is fail-closed: the request is
     /// refused; retry after the given (short) delay.
     FailedClosed(Error, Duration),
+    /// The limiter is in [shadow mode](crate::shadow): the request passes,
+    /// though enforcement would have refused it as the [`Denied`] says (by
+    /// the limit, a cost the policy can never grant, or a fail-closed
+    /// backend failure).
+    Shadowed(Denied),
 }
 
 impl Verdict {
@@ -75,15 +82,23 @@ impl Verdict {
     pub fn is_allowed(&self) -> bool {
         match self {
             Self::Decided(d) => d.is_allowed(),
-            Self::FailedOpen(_) => true,
+            Self::FailedOpen(_) | Self::Shadowed(_) => true,
             Self::FailedClosed(..) => false,
         }
     }
 
-    /// The backend's decision, if it made one.
+    /// Whether shadow mode let through a request that enforcement would
+    /// have refused.
+    pub fn is_shadowed(&self) -> bool {
+        matches!(self, Self::Shadowed(_))
+    }
+
+    /// The backend's decision, if it made one (for a shadowed refusal,
+    /// the refusal).
     pub fn decision(&self) -> Option<&Decision> {
         match self {
             Self::Decided(d) => Some(d),
+            Self::Shadowed(denied) => denied.decision.as_ref(),
             _ => None,
         }
     }
@@ -93,12 +108,15 @@ impl Verdict {
         match self {
             Self::Decided(_) => None,
             Self::FailedOpen(e) | Self::FailedClosed(e, _) => Some(e),
+            Self::Shadowed(denied) => denied.error.as_ref(),
         }
     }
 
     /// The verdict as a `Result`, the form internal consumers use:
     /// `Ok` carries the decision (`None` when a fail-open limiter let the
-    /// request through without one), `Err` a typed [`Denied`].
+    /// request through without one; a shadowed refusal's decision, which
+    /// says denied, when shadow mode let it through), `Err` a typed
+    /// [`Denied`].
     pub fn into_result(self) -> Result<Option<Decision>, Denied> {
         match self {
             Self::Decided(d) if d.is_allowed() => Ok(Some(d)),
@@ -108,6 +126,7 @@ impl Verdict {
                 error: None,
             }),
             Self::FailedOpen(_) => Ok(None),
+            Self::Shadowed(denied) => Ok(denied.decision),
             Self::FailedClosed(e, retry_after) => Err(Denied {
                 retry_after,
                 decision: None,
@@ -146,9 +165,40 @@ pub struct LimiterBuilder<B> {
     lease: Option<(u64, Duration)>,
     local_capacity: usize,
     min_cost: u64,
+    mode: Mode,
+    candidate: Option<Policy>,
 }
 
 impl<B: Backend> LimiterBuilder<B> {
+    /// Evaluates `policy` beside the enforced one on every charge and peek
+    /// the backend decides, in the same round trip (see
+    /// [`Backend::decide_with_candidate`]), and counts where the two
+    /// disagree (`tollgate_candidate_decisions_total`, see
+    /// [`metrics`](crate::metrics)); the candidate never changes a verdict.
+    /// How a team rolls out a new limit: measure who it would refuse
+    /// before enforcing it.
+    ///
+    /// The candidate keeps its own state under the limiter name
+    /// `<name>:candidate` (configured limiter names cannot hold `:`), as if
+    /// it alone were enforced on every request: it is charged when it
+    /// would pass. Overrides of the limiter do not apply to it. Requests
+    /// answered locally ([`local_denials`](Self::local_denials),
+    /// [`lease`](Self::lease)) are not shown to it, and a lease's batch is
+    /// charged to it as one request of that cost: it is exact without
+    /// them. A concurrency limit takes no candidate (nor is one): the
+    /// candidate is ignored there.
+    pub fn candidate(mut self, policy: impl Into<Policy>) -> Self {
+        self.candidate = Some(policy.into());
+        self
+    }
+
+    /// Enforce (the default) or [shadow](crate::shadow): decide and
+    /// record, but let every request pass.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
     /// The least cost any charging call takes (default 1): a request
     /// asking for less (a cost function answering 0) is charged this much,
     /// so no request passes uncounted. Peeks ask whether at least this much
@@ -247,6 +297,17 @@ impl<B: Backend> LimiterBuilder<B> {
 
     /// The limiter.
     pub fn build(self) -> Limiter<B> {
+        let candidate = self
+            .candidate
+            .filter(|c| {
+                !matches!(c, Policy::Concurrency(_))
+                    && !matches!(self.policy, Policy::Concurrency(_))
+            })
+            .map(|c| Candidate {
+                name: format!("{}:candidate", self.name),
+                meter: CandidateMeter::new(&self.name),
+                policy: c,
+            });
         Limiter {
             inner: Arc::new(Inner {
                 guard: Guard::new(self.name.clone(), self.timeout, self.breaker),
@@ -255,6 +316,9 @@ impl<B: Backend> LimiterBuilder<B> {
                 backend: self.backend,
                 fail_mode: self.fail_mode,
                 min_cost: self.min_cost,
+                mode: self.mode,
+                shadow_log: LogThrottle::new(SHADOW_LOG_PERIOD),
+                candidate,
                 denials: self
                     .local_denials
                     .map(|ttl| DenyCache::new(ttl, self.local_capacity)),
@@ -311,9 +375,20 @@ struct Inner<B> {
     backend: B,
     fail_mode: FailMode,
     min_cost: u64,
+    mode: Mode,
+    shadow_log: LogThrottle,
+    candidate: Option<Candidate>,
     guard: Guard,
     denials: Option<DenyCache>,
     leases: Option<Leases>,
+}
+
+/// A candidate policy, evaluated beside the enforced one.
+struct Candidate {
+    /// Its namespace: `<limiter>:candidate`.
+    name: String,
+    policy: Policy,
+    meter: CandidateMeter,
 }
 
 impl<B> Clone for Limiter<B> {
@@ -330,6 +405,11 @@ impl<B> fmt::Debug for Limiter<B> {
             .field("name", &self.inner.name)
             .field("policy", &self.inner.policy)
             .field("fail_mode", &self.inner.fail_mode)
+            .field("mode", &self.inner.mode)
+            .field(
+                "candidate",
+                &self.inner.candidate.as_ref().map(|c| c.policy),
+            )
             .field("timeout", &self.inner.guard.timeout())
             .field("backend", &std::any::type_name::<B>())
             .finish()
@@ -354,6 +434,8 @@ impl<B: Backend> Limiter<B> {
             lease: None,
             local_capacity: DEFAULT_LOCAL_CAPACITY,
             min_cost: 1,
+            mode: Mode::default(),
+            candidate: None,
         }
     }
 
@@ -377,6 +459,20 @@ impl<B: Backend> Limiter<B> {
         self.inner.fail_mode
     }
 
+    /// Enforce or shadow.
+    pub fn mode(&self) -> Mode {
+        self.inner.mode
+    }
+
+    /// The [candidate policy](LimiterBuilder::candidate) evaluated beside
+    /// the enforced one, and the limiter name its state lives under.
+    pub fn candidate(&self) -> Option<(&Policy, &str)> {
+        self.inner
+            .candidate
+            .as_ref()
+            .map(|c| (&c.policy, c.name.as_str()))
+    }
+
     /// The backend.
     pub fn backend(&self) -> &B {
         &self.inner.backend
@@ -389,7 +485,9 @@ impl<B: Backend> Limiter<B> {
     }
 
     /// Asks for `cost` units for `key` (for a progressive delay: records
-    /// `cost` failures). A cost below the
+    /// `cost` failures; for a [concurrency](crate::Concurrency) limit:
+    /// takes a slot that only its lease frees, so use [`hold`](Self::hold)
+    /// there). A cost below the
     /// [minimum cost](LimiterBuilder::min_cost) is charged the minimum:
     /// every call charges.
     ///
@@ -409,7 +507,11 @@ impl<B: Backend> Limiter<B> {
     pub async fn check_cost(&self, key: &Key, cost: u64) -> Verdict {
         let deadline = self.inner.guard.deadline();
         let cost = cost.max(self.inner.min_cost);
-        let op = Op::Acquire(cost);
+        let op = match self.inner.policy {
+            // A slot nobody releases: its lease frees it (see `hold`).
+            Policy::Concurrency(_) => Op::Hold(crate::permit::slot_id()),
+            _ => Op::Acquire(cost),
+        };
         let cache = self.local_denials(op);
         // A sliding window's local refusals are carried to the backend
         // (penalised windows must record them; see DenyCache).
@@ -432,6 +534,32 @@ impl<B: Backend> Limiter<B> {
             None => self.try_op(key, op, &deadline).await,
         };
         self.counted(Call::Check, self.finish(cache, key, cost, result))
+    }
+
+    /// Takes a [concurrency](crate::Concurrency) slot for `key` in one
+    /// round trip: an allowed verdict comes with the [`Permit`] that gives
+    /// it back (when released or dropped; its lease frees it otherwise).
+    ///
+    /// Refused, failed (even fail-open) or shadowed verdicts hold no slot.
+    /// Under any other policy this is [`check`](Self::check), with no
+    /// permit.
+    pub async fn hold(&self, key: &Key) -> (Verdict, Option<Permit<B>>) {
+        if !matches!(self.inner.policy, Policy::Concurrency(_)) {
+            return (self.check(key).await, None);
+        }
+        let id = crate::permit::slot_id();
+        let result = self
+            .try_op(key, Op::Hold(id), &self.inner.guard.deadline())
+            .await;
+        let held = matches!(&result, Ok(d) if d.is_allowed());
+        let verdict = self.counted(Call::Check, self.settle(result, 1));
+        let permit = held.then(|| Permit::new(self.clone(), key.clone(), id));
+        (verdict, permit)
+    }
+
+    /// Renews or gives back a slot (for [`Permit`]).
+    pub(crate) async fn slot_op(&self, key: &Key, op: Op) -> Result<Decision, Error> {
+        self.try_op(key, op, &self.inner.guard.deadline()).await
     }
 
     /// One request under lease mode: up to two backend calls, under one
@@ -710,22 +838,40 @@ impl<B: Backend> Limiter<B> {
     /// knows the policy in force, so it decides whether a cost can ever
     /// fit; such a refusal becomes [`Error::Policy`] here.
     async fn try_op(&self, key: &Key, op: Op, deadline: &Deadline) -> Result<Decision, Error> {
-        let d = self
-            .inner
-            .guard
-            .run(deadline, || {
-                self.inner.backend.decide(Request {
-                    limiter: &self.inner.name,
+        let req = Request {
+            limiter: &self.inner.name,
+            key,
+            policy: &self.inner.policy,
+            op,
+        };
+        let guard = &self.inner.guard;
+        let d = match (&self.inner.candidate, op) {
+            // A request's charge or look: the candidate decides beside it.
+            (Some(c), Op::Acquire(_) | Op::Peek(_)) => {
+                let beside = Request {
+                    limiter: &c.name,
                     key,
-                    policy: &self.inner.policy,
+                    policy: &c.policy,
                     op,
-                })
-            })
-            .await?;
+                };
+                let (d, cd) = guard
+                    .run(deadline, || {
+                        self.inner.backend.decide_with_candidate(req, beside)
+                    })
+                    .await?;
+                c.meter.record(Agreement::of(&d, cd.as_ref()));
+                d
+            }
+            _ => {
+                guard
+                    .run(deadline, || self.inner.backend.decide(req))
+                    .await?
+            }
+        };
         if d.is_impossible() {
             let cost = match op {
                 Op::Acquire(c) | Op::Peek(c) | Op::Penalise(c) => c,
-                Op::Reset | Op::Settle { .. } => 0,
+                Op::Reset | Op::Settle { .. } | Op::Hold(_) | Op::Release(_) => 0,
             };
             return Err(Error::Policy(PolicyError::new(
                 "cost",
@@ -744,13 +890,36 @@ impl<B: Backend> Limiter<B> {
             .filter(|_| DenyCache::applies(&self.inner.policy, op))
     }
 
-    /// Counts a verdict in the decision metrics.
+    /// Counts a verdict in the decision metrics, after shadow mode let
+    /// through what it would refuse.
     fn counted(&self, call: Call, verdict: Verdict) -> Verdict {
+        let verdict = self.shadowed(verdict);
         self.inner
             .guard
             .meter()
             .decision(call, Outcome::of(&verdict));
         verdict
+    }
+
+    /// In shadow mode, a refusal becomes [`Verdict::Shadowed`], logged at
+    /// a throttled rate.
+    fn shadowed(&self, verdict: Verdict) -> Verdict {
+        if self.inner.mode != Mode::Shadow || verdict.is_allowed() {
+            return verdict;
+        }
+        let Err(denied) = verdict.into_result() else {
+            unreachable!("a refused verdict is an Err")
+        };
+        if let Some(suppressed) = self.inner.shadow_log.due(false) {
+            tracing::info!(
+                limiter = %self.inner.name,
+                retry_after = ?denied.retry_after,
+                failed = denied.error.is_some(),
+                suppressed,
+                "shadow mode: let through a request the limiter would refuse"
+            );
+        }
+        Verdict::Shadowed(denied)
     }
 
     /// Remembers a refusal in `cache`, then settles the verdict.

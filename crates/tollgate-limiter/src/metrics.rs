@@ -10,12 +10,13 @@
 //!
 //! | name | type | labels | what |
 //! |---|---|---|---|
-//! | [`tollgate_decisions_total`](DECISIONS) | counter | `limiter`, `op`, `outcome` | verdicts: `op` is `check` (a charge: [`check`](crate::Limiter::check), [`check_cost`](crate::Limiter::check_cost), [`reserve`](crate::Limiter::reserve), an adaptive [`try_acquire`](crate::AimdLimiter::try_acquire), each attempt of [`acquire`](crate::AimdLimiter::acquire)) or `peek` ([`peek`](crate::Limiter::peek), [`peek_cost`](crate::Limiter::peek_cost)); a limiter's [`try_acquire`](crate::Limiter::try_acquire) and [`try_peek`](crate::Limiter::try_peek) apply no fail mode and are not counted; `outcome` is `allowed`, `refused` (by the limit, or a cost the policy can never grant), `failed_open` or `failed_closed` (the backend failed and the [`FailMode`](crate::FailMode) answered) |
+//! | [`tollgate_decisions_total`](DECISIONS) | counter | `limiter`, `op`, `outcome` | verdicts: `op` is `check` (a charge: [`check`](crate::Limiter::check), [`check_cost`](crate::Limiter::check_cost), [`reserve`](crate::Limiter::reserve), an adaptive [`try_acquire`](crate::AimdLimiter::try_acquire), each attempt of [`acquire`](crate::AimdLimiter::acquire)) or `peek` ([`peek`](crate::Limiter::peek), [`peek_cost`](crate::Limiter::peek_cost)); a limiter's [`try_acquire`](crate::Limiter::try_acquire) and [`try_peek`](crate::Limiter::try_peek) apply no fail mode and are not counted; `outcome` is `allowed`, `refused` (by the limit, or a cost the policy can never grant), `failed_open` or `failed_closed` (the backend failed and the [`FailMode`](crate::FailMode) answered), or `shadow` (a limiter in [shadow mode](crate::shadow) let through what it would have refused or failed closed on); a [`hold`](crate::Limiter::hold) counts as a `check` |
 //! | [`tollgate_backend_latency_seconds`](BACKEND_LATENCY) | histogram | `limiter` | the time of each backend call (a round trip to Redis), failed or not; answers given locally are not timed |
 //! | [`tollgate_backend_errors_total`](BACKEND_ERRORS) | counter | `limiter`, `reason` | backend calls that gave no answer: `reason` is `error`, `timeout`, or `breaker_open` (not attempted) |
 //! | [`tollgate_breaker_transitions_total`](BREAKER_TRANSITIONS) | counter | `limiter`, `to` | circuit-breaker state changes, by the state entered: `open`, `half_open` (a probe goes through), `closed` |
 //! | [`tollgate_breaker_state`](BREAKER_STATE) | gauge | `limiter` | `0` closed, `1` half-open, `2` open |
 //! | [`tollgate_local_hits_total`](LOCAL_HITS) | counter | `limiter`, `kind` | decisions answered without a round trip: `denial` (a key known to be over its limit, [`local_denials`](crate::LimiterBuilder::local_denials), or an adaptive scope on hold), `lease` (a unit of a [lease](crate::LimiterBuilder::lease)) |
+//! | [`tollgate_candidate_decisions_total`](CANDIDATE_DECISIONS) | counter | `limiter`, `verdict` | a limiter's [candidate policy](crate::LimiterBuilder::candidate) beside the enforced one, per backend decision: `verdict` is `both_allowed`, `both_refused`, `candidate_refuses` (enforced allows, the candidate would refuse), `candidate_allows` (enforced refuses, the candidate would allow) or `candidate_failed` (no candidate decision); registered only for limiters with a candidate |
 //! | [`tollgate_aimd_rate_changes_total`](AIMD_RATE_CHANGES) | counter | `limiter`, `change` | adaptive rate changes made by this worker: `cut` (after a refusal), `step` (up, after successes) |
 //! | [`tollgate_aimd_rate`](AIMD_RATE) | gauge | `limiter` | the rate, in requests per second, this worker most recently set or read for any of the limiter's scopes (the initial rate until then) |
 //!
@@ -51,6 +52,8 @@ pub const BREAKER_TRANSITIONS: &str = "tollgate_breaker_transitions_total";
 pub const BREAKER_STATE: &str = "tollgate_breaker_state";
 /// Decisions answered without a round trip, by kind (counter).
 pub const LOCAL_HITS: &str = "tollgate_local_hits_total";
+/// A candidate policy's verdicts beside the enforced one's (counter).
+pub const CANDIDATE_DECISIONS: &str = "tollgate_candidate_decisions_total";
 /// Adaptive rate changes, by change (counter).
 pub const AIMD_RATE_CHANGES: &str = "tollgate_aimd_rate_changes_total";
 /// The adaptive rate most recently set or read, in requests per second
@@ -65,6 +68,7 @@ pub const NAMES: &[&str] = &[
     BREAKER_TRANSITIONS,
     BREAKER_STATE,
     LOCAL_HITS,
+    CANDIDATE_DECISIONS,
     AIMD_RATE_CHANGES,
     AIMD_RATE,
 ];
@@ -92,6 +96,7 @@ pub(crate) enum Outcome {
     Refused = 1,
     FailedOpen = 2,
     FailedClosed = 3,
+    Shadowed = 4,
 }
 
 impl Outcome {
@@ -104,6 +109,32 @@ impl Outcome {
             // a failing backend.
             Verdict::FailedClosed(e, _) if !e.is_unavailable() => Self::Refused,
             Verdict::FailedClosed(..) => Self::FailedClosed,
+            Verdict::Shadowed(_) => Self::Shadowed,
+        }
+    }
+}
+
+/// A candidate's verdict beside the enforced one's (the `verdict` label).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Agreement {
+    BothAllowed = 0,
+    BothRefused = 1,
+    CandidateRefuses = 2,
+    CandidateAllows = 3,
+    CandidateFailed = 4,
+}
+
+impl Agreement {
+    pub(crate) fn of(enforced: &crate::Decision, candidate: Option<&crate::Decision>) -> Self {
+        match (
+            enforced.is_allowed(),
+            candidate.map(crate::Decision::is_allowed),
+        ) {
+            (_, None) => Self::CandidateFailed,
+            (true, Some(true)) => Self::BothAllowed,
+            (false, Some(false)) => Self::BothRefused,
+            (true, Some(false)) => Self::CandidateRefuses,
+            (false, Some(true)) => Self::CandidateAllows,
         }
     }
 }
@@ -131,10 +162,10 @@ pub(crate) enum Change {
 }
 
 #[cfg(feature = "metrics")]
-pub(crate) use on::{AimdMeter, BreakerMeter, Meter};
+pub(crate) use on::{AimdMeter, BreakerMeter, CandidateMeter, Meter};
 
 #[cfg(not(feature = "metrics"))]
-pub(crate) use off::{AimdMeter, BreakerMeter, Meter};
+pub(crate) use off::{AimdMeter, BreakerMeter, CandidateMeter, Meter};
 
 #[cfg(feature = "metrics")]
 mod on {
@@ -147,12 +178,18 @@ mod on {
     use super::*;
 
     const OPS: [&str; 2] = ["check", "peek"];
-    const OUTCOMES: [&str; 4] = ["allowed", "refused", "failed_open", "failed_closed"];
+    const OUTCOMES: [&str; 5] = [
+        "allowed",
+        "refused",
+        "failed_open",
+        "failed_closed",
+        "shadow",
+    ];
 
     /// A limiter's handles, registered once when it is built.
     #[derive(Debug)]
     pub(crate) struct Meter {
-        decisions: [[Counter; 4]; 2],
+        decisions: [[Counter; 5]; 2],
         local: [Counter; 2],
         latency: Histogram,
         /// error, timeout, breaker_open.
@@ -234,6 +271,37 @@ mod on {
         pub(crate) fn transition(&self, to: BreakerState) {
             self.transitions[to as usize].increment(1);
             self.state.set(f64::from(to as u8));
+        }
+    }
+
+    /// A candidate policy's handles.
+    #[derive(Debug)]
+    pub(crate) struct CandidateMeter {
+        verdicts: [Counter; 5],
+    }
+
+    impl CandidateMeter {
+        pub(crate) fn new(name: &str) -> Self {
+            describe_counter!(
+                CANDIDATE_DECISIONS,
+                "A candidate policy's verdicts beside the enforced policy's, by agreement"
+            );
+            Self {
+                verdicts: [
+                    "both_allowed",
+                    "both_refused",
+                    "candidate_refuses",
+                    "candidate_allows",
+                    "candidate_failed",
+                ]
+                .map(
+                    |v| counter!(CANDIDATE_DECISIONS, "limiter" => name.to_owned(), "verdict" => v),
+                ),
+            }
+        }
+
+        pub(crate) fn record(&self, a: Agreement) {
+            self.verdicts[a as usize].increment(1);
         }
     }
 
@@ -340,6 +408,17 @@ mod off {
         }
         #[inline(always)]
         pub(crate) fn transition(&self, _: BreakerState) {}
+    }
+
+    #[derive(Debug)]
+    pub(crate) struct CandidateMeter;
+
+    impl CandidateMeter {
+        pub(crate) fn new(_: &str) -> Self {
+            Self
+        }
+        #[inline(always)]
+        pub(crate) fn record(&self, _: Agreement) {}
     }
 
     #[derive(Debug)]

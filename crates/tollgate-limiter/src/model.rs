@@ -12,6 +12,7 @@ use crate::time::Timestamp;
 
 pub use crate::strategy::calendar::CalendarState;
 pub use crate::strategy::composite::CompositeState;
+pub use crate::strategy::concurrency::ConcurrencyState;
 pub use crate::strategy::progressive_delay::ProgressiveDelayState;
 pub use crate::strategy::reservation::{Mark, Receipt};
 pub use crate::strategy::sliding_window::SlidingWindowState;
@@ -59,6 +60,15 @@ pub enum Op {
         /// The real cost (0 refunds the whole reservation).
         actual: u64,
     },
+    /// Take the [concurrency](crate::Concurrency) slot of this id (drawn at
+    /// random by the caller), or renew its lease if the key holds it
+    /// already. Under any other policy: answers as `Peek(1)`, records
+    /// nothing.
+    Hold(u64),
+    /// Give back the [concurrency](crate::Concurrency) slot of this id (if
+    /// the key holds it); answers as `Peek(1)` would afterwards. Under any
+    /// other policy: answers as `Peek(1)`, records nothing.
+    Release(u64),
 }
 
 impl Op {
@@ -79,6 +89,8 @@ pub enum State {
     Composite(CompositeState),
     /// See [`CalendarState`].
     Calendar(CalendarState),
+    /// See [`ConcurrencyState`].
+    Concurrency(ConcurrencyState),
 }
 
 impl State {
@@ -90,6 +102,7 @@ impl State {
             Policy::ProgressiveDelay(_) => Self::ProgressiveDelay(ProgressiveDelayState::default()),
             Policy::Composite(_) => Self::Composite(CompositeState::default()),
             Policy::Calendar(_) => Self::Calendar(CalendarState::default()),
+            Policy::Concurrency(_) => Self::Concurrency(ConcurrencyState::default()),
         }
     }
 
@@ -120,7 +133,7 @@ impl State {
             (Self::SlidingWindow(s), Policy::SlidingWindow(p), Op::Settle { receipt, actual }) => {
                 s.settle(now, p, receipt.marks[0], receipt.units, actual)
             }
-            (Self::SlidingWindow(s), Policy::SlidingWindow(p), Op::Reset) => s.peek(now, p, 1),
+            (Self::SlidingWindow(s), Policy::SlidingWindow(p), _) => s.peek(now, p, 1),
             (Self::ProgressiveDelay(s), Policy::ProgressiveDelay(p), Op::Acquire(c)) => {
                 s.acquire(now, p, c)
             }
@@ -134,6 +147,7 @@ impl State {
             }
             (Self::Calendar(s), Policy::Calendar(p), Op::Peek(c)) => return s.peek(now, p, c),
             (Self::Calendar(s), Policy::Calendar(p), _) => return s.peek(now, p, 1),
+            (Self::Concurrency(s), Policy::Concurrency(p), op) => s.apply(now, p, op),
             _ => {
                 *self = Self::fresh(policy);
                 return self.apply(now, policy, op);
@@ -173,6 +187,7 @@ impl State {
             (Self::ProgressiveDelay(s), Policy::ProgressiveDelay(p)) => s.expires_at(p),
             (Self::Composite(s), Policy::Composite(c)) => s.expires_at(c),
             (Self::Calendar(s), _) => s.expires_at(),
+            (Self::Concurrency(s), _) => s.expires_at(),
             _ => 0,
         }
     }
@@ -188,6 +203,12 @@ pub fn records(policy: &Policy, op: Op, decision: &Decision) -> bool {
     }
     match (op, policy) {
         (Op::Peek(_) | Op::Reset, _) => false,
+        // Taking, renewing or giving back a slot; any other operation only
+        // looks at a concurrency limit.
+        (Op::Hold(_), Policy::Concurrency(_)) => decision.is_allowed(),
+        (Op::Release(_), Policy::Concurrency(_)) => true,
+        (Op::Hold(_) | Op::Release(_), _) => false,
+        (_, Policy::Concurrency(_)) => false,
         // A refund or an excess: the expiry follows the state either way.
         (Op::Settle { .. }, Policy::ProgressiveDelay(_)) => false,
         (Op::Settle { .. }, _) => true,
@@ -215,6 +236,7 @@ pub fn window_of(policy: &Policy) -> std::time::Duration {
         Policy::ProgressiveDelay(p) => p.forget_after_micros(),
         Policy::Composite(c) => return c.window(),
         Policy::Calendar(p) => return p.window(),
+        Policy::Concurrency(p) => p.lease_micros(),
     };
     std::time::Duration::from_micros(us)
 }

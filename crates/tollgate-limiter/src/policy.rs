@@ -11,6 +11,7 @@ use crate::time::micros;
 
 pub use crate::strategy::calendar::{Calendar, Period, Zone};
 pub use crate::strategy::composite::Composite;
+pub use crate::strategy::concurrency::Concurrency;
 pub use crate::strategy::progressive_delay::ProgressiveDelay;
 pub use crate::strategy::sliding_window::SlidingWindow;
 pub use crate::strategy::token_bucket::TokenBucket;
@@ -64,6 +65,8 @@ pub enum Strategy {
     Composite,
     /// [`Calendar`]: a quota per calendar day, week or month of a time zone.
     Calendar,
+    /// [`Concurrency`]: requests in flight.
+    Concurrency,
 }
 
 impl Strategy {
@@ -75,6 +78,7 @@ impl Strategy {
             Self::ProgressiveDelay => "progressive_delay",
             Self::Composite => "composite",
             Self::Calendar => "calendar",
+            Self::Concurrency => "concurrency",
         }
     }
 }
@@ -99,6 +103,8 @@ pub enum Policy {
     Composite(Composite),
     /// See [`Calendar`].
     Calendar(Calendar),
+    /// See [`Concurrency`].
+    Concurrency(Concurrency),
 }
 
 impl Policy {
@@ -110,12 +116,13 @@ impl Policy {
             Self::ProgressiveDelay(_) => Strategy::ProgressiveDelay,
             Self::Composite(_) => Strategy::Composite,
             Self::Calendar(_) => Strategy::Calendar,
+            Self::Concurrency(_) => Strategy::Concurrency,
         }
     }
 
     /// The headline number: capacity, window limit, free attempts, or
-    /// quota per calendar window (for a composite, the largest cost every
-    /// part grants).
+    /// quota per calendar window, or requests in flight (for a composite,
+    /// the largest cost every part grants).
     pub fn limit(&self) -> u64 {
         match self {
             Self::TokenBucket(p) => p.capacity(),
@@ -123,14 +130,15 @@ impl Policy {
             Self::ProgressiveDelay(p) => p.free_attempts(),
             Self::Composite(c) => c.max_cost(),
             Self::Calendar(p) => p.limit(),
+            Self::Concurrency(p) => p.max_in_flight(),
         }
     }
 
     /// The time span the limit is expressed over, for `RateLimit-Policy`'s
     /// `w` parameter: the time to refill the whole bucket, the window, or the
     /// forget-after period, the nominal calendar period (1, 7 or 31 days:
-    /// a decision carries the actual window's length); for a composite,
-    /// the longest of its parts'.
+    /// a decision carries the actual window's length), or a concurrency
+    /// slot's lease; for a composite, the longest of its parts'.
     pub fn window(&self) -> Duration {
         match self {
             Self::TokenBucket(p) => Duration::from_micros(p.capacity() * p.interval_micros()),
@@ -138,16 +146,18 @@ impl Policy {
             Self::ProgressiveDelay(p) => p.forget_after(),
             Self::Composite(c) => c.window(),
             Self::Calendar(p) => p.window(),
+            Self::Concurrency(p) => p.lease(),
         }
     }
 
     /// The largest cost one request can ever be granted, or `None` when cost
-    /// is not bounded by the policy (progressive delay counts failures).
+    /// is not bounded by the policy (progressive delay counts failures; a
+    /// concurrency limit counts requests, whatever their cost).
     pub fn max_cost(&self) -> Option<u64> {
         match self {
             Self::TokenBucket(p) => Some(p.capacity()),
             Self::SlidingWindow(p) => Some(p.limit()),
-            Self::ProgressiveDelay(_) => None,
+            Self::ProgressiveDelay(_) | Self::Concurrency(_) => None,
             Self::Composite(c) => Some(c.max_cost()),
             Self::Calendar(p) => Some(p.limit()),
         }
@@ -195,6 +205,12 @@ impl From<Composite> for Policy {
 impl From<Calendar> for Policy {
     fn from(p: Calendar) -> Self {
         Self::Calendar(p)
+    }
+}
+
+impl From<Concurrency> for Policy {
+    fn from(p: Concurrency) -> Self {
+        Self::Concurrency(p)
     }
 }
 

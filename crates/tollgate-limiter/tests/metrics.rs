@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tollgate_limiter::aimd::{AimdConfig, AimdLimiter, Outcome};
-use tollgate_limiter::{BreakerConfig, FailMode, Key, Limiter, MockClock, TokenBucket, metrics};
+use tollgate_limiter::{
+    BreakerConfig, FailMode, Key, Limiter, MockClock, Mode, TokenBucket, metrics,
+};
 use tollgate_memory::MemoryBackend;
 
 /// A snapshot by `name{label=value,...}` (labels sorted).
@@ -329,6 +331,56 @@ fn an_adaptive_limiter_counts_its_grants_waits_and_rate_changes() {
     });
 }
 
+#[test]
+fn shadow_refusals_are_counted_apart_and_a_candidate_counts_disagreements() {
+    recorded(|snapshotter| async move {
+        let backend = MemoryBackend::with_clock(MockClock::new());
+        let shadow = Limiter::builder("new", bucket(1), backend.clone())
+            .mode(Mode::Shadow)
+            .build();
+        let k = Key::new("k");
+        assert!(shadow.check(&k).await.is_allowed());
+        for _ in 0..3 {
+            let v = shadow.check(&k).await;
+            assert!(v.is_allowed() && v.is_shadowed());
+            assert!(v.decision().is_some_and(|d| d.is_denied()));
+        }
+        // Failures a fail-closed limiter would refuse on pass too.
+        backend.set_failing(true);
+        let v = shadow.check(&k).await;
+        assert!(v.is_allowed() && v.error().is_some());
+        backend.set_failing(false);
+
+        // Enforced 2, candidate 1: they disagree on the second request.
+        let rollout = Limiter::builder("rollout", bucket(2), backend)
+            .candidate(bucket(1))
+            .build();
+        let k = Key::new("k");
+        for _ in 0..3 {
+            let _ = rollout.check(&k).await;
+        }
+        assert!(!rollout.peek(&k).await.is_allowed());
+
+        let got = take(&snapshotter);
+        assert_eq!(decisions(&got, "new", "check", "allowed"), 1);
+        assert_eq!(decisions(&got, "new", "check", "shadow"), 4);
+        assert_eq!(decisions(&got, "new", "check", "refused"), 0);
+        assert_eq!(decisions(&got, "new", "check", "failed_closed"), 0);
+        let verdict = |v: &str| {
+            counter(
+                &got,
+                &format!("tollgate_candidate_decisions_total{{limiter=rollout,verdict={v}}}"),
+            )
+        };
+        assert_eq!(verdict("both_allowed"), 1);
+        assert_eq!(verdict("candidate_refuses"), 1);
+        // The third check and the peek: both refuse.
+        assert_eq!(verdict("both_refused"), 2);
+        assert_eq!(verdict("candidate_allows"), 0);
+        assert_eq!(decisions(&got, "rollout", "check", "allowed"), 2);
+    });
+}
+
 /// The names a limiter and an adaptive limiter register when built: every
 /// name in [`metrics::NAMES`], each with its help text.
 fn emitted() -> BTreeSet<String> {
@@ -336,7 +388,9 @@ fn emitted() -> BTreeSet<String> {
     let out = &mut names;
     recorded(|snapshotter| async move {
         let backend = MemoryBackend::new();
-        let _limiter = Limiter::new("a", bucket(1), backend.clone());
+        let _limiter = Limiter::builder("a", bucket(1), backend.clone())
+            .candidate(bucket(2))
+            .build();
         let _adaptive = AimdLimiter::new("b", AimdConfig::default(), backend).unwrap();
         for (key, _, help, _) in snapshotter.snapshot().into_vec() {
             let name = key.key().name().to_owned();

@@ -1,10 +1,10 @@
 -- tollgate: helpers shared by every strategy script.
 --
 -- This file is prepended to token_bucket.lua, sliding_window.lua,
--- progressive_delay.lua, calendar.lua and composite.lua (see
--- src/scripts.rs); it is never
--- loaded alone. Every strategy script takes the same KEYS and ARGV
--- (composite.lua takes four more keys after these, see its header):
+-- progressive_delay.lua, calendar.lua, composite.lua and concurrency.lua
+-- (see src/scripts.rs); it is never loaded alone. Every strategy script
+-- takes the same KEYS and ARGV (composite.lua takes four more keys after
+-- these, concurrency.lua one, see their headers):
 --
 -- KEYS[1]  state     <prefix>:<limiter>:{<key>}            HASH
 --            s  strategy of the stored state: 't' | 'w' | 'p' | 'q' | 'c'
@@ -29,6 +29,10 @@
 --                    still held, or charge the excess; answers '?1'. Each
 --                    mi is a part's mark '<born>,<at>', or '-' for none
 --                    (model: strategy/reservation.rs)
+--            'h<id>' hold concurrency slot <id> (concurrency.lua); any
+--                    other script answers '?1'
+--            'x<id>' release concurrency slot <id> (concurrency.lua); any
+--                    other script answers '?1'
 -- ARGV[3]  the limiter's configured policy, encoded (see decode below)
 -- ARGV[4]  the limiter-wide override known to the client (cluster mode), or ''
 -- ARGV[5]  the least TTL in ms to give a written key (0 in production; a
@@ -88,6 +92,10 @@ local function parse_op()
   end
   local op = 'acquire'
   local sigil = string.sub(a, 1, 1)
+  if sigil == 'h' or sigil == 'x' then
+    -- A concurrency slot: only concurrency.lua takes one.
+    return 'peek', 1
+  end
   if sigil == 's' then
     local f = {}
     for part in string.gmatch(string.sub(a, 2), '[^:]+') do
@@ -122,6 +130,18 @@ local function parse_op()
   return op, n
 end
 
+-- The operation of ARGV[2] for concurrency.lua: 'hold' | 'release' and
+-- the slot id (a string), or parse_op's answer.
+local function parse_slot_op()
+  local sigil = string.sub(ARGV[2], 1, 1)
+  if sigil == 'h' then
+    return 'hold', string.sub(ARGV[2], 2)
+  elseif sigil == 'x' then
+    return 'release', string.sub(ARGV[2], 2)
+  end
+  return parse_op()
+end
+
 local function now_us()
   if ARGV[1] ~= '' then
     return tonumber(ARGV[1])
@@ -136,6 +156,7 @@ end
 --   1:p:<free>:<base_us>:<factor>:<max_us>:<forget_us>  progressive delay
 --   1:q:<limit>:<d|w|m>:<zone>                          calendar quota
 --   1:c|<part>|<part>...  composite: each part a t, w or q encoding without '1:'
+--   1:n:<max_in_flight>:<lease_us>                      concurrency
 local function decode(enc)
   -- The single-strategy shapes in one match each, without the field table
   -- the general path builds: this runs on every decision.
@@ -177,6 +198,8 @@ local function decode(enc)
       max = tonumber(f[6]),
       forget = tonumber(f[7]),
     }
+  elseif kind == 'n' then
+    return { kind = kind, max = tonumber(f[3]), lease = tonumber(f[4]) }
   end
   error('tollgate: unknown strategy in policy encoding')
 end

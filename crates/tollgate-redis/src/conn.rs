@@ -509,6 +509,17 @@ impl Conn {
         Ok(r?)
     }
 
+    /// Sends a pipeline in one round trip.
+    pub(crate) async fn pipeline<T: FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> Result<T, RedisError> {
+        let (mut link, watch) = self.checkout().await?;
+        let r = pipe.query_async(&mut link).await;
+        watch.settle(&r);
+        Ok(r?)
+    }
+
     /// A connection for the durability check.
     pub(crate) fn link(&self) -> Result<Link, RedisError> {
         self.slots[0].get().ok_or(RedisError::Disconnected)

@@ -11,6 +11,7 @@
 //! | progressive delay | `1:p:<free>:<base_us>:<factor>:<max_us>:<forget_us>` |
 //! | calendar quota | `1:q:<limit>:<d\|w\|m>:<IANA zone>` |
 //! | composite | `1:c\|<part>\|<part>…`, each part a token bucket, sliding window or calendar encoding without its `1:` |
+//! | concurrency | `1:n:<max_in_flight>:<lease_us>` |
 //!
 //! The token bucket carries its interval (rounded up by the core) so the
 //! script never divides; the other fields let [`decode`] rebuild the exact
@@ -36,8 +37,8 @@
 use std::time::Duration;
 
 use tollgate_limiter::{
-    Calendar, Composite, Period, Policy, PolicyError, ProgressiveDelay, SlidingWindow, TokenBucket,
-    Zone,
+    Calendar, Composite, Concurrency, Period, Policy, PolicyError, ProgressiveDelay, SlidingWindow,
+    TokenBucket, Zone,
 };
 
 /// The largest integer a Lua number holds exactly.
@@ -114,6 +115,11 @@ pub fn encode(policy: &Policy) -> Result<String, EncodingError> {
             p.period().letter(),
             p.zone().name(),
         ),
+        Policy::Concurrency(p) => format!(
+            "1:n:{}:{}",
+            p.max_in_flight(),
+            exact("lease", p.lease_micros())?
+        ),
         Policy::Composite(c) => {
             let mut out = String::from("1:c");
             for part in c.policies() {
@@ -182,6 +188,9 @@ pub fn decode(s: &str) -> Result<Policy, EncodingError> {
                 .map_err(EncodingError::Invalid)?
                 .penalise_refused(penalise == 1),
         ),
+        ("n", &[max, lease]) => {
+            Policy::from(Concurrency::new(max, micros(lease)).map_err(EncodingError::Invalid)?)
+        }
         ("p", &[free, base, factor, max, forget]) => Policy::from(
             ProgressiveDelay::new(free, micros(base), factor, micros(max), micros(forget))
                 .map_err(EncodingError::Invalid)?,

@@ -19,7 +19,8 @@
 //!   replays).
 //! * **Keys**: `<prefix>:<limiter>:{<key>}` (a HASH), plus `…:log` (the
 //!   sliding-window log), `…:log1` to `…:log4` (a composite's windows' logs,
-//!   see `lua/composite.lua`) and `…:override` (a per-key override), all in the
+//!   see `lua/composite.lua`), `…:slots` (a concurrency limit's slots, a
+//!   ZSET, see `lua/concurrency.lua`) and `…:override` (a per-key override), all in the
 //!   key's hash slot; `<prefix>:<limiter>:override` holds a limiter-wide
 //!   override. Every key's TTL is the time until its state equals a fresh
 //!   key's, rounded up to a millisecond; a key that becomes fresh is deleted.
@@ -635,26 +636,48 @@ impl RedisBackend {
     /// Runs the script of the policy in force; `reserve` makes an acquire
     /// a reservation, whose reply carries the marks.
     async fn run(&self, req: Request<'_>, reserve: bool) -> Result<(Decision, Marks), RedisError> {
-        check_limiter(req.limiter)?;
-        let mut op = op_arg(req.op);
-        if reserve {
-            op.insert(0, 'r');
+        let mut call = self.call(req, reserve).await?;
+        let mut strategy = req.policy.strategy();
+        // The policy in force may be an override of another strategy: the
+        // script then names the one to run; or of a calendar period or zone
+        // we sent no bounds for, or the server's clock may be beyond them:
+        // the script then names the specs and its time. Overrides changing
+        // under our feet can bounce us at most a few times.
+        for _ in 0..4 {
+            let inv = call.invocation(strategy);
+            let reply: Vec<Value> = self.inner.conn.invoke(&inv).await?;
+            match parse_reply(&reply, strategy)? {
+                Reply::Decision(d, marks) => return Ok((d, marks)),
+                Reply::Redirect(s) => strategy = s,
+                Reply::Bounds { now, specs } => {
+                    for spec in specs {
+                        call.calendars.insert(&calendar_of_spec(&spec)?, now);
+                    }
+                }
+            }
         }
-        let policy = encoding::encode(req.policy)?;
-        // Caller time is read once, so a redirected call decides at the
-        // same instant.
-        let now = self.inner.clock.as_ref().map(|c| c.now());
-        let state = self.state_key(req.limiter, req.key);
-        let log = format!("{state}:log");
-        let key_override = format!("{state}:override");
+        Err(RedisError::Protocol(
+            "the policy in force kept changing (strategy or calendar bounds)".into(),
+        ))
+    }
+
+    /// What one decision sends, whatever the script; `reserve` makes an
+    /// acquire a reservation.
+    async fn call(&self, req: Request<'_>, reserve: bool) -> Result<Call, RedisError> {
+        check_limiter(req.limiter)?;
         let cluster = self.inner.conn.is_cluster();
         let limiter_override = if cluster {
             self.limiter_override_arg(req.limiter).await?
         } else {
             String::new()
         };
-        let limiter_override_key = self.limiter_override_key(req.limiter);
-        let mut strategy = req.policy.strategy();
+        let mut op = op_arg(req.op);
+        if reserve {
+            op.insert(0, 'r');
+        }
+        // Caller time is read once, so a redirected call decides at the
+        // same instant.
+        let now = self.inner.clock.as_ref().map(|c| c.now());
         // Calendar quotas: the window bounds around this client's clock
         // (the script picks by its own; see lua/common.lua, ARGV[6]).
         let mut calendars = CalendarBounds::default();
@@ -664,47 +687,118 @@ impl RedisBackend {
                 calendars.insert(&c, client_now);
             }
         }
-        // The policy in force may be an override of another strategy: the
-        // script then names the one to run; or of a calendar period or zone
-        // we sent no bounds for, or the server's clock may be beyond them:
-        // the script then names the specs and its time. Overrides changing
-        // under our feet can bounce us at most a few times.
-        for _ in 0..4 {
-            let script = scripts::for_strategy(strategy);
-            let mut inv = script.prepare_invoke();
-            inv.key(&state).key(&log).key(&key_override);
-            if !cluster {
-                inv.key(&limiter_override_key);
+        Ok(Call {
+            state: self.state_key(req.limiter, req.key),
+            limiter_override_key: (!cluster).then(|| self.limiter_override_key(req.limiter)),
+            now,
+            op,
+            policy: encoding::encode(req.policy)?,
+            limiter_override,
+            min_ttl_ms: self.inner.min_ttl_ms,
+            calendars,
+        })
+    }
+
+    /// The enforced decision and the candidate's in one round trip: the two
+    /// scripts pipelined. Both keys carry the key's hash tag, so a cluster
+    /// sends the pipeline to one node. A script not loaded yet (it did
+    /// nothing), a policy in force of another strategy than the configured
+    /// one (an override: the script charged nothing and named the one to
+    /// run), or calendar bounds the script lacked, is sent again on its own.
+    async fn decide_pair(
+        &self,
+        req: Request<'_>,
+        candidate: Request<'_>,
+    ) -> Result<(Decision, Option<Decision>), RedisError> {
+        let (a, b) = match (
+            self.call(req, false).await,
+            self.call(candidate, false).await,
+        ) {
+            (Ok(a), Ok(b)) => (a, b),
+            // A candidate that cannot be sent never fails the decision.
+            (Ok(_), Err(_)) => return Ok((self.decide_inner(req).await?, None)),
+            (Err(e), _) => return Err(e),
+        };
+        let (sa, sb) = (req.policy.strategy(), candidate.policy.strategy());
+        let (ia, ib) = (a.invocation(sa), b.invocation(sb));
+        let mut pipe = redis::pipe();
+        // Each reply on its own: a script that failed (not loaded yet) did
+        // nothing, and only it is sent again.
+        pipe.invoke_script(&ia).invoke_script(&ib).ignore_errors();
+        let replies: Vec<redis::RedisResult<Vec<Value>>> = self.inner.conn.pipeline(&pipe).await?;
+        let mut replies = replies.into_iter();
+        let mut next = |strategy| match replies.next() {
+            Some(Ok(v)) => Some(parse_reply(&v, strategy)),
+            Some(Err(e))
+                if e.kind() != redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                Some(Err(RedisError::from(e)))
             }
-            if strategy == Strategy::Composite {
-                // The parts' logs (see lua/composite.lua).
-                for i in 1..=4 {
-                    inv.key(format!("{log}{i}"));
-                }
-            }
-            match now {
-                Some(now) => inv.arg(now),
-                None => inv.arg(""),
-            };
-            inv.arg(&op)
-                .arg(&policy)
-                .arg(&limiter_override)
-                .arg(self.inner.min_ttl_ms)
-                .arg(calendars.arg());
-            let reply: Vec<Value> = self.inner.conn.invoke(&inv).await?;
-            match parse_reply(&reply, strategy)? {
-                Reply::Decision(d, marks) => return Ok((d, marks)),
-                Reply::Redirect(s) => strategy = s,
-                Reply::Bounds { now, specs } => {
-                    for spec in specs {
-                        calendars.insert(&calendar_of_spec(&spec)?, now);
-                    }
-                }
+            _ => None,
+        };
+        let (ra, rb) = (next(sa), next(sb));
+        let enforced = match ra {
+            Some(Ok(Reply::Decision(d, _))) => d,
+            Some(Err(e)) => return Err(e),
+            // Not loaded, a redirect or missing bounds: the single call
+            // handles them.
+            _ => self.decide_inner(req).await?,
+        };
+        let beside = match rb {
+            Some(Ok(Reply::Decision(d, _))) => Some(d),
+            Some(Err(_)) => None,
+            _ => self.decide_inner(candidate).await.ok(),
+        };
+        Ok((enforced, beside))
+    }
+}
+
+/// One decision's keys and arguments (see `lua/common.lua`).
+struct Call {
+    state: String,
+    /// Single server only: in a cluster, ARGV[4] carries the override.
+    limiter_override_key: Option<String>,
+    now: Option<u64>,
+    op: String,
+    policy: String,
+    limiter_override: String,
+    min_ttl_ms: u64,
+    /// ARGV[6]: calendar bounds, grown when the script asks for more.
+    calendars: CalendarBounds,
+}
+
+impl Call {
+    /// The invocation of `strategy`'s script.
+    fn invocation(&self, strategy: Strategy) -> redis::ScriptInvocation<'static> {
+        let script = scripts::for_strategy(strategy);
+        let mut inv = script.prepare_invoke();
+        let log = format!("{}:log", self.state);
+        inv.key(&self.state)
+            .key(&log)
+            .key(format!("{}:override", self.state));
+        if let Some(k) = &self.limiter_override_key {
+            inv.key(k);
+        }
+        if strategy == Strategy::Composite {
+            // The parts' logs (see lua/composite.lua).
+            for i in 1..=4 {
+                inv.key(format!("{log}{i}"));
             }
         }
-        Err(RedisError::Protocol(
-            "the policy in force kept changing (strategy or calendar bounds)".into(),
-        ))
+        if strategy == Strategy::Concurrency {
+            // The slots (see lua/concurrency.lua).
+            inv.key(format!("{}:slots", self.state));
+        }
+        match self.now {
+            Some(now) => inv.arg(now),
+            None => inv.arg(""),
+        };
+        inv.arg(&self.op)
+            .arg(&self.policy)
+            .arg(&self.limiter_override)
+            .arg(self.min_ttl_ms)
+            .arg(self.calendars.arg());
+        inv
     }
 }
 
@@ -728,6 +822,8 @@ fn op_arg(op: Op) -> String {
             }
             arg
         }
+        Op::Hold(id) => format!("h{id}"),
+        Op::Release(id) => format!("x{id}"),
     }
 }
 
@@ -920,6 +1016,14 @@ impl Backend for RedisBackend {
             false => Receipt::NONE,
         };
         Ok((d, receipt))
+    }
+
+    fn decide_with_candidate(
+        &self,
+        req: Request<'_>,
+        candidate: Request<'_>,
+    ) -> impl Future<Output = Result<(Decision, Option<Decision>), RedisError>> + Send {
+        self.decide_pair(req, candidate)
     }
 
     async fn set_override(

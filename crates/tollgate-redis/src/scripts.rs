@@ -25,12 +25,15 @@ pub(crate) const PROGRESSIVE_DELAY_CODE: &str = code!("progressive_delay.lua");
 pub(crate) const COMPOSITE_CODE: &str = code!("composite.lua");
 /// The calendar script's source.
 pub(crate) const CALENDAR_CODE: &str = code!("calendar.lua");
+/// The concurrency script's source.
+pub(crate) const CONCURRENCY_CODE: &str = code!("concurrency.lua");
 
 static TOKEN_BUCKET: LazyLock<Script> = LazyLock::new(|| Script::new(TOKEN_BUCKET_CODE));
 static SLIDING_WINDOW: LazyLock<Script> = LazyLock::new(|| Script::new(SLIDING_WINDOW_CODE));
 static PROGRESSIVE_DELAY: LazyLock<Script> = LazyLock::new(|| Script::new(PROGRESSIVE_DELAY_CODE));
 static COMPOSITE: LazyLock<Script> = LazyLock::new(|| Script::new(COMPOSITE_CODE));
 static CALENDAR: LazyLock<Script> = LazyLock::new(|| Script::new(CALENDAR_CODE));
+static CONCURRENCY: LazyLock<Script> = LazyLock::new(|| Script::new(CONCURRENCY_CODE));
 
 /// The script deciding for `strategy`.
 pub(crate) fn for_strategy(strategy: Strategy) -> &'static Script {
@@ -40,6 +43,7 @@ pub(crate) fn for_strategy(strategy: Strategy) -> &'static Script {
         Strategy::ProgressiveDelay => &PROGRESSIVE_DELAY,
         Strategy::Composite => &COMPOSITE,
         Strategy::Calendar => &CALENDAR,
+        Strategy::Concurrency => &CONCURRENCY,
     }
 }
 
@@ -52,6 +56,7 @@ pub fn source(strategy: Strategy) -> &'static str {
         Strategy::ProgressiveDelay => PROGRESSIVE_DELAY_CODE,
         Strategy::Composite => COMPOSITE_CODE,
         Strategy::Calendar => CALENDAR_CODE,
+        Strategy::Concurrency => CONCURRENCY_CODE,
     }
 }
 
@@ -63,15 +68,17 @@ pub(crate) fn strategy_of(letter: &str) -> Option<Strategy> {
         "p" => Some(Strategy::ProgressiveDelay),
         "c" => Some(Strategy::Composite),
         "q" => Some(Strategy::Calendar),
+        "n" => Some(Strategy::Concurrency),
         _ => None,
     }
 }
 
 /// Every script's source, to preload.
-pub(crate) const ALL: [&str; 5] = [
+pub(crate) const ALL: [&str; 6] = [
     TOKEN_BUCKET_CODE,
     SLIDING_WINDOW_CODE,
     PROGRESSIVE_DELAY_CODE,
     COMPOSITE_CODE,
     CALENDAR_CODE,
+    CONCURRENCY_CODE,
 ];

@@ -190,7 +190,7 @@ impl Load {
                     let l = if i & 1 == 0 { &open } else { &closed };
                     let v = l.check(k).await;
                     match &v {
-                        Verdict::Decided(_) => &tally.decided,
+                        Verdict::Decided(_) | Verdict::Shadowed(_) => &tally.decided,
                         Verdict::FailedOpen(_) => &tally.failed_open,
                         Verdict::FailedClosed(..) => &tally.failed_closed,
                     }

@@ -261,7 +261,7 @@ tollgate_testkit::on_every_server! {
                             .fetch_max(waited.as_micros() as u64, Ordering::Relaxed);
                         assert!(waited <= bound, "{} waited {waited:?}", l.name());
                         match &v {
-                            Verdict::Decided(_) => &tally.decided,
+                            Verdict::Decided(_) | Verdict::Shadowed(_) => &tally.decided,
                             Verdict::FailedOpen(_) => &tally.failed_open,
                             Verdict::FailedClosed(..) => &tally.failed_closed,
                         }

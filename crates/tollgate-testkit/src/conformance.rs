@@ -30,8 +30,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
 use tollgate_limiter::model::{Model, Receipt};
 use tollgate_limiter::{
-    Backend, Calendar, Clock, Composite, Decision, Key, Limiter, MockClock, Op, Period, Policy,
-    ProgressiveDelay, Request, Scope, SlidingWindow, Timestamp, TokenBucket,
+    Backend, Calendar, Clock, Composite, Concurrency, Decision, Key, Limiter, MockClock, Op,
+    Period, Policy, ProgressiveDelay, Request, Scope, SlidingWindow, Timestamp, TokenBucket,
 };
 
 const S: Duration = Duration::from_secs(1);
@@ -489,6 +489,79 @@ pub async fn concurrent_composite<B: Backend + Clone>(backend: B, _clock: MockCl
     assert_eq!(peek(&l, &key, 1).await.remaining(), 55);
 }
 
+/// A concurrency limit through [`Limiter::hold`]: at most `max_in_flight`
+/// permits at once; a released or dropped permit frees its slot; a slot
+/// nobody releases (a dead worker) frees when its lease expires; a renewed
+/// one does not.
+pub async fn concurrency_slots<B: Backend + Clone>(backend: B, clock: MockClock) {
+    let l = limiter("conc", Concurrency::new(2, 10 * S).unwrap(), backend);
+    let k = Key::new("export");
+    let (v1, p1) = l.hold(&k).await;
+    let (v2, p2) = l.hold(&k).await;
+    assert!(v1.is_allowed() && v2.is_allowed());
+    let (p1, p2) = (p1.expect("a permit"), p2.expect("a permit"));
+    assert_ne!(p1.id(), p2.id());
+    let (v3, p3) = l.hold(&k).await;
+    let d = *v3.decision().expect("decided");
+    assert!(d.is_denied() && p3.is_none());
+    assert_eq!((d.limit(), d.remaining(), d.retry_after()), (2, 0, S));
+    // Another key has its own slots.
+    assert!(l.hold(&Key::new("other")).await.0.is_allowed());
+    // An explicit release frees a slot at once.
+    assert!(p1.release().await.expect("released").is_allowed());
+    let (v, p) = l.hold(&k).await;
+    assert!(v.is_allowed());
+    // A dropped permit releases in a spawned task.
+    drop(p);
+    let mut freed = false;
+    for _ in 0..500 {
+        if peek(&l, &k, 1).await.remaining() == 1 {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(freed, "the dropped permit's slot was not released");
+    // A dead worker: a slot taken and never released (its permit leaked).
+    let (_, lost) = l.hold(&k).await;
+    std::mem::forget(lost.expect("a permit"));
+    assert_eq!(peek(&l, &k, 1).await.remaining(), 0);
+    clock.advance(6 * S);
+    assert!(p2.renew().await.expect("renewed").is_allowed());
+    clock.advance(4 * S);
+    // The leaked slot's lease is over; p2's was renewed at 6 s.
+    let d = peek(&l, &k, 1).await;
+    assert_eq!(d.remaining(), 1);
+    assert_eq!(d.reset_after(), 6 * S);
+    clock.advance(6 * S);
+    assert_eq!(peek(&l, &k, 1).await.remaining(), 2);
+    // The renewal of an expired slot takes a free one again.
+    assert!(p2.renew().await.expect("renewed").is_allowed());
+    p2.release().await.expect("released");
+    assert_eq!(peek(&l, &k, 1).await.remaining(), 2);
+}
+
+/// At most `max_in_flight` of many concurrent holders pass at once.
+pub async fn concurrent_holds<B: Backend + Clone>(backend: B, _clock: MockClock) {
+    let l = limiter("chold", Concurrency::new(5, 3600 * S).unwrap(), backend);
+    let handles: Vec<_> = (0..32)
+        .map(|_| {
+            let l = l.clone();
+            tokio::spawn(async move {
+                let (v, p) = l.hold(&Key::new("hot")).await;
+                // Keep the slot: nobody releases.
+                std::mem::forget(p);
+                v.is_allowed()
+            })
+        })
+        .collect();
+    let mut passed = 0;
+    for h in handles {
+        passed += u64::from(h.await.expect("task panicked"));
+    }
+    assert_eq!(passed, 5);
+}
+
 /// Two stacked limiters charge the first even when the second refuses; a
 /// composite of the same two policies charges nothing on a refusal.
 pub async fn composite_charges_nothing_on_refusal<B: Backend + Clone>(
@@ -750,6 +823,20 @@ pub enum Step {
         /// The real cost.
         actual: u64,
     },
+    /// Hold (or renew) concurrency slot `id` on key number `key`.
+    Hold {
+        /// Which of the trace's keys.
+        key: usize,
+        /// The slot id.
+        id: u64,
+    },
+    /// Release concurrency slot `id` on key number `key`.
+    Release {
+        /// Which of the trace's keys.
+        key: usize,
+        /// The slot id.
+        id: u64,
+    },
     /// Set (`Some`) or clear an override, on the limiter (`key = None`) or
     /// one key. The policy is a variant of the trace's strategy.
     Override(Option<usize>, Option<Policy>),
@@ -775,6 +862,9 @@ pub fn policies() -> impl Strategy<Value = Policy> {
         proptest::collection::vec(parts(), 1..=3)
             .prop_map(|parts| { Policy::from(Composite::new(parts).unwrap()) }),
         calendars(),
+        (1u64..5, 1u64..8_000_000).prop_map(|(max, lease)| {
+            Policy::from(Concurrency::new(max, Duration::from_micros(lease)).unwrap())
+        }),
         (0u64..3, 1u64..1_000_000, 1u64..4, 1u64..4, 1u64..10_000_000).prop_map(
             |(free, base, factor, max_mult, forget)| {
                 Policy::from(
@@ -853,6 +943,10 @@ pub fn traces(len: usize) -> impl Strategy<Value = (Policy, Vec<Step>)> {
             3 => (0..KEYS, 0..=max + 1).prop_map(|(key, cost)| Step::Reserve { key, cost }),
             3 => (0..8usize, 0..=2 * max + 1)
                 .prop_map(|(which, actual)| Step::Settle { which, actual }),
+            // A few ids, so that holds renew and releases find their slot;
+            // under other strategies these look.
+            6 => (0..KEYS, 0..6u64).prop_map(|(key, id)| Step::Hold { key, id }),
+            3 => (0..KEYS, 0..6u64).prop_map(|(key, id)| Step::Release { key, id }),
             1 => (proptest::option::of(0..KEYS), proptest::option::of(variant(&policy)))
                 .prop_map(|(k, p)| Step::Override(k, p)),
         ];
@@ -961,7 +1055,22 @@ pub async fn replay<B: Backend>(
     policy: &Policy,
     steps: &[Step],
 ) -> Result<(), TestCaseError> {
+    replay_with_candidate(backend, clock, policy, None, steps).await
+}
+
+/// [`replay`], with a candidate policy decided beside every acquire and
+/// peek ([`Backend::decide_with_candidate`], under the limiter name
+/// `<name>:candidate`): both decisions must equal the model's, so the
+/// candidate never touches the enforced counters and vice versa.
+pub async fn replay_with_candidate<B: Backend>(
+    backend: &B,
+    clock: &MockClock,
+    policy: &Policy,
+    candidate: Option<&Policy>,
+    steps: &[Step],
+) -> Result<(), TestCaseError> {
     let name = unique_name("model");
+    let beside = format!("{name}:candidate");
     let keys: Vec<Key> = (0..KEYS).map(|i| Key::new(format!("k{i}"))).collect();
     let mut model = Model::new();
     let mut receipts: Vec<(usize, Receipt)> = Vec::new();
@@ -1024,17 +1133,45 @@ pub async fn replay<B: Backend>(
             Step::Peek { key, cost } => (*key, Op::Peek(*cost)),
             Step::Penalise { key, units } => (*key, Op::Penalise(*units)),
             Step::Reset(key) => (*key, Op::Reset),
+            Step::Hold { key, id } => (*key, Op::Hold(*id)),
+            Step::Release { key, id } => (*key, Op::Release(*id)),
         };
         let now = clock.now();
-        let got = backend
-            .decide(Request {
-                limiter: &name,
-                key: &keys[key],
-                policy,
-                op,
-            })
-            .await
-            .map_err(|e| TestCaseError::fail(format!("step {i}: backend failed: {e}")))?;
+        let req = Request {
+            limiter: &name,
+            key: &keys[key],
+            policy,
+            op,
+        };
+        let got = match (candidate, op) {
+            (Some(c), Op::Acquire(_) | Op::Peek(_)) => {
+                let cand = Request {
+                    limiter: &beside,
+                    key: &keys[key],
+                    policy: c,
+                    op,
+                };
+                let (got, got_c) = backend
+                    .decide_with_candidate(req, cand)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("step {i}: backend failed: {e}")))?;
+                let want_c = model.apply(&beside, keys[key].as_str(), now, c, op);
+                prop_assert_eq!(
+                    got_c,
+                    Some(want_c),
+                    "candidate, step {} ({:?} on k{}) of {:?}",
+                    i,
+                    op,
+                    key,
+                    steps
+                );
+                got
+            }
+            _ => backend
+                .decide(req)
+                .await
+                .map_err(|e| TestCaseError::fail(format!("step {i}: backend failed: {e}")))?,
+        };
         let want = model.apply(&name, keys[key].as_str(), now, policy, op);
         prop_assert_eq!(
             got,
@@ -1076,6 +1213,81 @@ where
         .unwrap_or_else(|e| panic!("backend disagrees with the reference model: {e}"));
 }
 
+/// Like [`agrees_with_model`], each trace with a candidate policy decided
+/// beside the enforced one (see [`replay_with_candidate`]).
+pub fn candidate_agrees_with_model<B, F, Fut>(setup: F, cases: u32)
+where
+    B: Backend,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = (B, MockClock)>,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let (backend, clock) = rt.block_on(setup());
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let not_concurrency = |p: &Policy| !matches!(p, Policy::Concurrency(_));
+    let traces = (
+        traces(60).prop_filter("no candidate for concurrency", move |(p, _)| {
+            not_concurrency(p)
+        }),
+        policies().prop_filter("a concurrency limit is no candidate", not_concurrency),
+    );
+    runner
+        .run(&traces, |((policy, steps), candidate)| {
+            rt.block_on(replay_with_candidate(
+                &backend,
+                &clock,
+                &policy,
+                Some(&candidate),
+                &steps,
+            ))
+        })
+        .unwrap_or_else(|e| panic!("backend disagrees with the reference model: {e}"));
+}
+
+/// A candidate beside an enforced limit, through a [`Limiter`]: the
+/// enforced verdicts are the enforced policy's alone, and the candidate's
+/// state (read under `<name>:candidate`) is the candidate's alone.
+pub async fn candidate_beside_enforced<B: Backend + Clone>(backend: B, _clock: MockClock) {
+    let name = unique_name("cand");
+    let l = Limiter::builder(
+        &name,
+        TokenBucket::new(3, 1, 3600 * S).unwrap(),
+        backend.clone(),
+    )
+    .candidate(SlidingWindow::new(2, 3600 * S).unwrap())
+    .timeout(Duration::from_secs(5))
+    .build();
+    let (_, beside) = l.candidate().expect("a candidate");
+    assert_eq!(beside, format!("{name}:candidate"));
+    let shadow = Limiter::builder(beside, SlidingWindow::new(2, 3600 * S).unwrap(), backend)
+        .timeout(Duration::from_secs(5))
+        .build();
+    let k = Key::new("k");
+    let passed: Vec<bool> = {
+        let mut v = Vec::new();
+        for _ in 0..5 {
+            v.push(decide(&l, &k, 1).await.is_allowed());
+        }
+        v
+    };
+    // The enforced bucket alone decides: 3 pass, whatever the candidate.
+    assert_eq!(passed, [true, true, true, false, false]);
+    // The candidate counted its own 2 passes, and refused the rest.
+    let d = peek(&shadow, &k, 1).await;
+    assert_eq!((d.limit(), d.remaining()), (2, 0));
+    assert!(d.is_denied());
+    // A reset of the enforced key leaves the candidate's state alone.
+    l.reset(&k).await.expect("reset");
+    assert!(peek(&shadow, &k, 1).await.is_denied());
+}
+
 /// Generates the whole suite as `#[tokio::test]`s in a module named
 /// `conformance`.
 ///
@@ -1098,7 +1310,8 @@ macro_rules! conformance_tests {
                 cost_under_overrides, isolation, overrides, concurrent_token_bucket,
                 concurrent_sliding_window, concurrent_composite,
                 composite_charges_nothing_on_refusal, calendar_day_across_daylight_saving,
-                calendar_month_in_a_composite, reserve_and_settle, reserve_keeps_a_calendar_part);
+                calendar_month_in_a_composite, reserve_and_settle, reserve_keeps_a_calendar_part,
+                concurrency_slots, concurrent_holds, candidate_beside_enforced);
 
             #[test]
             fn agrees_with_model() {
@@ -1108,6 +1321,11 @@ macro_rules! conformance_tests {
             #[test]
             fn calendars_agree_with_model() {
                 $crate::conformance::calendars_agree_with_model(|| $setup, ($cases / 3).max(50));
+            }
+
+            #[test]
+            fn candidate_agrees_with_model() {
+                $crate::conformance::candidate_agrees_with_model(|| $setup, $cases / 3 + 1);
             }
         }
     };

@@ -75,6 +75,7 @@
 //! `failed_open` a request let through.
 
 pub mod buffer_body;
+pub mod concurrency;
 pub mod extract;
 pub mod inbound;
 pub mod login;

@@ -9,6 +9,11 @@ pub(crate) fn denied(limiter: &str, key: &Key, d: &Decision) {
     tracing::debug!(limiter, %key, retry_after = ?d.retry_after(), "rate limited");
 }
 
+pub(crate) fn shadowed(limiter: &str, key: &Key, denied: &tollgate_limiter::Denied) {
+    // The limiter logs shadowed refusals at info level, throttled.
+    tracing::debug!(limiter, %key, retry_after = ?denied.retry_after, "shadow mode: let through");
+}
+
 pub(crate) fn denied_cost(limiter: &str, error: &Error) {
     let error: &dyn std::error::Error = error;
     tracing::debug!(limiter, error, "cost above the limit: refused");

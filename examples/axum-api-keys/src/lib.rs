@@ -2,6 +2,11 @@
 //! IP: the `tollgate-tower` layer over the memory backend, or Redis when
 //! `REDIS_URL` is set.
 //!
+//! `GET /v1/export` is a long response: at most 2 in flight per API key
+//! (a distributed concurrency limit, `api_exports`), each slot held until
+//! the response has been sent. The free plan's limit carries a tighter
+//! candidate being rolled out, counted but never enforced.
+//!
 //! The limits come from `limits.toml` (built in) and `TOLLGATE_*`
 //! environment variables. `GET /metrics` serves every limiter's metrics
 //! in the Prometheus text format (see [`install_metrics`]).
@@ -20,6 +25,7 @@ use hyper_util::rt::TokioExecutor;
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 use tollgate_limiter::{Backend, Config, ConfigError, KeyHasher, metrics};
 use tollgate_tower::RateLimitLayer;
+use tollgate_tower::concurrency::ConcurrencyLimitLayer;
 use tollgate_tower::extract::{ApiKey, ClientIp};
 
 /// The built-in limits.
@@ -72,9 +78,17 @@ pub fn app_with<B: Backend + Clone>(
     let router = Router::new()
         .route("/", get(|| async { "hello\n" }))
         .route("/v1/items", get(|| async { r#"{"items":[1,2,3]}"# }));
+    let export = get(|| async { "a large export\n" });
     if layers == Layers::None {
-        return Ok(router);
+        return Ok(router.route("/v1/export", export));
     }
+    let exports = config.limiter("api_exports")?.build(backend.clone());
+    let export_key =
+        ApiKey::header(HeaderName::from_static("x-api-key"), hasher.clone()).or_bearer();
+    let router = router.route(
+        "/v1/export",
+        export.route_layer(ConcurrencyLimitLayer::new(exports, export_key)),
+    );
     let free = config.limiter("api_free")?.build(backend.clone());
     let pro = config.limiter("api_pro")?.build(backend.clone());
 

@@ -108,3 +108,54 @@ async fn key_only_counts_no_ip() {
     assert!(!replies[0].ratelimit.contains("api_ip"));
     assert_eq!(replies[5].status, StatusCode::TOO_MANY_REQUESTS);
 }
+
+/// At most 2 exports in flight per key: a slot is held until the response
+/// body has been sent, and given back when it is (or the client leaves).
+#[tokio::test]
+async fn exports_are_limited_in_flight_until_their_body_is_sent() {
+    use axum::body::Body;
+    use http::Request;
+    use http_body_util::BodyExt;
+    use tower::{Service, ServiceExt};
+
+    let config = axum_api_keys::limits().unwrap();
+    let backend = MemoryBackend::new();
+    let mut app =
+        axum_api_keys::app_with(&config, backend, axum_api_keys::Layers::PerKey, hasher()).unwrap();
+    let export = |key: &str| {
+        Request::get("/v1/export")
+            .header("x-api-key", key)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let mut call = async |key: &str| {
+        let svc = ServiceExt::<Request<Body>>::ready(&mut app).await.unwrap();
+        svc.call(export(key)).await.unwrap()
+    };
+    // Two responses whose bodies are not sent yet hold both slots.
+    let first = call("pro_exporter").await;
+    let second = call("pro_exporter").await;
+    assert_eq!(
+        (first.status(), second.status()),
+        (StatusCode::OK, StatusCode::OK)
+    );
+    let third = call("pro_exporter").await;
+    assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(third.headers()["retry-after"], "1");
+    // Another key has its own slots.
+    assert_eq!(call("pro_other").await.status(), StatusCode::OK);
+    // The first export is sent: its slot is free again.
+    let body = first.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"a large export\n");
+    let mut status = StatusCode::TOO_MANY_REQUESTS;
+    for _ in 0..1000 {
+        let res = call("pro_exporter").await;
+        status = res.status();
+        if status == StatusCode::OK {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(status, StatusCode::OK);
+    drop(second);
+}

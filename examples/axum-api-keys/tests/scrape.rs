@@ -84,6 +84,20 @@ fn the_scraped_counters_follow_the_requests() {
         let m = scrape(&served).await;
         assert_eq!(decisions(&m, "api_free", "allowed"), 5.0);
         assert_eq!(decisions(&m, "api_free", "refused"), 3.0);
+        // The candidate (3 a minute) beside the free plan (5): it would
+        // have refused the 4th and 5th, and agrees on the last 3.
+        let candidate = |verdict: &str| {
+            value(
+                &m,
+                &format!(
+                    "tollgate_candidate_decisions_total{{limiter=api_free,verdict={verdict}}}"
+                ),
+            )
+        };
+        assert_eq!(candidate("both_allowed"), 3.0);
+        assert_eq!(candidate("candidate_refuses"), 2.0);
+        assert_eq!(candidate("both_refused"), 3.0);
+        assert_eq!(candidate("candidate_allows"), 0.0);
         assert_eq!(decisions(&m, "api_pro", "allowed"), 2.0);
         // Every request, the keyless one too, passed the per-IP limit.
         assert_eq!(decisions(&m, "api_ip", "allowed"), 11.0);

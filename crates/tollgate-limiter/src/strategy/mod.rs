@@ -9,6 +9,7 @@
 
 pub mod calendar;
 pub mod composite;
+pub mod concurrency;
 pub mod progressive_delay;
 pub mod reservation;
 pub mod sliding_window;

@@ -13,7 +13,7 @@ use tracing::Instrument;
 
 use super::hooks::{Classify, Outcome};
 use super::service::Post;
-use crate::respond::{Quota, Refusal, Respond};
+use crate::respond::{Quota, Refusal, Respond, ShadowRefusal};
 use crate::telemetry;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -50,6 +50,7 @@ pin_project! {
         state: State<S, Req, B, R::Response>,
         ticket: Option<Ticket<B>>,
         decision: Option<Decision>,
+        shadow: Option<ShadowRefusal>,
         post: Arc<Post<R, V>>,
     }
 }
@@ -100,6 +101,7 @@ where
             },
             ticket: None,
             decision: None,
+            shadow: None,
             post,
         }
     }
@@ -109,6 +111,7 @@ where
             state: State::Inner { fut },
             ticket: None,
             decision: None,
+            shadow: None,
             post,
         }
     }
@@ -120,6 +123,7 @@ where
             },
             ticket: None,
             decision: None,
+            shadow: None,
             post,
         }
     }
@@ -200,39 +204,15 @@ where
                     req,
                 } => {
                     let (verdict, ticket) = ready!(check.as_mut().poll(cx));
-                    let name = ticket.limiter.name();
-                    let refused = match verdict {
-                        Verdict::Decided(d) if d.is_allowed() => {
-                            *this.decision = Some(d);
-                            None
-                        }
-                        Verdict::Decided(d) => {
-                            telemetry::denied(name, &ticket.key, &d);
-                            let quota = Quota::new(name, ticket.limiter.policy(), &d);
-                            Some(this.post.responder.refused(&Refusal::Limited(quota)))
-                        }
-                        Verdict::FailedOpen(e) => {
-                            telemetry::backend_failed(name, false, &e);
-                            None
-                        }
-                        // Not a backend failure: this request can never pass.
-                        Verdict::FailedClosed(e, _) if !e.is_unavailable() => {
-                            telemetry::denied_cost(name, &e);
-                            Some(
-                                this.post
-                                    .responder
-                                    .refused(&Refusal::TooCostly { limiter: name }),
-                            )
-                        }
-                        Verdict::FailedClosed(e, retry_after) => {
-                            telemetry::backend_failed(name, true, &e);
-                            let refusal = Refusal::Unavailable {
-                                limiter: name,
-                                retry_after,
-                            };
-                            Some(this.post.responder.refused(&refusal))
-                        }
-                    };
+                    let refused =
+                        match answer(&this.post.responder, &ticket.limiter, &ticket.key, verdict) {
+                            Answer::Pass { decision, shadow } => {
+                                *this.decision = decision;
+                                *this.shadow = shadow;
+                                None
+                            }
+                            Answer::Refuse(response) => Some(response),
+                        };
                     match refused {
                         None => {
                             let mut service = service.take().expect("polled after completion");
@@ -276,6 +256,7 @@ where
                         response,
                         this.ticket.as_ref(),
                         this.decision.as_ref(),
+                        this.shadow.as_ref(),
                     )));
                 }
                 StateProj::Settling { settle, response } => {
@@ -289,6 +270,7 @@ where
                         response,
                         this.ticket.as_ref(),
                         this.decision.as_ref(),
+                        this.shadow.as_ref(),
                     )));
                 }
                 StateProj::Rejected { response } => {
@@ -300,12 +282,81 @@ where
     }
 }
 
-fn respond_allowed<B: Backend, Res, R: Respond<Res>>(
+/// What a verdict makes of a request.
+pub(crate) enum Answer<Out> {
+    /// Call the inner service; decorate its response with the decision's
+    /// quota, or as shadowed.
+    Pass {
+        decision: Option<Decision>,
+        shadow: Option<ShadowRefusal>,
+    },
+    /// Answer this instead.
+    Refuse(Out),
+}
+
+/// Turns a limiter's verdict into the layer's answer (shared by
+/// [`RateLimit`](super::RateLimit) and
+/// [`ConcurrencyLimit`](crate::concurrency::ConcurrencyLimit)).
+pub(crate) fn answer<B: Backend, Res, R: Respond<Res>>(
+    responder: &R,
+    limiter: &Limiter<B>,
+    key: &Key,
+    verdict: Verdict,
+) -> Answer<R::Response> {
+    let name = limiter.name();
+    let pass = |decision| Answer::Pass {
+        decision,
+        shadow: None,
+    };
+    match verdict {
+        Verdict::Decided(d) if d.is_allowed() => pass(Some(d)),
+        Verdict::Decided(d) => {
+            telemetry::denied(name, key, &d);
+            let quota = Quota::new(name, limiter.policy(), &d);
+            Answer::Refuse(responder.refused(&Refusal::Limited(quota)))
+        }
+        Verdict::FailedOpen(e) => {
+            telemetry::backend_failed(name, false, &e);
+            pass(None)
+        }
+        // Shadow mode: what would have been refused passes.
+        Verdict::Shadowed(denied) => {
+            telemetry::shadowed(name, key, &denied);
+            Answer::Pass {
+                decision: None,
+                shadow: Some(ShadowRefusal {
+                    limiter: name.to_owned(),
+                    retry_after: denied.retry_after,
+                    decision: denied.decision,
+                }),
+            }
+        }
+        // Not a backend failure: this request can never pass.
+        Verdict::FailedClosed(e, _) if !e.is_unavailable() => {
+            telemetry::denied_cost(name, &e);
+            Answer::Refuse(responder.refused(&Refusal::TooCostly { limiter: name }))
+        }
+        Verdict::FailedClosed(e, retry_after) => {
+            telemetry::backend_failed(name, true, &e);
+            let refusal = Refusal::Unavailable {
+                limiter: name,
+                retry_after,
+            };
+            Answer::Refuse(responder.refused(&refusal))
+        }
+    }
+}
+
+pub(crate) fn respond_allowed<B: Backend, Res, R: Respond<Res>>(
     responder: &R,
     response: Res,
     ticket: Option<&Ticket<B>>,
     decision: Option<&Decision>,
+    shadow: Option<&ShadowRefusal>,
 ) -> R::Response {
+    if let Some(shadow) = shadow {
+        return responder.shadowed(response, shadow);
+    }
     match (ticket, decision) {
         (Some(t), Some(d)) => {
             let quota = Quota::new(t.limiter.name(), t.limiter.policy(), d);

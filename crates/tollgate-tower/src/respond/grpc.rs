@@ -60,6 +60,16 @@ impl<B> Respond<http::Response<B>> for Grpc {
         allowed_response(response, self.headers_on_allowed, quota)
     }
 
+    fn shadowed(
+        &self,
+        response: http::Response<B>,
+        shadow: &super::ShadowRefusal,
+    ) -> Self::Response {
+        let mut res = allowed_response(response, false, None);
+        res.extensions_mut().insert(shadow.clone());
+        res
+    }
+
     fn refused(&self, refusal: &Refusal<'_>) -> Self::Response {
         let (code, message) = match refusal {
             Refusal::Limited(_) => (RESOURCE_EXHAUSTED, "rate limit exceeded"),

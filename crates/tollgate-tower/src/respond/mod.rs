@@ -281,6 +281,37 @@ pub trait Respond<Res> {
 
     /// The answer to a refused request.
     fn refused(&self, refusal: &Refusal<'_>) -> Self::Response;
+
+    /// The inner service's response to a request that a limiter in
+    /// [shadow mode](tollgate_limiter::shadow) would have refused and let
+    /// through. The default answers as [`allowed`](Self::allowed) without
+    /// a quota; the built-in responders also attach `shadow` to the
+    /// response's extensions (see [`ShadowRefusal`]).
+    fn shadowed(&self, response: Res, shadow: &ShadowRefusal) -> Self::Response {
+        let _ = shadow;
+        self.allowed(response, None)
+    }
+}
+
+/// What enforcement would have answered a request that a limiter in
+/// [shadow mode](tollgate_limiter::shadow) let through.
+///
+/// The built-in responders ([`Http`], [`Grpc`]) put it in the response's
+/// extensions, and add **no** header: the client sees what it would see
+/// without the limiter (no `RateLimit` fields that would make a
+/// well-behaved client slow down), while an outer layer (access log,
+/// tracing) can read what would have happened. The limiter's metrics count
+/// it as `outcome="shadow"` and its log says so, throttled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShadowRefusal {
+    /// The limiter's name.
+    pub limiter: String,
+    /// The `Retry-After` enforcement would have sent.
+    pub retry_after: Duration,
+    /// The refusal by the limit, or `None` when enforcement would have
+    /// refused for another reason (a cost the policy can never grant, a
+    /// fail-closed backend failure).
+    pub decision: Option<Decision>,
 }
 
 #[cfg(test)]

@@ -198,6 +198,8 @@ where
                         telemetry::backend_failed(name, false, e);
                         None
                     }
+                    // Shadow mode: counted and logged by the limiter.
+                    Verdict::Shadowed(_) => None,
                     Verdict::Decided(d) => {
                         if let Some((_, key, _)) = this.current.as_ref() {
                             telemetry::denied(name, key, d);

@@ -1,0 +1,111 @@
+//! A held [concurrency](crate::Concurrency) slot, given back when dropped.
+
+use std::fmt;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::backend::Backend;
+use crate::decision::Decision;
+use crate::error::Error;
+use crate::key::Key;
+use crate::limiter::Limiter;
+
+/// A concurrency slot held for one request, from
+/// [`Limiter::hold`](crate::Limiter::hold).
+///
+/// The slot is given back by [`release`](Self::release), or, when the
+/// permit is dropped without it (the request ended, its future was dropped,
+/// a handler panicked and the stack unwound), by a release spawned on the
+/// current tokio runtime. That release is best effort: with no runtime (a
+/// drop outside one), a runtime shutting down (its tasks are dropped
+/// unpolled), or a backend that fails, it is lost, and the slot's **lease**
+/// frees it when it expires. Size the lease for that: a lost release costs
+/// the key one slot for at most one lease.
+///
+/// A request that outlives its lease should [`renew`](Self::renew) it.
+#[must_use = "dropping a permit gives its slot back at once"]
+pub struct Permit<B: Backend> {
+    limiter: Limiter<B>,
+    key: Key,
+    id: u64,
+    armed: bool,
+}
+
+impl<B: Backend> Permit<B> {
+    pub(crate) fn new(limiter: Limiter<B>, key: Key, id: u64) -> Self {
+        Self {
+            limiter,
+            key,
+            id,
+            armed: true,
+        }
+    }
+
+    /// The slot's id (unique at random: 64 bits drawn per request).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The key the slot is held for.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// Renews the slot's lease from now. If the lease had expired and
+    /// another request took the slot meanwhile, the renewal is refused (a
+    /// denied decision) and this request holds nothing any more.
+    pub async fn renew(&self) -> Result<Decision, Error> {
+        self.limiter
+            .slot_op(&self.key, crate::Op::Hold(self.id))
+            .await
+    }
+
+    /// Gives the slot back now, waiting for the backend; on an error the
+    /// lease frees it.
+    pub async fn release(mut self) -> Result<Decision, Error> {
+        self.armed = false;
+        self.limiter
+            .slot_op(&self.key, crate::Op::Release(self.id))
+            .await
+    }
+}
+
+impl<B: Backend> Drop for Permit<B> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        // Best effort (see the type's docs): the lease is the backstop.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let limiter = self.limiter.clone();
+            let key = self.key.clone();
+            let id = self.id;
+            rt.spawn(async move {
+                let _ = limiter.slot_op(&key, crate::Op::Release(id)).await;
+            });
+        }
+    }
+}
+
+impl<B: Backend> fmt::Debug for Permit<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("limiter", &self.limiter.name())
+            .field("key", &self.key)
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+/// A fresh slot id: 64 bits from the standard library's randomly seeded
+/// hasher over a process-wide counter, so ids differ across requests and,
+/// but for a 2^-64 chance, across workers.
+pub(crate) fn slot_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static SEED: std::sync::LazyLock<std::collections::hash_map::RandomState> =
+        std::sync::LazyLock::new(std::collections::hash_map::RandomState::new);
+    let mut h = SEED.build_hasher();
+    h.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
+    h.write_u32(std::process::id());
+    h.finish()
+}

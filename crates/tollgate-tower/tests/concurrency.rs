@@ -1,0 +1,220 @@
+//! The concurrency layer and shadow mode in front of plain tower services,
+//! on the memory backend with a mock clock.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use tollgate_limiter::{Concurrency, Key, Limiter, MockClock, Mode, SlidingWindow};
+use tollgate_memory::MemoryBackend;
+use tollgate_tower::RateLimitLayer;
+use tollgate_tower::concurrency::ConcurrencyLimitLayer;
+use tollgate_tower::respond::ShadowRefusal;
+use tower::{Layer, Service, ServiceExt, service_fn};
+
+fn tenant(_: &Request<String>) -> Option<Key> {
+    Some(Key::new("tenant-1"))
+}
+
+fn limiter(max: u64) -> (Limiter<MemoryBackend<MockClock>>, MockClock) {
+    let clock = MockClock::new();
+    let backend = MemoryBackend::with_clock(clock.clone());
+    let policy = Concurrency::new(max, Duration::from_secs(60)).unwrap();
+    (Limiter::new("exports", policy, backend), clock)
+}
+
+async fn free_slots(l: &Limiter<MemoryBackend<MockClock>>) -> u64 {
+    l.try_peek(&Key::new("tenant-1"), 1)
+        .await
+        .unwrap()
+        .remaining()
+}
+
+/// Lets the spawned releases run, then reads the free slots.
+async fn settled_free_slots(l: &Limiter<MemoryBackend<MockClock>>, want: u64) -> u64 {
+    for _ in 0..1000 {
+        if free_slots(l).await == want {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    free_slots(l).await
+}
+
+fn ok_service()
+-> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
++ Clone
++ Send {
+    service_fn(|_req: Request<String>| async {
+        Ok::<_, Infallible>(Response::new(String::from("export")))
+    })
+}
+
+#[tokio::test]
+async fn a_slot_is_held_until_the_body_ends_then_429_is_lifted() {
+    let (l, _clock) = limiter(2);
+    let mut svc = ConcurrencyLimitLayer::new(l.clone(), tenant).layer(ok_service());
+    let a = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::default())
+        .await
+        .unwrap();
+    let b = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::default())
+        .await
+        .unwrap();
+    assert_eq!((a.status(), b.status()), (StatusCode::OK, StatusCode::OK));
+    assert_eq!(
+        a.headers()["ratelimit-policy"].to_str().unwrap(),
+        "\"exports\";q=2;w=60"
+    );
+    let refused = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::default())
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    assert_eq!(free_slots(&l).await, 0);
+    // The first body is sent to its end: its slot is given back.
+    let body = a.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"export");
+    assert_eq!(settled_free_slots(&l, 1).await, 1);
+    // The second client leaves before its body is sent: dropped, released.
+    drop(b);
+    assert_eq!(settled_free_slots(&l, 2).await, 2);
+}
+
+#[tokio::test]
+async fn a_panicking_or_failing_service_gives_its_slot_back() {
+    let (l, _clock) = limiter(1);
+    let panicking = service_fn(|_req: Request<String>| async {
+        if true {
+            panic!("handler bug");
+        }
+        Ok::<Response<String>, Infallible>(Response::new(String::new()))
+    });
+    let svc = ConcurrencyLimitLayer::new(l.clone(), tenant).layer(panicking);
+    let joined = tokio::spawn(svc.oneshot(Request::default())).await;
+    assert!(joined.unwrap_err().is_panic());
+    assert_eq!(settled_free_slots(&l, 1).await, 1);
+
+    let failing = service_fn(|_req: Request<String>| async {
+        Err::<Response<String>, _>(std::io::Error::other("upstream down"))
+    });
+    let svc = ConcurrencyLimitLayer::new(l.clone(), tenant).layer(failing);
+    assert!(svc.oneshot(Request::default()).await.is_err());
+    assert_eq!(settled_free_slots(&l, 1).await, 1);
+}
+
+#[tokio::test]
+async fn a_slot_whose_release_is_lost_comes_back_with_its_lease() {
+    let (l, clock) = limiter(1);
+    let mut svc = ConcurrencyLimitLayer::new(l.clone(), tenant).layer(ok_service());
+    let held = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::default())
+        .await
+        .unwrap();
+    // A worker that dies never drops its body.
+    std::mem::forget(held);
+    let refused = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::default())
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    clock.advance(Duration::from_secs(60));
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::default())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn shadow_mode_lets_refusals_through_with_an_extension_and_no_headers() {
+    let backend = MemoryBackend::with_clock(MockClock::new());
+    let policy = SlidingWindow::new(1, Duration::from_secs(60)).unwrap();
+    let l = Limiter::builder("new-limit", policy, backend)
+        .mode(Mode::Shadow)
+        .build();
+    let mut svc = RateLimitLayer::new(l, tenant).layer(ok_service());
+    let first = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::default())
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    assert!(first.extensions().get::<ShadowRefusal>().is_none());
+    assert!(first.headers().contains_key("ratelimit"));
+    let second = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::default())
+        .await
+        .unwrap();
+    assert_eq!(second.status(), StatusCode::OK);
+    assert!(!second.headers().contains_key("ratelimit"));
+    assert!(!second.headers().contains_key("retry-after"));
+    let shadow = second
+        .extensions()
+        .get::<ShadowRefusal>()
+        .expect("shadowed");
+    assert_eq!(shadow.limiter, "new-limit");
+    assert_eq!(shadow.retry_after, Duration::from_secs(60));
+    assert!(shadow.decision.is_some_and(|d| d.is_denied()));
+}
+
+#[tokio::test]
+async fn a_shadowed_concurrency_limit_holds_nothing_beyond_its_slots() {
+    let clock = MockClock::new();
+    let backend = MemoryBackend::with_clock(clock);
+    let policy = Concurrency::new(1, Duration::from_secs(60)).unwrap();
+    let l = Limiter::builder("exports", policy, backend)
+        .mode(Mode::Shadow)
+        .build();
+    let mut svc = ConcurrencyLimitLayer::new(l.clone(), tenant).layer(ok_service());
+    let a = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::default())
+        .await
+        .unwrap();
+    let b = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::default())
+        .await
+        .unwrap();
+    assert_eq!((a.status(), b.status()), (StatusCode::OK, StatusCode::OK));
+    assert!(b.extensions().get::<ShadowRefusal>().is_some());
+    // Only the first holds a slot: dropping the second frees nothing.
+    drop(b);
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(free_slots(&l).await, 0);
+    drop(a);
+    assert_eq!(settled_free_slots(&l, 1).await, 1);
+}
