@@ -768,6 +768,18 @@ pub async fn reserve_keeps_a_calendar_part<B: Backend + Clone>(backend: B, clock
     assert!(decide(&l, &k, 1).await.is_denied());
 }
 
+/// An error and its sources, for a failure message.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
 async fn acquire_each<B: Backend>(l: &Limiter<B>, key: &Key, n: usize) -> Vec<bool> {
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
@@ -1087,7 +1099,7 @@ pub async fn replay_with_candidate<B: Backend>(
                 let got = backend
                     .reserve(req)
                     .await
-                    .map_err(|e| TestCaseError::fail(format!("step {i}: backend failed: {e}")))?;
+                    .map_err(|e| TestCaseError::fail(format!("step {i}: backend failed: {}", chain(&e))))?;
                 let want = model.reserve(&name, keys[*key].as_str(), now, policy, *cost);
                 prop_assert_eq!(
                     got,
@@ -1154,7 +1166,7 @@ pub async fn replay_with_candidate<B: Backend>(
                 let (got, got_c) = backend
                     .decide_with_candidate(req, cand)
                     .await
-                    .map_err(|e| TestCaseError::fail(format!("step {i}: backend failed: {e}")))?;
+                    .map_err(|e| TestCaseError::fail(format!("step {i}: backend failed: {}", chain(&e))))?;
                 let want_c = model.apply(&beside, keys[key].as_str(), now, c, op);
                 prop_assert_eq!(
                     got_c,
@@ -1170,7 +1182,7 @@ pub async fn replay_with_candidate<B: Backend>(
             _ => backend
                 .decide(req)
                 .await
-                .map_err(|e| TestCaseError::fail(format!("step {i}: backend failed: {e}")))?,
+                .map_err(|e| TestCaseError::fail(format!("step {i}: backend failed: {}", chain(&e))))?,
         };
         let want = model.apply(&name, keys[key].as_str(), now, policy, op);
         prop_assert_eq!(
