@@ -105,6 +105,7 @@ use jiff::tz::TimeZone;
 
 use crate::decision::Decision;
 use crate::policy::PolicyError;
+use crate::strategy::reservation::Mark;
 use crate::time::Timestamp;
 
 const DAY_US: u64 = 86_400_000_000;
@@ -435,6 +436,10 @@ pub struct CalendarState {
     pub end: Timestamp,
     /// Units of cost admitted in the window.
     pub used: u64,
+    /// When this count began: the first charge counted in the window since
+    /// it opened or since the key was reset (see
+    /// [reservations](crate::strategy::reservation)); 0 for a fresh key.
+    pub born: Timestamp,
 }
 
 impl CalendarState {
@@ -449,8 +454,9 @@ impl CalendarState {
         copy.decide(now, p, cost, false)
     }
 
-    fn decide(&mut self, now: Timestamp, p: &Calendar, cost: u64, charge: bool) -> Decision {
-        let cost = cost.max(1);
+    /// The window a decision at `now` counts in, and the units already
+    /// counted in it.
+    fn current(&self, now: Timestamp, p: &Calendar) -> (Timestamp, Timestamp, u64) {
         // A clock behind the stored window's start (stepped back) keeps
         // counting in that window rather than reopening an earlier one.
         let (start, end) = if self.used > 0 && self.start > now {
@@ -463,6 +469,25 @@ impl CalendarState {
         } else {
             0
         };
+        (start, end, used)
+    }
+
+    /// Counts `units` more in the current window (a new count begins at
+    /// `now` if it held none).
+    fn charge(&mut self, now: Timestamp, p: &Calendar, units: u64) {
+        let (start, end, used) = self.current(now, p);
+        let born = if used == 0 { now } else { self.born };
+        *self = Self {
+            start,
+            end,
+            used: used.saturating_add(units),
+            born,
+        };
+    }
+
+    fn decide(&mut self, now: Timestamp, p: &Calendar, cost: u64, charge: bool) -> Decision {
+        let cost = cost.max(1);
+        let (start, end, used) = self.current(now, p);
         let limit = p.limit();
         let window = Duration::from_micros(end - start);
         let until_end = end - now;
@@ -478,12 +503,49 @@ impl CalendarState {
         if !charge {
             return Decision::from_micros(true, limit, remaining, 0, reset).with_window(window);
         }
-        *self = Self {
-            start,
-            end,
-            used: used + cost,
-        };
+        self.charge(now, p, cost);
         Decision::from_micros(true, limit, remaining - cost, 0, until_end).with_window(window)
+    }
+
+    /// Where a charge just made sits: `born` is the start of the window
+    /// the units were counted in, `at` when that count began (a reset
+    /// starts another count in the same window).
+    pub fn mark(&self) -> Mark {
+        Mark {
+            born: self.start,
+            at: self.born,
+        }
+    }
+
+    /// Settles a reservation of `units` that cost `actual` (see
+    /// [reservations](crate::strategy::reservation)): takes the unused
+    /// units off the count (at most all of it) while the reservation's
+    /// window is still the current one and its count the same; or counts
+    /// the excess in the current window (at most `limit`, even beyond
+    /// the limit). Answers as a peek of 1 afterwards.
+    pub fn settle(
+        &mut self,
+        now: Timestamp,
+        p: &Calendar,
+        mark: Option<Mark>,
+        units: u64,
+        actual: u64,
+    ) -> Decision {
+        if actual < units {
+            let (start, end, used) = self.current(now, p);
+            if let Some(m) = mark
+                && used > 0
+                && start == self.start
+                && end == self.end
+                && m.born == start
+                && m.at == self.born
+            {
+                self.used = used - (units - actual).min(used);
+            }
+        } else if actual > units {
+            self.charge(now, p, (actual - units).min(p.limit()));
+        }
+        self.peek(now, p, 1)
     }
 
     /// When this state becomes equal to a fresh key's: the end of its
