@@ -41,8 +41,9 @@
 //!
 //! # State and expiry
 //!
-//! A key stores its window and the units used in it. It expires at the end
-//! of that window, exactly: from then on its count is worthless, since the
+//! A key stores its window, the units used in it, and when that count
+//! began (what a [reservation](crate::strategy::reservation)'s mark names).
+//! It expires at the end of that window, exactly: from then on its count is worthless, since the
 //! next window starts from zero, and the decision that finds it expired
 //! reads the same instant from the same clock that decided the expiry (the
 //! Redis server's `TIME`, or the caller's clock in test mode), so no slack
@@ -56,6 +57,16 @@
 //! corrected) does not reopen the earlier window: while `now` is before the
 //! stored window's start, the stored window is still the one counted in,
 //! as the sliding window clamps `now` to its newest event.
+//!
+//! # Reservations
+//!
+//! A reservation's estimate is counted like any charge. Settled while its
+//! window is still the current one (and the key was not reset since), the
+//! unused units come off the count; settled after the boundary, nothing is
+//! refunded: the new window started from zero and owes the old one
+//! nothing. An excess is counted in the window of the settle's instant, at
+//! most `limit` per settle, even beyond the limit. The rules:
+//! [`strategy::reservation`](crate::strategy::reservation).
 //!
 //! # In the Redis backend
 //!
@@ -699,6 +710,34 @@ mod tests {
         let d = s.acquire(midnight - 1_000_000, &p, 1);
         assert!(d.is_denied());
         assert_eq!(d.retry_after(), Duration::from_secs(86_401));
+    }
+
+    #[test]
+    fn a_settle_refunds_in_its_window_and_count_only() {
+        let p = Calendar::new(10, Period::Day, "UTC").unwrap();
+        let noon = at("UTC", 2026, 5, 2, 12, 0);
+        let mut s = CalendarState::default();
+        assert!(s.acquire(noon, &p, 2).is_allowed());
+        assert!(s.acquire(noon + H, &p, 6).is_allowed());
+        let m = s.mark();
+        assert_eq!((m.born, m.at), (at("UTC", 2026, 5, 2, 0, 0), noon));
+        // A clock stepped back still counts in the stored window.
+        let d = s.settle(noon - 13 * H, &p, Some(m), 6, 1);
+        assert_eq!(d.remaining(), 7);
+        // Never more than the count.
+        assert_eq!(s.settle(noon, &p, Some(m), 100, 0).remaining(), 10);
+        // Another count in the same window refunds nothing of this one.
+        assert!(s.acquire(noon + 2 * H, &p, 4).is_allowed());
+        assert_eq!(s.settle(noon + 2 * H, &p, Some(m), 4, 0).remaining(), 6);
+        // Without a mark: no refund, but an excess is counted.
+        let d = s.settle(noon + 2 * H, &p, None, 1, 30);
+        assert_eq!((d.remaining(), s.used), (0, 14));
+        // The next day owes nothing, and takes the excess.
+        let next = at("UTC", 2026, 5, 3, 0, 0);
+        let m = s.mark();
+        assert_eq!(s.settle(next, &p, Some(m), 4, 0).remaining(), 10);
+        assert_eq!(s.settle(next, &p, Some(m), 4, 7).remaining(), 7);
+        assert_eq!(s.expires_at(), at("UTC", 2026, 5, 4, 0, 0));
     }
 
     #[test]
