@@ -675,10 +675,7 @@ pub async fn reserve_and_settle<B: Backend + Clone>(backend: B, clock: MockClock
 /// bucket, both parts refund; a settle after the month rolled refunds
 /// nothing (the new month owes the old one nothing) and charges an excess
 /// to the new month; a plain calendar limiter reserves and settles.
-pub async fn reserve_and_settle_a_calendar_quota<B: Backend + Clone>(
-    backend: B,
-    clock: MockClock,
-) {
+pub async fn reserve_and_settle_a_calendar_quota<B: Backend + Clone>(backend: B, clock: MockClock) {
     clock.set(civil("UTC", (2026, 2, 10), (12, 0)));
     let policy = Composite::new([
         Policy::from(TokenBucket::new(1_000, 10, S).unwrap()),
@@ -708,7 +705,11 @@ pub async fn reserve_and_settle_a_calendar_quota<B: Backend + Clone>(
     clock.advance(S);
     // (A settle of 0 charges the minimum, 1: no excess either.)
     let d = r.settle(0).await.unwrap().unwrap();
-    assert_eq!((d.remaining(), d.part()), (900, 1), "March owes February nothing");
+    assert_eq!(
+        (d.remaining(), d.part()),
+        (900, 1),
+        "March owes February nothing"
+    );
     let (_, r) = l.reserve(&k, 50).await;
     let d = r.settle(150).await.unwrap().unwrap();
     assert_eq!((d.remaining(), d.part()), (750, 1), "the excess is March's");
