@@ -606,8 +606,8 @@ impl<B: Backend> Limiter<B> {
     /// apply: a reservation always asks the backend, as leased units could
     /// not be refunded.
     ///
-    /// Token buckets, sliding windows and composites of them; a
-    /// progressive delay counts failures, not costs, and refuses with
+    /// Token buckets, sliding windows, calendar quotas and composites of
+    /// them; a progressive delay counts failures, not costs, and refuses with
     /// [`Error::Policy`]. The rules of refunds, excess and unsettled
     /// reservations: [`strategy::reservation`](crate::strategy::reservation).
     ///
@@ -635,7 +635,7 @@ impl<B: Backend> Limiter<B> {
                 "strategy",
                 format!(
                     "limiter {:?} is a {}: reservations need a token bucket, a sliding \
-                     window or a composite",
+                     window, a calendar quota or a composite",
                     self.inner.name,
                     self.inner.policy.strategy()
                 ),

@@ -146,6 +146,9 @@ impl State {
                 return s.acquire(now, p, c);
             }
             (Self::Calendar(s), Policy::Calendar(p), Op::Peek(c)) => return s.peek(now, p, c),
+            (Self::Calendar(s), Policy::Calendar(p), Op::Settle { receipt, actual }) => {
+                return s.settle(now, p, receipt.marks[0], receipt.units, actual);
+            }
             (Self::Calendar(s), Policy::Calendar(p), _) => return s.peek(now, p, 1),
             (Self::Concurrency(s), Policy::Concurrency(p), op) => s.apply(now, p, op),
             _ => {
@@ -157,7 +160,8 @@ impl State {
     }
 
     /// Where the last charge sits (see [`Receipt`]): the first part of a
-    /// token bucket or a sliding window; each part of a composite.
+    /// token bucket, a sliding window or a calendar quota; each part of a
+    /// composite.
     pub fn marks(&self) -> [Option<Mark>; crate::composite::MAX_PARTS] {
         match self {
             Self::Composite(c) => c.marks(),
@@ -174,6 +178,7 @@ impl State {
         match self {
             Self::TokenBucket(s) => Some(s.mark()),
             Self::SlidingWindow(s) => s.mark(),
+            Self::Calendar(s) => Some(s.mark()),
             _ => None,
         }
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate_limiter::model::{Op, Receipt, Slot};
-use tollgate_limiter::{Composite, Policy, SlidingWindow, TokenBucket};
+use tollgate_limiter::{Calendar, Composite, Period, Policy, SlidingWindow, TokenBucket};
 
 const START: u64 = 1_767_225_600_000_000;
 const S: u64 = 1_000_000;
@@ -17,10 +17,19 @@ fn policies() -> impl Strategy<Value = Policy> {
     });
     let sw = (1u64..12, 1u64..6_000_000)
         .prop_map(|(l, w)| Policy::from(SlidingWindow::new(l, Duration::from_micros(w)).unwrap()));
-    let part = prop_oneof![tb.clone(), sw.clone()];
+    // Calendar quotas: days and weeks roll within a trace (steps advance
+    // up to 30 hours), months now and then.
+    let cal = (
+        1u64..12,
+        prop_oneof![Just(Period::Day), Just(Period::Week), Just(Period::Month)],
+        prop_oneof![Just("UTC"), Just("Europe/Berlin"), Just("Asia/Kathmandu")],
+    )
+        .prop_map(|(l, p, z)| Policy::from(Calendar::new(l, p, z).unwrap()));
+    let part = prop_oneof![tb.clone(), sw.clone(), cal.clone()];
     prop_oneof![
         tb,
         sw,
+        cal,
         proptest::collection::vec(part, 1..=3)
             .prop_map(|parts| Policy::from(Composite::new(parts).unwrap())),
     ]
@@ -36,6 +45,7 @@ enum Step {
 fn steps() -> impl Strategy<Value = Vec<Step>> {
     let step = prop_oneof![
         4 => prop_oneof![1u64..1_000, 1_000u64..3_000_000].prop_map(Step::Advance),
+        1 => (3_000_000u64..30 * 3_600 * S).prop_map(Step::Advance),
         6 => (1u64..6).prop_map(Step::Acquire),
         1 => Just(Step::Reset),
     ];
@@ -127,6 +137,7 @@ proptest! {
         steps in proptest::collection::vec(
             prop_oneof![
                 3 => prop_oneof![1u64..1_000, 1_000u64..3_000_000].prop_map(Ev::Advance),
+                1 => (3_000_000u64..30 * 3_600 * S).prop_map(Ev::Advance),
                 3 => (1u64..6).prop_map(Ev::Acquire),
                 4 => (1u64..12, 0u64..=100).prop_map(|(max, used)| Ev::Reserve { max, used }),
                 4 => (0usize..16).prop_map(Ev::Settle),
@@ -378,4 +389,111 @@ fn a_composite_settles_every_part() {
     };
     let bucket = c.parts[0].clone().apply(START, &tb(100, 1), Op::PEEK);
     assert_eq!(bucket.remaining(), 90);
+}
+
+fn month(limit: u64) -> Policy {
+    Calendar::new(limit, Period::Month, "UTC").unwrap().into()
+}
+
+#[test]
+fn a_calendar_quota_refunds_within_its_window() {
+    // START is 1 January 2026, 00:00 UTC.
+    let policy = month(1_000);
+    let mut key = Slot::fresh(&policy);
+    let (d, receipt) = key.reserve(START + S, &policy, 800);
+    assert_eq!(d.remaining(), 200);
+    let mark = receipt.marks[0].unwrap();
+    assert_eq!(mark.born, START, "the month's start");
+    assert_eq!(mark.at, START + S, "when its count began");
+    let d = key.apply(
+        START + 3_600 * S,
+        &policy,
+        Op::Settle {
+            receipt,
+            actual: 300,
+        },
+    );
+    assert_eq!(d.remaining(), 700);
+    // The key still expires at the end of January.
+    assert_eq!(key.expires_at, START + 31 * 86_400 * S);
+    // Refunding everything empties the count: the key reads as fresh.
+    let (_, receipt) = key.reserve(START + 3_600 * S, &policy, 100);
+    let d = key.apply(
+        START + 3_600 * S,
+        &policy,
+        Op::Settle { receipt, actual: 0 },
+    );
+    assert_eq!(d.remaining(), 700);
+}
+
+#[test]
+fn a_calendar_window_that_rolled_refunds_nothing() {
+    let policy = month(1_000);
+    let mut key = Slot::fresh(&policy);
+    let jan_31 = START + 30 * 86_400 * S;
+    let (_, receipt) = key.reserve(jan_31, &policy, 800);
+    let feb = START + 31 * 86_400 * S;
+    assert!(key.apply(feb, &policy, Op::Acquire(100)).is_allowed());
+    let d = key.apply(feb + S, &policy, Op::Settle { receipt, actual: 0 });
+    assert_eq!(d.remaining(), 900, "February owes January nothing");
+}
+
+#[test]
+fn a_calendar_refund_after_a_reset_mints_nothing() {
+    let policy = month(10);
+    let mut key = Slot::fresh(&policy);
+    let (_, receipt) = key.reserve(START, &policy, 10);
+    key.apply(START + 1, &policy, Op::Reset);
+    // The same window, another count.
+    assert!(key.apply(START + 2, &policy, Op::Acquire(10)).is_allowed());
+    let d = key.apply(START + 3, &policy, Op::Settle { receipt, actual: 0 });
+    assert_eq!(d.remaining(), 0);
+}
+
+#[test]
+fn a_calendar_excess_is_charged_in_the_current_window_bounded() {
+    let policy = Policy::from(Calendar::new(10, Period::Day, "UTC").unwrap());
+    let mut key = Slot::fresh(&policy);
+    let (_, receipt) = key.reserve(START, &policy, 4);
+    // Used 30: 26 more, at most the limit (10): 14 counted, 4 over.
+    let d = key.apply(
+        START + S,
+        &policy,
+        Op::Settle {
+            receipt,
+            actual: 30,
+        },
+    );
+    assert!(d.is_denied());
+    assert_eq!(d.remaining(), 0);
+    assert_eq!(d.retry_after(), Duration::from_secs(86_399));
+    // Settled the next day: the excess is today's.
+    let mut key = Slot::fresh(&policy);
+    let (_, receipt) = key.reserve(START, &policy, 4);
+    let d = key.apply(
+        START + 86_400 * S,
+        &policy,
+        Op::Settle { receipt, actual: 7 },
+    );
+    assert_eq!(d.remaining(), 7);
+    assert_eq!(key.expires_at, START + 2 * 86_400 * S);
+}
+
+#[test]
+fn a_composite_settles_its_calendar_part() {
+    let policy: Policy = Composite::new([tb(1_000, 10), month(1_000)])
+        .unwrap()
+        .into();
+    let mut key = Slot::fresh(&policy);
+    let (_, receipt) = key.reserve(START, &policy, 800);
+    assert!(receipt.marks[0].is_some() && receipt.marks[1].is_some());
+    let d = key.apply(
+        START + 1,
+        &policy,
+        Op::Settle {
+            receipt,
+            actual: 300,
+        },
+    );
+    assert_eq!(d.remaining(), 700);
 }

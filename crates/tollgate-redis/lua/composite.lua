@@ -9,17 +9,19 @@
 -- k<i> = 't' | 'w' | 'q', v<i> = tat (token bucket), total cost in log<i>
 -- (sliding window) or units used (calendar quota, whose window is
 -- a<i> = start, e<i> = end), b<i> = born, when the part's life began
--- (absent counts as 0) }. ARGV[6] carries the calendar parts' bounds
--- (see common.lua). A reserve appends, per part, its mark: born, then the
--- tat after the charge (token bucket), the entry's timestamp (window) or
--- the window's start (calendar quota). A settle settles each part on its
--- own, then answers '?1'. A part's log is a sliding window's (see
+-- (absent counts as 0; for a calendar quota, when its count began) }.
+-- ARGV[6] carries the calendar parts' bounds (see common.lua). A reserve
+-- appends, per part, its mark: born, then the tat after the charge (token
+-- bucket) or the entry's timestamp (window); for a calendar quota, the
+-- window's start, then when its count began. A settle settles each part on
+-- its own, then answers '?1'. A part's log is a sliding window's (see
 -- sliding_window.lua). On every write, all the keys get one TTL: the
 -- composite's expiry, the latest of its parts'.
 -- Every part first answers as a peek; only if all pass are all charged.
 -- Returns common.lua's reply plus a 7th item: the binding part (from 0).
 -- Model: CompositeState::apply and composite::combine; each part's settle
--- is TokenBucketState::settle / SlidingWindowState::settle.
+-- is TokenBucketState::settle / SlidingWindowState::settle /
+-- CalendarState::settle (common.lua's calendar_settle).
 
 local now = now_us()
 local lim_key = nil
@@ -93,9 +95,13 @@ if settling then
     end
     local v, born = tonumber(h['v' .. i]), tonumber(h['b' .. i] or '0')
     if q.kind == 'q' then
-      -- A calendar quota keeps what was reserved (the model's
-      -- CalendarState answers a settle as a peek): its count, window and
-      -- life stay as they are.
+      local c = { a = 0, e = 0, n = v, b = born }
+      if v > 0 then
+        c.a, c.e = tonumber(h['a' .. i]), tonumber(h['e' .. i])
+      end
+      calendar_settle(q, c, now, units, actual, m)
+      v, born = c.n, c.b
+      h['a' .. i], h['e' .. i] = fmt(c.a), fmt(c.e)
     elseif q.kind == 't' then
       local t = q.interval
       local tau = q.capacity * t
@@ -245,9 +251,9 @@ for i = 1, n do
     forget(i)
   end
   if q.kind == 'q' then
-    local c = { a = 0, e = 0, n = 0 }
+    local c = { a = 0, e = 0, n = 0, b = 0 }
     if s.v > 0 then
-      c = { a = tonumber(h['a' .. i]), e = tonumber(h['e' .. i]), n = s.v }
+      c = { a = tonumber(h['a' .. i]), e = tonumber(h['e' .. i]), n = s.v, b = s.born }
     end
     s.r, s.w = calendar_decide(q, c, now, cost)
   elseif q.kind == 't' then
@@ -391,6 +397,10 @@ if settling then
       -- The count lives until its window ends.
       if s.v > 0 then
         e = tonumber(h['e' .. i])
+        fields[#fields + 1] = 'a' .. i
+        fields[#fields + 1] = h['a' .. i]
+        fields[#fields + 1] = 'e' .. i
+        fields[#fields + 1] = h['e' .. i]
       end
     elseif q.kind == 't' then
       e = s.v
@@ -434,6 +444,9 @@ for i = 1, n do
   local part_expiry
   if q.kind == 'q' then
     s.v = s.w[3]
+    s.born = s.w[5]
+    -- Its mark: the window's start, and when its count began.
+    s.mark_born, s.mark = s.w[1], s.w[5]
     part_expiry = s.w[2]
     fields[#fields + 1] = 'a' .. i
     fields[#fields + 1] = fmt(s.w[1])
@@ -496,14 +509,8 @@ end
 local reply = combine()
 if RESERVE then
   for i = 1, n do
-    if st[i].mark then
-      reply[#reply + 1] = st[i].born
-      reply[#reply + 1] = st[i].mark
-    else
-      -- No mark (a calendar part keeps what it took): -1, -1.
-      reply[#reply + 1] = -1
-      reply[#reply + 1] = -1
-    end
+    reply[#reply + 1] = st[i].mark_born or st[i].born
+    reply[#reply + 1] = st[i].mark
   end
 end
 return reply

@@ -928,7 +928,8 @@ fn parse_reply(v: &[Value], strategy: Strategy) -> Result<Reply, RedisError> {
     let mut marks: Marks = Default::default();
     for (i, m) in marks.iter_mut().enumerate() {
         let at = base + 2 * i;
-        // A part without a mark (a calendar quota) answers -1, -1.
+        // A part without a mark would answer -1, -1 (every strategy's
+        // scripts mark their parts today).
         if at + 1 < v.len() && int(at)? >= 0 {
             *m = Some(Mark {
                 born: uint(at)?,

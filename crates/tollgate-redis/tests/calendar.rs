@@ -191,3 +191,47 @@ tollgate_testkit::on_every_server! {
         assert!(l.try_acquire(&k, 1).await.unwrap().is_denied());
     }
 }
+
+tollgate_testkit::on_every_server! {
+    /// Server-time mode: a reservation on a calendar quota (alone, and as a
+    /// part of a composite) is marked with its window's start; the settle
+    /// refunds, and the settled key keeps its TTL: the end of the window.
+    #[tokio::test]
+    async fn a_settled_calendar_key_lives_until_its_window_ends(server: Server) {
+        let url = url(server);
+        let b = RedisBackend::builder(&url)
+            .prefix(unique_name("calrs"))
+            .durability(Durability::Skip)
+            .build()
+            .await
+            .unwrap();
+        let day = Calendar::new(1_000, Period::Day, "UTC").unwrap();
+        let composite = tollgate_limiter::Composite::new([
+            Policy::from(tollgate_limiter::TokenBucket::per_second(1_000, 1_000).unwrap()),
+            Policy::from(day),
+        ])
+        .unwrap();
+        for (name, policy, part) in [("plain", Policy::from(day), 0), ("both", composite.into(), 1)] {
+            let l = Limiter::new(name, policy, b.clone());
+            let k = Key::new("k");
+            let before = SystemClock.now();
+            let (v, r) = l.reserve(&k, 800).await;
+            assert!(v.is_allowed(), "{name}");
+            let mark = r.receipt().unwrap().marks[part].expect("a calendar part is marked");
+            let after = SystemClock.now();
+            let (start, end) = day.window_at(after);
+            assert_eq!(mark.born, start, "{name}");
+            assert!(before <= mark.at && mark.at <= after, "{name}: {mark:?}");
+            let d = r.settle(300).await.unwrap().unwrap();
+            // (The bucket holds at least as much: it refills meanwhile.)
+            assert_eq!(d.remaining(), 700, "{name}");
+            let pttl: i64 = raw(&url).await.pttl(b.state_key(name, &k)).await.unwrap();
+            let pttl = u64::try_from(pttl).unwrap();
+            let now = SystemClock.now();
+            assert!(
+                pttl <= (end - before).div_ceil(1000) && pttl + 60_000 >= (end - now) / 1000,
+                "{name}: {pttl} ms"
+            );
+        }
+    }
+}

@@ -744,28 +744,77 @@ pub async fn reserve_and_settle<B: Backend + Clone>(backend: B, clock: MockClock
     }
 }
 
-/// A reservation on a composite with a calendar quota: the bucket part is
-/// settled, the calendar part keeps the whole estimate (calendar quotas
-/// do not refund yet), and the settle never clears the quota's count.
-pub async fn reserve_keeps_a_calendar_part<B: Backend + Clone>(backend: B, clock: MockClock) {
+/// Reserve, then settle, on calendar quotas: in a composite with a token
+/// bucket, both parts refund; a settle after the month rolled refunds
+/// nothing (the new month owes the old one nothing) and charges an excess
+/// to the new month; a plain calendar limiter reserves and settles.
+pub async fn reserve_and_settle_a_calendar_quota<B: Backend + Clone>(backend: B, clock: MockClock) {
     clock.set(civil("UTC", (2026, 2, 10), (12, 0)));
     let policy = Composite::new([
         Policy::from(TokenBucket::new(1_000, 10, S).unwrap()),
         Policy::from(Calendar::new(1_000, Period::Month, "UTC").unwrap()),
     ])
     .unwrap();
-    let l = limiter("rs-cal", policy, backend);
+    let l = limiter("rs-cal", policy, backend.clone());
     let k = Key::new("tenant");
     let (v, r) = l.reserve(&k, 800).await;
-    assert!(v.is_allowed());
+    assert_eq!(v.decision().map(|d| d.remaining()), Some(200));
     let d = r.settle(300).await.unwrap().unwrap();
-    assert_eq!(d.remaining(), 200, "the month keeps the estimate");
-    assert_eq!(d.part(), 1);
+    assert_eq!(d.remaining(), 700, "both parts refund");
     clock.advance(2 * S);
+    // The bucket refilled 20; the month holds 300 used.
     let d = peek(&l, &k, 1).await;
-    assert_eq!((d.remaining(), d.part()), (200, 1));
-    assert!(decide(&l, &k, 200).await.is_allowed());
+    assert_eq!((d.remaining(), d.part()), (700, 1));
+    assert!(decide(&l, &k, 700).await.is_allowed());
     assert!(decide(&l, &k, 1).await.is_denied());
+
+    // Settled after the month rolled: nothing refunded, not even to the
+    // bucket's share that dripped back; the excess is March's.
+    clock.set(civil("UTC", (2026, 2, 28), (23, 59)));
+    let k = Key::new("late");
+    let (_, r) = l.reserve(&k, 600).await;
+    clock.set(civil("UTC", (2026, 3, 1), (0, 2)));
+    assert!(decide(&l, &k, 100).await.is_allowed());
+    clock.advance(S);
+    // (A settle of 0 charges the minimum, 1: no excess either.)
+    let d = r.settle(0).await.unwrap().unwrap();
+    assert_eq!(
+        (d.remaining(), d.part()),
+        (900, 1),
+        "March owes February nothing"
+    );
+    let (_, r) = l.reserve(&k, 50).await;
+    let d = r.settle(150).await.unwrap().unwrap();
+    assert_eq!((d.remaining(), d.part()), (750, 1), "the excess is March's");
+
+    // A plain calendar limiter.
+    let day = Calendar::new(1_000, Period::Day, "Europe/Berlin").unwrap();
+    let l = limiter("rs-day", day, backend);
+    let k = Key::new("tenant");
+    let (v, r) = l.reserve(&k, 800).await;
+    assert_eq!(v.decision().map(|d| d.remaining()), Some(200));
+    let (v, empty) = l.reserve(&k, 300).await;
+    assert!(!v.is_allowed() && empty.is_empty());
+    clock.advance(ms(1));
+    assert_eq!(r.settle(300).await.unwrap().unwrap().remaining(), 700);
+    let (_, r) = l.reserve(&k, 100).await;
+    assert_eq!(r.settle(250).await.unwrap().unwrap().remaining(), 450);
+    // A reset, then the same day counts afresh: an older refund mints
+    // nothing.
+    let (_, r) = l.reserve(&k, 400).await;
+    l.reset(&k).await.unwrap();
+    clock.advance(ms(1));
+    assert!(decide(&l, &k, 1_000).await.is_allowed());
+    assert_eq!(r.settle(0).await.unwrap().unwrap().remaining(), 0);
+    // Berlin's next midnight: a fresh day, nothing to refund.
+    let (_, r) = l.reserve(&Key::new("night"), 1_000).await;
+    clock.set(civil("Europe/Berlin", (2026, 3, 2), (0, 0)));
+    let d = r.settle(0).await.unwrap().unwrap();
+    assert_eq!(d.remaining(), 1_000);
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
 }
 
 /// An error and its sources, for a failure message.
@@ -1021,6 +1070,9 @@ pub fn calendar_traces(len: usize) -> impl Strategy<Value = (Timestamp, Policy, 
             3 => (0..KEYS, 0..=max + 1).prop_map(|(key, cost)| Step::Peek { key, cost }),
             1 => (0..KEYS, 0..=2 * max).prop_map(|(key, units)| Step::Penalise { key, units }),
             1 => (0..KEYS).prop_map(Step::Reset),
+            3 => (0..KEYS, 0..=max + 1).prop_map(|(key, cost)| Step::Reserve { key, cost }),
+            3 => (0..8usize, 0..=2 * max + 1)
+                .prop_map(|(which, actual)| Step::Settle { which, actual }),
             1 => (proptest::option::of(0..KEYS), proptest::option::of(variant))
                 .prop_map(|(k, p)| Step::Override(k, p)),
         ];
@@ -1096,10 +1148,9 @@ pub async fn replay_with_candidate<B: Backend>(
                     policy,
                     op: Op::Acquire(*cost),
                 };
-                let got = backend
-                    .reserve(req)
-                    .await
-                    .map_err(|e| TestCaseError::fail(format!("step {i}: backend failed: {}", chain(&e))))?;
+                let got = backend.reserve(req).await.map_err(|e| {
+                    TestCaseError::fail(format!("step {i}: backend failed: {}", chain(&e)))
+                })?;
                 let want = model.reserve(&name, keys[*key].as_str(), now, policy, *cost);
                 prop_assert_eq!(
                     got,
@@ -1166,7 +1217,9 @@ pub async fn replay_with_candidate<B: Backend>(
                 let (got, got_c) = backend
                     .decide_with_candidate(req, cand)
                     .await
-                    .map_err(|e| TestCaseError::fail(format!("step {i}: backend failed: {}", chain(&e))))?;
+                    .map_err(|e| {
+                        TestCaseError::fail(format!("step {i}: backend failed: {}", chain(&e)))
+                    })?;
                 let want_c = model.apply(&beside, keys[key].as_str(), now, c, op);
                 prop_assert_eq!(
                     got_c,
@@ -1179,10 +1232,9 @@ pub async fn replay_with_candidate<B: Backend>(
                 );
                 got
             }
-            _ => backend
-                .decide(req)
-                .await
-                .map_err(|e| TestCaseError::fail(format!("step {i}: backend failed: {}", chain(&e))))?,
+            _ => backend.decide(req).await.map_err(|e| {
+                TestCaseError::fail(format!("step {i}: backend failed: {}", chain(&e)))
+            })?,
         };
         let want = model.apply(&name, keys[key].as_str(), now, policy, op);
         prop_assert_eq!(
@@ -1322,8 +1374,9 @@ macro_rules! conformance_tests {
                 cost_under_overrides, isolation, overrides, concurrent_token_bucket,
                 concurrent_sliding_window, concurrent_composite,
                 composite_charges_nothing_on_refusal, calendar_day_across_daylight_saving,
-                calendar_month_in_a_composite, reserve_and_settle, reserve_keeps_a_calendar_part,
-                concurrency_slots, concurrent_holds, candidate_beside_enforced);
+                calendar_month_in_a_composite, reserve_and_settle,
+                reserve_and_settle_a_calendar_quota, concurrency_slots, concurrent_holds,
+                candidate_beside_enforced);
 
             #[test]
             fn agrees_with_model() {

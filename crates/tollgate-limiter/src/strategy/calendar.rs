@@ -47,8 +47,9 @@
 //!
 //! # State and expiry
 //!
-//! A key stores its window and the units used in it. It expires at the end
-//! of that window, exactly: from then on its count is worthless, since the
+//! A key stores its window, the units used in it, and when that count
+//! began (what a [reservation](crate::strategy::reservation)'s mark names).
+//! It expires at the end of that window, exactly: from then on its count is worthless, since the
 //! next window starts from zero, and the decision that finds it expired
 //! reads the same instant from the same clock that decided the expiry (the
 //! Redis server's `TIME`, or the caller's clock in test mode), so no slack
@@ -67,6 +68,16 @@
 //! window's key expired: that window's last moments start from zero. A
 //! slack on the expiry would narrow this, at the price of keys outliving
 //! their state; exact expiry is the rule every strategy follows.)
+//!
+//! # Reservations
+//!
+//! A reservation's estimate is counted like any charge. Settled while its
+//! window is still the current one (and the key was not reset since), the
+//! unused units come off the count; settled after the boundary, nothing is
+//! refunded: the new window started from zero and owes the old one
+//! nothing. An excess is counted in the window of the settle's instant, at
+//! most `limit` per settle, even beyond the limit. The rules:
+//! [`strategy::reservation`](crate::strategy::reservation).
 //!
 //! # In the Redis backend
 //!
@@ -116,6 +127,7 @@ use jiff::tz::{TimeZone, TimeZoneDatabase};
 
 use crate::decision::Decision;
 use crate::policy::PolicyError;
+use crate::strategy::reservation::Mark;
 use crate::time::Timestamp;
 
 const DAY_US: u64 = 86_400_000_000;
@@ -482,6 +494,10 @@ pub struct CalendarState {
     pub end: Timestamp,
     /// Units of cost admitted in the window.
     pub used: u64,
+    /// When this count began: the first charge counted in the window since
+    /// it opened or since the key was reset (see
+    /// [reservations](crate::strategy::reservation)); 0 for a fresh key.
+    pub born: Timestamp,
 }
 
 impl CalendarState {
@@ -496,8 +512,9 @@ impl CalendarState {
         copy.decide(now, p, cost, false)
     }
 
-    fn decide(&mut self, now: Timestamp, p: &Calendar, cost: u64, charge: bool) -> Decision {
-        let cost = cost.max(1);
+    /// The window a decision at `now` counts in, and the units already
+    /// counted in it.
+    fn current(&self, now: Timestamp, p: &Calendar) -> (Timestamp, Timestamp, u64) {
         // A clock behind the stored window's start (stepped back) keeps
         // counting in that window rather than reopening an earlier one.
         let (start, end) = if self.used > 0 && self.start > now {
@@ -510,6 +527,25 @@ impl CalendarState {
         } else {
             0
         };
+        (start, end, used)
+    }
+
+    /// Counts `units` more in the current window (a new count begins at
+    /// `now` if it held none).
+    fn charge(&mut self, now: Timestamp, p: &Calendar, units: u64) {
+        let (start, end, used) = self.current(now, p);
+        let born = if used == 0 { now } else { self.born };
+        *self = Self {
+            start,
+            end,
+            used: used.saturating_add(units),
+            born,
+        };
+    }
+
+    fn decide(&mut self, now: Timestamp, p: &Calendar, cost: u64, charge: bool) -> Decision {
+        let cost = cost.max(1);
+        let (start, end, used) = self.current(now, p);
         let limit = p.limit();
         let window = Duration::from_micros(end - start);
         let until_end = end - now;
@@ -525,12 +561,49 @@ impl CalendarState {
         if !charge {
             return Decision::from_micros(true, limit, remaining, 0, reset).with_window(window);
         }
-        *self = Self {
-            start,
-            end,
-            used: used + cost,
-        };
+        self.charge(now, p, cost);
         Decision::from_micros(true, limit, remaining - cost, 0, until_end).with_window(window)
+    }
+
+    /// Where a charge just made sits: `born` is the start of the window
+    /// the units were counted in, `at` when that count began (a reset
+    /// starts another count in the same window).
+    pub fn mark(&self) -> Mark {
+        Mark {
+            born: self.start,
+            at: self.born,
+        }
+    }
+
+    /// Settles a reservation of `units` that cost `actual` (see
+    /// [reservations](crate::strategy::reservation)): takes the unused
+    /// units off the count (at most all of it) while the reservation's
+    /// window is still the current one and its count the same; or counts
+    /// the excess in the current window (at most `limit`, even beyond
+    /// the limit). Answers as a peek of 1 afterwards.
+    pub fn settle(
+        &mut self,
+        now: Timestamp,
+        p: &Calendar,
+        mark: Option<Mark>,
+        units: u64,
+        actual: u64,
+    ) -> Decision {
+        if actual < units {
+            let (start, end, used) = self.current(now, p);
+            if let Some(m) = mark
+                && used > 0
+                && start == self.start
+                && end == self.end
+                && m.born == start
+                && m.at == self.born
+            {
+                self.used = used - (units - actual).min(used);
+            }
+        } else if actual > units {
+            self.charge(now, p, (actual - units).min(p.limit()));
+        }
+        self.peek(now, p, 1)
     }
 
     /// When this state becomes equal to a fresh key's: the end of its
@@ -690,6 +763,34 @@ mod tests {
         let d = s.acquire(midnight - 1_000_000, &p, 1);
         assert!(d.is_denied());
         assert_eq!(d.retry_after(), Duration::from_secs(86_401));
+    }
+
+    #[test]
+    fn a_settle_refunds_in_its_window_and_count_only() {
+        let p = Calendar::new(10, Period::Day, "UTC").unwrap();
+        let noon = at("UTC", 2026, 5, 2, 12, 0);
+        let mut s = CalendarState::default();
+        assert!(s.acquire(noon, &p, 2).is_allowed());
+        assert!(s.acquire(noon + H, &p, 6).is_allowed());
+        let m = s.mark();
+        assert_eq!((m.born, m.at), (at("UTC", 2026, 5, 2, 0, 0), noon));
+        // A clock stepped back still counts in the stored window.
+        let d = s.settle(noon - 13 * H, &p, Some(m), 6, 1);
+        assert_eq!(d.remaining(), 7);
+        // Never more than the count.
+        assert_eq!(s.settle(noon, &p, Some(m), 100, 0).remaining(), 10);
+        // Another count in the same window refunds nothing of this one.
+        assert!(s.acquire(noon + 2 * H, &p, 4).is_allowed());
+        assert_eq!(s.settle(noon + 2 * H, &p, Some(m), 4, 0).remaining(), 6);
+        // Without a mark: no refund, but an excess is counted.
+        let d = s.settle(noon + 2 * H, &p, None, 1, 30);
+        assert_eq!((d.remaining(), s.used), (0, 14));
+        // The next day owes nothing, and takes the excess.
+        let next = at("UTC", 2026, 5, 3, 0, 0);
+        let m = s.mark();
+        assert_eq!(s.settle(next, &p, Some(m), 4, 0).remaining(), 10);
+        assert_eq!(s.settle(next, &p, Some(m), 4, 7).remaining(), 7);
+        assert_eq!(s.expires_at(), at("UTC", 2026, 5, 4, 0, 0));
     }
 
     #[test]

@@ -7,9 +7,9 @@
 //! Once the real cost is known, [`Op::Settle`](crate::model::Op::Settle)
 //! gives back the difference, or charges the excess.
 //!
-//! Token buckets, sliding windows and composites of them (each part is
-//! settled on its own) support it; a progressive delay counts failures, not
-//! costs: a settle there changes nothing.
+//! Token buckets, sliding windows, calendar quotas and composites of them
+//! (each part is settled on its own) support it; a progressive delay counts
+//! failures, not costs: a settle there changes nothing.
 //!
 //! # The rules
 //!
@@ -27,11 +27,21 @@
 //!   clamping), at most that entry's cost. Once the entry has left the
 //!   window, nothing is refunded: a window that has rolled already gave the
 //!   units back.
+//! * *Calendar quota*: the reservation's [`Mark::born`] is the start of the
+//!   window its units were counted in, [`Mark::at`] when that window's
+//!   count began (its first charge since the window opened or the key was
+//!   reset). The refund takes `min(unused, count)` off the count, only
+//!   while that window is still the current one and its count the same
+//!   (both fields match the key's state). A window that has rolled (the
+//!   day, week or month is over) started the next one from zero: it gave
+//!   everything back already, so a settle after the boundary refunds
+//!   nothing, and the new window owes the old one nothing.
 //! * **One life.** Each key's state records when it was created
 //!   ([`Mark::born`]): the first charge on a fresh key (an empty log, a full
-//!   bucket). A refund applies only to the life its reservation was made
-//!   in: after a reset, an expiry, or (composites) an override that changed
-//!   a part's strategy, the state is another life and nothing is refunded,
+//!   bucket; for a calendar quota, its window and when its count began,
+//!   [`Mark::at`]). A refund applies only to the life its reservation was
+//!   made in: after a reset, an expiry, or (composites) an override that
+//!   changed a part's strategy, the state is another life and nothing is refunded,
 //!   so a refund never mints budget the reset already gave back. (Two lives
 //!   born in the same microsecond cannot be told apart: a reservation, a
 //!   reset and a new charge of the same key within one microsecond of the
@@ -41,13 +51,18 @@
 //! cost more than its estimate spent the units already: settling charges
 //! the excess unconditionally, at the settle's instant, so the key pays it
 //! back before its next request passes. One settle charges at most the
-//! policy's limit (a bucket's capacity, a window's limit) more, and a
-//! bucket's debt never exceeds two full refills: a wrong usage figure cannot
-//! lock a key out for more than that.
+//! policy's limit (a bucket's capacity, a window's limit, a calendar
+//! quota's limit) more, and a bucket's debt never exceeds two full refills:
+//! a wrong usage figure cannot lock a key out for more than that. A
+//! calendar quota counts the excess in the current window (the one holding
+//! the settle's instant, whichever the reservation was made in), even
+//! beyond its limit: the key is then refused until that window ends, never
+//! longer.
 //!
 //! **An unsettled reservation is a plain charge.** Dropped, forgotten, or
 //! its worker crashed: the estimate stays charged, and comes back the way
-//! every charge does (the bucket refills, the entry leaves the window).
+//! every charge does (the bucket refills, the entry leaves the window, the
+//! calendar window ends).
 //! Nothing is held forever, nothing runs in the background, and the safe
 //! side (the whole estimate counted) is the default.
 //!
@@ -63,14 +78,11 @@
 //!
 //! [`State`](crate::model::State) dispatches to them, composites pass each
 //! part its own mark ([`Receipt::part`]), and the conformance suite replays
-//! reserves and settles against the model. A fixed (calendar) window fits
-//! with the same small addition: its mark's `born` is the start of the
-//! window the units were counted in; a refund takes
-//! `min(unused, count)` off the count only while that window is still the
-//! current one (a window that has rolled already gave everything back, and
-//! so did a reset); the excess is added to the current window's count
-//! (at most its limit). Nothing else changes: not the `Op`, not the
-//! [`Receipt`], not the `Limiter` or the layers.
+//! reserves and settles against the model. The calendar quota shows how
+//! little a strategy adds: its mark and settle in
+//! [its module](crate::calendar::CalendarState::settle), their twin in
+//! `common.lua` (shared by `calendar.lua` and `composite.lua`); not the
+//! `Op`, not the [`Receipt`], not the `Limiter` or the layers.
 //!
 //! # Examples
 //!
@@ -101,6 +113,8 @@ pub struct Mark {
     pub born: Timestamp,
     /// Token bucket: the theoretical arrival time right after the charge.
     /// Sliding window: the timestamp of the log entry holding the units.
+    /// Calendar quota: when the count holding the units began (`born`
+    /// being the start of its window).
     pub at: Timestamp,
 }
 
