@@ -9,6 +9,13 @@ cd "$(dirname "$0")/.."
 crates=(tollgate-limiter tollgate-memory tollgate-redis tollgate-tower tollgate-testkit tollgate tollgate-cli)
 args=()
 for c in "${crates[@]}"; do args+=(-p "$c"); done
+# Cargo extracts each tarball once per version into the registry's source
+# cache and reuses it: a package verified earlier from the same checkout
+# path would hide today's sources behind yesterday's. None of these names
+# is on crates.io, so every extracted copy is one of ours: drop them.
+for c in "${crates[@]}"; do
+    rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/"$c"-[0-9]*
+done
 cargo package "${args[@]}" "$@"
 # What each package ships: its scripts, README and licences.
 for c in "${crates[@]}"; do
