@@ -255,6 +255,51 @@ local function each_event(key, visit)
   end
 end
 
+-- A token bucket's settle (TokenBucketState::settle): refund the unused
+-- units not yet dripped back, in this life only (mark m: born, at); or
+-- charge the excess (at most capacity; a debt of at most 2 tau). Returns
+-- the new tat and born. Shared by token_bucket.lua and composite.lua.
+local function bucket_settle(p, tat, born, now, units, actual, m)
+  local t = p.interval
+  local tau = p.capacity * t
+  if actual < units then
+    if m and m.born == born and tat > now then
+      -- Only what has not dripped back yet (none once at <= now).
+      local refund = (units - actual) * t
+      if refund > m.at - now then
+        refund = m.at - now
+      end
+      if refund < 0 then
+        refund = 0
+      end
+      tat = tat - refund
+      if tat < now then
+        tat = now
+      end
+    end
+  elseif actual > units then
+    local excess = actual - units
+    if excess > p.capacity then
+      excess = p.capacity
+    end
+    if tat <= now then
+      born = now
+    end
+    local nt = tat
+    if nt < now then
+      nt = now
+    end
+    nt = nt + excess * t
+    if nt > now + 2 * tau then
+      nt = now + 2 * tau
+    end
+    if nt > tat then
+      tat = nt
+    end
+  end
+  return tat, born
+end
+
 -- The calendar window [start, end) holding `now` for calendar quota q, from
 -- the client's bounds (ARGV[6]); nil when they do not hold it.
 local function calendar_window(q, now)

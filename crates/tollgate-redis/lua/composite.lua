@@ -103,45 +103,7 @@ if settling then
       v, born = c.n, c.b
       h['a' .. i], h['e' .. i] = fmt(c.a), fmt(c.e)
     elseif q.kind == 't' then
-      local t = q.interval
-      local tau = q.capacity * t
-      local tat = v
-      if actual < units then
-        if m and m.born == born and tat > now then
-          -- Only what has not dripped back yet (none once at <= now).
-          local refund = (units - actual) * t
-          if refund > m.at - now then
-            refund = m.at - now
-          end
-          if refund < 0 then
-            refund = 0
-          end
-          tat = tat - refund
-          if tat < now then
-            tat = now
-          end
-        end
-      elseif actual > units then
-        local excess = actual - units
-        if excess > q.capacity then
-          excess = q.capacity
-        end
-        if tat <= now then
-          born = now
-        end
-        local nt = tat
-        if nt < now then
-          nt = now
-        end
-        nt = nt + excess * t
-        if nt > now + 2 * tau then
-          nt = now + 2 * tau
-        end
-        if nt > tat then
-          tat = nt
-        end
-      end
-      v = tat
+      v, born = bucket_settle(q, v, born, now, units, actual, m)
     else
       local w, limit, key = q.window, q.limit, log_key(i)
       local total = v

@@ -32,44 +32,8 @@ if op == 'reset' or op == 'penalise' then
 end
 
 if op == 'settle' then
-  -- Refund the unused units not yet dripped back, in this life only; or
-  -- charge the excess (at most capacity; a debt of at most 2 tau).
   local units, actual, m = cost, settle.actual, settle.marks[1]
-  if actual < units then
-    if m and m.born == born and tat > now then
-      -- Only what has not dripped back yet (none once at <= now).
-      local refund = (units - actual) * t
-      if refund > m.at - now then
-        refund = m.at - now
-      end
-      if refund < 0 then
-        refund = 0
-      end
-      tat = tat - refund
-      if tat < now then
-        tat = now
-      end
-    end
-  elseif actual > units then
-    local excess = actual - units
-    if excess > p.capacity then
-      excess = p.capacity
-    end
-    if tat <= now then
-      born = now
-    end
-    local nt = tat
-    if nt < now then
-      nt = now
-    end
-    nt = nt + excess * t
-    if nt > now + 2 * tau then
-      nt = now + 2 * tau
-    end
-    if nt > tat then
-      tat = nt
-    end
-  end
+  tat, born = bucket_settle(p, tat, born, now, units, actual, m)
   if tat > now then
     redis.call('HSET', KEYS[1], 's', 't', 'x', fmt(tat), 'b', fmt(born))
     expire(KEYS[1], tat, now)
