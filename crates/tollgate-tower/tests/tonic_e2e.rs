@@ -181,3 +181,73 @@ async fn a_tls_server_keys_requests_by_the_peer_address() {
     }
     assert_eq!(codes, [Code::Ok, Code::Ok, Code::ResourceExhausted]);
 }
+
+// ------------------------------------------------------- concurrency
+//
+// `ConcurrencyLimitLayer::grpc()` over a real tonic server: a server
+// stream (the health service's `Watch`) holds its slot until the stream
+// ends, so a second call of the same peer is refused with
+// RESOURCE_EXHAUSTED while it is open, and passes once the client drops it.
+
+#[tokio::test]
+async fn a_grpc_stream_holds_its_concurrency_slot_until_dropped() {
+    use tollgate_limiter::Concurrency;
+    use tollgate_tower::concurrency::ConcurrencyLimitLayer;
+
+    let limiter = Limiter::new(
+        "grpc_streams",
+        Concurrency::new(1, Duration::from_secs(60)).unwrap(),
+        MemoryBackend::new(),
+    );
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let layer = ConcurrencyLimitLayer::new(limiter.clone(), ClientIp::new()).grpc();
+    tokio::spawn(async move {
+        Server::builder()
+            .layer(layer)
+            .add_service(health)
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .unwrap();
+    });
+    let mut client = connect(addr).await;
+
+    let watch = client
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap();
+    let mut stream = watch.into_inner();
+    // The stream is live: its first message arrived.
+    assert!(stream.message().await.unwrap().is_some());
+
+    let status = check(&mut client).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    let retry: u64 = status
+        .metadata()
+        .get("retry-after")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // A slot frees whenever a call ends: retry in the shortest delay, 1 s.
+    assert_eq!(retry, 1);
+
+    // Dropping the stream ends the response body: the slot comes back.
+    drop(stream);
+    let mut passed = false;
+    for _ in 0..200 {
+        if check(&mut client).await.is_ok() {
+            passed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        passed,
+        "the slot was never released after the stream was dropped"
+    );
+}
