@@ -1,0 +1,33 @@
+-- tollgate: exact integer helpers, the first lines of every script (see
+-- src/scripts.rs). Integers stay below 2^53 (exact in a Lua double) and are
+-- written with string.format('%d'), never tostring (which would write
+-- 1e+15).
+
+local function fmt(x)
+  return string.format('%d', x)
+end
+
+-- floor(a / b) for non-negative integers, exact: the double quotient can
+-- round up to the next integer, so correct it by one.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+-- The TTL in ms of a key whose state expires at expires_at (µs): the time
+-- until then, rounded up to a millisecond so Redis never drops it before
+-- the script would, and at least ARGV[4] (the tests' floor; see common.lua).
+local function ttl_ms(expires_at, now)
+  local ms = math.floor((expires_at - now + 999) / 1000)
+  local floor = tonumber(ARGV[4] or '0')
+  if ms < floor then
+    ms = floor
+  end
+  return fmt(ms)
+end
+
