@@ -75,7 +75,11 @@
 --
 -- Arithmetic is the reference model's (tollgate-limiter src/model.rs), in the
 -- same order, on integers below 2^53 (exact in a Lua double), with int.lua's
--- helpers (fmt, idiv, ttl_ms), which every script starts with.
+-- helpers (idiv, ttl_ms), which every script starts with, and fmt:
+
+local function fmt(x)
+  return string.format('%d', x)
+end
 
 -- Whether this acquire is a reservation (its reply carries the marks).
 local RESERVE = false

@@ -1,11 +1,9 @@
 -- tollgate: exact integer helpers, the first lines of every script (see
--- src/scripts.rs). Integers stay below 2^53 (exact in a Lua double) and are
+-- src/scripts.rs; each function here is a closure built on every call, so
+-- only what the token bucket's acquire path needs is here; fmt is in
+-- common.lua). Integers stay below 2^53 (exact in a Lua double) and are
 -- written with string.format('%d'), never tostring (which would write
 -- 1e+15).
-
-local function fmt(x)
-  return string.format('%d', x)
-end
 
 -- floor(a / b) for non-negative integers, exact: the double quotient can
 -- round up to the next integer, so correct it by one.
@@ -28,6 +26,6 @@ local function ttl_ms(expires_at, now)
   if ms < floor then
     ms = floor
   end
-  return fmt(ms)
+  return string.format('%d', ms)
 end
 

@@ -8,16 +8,18 @@
 -- expiry (the bucket is full again at tat), born when this life of the key
 -- began (the first charge of a full bucket). A reserve appends its mark:
 -- born, the tat after the charge.
--- Another strategy's HASH at KEYS[1] (not a STRING: MGET reads nil) is a
--- fresh bucket, which the next write (SET) replaces; a HASH
--- { s = 't', x = tat, b = born } is this state as written before it was a
--- STRING: read as such, and rewritten as a STRING by the next charge.
+-- A HASH at KEYS[1] (MGET reads it as nil) is another strategy's state, a
+-- fresh bucket that the next charge replaces (SET), or a token bucket's
+-- state as written before it was a STRING, { s = 't', x = tat, b = born }:
+-- read as this state, and rewritten as a STRING by the next charge.
 --
--- This file is the decision (gcra) and the path of a plain acquire under a
--- token-bucket policy, which answers alone: int.lua comes before it, and
--- common.lua then token_bucket_ops.lua after it (src/scripts.rs), where
--- every other operation or a policy of another strategy goes on; their
--- helpers are only built (closures) on that path.
+-- This file holds the decision (decide) and the path of a plain acquire
+-- under a token-bucket policy on a STRING or no state, which answers
+-- alone. int.lua comes before it; common.lua, then token_bucket_ops.lua
+-- come after it (src/scripts.rs) and run only for everything else: other
+-- operations, a policy of another strategy, a HASH at KEYS[1], a charge
+-- that writes nothing on a key without a STRING. Their helpers are built
+-- (closures) only then.
 -- Model: TokenBucketState::acquire / peek / settle.
 
 local now
@@ -31,38 +33,21 @@ end
 local got = redis.call('MGET', KEYS[1], KEYS[2])
 local enc = got[2] or ARGV[2]
 
--- The stored state (tat, born), 0, 0 when the key reads as fresh; present
--- when something is stored at KEYS[1] (fresh or not).
-local tat, born, present = 0, 0, false
+-- The stored state: tat, born (0, 0 when the key reads as fresh).
+local tat, born = 0, 0
 if got[1] then
-  present = true
   local x, b = string.match(got[1], '^t:(%d+):(%d+)$')
   if x and tonumber(x) > now then
     tat, born = tonumber(x), tonumber(b)
   end
-else
-  -- No key, or a HASH: another strategy's, or this one's before it was a
-  -- STRING (see above).
-  local h = redis.pcall('HMGET', KEYS[1], 's', 'x', 'b')
-  if h.err or h[1] then
-    present = true
-    if h[1] == 't' and tonumber(h[2]) > now then
-      tat, born = tonumber(h[2]), tonumber(h[3] or '0')
-    end
-  end
-end
-
--- Writes the state, with its TTL.
-local function store(x, b)
-  redis.call('SET', KEYS[1], 't:' .. fmt(x) .. ':' .. fmt(b), 'PX', ttl_ms(x, now))
 end
 
 -- The decision (TokenBucketState::acquire, or peek unless `charge`) of
 -- `cost` units (at least 1) on a bucket of `capacity` units refilling one
--- every t µs, from the stored (tat, born). `reserve` appends the mark to an
--- admitted charge. A state that is `stale` (present but fresh) is deleted
--- unless a charge replaces it.
-local function gcra(capacity, t, tat, born, cost, charge, reserve, stale)
+-- every t µs, from the stored tat and born. Returns the reply, and for an
+-- admitted charge the state to write: tat, born (`reserve` appends them to
+-- the reply, its mark).
+local function decide(capacity, t, tat, born, cost, charge, reserve)
   local tau = capacity * t
   if tat <= now then
     -- A full bucket: a charge starts a new life.
@@ -70,40 +55,55 @@ local function gcra(capacity, t, tat, born, cost, charge, reserve, stale)
     tat = now
   end
   local debt = tat - now
-  local remaining = 0
-  if tau > debt then
-    remaining = idiv(tau - debt, t)
-  end
-  local reply
-  -- cost <= capacity below: new_debt stays within what tau holds.
+  -- Only used once cost <= capacity: it stays within what tau holds.
   local new_debt = debt + cost * t
-  if cost > capacity then
-    reply = { 2, capacity, remaining, 0, debt, tau }
-  elseif new_debt > tau then
-    reply = { 0, capacity, remaining, new_debt - tau, debt, tau }
-  elseif not charge then
-    reply = { 1, capacity, remaining, 0, debt, tau }
-  else
-    local new_tat = now + new_debt
-    store(new_tat, born)
-    reply = { 1, capacity, idiv(tau - new_debt, t), 0, new_debt, tau }
-    if reserve then
-      reply[7], reply[8] = born, new_tat
+  if cost > capacity or new_debt > tau or not charge then
+    local remaining = 0
+    if tau > debt then
+      remaining = idiv(tau - debt, t)
     end
-    return reply
+    if cost > capacity then
+      return { 2, capacity, remaining, 0, debt, tau }
+    elseif new_debt > tau then
+      return { 0, capacity, remaining, new_debt - tau, debt, tau }
+    end
+    return { 1, capacity, remaining, 0, debt, tau }
   end
-  if stale then
-    redis.call('DEL', KEYS[1])
+  local new_tat = now + new_debt
+  local reply = { 1, capacity, idiv(tau - new_debt, t), 0, new_debt, tau }
+  if reserve then
+    reply[7], reply[8] = born, new_tat
   end
-  return reply
+  return reply, new_tat, born
 end
 
--- A plain acquire ('<n>') under a token-bucket policy: decided here.
+-- A plain acquire ('<n>') under a token-bucket policy.
 local capacity, interval = string.match(enc, '^1:t:(%d+):%d+:%d+:(%d+)$')
 local n = tonumber(ARGV[1])
 if capacity and n and n >= 0 then
   if n < 1 then
     n = 1
   end
-  return gcra(tonumber(capacity), tonumber(interval), tat, born, n, true, false, present and tat == 0)
+  local reply, x, b = decide(tonumber(capacity), tonumber(interval), tat, born, n, true, false)
+  if x then
+    local v, ms = string.format('t:%d:%d', x, b), ttl_ms(x, now)
+    if got[1] then
+      redis.call('SET', KEYS[1], v, 'PX', ms)
+      return reply
+    end
+    -- No key, or a HASH: SET ... GET refuses a HASH (WRONGTYPE) and then
+    -- writes nothing.
+    local old = redis.pcall('SET', KEYS[1], v, 'PX', ms, 'GET')
+    if not (type(old) == 'table' and old.err) then
+      return reply
+    end
+  elseif got[1] then
+    if tat == 0 then
+      -- Stored but fresh (expired): a fresh key is deleted.
+      redis.call('DEL', KEYS[1])
+    end
+    return reply
+  end
+  -- A HASH, or nothing written on a key MGET read as nil: the full path
+  -- below reads whatever is there.
 end

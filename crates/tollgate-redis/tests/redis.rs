@@ -124,6 +124,104 @@ tollgate_testkit::on_every_server! {
 }
 
 tollgate_testkit::on_every_server! {
+    /// A token bucket's state is a STRING `t:<tat>:<born>` with its TTL. A
+    /// HASH left by an earlier version of the script (`s = t`, `x` = tat,
+    /// `b` = born) is read as that state, never as a full bucket, and
+    /// rewritten as a STRING by the next charge; another strategy's HASH is
+    /// a fresh bucket.
+    #[tokio::test]
+    async fn token_bucket_string_state_and_the_old_hash(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let prefix = unique_name("tbfmt");
+        let clock = MockClock::new();
+        let b = RedisBackend::builder(&url)
+            .prefix(&prefix)
+            .caller_time(clock.clone())
+            .durability(Durability::Skip)
+            .build()
+            .await
+            .unwrap();
+        let mut r = raw(&url).await;
+        // 10 per second: a unit every 100 ms.
+        let tb = Limiter::new("tb", TokenBucket::new(10, 10, S).unwrap(), b.clone());
+        let now = clock.now();
+
+        let k = Key::new("new");
+        let state = b.state_key("tb", &k);
+        assert!(tb.try_acquire(&k, 3).await.unwrap().is_allowed());
+        let v: String = r.get(&state).await.unwrap();
+        assert_eq!(v, format!("t:{}:{now}", now + 300_000));
+        let pttl: i64 = r.pttl(&state).await.unwrap();
+        assert!(pttl > 200 && pttl <= 300, "pttl {pttl}");
+
+        // The old HASH, 8 units in debt: 2 left, whatever operation comes
+        // first (peek, acquire, reserve).
+        for (i, first) in ["peek", "acquire", "reserve"].into_iter().enumerate() {
+            let k = Key::new(format!("old-{i}"));
+            let state = b.state_key("tb", &k);
+            let born = now - 5;
+            let tat = now + 800_000;
+            let _: () = r
+                .hset_multiple(&state, &[("s", "t".to_owned()), ("x", tat.to_string()), ("b", born.to_string())])
+                .await
+                .unwrap();
+            let _: () = r.pexpire(&state, 800).await.unwrap();
+            let d = match first {
+                "peek" => *tb.peek(&k).await.decision().unwrap(),
+                "acquire" => tb.try_acquire(&k, 1).await.unwrap(),
+                _ => {
+                    let (d, _) = tb.backend().reserve(Request {
+                        limiter: "tb",
+                        key: &k,
+                        policy: tb.policy(),
+                        op: Op::Acquire(1),
+                    }).await.unwrap();
+                    d
+                }
+            };
+            if first == "peek" {
+                assert_eq!(d.remaining(), 2, "{first}");
+                assert!(!tb.try_acquire(&k, 3).await.unwrap().is_allowed(), "{first}");
+                assert!(tb.try_acquire(&k, 1).await.unwrap().is_allowed(), "{first}");
+            } else {
+                assert!(d.is_allowed());
+                assert_eq!(d.remaining(), 1, "{first}");
+            }
+            let v: String = r.get(&state).await.unwrap();
+            assert_eq!(v, format!("t:{}:{born}", tat + 100_000), "{first}");
+            assert!(!tb.try_acquire(&k, 2).await.unwrap().is_allowed(), "{first}");
+        }
+
+        // The old HASH refusing: it stays as it was, and keeps refusing.
+        let k = Key::new("old-full");
+        let state = b.state_key("tb", &k);
+        let tat = now + 1_000_000;
+        let _: () = r
+            .hset_multiple(&state, &[("s", "t".to_owned()), ("x", tat.to_string()), ("b", "7".to_owned())])
+            .await
+            .unwrap();
+        for _ in 0..2 {
+            assert!(!tb.try_acquire(&k, 1).await.unwrap().is_allowed());
+        }
+        let x: String = r.hget(&state, "x").await.unwrap();
+        assert_eq!(x, tat.to_string());
+
+        // Another strategy's HASH (and its log): a fresh bucket, replaced.
+        let k = Key::new("window");
+        let sw = Limiter::new("tb", SlidingWindow::new(5, 10 * S).unwrap(), b.clone());
+        assert!(sw.try_acquire(&k, 5).await.unwrap().is_allowed());
+        let state = b.state_key("tb", &k);
+        let d = tb.try_acquire(&k, 1).await.unwrap();
+        assert_eq!((d.is_allowed(), d.remaining()), (true, 9));
+        let v: String = r.get(&state).await.unwrap();
+        assert!(v.starts_with("t:"), "{v}");
+        // And back: the window reads the STRING as fresh.
+        let d = sw.try_acquire(&k, 1).await.unwrap();
+        assert_eq!((d.is_allowed(), d.remaining()), (true, 4));
+    }
+}
+
+tollgate_testkit::on_every_server! {
     /// `SCRIPT FLUSH` between decisions is invisible: EVALSHA reloads the
     /// script and the counter goes on exactly.
     #[tokio::test]
