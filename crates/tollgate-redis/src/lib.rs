@@ -675,7 +675,7 @@ impl RedisBackend {
     /// acquire a reservation.
     async fn call(&self, req: Request<'_>, reserve: bool) -> Result<Call, RedisError> {
         check_limiter(req.limiter)?;
-            // The policy sent: the limiter-wide override this client knows (read
+        // The policy sent: the limiter-wide override this client knows (read
         // and cached, see `limiter_override_arg`), else the configured one.
         // A per-key override is read by the script.
         let policy = match self.limiter_override_arg(req.limiter).await? {
