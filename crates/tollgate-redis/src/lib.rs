@@ -647,7 +647,7 @@ impl RedisBackend {
     /// a reservation, whose reply carries the marks.
     async fn run(&self, req: Request<'_>, reserve: bool) -> Result<(Decision, Marks), RedisError> {
         let mut call = self.call(req, reserve).await?;
-        let mut strategy = req.policy.strategy();
+        let mut strategy = call.strategy;
         // The policy in force may be an override of another strategy: the
         // script then names the one to run; or of a calendar period or zone
         // we sent no bounds for, or the server's clock may be beyond them:
@@ -678,10 +678,15 @@ impl RedisBackend {
         // The policy sent: the limiter-wide override this client knows (read
         // and cached, see `limiter_override_arg`), else the configured one.
         // A per-key override is read by the script.
-        let policy = match self.limiter_override_arg(req.limiter).await? {
-            Some(o) => o,
-            None => encoding::encode(req.policy)?,
+        let (policy, sent) = match self.limiter_override_arg(req.limiter).await? {
+            // Undecodable, it is sent anyway: the script refuses it.
+            Some(o) => {
+                let sent = encoding::decode(&o).ok();
+                (o, sent)
+            }
+            None => (encoding::encode(req.policy)?, None),
         };
+        let sent = sent.as_ref().unwrap_or(req.policy);
         let mut op = op_arg(req.op);
         if reserve {
             op.insert(0, 'r');
@@ -703,6 +708,7 @@ impl RedisBackend {
             now,
             op,
             policy,
+            strategy: sent.strategy(),
             min_ttl_ms: self.inner.min_ttl_ms,
             calendars,
         })
@@ -728,7 +734,7 @@ impl RedisBackend {
             (Ok(_), Err(_)) => return Ok((self.decide_inner(req).await?, None)),
             (Err(e), _) => return Err(e),
         };
-        let (sa, sb) = (req.policy.strategy(), candidate.policy.strategy());
+        let (sa, sb) = (a.strategy, b.strategy);
         let (ia, ib) = (a.invocation(sa), b.invocation(sb));
         let mut pipe = redis::pipe();
         // Each reply on its own: a script that failed (not loaded yet) did
@@ -770,6 +776,8 @@ struct Call {
     /// ARGV[2]: the limiter-wide override known to the client, else the
     /// configured policy.
     policy: String,
+    /// The strategy of `policy`: the script to run first.
+    strategy: Strategy,
     min_ttl_ms: u64,
     /// ARGV[5]: calendar bounds, grown when the script asks for more.
     calendars: CalendarBounds,
