@@ -22,9 +22,8 @@ end
 -- the script would, and at least ARGV[4] (the tests' floor; see common.lua).
 local function ttl_ms(expires_at, now)
   local ms = math.floor((expires_at - now + 999) / 1000)
-  local floor = tonumber(ARGV[4] or '0')
-  if ms < floor then
-    ms = floor
+  if ARGV[4] and ms < tonumber(ARGV[4]) then
+    ms = tonumber(ARGV[4])
   end
   return string.format('%d', ms)
 end

@@ -40,6 +40,17 @@ async fn server_time(url: &str, prefix: &str) -> RedisBackend {
         .unwrap()
 }
 
+/// A backend on `clock` (caller time).
+async fn caller_time(url: &str, prefix: &str, clock: &MockClock) -> RedisBackend {
+    RedisBackend::builder(url)
+        .prefix(prefix)
+        .caller_time(clock.clone())
+        .durability(Durability::Skip)
+        .build()
+        .await
+        .unwrap()
+}
+
 tollgate_testkit::on_every_server! {
     /// Server-time mode: a burst of `capacity` passes, then refusals.
     #[tokio::test]
@@ -69,13 +80,7 @@ tollgate_testkit::on_every_server! {
         let Some(url) = shared_url(server) else { return };
         let prefix = unique_name("ttl");
         let clock = MockClock::new();
-        let b = RedisBackend::builder(&url)
-            .prefix(&prefix)
-            .caller_time(clock.clone())
-            .durability(Durability::Skip)
-            .build()
-            .await
-            .unwrap();
+        let b = caller_time(&url, &prefix, &clock).await;
         let mut r = raw(&url).await;
         let k = Key::new("k");
 
@@ -134,13 +139,7 @@ tollgate_testkit::on_every_server! {
         let Some(url) = shared_url(server) else { return };
         let prefix = unique_name("tbfmt");
         let clock = MockClock::new();
-        let b = RedisBackend::builder(&url)
-            .prefix(&prefix)
-            .caller_time(clock.clone())
-            .durability(Durability::Skip)
-            .build()
-            .await
-            .unwrap();
+        let b = caller_time(&url, &prefix, &clock).await;
         let mut r = raw(&url).await;
         // 10 per second: a unit every 100 ms.
         let tb = Limiter::new("tb", TokenBucket::new(10, 10, S).unwrap(), b.clone());
@@ -820,13 +819,7 @@ async fn composite_keys_share_one_ttl() {
     };
     let prefix = unique_name("cttl");
     let clock = MockClock::new();
-    let b = RedisBackend::builder(&url)
-        .prefix(&prefix)
-        .caller_time(clock.clone())
-        .durability(Durability::Skip)
-        .build()
-        .await
-        .unwrap();
+    let b = caller_time(&url, &prefix, &clock).await;
     let mut r = raw(&url).await;
     let k = Key::new("k");
     let policy = tollgate_limiter::Composite::new([
