@@ -8,10 +8,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use redis::AsyncCommands;
+use tollgate_limiter::concurrency::Concurrency;
 use tollgate_limiter::model::Model;
 use tollgate_limiter::{
-    Backend, Clock, Key, Limiter, MockClock, Op, Policy, ProgressiveDelay, Request, Scope,
-    SlidingWindow, TokenBucket,
+    Backend, Clock, Composite, Key, Limiter, MockClock, Op, Policy, ProgressiveDelay, Request,
+    Scope, SlidingWindow, TokenBucket,
 };
 use tollgate_redis::{Durability, RedisBackend, RedisError, Setting};
 use tollgate_testkit::conformance::unique_name;
@@ -271,9 +272,22 @@ tollgate_testkit::on_every_server! {
             .build()
             .await
             .unwrap();
+        // The token bucket's STRING state meets every other strategy's HASH
+        // and back, per key and limiter-wide (which the client sends as the
+        // policy): the model's answers throughout.
         let configured = Policy::from(TokenBucket::new(2, 1, S).unwrap());
-        let other = Policy::from(SlidingWindow::new(3, 10 * S).unwrap());
-        let k = Key::new("k");
+        let others = [
+            Policy::from(SlidingWindow::new(3, 10 * S).unwrap()),
+            Policy::from(ProgressiveDelay::new(1, S, 2, 10 * S, 60 * S).unwrap()),
+            Policy::from(
+                Composite::new([
+                    Policy::from(TokenBucket::new(3, 1, S).unwrap()),
+                    Policy::from(SlidingWindow::new(3, 10 * S).unwrap()),
+                ])
+                .unwrap(),
+            ),
+            Policy::from(Concurrency::new(2, 10 * S).unwrap()),
+        ];
         let mut model = Model::new();
         let ops = [
             Op::Acquire(1),
@@ -282,30 +296,39 @@ tollgate_testkit::on_every_server! {
             Op::Acquire(1),
             Op::Acquire(1),
         ];
-        for (i, op) in ops.into_iter().chain(ops).enumerate() {
-            if i == 3 {
-                b.set_override(Scope::Key("l", &k), Some(&other))
-                    .await
-                    .unwrap();
-                model.set_override("l", Some("k"), Some(other));
+        for (n, other) in others.iter().enumerate() {
+            for per_key in [true, false] {
+                let limiter = format!("l{n}{per_key}");
+                let k = Key::new("k");
+                let scope = match per_key {
+                    true => Scope::Key(&limiter, &k),
+                    false => Scope::Limiter(&limiter),
+                };
+                let model_key = per_key.then_some("k");
+                for (i, op) in ops.into_iter().chain(ops).enumerate() {
+                    if i == 3 {
+                        b.set_override(scope, Some(other)).await.unwrap();
+                        model.set_override(&limiter, model_key, Some(*other));
+                    }
+                    if i == 7 {
+                        b.set_override(scope, None).await.unwrap();
+                        model.set_override(&limiter, model_key, None);
+                    }
+                    let req = Request {
+                        limiter: &limiter,
+                        key: &k,
+                        policy: &configured,
+                        op,
+                    };
+                    let got = b.decide(req).await.unwrap();
+                    assert_eq!(
+                        got,
+                        model.apply(&limiter, "k", clock.now(), &configured, op),
+                        "{other:?} per key {per_key}, step {i}"
+                    );
+                    clock.advance_micros(300_000);
+                }
             }
-            if i == 7 {
-                b.set_override(Scope::Key("l", &k), None).await.unwrap();
-                model.set_override("l", Some("k"), None);
-            }
-            let req = Request {
-                limiter: "l",
-                key: &k,
-                policy: &configured,
-                op,
-            };
-            let got = b.decide(req).await.unwrap();
-            assert_eq!(
-                got,
-                model.apply("l", "k", clock.now(), &configured, op),
-                "step {i}"
-            );
-            clock.advance_micros(300_000);
         }
     }
 }
