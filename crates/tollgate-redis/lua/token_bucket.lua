@@ -37,8 +37,9 @@ local enc = got[2] or ARGV[2]
 local tat, born = 0, 0
 if got[1] then
   local x, b = string.match(got[1], '^t:(%d+):(%d+)$')
-  if x and tonumber(x) > now then
-    tat, born = tonumber(x), tonumber(b)
+  x = tonumber(x or '0')
+  if x > now then
+    tat, born = x, tonumber(b)
   end
 end
 
