@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Server cost of one decision, deterministic: the instructions redis-server
 # executes per EVALSHA under callgrind, for tollgate's token-bucket script
-# (as the Redis backend sends it: four keys, five arguments) and for the
+# (as the Redis backend sends it for Limiter::check: two keys, the state
+# and the key's override, two arguments, the operation and the policy;
+# see Call::invocation in crates/tollgate-redis/src/lib.rs) and for the
 # load tool's minimal GCRA script (one key, two arguments). Unlike
 # wall-clock figures it does not move with the machine's load, so a change
 # to a script can be judged on a shared machine.
@@ -37,11 +39,12 @@ cost() {
     printf '%-40s %8d instructions/decision\n' "$label" $((ir / n))
 }
 
-cat crates/tollgate-redis/lua/common.lua crates/tollgate-redis/lua/token_bucket.lua >"$work/tb.lua"
+# Assembled as crates/tollgate-redis/src/scripts.rs does (TOKEN_BUCKET_CODE).
+lua=crates/tollgate-redis/lua
+cat $lua/int.lua $lua/token_bucket.lua $lua/common.lua $lua/token_bucket_ops.lua >"$work/tb.lua"
 # 10,000 keys, every decision admitted (a bucket of 100,000 refilling 1/10 µs).
 cost "minimal GCRA (bare client's script)" crates/tollgate-bench/lua/minimal_gcra.lua \
     1 'bench:{__rand_int__}' 10 1000000
 cost "tollgate token bucket" "$work/tb.lua" \
-    4 'tollgate:bench:{__rand_int__}' 'tollgate:bench:{__rand_int__}:log' \
-    'tollgate:bench:{__rand_int__}:override' 'tollgate:bench:override' \
-    '' 1 '1:t:100000:100000:1000000:10' '' 0
+    2 'tollgate:bench:{__rand_int__}' 'tollgate:bench:{__rand_int__}:override' \
+    1 '1:t:100000:100000:1000000:10'

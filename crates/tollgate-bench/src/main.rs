@@ -30,7 +30,9 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use redis::aio::MultiplexedConnection;
-use tollgate_limiter::{Backend, Key, Limiter, Op, Policy, Request, SlidingWindow, TokenBucket};
+use tollgate_limiter::{
+    Backend, Key, Limiter, Op, Policy, Request, SlidingWindow, Strategy, TokenBucket,
+};
 use tollgate_memory::MemoryBackend;
 use tollgate_redis::{Durability, RedisBackend, encoding, scripts};
 use tollgate_testkit::redis_server::RedisServer;
@@ -333,6 +335,7 @@ async fn bare(args: &Args, conn: MultiplexedConnection, duration: Duration) -> S
     let script = Arc::new(redis::Script::new(scripts::source(policy.strategy())));
     let encoded = Arc::new(encoding::encode(&policy).unwrap());
     let names = key_names(args.keys);
+    let window = policy.strategy() == Strategy::SlidingWindow;
     drive(args.concurrency, args.keys, duration, move |k| {
         let (script, encoded, names) = (
             Arc::clone(&script),
@@ -341,19 +344,16 @@ async fn bare(args: &Args, conn: MultiplexedConnection, duration: Duration) -> S
         );
         let mut conn = conn.clone();
         async move {
+            // The keys and arguments of `lua/common.lua`: state, key
+            // override (then a sliding window's log); operation, policy (the
+            // others at their defaults are not sent).
             let state = format!("bench-bare:bench:{{{}}}", names[k as usize].as_str());
-            let log = format!("{state}:log");
-            let key_override = format!("{state}:override");
             let mut inv = script.prepare_invoke();
-            inv.key(&state)
-                .key(&log)
-                .key(&key_override)
-                .key("bench-bare:bench:override")
-                .arg("")
-                .arg(1)
-                .arg(encoded.as_str())
-                .arg("")
-                .arg(0);
+            inv.key(&state).key(format!("{state}:override"));
+            if window {
+                inv.key(format!("{state}:log"));
+            }
+            inv.arg(1).arg(encoded.as_str());
             inv.invoke_async::<Vec<redis::Value>>(&mut conn)
                 .await
                 .is_ok()

@@ -932,9 +932,11 @@ tollgate_testkit::on_every_server! {
             "{out}"
         );
         assert_eq!(peek(&service, &vip).limit(), 2);
-        // ... and clearing that one to the configuration.
+        // ... and clearing that one to the configuration: at once for a
+        // worker that has not cached it, within its override_cache_ttl (1 s)
+        // for one that has (the service, which read it above).
         expect(&run_cli(&["override", "clear", "api"]), 0);
-        assert_eq!(peek(&service, &vip).limit(), 10);
+        assert_eq!(peek(&c.limiter(&url, "api"), &vip).limit(), 10);
         let out = expect(&run_cli(&["override", "clear", "api"]), 0);
         assert!(out.contains("no override was set"), "{out}");
         let out = expect(&run_cli(&["override", "show", "api"]), 0);

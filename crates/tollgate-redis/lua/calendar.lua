@@ -1,8 +1,8 @@
 -- tollgate: calendar quota (a fixed window per calendar day, week or month
 -- of a time zone), one decision.
 --
--- KEYS and ARGV: see common.lua (KEYS[2], the log, is unused here; a
--- penalty records nothing and answers a peek of 1). ARGV[6] carries the
+-- KEYS and ARGV: see common.lua (two keys: state, key override; a
+-- penalty records nothing and answers a peek of 1). ARGV[5] carries the
 -- window bounds the client computed: the script does no time-zone
 -- arithmetic, it picks the window holding its own now among them.
 -- State, KEYS[1]: HASH { s = 'q', x = expiry, which is the window's end,
@@ -15,7 +15,7 @@
 -- Model: CalendarState::acquire / peek / settle.
 
 local now = now_us()
-local p = policy_in_force(KEYS[4])
+local p = policy_in_force()
 if p.kind ~= 'q' then
   return { -1, p.kind }
 end
@@ -24,7 +24,7 @@ if not calendar_window(p, now) then
 end
 local op, cost, settle = parse_op()
 
-local st = redis.call('HMGET', KEYS[1], 's', 'x', 'a', 'n', 'b')
+local st = state_fields('s', 'x', 'a', 'n', 'b')
 local s = { a = 0, e = 0, n = 0, b = 0 }
 if st[1] == 'q' and tonumber(st[2]) > now and op ~= 'reset' then
   s = { a = tonumber(st[3]), e = tonumber(st[2]), n = tonumber(st[4]), b = tonumber(st[5] or '0') }

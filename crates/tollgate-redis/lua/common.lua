@@ -1,22 +1,30 @@
 -- tollgate: helpers shared by every strategy script.
 --
--- This file is prepended to token_bucket.lua, sliding_window.lua,
--- progressive_delay.lua, calendar.lua, composite.lua and concurrency.lua
--- (see src/scripts.rs); it is never loaded alone. Every strategy script
--- takes the same KEYS and ARGV (composite.lua takes four more keys after
--- these, concurrency.lua one, see their headers):
+-- This file is prepended to sliding_window.lua, progressive_delay.lua,
+-- calendar.lua, composite.lua and concurrency.lua, and spliced into
+-- token_bucket.lua after its acquire path, for its other operations (see
+-- src/scripts.rs); it is never loaded alone. Every script takes the same
+-- KEYS and ARGV, each only the keys it uses:
 --
--- KEYS[1]  state     <prefix>:<limiter>:{<key>}            HASH
---            s  strategy of the stored state: 't' | 'w' | 'p' | 'q' | 'c'
+-- KEYS[1]  state     <prefix>:<limiter>:{<key>}            HASH (STRING for a
+--            token bucket, see token_bucket.lua: a script of another
+--            strategy reads it as another strategy's state, see
+--            state_fields below)
+--            s  strategy of the stored state: 'w' | 'p' | 'q' | 'c' | 'n'
+--               ('t': a token bucket written before its STRING state)
 --            x  expiry (µs): from then on the key reads as fresh
 --            (+ the strategy's own fields)
--- KEYS[2]  log       <prefix>:<limiter>:{<key>}:log        LIST (sliding window)
--- KEYS[3]  key ovr   <prefix>:<limiter>:{<key>}:override   STRING (encoded policy)
--- KEYS[4]  lim ovr   <prefix>:<limiter>:override           STRING (single node only;
---                    absent in cluster mode, where ARGV[4] carries it)
+-- KEYS[2]  key ovr   <prefix>:<limiter>:{<key>}:override   STRING (encoded policy)
+-- KEYS[3]  sliding_window.lua: the log, <prefix>:<limiter>:{<key>}:log (LIST);
+--          composite.lua: KEYS[3..6], its parts' logs :log1 .. :log4;
+--          concurrency.lua: the slots, :slots (ZSET); token_bucket.lua:
+--          none (it takes two keys)
+-- Every key carries the {<key>} hash tag: one cluster slot. The limiter-wide
+-- override (<prefix>:<limiter>:override) is not a key of any script: the
+-- client reads it (and caches it, RedisBackendBuilder::override_cache_ttl)
+-- and sends it as ARGV[2].
 --
--- ARGV[1]  now in µs since the epoch, or '' to use the server's TIME
--- ARGV[2]  the operation (parsed by parse_op below):
+-- ARGV[1]  the operation (parsed by parse_op below):
 --            '<n>'   acquire n units (0 counts as 1: every charge charges)
 --            '?<n>'  peek: would n units fit? changes nothing (0 counts as 1)
 --            '!<n>'  penalise: record n refused units (penalised sliding
@@ -33,11 +41,15 @@
 --                    other script answers '?1'
 --            'x<id>' release concurrency slot <id> (concurrency.lua); any
 --                    other script answers '?1'
--- ARGV[3]  the limiter's configured policy, encoded (see decode below)
--- ARGV[4]  the limiter-wide override known to the client (cluster mode), or ''
--- ARGV[5]  the least TTL in ms to give a written key (0 in production; a
---          floor for tests whose caller clock runs slower than real time)
--- ARGV[6]  calendar bounds, computed by the client (the scripts do no
+-- ARGV[2]  the policy, encoded (see decode below): the limiter-wide override
+--          known to the client, else the limiter's configured policy. A
+--          per-key override (KEYS[2]) takes precedence over it.
+-- ARGV[3]  now in µs since the epoch, or '' (or absent) to use the server's
+--          TIME
+-- ARGV[4]  the least TTL in ms to give a written key (0 or absent in
+--          production; a floor for tests whose caller clock runs slower
+--          than real time)
+-- ARGV[5]  calendar bounds, computed by the client (the scripts do no
 --          time-zone arithmetic), one entry per calendar period and zone,
 --          separated by spaces: '<spec>,<b0>,<b1>,<b2>,<b3>', where spec is
 --          '<d|w|m>:<zone>' and b0 < b1 < b2 < b3 are window starts in µs
@@ -46,7 +58,10 @@
 --          [b_i, b_i+1) that holds it; when none does (or the policy in
 --          force has a spec the client did not send), it answers
 --          {-2, now, spec...}: the client computes those specs' bounds
---          around that now and calls again. '' when no calendar is known.
+--          around that now and calls again. '' or absent when no calendar
+--          is known.
+-- Trailing ARGV equal to their default ('', 0, '') are not sent: in
+-- production a token bucket's call is 2 keys and 2 arguments.
 --
 -- Returns {verdict, limit, remaining, retry_after_us, reset_after_us,
 -- window_us}: verdict 1 allowed, 0 refused, 2 refused because the cost can
@@ -59,34 +74,22 @@
 -- this script's: the client then runs that strategy's script.
 --
 -- Arithmetic is the reference model's (tollgate-limiter src/model.rs), in the
--- same order, on integers below 2^53 (exact in a Lua double). Integers are
--- stored with string.format('%d'), never tostring (which would write 1e+15).
+-- same order, on integers below 2^53 (exact in a Lua double), with int.lua's
+-- helpers (idiv, ttl_ms), which every script starts with, and fmt:
 
 local function fmt(x)
   return string.format('%d', x)
 end
 
--- floor(a / b) for non-negative integers, exact: the double quotient can
--- round up to the next integer, so correct it by one.
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
 -- Whether this acquire is a reservation (its reply carries the marks).
 local RESERVE = false
 
--- The operation of ARGV[2]: 'acquire' | 'peek' | 'penalise' | 'reset' |
+-- The operation of ARGV[1]: 'acquire' | 'peek' | 'penalise' | 'reset' |
 -- 'settle', and its number (at least 1 except for a penalty; a settle's is
 -- the units reserved, and a third value { actual, marks = { [i] = {born,
 -- at} or false } }).
 local function parse_op()
-  local a = ARGV[2]
+  local a = ARGV[1]
   if a == '-1' then
     return 'reset', 1
   end
@@ -130,21 +133,21 @@ local function parse_op()
   return op, n
 end
 
--- The operation of ARGV[2] for concurrency.lua: 'hold' | 'release' and
+-- The operation of ARGV[1] for concurrency.lua: 'hold' | 'release' and
 -- the slot id (a string), or parse_op's answer.
 local function parse_slot_op()
-  local sigil = string.sub(ARGV[2], 1, 1)
+  local sigil = string.sub(ARGV[1], 1, 1)
   if sigil == 'h' then
-    return 'hold', string.sub(ARGV[2], 2)
+    return 'hold', string.sub(ARGV[1], 2)
   elseif sigil == 'x' then
-    return 'release', string.sub(ARGV[2], 2)
+    return 'release', string.sub(ARGV[1], 2)
   end
   return parse_op()
 end
 
 local function now_us()
-  if ARGV[1] ~= '' then
-    return tonumber(ARGV[1])
+  if ARGV[3] and ARGV[3] ~= '' then
+    return tonumber(ARGV[3])
   end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -204,35 +207,27 @@ local function decode(enc)
   error('tollgate: unknown strategy in policy encoding')
 end
 
--- The policy in force: the key's override, else the limiter's (at key
--- lim_key, nil in cluster mode), else the configured one.
-local function policy_in_force(lim_key)
-  local enc
-  if lim_key then
-    -- Both overrides in one call: most keys have neither.
-    local o = redis.call('MGET', KEYS[3], lim_key)
-    enc = o[1] or o[2]
-  else
-    enc = redis.call('GET', KEYS[3])
-  end
-  if not enc and ARGV[4] ~= '' then
-    enc = ARGV[4]
-  end
-  if not enc then
-    enc = ARGV[3]
-  end
-  return decode(enc)
+-- The policy in force: the key's override (KEYS[2]), else the one the
+-- client sent (ARGV[2]: the limiter-wide override it knows, else the
+-- configured policy).
+local function policy_in_force()
+  return decode(redis.call('GET', KEYS[2]) or ARGV[2])
 end
 
--- Sets the TTL of a written key: the time until its expiry, rounded up to
--- a millisecond, so Redis never drops it before the script would.
-local function expire(key, expires_at, now)
-  local ms = math.floor((expires_at - now + 999) / 1000)
-  local floor = tonumber(ARGV[5])
-  if ms < floor then
-    ms = floor
+-- The fields of the state HASH at KEYS[1] (HMGET). A token bucket's STRING
+-- state there (token_bucket.lua) reads as another strategy's state, { '' }:
+-- present, so the caller deletes it before it writes its HASH.
+local function state_fields(...)
+  local st = redis.pcall('HMGET', KEYS[1], ...)
+  if st.err then
+    return { '' }
   end
-  redis.call('PEXPIRE', key, fmt(ms))
+  return st
+end
+
+-- Sets the TTL of a written key (see ttl_ms).
+local function expire(key, expires_at, now)
+  redis.call('PEXPIRE', key, ttl_ms(expires_at, now))
 end
 
 -- Visits the sliding-window log at `key` (pairs ts, cost; oldest first), a
@@ -301,9 +296,9 @@ local function bucket_settle(p, tat, born, now, units, actual, m)
 end
 
 -- The calendar window [start, end) holding `now` for calendar quota q, from
--- the client's bounds (ARGV[6]); nil when they do not hold it.
+-- the client's bounds (ARGV[5]); nil when they do not hold it.
 local function calendar_window(q, now)
-  for entry in string.gmatch(ARGV[6] or '', '[^ ]+') do
+  for entry in string.gmatch(ARGV[5] or '', '[^ ]+') do
     local f = {}
     for x in string.gmatch(entry, '[^,]+') do
       f[#f + 1] = x

@@ -1,16 +1,15 @@
 -- tollgate: composite, one all-or-nothing decision over up to 4 token
 -- buckets, sliding windows (never penalising) and calendar quotas.
 --
--- KEYS and ARGV: see common.lua, then four more keys, the parts' logs:
--- KEYS[#KEYS-3 .. #KEYS]  <prefix>:<limiter>:{<key>}:log1 .. :log4   LIST
--- (KEYS[4], the limiter override, is present when #KEYS == 8; KEYS[2] is
--- unused.) Every key shares the hash tag: one cluster slot.
+-- KEYS and ARGV: see common.lua; KEYS[3..6] are the parts' logs:
+-- KEYS[2 + i]  <prefix>:<limiter>:{<key>}:log<i>, i = 1 .. 4   LIST
+-- Every key shares the hash tag: one cluster slot.
 -- State, KEYS[1]: HASH { s = 'c', x = expiry, and per part i (from 1)
 -- k<i> = 't' | 'w' | 'q', v<i> = tat (token bucket), total cost in log<i>
 -- (sliding window) or units used (calendar quota, whose window is
 -- a<i> = start, e<i> = end), b<i> = born, when the part's life began
 -- (absent counts as 0; for a calendar quota, when its count began) }.
--- ARGV[6] carries the calendar parts' bounds (see common.lua). A reserve
+-- ARGV[5] carries the calendar parts' bounds (see common.lua). A reserve
 -- appends, per part, its mark: born, then the tat after the charge (token
 -- bucket) or the entry's timestamp (window); for a calendar quota, the
 -- window's start, then when its count began. A settle settles each part on
@@ -24,11 +23,7 @@
 -- CalendarState::settle (common.lua's calendar_settle).
 
 local now = now_us()
-local lim_key = nil
-if #KEYS == 8 then
-  lim_key = KEYS[4]
-end
-local p = policy_in_force(lim_key)
+local p = policy_in_force()
 if p.kind ~= 'c' then
   return { -1, p.kind }
 end
@@ -46,11 +41,16 @@ if #missing > 0 then
 end
 local op, cost, settle = parse_op()
 local function log_key(i)
-  return KEYS[#KEYS - 4 + i]
+  return KEYS[2 + i]
 end
 
 local h = {}
-local raw = redis.call('HGETALL', KEYS[1])
+-- A token bucket's STRING state (an error here) reads as another
+-- strategy's: no field.
+local raw = redis.pcall('HGETALL', KEYS[1])
+if raw.err then
+  raw = {}
+end
 for i = 1, #raw, 2 do
   h[raw[i]] = raw[i + 1]
 end

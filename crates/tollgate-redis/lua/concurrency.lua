@@ -1,31 +1,26 @@
 -- tollgate: concurrency, at most max_in_flight slots held at once, each a
 -- lease.
 --
--- KEYS and ARGV: see common.lua, then one more key, the slots:
--- KEYS[#KEYS]  <prefix>:<limiter>:{<key>}:slots   ZSET member = slot id,
---              score = lease expiry (µs)
--- (KEYS[4], the limiter override, is present when #KEYS == 5; KEYS[2] is
--- unused.) Both keys share the hash tag: one cluster slot.
+-- KEYS and ARGV: see common.lua; KEYS[3] is the slots:
+-- KEYS[3]  <prefix>:<limiter>:{<key>}:slots   ZSET member = slot id,
+--          score = lease expiry (µs)
+-- Every key shares the hash tag: one cluster slot.
 -- State, KEYS[1]: HASH { s = 'n', x = expiry }: x is the latest lease's
 -- expiry, and the TTL of both keys. Expired slots are dropped first
 -- (ZREMRANGEBYSCORE), so the work is bounded by the slots held.
--- ARGV[2]: 'h<id>' holds (or renews) slot <id>, 'x<id>' releases it; any
+-- ARGV[1]: 'h<id>' holds (or renews) slot <id>, 'x<id>' releases it; any
 -- other operation looks (reset frees every slot).
 -- Model: ConcurrencyState::apply.
 
 local now = now_us()
-local lim_key = nil
-if #KEYS == 5 then
-  lim_key = KEYS[4]
-end
-local p = policy_in_force(lim_key)
+local p = policy_in_force()
 if p.kind ~= 'n' then
   return { -1, p.kind }
 end
 local op, id = parse_slot_op()
-local slots = KEYS[#KEYS]
+local slots = KEYS[3]
 
-local st = redis.call('HMGET', KEYS[1], 's', 'x')
+local st = state_fields('s', 'x')
 local live = st[1] == 'n' and tonumber(st[2]) > now and op ~= 'reset'
 if live then
   -- Expired leases free their slots (score <= now).

@@ -1,6 +1,6 @@
 -- tollgate: progressive delay, one decision.
 --
--- KEYS and ARGV: see common.lua (KEYS[2], the log, is unused here). An
+-- KEYS and ARGV: see common.lua (two keys: state, key override). An
 -- acquire records its number of failures; a peek (whatever its number), a
 -- penalty and a reset record none and report whether the key is blocked.
 -- A cost never is impossible here.
@@ -9,18 +9,23 @@
 -- Model: ProgressiveDelayState::acquire / peek.
 
 local now = now_us()
-local p = policy_in_force(KEYS[4])
+local p = policy_in_force()
 if p.kind ~= 'p' then
   return { -1, p.kind }
 end
 local op, cost = parse_op()
 
-local st = redis.call('HMGET', KEYS[1], 's', 'x', 'f', 'b', 'l')
+local st = state_fields('s', 'x', 'f', 'b', 'l')
 local f, b, l = 0, 0, 0
+local existed = st[1]
 if st[1] == 'p' and tonumber(st[2]) > now and op ~= 'reset' then
   f, b, l = tonumber(st[3]), tonumber(st[4]), tonumber(st[5])
+elseif st[1] then
+  -- Expired, of another strategy (a token bucket's STRING), or reset: the
+  -- key is fresh.
+  redis.call('DEL', KEYS[1])
+  existed = false
 end
-local existed = st[1]
 if op ~= 'acquire' then
   cost = 0
 end

@@ -5,7 +5,7 @@
 -- b = born: when this life began, the first event in an empty log (absent
 -- counts as 0) }. A reserve appends its mark: born, the timestamp of the
 -- entry holding its units.
--- Log, KEYS[2]: LIST of pairs, oldest first: ts1, cost1, ts2, cost2, ...
+-- Log, KEYS[3]: LIST of pairs, oldest first: ts1, cost1, ts2, cost2, ...
 -- (timestamps non-decreasing; events at one instant are merged). Both keys
 -- share the hash tag and the TTL.
 -- Bounded log: whenever an event is recorded, the oldest events are dropped
@@ -16,14 +16,14 @@
 -- Model: SlidingWindowState::acquire / peek / penalise / settle.
 
 local now = now_us()
-local p = policy_in_force(KEYS[4])
+local p = policy_in_force()
 if p.kind ~= 'w' then
   return { -1, p.kind }
 end
 local op, cost, settle = parse_op()
 local w, limit = p.window, p.limit
 
-local st = redis.call('HMGET', KEYS[1], 's', 'x', 'n', 'b')
+local st = state_fields('s', 'x', 'n', 'b')
 local live = st[1] == 'w' and tonumber(st[2]) > now and op ~= 'reset'
 local total, born = 0, 0
 if live then
@@ -31,7 +31,7 @@ if live then
   born = tonumber(st[4] or '0')
 else
   -- Fresh: drop an expired log, another strategy's state, or (reset) ours.
-  redis.call('DEL', KEYS[1], KEYS[2])
+  redis.call('DEL', KEYS[1], KEYS[3])
 end
 if op == 'reset' then
   op = 'peek'
@@ -41,7 +41,7 @@ end
 local last_ts, last_c = nil, nil
 local clamped = now
 if total > 0 then
-  local tail = redis.call('LRANGE', KEYS[2], -2, -1)
+  local tail = redis.call('LRANGE', KEYS[3], -2, -1)
   if #tail == 2 then
     last_ts, last_c = tonumber(tail[1]), tonumber(tail[2])
     if last_ts > clamped then
@@ -49,7 +49,7 @@ if total > 0 then
     end
   else
     -- A state without its log cannot be trusted: start afresh.
-    redis.call('DEL', KEYS[1], KEYS[2])
+    redis.call('DEL', KEYS[1], KEYS[3])
     total = 0
   end
 end
@@ -57,7 +57,7 @@ end
 -- Drops events from the head of the log while should_drop(ts, cost) holds,
 -- taking their cost off the total.
 local function drop_head(should_drop)
-  local drop = each_event(KEYS[2], function(ts, c)
+  local drop = each_event(KEYS[3], function(ts, c)
     if not should_drop(ts, c) then
       return true
     end
@@ -65,14 +65,14 @@ local function drop_head(should_drop)
     return false
   end)
   if drop > 0 then
-    redis.call('LTRIM', KEYS[2], drop, -1)
+    redis.call('LTRIM', KEYS[3], drop, -1)
   end
 end
 
 -- Events leave the window at ts + w <= now.
 local trimmed = false
 if total > 0 then
-  local head = tonumber(redis.call('LINDEX', KEYS[2], 0))
+  local head = tonumber(redis.call('LINDEX', KEYS[3], 0))
   if head + w <= clamped then
     drop_head(function(ts, _)
       return ts + w <= clamped
@@ -94,9 +94,9 @@ local function record(c)
   end
   if last_ts == clamped then
     last_c = last_c + c
-    redis.call('LSET', KEYS[2], -1, fmt(last_c))
+    redis.call('LSET', KEYS[3], -1, fmt(last_c))
   else
-    redis.call('RPUSH', KEYS[2], fmt(clamped), fmt(c))
+    redis.call('RPUSH', KEYS[3], fmt(clamped), fmt(c))
     last_ts, last_c = clamped, c
   end
   total = total + c
@@ -120,7 +120,7 @@ if settling then
     op, cost = 'peek', 1
     if actual < units and m and m.born == born and total > 0 then
       local found = nil
-      local idx = each_event(KEYS[2], function(ts, c)
+      local idx = each_event(KEYS[3], function(ts, c)
         if ts >= m.at then
           if ts == m.at then
             found = c
@@ -137,17 +137,17 @@ if settling then
         total = total - refund
         if found == refund then
           -- Out of the list: mark the pair, then remove it.
-          redis.call('LSET', KEYS[2], idx, '#')
-          redis.call('LSET', KEYS[2], idx + 1, '#')
-          redis.call('LREM', KEYS[2], 2, '#')
+          redis.call('LSET', KEYS[3], idx, '#')
+          redis.call('LSET', KEYS[3], idx + 1, '#')
+          redis.call('LREM', KEYS[3], 2, '#')
         else
-          redis.call('LSET', KEYS[2], idx + 1, fmt(found - refund))
+          redis.call('LSET', KEYS[3], idx + 1, fmt(found - refund))
         end
         -- The newest entry may be gone: now is clamped to the new one.
         last_ts, last_c = nil, nil
         clamped = now
         if total > 0 then
-          local tail = redis.call('LRANGE', KEYS[2], -2, -1)
+          local tail = redis.call('LRANGE', KEYS[3], -2, -1)
           last_ts, last_c = tonumber(tail[1]), tonumber(tail[2])
           if last_ts > clamped then
             clamped = last_ts
@@ -186,7 +186,7 @@ else
     local needed = total + want - limit
     local freed = 0
     retry = w
-    each_event(KEYS[2], function(ts, c)
+    each_event(KEYS[3], function(ts, c)
       freed = freed + c
       if freed >= needed then
         retry = ts + w - clamped
@@ -208,14 +208,14 @@ end
 
 if total == 0 then
   if trimmed or settling then
-    redis.call('DEL', KEYS[1], KEYS[2])
+    redis.call('DEL', KEYS[1], KEYS[3])
   end
 elseif recorded or settling then
   -- A settle is a write either way: the expiry follows the state.
   local expires_at = last_ts + w
   redis.call('HSET', KEYS[1], 's', 'w', 'x', fmt(expires_at), 'n', fmt(total), 'b', fmt(born))
   expire(KEYS[1], expires_at, now)
-  expire(KEYS[2], expires_at, now)
+  expire(KEYS[3], expires_at, now)
 elseif trimmed then
   -- Not a write: the expiry stays as the last write set it.
   redis.call('HSET', KEYS[1], 'n', fmt(total))

@@ -1,75 +1,110 @@
 -- tollgate: token bucket (GCRA), one decision.
 --
--- KEYS and ARGV: see common.lua (KEYS[2], the log, is unused here; a
--- penalty records nothing and answers a peek of 1).
--- State, KEYS[1]: HASH { s = 't', x = tat, b = born }: the theoretical
--- arrival time, which is also the key's expiry (the bucket is full again at
--- tat), and when this life of the key began (the first charge of a full
--- bucket; absent counts as 0). A reserve appends its mark: born, the tat
--- after the charge.
+-- KEYS and ARGV: see common.lua. Two keys: KEYS[1] the state, KEYS[2] the
+-- key's override; in production an acquire sends two arguments, the
+-- operation and the policy.
+-- State, KEYS[1]: STRING 't:<tat>:<born>', written with its TTL in the same
+-- SET (PX): tat is the theoretical arrival time, which is also the key's
+-- expiry (the bucket is full again at tat), born when this life of the key
+-- began (the first charge of a full bucket). A reserve appends its mark:
+-- born, the tat after the charge.
+-- A HASH at KEYS[1] (MGET reads it as nil) is another strategy's state, a
+-- fresh bucket that the next charge replaces (SET), or a token bucket's
+-- state as written before it was a STRING, { s = 't', x = tat, b = born }:
+-- read as this state, and rewritten as a STRING by the next charge.
+--
+-- This file holds the decision (decide) and the path of a plain acquire
+-- under a token-bucket policy on a STRING or no state, which answers
+-- alone. int.lua comes before it; common.lua, then token_bucket_ops.lua
+-- come after it (src/scripts.rs) and run only for everything else: other
+-- operations, a policy of another strategy, a HASH at KEYS[1], a charge
+-- that writes nothing on a key without a STRING. Their helpers are built
+-- (closures) only then.
 -- Model: TokenBucketState::acquire / peek / settle.
 
-local now = now_us()
-local p = policy_in_force(KEYS[4])
-if p.kind ~= 't' then
-  return { -1, p.kind }
+local now
+if ARGV[3] and ARGV[3] ~= '' then
+  now = tonumber(ARGV[3])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local op, cost, settle = parse_op()
-local t = p.interval
-local tau = p.capacity * t
+-- The state and the key's override in one read.
+local got = redis.call('MGET', KEYS[1], KEYS[2])
+local enc = got[2] or ARGV[2]
 
-local st = redis.call('HMGET', KEYS[1], 's', 'x', 'b')
+-- The stored state: tat, born (0, 0 when the key reads as fresh).
 local tat, born = 0, 0
-if st[1] == 't' and tonumber(st[2]) > now and op ~= 'reset' then
-  tat = tonumber(st[2])
-  born = tonumber(st[3] or '0')
-elseif st[1] then
-  -- Expired, of another strategy, or reset: the key is fresh.
-  redis.call('DEL', KEYS[1])
-end
-if op == 'reset' or op == 'penalise' then
-  op, cost = 'peek', 1
-end
-
-if op == 'settle' then
-  local units, actual, m = cost, settle.actual, settle.marks[1]
-  tat, born = bucket_settle(p, tat, born, now, units, actual, m)
-  if tat > now then
-    redis.call('HSET', KEYS[1], 's', 't', 'x', fmt(tat), 'b', fmt(born))
-    expire(KEYS[1], tat, now)
-  elseif st[1] then
-    redis.call('DEL', KEYS[1])
+if got[1] then
+  local x, b = string.match(got[1], '^t:(%d+):(%d+)$')
+  x = tonumber(x or '0')
+  if x > now then
+    tat, born = x, tonumber(b)
   end
-  op, cost = 'peek', 1
 end
 
-if tat <= now then
-  -- A full bucket: a charge starts a new life.
-  born = now
-  tat = now
-end
-local debt = tat - now
-local remaining = 0
-if tau > debt then
-  remaining = idiv(tau - debt, t)
+-- The decision (TokenBucketState::acquire, or peek unless `charge`) of
+-- `cost` units (at least 1) on a bucket of `capacity` units refilling one
+-- every t µs, from the stored tat and born. Returns the reply, and for an
+-- admitted charge the state to write: tat, born (`reserve` appends them to
+-- the reply, its mark).
+local function decide(capacity, t, tat, born, cost, charge, reserve)
+  local tau = capacity * t
+  if tat <= now then
+    -- A full bucket: a charge starts a new life.
+    born = now
+    tat = now
+  end
+  local debt = tat - now
+  -- Only used once cost <= capacity: it stays within what tau holds.
+  local new_debt = debt + cost * t
+  if cost > capacity or new_debt > tau or not charge then
+    local remaining = 0
+    if tau > debt then
+      remaining = idiv(tau - debt, t)
+    end
+    if cost > capacity then
+      return { 2, capacity, remaining, 0, debt, tau }
+    elseif new_debt > tau then
+      return { 0, capacity, remaining, new_debt - tau, debt, tau }
+    end
+    return { 1, capacity, remaining, 0, debt, tau }
+  end
+  local new_tat = now + new_debt
+  local reply = { 1, capacity, idiv(tau - new_debt, t), 0, new_debt, tau }
+  if reserve then
+    reply[7], reply[8] = born, new_tat
+  end
+  return reply, new_tat, born
 end
 
-if cost > p.capacity then
-  return { 2, p.capacity, remaining, 0, debt, tau }
+-- A plain acquire ('<n>') under a token-bucket policy.
+local capacity, interval = string.match(enc, '^1:t:(%d+):%d+:%d+:(%d+)$')
+local n = tonumber(ARGV[1])
+if capacity and n and n >= 0 then
+  if n < 1 then
+    n = 1
+  end
+  local reply, x, b = decide(tonumber(capacity), tonumber(interval), tat, born, n, true, false)
+  if x then
+    local v, ms = string.format('t:%d:%d', x, b), ttl_ms(x, now)
+    if got[1] then
+      redis.call('SET', KEYS[1], v, 'PX', ms)
+      return reply
+    end
+    -- No key, or a HASH: SET ... GET refuses a HASH (WRONGTYPE) and then
+    -- writes nothing.
+    local old = redis.pcall('SET', KEYS[1], v, 'PX', ms, 'GET')
+    if not (type(old) == 'table' and old.err) then
+      return reply
+    end
+  elseif got[1] then
+    if tat == 0 then
+      -- Stored but fresh (expired): a fresh key is deleted.
+      redis.call('DEL', KEYS[1])
+    end
+    return reply
+  end
+  -- A HASH, or nothing written on a key MGET read as nil: the full path
+  -- below reads whatever is there.
 end
--- cost <= capacity: new_debt stays within what tau holds.
-local new_debt = debt + cost * t
-if new_debt > tau then
-  return { 0, p.capacity, remaining, new_debt - tau, debt, tau }
-end
-if op == 'peek' then
-  return { 1, p.capacity, remaining, 0, debt, tau }
-end
-local new_tat = now + new_debt
-redis.call('HSET', KEYS[1], 's', 't', 'x', fmt(new_tat), 'b', fmt(born))
-expire(KEYS[1], new_tat, now)
-local reply = { 1, p.capacity, idiv(tau - new_debt, t), 0, new_debt, tau }
-if RESERVE then
-  reply[7], reply[8] = born, new_tat
-end
-return reply

@@ -17,7 +17,9 @@
 //!   clocks agree; [`RedisBackendBuilder::caller_time`] takes it from a
 //!   [`Clock`] instead (a [`MockClock`](tollgate_limiter::MockClock) in tests,
 //!   replays).
-//! * **Keys**: `<prefix>:<limiter>:{<key>}` (a HASH), plus `…:log` (the
+//! * **Keys**: `<prefix>:<limiter>:{<key>}` (a STRING for a token bucket,
+//!   written with its TTL in one `SET … PX`; a HASH for the other
+//!   strategies, see `docs/redis.md`), plus `…:log` (the
 //!   sliding-window log), `…:log1` to `…:log4` (a composite's windows' logs,
 //!   see `lua/composite.lua`), `…:slots` (a concurrency limit's slots, a
 //!   ZSET, see `lua/concurrency.lua`) and `…:override` (a per-key override), all in the
@@ -26,11 +28,12 @@
 //!   key's, rounded up to a millisecond; a key that becomes fresh is deleted.
 //!   An override lives until cleared, or for the TTL it was set with
 //!   ([`Backend::set_expiring_override`]).
-//! * **Overrides** are stored in Redis and read by the script itself, so
-//!   every worker sees a change on its next decision. In a cluster the
-//!   limiter-wide override lives in another slot: it is read by the client
-//!   and cached for at most [`RedisBackendBuilder::override_cache_ttl`]
-//!   (see `docs/redis.md`).
+//! * **Overrides** are stored in Redis. A per-key override is read by the
+//!   script itself, so every worker sees a change on its next decision. A
+//!   limiter-wide override is read by the client and cached for at most
+//!   [`RedisBackendBuilder::override_cache_ttl`] (default 1 s): the worker
+//!   that sets it sees it at once, the others within that TTL (see
+//!   `docs/redis.md`).
 //! * **Connections**: multiplexed connections managed by redis-rs's
 //!   `ConnectionManager` (see [`RedisBackendBuilder::pool_size`]); Redis
 //!   Cluster through the redis crate's cluster client with the feature
@@ -136,7 +139,7 @@ struct Inner {
     clock: Option<Arc<dyn Clock>>,
     min_ttl_ms: u64,
     override_cache_ttl: Duration,
-    /// Cluster mode only: limiter-wide overrides read by the client.
+    /// Limiter-wide overrides read by the client, sent as the policy.
     override_cache: Mutex<HashMap<String, (Instant, Option<String>)>>,
 }
 
@@ -335,10 +338,17 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Cluster mode: how long a limiter-wide override read by this client
-    /// may be used before it is read again (default 1 s). It bounds how
-    /// long other workers keep deciding under a limiter-wide override that
-    /// was changed; per-key overrides are always read by the script.
+    /// How long a limiter-wide override read by this client may be used
+    /// before it is read again (default 1 s).
+    ///
+    /// The client reads a limiter's override (one `GET`, once per TTL per
+    /// limiter) and sends it with each decision instead of the configured
+    /// policy, so a decision reads one key less. It bounds how long other
+    /// workers keep deciding under a limiter-wide override that was
+    /// changed or expired (this backend's own
+    /// [`set_override`](Backend::set_override) applies at once); per-key
+    /// overrides are always read by the script. Zero reads it on every
+    /// decision (one more round trip each).
     pub fn override_cache_ttl(mut self, ttl: Duration) -> Self {
         self.override_cache_ttl = ttl;
         self
@@ -611,14 +621,14 @@ impl RedisBackend {
         }
     }
 
-    /// The limiter-wide override to pass in ARGV (cluster mode), from the
-    /// short client cache.
-    async fn limiter_override_arg(&self, limiter: &str) -> Result<String, RedisError> {
+    /// The limiter-wide override (encoded) to send as the policy, from the
+    /// short client cache (see [`RedisBackendBuilder::override_cache_ttl`]).
+    async fn limiter_override_arg(&self, limiter: &str) -> Result<Option<String>, RedisError> {
         let now = Instant::now();
         if let Some((at, v)) = lock(&self.inner.override_cache).get(limiter)
             && now.duration_since(*at) < self.inner.override_cache_ttl
         {
-            return Ok(v.clone().unwrap_or_default());
+            return Ok(v.clone());
         }
         let v: Option<String> = self
             .inner
@@ -626,7 +636,7 @@ impl RedisBackend {
             .query(redis::cmd("GET").arg(self.limiter_override_key(limiter)))
             .await?;
         lock(&self.inner.override_cache).insert(limiter.to_owned(), (now, v.clone()));
-        Ok(v.unwrap_or_default())
+        Ok(v)
     }
 
     async fn decide_inner(&self, req: Request<'_>) -> Result<Decision, RedisError> {
@@ -637,7 +647,7 @@ impl RedisBackend {
     /// a reservation, whose reply carries the marks.
     async fn run(&self, req: Request<'_>, reserve: bool) -> Result<(Decision, Marks), RedisError> {
         let mut call = self.call(req, reserve).await?;
-        let mut strategy = req.policy.strategy();
+        let mut strategy = call.strategy;
         // The policy in force may be an override of another strategy: the
         // script then names the one to run; or of a calendar period or zone
         // we sent no bounds for, or the server's clock may be beyond them:
@@ -665,12 +675,18 @@ impl RedisBackend {
     /// acquire a reservation.
     async fn call(&self, req: Request<'_>, reserve: bool) -> Result<Call, RedisError> {
         check_limiter(req.limiter)?;
-        let cluster = self.inner.conn.is_cluster();
-        let limiter_override = if cluster {
-            self.limiter_override_arg(req.limiter).await?
-        } else {
-            String::new()
+        // The policy sent: the limiter-wide override this client knows (read
+        // and cached, see `limiter_override_arg`), else the configured one.
+        // A per-key override is read by the script.
+        let (policy, sent) = match self.limiter_override_arg(req.limiter).await? {
+            // Undecodable, it is sent anyway: the script refuses it.
+            Some(o) => {
+                let sent = encoding::decode(&o).ok();
+                (o, sent)
+            }
+            None => (encoding::encode(req.policy)?, None),
         };
+        let sent = sent.as_ref().unwrap_or(req.policy);
         let mut op = op_arg(req.op);
         if reserve {
             op.insert(0, 'r');
@@ -679,7 +695,7 @@ impl RedisBackend {
         // same instant.
         let now = self.inner.clock.as_ref().map(|c| c.now());
         // Calendar quotas: the window bounds around this client's clock
-        // (the script picks by its own; see lua/common.lua, ARGV[6]).
+        // (the script picks by its own; see lua/common.lua, ARGV[5]).
         let mut calendars = CalendarBounds::default();
         let client_now = now.unwrap_or_else(|| SystemClock.now());
         for p in req.policy.parts() {
@@ -689,11 +705,10 @@ impl RedisBackend {
         }
         Ok(Call {
             state: self.state_key(req.limiter, req.key),
-            limiter_override_key: (!cluster).then(|| self.limiter_override_key(req.limiter)),
             now,
             op,
-            policy: encoding::encode(req.policy)?,
-            limiter_override,
+            policy,
+            strategy: sent.strategy(),
             min_ttl_ms: self.inner.min_ttl_ms,
             calendars,
         })
@@ -719,7 +734,7 @@ impl RedisBackend {
             (Ok(_), Err(_)) => return Ok((self.decide_inner(req).await?, None)),
             (Err(e), _) => return Err(e),
         };
-        let (sa, sb) = (req.policy.strategy(), candidate.policy.strategy());
+        let (sa, sb) = (a.strategy, b.strategy);
         let (ia, ib) = (a.invocation(sa), b.invocation(sb));
         let mut pipe = redis::pipe();
         // Each reply on its own: a script that failed (not loaded yet) did
@@ -756,53 +771,63 @@ impl RedisBackend {
 /// One decision's keys and arguments (see `lua/common.lua`).
 struct Call {
     state: String,
-    /// Single server only: in a cluster, ARGV[4] carries the override.
-    limiter_override_key: Option<String>,
     now: Option<u64>,
     op: String,
+    /// ARGV[2]: the limiter-wide override known to the client, else the
+    /// configured policy.
     policy: String,
-    limiter_override: String,
+    /// The strategy of `policy`: the script to run first.
+    strategy: Strategy,
     min_ttl_ms: u64,
-    /// ARGV[6]: calendar bounds, grown when the script asks for more.
+    /// ARGV[5]: calendar bounds, grown when the script asks for more.
     calendars: CalendarBounds,
 }
 
 impl Call {
-    /// The invocation of `strategy`'s script.
+    /// The invocation of `strategy`'s script: the keys it uses, and the
+    /// arguments without the trailing ones at their defaults (a token
+    /// bucket's production call is two keys and two arguments).
     fn invocation(&self, strategy: Strategy) -> redis::ScriptInvocation<'static> {
         let script = scripts::for_strategy(strategy);
         let mut inv = script.prepare_invoke();
-        let log = format!("{}:log", self.state);
-        inv.key(&self.state)
-            .key(&log)
-            .key(format!("{}:override", self.state));
-        if let Some(k) = &self.limiter_override_key {
-            inv.key(k);
-        }
-        if strategy == Strategy::Composite {
-            // The parts' logs (see lua/composite.lua).
-            for i in 1..=4 {
-                inv.key(format!("{log}{i}"));
+        inv.key(&self.state).key(format!("{}:override", self.state));
+        match strategy {
+            Strategy::SlidingWindow => {
+                inv.key(format!("{}:log", self.state));
             }
-        }
-        if strategy == Strategy::Concurrency {
+            // The parts' logs (see lua/composite.lua).
+            Strategy::Composite => {
+                for i in 1..=4 {
+                    inv.key(format!("{}:log{i}", self.state));
+                }
+            }
             // The slots (see lua/concurrency.lua).
-            inv.key(format!("{}:slots", self.state));
+            Strategy::Concurrency => {
+                inv.key(format!("{}:slots", self.state));
+            }
+            Strategy::TokenBucket | Strategy::ProgressiveDelay | Strategy::Calendar => {}
         }
-        match self.now {
-            Some(now) => inv.arg(now),
-            None => inv.arg(""),
-        };
-        inv.arg(&self.op)
-            .arg(&self.policy)
-            .arg(&self.limiter_override)
-            .arg(self.min_ttl_ms)
-            .arg(self.calendars.arg());
+        inv.arg(&self.op).arg(&self.policy);
+        // ARGV[3..5]: now, the TTL floor, the calendar bounds; those at their
+        // defaults ('', 0, '') are left off from the end.
+        let rest = [
+            self.now.map(|n| n.to_string()).unwrap_or_default(),
+            self.min_ttl_ms.to_string(),
+            self.calendars.arg(),
+        ];
+        let defaults = ["", "0", ""];
+        let mut sent = rest.len();
+        while sent > 0 && rest[sent - 1] == defaults[sent - 1] {
+            sent -= 1;
+        }
+        for arg in &rest[..sent] {
+            inv.arg(arg);
+        }
         inv
     }
 }
 
-/// ARGV[2], the operation (see `lua/common.lua`). A cost above 2^53 is
+/// ARGV[1], the operation (see `lua/common.lua`). A cost above 2^53 is
 /// sent as 2^53: no encodable policy's limit reaches it (see
 /// [`encoding`]), so the script answers it as impossible either way.
 fn op_arg(op: Op) -> String {
@@ -840,7 +865,7 @@ enum Reply {
     },
 }
 
-/// The calendar bounds sent in ARGV[6], one entry per spec.
+/// The calendar bounds sent in ARGV[5], one entry per spec.
 #[derive(Debug, Default)]
 struct CalendarBounds {
     entries: Vec<(String, [u64; 4])>,

@@ -1,5 +1,7 @@
-//! The Lua scripts, one per strategy, each prefixed with the shared helpers
-//! of `lua/common.lua`.
+//! The Lua scripts, one per strategy, each prefixed with the integer helpers
+//! of `lua/int.lua` and the shared helpers of `lua/common.lua`; the token
+//! bucket's acquire path comes before `common.lua`, so it runs without
+//! building those helpers (see `lua/token_bucket.lua`).
 
 use std::sync::LazyLock;
 
@@ -9,6 +11,7 @@ use tollgate_limiter::Strategy;
 macro_rules! code {
     ($file:literal) => {
         concat!(
+            include_str!("../lua/int.lua"),
             include_str!("../lua/common.lua"),
             include_str!(concat!("../lua/", $file))
         )
@@ -16,7 +19,12 @@ macro_rules! code {
 }
 
 /// The token-bucket script's source.
-pub(crate) const TOKEN_BUCKET_CODE: &str = code!("token_bucket.lua");
+pub(crate) const TOKEN_BUCKET_CODE: &str = concat!(
+    include_str!("../lua/int.lua"),
+    include_str!("../lua/token_bucket.lua"),
+    include_str!("../lua/common.lua"),
+    include_str!("../lua/token_bucket_ops.lua")
+);
 /// The sliding-window script's source.
 pub(crate) const SLIDING_WINDOW_CODE: &str = code!("sliding_window.lua");
 /// The progressive-delay script's source.

@@ -8,10 +8,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use redis::AsyncCommands;
+use tollgate_limiter::concurrency::Concurrency;
 use tollgate_limiter::model::Model;
 use tollgate_limiter::{
-    Backend, Clock, Key, Limiter, MockClock, Op, Policy, ProgressiveDelay, Request, Scope,
-    SlidingWindow, TokenBucket,
+    Backend, Clock, Composite, Key, Limiter, MockClock, Op, Policy, ProgressiveDelay, Request,
+    Scope, SlidingWindow, TokenBucket,
 };
 use tollgate_redis::{Durability, RedisBackend, RedisError, Setting};
 use tollgate_testkit::conformance::unique_name;
@@ -34,6 +35,17 @@ async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
 async fn server_time(url: &str, prefix: &str) -> RedisBackend {
     RedisBackend::builder(url)
         .prefix(prefix)
+        .durability(Durability::Skip)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// A backend on `clock` (caller time).
+async fn caller_time(url: &str, prefix: &str, clock: &MockClock) -> RedisBackend {
+    RedisBackend::builder(url)
+        .prefix(prefix)
+        .caller_time(clock.clone())
         .durability(Durability::Skip)
         .build()
         .await
@@ -69,13 +81,7 @@ tollgate_testkit::on_every_server! {
         let Some(url) = shared_url(server) else { return };
         let prefix = unique_name("ttl");
         let clock = MockClock::new();
-        let b = RedisBackend::builder(&url)
-            .prefix(&prefix)
-            .caller_time(clock.clone())
-            .durability(Durability::Skip)
-            .build()
-            .await
-            .unwrap();
+        let b = caller_time(&url, &prefix, &clock).await;
         let mut r = raw(&url).await;
         let k = Key::new("k");
 
@@ -120,6 +126,98 @@ tollgate_testkit::on_every_server! {
         let state = b.state_key("pd", &k);
         let pttl: i64 = r.pttl(&state).await.unwrap();
         assert!(pttl > 59_000 && pttl <= 60_000, "pttl {pttl}");
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// A token bucket's state is a STRING `t:<tat>:<born>` with its TTL. A
+    /// HASH left by an earlier version of the script (`s = t`, `x` = tat,
+    /// `b` = born) is read as that state, never as a full bucket, and
+    /// rewritten as a STRING by the next charge; another strategy's HASH is
+    /// a fresh bucket.
+    #[tokio::test]
+    async fn token_bucket_string_state_and_the_old_hash(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let prefix = unique_name("tbfmt");
+        let clock = MockClock::new();
+        let b = caller_time(&url, &prefix, &clock).await;
+        let mut r = raw(&url).await;
+        // 10 per second: a unit every 100 ms.
+        let tb = Limiter::new("tb", TokenBucket::new(10, 10, S).unwrap(), b.clone());
+        let now = clock.now();
+
+        let k = Key::new("new");
+        let state = b.state_key("tb", &k);
+        assert!(tb.try_acquire(&k, 3).await.unwrap().is_allowed());
+        let v: String = r.get(&state).await.unwrap();
+        assert_eq!(v, format!("t:{}:{now}", now + 300_000));
+        let pttl: i64 = r.pttl(&state).await.unwrap();
+        assert!(pttl > 200 && pttl <= 300, "pttl {pttl}");
+
+        // The old HASH, 8 units in debt: 2 left, whatever operation comes
+        // first (peek, acquire, reserve).
+        for (i, first) in ["peek", "acquire", "reserve"].into_iter().enumerate() {
+            let k = Key::new(format!("old-{i}"));
+            let state = b.state_key("tb", &k);
+            let born = now - 5;
+            let tat = now + 800_000;
+            let _: () = r
+                .hset_multiple(&state, &[("s", "t".to_owned()), ("x", tat.to_string()), ("b", born.to_string())])
+                .await
+                .unwrap();
+            let _: () = r.pexpire(&state, 800).await.unwrap();
+            let d = match first {
+                "peek" => *tb.peek(&k).await.decision().unwrap(),
+                "acquire" => tb.try_acquire(&k, 1).await.unwrap(),
+                _ => {
+                    let (d, _) = tb.backend().reserve(Request {
+                        limiter: "tb",
+                        key: &k,
+                        policy: tb.policy(),
+                        op: Op::Acquire(1),
+                    }).await.unwrap();
+                    d
+                }
+            };
+            if first == "peek" {
+                assert_eq!(d.remaining(), 2, "{first}");
+                assert!(!tb.try_acquire(&k, 3).await.unwrap().is_allowed(), "{first}");
+                assert!(tb.try_acquire(&k, 1).await.unwrap().is_allowed(), "{first}");
+            } else {
+                assert!(d.is_allowed());
+                assert_eq!(d.remaining(), 1, "{first}");
+            }
+            let v: String = r.get(&state).await.unwrap();
+            assert_eq!(v, format!("t:{}:{born}", tat + 100_000), "{first}");
+            assert!(!tb.try_acquire(&k, 2).await.unwrap().is_allowed(), "{first}");
+        }
+
+        // The old HASH refusing: it stays as it was, and keeps refusing.
+        let k = Key::new("old-full");
+        let state = b.state_key("tb", &k);
+        let tat = now + 1_000_000;
+        let _: () = r
+            .hset_multiple(&state, &[("s", "t".to_owned()), ("x", tat.to_string()), ("b", "7".to_owned())])
+            .await
+            .unwrap();
+        for _ in 0..2 {
+            assert!(!tb.try_acquire(&k, 1).await.unwrap().is_allowed());
+        }
+        let x: String = r.hget(&state, "x").await.unwrap();
+        assert_eq!(x, tat.to_string());
+
+        // Another strategy's HASH (and its log): a fresh bucket, replaced.
+        let k = Key::new("window");
+        let sw = Limiter::new("tb", SlidingWindow::new(5, 10 * S).unwrap(), b.clone());
+        assert!(sw.try_acquire(&k, 5).await.unwrap().is_allowed());
+        let state = b.state_key("tb", &k);
+        let d = tb.try_acquire(&k, 1).await.unwrap();
+        assert_eq!((d.is_allowed(), d.remaining()), (true, 9));
+        let v: String = r.get(&state).await.unwrap();
+        assert!(v.starts_with("t:"), "{v}");
+        // And back: the window reads the STRING as fresh.
+        let d = sw.try_acquire(&k, 1).await.unwrap();
+        assert_eq!((d.is_allowed(), d.remaining()), (true, 4));
     }
 }
 
@@ -174,9 +272,22 @@ tollgate_testkit::on_every_server! {
             .build()
             .await
             .unwrap();
+        // The token bucket's STRING state meets every other strategy's HASH
+        // and back, per key and limiter-wide (which the client sends as the
+        // policy): the model's answers throughout.
         let configured = Policy::from(TokenBucket::new(2, 1, S).unwrap());
-        let other = Policy::from(SlidingWindow::new(3, 10 * S).unwrap());
-        let k = Key::new("k");
+        let others = [
+            Policy::from(SlidingWindow::new(3, 10 * S).unwrap()),
+            Policy::from(ProgressiveDelay::new(1, S, 2, 10 * S, 60 * S).unwrap()),
+            Policy::from(
+                Composite::new([
+                    Policy::from(TokenBucket::new(3, 1, S).unwrap()),
+                    Policy::from(SlidingWindow::new(3, 10 * S).unwrap()),
+                ])
+                .unwrap(),
+            ),
+            Policy::from(Concurrency::new(2, 10 * S).unwrap()),
+        ];
         let mut model = Model::new();
         let ops = [
             Op::Acquire(1),
@@ -185,30 +296,39 @@ tollgate_testkit::on_every_server! {
             Op::Acquire(1),
             Op::Acquire(1),
         ];
-        for (i, op) in ops.into_iter().chain(ops).enumerate() {
-            if i == 3 {
-                b.set_override(Scope::Key("l", &k), Some(&other))
-                    .await
-                    .unwrap();
-                model.set_override("l", Some("k"), Some(other));
+        for (n, other) in others.iter().enumerate() {
+            for per_key in [true, false] {
+                let limiter = format!("l{n}{per_key}");
+                let k = Key::new("k");
+                let scope = match per_key {
+                    true => Scope::Key(&limiter, &k),
+                    false => Scope::Limiter(&limiter),
+                };
+                let model_key = per_key.then_some("k");
+                for (i, op) in ops.into_iter().chain(ops).enumerate() {
+                    if i == 3 {
+                        b.set_override(scope, Some(other)).await.unwrap();
+                        model.set_override(&limiter, model_key, Some(*other));
+                    }
+                    if i == 7 {
+                        b.set_override(scope, None).await.unwrap();
+                        model.set_override(&limiter, model_key, None);
+                    }
+                    let req = Request {
+                        limiter: &limiter,
+                        key: &k,
+                        policy: &configured,
+                        op,
+                    };
+                    let got = b.decide(req).await.unwrap();
+                    assert_eq!(
+                        got,
+                        model.apply(&limiter, "k", clock.now(), &configured, op),
+                        "{other:?} per key {per_key}, step {i}"
+                    );
+                    clock.advance_micros(300_000);
+                }
             }
-            if i == 7 {
-                b.set_override(Scope::Key("l", &k), None).await.unwrap();
-                model.set_override("l", Some("k"), None);
-            }
-            let req = Request {
-                limiter: "l",
-                key: &k,
-                policy: &configured,
-                op,
-            };
-            let got = b.decide(req).await.unwrap();
-            assert_eq!(
-                got,
-                model.apply("l", "k", clock.now(), &configured, op),
-                "step {i}"
-            );
-            clock.advance_micros(300_000);
         }
     }
 }
@@ -722,13 +842,7 @@ async fn composite_keys_share_one_ttl() {
     };
     let prefix = unique_name("cttl");
     let clock = MockClock::new();
-    let b = RedisBackend::builder(&url)
-        .prefix(&prefix)
-        .caller_time(clock.clone())
-        .durability(Durability::Skip)
-        .build()
-        .await
-        .unwrap();
+    let b = caller_time(&url, &prefix, &clock).await;
     let mut r = raw(&url).await;
     let k = Key::new("k");
     let policy = tollgate_limiter::Composite::new([

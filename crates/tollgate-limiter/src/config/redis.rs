@@ -83,7 +83,7 @@ pub struct RedisConfig {
     /// How long a connection may leave a request unanswered before it is
     /// replaced.
     pub response_timeout: Option<Duration>,
-    /// Cluster mode: how long a limiter-wide override is cached.
+    /// How long a limiter-wide override read by the client is cached.
     pub override_cache_ttl: Option<Duration>,
     /// The durability check at start-up: one of [`DURABILITY_MODES`].
     pub durability: Option<String>,

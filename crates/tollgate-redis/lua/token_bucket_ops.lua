@@ -1,0 +1,55 @@
+-- tollgate: token bucket, everything but token_bucket.lua's acquire path:
+-- peek, penalise (records nothing: a peek of 1), reset, reserve, settle, a
+-- policy in force of another strategy, a HASH at KEYS[1] (see
+-- token_bucket.lua). Runs after token_bucket.lua and common.lua
+-- (src/scripts.rs), with their locals: now, got, enc, tat, born, decide.
+
+local p = decode(enc)
+if p.kind ~= 't' then
+  return { -1, p.kind }
+end
+local op, cost, settle = parse_op()
+
+-- Whether something is stored at KEYS[1]; MGET reads a HASH as nil.
+local present = got[1] and true or false
+if not present then
+  local h = redis.pcall('HMGET', KEYS[1], 's', 'x', 'b')
+  if h.err or h[1] then
+    present = true
+    if h[1] == 't' and tonumber(h[2]) > now then
+      -- This state as written before it was a STRING.
+      tat, born = tonumber(h[2]), tonumber(h[3] or '0')
+    end
+  end
+end
+if op == 'reset' then
+  tat, born = 0, 0
+end
+if present and tat == 0 then
+  -- Expired, of another strategy, or reset: the key is fresh.
+  redis.call('DEL', KEYS[1])
+  present = false
+end
+
+-- Writes the state with its TTL (SET replaces a HASH).
+local function store(x, b)
+  redis.call('SET', KEYS[1], string.format('t:%d:%d', x, b), 'PX', ttl_ms(x, now))
+end
+
+if op == 'reset' or op == 'penalise' then
+  op, cost = 'peek', 1
+end
+if op == 'settle' then
+  tat, born = bucket_settle(p, tat, born, now, cost, settle.actual, settle.marks[1])
+  if tat > now then
+    store(tat, born)
+  elseif present then
+    redis.call('DEL', KEYS[1])
+  end
+  op, cost = 'peek', 1
+end
+local reply, x, b = decide(p.capacity, p.interval, tat, born, cost, op == 'acquire', RESERVE)
+if x then
+  store(x, b)
+end
+return reply
