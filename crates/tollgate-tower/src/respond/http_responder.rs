@@ -106,6 +106,8 @@ pub(crate) fn allowed_response<B>(
 }
 
 pub(crate) fn add_quota_headers(headers: &mut HeaderMap, quota: &Quota<'_>) {
+    // Room for both fields at once: the map grows (rehashes) once at most.
+    headers.reserve(2);
     headers.append(RATELIMIT_POLICY, quota.policy_header());
     headers.append(RATELIMIT, quota.header());
 }

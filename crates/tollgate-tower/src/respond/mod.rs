@@ -171,9 +171,18 @@ thread_local! {
 /// `"name";a=1;b=2`, written without the formatting machinery: this runs
 /// on every response.
 fn field(name: &str, a: (u8, u64), b: (u8, u64)) -> HeaderValue {
-    let mut buf = Vec::with_capacity(name.len() + 48);
-    write_field(&mut buf, name, a, b);
-    to_header(buf)
+    // Written into a per-thread buffer, then copied once into the value's
+    // own bytes: one allocation per field instead of three (the Vec, the
+    // shared Bytes it would become, and its header).
+    FIELD_BUF.with_borrow_mut(|buf| {
+        buf.clear();
+        write_field(buf, name, a, b);
+        HeaderValue::from_bytes(buf).unwrap_or_else(|_| HeaderValue::from_static("\"\""))
+    })
+}
+
+thread_local! {
+    static FIELD_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 fn write_field(buf: &mut Vec<u8>, name: &str, a: (u8, u64), b: (u8, u64)) {
