@@ -295,13 +295,17 @@ impl<C: Clock> MemoryBackend<C> {
     /// Runs `f` on the key's slot (a fresh one if the key is not held) at
     /// the clock's now under the policy in force, then keeps the slot only
     /// if it still holds state.
+    #[inline]
     fn with_slot<T>(
         &self,
         req: &Request<'_>,
         f: impl FnOnce(&mut Slot, Timestamp, &Policy) -> T,
     ) -> T {
         let now = self.shared.clock.now();
-        let policy = self.effective_policy(req, now);
+        // The configured policy by reference: an override (rare) is the
+        // only copy made.
+        let overridden = self.override_of(req, now);
+        let policy = overridden.as_ref().unwrap_or(req.policy);
         let lookup = Lookup {
             limiter: req.limiter,
             key: req.key.as_str(),
@@ -314,7 +318,7 @@ impl<C: Clock> MemoryBackend<C> {
         {
             Ok(mut entry) => {
                 let slot = &mut entry.get_mut().2;
-                let decision = f(slot, now, &policy);
+                let decision = f(slot, now, policy);
                 if !slot.is_live(now) {
                     // The key is as good as fresh: keep nothing.
                     entry.remove();
@@ -322,8 +326,8 @@ impl<C: Clock> MemoryBackend<C> {
                 decision
             }
             Err(_) => {
-                let mut slot = Slot::fresh(&policy);
-                let decision = f(&mut slot, now, &policy);
+                let mut slot = Slot::fresh(policy);
+                let decision = f(&mut slot, now, policy);
                 if slot.is_live(now) {
                     // Growing rehashes from the stored hash.
                     shard
@@ -343,22 +347,27 @@ impl<C: Clock> MemoryBackend<C> {
         (hash, &self.shared.shards[(hash >> 58) as usize % SHARDS])
     }
 
-    fn effective_policy(&self, req: &Request<'_>, now: Timestamp) -> Policy {
+    /// The override in force for the request's key (its own, else its
+    /// limiter's), if any: `None` means the request's policy rules.
+    #[inline]
+    fn override_of(&self, req: &Request<'_>, now: Timestamp) -> Option<Policy> {
         if !self.shared.has_overrides.load(Ordering::Acquire) {
-            return *req.policy;
+            return None;
         }
+        self.override_slow(req, now)
+    }
+
+    #[cold]
+    fn override_slow(&self, req: &Request<'_>, now: Timestamp) -> Option<Policy> {
         let overrides = self
             .shared
             .overrides
             .read()
             .unwrap_or_else(|e| e.into_inner());
-        overrides
-            .get(req.limiter)
-            .and_then(|o| {
-                let get = |s: Option<&Stored>| s.and_then(|s| s.live(now));
-                get(o.keys.get(req.key)).or(get(o.limiter.as_ref()))
-            })
-            .unwrap_or(*req.policy)
+        overrides.get(req.limiter).and_then(|o| {
+            let get = |s: Option<&Stored>| s.and_then(|s| s.live(now));
+            get(o.keys.get(req.key)).or(get(o.limiter.as_ref()))
+        })
     }
 
     /// Sets or clears the override of exactly `scope`.
