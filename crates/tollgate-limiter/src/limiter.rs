@@ -531,10 +531,18 @@ impl<B: Backend> Limiter<B> {
                 op,
             };
             let guard = &self.inner.guard;
-            let result = match guard
-                .run(&guard.deadline(), || self.inner.backend.decide(req))
-                .await
-            {
+            let result = match guard.admit() {
+                Err(e) => Err(e),
+                Ok(admitted) => match self.inner.backend.decide_now(&req) {
+                    // An in-process backend answered: no future at all.
+                    Some(answer) => guard.report(admitted, Ok(answer)),
+                    None => {
+                        let fut = self.inner.backend.decide(req);
+                        guard.wait(admitted, &guard.deadline(), fut).await
+                    }
+                },
+            };
+            let result = match result {
                 Ok(d) if d.is_impossible() => Err(impossible(op, &d)),
                 result => result,
             };
@@ -925,6 +933,7 @@ impl<B: Backend> Limiter<B> {
 
     /// Counts a verdict in the decision metrics, after shadow mode let
     /// through what it would refuse.
+    #[inline]
     fn counted(&self, call: Call, verdict: Verdict) -> Verdict {
         let verdict = self.shadowed(verdict);
         self.inner
@@ -936,6 +945,7 @@ impl<B: Backend> Limiter<B> {
 
     /// In shadow mode, a refusal becomes [`Verdict::Shadowed`], logged at
     /// a throttled rate.
+    #[inline]
     fn shadowed(&self, verdict: Verdict) -> Verdict {
         if self.inner.mode != Mode::Shadow || verdict.is_allowed() {
             return verdict;
@@ -974,6 +984,7 @@ impl<B: Backend> Limiter<B> {
     /// Turns a request of `cost` into a verdict. When the backend could not
     /// say whether `cost` can ever fit, the configured policy answers
     /// that: an impossible cost is never let through by a fail-open mode.
+    #[inline]
     fn settle(&self, result: Result<Decision, Error>, cost: u64) -> Verdict {
         let result = result.map_err(|e| match self.inner.policy.check_cost(cost) {
             Err(p) if e.is_unavailable() => Error::Policy(p),

@@ -287,7 +287,7 @@ impl<C: Clock> MemoryBackend<C> {
         &self.shared.clock
     }
 
-    fn decide_now(&self, req: &Request<'_>) -> Decision {
+    fn decide_at_once(&self, req: &Request<'_>) -> Decision {
         let op = req.op;
         self.with_slot(req, |slot, now, policy| slot.apply(now, policy, op))
     }
@@ -549,6 +549,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl<C: Clock> Backend for MemoryBackend<C> {
     type Error = MemoryError;
 
+    #[inline]
+    fn decide_now(&self, req: &Request<'_>) -> Option<Result<Decision, MemoryError>> {
+        // With a fault set, `decide` injects it (and counts the call).
+        if self.shared.faults.armed.load(Ordering::Relaxed) {
+            return None;
+        }
+        Some(Ok(self.decide_at_once(req)))
+    }
+
     fn decide(
         &self,
         req: Request<'_>,
@@ -557,7 +566,7 @@ impl<C: Clock> Backend for MemoryBackend<C> {
         // common path costs no more than the map lookup, and allocates
         // nothing.
         match self.inject() {
-            Ok(delay) if delay.is_zero() => Decide::Ready(Some(Ok(self.decide_now(&req)))),
+            Ok(delay) if delay.is_zero() => Decide::Ready(Some(Ok(self.decide_at_once(&req)))),
             Err(e) => Decide::Ready(Some(Err(e))),
             Ok(delay) => {
                 let backend = self.clone();
@@ -565,7 +574,7 @@ impl<C: Clock> Backend for MemoryBackend<C> {
                     (req.limiter.to_owned(), req.key.clone(), *req.policy, req.op);
                 Decide::Delayed(Box::pin(async move {
                     tokio::time::sleep(delay).await;
-                    Ok(backend.decide_now(&Request {
+                    Ok(backend.decide_at_once(&Request {
                         limiter: &limiter,
                         key: &key,
                         policy: &policy,
@@ -585,7 +594,7 @@ impl<C: Clock> Backend for MemoryBackend<C> {
             Op::Acquire(c) => c,
             // Not a reservation: decided as asked, nothing to refund.
             op => {
-                let d = self.decide_now(&Request { op, ..req });
+                let d = self.decide_at_once(&Request { op, ..req });
                 return Ok((d, Receipt::NONE));
             }
         };
