@@ -100,6 +100,13 @@ impl Decision {
         self
     }
 
+    /// [`with_window`](Self::with_window) from whole microseconds.
+    #[inline]
+    pub(crate) fn with_window_micros(mut self, window_us: u64) -> Self {
+        self.window_us = window_us;
+        self
+    }
+
     /// The same decision, made by part `index` of a composite policy.
     pub fn with_part(mut self, index: usize) -> Self {
         self.part = u8::try_from(index).unwrap_or(u8::MAX);

@@ -133,20 +133,27 @@ impl Guard {
             Ok(Err(e)) => Err(Error::Backend(Box::new(e))),
             Err(e) => Err(e),
         };
-        self.meter.backend_call(admitted.watch, &result);
         match &result {
-            Ok(_) => {
-                if self.breaker.is_open() {
-                    tracing::info!(limiter = %self.name, "rate-limit backend recovered");
-                }
-                admitted.permit.success();
-            }
+            Ok(_) => self.succeeded(admitted),
             Err(e) => {
+                self.meter.backend_call(admitted.watch, &result);
                 let opened = admitted.permit.failure();
                 self.log.warn(&self.name, e, opened);
             }
         }
         result
+    }
+
+    /// Reports that an admitted call answered (what [`report`](Self::report)
+    /// does with an `Ok`, for a caller that keeps the answer).
+    #[inline]
+    pub(crate) fn succeeded(&self, admitted: Admitted<'_>) {
+        self.meter
+            .backend_call(admitted.watch, &Ok::<(), Error>(()));
+        if self.breaker.is_open() {
+            tracing::info!(limiter = %self.name, "rate-limit backend recovered");
+        }
+        admitted.permit.success();
     }
 }
 

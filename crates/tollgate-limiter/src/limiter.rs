@@ -534,7 +534,21 @@ impl<B: Backend> Limiter<B> {
             let result = match guard.admit() {
                 Err(e) => Err(e),
                 Ok(admitted) => match self.inner.backend.decide_now(&req) {
-                    // An in-process backend answered: no future at all.
+                    // An in-process backend decided: no future, and the
+                    // decision moved once, into the verdict.
+                    Some(Ok(d)) if !d.is_impossible() => {
+                        guard.succeeded(admitted);
+                        if d.is_allowed() || self.inner.mode != Mode::Shadow {
+                            // `counted` without moving the verdict twice.
+                            let outcome = match d.is_allowed() {
+                                true => Outcome::Allowed,
+                                false => Outcome::Refused,
+                            };
+                            guard.meter().decision(Call::Check, outcome);
+                            return Verdict::Decided(d);
+                        }
+                        return self.counted(Call::Check, Verdict::Decided(d));
+                    }
                     Some(answer) => guard.report(admitted, Ok(answer)),
                     None => {
                         let fut = self.inner.backend.decide(req);

@@ -158,7 +158,7 @@ impl State {
                 return self.apply(now, policy, op);
             }
         };
-        decision.with_window(window_of(policy))
+        decision.with_window_micros(window_micros_of(policy))
     }
 
     /// Where the last charge sits (see [`Receipt`]): the first part of a
@@ -249,6 +249,21 @@ pub fn window_of(policy: &Policy) -> std::time::Duration {
         Policy::Concurrency(p) => p.lease_micros(),
     };
     std::time::Duration::from_micros(us)
+}
+
+/// [`window_of`] in whole microseconds (what a decision keeps), without
+/// the round trip through a `Duration` for the strategies that compute it
+/// in microseconds.
+#[inline]
+fn window_micros_of(policy: &Policy) -> u64 {
+    match policy {
+        Policy::TokenBucket(p) => p.capacity() * p.interval_micros(),
+        Policy::SlidingWindow(p) => p.window_micros(),
+        Policy::ProgressiveDelay(p) => p.forget_after_micros(),
+        Policy::Composite(c) => crate::time::micros(c.window()),
+        Policy::Calendar(p) => crate::time::micros(p.window()),
+        Policy::Concurrency(p) => p.lease_micros(),
+    }
 }
 
 /// One stored key: its state and the instant it expires.

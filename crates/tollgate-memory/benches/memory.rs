@@ -197,9 +197,9 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn bench(c: &mut Criterion) {
-    let policy = Policy::from(TokenBucket::per_second(1_000, 1_000_000).unwrap());
+    let policy = Policy::from(TokenBucket::per_second(ADMIT_BURST.into(), 1_000_000).unwrap());
     let quota = Quota::per_second(NonZeroU32::new(1_000_000).unwrap())
-        .allow_burst(NonZeroU32::new(1_000).unwrap());
+        .allow_burst(NonZeroU32::new(ADMIT_BURST).unwrap());
     let mut group = c.benchmark_group("decide");
     for keys in [1usize, 10_000] {
         let names: Vec<Key> = (0..keys).map(|i| Key::new(format!("user-{i}"))).collect();

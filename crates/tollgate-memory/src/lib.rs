@@ -163,12 +163,14 @@ struct Lookup<'a> {
 }
 
 impl Lookup<'_> {
+    #[inline]
     fn matches(&self, k: &StoreKey) -> bool {
         let (l, n) = (self.limiter.len(), self.key.len());
-        k.0.len() == l + 1 + n
-            && k.0.as_bytes()[l] == 0
-            && k.0.starts_with(self.limiter)
-            && k.0.ends_with(self.key)
+        let stored = k.0.as_bytes();
+        stored.len() == l + 1 + n
+            && stored[l] == 0
+            && same_bytes(&stored[l + 1..], self.key.as_bytes())
+            && same_bytes(&stored[..l], self.limiter.as_bytes())
     }
 
     fn to_owned(&self) -> StoreKey {
@@ -177,6 +179,26 @@ impl Lookup<'_> {
         s.push('\0');
         s.push_str(self.key);
         StoreKey(s.into())
+    }
+}
+
+/// Whether `a` and `b` hold the same bytes: short slices (limiter names,
+/// IPs, ids) compared in two overlapping words, inline, where a slice `==`
+/// calls `memcmp`.
+#[inline]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    let word8 = |s: &[u8], at: usize| u64::from_ne_bytes(s[at..at + 8].try_into().unwrap());
+    let word4 = |s: &[u8], at: usize| u32::from_ne_bytes(s[at..at + 4].try_into().unwrap());
+    match n {
+        // The first and the last word cover every byte.
+        8..=16 => word8(a, 0) == word8(b, 0) && word8(a, n - 8) == word8(b, n - 8),
+        4..=7 => word4(a, 0) == word4(b, 0) && word4(a, n - 4) == word4(b, n - 4),
+        0..=3 => a.iter().zip(b).all(|(x, y)| x == y),
+        _ => a == b,
     }
 }
 
@@ -654,6 +676,20 @@ mod tests {
     fn key_overrides(b: &MemoryBackend<MockClock>) -> usize {
         let overrides = b.shared.overrides.read().unwrap();
         overrides.values().map(|o| o.keys.len()).sum()
+    }
+
+    #[test]
+    fn same_bytes_sees_every_byte() {
+        for n in 0..40u8 {
+            let a: Vec<u8> = (0..n).collect();
+            assert!(same_bytes(&a, &a.clone()));
+            for i in 0..usize::from(n) {
+                let mut b = a.clone();
+                b[i] ^= 0x80;
+                assert!(!same_bytes(&a, &b), "length {n}, byte {i}");
+            }
+            assert!(!same_bytes(&a, &a[..a.len().saturating_sub(1)]) || n == 0);
+        }
     }
 
     #[tokio::test]
