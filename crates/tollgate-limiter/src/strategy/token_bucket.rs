@@ -132,18 +132,19 @@ impl TokenBucketState {
         let tat = self.tat.max(now);
         let debt = tat - now;
         // The debt can exceed tau when an override shrank the bucket: then
-        // nothing remains (never a negative count).
-        let remaining = tau.saturating_sub(debt) / t;
+        // nothing remains (never a negative count). Computed only by the
+        // answers that report it (a division: a charge computes its own).
+        let remaining = || tau.saturating_sub(debt) / t;
         if cost > p.capacity() {
-            return Decision::impossible(p.capacity(), remaining, debt);
+            return Decision::impossible(p.capacity(), remaining(), debt);
         }
         // cost <= capacity, so this cannot overflow what tau holds.
         let new_debt = debt + cost * t;
         if new_debt > tau {
-            return Decision::from_micros(false, p.capacity(), remaining, new_debt - tau, debt);
+            return Decision::from_micros(false, p.capacity(), remaining(), new_debt - tau, debt);
         }
         if !charge {
-            return Decision::from_micros(true, p.capacity(), remaining, 0, debt);
+            return Decision::from_micros(true, p.capacity(), remaining(), 0, debt);
         }
         if self.tat <= now {
             self.born = now;
