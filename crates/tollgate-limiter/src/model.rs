@@ -295,6 +295,23 @@ impl Slot {
     /// Applies `op` at `now` under `policy`.
     #[inline]
     pub fn apply(&mut self, now: Timestamp, policy: &Policy, op: Op) -> Decision {
+        // The common case, a token bucket's charge, dispatched at once: the
+        // same steps as below (expiry, `State::apply`, `records`), for
+        // one strategy and one operation.
+        if let (State::TokenBucket(s), Policy::TokenBucket(p), Op::Acquire(cost)) =
+            (&mut self.state, policy, op)
+        {
+            if self.expires_at <= now {
+                *s = TokenBucketState::default();
+                self.expires_at = 0;
+            }
+            let decision = s.acquire(now, p, cost);
+            // `records`: an admitted charge (an impossible cost never is).
+            if decision.is_allowed() {
+                self.expires_at = s.expires_at();
+            }
+            return decision.with_window_micros(window_micros_of(policy));
+        }
         if self.expires_at <= now {
             self.state = State::fresh(policy);
             self.expires_at = 0;
