@@ -523,12 +523,13 @@ impl<B: Backend> Limiter<B> {
             // holds little more than the backend's (the general path's
             // is boxed, so it does not size this one).
             let cost = cost.max(self.inner.min_cost);
-            let op = Op::Acquire(cost);
+            // The operation written in place (an `Op` is large: a
+            // reservation's receipt).
             let req = Request {
                 limiter: &self.inner.name,
                 key,
                 policy: &self.inner.policy,
-                op,
+                op: Op::Acquire(cost),
             };
             let guard = &self.inner.guard;
             let result = match guard.admit() {
@@ -557,7 +558,7 @@ impl<B: Backend> Limiter<B> {
                 },
             };
             let result = match result {
-                Ok(d) if d.is_impossible() => Err(impossible(op, &d)),
+                Ok(d) if d.is_impossible() => Err(impossible(Op::Acquire(cost), &d)),
                 result => result,
             };
             return self.counted(Call::Check, self.settle(result, cost));
