@@ -62,6 +62,17 @@ pub trait Backend: Send + Sync + 'static {
         req: Request<'_>,
     ) -> impl Future<Output = Result<Decision, Self::Error>> + Send;
 
+    /// Decides `req` now, without waiting, if this backend can (an
+    /// in-process one): `Some` is exactly what [`decide`](Self::decide)
+    /// would answer, `None` means ask `decide`. The limiter asks this first
+    /// on its short path, so an in-process backend's answer costs no
+    /// future. The default answers `None`.
+    #[inline]
+    fn decide_now(&self, req: &Request<'_>) -> Option<Result<Decision, Self::Error>> {
+        let _ = req;
+        None
+    }
+
     /// Reserves an estimate atomically: `req.op` is the
     /// [`Op::Acquire`] of the estimate, decided exactly as
     /// [`decide`](Self::decide) would, and the answer carries the
@@ -151,6 +162,11 @@ impl<B: Backend> Backend for Arc<B> {
         req: Request<'_>,
     ) -> impl Future<Output = Result<Decision, Self::Error>> + Send {
         (**self).decide(req)
+    }
+
+    #[inline]
+    fn decide_now(&self, req: &Request<'_>) -> Option<Result<Decision, Self::Error>> {
+        (**self).decide_now(req)
     }
 
     fn reserve(

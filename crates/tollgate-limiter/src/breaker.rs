@@ -98,6 +98,7 @@ impl Permit<'_> {
     }
 
     /// The call succeeded: the breaker closes.
+    #[inline]
     pub(crate) fn success(mut self) {
         self.probe = None;
         self.breaker.on_success();
@@ -111,6 +112,7 @@ impl Permit<'_> {
 }
 
 impl Drop for Permit<'_> {
+    #[inline]
     fn drop(&mut self) {
         if let Some(id) = self.probe {
             self.breaker.abandon(id);
@@ -137,14 +139,25 @@ impl Breaker {
     }
 
     /// Lets a call through, or says how long until the next probe at most.
+    #[inline]
     pub(crate) fn admit(&self) -> Result<Permit<'_>, Duration> {
+        // Healthy (or off): one atomic load, no lock.
+        if self.config.threshold == 0 || self.healthy.load(Ordering::Acquire) {
+            return Ok(Permit {
+                breaker: self,
+                probe: None,
+            });
+        }
+        self.admit_unhealthy()
+    }
+
+    /// [`admit`](Self::admit) after a failure: under the lock.
+    #[cold]
+    fn admit_unhealthy(&self) -> Result<Permit<'_>, Duration> {
         let permit = |probe| Permit {
             breaker: self,
             probe,
         };
-        if self.config.threshold == 0 || self.healthy.load(Ordering::Acquire) {
-            return Ok(permit(None));
-        }
         let mut guard = self.lock();
         let (state, next_id) = &mut *guard;
         let now = Instant::now();
@@ -172,10 +185,17 @@ impl Breaker {
         (backoff * 2).min(self.config.max_backoff)
     }
 
+    #[inline]
     fn on_success(&self) {
         if self.config.threshold == 0 || self.healthy.load(Ordering::Acquire) {
             return;
         }
+        self.close();
+    }
+
+    /// A success after failures: the breaker closes.
+    #[cold]
+    fn close(&self) {
         let mut guard = self.lock();
         if !matches!(guard.0, State::Closed { .. }) {
             self.meter.transition(BreakerState::Closed);
@@ -236,6 +256,7 @@ impl Breaker {
     }
 
     /// Whether the breaker is open (not counting a probe in flight).
+    #[inline]
     pub(crate) fn is_open(&self) -> bool {
         !self.healthy.load(Ordering::Acquire) && !matches!(self.lock().0, State::Closed { .. })
     }

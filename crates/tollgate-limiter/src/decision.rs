@@ -24,6 +24,7 @@ pub struct Decision {
 
 impl Decision {
     /// A decision that let the request through.
+    #[inline]
     pub fn allowed(limit: u64, remaining: u64, reset_after: Duration) -> Self {
         Self {
             allowed: true,
@@ -38,6 +39,7 @@ impl Decision {
     }
 
     /// A decision that refused the request.
+    #[inline]
     pub fn denied(
         limit: u64,
         remaining: u64,
@@ -57,6 +59,7 @@ impl Decision {
     }
 
     /// Builds a decision from microsecond figures, as backends compute them.
+    #[inline]
     pub fn from_micros(
         allowed: bool,
         limit: u64,
@@ -81,6 +84,7 @@ impl Decision {
     /// retry-after helps, so it is zero; the limiter turns this into its
     /// impossible-cost error (HTTP 413), never a 429 with a Retry-After
     /// that cannot be met.
+    #[inline]
     pub fn impossible(limit: u64, remaining: u64, reset_after_us: u64) -> Self {
         Self {
             impossible: true,
@@ -90,8 +94,16 @@ impl Decision {
 
     /// The same decision, stating the window of the policy that made it
     /// (kept in whole microseconds).
+    #[inline]
     pub fn with_window(mut self, window: Duration) -> Self {
         self.window_us = crate::time::micros(window);
+        self
+    }
+
+    /// [`with_window`](Self::with_window) from whole microseconds.
+    #[inline]
+    pub(crate) fn with_window_micros(mut self, window_us: u64) -> Self {
+        self.window_us = window_us;
         self
     }
 
@@ -110,6 +122,7 @@ impl Decision {
 
     /// Whether the request was refused because its cost can never fit
     /// the policy in force (see [`impossible`](Self::impossible)).
+    #[inline]
     pub fn is_impossible(&self) -> bool {
         self.impossible
     }
@@ -125,11 +138,13 @@ impl Decision {
     }
 
     /// Whether the request may pass.
+    #[inline]
     pub fn is_allowed(&self) -> bool {
         self.allowed
     }
 
     /// Whether the request was refused.
+    #[inline]
     pub fn is_denied(&self) -> bool {
         !self.allowed
     }

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::breaker::{Breaker, BreakerConfig};
+use crate::breaker::{Breaker, BreakerConfig, Permit};
 use crate::error::Error;
-use crate::metrics::{BreakerMeter, Meter};
+use crate::metrics::{BreakerMeter, Meter, Stopwatch};
 
 /// Runs backend calls under a deadline and a breaker, and logs failures.
 #[derive(Debug)]
@@ -67,40 +67,102 @@ impl Guard {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        let admitted = self.admit()?;
+        self.wait(admitted, deadline, call()).await
+    }
+
+    /// The breaker's leave for one backend call (counted as refused when
+    /// it is open): hand it to [`report`](Self::report) with the call's
+    /// answer, or to [`wait`](Self::wait) with the call's future. The call
+    /// is made only once admitted.
+    #[inline]
+    pub(crate) fn admit(&self) -> Result<Admitted<'_>, Error> {
         let Ok(permit) = self.breaker.admit() else {
             self.meter.error(&Error::BreakerOpen);
             return Err(Error::BreakerOpen);
         };
-        let watch = self.meter.start();
+        Ok(Admitted {
+            permit,
+            watch: self.meter.start(),
+        })
+    }
+
+    /// Waits for an admitted call's future, to be answered by `deadline`,
+    /// and reports its outcome.
+    ///
+    /// Dropping the returned future at any point (or a panic in the
+    /// backend) cannot leave the breaker waiting for a probe's report: see
+    /// [`Permit`](crate::breaker::Permit).
+    pub(crate) async fn wait<T, E, Fut>(
+        &self,
+        admitted: Admitted<'_>,
+        deadline: &Deadline,
+        fut: Fut,
+    ) -> Result<T, Error>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+        Fut: Future<Output = Result<T, E>>,
+    {
         // Poll once before reading the clock and arming the timer: an
         // in-process backend answers at once, and a clock read and a timer
         // cost more than its decision.
-        let mut fut = std::pin::pin!(call());
+        let mut fut = std::pin::pin!(fut);
         let first = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
         let answer = match first {
             Poll::Ready(r) => Ok(r),
-            Poll::Pending => tokio::time::timeout_at(deadline.at(), fut).await,
+            Poll::Pending => tokio::time::timeout_at(deadline.at(), fut)
+                .await
+                .map_err(|_| Error::Timeout(self.timeout)),
         };
+        self.report(admitted, answer)
+    }
+
+    /// Reports an admitted call's outcome (its answer, or the error that
+    /// ended the wait) to the breaker, the metrics and the log.
+    #[inline]
+    pub(crate) fn report<T, E>(
+        &self,
+        admitted: Admitted<'_>,
+        answer: Result<Result<T, E>, Error>,
+    ) -> Result<T, Error>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
         let result = match answer {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(Error::Backend(Box::new(e))),
-            Err(_) => Err(Error::Timeout(self.timeout)),
+            Err(e) => Err(e),
         };
-        self.meter.backend_call(watch, &result);
         match &result {
-            Ok(_) => {
-                if self.breaker.is_open() {
-                    tracing::info!(limiter = %self.name, "rate-limit backend recovered");
-                }
-                permit.success();
-            }
+            Ok(_) => self.succeeded(admitted),
             Err(e) => {
-                let opened = permit.failure();
+                self.meter.backend_call(admitted.watch, &result);
+                let opened = admitted.permit.failure();
                 self.log.warn(&self.name, e, opened);
             }
         }
         result
     }
+
+    /// Reports that an admitted call answered (what [`report`](Self::report)
+    /// does with an `Ok`, for a caller that keeps the answer).
+    #[inline]
+    pub(crate) fn succeeded(&self, admitted: Admitted<'_>) {
+        self.meter
+            .backend_call(admitted.watch, &Ok::<(), Error>(()));
+        if self.breaker.is_open() {
+            tracing::info!(limiter = %self.name, "rate-limit backend recovered");
+        }
+        admitted.permit.success();
+    }
+}
+
+/// A backend call the breaker let through (see [`Guard::admit`]).
+#[derive(Debug)]
+#[must_use = "an admitted call reports its outcome"]
+pub(crate) struct Admitted<'a> {
+    permit: Permit<'a>,
+    watch: Stopwatch,
 }
 
 /// The deadline of one decision, shared by its backend calls. It is taken

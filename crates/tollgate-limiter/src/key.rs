@@ -137,6 +137,7 @@ impl Key {
     }
 
     /// The key as stored.
+    #[inline]
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -308,6 +308,22 @@ impl<B: Backend> LimiterBuilder<B> {
                 meter: CandidateMeter::new(&self.name),
                 policy: c,
             });
+        let denials = self
+            .local_denials
+            .map(|ttl| DenyCache::new(ttl, self.local_capacity));
+        let leases = self
+            .lease
+            .filter(|_| self.policy.max_cost().is_some())
+            .map(|(batch, ttl)| {
+                // A batch above what the policy can ever grant would never
+                // be granted.
+                let batch = batch.min(self.policy.max_cost().unwrap_or(batch));
+                Leases::new(batch, ttl, self.local_capacity)
+            });
+        let plain = denials.is_none()
+            && leases.is_none()
+            && candidate.is_none()
+            && !matches!(self.policy, Policy::Concurrency(_));
         Limiter {
             inner: Arc::new(Inner {
                 guard: Guard::new(self.name.clone(), self.timeout, self.breaker),
@@ -319,17 +335,9 @@ impl<B: Backend> LimiterBuilder<B> {
                 mode: self.mode,
                 shadow_log: LogThrottle::new(SHADOW_LOG_PERIOD),
                 candidate,
-                denials: self
-                    .local_denials
-                    .map(|ttl| DenyCache::new(ttl, self.local_capacity)),
-                leases: self.lease.filter(|_| self.policy.max_cost().is_some()).map(
-                    |(batch, ttl)| {
-                        // A batch above what the policy can ever grant
-                        // would never be granted.
-                        let batch = batch.min(self.policy.max_cost().unwrap_or(batch));
-                        Leases::new(batch, ttl, self.local_capacity)
-                    },
-                ),
+                denials,
+                leases,
+                plain,
             }),
         }
     }
@@ -381,6 +389,9 @@ struct Inner<B> {
     guard: Guard,
     denials: Option<DenyCache>,
     leases: Option<Leases>,
+    /// No local map and no candidate: a charge is one backend decision
+    /// (see [`Limiter::check_cost`]'s short path).
+    plain: bool,
 }
 
 /// A candidate policy, evaluated beside the enforced one.
@@ -480,8 +491,9 @@ impl<B: Backend> Limiter<B> {
 
     /// Asks for one unit (at least the [minimum cost](LimiterBuilder::min_cost))
     /// for `key`.
-    pub async fn check(&self, key: &Key) -> Verdict {
-        self.check_cost(key, 1).await
+    pub fn check(&self, key: &Key) -> impl Future<Output = Verdict> + Send {
+        // Not an `async fn`: a layer of future less on the hot path.
+        self.check_cost(key, 1)
     }
 
     /// Asks for `cost` units for `key` (for a progressive delay: records
@@ -505,6 +517,57 @@ impl<B: Backend> Limiter<B> {
     /// backend that blocks its caller's thread without yielding cannot be
     /// interrupted (tollgate's backends never do).
     pub async fn check_cost(&self, key: &Key, cost: u64) -> Verdict {
+        if self.inner.plain {
+            // The short path (no local map, no candidate, not a
+            // concurrency limit): one backend decision, in a future that
+            // holds little more than the backend's (the general path's
+            // is boxed, so it does not size this one).
+            let cost = cost.max(self.inner.min_cost);
+            // The operation written in place (an `Op` is large: a
+            // reservation's receipt).
+            let req = Request {
+                limiter: &self.inner.name,
+                key,
+                policy: &self.inner.policy,
+                op: Op::Acquire(cost),
+            };
+            let guard = &self.inner.guard;
+            let result = match guard.admit() {
+                Err(e) => Err(e),
+                Ok(admitted) => match self.inner.backend.decide_now(&req) {
+                    // An in-process backend decided: no future, and the
+                    // decision moved once, into the verdict.
+                    Some(Ok(d)) if !d.is_impossible() => {
+                        guard.succeeded(admitted);
+                        if d.is_allowed() || self.inner.mode != Mode::Shadow {
+                            // `counted` without moving the verdict twice.
+                            let outcome = match d.is_allowed() {
+                                true => Outcome::Allowed,
+                                false => Outcome::Refused,
+                            };
+                            guard.meter().decision(Call::Check, outcome);
+                            return Verdict::Decided(d);
+                        }
+                        return self.counted(Call::Check, Verdict::Decided(d));
+                    }
+                    Some(answer) => guard.report(admitted, Ok(answer)),
+                    None => {
+                        let fut = self.inner.backend.decide(req);
+                        guard.wait(admitted, &guard.deadline(), fut).await
+                    }
+                },
+            };
+            let result = match result {
+                Ok(d) if d.is_impossible() => Err(impossible(Op::Acquire(cost), &d)),
+                result => result,
+            };
+            return self.counted(Call::Check, self.settle(result, cost));
+        }
+        Box::pin(self.check_general(key, cost)).await
+    }
+
+    /// [`check_cost`](Self::check_cost) with local maps or a candidate.
+    async fn check_general(&self, key: &Key, cost: u64) -> Verdict {
         let deadline = self.inner.guard.deadline();
         let cost = cost.max(self.inner.min_cost);
         let op = match self.inner.policy {
@@ -869,14 +932,7 @@ impl<B: Backend> Limiter<B> {
             }
         };
         if d.is_impossible() {
-            let cost = match op {
-                Op::Acquire(c) | Op::Peek(c) | Op::Penalise(c) => c,
-                Op::Reset | Op::Settle { .. } | Op::Hold(_) | Op::Release(_) => 0,
-            };
-            return Err(Error::Policy(PolicyError::new(
-                "cost",
-                format!("a cost of {cost} can never pass a limit of {}", d.limit()),
-            )));
+            return Err(impossible(op, &d));
         }
         Ok(d)
     }
@@ -892,6 +948,7 @@ impl<B: Backend> Limiter<B> {
 
     /// Counts a verdict in the decision metrics, after shadow mode let
     /// through what it would refuse.
+    #[inline]
     fn counted(&self, call: Call, verdict: Verdict) -> Verdict {
         let verdict = self.shadowed(verdict);
         self.inner
@@ -903,6 +960,7 @@ impl<B: Backend> Limiter<B> {
 
     /// In shadow mode, a refusal becomes [`Verdict::Shadowed`], logged at
     /// a throttled rate.
+    #[inline]
     fn shadowed(&self, verdict: Verdict) -> Verdict {
         if self.inner.mode != Mode::Shadow || verdict.is_allowed() {
             return verdict;
@@ -941,6 +999,7 @@ impl<B: Backend> Limiter<B> {
     /// Turns a request of `cost` into a verdict. When the backend could not
     /// say whether `cost` can ever fit, the configured policy answers
     /// that: an impossible cost is never let through by a fail-open mode.
+    #[inline]
     fn settle(&self, result: Result<Decision, Error>, cost: u64) -> Verdict {
         let result = result.map_err(|e| match self.inner.policy.check_cost(cost) {
             Err(p) if e.is_unavailable() => Error::Policy(p),
@@ -955,6 +1014,20 @@ impl<B: Backend> Limiter<B> {
             },
         }
     }
+}
+
+/// The error of a decision refusing `op` as impossible: its cost can
+/// never fit the policy in force.
+#[cold]
+fn impossible(op: Op, d: &Decision) -> Error {
+    let cost = match op {
+        Op::Acquire(c) | Op::Peek(c) | Op::Penalise(c) => c,
+        Op::Reset | Op::Settle { .. } | Op::Hold(_) | Op::Release(_) => 0,
+    };
+    Error::Policy(PolicyError::new(
+        "cost",
+        format!("a cost of {cost} can never pass a limit of {}", d.limit()),
+    ))
 }
 
 #[cfg(test)]

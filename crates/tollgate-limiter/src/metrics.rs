@@ -162,10 +162,10 @@ pub(crate) enum Change {
 }
 
 #[cfg(feature = "metrics")]
-pub(crate) use on::{AimdMeter, BreakerMeter, CandidateMeter, Meter};
+pub(crate) use on::{AimdMeter, BreakerMeter, CandidateMeter, Meter, Stopwatch};
 
 #[cfg(not(feature = "metrics"))]
-pub(crate) use off::{AimdMeter, BreakerMeter, CandidateMeter, Meter};
+pub(crate) use off::{AimdMeter, BreakerMeter, CandidateMeter, Meter, Stopwatch};
 
 #[cfg(feature = "metrics")]
 mod on {

@@ -95,6 +95,7 @@ pub enum State {
 
 impl State {
     /// A fresh key's state under `policy`.
+    #[inline]
     pub fn fresh(policy: &Policy) -> Self {
         match policy {
             Policy::TokenBucket(_) => Self::TokenBucket(TokenBucketState::default()),
@@ -111,6 +112,7 @@ impl State {
     /// A state of another strategy than the policy's (the policy was
     /// replaced by one of a different kind) counts as fresh. The decision
     /// carries the policy's [window](Decision::window).
+    #[inline]
     pub fn apply(&mut self, now: Timestamp, policy: &Policy, op: Op) -> Decision {
         if op == Op::Reset {
             *self = Self::fresh(policy);
@@ -156,7 +158,7 @@ impl State {
                 return self.apply(now, policy, op);
             }
         };
-        decision.with_window(window_of(policy))
+        decision.with_window_micros(window_micros_of(policy))
     }
 
     /// Where the last charge sits (see [`Receipt`]): the first part of a
@@ -185,6 +187,7 @@ impl State {
 
     /// When this state becomes equal to a fresh key's under `policy`: a
     /// stored key may be dropped from then on (its TTL).
+    #[inline]
     pub fn expires_at(&self, policy: &Policy) -> Timestamp {
         match (self, policy) {
             (Self::TokenBucket(s), _) => s.expires_at(),
@@ -202,6 +205,7 @@ impl State {
 /// something in the key's state (tokens taken, an event logged, a failure
 /// counted). Only such writes set a key's expiry: reads and refusals leave
 /// it as it was.
+#[inline]
 pub fn records(policy: &Policy, op: Op, decision: &Decision) -> bool {
     if decision.is_impossible() {
         return false;
@@ -234,6 +238,7 @@ pub fn records(policy: &Policy, op: Op, decision: &Decision) -> bool {
 /// (whole microseconds): what a [`Decision::window`] carries (for a
 /// calendar quota, whose decisions carry the current window's length, the
 /// nominal period).
+#[inline]
 pub fn window_of(policy: &Policy) -> std::time::Duration {
     let us = match policy {
         Policy::TokenBucket(p) => p.capacity() * p.interval_micros(),
@@ -244,6 +249,21 @@ pub fn window_of(policy: &Policy) -> std::time::Duration {
         Policy::Concurrency(p) => p.lease_micros(),
     };
     std::time::Duration::from_micros(us)
+}
+
+/// [`window_of`] in whole microseconds (what a decision keeps), without
+/// the round trip through a `Duration` for the strategies that compute it
+/// in microseconds.
+#[inline]
+fn window_micros_of(policy: &Policy) -> u64 {
+    match policy {
+        Policy::TokenBucket(p) => p.capacity() * p.interval_micros(),
+        Policy::SlidingWindow(p) => p.window_micros(),
+        Policy::ProgressiveDelay(p) => p.forget_after_micros(),
+        Policy::Composite(c) => crate::time::micros(c.window()),
+        Policy::Calendar(p) => crate::time::micros(p.window()),
+        Policy::Concurrency(p) => p.lease_micros(),
+    }
 }
 
 /// One stored key: its state and the instant it expires.
@@ -264,6 +284,7 @@ pub struct Slot {
 
 impl Slot {
     /// A fresh key under `policy`.
+    #[inline]
     pub fn fresh(policy: &Policy) -> Self {
         Self {
             state: State::fresh(policy),
@@ -272,7 +293,25 @@ impl Slot {
     }
 
     /// Applies `op` at `now` under `policy`.
+    #[inline]
     pub fn apply(&mut self, now: Timestamp, policy: &Policy, op: Op) -> Decision {
+        // The common case, a token bucket's charge, dispatched at once: the
+        // same steps as below (expiry, `State::apply`, `records`), for
+        // one strategy and one operation.
+        if let (State::TokenBucket(s), Policy::TokenBucket(p), Op::Acquire(cost)) =
+            (&mut self.state, policy, op)
+        {
+            if self.expires_at <= now {
+                *s = TokenBucketState::default();
+                self.expires_at = 0;
+            }
+            let decision = s.acquire(now, p, cost);
+            // `records`: an admitted charge (an impossible cost never is).
+            if decision.is_allowed() {
+                self.expires_at = s.expires_at();
+            }
+            return decision.with_window_micros(window_micros_of(policy));
+        }
         if self.expires_at <= now {
             self.state = State::fresh(policy);
             self.expires_at = 0;
@@ -304,6 +343,7 @@ impl Slot {
 
     /// Whether the key still holds state at `now` (a backend may drop it
     /// otherwise).
+    #[inline]
     pub fn is_live(&self, now: Timestamp) -> bool {
         self.expires_at > now
     }

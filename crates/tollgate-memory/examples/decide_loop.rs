@@ -5,9 +5,12 @@
 //! cargo build --release -p tollgate-memory --example decide_loop
 //! valgrind --tool=callgrind target/release/examples/decide_loop tollgate 10000
 //! valgrind --tool=callgrind target/release/examples/decide_loop governor 10000
+//! perf stat -e instructions:u target/release/examples/decide_loop limiter 1
 //! ```
 //!
-//! Arguments: `tollgate|governor` and the number of keys.
+//! Arguments: `tollgate|limiter|governor` and the number of keys:
+//! `tollgate` is the backend's `decide` alone, `limiter` the whole
+//! `Limiter::check` (default settings) on a current-thread runtime.
 
 use std::future::Future;
 use std::num::NonZeroU32;
@@ -42,6 +45,21 @@ fn main() {
             .unwrap();
             n += d.remaining();
         }
+    } else if which == "limiter" {
+        let policy = TokenBucket::per_second(1_000, 1_000_000).unwrap();
+        let limiter = Limiter::new("bench", policy, MemoryBackend::new());
+        let ks: Vec<Key> = (0..keys).map(|i| Key::new(format!("user-{i}"))).collect();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        n = rt.block_on(async {
+            let mut n = 0;
+            for i in 0..N {
+                n += u64::from(limiter.check(&ks[i % keys]).await.is_allowed());
+            }
+            n
+        });
     } else {
         let q = governor::Quota::per_second(NonZeroU32::new(1_000_000).unwrap())
             .allow_burst(NonZeroU32::new(1000).unwrap());

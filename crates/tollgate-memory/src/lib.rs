@@ -163,12 +163,14 @@ struct Lookup<'a> {
 }
 
 impl Lookup<'_> {
+    #[inline]
     fn matches(&self, k: &StoreKey) -> bool {
         let (l, n) = (self.limiter.len(), self.key.len());
-        k.0.len() == l + 1 + n
-            && k.0.as_bytes()[l] == 0
-            && k.0.starts_with(self.limiter)
-            && k.0.ends_with(self.key)
+        let stored = k.0.as_bytes();
+        stored.len() == l + 1 + n
+            && stored[l] == 0
+            && same_bytes(&stored[l + 1..], self.key.as_bytes())
+            && same_bytes(&stored[..l], self.limiter.as_bytes())
     }
 
     fn to_owned(&self) -> StoreKey {
@@ -177,6 +179,26 @@ impl Lookup<'_> {
         s.push('\0');
         s.push_str(self.key);
         StoreKey(s.into())
+    }
+}
+
+/// Whether `a` and `b` hold the same bytes: short slices (limiter names,
+/// IPs, ids) compared in two overlapping words, inline, where a slice `==`
+/// calls `memcmp`.
+#[inline]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    let word8 = |s: &[u8], at: usize| u64::from_ne_bytes(s[at..at + 8].try_into().unwrap());
+    let word4 = |s: &[u8], at: usize| u32::from_ne_bytes(s[at..at + 4].try_into().unwrap());
+    match n {
+        // The first and the last word cover every byte.
+        8..=16 => word8(a, 0) == word8(b, 0) && word8(a, n - 8) == word8(b, n - 8),
+        4..=7 => word4(a, 0) == word4(b, 0) && word4(a, n - 4) == word4(b, n - 4),
+        0..=3 => a.iter().zip(b).all(|(x, y)| x == y),
+        _ => a == b,
     }
 }
 
@@ -287,7 +309,7 @@ impl<C: Clock> MemoryBackend<C> {
         &self.shared.clock
     }
 
-    fn decide_now(&self, req: &Request<'_>) -> Decision {
+    fn decide_at_once(&self, req: &Request<'_>) -> Decision {
         let op = req.op;
         self.with_slot(req, |slot, now, policy| slot.apply(now, policy, op))
     }
@@ -295,13 +317,17 @@ impl<C: Clock> MemoryBackend<C> {
     /// Runs `f` on the key's slot (a fresh one if the key is not held) at
     /// the clock's now under the policy in force, then keeps the slot only
     /// if it still holds state.
+    #[inline]
     fn with_slot<T>(
         &self,
         req: &Request<'_>,
         f: impl FnOnce(&mut Slot, Timestamp, &Policy) -> T,
     ) -> T {
         let now = self.shared.clock.now();
-        let policy = self.effective_policy(req, now);
+        // The configured policy by reference: an override (rare) is the
+        // only copy made.
+        let overridden = self.override_of(req, now);
+        let policy = overridden.as_ref().unwrap_or(req.policy);
         let lookup = Lookup {
             limiter: req.limiter,
             key: req.key.as_str(),
@@ -314,7 +340,7 @@ impl<C: Clock> MemoryBackend<C> {
         {
             Ok(mut entry) => {
                 let slot = &mut entry.get_mut().2;
-                let decision = f(slot, now, &policy);
+                let decision = f(slot, now, policy);
                 if !slot.is_live(now) {
                     // The key is as good as fresh: keep nothing.
                     entry.remove();
@@ -322,8 +348,8 @@ impl<C: Clock> MemoryBackend<C> {
                 decision
             }
             Err(_) => {
-                let mut slot = Slot::fresh(&policy);
-                let decision = f(&mut slot, now, &policy);
+                let mut slot = Slot::fresh(policy);
+                let decision = f(&mut slot, now, policy);
                 if slot.is_live(now) {
                     // Growing rehashes from the stored hash.
                     shard
@@ -343,22 +369,27 @@ impl<C: Clock> MemoryBackend<C> {
         (hash, &self.shared.shards[(hash >> 58) as usize % SHARDS])
     }
 
-    fn effective_policy(&self, req: &Request<'_>, now: Timestamp) -> Policy {
+    /// The override in force for the request's key (its own, else its
+    /// limiter's), if any: `None` means the request's policy rules.
+    #[inline]
+    fn override_of(&self, req: &Request<'_>, now: Timestamp) -> Option<Policy> {
         if !self.shared.has_overrides.load(Ordering::Acquire) {
-            return *req.policy;
+            return None;
         }
+        self.override_slow(req, now)
+    }
+
+    #[cold]
+    fn override_slow(&self, req: &Request<'_>, now: Timestamp) -> Option<Policy> {
         let overrides = self
             .shared
             .overrides
             .read()
             .unwrap_or_else(|e| e.into_inner());
-        overrides
-            .get(req.limiter)
-            .and_then(|o| {
-                let get = |s: Option<&Stored>| s.and_then(|s| s.live(now));
-                get(o.keys.get(req.key)).or(get(o.limiter.as_ref()))
-            })
-            .unwrap_or(*req.policy)
+        overrides.get(req.limiter).and_then(|o| {
+            let get = |s: Option<&Stored>| s.and_then(|s| s.live(now));
+            get(o.keys.get(req.key)).or(get(o.limiter.as_ref()))
+        })
     }
 
     /// Sets or clears the override of exactly `scope`.
@@ -540,6 +571,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl<C: Clock> Backend for MemoryBackend<C> {
     type Error = MemoryError;
 
+    #[inline]
+    fn decide_now(&self, req: &Request<'_>) -> Option<Result<Decision, MemoryError>> {
+        // With a fault set, `decide` injects it (and counts the call).
+        if self.shared.faults.armed.load(Ordering::Relaxed) {
+            return None;
+        }
+        Some(Ok(self.decide_at_once(req)))
+    }
+
     fn decide(
         &self,
         req: Request<'_>,
@@ -548,7 +588,7 @@ impl<C: Clock> Backend for MemoryBackend<C> {
         // common path costs no more than the map lookup, and allocates
         // nothing.
         match self.inject() {
-            Ok(delay) if delay.is_zero() => Decide::Ready(Some(Ok(self.decide_now(&req)))),
+            Ok(delay) if delay.is_zero() => Decide::Ready(Some(Ok(self.decide_at_once(&req)))),
             Err(e) => Decide::Ready(Some(Err(e))),
             Ok(delay) => {
                 let backend = self.clone();
@@ -556,7 +596,7 @@ impl<C: Clock> Backend for MemoryBackend<C> {
                     (req.limiter.to_owned(), req.key.clone(), *req.policy, req.op);
                 Decide::Delayed(Box::pin(async move {
                     tokio::time::sleep(delay).await;
-                    Ok(backend.decide_now(&Request {
+                    Ok(backend.decide_at_once(&Request {
                         limiter: &limiter,
                         key: &key,
                         policy: &policy,
@@ -576,7 +616,7 @@ impl<C: Clock> Backend for MemoryBackend<C> {
             Op::Acquire(c) => c,
             // Not a reservation: decided as asked, nothing to refund.
             op => {
-                let d = self.decide_now(&Request { op, ..req });
+                let d = self.decide_at_once(&Request { op, ..req });
                 return Ok((d, Receipt::NONE));
             }
         };
@@ -636,6 +676,20 @@ mod tests {
     fn key_overrides(b: &MemoryBackend<MockClock>) -> usize {
         let overrides = b.shared.overrides.read().unwrap();
         overrides.values().map(|o| o.keys.len()).sum()
+    }
+
+    #[test]
+    fn same_bytes_sees_every_byte() {
+        for n in 0..40u8 {
+            let a: Vec<u8> = (0..n).collect();
+            assert!(same_bytes(&a, &a.clone()));
+            for i in 0..usize::from(n) {
+                let mut b = a.clone();
+                b[i] ^= 0x80;
+                assert!(!same_bytes(&a, &b), "length {n}, byte {i}");
+            }
+            assert!(!same_bytes(&a, &a[..a.len().saturating_sub(1)]) || n == 0);
+        }
     }
 
     #[tokio::test]

@@ -73,6 +73,7 @@ impl TokenBucket {
     }
 
     /// The peak burst.
+    #[inline]
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
@@ -93,6 +94,7 @@ impl TokenBucket {
     }
 
     /// [`interval`](Self::interval) in microseconds.
+    #[inline]
     pub fn interval_micros(&self) -> u64 {
         self.interval_us
     }
@@ -110,16 +112,19 @@ pub struct TokenBucketState {
 
 impl TokenBucketState {
     /// Takes `cost` tokens at `now` (a cost of 0 counts as 1).
+    #[inline]
     pub fn acquire(&mut self, now: Timestamp, p: &TokenBucket, cost: u64) -> Decision {
         self.decide(now, p, cost, true)
     }
 
     /// Whether `cost` tokens would be taken at `now`; changes nothing.
+    #[inline]
     pub fn peek(&self, now: Timestamp, p: &TokenBucket, cost: u64) -> Decision {
         let mut copy = *self;
         copy.decide(now, p, cost, false)
     }
 
+    #[inline]
     fn decide(&mut self, now: Timestamp, p: &TokenBucket, cost: u64, charge: bool) -> Decision {
         let cost = cost.max(1);
         let t = p.interval_micros();
@@ -127,18 +132,19 @@ impl TokenBucketState {
         let tat = self.tat.max(now);
         let debt = tat - now;
         // The debt can exceed tau when an override shrank the bucket: then
-        // nothing remains (never a negative count).
-        let remaining = tau.saturating_sub(debt) / t;
+        // nothing remains (never a negative count). Computed only by the
+        // answers that report it (a division: a charge computes its own).
+        let remaining = || tau.saturating_sub(debt) / t;
         if cost > p.capacity() {
-            return Decision::impossible(p.capacity(), remaining, debt);
+            return Decision::impossible(p.capacity(), remaining(), debt);
         }
         // cost <= capacity, so this cannot overflow what tau holds.
         let new_debt = debt + cost * t;
         if new_debt > tau {
-            return Decision::from_micros(false, p.capacity(), remaining, new_debt - tau, debt);
+            return Decision::from_micros(false, p.capacity(), remaining(), new_debt - tau, debt);
         }
         if !charge {
-            return Decision::from_micros(true, p.capacity(), remaining, 0, debt);
+            return Decision::from_micros(true, p.capacity(), remaining(), 0, debt);
         }
         if self.tat <= now {
             self.born = now;
@@ -196,6 +202,7 @@ impl TokenBucketState {
     }
 
     /// When this state becomes equal to a fresh key's.
+    #[inline]
     pub fn expires_at(&self) -> Timestamp {
         self.tat
     }
