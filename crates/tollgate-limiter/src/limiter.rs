@@ -11,7 +11,7 @@ use crate::breaker::BreakerConfig;
 use crate::decision::Decision;
 use crate::deny_cache::{Charge, DenyCache};
 use crate::error::Error;
-use crate::guard::{Deadline, Guard, LogThrottle};
+use crate::guard::{Admitted, Deadline, Guard, LogThrottle};
 use crate::key::Key;
 use crate::lease::Leases;
 use crate::metrics::{Agreement, Call, CandidateMeter, Local, Outcome};
@@ -531,39 +531,86 @@ impl<B: Backend> Limiter<B> {
                 policy: &self.inner.policy,
                 op: Op::Acquire(cost),
             };
-            let guard = &self.inner.guard;
-            let result = match guard.admit() {
-                Err(e) => Err(e),
-                Ok(admitted) => match self.inner.backend.decide_now(&req) {
-                    // An in-process backend decided: no future, and the
-                    // decision moved once, into the verdict.
-                    Some(Ok(d)) if !d.is_impossible() => {
-                        guard.succeeded(admitted);
-                        if d.is_allowed() || self.inner.mode != Mode::Shadow {
-                            // `counted` without moving the verdict twice.
-                            let outcome = match d.is_allowed() {
-                                true => Outcome::Allowed,
-                                false => Outcome::Refused,
-                            };
-                            guard.meter().decision(Call::Check, outcome);
-                            return Verdict::Decided(d);
-                        }
-                        return self.counted(Call::Check, Verdict::Decided(d));
-                    }
-                    Some(answer) => guard.report(admitted, Ok(answer)),
-                    None => {
-                        let fut = self.inner.backend.decide(req);
-                        guard.wait(admitted, &guard.deadline(), fut).await
-                    }
-                },
+            return match self.plain_now(&req, cost) {
+                Now::Done(verdict) => verdict,
+                Now::Wait(admitted) => {
+                    let guard = &self.inner.guard;
+                    let fut = self.inner.backend.decide(req);
+                    let result = guard.wait(admitted, &guard.deadline(), fut).await;
+                    self.plain_verdict(result, cost)
+                }
             };
-            let result = match result {
-                Ok(d) if d.is_impossible() => Err(impossible(Op::Acquire(cost), &d)),
-                result => result,
-            };
-            return self.counted(Call::Check, self.settle(result, cost));
         }
         Box::pin(self.check_general(key, cost)).await
+    }
+
+    /// [`check_cost`](Self::check_cost) when it can answer without
+    /// waiting: `Some` is exactly what it would answer (charged, counted);
+    /// `None` changed nothing, call `check_cost`.
+    ///
+    /// It answers when the limiter has no local map, candidate or
+    /// concurrency limit and the backend decides in-process
+    /// ([`Backend::decide_now`]), or when its breaker is open. A tower
+    /// layer asks this first: an in-process decision then costs no future,
+    /// and the inner service is called at once.
+    #[inline]
+    pub fn check_cost_now(&self, key: &Key, cost: u64) -> Option<Verdict> {
+        if !self.inner.plain {
+            return None;
+        }
+        let cost = cost.max(self.inner.min_cost);
+        let req = Request {
+            limiter: &self.inner.name,
+            key,
+            policy: &self.inner.policy,
+            op: Op::Acquire(cost),
+        };
+        match self.plain_now(&req, cost) {
+            Now::Done(verdict) => Some(verdict),
+            // Nothing was asked: dropping the breaker's leave gives a probe
+            // back at once (see `Breaker::abandon`), for `check_cost`.
+            Now::Wait(_) => None,
+        }
+    }
+
+    /// The short path up to the backend's answer: decided, when the
+    /// breaker refused or the backend answered at once; or admitted, to
+    /// wait for [`Backend::decide`].
+    #[inline]
+    fn plain_now(&self, req: &Request<'_>, cost: u64) -> Now<'_> {
+        let guard = &self.inner.guard;
+        let admitted = match guard.admit() {
+            Ok(admitted) => admitted,
+            Err(e) => return Now::Done(self.plain_verdict(Err(e), cost)),
+        };
+        match self.inner.backend.decide_now(req) {
+            // An in-process backend decided: no future, and the decision
+            // moved once, into the verdict.
+            Some(Ok(d)) if !d.is_impossible() => {
+                guard.succeeded(admitted);
+                if d.is_allowed() || self.inner.mode != Mode::Shadow {
+                    // `counted` without moving the verdict twice.
+                    let outcome = match d.is_allowed() {
+                        true => Outcome::Allowed,
+                        false => Outcome::Refused,
+                    };
+                    guard.meter().decision(Call::Check, outcome);
+                    return Now::Done(Verdict::Decided(d));
+                }
+                Now::Done(self.counted(Call::Check, Verdict::Decided(d)))
+            }
+            Some(answer) => Now::Done(self.plain_verdict(guard.report(admitted, Ok(answer)), cost)),
+            None => Now::Wait(admitted),
+        }
+    }
+
+    /// The short path's verdict on a backend call's result.
+    fn plain_verdict(&self, result: Result<Decision, Error>, cost: u64) -> Verdict {
+        let result = match result {
+            Ok(d) if d.is_impossible() => Err(impossible(Op::Acquire(cost), &d)),
+            result => result,
+        };
+        self.counted(Call::Check, self.settle(result, cost))
     }
 
     /// [`check_cost`](Self::check_cost) with local maps or a candidate.
@@ -1014,6 +1061,14 @@ impl<B: Backend> Limiter<B> {
             },
         }
     }
+}
+
+/// Where the short path stands once the backend was asked in-process.
+enum Now<'a> {
+    /// Decided (or refused by the breaker).
+    Done(Verdict),
+    /// Admitted by the breaker; the answer is [`Backend::decide`]'s.
+    Wait(Admitted<'a>),
 }
 
 /// The error of a decision refusing `op` as impossible: its cost can

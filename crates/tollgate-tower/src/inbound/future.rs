@@ -106,6 +106,29 @@ where
         }
     }
 
+    /// The limiter answered at once (`verdict`): `service`, polled ready,
+    /// is called now if the request passes.
+    pub(crate) fn decided(
+        verdict: Verdict,
+        ticket: Ticket<B>,
+        service: &mut S,
+        req: Req,
+        post: Arc<Post<R, V>>,
+    ) -> Self {
+        match answer(&post.responder, &ticket.limiter, &ticket.key, verdict) {
+            Answer::Pass { decision, shadow } => Self {
+                state: State::Inner {
+                    fut: service.call(req),
+                },
+                ticket: Some(ticket),
+                decision,
+                shadow,
+                post,
+            },
+            Answer::Refuse(response) => Self::rejected(response, post),
+        }
+    }
+
     pub(crate) fn pass(fut: S::Future, post: Arc<Post<R, V>>) -> Self {
         Self {
             state: State::Inner { fut },

@@ -133,6 +133,30 @@ where
             },
         };
         let cost = shared.cost.cost(&req);
+        let mode = match (V::RESERVE, V::UPFRONT) {
+            (true, _) => Mode::Reserve,
+            (false, true) => Mode::Upfront,
+            (false, false) => Mode::Peek,
+        };
+        if mode == Mode::Upfront
+            && let Some(verdict) = limiter.check_cost_now(&key, cost)
+        {
+            // Decided in-process: no future to box, and the service polled
+            // ready is called now (no clone to take its place).
+            let ticket = Ticket {
+                limiter,
+                key,
+                cost,
+                reservation: None,
+            };
+            return ResponseFuture::decided(
+                verdict,
+                ticket,
+                &mut self.inner,
+                req,
+                Arc::clone(&self.post),
+            );
+        }
         // The ready service is the one that will be called, once the
         // limiter has answered; a fresh clone takes its place here.
         let clone = self.inner.clone();
@@ -142,11 +166,6 @@ where
             key,
             cost,
             reservation: None,
-        };
-        let mode = match (V::RESERVE, V::UPFRONT) {
-            (true, _) => Mode::Reserve,
-            (false, true) => Mode::Upfront,
-            (false, false) => Mode::Peek,
         };
         ResponseFuture::checking(ticket, mode, inner, req, Arc::clone(&self.post))
     }
