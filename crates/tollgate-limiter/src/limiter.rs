@@ -320,10 +320,8 @@ impl<B: Backend> LimiterBuilder<B> {
                 let batch = batch.min(self.policy.max_cost().unwrap_or(batch));
                 Leases::new(batch, ttl, self.local_capacity)
             });
-        let plain = denials.is_none()
-            && leases.is_none()
-            && candidate.is_none()
-            && !matches!(self.policy, Policy::Concurrency(_));
+        let plain =
+            denials.is_none() && leases.is_none() && !matches!(self.policy, Policy::Concurrency(_));
         Limiter {
             inner: Arc::new(Inner {
                 guard: Guard::new(self.name.clone(), self.timeout, self.breaker),
@@ -389,7 +387,8 @@ struct Inner<B> {
     guard: Guard,
     denials: Option<DenyCache>,
     leases: Option<Leases>,
-    /// No local map and no candidate: a charge is one backend decision
+    /// No local map and not a concurrency limit: a charge is one backend
+    /// decision (two with a candidate, in one call)
     /// (see [`Limiter::check_cost`]'s short path).
     plain: bool,
 }
@@ -400,6 +399,18 @@ struct Candidate {
     name: String,
     policy: Policy,
     meter: CandidateMeter,
+}
+
+impl Candidate {
+    /// Its request beside the enforced `req`: the same key and operation.
+    fn request<'a>(&'a self, req: &Request<'a>) -> Request<'a> {
+        Request {
+            limiter: &self.name,
+            key: req.key,
+            policy: &self.policy,
+            op: req.op,
+        }
+    }
 }
 
 impl<B> Clone for Limiter<B> {
@@ -518,8 +529,8 @@ impl<B: Backend> Limiter<B> {
     /// interrupted (tollgate's backends never do).
     pub async fn check_cost(&self, key: &Key, cost: u64) -> Verdict {
         if self.inner.plain {
-            // The short path (no local map, no candidate, not a
-            // concurrency limit): one backend decision, in a future that
+            // The short path (no local map, not a concurrency limit): one
+            // backend call (with a candidate beside), in a future that
             // holds little more than the backend's (the general path's
             // is boxed, so it does not size this one).
             let cost = cost.max(self.inner.min_cost);
@@ -535,8 +546,22 @@ impl<B: Backend> Limiter<B> {
                 Now::Done(verdict) => verdict,
                 Now::Wait(admitted) => {
                     let guard = &self.inner.guard;
-                    let fut = self.inner.backend.decide(req);
-                    let result = guard.wait(admitted, &guard.deadline(), fut).await;
+                    let deadline = guard.deadline();
+                    let result = match &self.inner.candidate {
+                        None => {
+                            let fut = self.inner.backend.decide(req);
+                            guard.wait(admitted, &deadline, fut).await
+                        }
+                        Some(c) => {
+                            let beside = c.request(&req);
+                            let fut = self.inner.backend.decide_with_candidate(req, beside);
+                            let both = guard.wait(admitted, &deadline, fut).await;
+                            both.map(|(d, cd)| {
+                                c.meter.record(Agreement::of(&d, cd.as_ref()));
+                                d
+                            })
+                        }
+                    };
                     self.plain_verdict(result, cost)
                 }
             };
@@ -548,8 +573,8 @@ impl<B: Backend> Limiter<B> {
     /// waiting: `Some` is exactly what it would answer (charged, counted);
     /// `None` changed nothing, call `check_cost`.
     ///
-    /// It answers when the limiter has no local map, candidate or
-    /// concurrency limit and the backend decides in-process
+    /// It answers when the limiter has no local map and is not a
+    /// concurrency limit, and the backend decides in-process
     /// ([`Backend::decide_now`]), or when its breaker is open. A tower
     /// layer asks this first: an in-process decision then costs no future,
     /// and the inner service is called at once.
@@ -584,9 +609,23 @@ impl<B: Backend> Limiter<B> {
             Err(e) => return Now::Done(self.plain_verdict(Err(e), cost)),
         };
         match self.inner.backend.decide_now(req) {
-            // An in-process backend decided: no future, and the decision
-            // moved once, into the verdict.
-            Some(Ok(d)) if !d.is_impossible() => {
+            Some(Ok(d)) => {
+                if let Some(c) = &self.inner.candidate {
+                    // Beside it, as `decide_with_candidate` would; an
+                    // in-process backend that cannot answer it now (a
+                    // fault injected in between) counts as its failure.
+                    let cd = match self.inner.backend.decide_now(&c.request(req)) {
+                        Some(Ok(cd)) => Some(cd),
+                        _ => None,
+                    };
+                    c.meter.record(Agreement::of(&d, cd.as_ref()));
+                }
+                if d.is_impossible() {
+                    let result = guard.report(admitted, Ok(Ok::<_, B::Error>(d)));
+                    return Now::Done(self.plain_verdict(result, cost));
+                }
+                // An in-process backend decided: no future, and the
+                // decision moved once, into the verdict.
                 guard.succeeded(admitted);
                 if d.is_allowed() || self.inner.mode != Mode::Shadow {
                     // `counted` without moving the verdict twice.
@@ -599,7 +638,10 @@ impl<B: Backend> Limiter<B> {
                 }
                 Now::Done(self.counted(Call::Check, Verdict::Decided(d)))
             }
-            Some(answer) => Now::Done(self.plain_verdict(guard.report(admitted, Ok(answer)), cost)),
+            Some(Err(e)) => {
+                let result = guard.report(admitted, Ok(Err::<Decision, _>(e)));
+                Now::Done(self.plain_verdict(result, cost))
+            }
             None => Now::Wait(admitted),
         }
     }
@@ -613,7 +655,8 @@ impl<B: Backend> Limiter<B> {
         self.counted(Call::Check, self.settle(result, cost))
     }
 
-    /// [`check_cost`](Self::check_cost) with local maps or a candidate.
+    /// [`check_cost`](Self::check_cost) with local maps or a concurrency
+    /// limit.
     async fn check_general(&self, key: &Key, cost: u64) -> Verdict {
         let deadline = self.inner.guard.deadline();
         let cost = cost.max(self.inner.min_cost);
@@ -958,12 +1001,7 @@ impl<B: Backend> Limiter<B> {
         let d = match (&self.inner.candidate, op) {
             // A request's charge or look: the candidate decides beside it.
             (Some(c), Op::Acquire(_) | Op::Peek(_)) => {
-                let beside = Request {
-                    limiter: &c.name,
-                    key,
-                    policy: &c.policy,
-                    op,
-                };
+                let beside = c.request(&req);
                 let (d, cd) = guard
                     .run(deadline, || {
                         self.inner.backend.decide_with_candidate(req, beside)
