@@ -139,8 +139,19 @@ struct Inner {
     clock: Option<Arc<dyn Clock>>,
     min_ttl_ms: u64,
     override_cache_ttl: Duration,
-    /// Limiter-wide overrides read by the client, sent as the policy.
-    override_cache: Mutex<HashMap<String, (Instant, Option<String>)>>,
+    /// What this client knows of each limiter's overrides, and when it read
+    /// it (see [`RedisBackendBuilder::override_cache_ttl`]).
+    override_cache: Mutex<HashMap<String, (Instant, LimiterOverrides)>>,
+}
+
+/// What a client reads of a limiter's overrides, in one `MGET`.
+#[derive(Clone, Default)]
+struct LimiterOverrides {
+    /// The limiter-wide override (encoded), sent as the policy.
+    wide: Option<String>,
+    /// Whether the limiter has per-key overrides (its marker is set): only
+    /// then does a token bucket's call send the key's override key.
+    keyed: bool,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -579,6 +590,18 @@ impl RedisBackend {
         format!("{}:{limiter}:override", self.inner.prefix)
     }
 
+    /// The marker that `limiter` has per-key overrides:
+    /// `<prefix>:<limiter>:keyed{<prefix>:<limiter>:override}`, whose hash
+    /// tag is the limiter-wide override's key (which holds no braces), so
+    /// both are in one slot and read with one `MGET`, in a cluster too.
+    fn keyed_marker_key(&self, limiter: &str) -> String {
+        format!(
+            "{}:{limiter}:keyed{{{}}}",
+            self.inner.prefix,
+            self.limiter_override_key(limiter)
+        )
+    }
+
     fn override_key(&self, scope: Scope<'_>) -> Result<String, RedisError> {
         check_limiter(scope.limiter())?;
         Ok(match scope {
@@ -621,20 +644,29 @@ impl RedisBackend {
         }
     }
 
-    /// The limiter-wide override (encoded) to send as the policy, from the
-    /// short client cache (see [`RedisBackendBuilder::override_cache_ttl`]).
-    async fn limiter_override_arg(&self, limiter: &str) -> Result<Option<String>, RedisError> {
+    /// The limiter-wide override (encoded) to send as the policy, and
+    /// whether the limiter has per-key overrides, from the short client
+    /// cache (see [`RedisBackendBuilder::override_cache_ttl`]).
+    async fn limiter_overrides(&self, limiter: &str) -> Result<LimiterOverrides, RedisError> {
         let now = Instant::now();
         if let Some((at, v)) = lock(&self.inner.override_cache).get(limiter)
             && now.duration_since(*at) < self.inner.override_cache_ttl
         {
             return Ok(v.clone());
         }
-        let v: Option<String> = self
+        let (wide, marker): (Option<String>, Option<String>) = self
             .inner
             .conn
-            .query(redis::cmd("GET").arg(self.limiter_override_key(limiter)))
+            .query(
+                redis::cmd("MGET")
+                    .arg(self.limiter_override_key(limiter))
+                    .arg(self.keyed_marker_key(limiter)),
+            )
             .await?;
+        let v = LimiterOverrides {
+            wide,
+            keyed: marker.is_some(),
+        };
         lock(&self.inner.override_cache).insert(limiter.to_owned(), (now, v.clone()));
         Ok(v)
     }
@@ -676,9 +708,10 @@ impl RedisBackend {
     async fn call(&self, req: Request<'_>, reserve: bool) -> Result<Call, RedisError> {
         check_limiter(req.limiter)?;
         // The policy sent: the limiter-wide override this client knows (read
-        // and cached, see `limiter_override_arg`), else the configured one.
+        // and cached, see `limiter_overrides`), else the configured one.
         // A per-key override is read by the script.
-        let (policy, sent) = match self.limiter_override_arg(req.limiter).await? {
+        let overrides = self.limiter_overrides(req.limiter).await?;
+        let (policy, sent) = match overrides.wide {
             // Undecodable, it is sent anyway: the script refuses it.
             Some(o) => {
                 let sent = encoding::decode(&o).ok();
@@ -709,6 +742,7 @@ impl RedisBackend {
             op,
             policy,
             strategy: sent.strategy(),
+            keyed: overrides.keyed,
             min_ttl_ms: self.inner.min_ttl_ms,
             calendars,
         })
@@ -778,6 +812,8 @@ struct Call {
     policy: String,
     /// The strategy of `policy`: the script to run first.
     strategy: Strategy,
+    /// Whether the limiter has per-key overrides (see `LimiterOverrides`).
+    keyed: bool,
     min_ttl_ms: u64,
     /// ARGV[5]: calendar bounds, grown when the script asks for more.
     calendars: CalendarBounds,
@@ -786,11 +822,18 @@ struct Call {
 impl Call {
     /// The invocation of `strategy`'s script: the keys it uses, and the
     /// arguments without the trailing ones at their defaults (a token
-    /// bucket's production call is two keys and two arguments).
+    /// bucket's production call is one key and two arguments).
     fn invocation(&self, strategy: Strategy) -> redis::ScriptInvocation<'static> {
         let script = scripts::for_strategy(strategy);
         let mut inv = script.prepare_invoke();
-        inv.key(&self.state).key(format!("{}:override", self.state));
+        inv.key(&self.state);
+        // The key's override: a token bucket reads it only when the limiter
+        // has per-key overrides (its one-key call reads one key less); the
+        // other scripts take their further keys at fixed positions, and
+        // always read it.
+        if self.keyed || strategy != Strategy::TokenBucket {
+            inv.key(format!("{}:override", self.state));
+        }
         match strategy {
             Strategy::SlidingWindow => {
                 inv.key(format!("{}:log", self.state));
@@ -987,7 +1030,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl RedisBackend {
-    /// Stores (`SET`, with `PX` when it expires) or deletes an override.
+    /// Stores (`SET`, with `PX` when it expires) or deletes an override. A
+    /// per-key override sets its limiter's marker first (see
+    /// `keyed_marker_key`), so no override is ever stored without it; the
+    /// marker stays (see `docs/redis.md`).
     async fn write_override(
         &self,
         scope: Scope<'_>,
@@ -1009,10 +1055,21 @@ impl RedisBackend {
                 cmd.arg("PX").arg(ms);
             }
         }
+        if let (Scope::Key(l, _), Some(_)) = (scope, &encoded) {
+            let mut mark = redis::cmd("SET");
+            mark.arg(self.keyed_marker_key(l)).arg("1");
+            let _: Value = self.inner.conn.query(&mark).await?;
+        }
         let _: Value = self.inner.conn.query(&cmd).await?;
-        if let Scope::Limiter(l) = scope {
-            // This worker sees its own change at once.
-            lock(&self.inner.override_cache).insert(l.to_owned(), (Instant::now(), encoded));
+        // This worker sees its own change at once. The cached entry keeps
+        // the time it was read, so what other workers changed since is
+        // still read again within the TTL; without one, the next decision
+        // reads Redis.
+        if let Some((_, o)) = lock(&self.inner.override_cache).get_mut(scope.limiter()) {
+            match scope {
+                Scope::Limiter(_) => o.wide = encoded,
+                Scope::Key(..) => o.keyed |= encoded.is_some(),
+            }
         }
         Ok(())
     }
