@@ -24,15 +24,21 @@
 //!   see `lua/composite.lua`), `…:slots` (a concurrency limit's slots, a
 //!   ZSET, see `lua/concurrency.lua`) and `…:override` (a per-key override), all in the
 //!   key's hash slot; `<prefix>:<limiter>:override` holds a limiter-wide
-//!   override. Every key's TTL is the time until its state equals a fresh
+//!   override, and `<prefix>:<limiter>:keyed{<prefix>:<limiter>:override}`
+//!   marks a limiter that has per-key overrides. Every key's TTL is the time until its state equals a fresh
 //!   key's, rounded up to a millisecond; a key that becomes fresh is deleted.
 //!   An override lives until cleared, or for the TTL it was set with
 //!   ([`Backend::set_expiring_override`]).
-//! * **Overrides** are stored in Redis. A per-key override is read by the
-//!   script itself, so every worker sees a change on its next decision. A
-//!   limiter-wide override is read by the client and cached for at most
+//! * **Overrides** are stored in Redis. A limiter-wide override is read by
+//!   the client and cached for at most
 //!   [`RedisBackendBuilder::override_cache_ttl`] (default 1 s): the worker
-//!   that sets it sees it at once, the others within that TTL (see
+//!   that sets it sees it at once, the others within that TTL. A per-key
+//!   override is read by the script itself; a token bucket's script reads it
+//!   only on a limiter the client knows to have per-key overrides (a marker
+//!   the backend sets with the first one and never removes, read and cached
+//!   with the limiter-wide override). So a limiter's first per-key override
+//!   reaches other workers within that TTL too, and every later per-key
+//!   change (a clear included) on their next decision (see
 //!   `docs/redis.md`).
 //! * **Connections**: multiplexed connections managed by redis-rs's
 //!   `ConnectionManager` (see [`RedisBackendBuilder::pool_size`]); Redis
@@ -349,17 +355,21 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// How long a limiter-wide override read by this client may be used
+    /// How long what this client read of a limiter's overrides may be used
     /// before it is read again (default 1 s).
     ///
-    /// The client reads a limiter's override (one `GET`, once per TTL per
-    /// limiter) and sends it with each decision instead of the configured
-    /// policy, so a decision reads one key less. It bounds how long other
-    /// workers keep deciding under a limiter-wide override that was
-    /// changed or expired (this backend's own
-    /// [`set_override`](Backend::set_override) applies at once); per-key
-    /// overrides are always read by the script. Zero reads it on every
-    /// decision (one more round trip each).
+    /// The client reads a limiter's override and whether the limiter has
+    /// per-key overrides (one `MGET`, once per TTL per limiter), sends the
+    /// override with each decision instead of the configured policy, and
+    /// has a token bucket's script read the key's override only when there
+    /// are per-key overrides: the common decision reads one key, not two.
+    /// It bounds how long other workers keep deciding under a limiter-wide
+    /// override that was changed or expired, and how long they take to see
+    /// a limiter's first per-key override (later per-key changes, clears
+    /// included, apply on their next decision). This backend's own
+    /// [`set_override`](Backend::set_override) and
+    /// [`set_expiring_override`](Backend::set_expiring_override) apply at
+    /// once. Zero reads it on every decision (one more round trip each).
     pub fn override_cache_ttl(mut self, ttl: Duration) -> Self {
         self.override_cache_ttl = ttl;
         self
