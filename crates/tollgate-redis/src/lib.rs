@@ -654,15 +654,20 @@ impl RedisBackend {
         }
     }
 
+    /// What this client read of `limiter`'s overrides within the TTL.
+    fn cached_overrides(&self, limiter: &str) -> Option<LimiterOverrides> {
+        let cache = lock(&self.inner.override_cache);
+        let (at, v) = cache.get(limiter)?;
+        (at.elapsed() < self.inner.override_cache_ttl).then(|| v.clone())
+    }
+
     /// The limiter-wide override (encoded) to send as the policy, and
     /// whether the limiter has per-key overrides, from the short client
     /// cache (see [`RedisBackendBuilder::override_cache_ttl`]).
     async fn limiter_overrides(&self, limiter: &str) -> Result<LimiterOverrides, RedisError> {
         let now = Instant::now();
-        if let Some((at, v)) = lock(&self.inner.override_cache).get(limiter)
-            && now.duration_since(*at) < self.inner.override_cache_ttl
-        {
-            return Ok(v.clone());
+        if let Some(v) = self.cached_overrides(limiter) {
+            return Ok(v);
         }
         let (wide, marker): (Option<String>, Option<String>) = self
             .inner
@@ -1065,7 +1070,12 @@ impl RedisBackend {
                 cmd.arg("PX").arg(ms);
             }
         }
-        if let (Scope::Key(l, _), Some(_)) = (scope, &encoded) {
+        // The marker, unless this client read it within the TTL (tollgate
+        // never removes it): an AIMD controller's stream of rate changes
+        // pays one round trip each.
+        if let (Scope::Key(l, _), Some(_)) = (scope, &encoded)
+            && !self.cached_overrides(l).is_some_and(|o| o.keyed)
+        {
             let mut mark = redis::cmd("SET");
             mark.arg(self.keyed_marker_key(l)).arg("1");
             let _: Value = self.inner.conn.query(&mark).await?;
