@@ -91,7 +91,8 @@ end
 
 -- A plain acquire ('<n>') under a token-bucket policy.
 local capacity, interval = string.match(enc, '^1:t:(%d+):%d+:%d+:(%d+)$')
-local n = tonumber(ARGV[1])
+-- A cost of 1, the common one, without tonumber (strtod: ~1.4k instructions).
+local n = ARGV[1] == '1' and 1 or tonumber(ARGV[1])
 if capacity and n and n >= 0 then
   if n < 1 then
     n = 1
