@@ -25,8 +25,9 @@
 //!   ZSET, see `lua/concurrency.lua`) and `…:override` (a per-key override), all in the
 //!   key's hash slot; `<prefix>:<limiter>:override` holds a limiter-wide
 //!   override, and `<prefix>:<limiter>:keyed{<prefix>:<limiter>:override}`
-//!   marks a limiter that has per-key overrides. Every key's TTL is the time until its state equals a fresh
-//!   key's, rounded up to a millisecond; a key that becomes fresh is deleted.
+//!   marks a limiter that has per-key overrides. Every key's TTL is the time
+//!   until its state equals a fresh key's, rounded up to a millisecond; a key
+//!   that becomes fresh is deleted.
 //!   An override lives until cleared, or for the TTL it was set with
 //!   ([`Backend::set_expiring_override`]).
 //! * **Overrides** are stored in Redis. A limiter-wide override is read by
