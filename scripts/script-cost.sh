@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Server cost of one decision, deterministic: the instructions redis-server
 # executes per EVALSHA under callgrind, for tollgate's token-bucket script
-# (as the Redis backend sends it for Limiter::check: two keys, the state
-# and the key's override, two arguments, the operation and the policy;
-# see Call::invocation in crates/tollgate-redis/src/lib.rs) and for the
-# load tool's minimal GCRA script (one key, two arguments). Unlike
-# wall-clock figures it does not move with the machine's load, so a change
-# to a script can be judged on a shared machine.
+# as the Redis backend sends it for Limiter::check (see Call::invocation in
+# crates/tollgate-redis/src/lib.rs): in the common case, a limiter without
+# per-key overrides, one key (the state) and two arguments (the operation
+# and the policy); on a limiter with per-key overrides (its marker set), two
+# keys, the state and the key's override (absent here: the other keys'
+# overrides are what set the marker). And for the load tool's minimal GCRA
+# script (one key, two arguments). Unlike wall-clock figures it does not
+# move with the machine's load, so a change to a script can be judged on a
+# shared machine.
 #
 #   scripts/script-cost.sh [decisions]      (default 5000; needs valgrind)
 set -euo pipefail
@@ -46,5 +49,8 @@ cat $lua/int.lua $lua/token_bucket.lua $lua/common.lua $lua/token_bucket_ops.lua
 cost "minimal GCRA (bare client's script)" crates/tollgate-bench/lua/minimal_gcra.lua \
     1 'bench:{__rand_int__}' 10 1000000
 cost "tollgate token bucket" "$work/tb.lua" \
+    1 'tollgate:bench:{__rand_int__}' \
+    1 '1:t:100000:100000:1000000:10'
+cost "tollgate, limiter with key overrides" "$work/tb.lua" \
     2 'tollgate:bench:{__rand_int__}' 'tollgate:bench:{__rand_int__}:override' \
     1 '1:t:100000:100000:1000000:10'

@@ -93,8 +93,11 @@ async fn the_cli_inspects_overrides_and_resets_what_the_layer_counted() {
     let prefix = unique_name("it-layer-cli");
     let config = config_file(&prefix);
     let loaded = Config::builder().file(&config.0).load().unwrap();
+    // What the service read of the limiter's overrides is kept this long.
+    let cache_ttl = std::time::Duration::from_millis(200);
     let backend = RedisBackend::builder(&url)
         .prefix(loaded.prefix())
+        .override_cache_ttl(cache_ttl)
         .durability(Durability::Skip)
         .build()
         .await
@@ -122,17 +125,27 @@ async fn the_cli_inspects_overrides_and_resets_what_the_layer_counted() {
     assert_eq!(code, 0, "{out}");
     assert_eq!(send(&api, "alice").await.status(), StatusCode::OK);
 
-    // A per-key override from the CLI is in force on the service's next
-    // request: a bucket of 5 for bob.
+    // A per-key override from the CLI, a bucket of 5 for bob: the
+    // limiter's first, so in force on the service once its cache of the
+    // limiter's overrides expires (override_cache_ttl); later per-key
+    // changes on its next request.
     let (code, out) = cli(
         &config,
         &url,
         &["override", "set", "api", "--key", "bob", "--capacity", "5"],
     );
     assert_eq!(code, 0, "{out}");
+    tokio::time::sleep(cache_ttl + std::time::Duration::from_millis(50)).await;
     let mut served = 0;
     for _ in 0..8 {
         served += usize::from(send(&api, "bob").await.status() == StatusCode::OK);
     }
     assert_eq!(served, 5);
+    let (code, out) = cli(&config, &url, &["override", "clear", "api", "--key", "bob"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        send(&api, "bob").await.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "a clear applies on the next request: bob is back to 3, all used"
+    );
 }

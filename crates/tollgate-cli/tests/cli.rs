@@ -888,6 +888,11 @@ tollgate_testkit::on_every_server! {
             "sk_vip\n",
         );
         expect(&o, 0);
+        // The limiter's first per-key override: at once for a worker that
+        // has not cached its overrides, within override_cache_ttl (1 s) for
+        // one that has (the service above); later per-key changes, clears
+        // included, at once.
+        let service = c.limiter(&url, "api");
         let d = decide(&service, &vip, 1);
         assert_eq!((d.limit(), d.remaining()), (50, 49));
         assert_eq!(decide(&service, &other, 1).limit(), 2);
@@ -1156,8 +1161,9 @@ tollgate_testkit::on_every_server! {
         assert_eq!(peek(&api, &Key::new("account-3")).remaining(), 10);
         assert_eq!(peek(&api, &Key::new("account-4")).remaining(), 7);
 
-        // Overrides: per key at once; limiter-wide for a worker that has not
-        // cached the old one (others within override_cache_ttl).
+        // Overrides, the limiter's first per-key one and a limiter-wide one:
+        // at once for a worker that has not cached the limiter's overrides
+        // (others within override_cache_ttl).
         expect(
             &run_cli(&[
                 "override",
@@ -1170,7 +1176,7 @@ tollgate_testkit::on_every_server! {
             ]),
             0,
         );
-        assert_eq!(peek(&api, &Key::new("account-5")).limit(), 40);
+        assert_eq!(peek(&service(), &Key::new("account-5")).limit(), 40);
         expect(&run_cli(&["override", "set", "api", "--capacity", "20"]), 0);
         assert_eq!(peek(&service(), &Key::new("account-6")).limit(), 20);
         let out = expect(

@@ -14,11 +14,13 @@
 --               ('t': a token bucket written before its STRING state)
 --            x  expiry (µs): from then on the key reads as fresh
 --            (+ the strategy's own fields)
--- KEYS[2]  key ovr   <prefix>:<limiter>:{<key>}:override   STRING (encoded policy)
+-- KEYS[2]  key ovr   <prefix>:<limiter>:{<key>}:override   STRING (encoded policy);
+--          token_bucket.lua takes it only on a limiter with per-key
+--          overrides (see there), the other scripts always
 -- KEYS[3]  sliding_window.lua: the log, <prefix>:<limiter>:{<key>}:log (LIST);
 --          composite.lua: KEYS[3..6], its parts' logs :log1 .. :log4;
 --          concurrency.lua: the slots, :slots (ZSET); token_bucket.lua:
---          none (it takes two keys)
+--          none (it takes at most two keys)
 -- Every key carries the {<key>} hash tag: one cluster slot. The limiter-wide
 -- override (<prefix>:<limiter>:override) is not a key of any script: the
 -- client reads it (and caches it, RedisBackendBuilder::override_cache_ttl)
@@ -61,7 +63,8 @@
 --          around that now and calls again. '' or absent when no calendar
 --          is known.
 -- Trailing ARGV equal to their default ('', 0, '') are not sent: in
--- production a token bucket's call is 2 keys and 2 arguments.
+-- production a token bucket's call is 1 key (2 on a limiter with per-key
+-- overrides) and 2 arguments.
 --
 -- Returns {verdict, limit, remaining, retry_after_us, reset_after_us,
 -- window_us}: verdict 1 allowed, 0 refused, 2 refused because the cost can

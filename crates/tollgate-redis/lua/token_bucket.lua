@@ -1,14 +1,15 @@
 -- tollgate: token bucket (GCRA), one decision.
 --
--- KEYS and ARGV: see common.lua. Two keys: KEYS[1] the state, KEYS[2] the
--- key's override; in production an acquire sends two arguments, the
--- operation and the policy.
+-- KEYS and ARGV: see common.lua. KEYS[1] the state, and KEYS[2] the key's
+-- override only when the limiter has per-key overrides (the client sends it
+-- when the limiter's marker is set, see src/lib.rs): in production the
+-- common call is one key and two arguments, the operation and the policy.
 -- State, KEYS[1]: STRING 't:<tat>:<born>', written with its TTL in the same
 -- SET (PX): tat is the theoretical arrival time, which is also the key's
 -- expiry (the bucket is full again at tat), born when this life of the key
 -- began (the first charge of a full bucket). A reserve appends its mark:
 -- born, the tat after the charge.
--- A HASH at KEYS[1] (MGET reads it as nil) is another strategy's state, a
+-- A HASH at KEYS[1] (read as nil) is another strategy's state, a
 -- fresh bucket that the next charge replaces (SET), or a token bucket's
 -- state as written before it was a STRING, { s = 't', x = tat, b = born }:
 -- read as this state, and rewritten as a STRING by the next charge.
@@ -29,14 +30,24 @@ else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
--- The state and the key's override in one read.
-local got = redis.call('MGET', KEYS[1], KEYS[2])
-local enc = got[2] or ARGV[2]
+-- The state (a STRING, else nil), and the key's override when sent, in
+-- one read.
+local state, enc
+if KEYS[2] then
+  local got = redis.call('MGET', KEYS[1], KEYS[2])
+  state, enc = got[1], got[2] or ARGV[2]
+else
+  -- GET refuses a HASH (an error, read as nil like MGET does).
+  state, enc = redis.pcall('GET', KEYS[1]), ARGV[2]
+  if type(state) ~= 'string' then
+    state = nil
+  end
+end
 
 -- The stored state: tat, born (0, 0 when the key reads as fresh).
 local tat, born = 0, 0
-if got[1] then
-  local x, b = string.match(got[1], '^t:(%d+):(%d+)$')
+if state then
+  local x, b = string.match(state, '^t:(%d+):(%d+)$')
   x = tonumber(x or '0')
   if x > now then
     tat, born = x, tonumber(b)
@@ -80,7 +91,8 @@ end
 
 -- A plain acquire ('<n>') under a token-bucket policy.
 local capacity, interval = string.match(enc, '^1:t:(%d+):%d+:%d+:(%d+)$')
-local n = tonumber(ARGV[1])
+-- A cost of 1, the common one, without tonumber (strtod: ~1.4k instructions).
+local n = ARGV[1] == '1' and 1 or tonumber(ARGV[1])
 if capacity and n and n >= 0 then
   if n < 1 then
     n = 1
@@ -88,7 +100,7 @@ if capacity and n and n >= 0 then
   local reply, x, b = decide(tonumber(capacity), tonumber(interval), tat, born, n, true, false)
   if x then
     local v, ms = string.format('t:%d:%d', x, b), ttl_ms(x, now)
-    if got[1] then
+    if state then
       redis.call('SET', KEYS[1], v, 'PX', ms)
       return reply
     end
@@ -98,13 +110,13 @@ if capacity and n and n >= 0 then
     if not (type(old) == 'table' and old.err) then
       return reply
     end
-  elseif got[1] then
+  elseif state then
     if tat == 0 then
       -- Stored but fresh (expired): a fresh key is deleted.
       redis.call('DEL', KEYS[1])
     end
     return reply
   end
-  -- A HASH, or nothing written on a key MGET read as nil: the full path
+  -- A HASH, or nothing written on a key read as nil: the full path
   -- below reads whatever is there.
 end

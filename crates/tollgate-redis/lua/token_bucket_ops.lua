@@ -2,7 +2,7 @@
 -- peek, penalise (records nothing: a peek of 1), reset, reserve, settle, a
 -- policy in force of another strategy, a HASH at KEYS[1] (see
 -- token_bucket.lua). Runs after token_bucket.lua and common.lua
--- (src/scripts.rs), with their locals: now, got, enc, tat, born, decide.
+-- (src/scripts.rs), with their locals: now, state, enc, tat, born, decide.
 
 local p = decode(enc)
 if p.kind ~= 't' then
@@ -10,8 +10,8 @@ if p.kind ~= 't' then
 end
 local op, cost, settle = parse_op()
 
--- Whether something is stored at KEYS[1]; MGET reads a HASH as nil.
-local present = got[1] and true or false
+-- Whether something is stored at KEYS[1]; a HASH was read as nil.
+local present = state and true or false
 if not present then
   local h = redis.pcall('HMGET', KEYS[1], 's', 'x', 'b')
   if h.err or h[1] then

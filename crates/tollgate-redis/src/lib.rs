@@ -24,15 +24,22 @@
 //!   see `lua/composite.lua`), `…:slots` (a concurrency limit's slots, a
 //!   ZSET, see `lua/concurrency.lua`) and `…:override` (a per-key override), all in the
 //!   key's hash slot; `<prefix>:<limiter>:override` holds a limiter-wide
-//!   override. Every key's TTL is the time until its state equals a fresh
-//!   key's, rounded up to a millisecond; a key that becomes fresh is deleted.
+//!   override, and `<prefix>:<limiter>:keyed{<prefix>:<limiter>:override}`
+//!   marks a limiter that has per-key overrides. Every key's TTL is the time
+//!   until its state equals a fresh key's, rounded up to a millisecond; a key
+//!   that becomes fresh is deleted.
 //!   An override lives until cleared, or for the TTL it was set with
 //!   ([`Backend::set_expiring_override`]).
-//! * **Overrides** are stored in Redis. A per-key override is read by the
-//!   script itself, so every worker sees a change on its next decision. A
-//!   limiter-wide override is read by the client and cached for at most
+//! * **Overrides** are stored in Redis. A limiter-wide override is read by
+//!   the client and cached for at most
 //!   [`RedisBackendBuilder::override_cache_ttl`] (default 1 s): the worker
-//!   that sets it sees it at once, the others within that TTL (see
+//!   that sets it sees it at once, the others within that TTL. A per-key
+//!   override is read by the script itself; a token bucket's script reads it
+//!   only on a limiter the client knows to have per-key overrides (a marker
+//!   the backend sets with the first one and never removes, read and cached
+//!   with the limiter-wide override). So a limiter's first per-key override
+//!   reaches other workers within that TTL too, and every later per-key
+//!   change (a clear included) on their next decision (see
 //!   `docs/redis.md`).
 //! * **Connections**: multiplexed connections managed by redis-rs's
 //!   `ConnectionManager` (see [`RedisBackendBuilder::pool_size`]); Redis
@@ -139,8 +146,19 @@ struct Inner {
     clock: Option<Arc<dyn Clock>>,
     min_ttl_ms: u64,
     override_cache_ttl: Duration,
-    /// Limiter-wide overrides read by the client, sent as the policy.
-    override_cache: Mutex<HashMap<String, (Instant, Option<String>)>>,
+    /// What this client knows of each limiter's overrides, and when it read
+    /// it (see [`RedisBackendBuilder::override_cache_ttl`]).
+    override_cache: Mutex<HashMap<String, (Instant, LimiterOverrides)>>,
+}
+
+/// What a client reads of a limiter's overrides, in one `MGET`.
+#[derive(Clone, Default)]
+struct LimiterOverrides {
+    /// The limiter-wide override (encoded), sent as the policy.
+    wide: Option<String>,
+    /// Whether the limiter has per-key overrides (its marker is set): only
+    /// then does a token bucket's call send the key's override key.
+    keyed: bool,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -338,17 +356,21 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// How long a limiter-wide override read by this client may be used
+    /// How long what this client read of a limiter's overrides may be used
     /// before it is read again (default 1 s).
     ///
-    /// The client reads a limiter's override (one `GET`, once per TTL per
-    /// limiter) and sends it with each decision instead of the configured
-    /// policy, so a decision reads one key less. It bounds how long other
-    /// workers keep deciding under a limiter-wide override that was
-    /// changed or expired (this backend's own
-    /// [`set_override`](Backend::set_override) applies at once); per-key
-    /// overrides are always read by the script. Zero reads it on every
-    /// decision (one more round trip each).
+    /// The client reads a limiter's override and whether the limiter has
+    /// per-key overrides (one `MGET`, once per TTL per limiter), sends the
+    /// override with each decision instead of the configured policy, and
+    /// has a token bucket's script read the key's override only when there
+    /// are per-key overrides: the common decision reads one key, not two.
+    /// It bounds how long other workers keep deciding under a limiter-wide
+    /// override that was changed or expired, and how long they take to see
+    /// a limiter's first per-key override (later per-key changes, clears
+    /// included, apply on their next decision). This backend's own
+    /// [`set_override`](Backend::set_override) and
+    /// [`set_expiring_override`](Backend::set_expiring_override) apply at
+    /// once. Zero reads it on every decision (one more round trip each).
     pub fn override_cache_ttl(mut self, ttl: Duration) -> Self {
         self.override_cache_ttl = ttl;
         self
@@ -579,6 +601,18 @@ impl RedisBackend {
         format!("{}:{limiter}:override", self.inner.prefix)
     }
 
+    /// The marker that `limiter` has per-key overrides:
+    /// `<prefix>:<limiter>:keyed{<prefix>:<limiter>:override}`, whose hash
+    /// tag is the limiter-wide override's key (which holds no braces), so
+    /// both are in one slot and read with one `MGET`, in a cluster too.
+    fn keyed_marker_key(&self, limiter: &str) -> String {
+        format!(
+            "{}:{limiter}:keyed{{{}}}",
+            self.inner.prefix,
+            self.limiter_override_key(limiter)
+        )
+    }
+
     fn override_key(&self, scope: Scope<'_>) -> Result<String, RedisError> {
         check_limiter(scope.limiter())?;
         Ok(match scope {
@@ -621,20 +655,34 @@ impl RedisBackend {
         }
     }
 
-    /// The limiter-wide override (encoded) to send as the policy, from the
-    /// short client cache (see [`RedisBackendBuilder::override_cache_ttl`]).
-    async fn limiter_override_arg(&self, limiter: &str) -> Result<Option<String>, RedisError> {
+    /// What this client read of `limiter`'s overrides within the TTL.
+    fn cached_overrides(&self, limiter: &str) -> Option<LimiterOverrides> {
+        let cache = lock(&self.inner.override_cache);
+        let (at, v) = cache.get(limiter)?;
+        (at.elapsed() < self.inner.override_cache_ttl).then(|| v.clone())
+    }
+
+    /// The limiter-wide override (encoded) to send as the policy, and
+    /// whether the limiter has per-key overrides, from the short client
+    /// cache (see [`RedisBackendBuilder::override_cache_ttl`]).
+    async fn limiter_overrides(&self, limiter: &str) -> Result<LimiterOverrides, RedisError> {
         let now = Instant::now();
-        if let Some((at, v)) = lock(&self.inner.override_cache).get(limiter)
-            && now.duration_since(*at) < self.inner.override_cache_ttl
-        {
-            return Ok(v.clone());
+        if let Some(v) = self.cached_overrides(limiter) {
+            return Ok(v);
         }
-        let v: Option<String> = self
+        let (wide, marker): (Option<String>, Option<String>) = self
             .inner
             .conn
-            .query(redis::cmd("GET").arg(self.limiter_override_key(limiter)))
+            .query(
+                redis::cmd("MGET")
+                    .arg(self.limiter_override_key(limiter))
+                    .arg(self.keyed_marker_key(limiter)),
+            )
             .await?;
+        let v = LimiterOverrides {
+            wide,
+            keyed: marker.is_some(),
+        };
         lock(&self.inner.override_cache).insert(limiter.to_owned(), (now, v.clone()));
         Ok(v)
     }
@@ -676,9 +724,10 @@ impl RedisBackend {
     async fn call(&self, req: Request<'_>, reserve: bool) -> Result<Call, RedisError> {
         check_limiter(req.limiter)?;
         // The policy sent: the limiter-wide override this client knows (read
-        // and cached, see `limiter_override_arg`), else the configured one.
+        // and cached, see `limiter_overrides`), else the configured one.
         // A per-key override is read by the script.
-        let (policy, sent) = match self.limiter_override_arg(req.limiter).await? {
+        let overrides = self.limiter_overrides(req.limiter).await?;
+        let (policy, sent) = match overrides.wide {
             // Undecodable, it is sent anyway: the script refuses it.
             Some(o) => {
                 let sent = encoding::decode(&o).ok();
@@ -709,6 +758,7 @@ impl RedisBackend {
             op,
             policy,
             strategy: sent.strategy(),
+            keyed: overrides.keyed,
             min_ttl_ms: self.inner.min_ttl_ms,
             calendars,
         })
@@ -778,6 +828,8 @@ struct Call {
     policy: String,
     /// The strategy of `policy`: the script to run first.
     strategy: Strategy,
+    /// Whether the limiter has per-key overrides (see `LimiterOverrides`).
+    keyed: bool,
     min_ttl_ms: u64,
     /// ARGV[5]: calendar bounds, grown when the script asks for more.
     calendars: CalendarBounds,
@@ -786,11 +838,18 @@ struct Call {
 impl Call {
     /// The invocation of `strategy`'s script: the keys it uses, and the
     /// arguments without the trailing ones at their defaults (a token
-    /// bucket's production call is two keys and two arguments).
+    /// bucket's production call is one key and two arguments).
     fn invocation(&self, strategy: Strategy) -> redis::ScriptInvocation<'static> {
         let script = scripts::for_strategy(strategy);
         let mut inv = script.prepare_invoke();
-        inv.key(&self.state).key(format!("{}:override", self.state));
+        inv.key(&self.state);
+        // The key's override: a token bucket reads it only when the limiter
+        // has per-key overrides (its one-key call reads one key less); the
+        // other scripts take their further keys at fixed positions, and
+        // always read it.
+        if self.keyed || strategy != Strategy::TokenBucket {
+            inv.key(format!("{}:override", self.state));
+        }
         match strategy {
             Strategy::SlidingWindow => {
                 inv.key(format!("{}:log", self.state));
@@ -987,7 +1046,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl RedisBackend {
-    /// Stores (`SET`, with `PX` when it expires) or deletes an override.
+    /// Stores (`SET`, with `PX` when it expires) or deletes an override. A
+    /// per-key override sets its limiter's marker first (see
+    /// `keyed_marker_key`), so no override is ever stored without it; the
+    /// marker stays (see `docs/redis.md`).
     async fn write_override(
         &self,
         scope: Scope<'_>,
@@ -1009,10 +1071,26 @@ impl RedisBackend {
                 cmd.arg("PX").arg(ms);
             }
         }
+        // The marker, unless this client read it within the TTL (tollgate
+        // never removes it): an AIMD controller's stream of rate changes
+        // pays one round trip each.
+        if let (Scope::Key(l, _), Some(_)) = (scope, &encoded)
+            && !self.cached_overrides(l).is_some_and(|o| o.keyed)
+        {
+            let mut mark = redis::cmd("SET");
+            mark.arg(self.keyed_marker_key(l)).arg("1");
+            let _: Value = self.inner.conn.query(&mark).await?;
+        }
         let _: Value = self.inner.conn.query(&cmd).await?;
-        if let Scope::Limiter(l) = scope {
-            // This worker sees its own change at once.
-            lock(&self.inner.override_cache).insert(l.to_owned(), (Instant::now(), encoded));
+        // This worker sees its own change at once. The cached entry keeps
+        // the time it was read, so what other workers changed since is
+        // still read again within the TTL; without one, the next decision
+        // reads Redis.
+        if let Some((_, o)) = lock(&self.inner.override_cache).get_mut(scope.limiter()) {
+            match scope {
+                Scope::Limiter(_) => o.wide = encoded,
+                Scope::Key(..) => o.keyed |= encoded.is_some(),
+            }
         }
         Ok(())
     }

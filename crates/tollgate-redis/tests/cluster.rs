@@ -70,41 +70,25 @@ tollgate_testkit::on_every_server! {
 }
 
 tollgate_testkit::on_every_server! {
-    /// A limiter-wide override set by one worker reaches another one within
-    /// the client cache's TTL (it lives in another slot than the keys).
+    /// Overrides set by one worker reach another one within the client
+    /// cache's TTL, per key and limiter-wide (the limiter-wide override and
+    /// the per-key marker live in another slot than the keys).
     #[tokio::test]
-    async fn limiter_override_reaches_other_workers_within_cache_ttl(server: Server) {
+    async fn overrides_reach_other_workers_within_cache_ttl(server: Server) {
         let clock = MockClock::new();
         let cluster = RedisCluster::shared_on(server).expect("a cluster");
         let prefix = tollgate_testkit::conformance::unique_name("ovr");
+        let ttl = Duration::from_millis(200);
         let make = || {
             RedisBackend::cluster_builder(cluster.urls())
                 .prefix(prefix.clone())
                 .caller_time(clock.clone())
-                .override_cache_ttl(Duration::from_millis(200))
+                .override_cache_ttl(ttl)
                 .durability(Durability::Skip)
                 .build()
         };
         let (a, b) = (make().await.unwrap(), make().await.unwrap());
-        let policy = TokenBucket::new(1, 1, Duration::from_secs(3600)).unwrap();
-        let la = Limiter::new("api", policy, a);
-        let lb = Limiter::new("api", policy, b);
-        let k = Key::new("k");
-        // Worker b caches "no override".
-        assert_eq!(lb.peek(&k).await.decision().unwrap().limit(), 1);
-        let five = Policy::from(TokenBucket::new(5, 1, Duration::from_secs(3600)).unwrap());
-        la.set_override(None, Some(five)).await.unwrap();
-        assert_eq!(
-            la.peek(&k).await.decision().unwrap().limit(),
-            5,
-            "the writer sees it at once"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        assert_eq!(
-            lb.peek(&k).await.decision().unwrap().limit(),
-            5,
-            "others after the cache TTL"
-        );
+        tollgate_testkit::conformance::overrides_reach_other_workers(a, b, ttl).await;
     }
 }
 

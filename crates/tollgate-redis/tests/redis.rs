@@ -334,6 +334,48 @@ tollgate_testkit::on_every_server! {
 }
 
 tollgate_testkit::on_every_server! {
+    /// Overrides set by one worker reach another one (a second backend on
+    /// the same server) within the client cache's TTL, and the writer at
+    /// once, per key and limiter-wide. The per-key marker stays once set
+    /// (deleted by hand, the token bucket's call stops reading per-key
+    /// overrides within the TTL: what docs/redis.md warns of).
+    #[tokio::test]
+    async fn overrides_reach_other_workers_within_cache_ttl(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let prefix = unique_name("workers");
+        let ttl = Duration::from_millis(200);
+        let make = || {
+            RedisBackend::builder(&url)
+                .prefix(&prefix)
+                .override_cache_ttl(ttl)
+                .durability(Durability::Skip)
+                .build()
+        };
+        let (a, b) = (make().await.unwrap(), make().await.unwrap());
+        tollgate_testkit::conformance::overrides_reach_other_workers(a.clone(), b, ttl).await;
+
+        let mut r = raw(&url).await;
+        let marker = |l: &str| format!("{prefix}:{l}:keyed{{{prefix}:{l}:override}}");
+        let l = Limiter::new("api", TokenBucket::new(1, 1, S).unwrap(), a);
+        let k = Key::new("k");
+        let exists = async |r: &mut redis::aio::MultiplexedConnection| -> bool {
+            r.exists(marker("api")).await.unwrap()
+        };
+        assert!(!exists(&mut r).await, "no marker before a per-key override");
+        let five = Policy::from(TokenBucket::new(5, 1, S).unwrap());
+        l.set_override(Some(&k), Some(five)).await.unwrap();
+        assert!(exists(&mut r).await);
+        assert_eq!(l.peek(&k).await.decision().unwrap().limit(), 5);
+        l.set_override(Some(&k), None).await.unwrap();
+        assert!(exists(&mut r).await, "the marker stays");
+        l.set_override(Some(&k), Some(five)).await.unwrap();
+        let _: () = r.del(marker("api")).await.unwrap();
+        tokio::time::sleep(ttl + Duration::from_millis(50)).await;
+        assert_eq!(l.peek(&k).await.decision().unwrap().limit(), 1);
+    }
+}
+
+tollgate_testkit::on_every_server! {
     /// The AIMD controller's adapted rate is an override with a TTL
     /// (`idle_expiry`): Redis holds no key forever. An operator's override
     /// stays until cleared.

@@ -423,6 +423,54 @@ pub async fn overrides<B: Backend>(backend: B, _clock: MockClock) {
     assert!(l.set_override(None, Some(wrong)).await.is_err());
 }
 
+/// Runtime overrides set through one worker (`writer`) reach another
+/// (`reader`, a second client of the same store), both caching what they
+/// know of a limiter's overrides for at most `cache_ttl`: the writer decides
+/// under its own change at once, the reader within `cache_ttl`. Per key and
+/// limiter-wide, set and cleared; clearing one key's override keeps the
+/// other keys'. Not part of [`conformance_tests!`] (it takes two clients).
+pub async fn overrides_reach_other_workers<B: Backend>(writer: B, reader: B, cache_ttl: Duration) {
+    let name = unique_name("workers");
+    let hour = 3600 * S;
+    let w = Limiter::new(&name, TokenBucket::new(1, 1, hour).unwrap(), writer);
+    let r = Limiter::new(&name, TokenBucket::new(1, 1, hour).unwrap(), reader);
+    let bucket = |n| Some(Policy::from(TokenBucket::new(n, 1, hour).unwrap()));
+    let (k1, k2, k3) = (Key::new("k1"), Key::new("k2"), Key::new("k3"));
+    let later = cache_ttl + Duration::from_millis(50);
+    // Both workers know the limiter without overrides.
+    assert_eq!(peek(&w, &k1, 1).await.limit(), 1);
+    assert_eq!(peek(&r, &k1, 1).await.limit(), 1);
+
+    w.set_override(Some(&k1), bucket(5)).await.unwrap();
+    w.set_override(Some(&k2), bucket(7)).await.unwrap();
+    assert_eq!(peek(&w, &k1, 1).await.limit(), 5, "the writer: at once");
+    tokio::time::sleep(later).await;
+    assert_eq!(peek(&r, &k1, 1).await.limit(), 5, "others: within the TTL");
+    assert_eq!(peek(&r, &k2, 1).await.limit(), 7);
+    assert_eq!(peek(&r, &k3, 1).await.limit(), 1, "other keys keep theirs");
+
+    // Clearing one key's override keeps the other's.
+    w.set_override(Some(&k1), None).await.unwrap();
+    assert_eq!(peek(&w, &k1, 1).await.limit(), 1);
+    tokio::time::sleep(later).await;
+    assert_eq!(peek(&r, &k1, 1).await.limit(), 1);
+    assert_eq!(peek(&r, &k2, 1).await.limit(), 7);
+
+    // Limiter-wide: under a key's own override, which wins.
+    w.set_override(None, bucket(3)).await.unwrap();
+    assert_eq!(peek(&w, &k3, 1).await.limit(), 3);
+    tokio::time::sleep(later).await;
+    assert_eq!(peek(&r, &k3, 1).await.limit(), 3);
+    assert_eq!(peek(&r, &k2, 1).await.limit(), 7);
+    w.set_override(None, None).await.unwrap();
+    w.set_override(Some(&k2), None).await.unwrap();
+    assert_eq!(peek(&w, &k3, 1).await.limit(), 1);
+    assert_eq!(peek(&w, &k2, 1).await.limit(), 1);
+    tokio::time::sleep(later).await;
+    assert_eq!(peek(&r, &k3, 1).await.limit(), 1);
+    assert_eq!(peek(&r, &k2, 1).await.limit(), 1);
+}
+
 async fn hammer<B: Backend + Clone>(l: Limiter<B>, tasks: usize, tries: usize) -> u64 {
     let l = Arc::new(l);
     let handles: Vec<_> = (0..tasks)
