@@ -574,6 +574,25 @@ impl RedisCluster {
         replicas: usize,
         settings: &[(&str, &str)],
     ) -> Self {
+        // `redis-cli --cluster create` waits for the nodes to meet with no
+        // end (a bus port taken between our check and the node's bind, once
+        // 15 minutes): bounded, then tried again on fresh nodes and ports.
+        let mut last = String::new();
+        for _ in 0..3 {
+            match Self::try_create(server, masters, replicas, settings) {
+                Ok(cluster) => return cluster,
+                Err(e) => last = e,
+            }
+        }
+        panic!("could not create a cluster in 3 attempts: {last}");
+    }
+
+    fn try_create(
+        server: Server,
+        masters: usize,
+        replicas: usize,
+        settings: &[(&str, &str)],
+    ) -> Result<Self, String> {
         let mut nodes = Vec::new();
         for _ in 0..masters * (1 + replicas) {
             let dir = temp_dir("redis-cluster");
@@ -611,24 +630,40 @@ impl RedisCluster {
         let mut args = vec!["--cluster", "create"];
         args.extend(addrs.iter().map(String::as_str));
         args.extend(["--cluster-replicas", &replicas, "--cluster-yes"]);
-        let out = Command::new("redis-cli")
+        let mut child = Command::new("redis-cli")
             .args(&args)
             .stdin(Stdio::null())
-            .output()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
             .expect("run redis-cli --cluster create");
-        assert!(
-            out.status.success(),
-            "redis-cli --cluster create failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        // The nodes (killed on drop) go with an attempt that fails.
         let cluster = Self { nodes };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while child.try_wait().expect("wait for redis-cli").is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err("redis-cli --cluster create did not finish in 60 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().expect("read redis-cli's output");
+        if !out.status.success() {
+            return Err(format!(
+                "redis-cli --cluster create failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
         let deadline = Instant::now() + Duration::from_secs(30);
         while !cluster.is_ok() {
-            assert!(Instant::now() < deadline, "cluster did not reach state ok");
+            if Instant::now() > deadline {
+                return Err("cluster did not reach state ok in 30 s".into());
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
-        cluster
+        Ok(cluster)
     }
 
     /// One cluster for the whole test binary; `None` when Redis is not
