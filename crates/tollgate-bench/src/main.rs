@@ -128,6 +128,10 @@ struct Args {
     /// spends them locally (1 = off).
     #[arg(long, default_value_t = 1)]
     lease: u64,
+    /// Local denials: a key refused by the backend is answered locally
+    /// (refused) until its retry time, at most this long, e.g. `1s`.
+    #[arg(long, value_parser = parse_duration)]
+    local_denials: Option<Duration>,
     /// The limiter's per-decision timeout (default: the library's, 50 ms).
     #[arg(long, value_parser = parse_duration)]
     timeout: Option<Duration>,
@@ -315,6 +319,9 @@ async fn library<B: Backend + Clone>(args: &Args, backend: B, duration: Duration
     let mut builder = Limiter::builder("bench", policy(args.strategy), backend);
     if args.lease > 1 {
         builder = builder.lease(args.lease, Duration::from_secs(1));
+    }
+    if let Some(ttl) = args.local_denials {
+        builder = builder.local_denials(ttl);
     }
     if let Some(timeout) = args.timeout {
         builder = builder.timeout(timeout);
