@@ -83,7 +83,10 @@ pub struct RedisConfig {
     /// How long a connection may leave a request unanswered before it is
     /// replaced.
     pub response_timeout: Option<Duration>,
-    /// How long a limiter-wide override read by the client is cached.
+    /// How long the client caches what it read of a limiter's overrides:
+    /// the limiter-wide override and whether any key has one (the bound on
+    /// how late another worker's limiter-wide override, or a limiter's first
+    /// per-key override, reaches this one; see the Redis backend's docs).
     pub override_cache_ttl: Option<Duration>,
     /// The durability check at start-up: one of [`DURABILITY_MODES`].
     pub durability: Option<String>,
