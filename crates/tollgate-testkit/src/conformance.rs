@@ -428,7 +428,7 @@ pub async fn overrides<B: Backend>(backend: B, _clock: MockClock) {
 /// know of a limiter's overrides for at most `cache_ttl`: the writer decides
 /// under its own change at once, the reader within `cache_ttl`. Per key and
 /// limiter-wide, set and cleared; clearing one key's override keeps the
-/// other keys'. Not part of [`conformance_tests!`] (it takes two clients).
+/// other keys'. Not part of [`conformance_tests!`](crate::conformance_tests) (it takes two clients).
 pub async fn overrides_reach_other_workers<B: Backend>(writer: B, reader: B, cache_ttl: Duration) {
     let name = unique_name("workers");
     let hour = 3600 * S;
