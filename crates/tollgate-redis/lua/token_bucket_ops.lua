@@ -4,6 +4,8 @@
 -- token_bucket.lua). Runs after token_bucket.lua and common.lua
 -- (src/scripts.rs), with their locals: now, state, enc, tat, born, decide.
 
+-- born as a number (the acquire path left the stored digits).
+born = tonumber(born) or 0
 local p = decode(enc)
 if p.kind ~= 't' then
   return { -1, p.kind }
