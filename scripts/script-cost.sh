@@ -7,7 +7,8 @@
 # and the policy); on a limiter with per-key overrides (its marker set), two
 # keys, the state and the key's override (absent here: the other keys'
 # overrides are what set the marker). And for the load tool's minimal GCRA
-# script (one key, two arguments). Unlike wall-clock figures it does not
+# script (one key, two arguments); then both on one hot key whose
+# decisions are refusals. Unlike wall-clock figures it does not
 # move with the machine's load, so a change to a script can be judged on a
 # shared machine.
 #
@@ -54,3 +55,10 @@ cost "tollgate token bucket" "$work/tb.lua" \
 cost "tollgate, limiter with key overrides" "$work/tb.lua" \
     2 'tollgate:bench:{__rand_int__}' 'tollgate:bench:{__rand_int__}:override' \
     1 '1:t:100000:100000:1000000:10'
+# One hot key, every decision past the first refused (capacity 1, one
+# token an hour): what a flooded key costs the server.
+cost "minimal GCRA, one hot key refusing" crates/tollgate-bench/lua/minimal_gcra.lua \
+    1 'bench:{hot}' 3600000000 3600000000
+cost "tollgate, one hot key refusing" "$work/tb.lua" \
+    1 'tollgate:bench:{hot}' \
+    1 '1:t:1:1:3600000000:3600000000'
