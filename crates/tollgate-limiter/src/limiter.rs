@@ -60,6 +60,12 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 pub const DEFAULT_LOCAL_CAPACITY: usize = 100_000;
 
 /// The outcome of asking a [`Limiter`].
+///
+/// Deliberately exhaustive: a new outcome (shadow mode added one) is a
+/// breaking change, so that every `match` — ours and yours — is made to
+/// decide what it means rather than fall into a wildcard that passes or
+/// refuses it by accident. Code that only needs pass / refuse should call
+/// [`is_allowed`](Self::is_allowed), which answers for every outcome.
 #[derive(Debug)]
 #[must_use]
 pub enum Verdict {
