@@ -158,7 +158,7 @@ impl State {
                 return self.apply(now, policy, op);
             }
         };
-        decision.with_window_micros(window_micros_of(policy))
+        decision.with_window_micros(policy.window_micros())
     }
 
     /// Where the last charge sits (see [`Receipt`]): the first part of a
@@ -234,38 +234,6 @@ pub fn records(policy: &Policy, op: Op, decision: &Decision) -> bool {
     }
 }
 
-/// The span `policy`'s limit is expressed over, as the backends compute it
-/// (whole microseconds): what a [`Decision::window`] carries (for a
-/// calendar quota, whose decisions carry the current window's length, the
-/// nominal period).
-#[inline]
-pub fn window_of(policy: &Policy) -> std::time::Duration {
-    let us = match policy {
-        Policy::TokenBucket(p) => p.capacity() * p.interval_micros(),
-        Policy::SlidingWindow(p) => p.window_micros(),
-        Policy::ProgressiveDelay(p) => p.forget_after_micros(),
-        Policy::Composite(c) => return c.window(),
-        Policy::Calendar(p) => return p.window(),
-        Policy::Concurrency(p) => p.lease_micros(),
-    };
-    std::time::Duration::from_micros(us)
-}
-
-/// [`window_of`] in whole microseconds (what a decision keeps), without
-/// the round trip through a `Duration` for the strategies that compute it
-/// in microseconds.
-#[inline]
-fn window_micros_of(policy: &Policy) -> u64 {
-    match policy {
-        Policy::TokenBucket(p) => p.capacity() * p.interval_micros(),
-        Policy::SlidingWindow(p) => p.window_micros(),
-        Policy::ProgressiveDelay(p) => p.forget_after_micros(),
-        Policy::Composite(c) => crate::time::micros(c.window()),
-        Policy::Calendar(p) => crate::time::micros(p.window()),
-        Policy::Concurrency(p) => p.lease_micros(),
-    }
-}
-
 /// One stored key: its state and the instant it expires.
 ///
 /// This is how every backend stores a key. The expiry (a Redis TTL) is set,
@@ -310,7 +278,7 @@ impl Slot {
             if decision.is_allowed() {
                 self.expires_at = s.expires_at();
             }
-            return decision.with_window_micros(window_micros_of(policy));
+            return decision.with_window_micros(policy.window_micros());
         }
         if self.expires_at <= now {
             self.state = State::fresh(policy);

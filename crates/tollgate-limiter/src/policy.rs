@@ -140,13 +140,21 @@ impl Policy {
     /// a decision carries the actual window's length), or a concurrency
     /// slot's lease; for a composite, the longest of its parts'.
     pub fn window(&self) -> Duration {
+        Duration::from_micros(self.window_micros())
+    }
+
+    /// [`window`](Self::window) in whole microseconds (what a decision
+    /// keeps), computed without a `Duration` where the strategy keeps
+    /// microseconds.
+    #[inline]
+    pub(crate) fn window_micros(&self) -> u64 {
         match self {
-            Self::TokenBucket(p) => Duration::from_micros(p.capacity() * p.interval_micros()),
-            Self::SlidingWindow(p) => p.window(),
-            Self::ProgressiveDelay(p) => p.forget_after(),
-            Self::Composite(c) => c.window(),
-            Self::Calendar(p) => p.window(),
-            Self::Concurrency(p) => p.lease(),
+            Self::TokenBucket(p) => p.capacity() * p.interval_micros(),
+            Self::SlidingWindow(p) => p.window_micros(),
+            Self::ProgressiveDelay(p) => p.forget_after_micros(),
+            Self::Composite(c) => crate::time::micros(c.window()),
+            Self::Calendar(p) => crate::time::micros(p.window()),
+            Self::Concurrency(p) => p.lease_micros(),
         }
     }
 
