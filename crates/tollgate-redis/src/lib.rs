@@ -666,10 +666,11 @@ impl RedisBackend {
     /// whether the limiter has per-key overrides, from the short client
     /// cache (see [`RedisBackendBuilder::override_cache_ttl`]).
     async fn limiter_overrides(&self, limiter: &str) -> Result<LimiterOverrides, RedisError> {
-        let now = Instant::now();
         if let Some(v) = self.cached_overrides(limiter) {
             return Ok(v);
         }
+        // Read before the query: the entry is no younger than what it holds.
+        let now = Instant::now();
         let (wide, marker): (Option<String>, Option<String>) = self
             .inner
             .conn
