@@ -138,35 +138,24 @@ where
             (false, true) => Mode::Upfront,
             (false, false) => Mode::Peek,
         };
-        if mode == Mode::Upfront
-            && let Some(verdict) = limiter.check_cost_now(&key, cost)
-        {
-            // Decided in-process: no future to box, and the service polled
-            // ready is called now (no clone to take its place).
-            let ticket = Ticket {
-                limiter,
-                key,
-                cost,
-                reservation: None,
-            };
-            return ResponseFuture::decided(
-                verdict,
-                ticket,
-                &mut self.inner,
-                req,
-                Arc::clone(&self.post),
-            );
-        }
-        // The ready service is the one that will be called, once the
-        // limiter has answered; a fresh clone takes its place here.
-        let clone = self.inner.clone();
-        let inner = mem::replace(&mut self.inner, clone);
         let ticket = Ticket {
             limiter,
             key,
             cost,
             reservation: None,
         };
+        if mode == Mode::Upfront
+            && let Some(verdict) = ticket.limiter.check_cost_now(&ticket.key, cost)
+        {
+            // Decided in-process: no future to box, and the service polled
+            // ready is called now (no clone to take its place).
+            let post = Arc::clone(&self.post);
+            return ResponseFuture::decided(verdict, ticket, &mut self.inner, req, post);
+        }
+        // The ready service is the one that will be called, once the
+        // limiter has answered; a fresh clone takes its place here.
+        let clone = self.inner.clone();
+        let inner = mem::replace(&mut self.inner, clone);
         ResponseFuture::checking(ticket, mode, inner, req, Arc::clone(&self.post))
     }
 }
