@@ -23,6 +23,9 @@
 -- (closures) only then.
 -- Model: TokenBucketState::acquire / peek / settle.
 
+-- common.lua's now_us, written out: as a function in int.lua (a closure
+-- built on every call) it costs ~1,000 instructions more per decision
+-- (callgrind, scripts/script-cost.sh's hot key).
 local now
 if ARGV[3] and ARGV[3] ~= '' then
   now = tonumber(ARGV[3])
