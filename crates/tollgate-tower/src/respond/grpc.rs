@@ -1,7 +1,7 @@
 use http::header::CONTENT_TYPE;
 use http::{HeaderName, HeaderValue};
 
-use super::http_responder::{add_quota_headers, allowed_response};
+use super::http_responder::{add_quota_headers, allowed_response, shadowed_response};
 use super::{Quota, Refusal, Respond, ResponseBody};
 
 const RESOURCE_EXHAUSTED: u8 = 8;
@@ -65,9 +65,7 @@ impl<B> Respond<http::Response<B>> for Grpc {
         response: http::Response<B>,
         shadow: &super::ShadowRefusal,
     ) -> Self::Response {
-        let mut res = allowed_response(response, false, None);
-        res.extensions_mut().insert(shadow.clone());
-        res
+        shadowed_response(response, shadow)
     }
 
     fn refused(&self, refusal: &Refusal<'_>) -> Self::Response {

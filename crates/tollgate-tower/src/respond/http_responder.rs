@@ -105,6 +105,17 @@ pub(crate) fn allowed_response<B>(
     res
 }
 
+/// A response shadow mode let through: no rate-limit fields, the refusal
+/// enforcement would have made in its extensions (HTTP and gRPC alike).
+pub(crate) fn shadowed_response<B>(
+    response: http::Response<B>,
+    shadow: &super::ShadowRefusal,
+) -> http::Response<ResponseBody<B>> {
+    let mut res = allowed_response(response, false, None);
+    res.extensions_mut().insert(shadow.clone());
+    res
+}
+
 pub(crate) fn add_quota_headers(headers: &mut HeaderMap, quota: &Quota<'_>) {
     // Room for both fields at once: the map grows (rehashes) once at most.
     headers.reserve(2);
@@ -195,9 +206,7 @@ impl<B> Respond<http::Response<B>> for Http {
         response: http::Response<B>,
         shadow: &super::ShadowRefusal,
     ) -> Self::Response {
-        let mut res = allowed_response(response, false, None);
-        res.extensions_mut().insert(shadow.clone());
-        res
+        shadowed_response(response, shadow)
     }
 
     fn refused(&self, refusal: &Refusal<'_>) -> Self::Response {
