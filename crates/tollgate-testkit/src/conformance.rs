@@ -1141,22 +1141,15 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = (B, MockClock)>,
 {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let (backend, clock) = rt.block_on(setup());
-    let mut runner = TestRunner::new(ProptestConfig {
+    run_traces(
+        setup,
         cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    });
-    runner
-        .run(&calendar_traces(60), |(start, policy, steps)| {
+        calendar_traces(60),
+        |backend, clock, (start, policy, steps)| {
             clock.set(start);
-            rt.block_on(replay(&backend, &clock, &policy, &steps))
-        })
-        .unwrap_or_else(|e| panic!("backend disagrees with the reference model: {e}"));
+            Box::pin(async move { replay(backend, clock, &policy, &steps).await })
+        },
+    );
 }
 
 /// Replays one trace through `backend` and the model; the first decision
@@ -1308,21 +1301,14 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = (B, MockClock)>,
 {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let (backend, clock) = rt.block_on(setup());
-    let mut runner = TestRunner::new(ProptestConfig {
+    run_traces(
+        setup,
         cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    });
-    runner
-        .run(&traces(60), |(policy, steps)| {
-            rt.block_on(replay(&backend, &clock, &policy, &steps))
-        })
-        .unwrap_or_else(|e| panic!("backend disagrees with the reference model: {e}"));
+        traces(60),
+        |backend, clock, (policy, steps)| {
+            Box::pin(async move { replay(backend, clock, &policy, &steps).await })
+        },
+    );
 }
 
 /// Like [`agrees_with_model`], each trace with a candidate policy decided
@@ -1332,6 +1318,44 @@ where
     B: Backend,
     F: FnOnce() -> Fut,
     Fut: Future<Output = (B, MockClock)>,
+{
+    let not_concurrency = |p: &Policy| !matches!(p, Policy::Concurrency(_));
+    let traces = (
+        traces(60).prop_filter("no candidate for concurrency", move |(p, _)| {
+            not_concurrency(p)
+        }),
+        policies().prop_filter("a concurrency limit is no candidate", not_concurrency),
+    );
+    run_traces(
+        setup,
+        cases,
+        traces,
+        |backend, clock, ((policy, steps), candidate)| {
+            Box::pin(async move {
+                replay_with_candidate(backend, clock, &policy, Some(&candidate), &steps).await
+            })
+        },
+    );
+}
+
+/// Builds the backend once (`setup`, in a current-thread runtime), then
+/// runs `cases` values of `strategy` through `check`, failing on the first
+/// disagreement with the reference model.
+fn run_traces<B, F, Fut, S>(
+    setup: F,
+    cases: u32,
+    strategy: S,
+    check: impl for<'a> Fn(
+        &'a B,
+        &'a MockClock,
+        S::Value,
+    )
+        -> std::pin::Pin<Box<dyn Future<Output = Result<(), TestCaseError>> + 'a>>,
+) where
+    B: Backend,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = (B, MockClock)>,
+    S: Strategy,
 {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -1343,22 +1367,9 @@ where
         failure_persistence: None,
         ..ProptestConfig::default()
     });
-    let not_concurrency = |p: &Policy| !matches!(p, Policy::Concurrency(_));
-    let traces = (
-        traces(60).prop_filter("no candidate for concurrency", move |(p, _)| {
-            not_concurrency(p)
-        }),
-        policies().prop_filter("a concurrency limit is no candidate", not_concurrency),
-    );
     runner
-        .run(&traces, |((policy, steps), candidate)| {
-            rt.block_on(replay_with_candidate(
-                &backend,
-                &clock,
-                &policy,
-                Some(&candidate),
-                &steps,
-            ))
+        .run(&strategy, |value| {
+            rt.block_on(check(&backend, &clock, value))
         })
         .unwrap_or_else(|e| panic!("backend disagrees with the reference model: {e}"));
 }
