@@ -45,7 +45,7 @@ cost() {
 
 # Assembled as crates/tollgate-redis/src/scripts.rs does (TOKEN_BUCKET_CODE).
 lua=crates/tollgate-redis/lua
-cat $lua/int.lua $lua/token_bucket.lua $lua/common.lua $lua/token_bucket_ops.lua >"$work/tb.lua"
+cat $lua/token_bucket.lua $lua/common.lua $lua/token_bucket_ops.lua >"$work/tb.lua"
 # 10,000 keys, every decision admitted (a bucket of 100,000 refilling 1/10 µs).
 cost "minimal GCRA (bare client's script)" crates/tollgate-bench/lua/minimal_gcra.lua \
     1 'bench:{__rand_int__}' 10 1000000

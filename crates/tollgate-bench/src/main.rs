@@ -366,9 +366,7 @@ async fn bare(args: &Args, conn: MultiplexedConnection, duration: Duration) -> S
                 inv.key(format!("{state}:log"));
             }
             inv.arg(1).arg(encoded.as_str());
-            inv.invoke_async::<Vec<redis::Value>>(&mut conn)
-                .await
-                .is_ok()
+            inv.invoke_async::<redis::Value>(&mut conn).await.is_ok()
         }
     })
     .await

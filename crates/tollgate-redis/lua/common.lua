@@ -74,11 +74,36 @@
 -- of the binding part). A reserve that passed appends, per part, its mark:
 -- born, at (see each script). Or
 -- {-1, strategy} when the policy in force is of another strategy than
--- this script's: the client then runs that strategy's script.
+-- this script's: the client then runs that strategy's script. (The token
+-- bucket's plain acquire under the policy sent answers one integer
+-- instead: see token_bucket.lua.)
 --
 -- Arithmetic is the reference model's (tollgate-limiter src/model.rs), in the
--- same order, on integers below 2^53 (exact in a Lua double), with int.lua's
--- helpers (idiv, ttl_ms), which every script starts with, and fmt:
+-- same order, on integers below 2^53 (exact in a Lua double), written with
+-- string.format('%d'), never tostring (which would write 1e+15):
+
+-- floor(a / b) for non-negative integers, exact: the double quotient can
+-- round up to the next integer, so correct it by one.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+-- The TTL in ms of a key whose state expires at expires_at (µs): the time
+-- until then, rounded up to a millisecond so Redis never drops it before
+-- the script would, and at least ARGV[4] (the tests' floor, above).
+local function ttl_ms(expires_at, now)
+  local ms = math.floor((expires_at - now + 999) / 1000)
+  if ARGV[4] and ms < tonumber(ARGV[4]) then
+    ms = tonumber(ARGV[4])
+  end
+  return string.format('%d', ms)
+end
 
 local function fmt(x)
   return string.format('%d', x)

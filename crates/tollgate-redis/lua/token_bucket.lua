@@ -14,31 +14,38 @@
 -- state as written before it was a STRING, { s = 't', x = tat, b = born }:
 -- read as this state, and rewritten as a STRING by the next charge.
 --
--- This file holds the decision (decide) and the path of a plain acquire
--- under a token-bucket policy on a STRING or no state, which answers
--- alone. int.lua comes before it; common.lua, then token_bucket_ops.lua
+-- This file is the path of a plain acquire under the token-bucket policy
+-- the client sent (ARGV[2], no per-key override in force) on a STRING or
+-- no state: it answers alone, and first, so it builds no closure (each
+-- costs ~450 instructions per call). common.lua, then token_bucket_ops.lua
 -- come after it (src/scripts.rs) and run only for everything else: other
--- operations, a policy of another strategy, a HASH at KEYS[1], a charge
--- that writes nothing on a key without a STRING. Their helpers are built
--- (closures) only then.
+-- operations, a per-key override, a policy of another strategy, a HASH at
+-- KEYS[1], a charge that writes nothing on a key without a STRING.
+--
+-- Its reply is one integer, not common.lua's table (a table reply costs
+-- ~5,000 instructions, formatting the six numbers in one string more): the
+-- debt in µs before the decision, d >= 0 when admitted, -d - 1 when
+-- refused. The client knows the policy it sent, so it derives the decision
+-- from the debt with the reference model (TokenBucketState::acquire).
 -- Model: TokenBucketState::acquire / peek / settle.
 
--- common.lua's now_us, written out: as a function in int.lua (a closure
--- built on every call) it costs ~1,000 instructions more per decision
--- (callgrind, scripts/script-cost.sh's hot key).
+-- common.lua's now_us, written out: as a function (a closure built on
+-- every call) it costs ~1,000 instructions more per decision (callgrind,
+-- scripts/script-cost.sh's hot key). Strings are made numbers by
+-- arithmetic, which skips tonumber's call (~1,000 instructions each).
 local now
 if ARGV[3] and ARGV[3] ~= '' then
-  now = tonumber(ARGV[3])
+  now = ARGV[3] + 0
 else
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2]
 end
 -- The state (a STRING, else nil), and the key's override when sent, in
 -- one read.
-local state, enc
+local state, enc, keyed
 if KEYS[2] then
   local got = redis.call('MGET', KEYS[1], KEYS[2])
-  state, enc = got[1], got[2] or ARGV[2]
+  state, enc, keyed = got[1], got[2] or ARGV[2], got[2]
 else
   -- GET refuses a HASH (an error, read as nil like MGET does).
   state, enc = redis.pcall('GET', KEYS[1]), ARGV[2]
@@ -47,88 +54,71 @@ else
   end
 end
 
--- The stored state: tat, born (0, 0 when the key reads as fresh). born
--- stays the stored digits until something computes with it (written back
--- as they are, it costs no conversion: ~1.4k instructions per tonumber).
-local tat, born = 0, 0
+-- The stored state: tat (0 when the key reads as fresh), and i, where born
+-- begins, after the second ':' (nil when fresh). born stays the stored
+-- digits until something computes with it: written back as they are, it
+-- costs no conversion (~1,400 instructions per tonumber), and a refusal
+-- never reads it. tonumber, not arithmetic, for the tat: a STRING that is
+-- not this state reads as fresh instead of failing the script.
+local tat, i = 0, nil
 if state then
-  local i = string.find(state, ':', 3, true)
+  i = string.find(state, ':', 3, true)
   local x = i and tonumber(string.sub(state, 3, i - 1)) or 0
   if x > now then
-    tat, born = x, string.sub(state, i + 1)
+    tat = x
+  else
+    i = nil
   end
 end
 
--- The decision (TokenBucketState::acquire, or peek unless `charge`) of
--- `cost` units (at least 1) on a bucket of `capacity` units refilling one
--- every t µs, from the stored tat and born. Returns the reply, and for an
--- admitted charge the state to write: tat, born (`reserve` appends them to
--- the reply, its mark).
-local function decide(capacity, t, tat, born, cost, charge, reserve)
-  local tau = capacity * t
-  if tat <= now then
-    -- A full bucket: a charge starts a new life.
-    born = now
-    tat = now
-  end
-  local debt = tat - now
-  -- Only used once cost <= capacity: it stays within what tau holds.
-  local new_debt = debt + cost * t
-  if cost > capacity or new_debt > tau or not charge then
-    local remaining = 0
-    if tau > debt then
-      remaining = idiv(tau - debt, t)
-    end
-    if cost > capacity then
-      return { 2, capacity, remaining, 0, debt, tau }
-    elseif new_debt > tau then
-      return { 0, capacity, remaining, new_debt - tau, debt, tau }
-    end
-    return { 1, capacity, remaining, 0, debt, tau }
-  end
-  local new_tat = now + new_debt
-  local reply = { 1, capacity, idiv(tau - new_debt, t), 0, new_debt, tau }
-  if reserve then
-    reply[7], reply[8] = born, new_tat
-  end
-  return reply, new_tat, born
-end
-
--- A plain acquire ('<n>') under a token-bucket policy.
-local capacity, interval = string.match(enc, '^1:t:(%d+):%d+:%d+:(%d+)$')
--- A cost of 1, the common one, without tonumber (strtod: ~1.4k instructions).
+-- A plain acquire ('<n>') under the token-bucket policy sent.
+local capacity, t = string.match(enc, '^1:t:(%d+):%d+:%d+:(%d+)$')
+-- A cost of 1, the common one, without tonumber (strtod).
 local n = ARGV[1] == '1' and 1 or tonumber(ARGV[1])
-if capacity and n and n >= 0 then
+if capacity and not keyed and n and n >= 0 then
   if n < 1 then
     n = 1
   end
-  local reply, x, b = decide(tonumber(capacity), tonumber(interval), tat, born, n, true, false)
-  if x then
-    -- b: the stored digits, or now (a number) for a new life.
-    local v, ms
-    if type(b) == 'string' then
-      v = string.format('t:%d:', x) .. b
-    else
-      v = string.format('t:%d:%d', x, b)
+  capacity, t = capacity + 0, t + 0
+  local debt = 0
+  if tat > now then
+    debt = tat - now
+  end
+  local new_debt = debt + n * t
+  if n > capacity or new_debt > capacity * t then
+    if state then
+      if tat == 0 then
+        -- Stored but fresh (expired): a fresh key is deleted.
+        redis.call('DEL', KEYS[1])
+      end
+      return -debt - 1
     end
-    ms = ttl_ms(x, now)
+  else
+    -- A full bucket starts a new life, born now; else born stays the
+    -- stored digits.
+    local x, v = now + new_debt
+    if debt > 0 then
+      v = string.format('t:%d:', x) .. string.sub(state, i + 1)
+    else
+      v = string.format('t:%d:%d', x, now)
+    end
+    -- int.lua's ttl_ms, written out (a closure). A number argument is
+    -- sent as '%.14g' digits: a TTL stays below 2^53 µs, 9.1e12 ms.
+    local ms = math.floor((new_debt + 999) / 1000)
+    if ARGV[4] and ms < ARGV[4] + 0 then
+      ms = ARGV[4] + 0
+    end
     if state then
       redis.call('SET', KEYS[1], v, 'PX', ms)
-      return reply
+      return debt
     end
     -- No key, or a HASH: SET ... GET refuses a HASH (WRONGTYPE) and then
     -- writes nothing.
     local old = redis.pcall('SET', KEYS[1], v, 'PX', ms, 'GET')
     if not (type(old) == 'table' and old.err) then
-      return reply
+      return debt
     end
-  elseif state then
-    if tat == 0 then
-      -- Stored but fresh (expired): a fresh key is deleted.
-      redis.call('DEL', KEYS[1])
-    end
-    return reply
   end
-  -- A HASH, or nothing written on a key read as nil: the full path
-  -- below reads whatever is there.
+  -- A HASH, or a refusal on a key read as nil: the full path below reads
+  -- whatever is there.
 end

@@ -105,6 +105,7 @@ use std::time::Duration;
 use redis::Value;
 use tokio::time::Instant;
 use tollgate_limiter::model::{Mark, Receipt};
+use tollgate_limiter::strategy::token_bucket::{TokenBucket, TokenBucketState};
 use tollgate_limiter::{
     Backend, Calendar, Clock, Decision, Key, Op, Period, Policy, Request, Scope, Strategy,
     SystemClock, Zone,
@@ -704,8 +705,8 @@ impl RedisBackend {
         // under our feet can bounce us at most a few times.
         for _ in 0..4 {
             let inv = call.invocation(strategy);
-            let reply: Vec<Value> = self.inner.conn.invoke(&inv).await?;
-            match parse_reply(&reply, strategy)? {
+            let reply: Value = self.inner.conn.invoke(&inv).await?;
+            match call.reply(reply, strategy)? {
                 Reply::Decision(d, marks) => return Ok((d, marks)),
                 Reply::Redirect(s) => strategy = s,
                 Reply::Bounds { now, specs } => {
@@ -728,6 +729,7 @@ impl RedisBackend {
         // and cached, see `limiter_overrides`), else the configured one.
         // A per-key override is read by the script.
         let overrides = self.limiter_overrides(req.limiter).await?;
+        let wide = overrides.wide.is_some();
         let (policy, sent) = match overrides.wide {
             // Undecodable, it is sent anyway: the script refuses it.
             Some(o) => {
@@ -735,6 +737,13 @@ impl RedisBackend {
                 (o, sent)
             }
             None => (encoding::encode(req.policy)?, None),
+        };
+        // The token bucket whose encoding ARGV[2] is, when it is one: the
+        // policy the script's one-integer reply is decided under.
+        let bucket = match (wide, &sent) {
+            (false, _) => token_bucket(req.policy),
+            (true, Some(p)) => token_bucket(p),
+            (true, None) => None,
         };
         let sent = sent.as_ref().unwrap_or(req.policy);
         let mut op = op_arg(req.op);
@@ -756,6 +765,11 @@ impl RedisBackend {
         Ok(Call {
             state: self.state_key(req.limiter, req.key),
             now,
+            acquire: match req.op {
+                Op::Acquire(c) if !reserve => Some(c.min(encoding::MAX_EXACT)),
+                _ => None,
+            },
+            bucket,
             op,
             policy,
             strategy: sent.strategy(),
@@ -791,10 +805,10 @@ impl RedisBackend {
         // Each reply on its own: a script that failed (not loaded yet) did
         // nothing, and only it is sent again.
         pipe.invoke_script(&ia).invoke_script(&ib).ignore_errors();
-        let replies: Vec<redis::RedisResult<Vec<Value>>> = self.inner.conn.pipeline(&pipe).await?;
+        let replies: Vec<redis::RedisResult<Value>> = self.inner.conn.pipeline(&pipe).await?;
         let mut replies = replies.into_iter();
-        let mut next = |strategy| match replies.next() {
-            Some(Ok(v)) => Some(parse_reply(&v, strategy)),
+        let mut next = |call: &Call, strategy| match replies.next() {
+            Some(Ok(v)) => Some(call.reply(v, strategy)),
             Some(Err(e))
                 if e.kind() != redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {
@@ -802,7 +816,7 @@ impl RedisBackend {
             }
             _ => None,
         };
-        let (ra, rb) = (next(sa), next(sb));
+        let (ra, rb) = (next(&a, sa), next(&b, sb));
         let enforced = match ra {
             Some(Ok(Reply::Decision(d, _))) => d,
             Some(Err(e)) => return Err(e),
@@ -823,6 +837,11 @@ impl RedisBackend {
 struct Call {
     state: String,
     now: Option<u64>,
+    /// The cost of a plain acquire (as sent), the one operation the token
+    /// bucket's one-integer reply answers.
+    acquire: Option<u64>,
+    /// The token bucket ARGV[2] encodes, if it does (and decodes).
+    bucket: Option<TokenBucket>,
     op: String,
     /// ARGV[2]: the limiter-wide override known to the client, else the
     /// configured policy.
@@ -837,6 +856,37 @@ struct Call {
 }
 
 impl Call {
+    /// What a script's reply says. The token bucket's plain acquire under
+    /// the policy sent answers one integer, the debt in µs before the
+    /// decision: `d` when admitted, `-d - 1` when refused (see
+    /// `lua/token_bucket.lua`); the decision is the reference model's from
+    /// that debt, and must agree with the script's verdict.
+    fn reply(&self, v: Value, strategy: Strategy) -> Result<Reply, RedisError> {
+        let r = match v {
+            Value::Array(items) => return parse_reply(&items, strategy),
+            Value::Int(r) => r,
+            other => return Err(RedisError::Protocol(format!("reply: {other:?}"))),
+        };
+        let (Strategy::TokenBucket, Some(p), Some(cost)) = (strategy, self.bucket, self.acquire)
+        else {
+            return Err(RedisError::Protocol(format!(
+                "an integer reply ({r}) to a call that is not a plain acquire of the token bucket sent"
+            )));
+        };
+        let admitted = r >= 0;
+        let debt = if admitted { r } else { -(r + 1) };
+        let debt = u64::try_from(debt).map_err(|_| RedisError::Protocol(format!("reply {r}")))?;
+        let decision = TokenBucketState { tat: debt, born: 0 }
+            .acquire(0, &p, cost)
+            .with_window(Policy::TokenBucket(p).window());
+        if decision.is_allowed() != admitted {
+            return Err(RedisError::Protocol(format!(
+                "reply {r}: the script's verdict is not the model's"
+            )));
+        }
+        Ok(Reply::Decision(decision, Marks::default()))
+    }
+
     /// The invocation of `strategy`'s script: the keys it uses, and the
     /// arguments without the trailing ones at their defaults (a token
     /// bucket's production call is one key and two arguments).
@@ -884,6 +934,13 @@ impl Call {
             inv.arg(arg);
         }
         inv
+    }
+}
+
+fn token_bucket(p: &Policy) -> Option<TokenBucket> {
+    match p {
+        Policy::TokenBucket(b) => Some(*b),
+        _ => None,
     }
 }
 
@@ -1183,6 +1240,100 @@ mod tests {
         assert!(!err.to_string().contains("s3cret"), "{err}");
         let b = RedisBackend::sentinel_builder(["a:1", "b:2"], "m");
         assert!(format!("{b:?}").contains("redis+sentinel://a:1,b:2/m"));
+    }
+
+    /// A call as `RedisBackend::call` builds it, for the one-integer reply.
+    fn call_of(policy: &Policy, op: Op) -> Call {
+        Call {
+            state: "s".into(),
+            now: None,
+            acquire: match op {
+                Op::Acquire(c) => Some(c),
+                _ => None,
+            },
+            bucket: token_bucket(policy),
+            op: op_arg(op),
+            policy: encoding::encode(policy).unwrap(),
+            strategy: policy.strategy(),
+            keyed: false,
+            min_ttl_ms: 0,
+            calendars: CalendarBounds::default(),
+        }
+    }
+
+    #[test]
+    fn an_integer_reply_is_the_models_decision_from_the_debt() {
+        // 10 tokens, one per 100 ms: tau 1 s, t 100,000 µs.
+        let p = TokenBucket::new(10, 10, Duration::from_secs(1)).unwrap();
+        let policy = Policy::TokenBucket(p);
+        let decide = |r: i64, cost: u64| match call_of(&policy, Op::Acquire(cost))
+            .reply(Value::Int(r), Strategy::TokenBucket)
+        {
+            Ok(Reply::Decision(d, marks)) => {
+                assert_eq!(marks, Marks::default());
+                Ok(d)
+            }
+            Ok(_) => panic!("not a decision"),
+            Err(e) => Err(e),
+        };
+        let model = |debt: u64, cost: u64| {
+            TokenBucketState { tat: debt, born: 0 }
+                .acquire(0, &p, cost)
+                .with_window(policy.window())
+        };
+        // Admitted on a full bucket, and with 250 ms of debt.
+        let d = decide(0, 1).unwrap();
+        assert!(d.is_allowed());
+        assert_eq!((d.limit(), d.remaining()), (10, 9));
+        assert_eq!(d, model(0, 1));
+        let d = decide(250_000, 3).unwrap();
+        assert_eq!((d.is_allowed(), d.remaining()), (true, 4));
+        assert_eq!(d, model(250_000, 3));
+        // Refused: a debt of 950 ms leaves no room for a token; it is back
+        // in 50 ms.
+        let d = decide(-950_001, 1).unwrap();
+        assert!(!d.is_allowed());
+        assert_eq!(d.retry_after(), Duration::from_millis(50));
+        assert_eq!(d, model(950_000, 1));
+        // A cost above the capacity is impossible, whatever the debt.
+        let d = decide(-1, 11).unwrap();
+        assert_eq!(d, model(0, 11));
+        assert!(!d.is_allowed());
+        // The script's verdict and the model's disagree: an error, never a
+        // guess (an admission the model refuses, and the other way round).
+        for (r, cost) in [(950_000, 1), (-1, 1), (0, 11)] {
+            assert!(
+                matches!(decide(r, cost), Err(RedisError::Protocol(_))),
+                "{r} {cost}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_integer_reply_needs_a_plain_acquire_of_the_token_bucket_sent() {
+        let bucket = Policy::TokenBucket(TokenBucket::per_second(10, 10).unwrap());
+        let window = Policy::SlidingWindow(
+            tollgate_limiter::strategy::sliding_window::SlidingWindow::new(
+                10,
+                Duration::from_secs(1),
+            )
+            .unwrap(),
+        );
+        let mut undecodable = call_of(&bucket, Op::Acquire(1));
+        undecodable.bucket = None;
+        for (call, strategy) in [
+            (call_of(&bucket, Op::Peek(1)), Strategy::TokenBucket),
+            (call_of(&bucket, Op::Reset), Strategy::TokenBucket),
+            (call_of(&window, Op::Acquire(1)), Strategy::SlidingWindow),
+            (call_of(&bucket, Op::Acquire(1)), Strategy::SlidingWindow),
+            (undecodable, Strategy::TokenBucket),
+        ] {
+            let r = call.reply(Value::Int(0), strategy);
+            assert!(matches!(r, Err(RedisError::Protocol(_))), "{}", call.op);
+        }
+        // Neither a table nor an integer.
+        let r = call_of(&bucket, Op::Acquire(1)).reply(Value::Nil, Strategy::TokenBucket);
+        assert!(matches!(r, Err(RedisError::Protocol(_))));
     }
 
     #[test]

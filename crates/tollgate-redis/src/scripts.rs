@@ -1,7 +1,7 @@
-//! The Lua scripts, one per strategy, each prefixed with the integer helpers
-//! of `lua/int.lua` and the shared helpers of `lua/common.lua`; the token
-//! bucket's acquire path comes before `common.lua`, so it runs without
-//! building those helpers (see `lua/token_bucket.lua`).
+//! The Lua scripts, one per strategy, each prefixed with the shared helpers
+//! of `lua/common.lua`; the token bucket's acquire path comes before
+//! `common.lua`, so it runs without building those helpers (see
+//! `lua/token_bucket.lua`).
 
 use std::sync::LazyLock;
 
@@ -11,7 +11,6 @@ use tollgate_limiter::Strategy;
 macro_rules! code {
     ($file:literal) => {
         concat!(
-            include_str!("../lua/int.lua"),
             include_str!("../lua/common.lua"),
             include_str!(concat!("../lua/", $file))
         )
@@ -20,7 +19,6 @@ macro_rules! code {
 
 /// The token-bucket script's source.
 pub(crate) const TOKEN_BUCKET_CODE: &str = concat!(
-    include_str!("../lua/int.lua"),
     include_str!("../lua/token_bucket.lua"),
     include_str!("../lua/common.lua"),
     include_str!("../lua/token_bucket_ops.lua")
