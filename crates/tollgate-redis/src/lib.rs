@@ -595,7 +595,14 @@ impl RedisBackend {
     /// The Redis key holding `key`'s state for `limiter`:
     /// `<prefix>:<limiter>:{<key>}`.
     pub fn state_key(&self, limiter: &str, key: &Key) -> String {
-        format!("{}:{limiter}:{{{}}}", self.inner.prefix, key.as_str())
+        // Built by hand: `format!` cost ~2 % of a client's CPU under load
+        // (perf, the load tool), this a third of it.
+        let (prefix, key) = (self.inner.prefix.as_str(), key.as_str());
+        let mut s = String::with_capacity(prefix.len() + limiter.len() + key.len() + 4);
+        for part in [prefix, ":", limiter, ":{", key, "}"] {
+            s.push_str(part);
+        }
+        s
     }
 
     fn limiter_override_key(&self, limiter: &str) -> String {
@@ -919,19 +926,24 @@ impl Call {
         }
         inv.arg(&self.op).arg(&self.policy);
         // ARGV[3..5]: now, the TTL floor, the calendar bounds; those at their
-        // defaults ('', 0, '') are left off from the end.
-        let rest = [
-            self.now.map(|n| n.to_string()).unwrap_or_default(),
-            self.min_ttl_ms.to_string(),
-            self.calendars.arg(),
-        ];
-        let defaults = ["", "0", ""];
-        let mut sent = rest.len();
-        while sent > 0 && rest[sent - 1] == defaults[sent - 1] {
-            sent -= 1;
+        // defaults ('', 0, '') are left off from the end (in production all
+        // three, so nothing is formatted).
+        let calendars = self.calendars.arg();
+        let sent = if !calendars.is_empty() {
+            3
+        } else if self.min_ttl_ms != 0 {
+            2
+        } else {
+            usize::from(self.now.is_some())
+        };
+        if sent >= 1 {
+            inv.arg(self.now.map(|n| n.to_string()).unwrap_or_default());
         }
-        for arg in &rest[..sent] {
-            inv.arg(arg);
+        if sent >= 2 {
+            inv.arg(self.min_ttl_ms);
+        }
+        if sent >= 3 {
+            inv.arg(calendars);
         }
         inv
     }
