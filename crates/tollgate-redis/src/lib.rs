@@ -1173,7 +1173,11 @@ impl Backend for RedisBackend {
         &self,
         req: Request<'_>,
     ) -> impl Future<Output = Result<Decision, RedisError>> + Send {
-        self.decide_inner(req)
+        // Boxed: the limiter holds and moves the backend's future in its
+        // own (its state, its timeout); inline, this one's 1.2 KB made a
+        // 3.6 KB `Limiter::check` future, copied on every move. An
+        // allocation costs less than the copies, next to a round trip.
+        Box::pin(self.decide_inner(req))
     }
 
     async fn reserve(&self, req: Request<'_>) -> Result<(Decision, Receipt), RedisError> {
@@ -1197,7 +1201,11 @@ impl Backend for RedisBackend {
         req: Request<'_>,
         candidate: Request<'_>,
     ) -> impl Future<Output = Result<(Decision, Option<Decision>), RedisError>> + Send {
-        self.decide_pair(req, candidate)
+        // Boxed: inline, its state (two calls, a pipeline, two fallbacks)
+        // would size every decision's future, candidate or not, and a
+        // limiter's future is moved whole (memcpy, ~3 % of a client's CPU
+        // under load when it was 7.9 KB).
+        Box::pin(self.decide_pair(req, candidate))
     }
 
     async fn set_override(
@@ -1271,6 +1279,34 @@ mod tests {
             min_ttl_ms: 0,
             calendars: CalendarBounds::default(),
         }
+    }
+
+    #[test]
+    fn a_decisions_future_is_a_pointer() {
+        // A limiter holds and moves the backend's futures inside its own:
+        // these stay boxed, so they do not size (and slow) every check.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _enter = rt.enter();
+        let backend = RedisBackend::builder("redis://127.0.0.1:1")
+            .build_lazy()
+            .unwrap();
+        let policy = Policy::TokenBucket(TokenBucket::per_second(10, 10).unwrap());
+        let key = Key::new("k");
+        let req = || Request {
+            limiter: "l",
+            key: &key,
+            policy: &policy,
+            op: Op::Acquire(1),
+        };
+        let pointer = size_of::<Box<()>>();
+        assert_eq!(size_of_val(&backend.decide(req())), pointer);
+        assert_eq!(
+            size_of_val(&backend.decide_with_candidate(req(), req())),
+            pointer
+        );
     }
 
     #[test]
