@@ -149,7 +149,16 @@ struct Inner {
     override_cache_ttl: Duration,
     /// What this client knows of each limiter's overrides, and when it read
     /// it (see [`RedisBackendBuilder::override_cache_ttl`]).
-    override_cache: Mutex<HashMap<String, (Instant, LimiterOverrides)>>,
+    override_cache: Mutex<HashMap<String, Cached>>,
+}
+
+/// A limiter's overrides as this client last read them.
+struct Cached {
+    /// When the read was sent: the entry is no younger than what it holds.
+    read_at: Instant,
+    overrides: LimiterOverrides,
+    /// A caller is reading them again (see `RedisBackend::limiter_overrides`).
+    refreshing: bool,
 }
 
 /// What a client reads of a limiter's overrides, in one `MGET`.
@@ -371,7 +380,10 @@ impl RedisBackendBuilder {
     /// included, apply on their next decision). This backend's own
     /// [`set_override`](Backend::set_override) and
     /// [`set_expiring_override`](Backend::set_expiring_override) apply at
-    /// once. Zero reads it on every decision (one more round trip each).
+    /// once. When an entry expires, one decision reads it again while the
+    /// others use the entry they have until that read is back (at most one
+    /// more TTL). Zero reads it on every decision (one more round trip
+    /// each).
     pub fn override_cache_ttl(mut self, ttl: Duration) -> Self {
         self.override_cache_ttl = ttl;
         self
@@ -666,17 +678,37 @@ impl RedisBackend {
     /// What this client read of `limiter`'s overrides within the TTL.
     fn cached_overrides(&self, limiter: &str) -> Option<LimiterOverrides> {
         let cache = lock(&self.inner.override_cache);
-        let (at, v) = cache.get(limiter)?;
-        (at.elapsed() < self.inner.override_cache_ttl).then(|| v.clone())
+        let c = cache.get(limiter)?;
+        (c.read_at.elapsed() < self.inner.override_cache_ttl).then(|| c.overrides.clone())
     }
 
     /// The limiter-wide override (encoded) to send as the policy, and
     /// whether the limiter has per-key overrides, from the short client
     /// cache (see [`RedisBackendBuilder::override_cache_ttl`]).
+    ///
+    /// When the entry expires, one caller reads Redis again while the
+    /// others go on with the entry they have, for at most one more TTL: a
+    /// limiter's concurrent decisions do not all wait for the same `MGET`
+    /// once per TTL. A refresh that fails or is dropped (its caller gave
+    /// up) hands the turn to the next caller.
     async fn limiter_overrides(&self, limiter: &str) -> Result<LimiterOverrides, RedisError> {
-        if let Some(v) = self.cached_overrides(limiter) {
-            return Ok(v);
+        let ttl = self.inner.override_cache_ttl;
+        {
+            let mut cache = lock(&self.inner.override_cache);
+            if let Some(c) = cache.get_mut(limiter) {
+                let age = c.read_at.elapsed();
+                if age < ttl || (c.refreshing && age < ttl.saturating_mul(2)) {
+                    return Ok(c.overrides.clone());
+                }
+                c.refreshing = true;
+            }
         }
+        // Dropped when this returns, or earlier if the caller gives up;
+        // once the new entry is in, resetting its flag changes nothing.
+        let _turn = Refresh {
+            backend: self,
+            limiter,
+        };
         // Read before the query: the entry is no younger than what it holds.
         let now = Instant::now();
         let (wide, marker): (Option<String>, Option<String>) = self
@@ -692,7 +724,12 @@ impl RedisBackend {
             wide,
             keyed: marker.is_some(),
         };
-        lock(&self.inner.override_cache).insert(limiter.to_owned(), (now, v.clone()));
+        let fresh = Cached {
+            read_at: now,
+            overrides: v.clone(),
+            refreshing: false,
+        };
+        lock(&self.inner.override_cache).insert(limiter.to_owned(), fresh);
         Ok(v)
     }
 
@@ -837,6 +874,22 @@ impl RedisBackend {
             _ => self.decide_inner(candidate).await.ok(),
         };
         Ok((enforced, beside))
+    }
+}
+
+/// A caller's turn to read a limiter's overrides again: dropped before the
+/// read came back (an error, or the caller gave up), it gives the turn to
+/// the next caller, so no entry is left refreshing with nobody at it.
+struct Refresh<'a> {
+    backend: &'a RedisBackend,
+    limiter: &'a str,
+}
+
+impl Drop for Refresh<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = lock(&self.backend.inner.override_cache).get_mut(self.limiter) {
+            c.refreshing = false;
+        }
     }
 }
 
@@ -1156,7 +1209,9 @@ impl RedisBackend {
         // the time it was read, so what other workers changed since is
         // still read again within the TTL; without one, the next decision
         // reads Redis.
-        if let Some((_, o)) = lock(&self.inner.override_cache).get_mut(scope.limiter()) {
+        if let Some(Cached { overrides: o, .. }) =
+            lock(&self.inner.override_cache).get_mut(scope.limiter())
+        {
             match scope {
                 Scope::Limiter(_) => o.wide = encoded,
                 Scope::Key(..) => o.keyed |= encoded.is_some(),

@@ -916,3 +916,72 @@ async fn composite_keys_share_one_ttl() {
         assert!(!r.exists::<_, bool>(key).await.unwrap(), "{key}");
     }
 }
+
+/// How many `MGET`s the server has run (INFO commandstats).
+async fn mgets(r: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(r)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_mget:calls="))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+tollgate_testkit::on_every_server! {
+    /// When a limiter's override cache entry expires, one decision reads
+    /// the overrides again while the others go on with the entry they
+    /// have: 50 concurrent decisions make one `MGET`, not 50. A refresh
+    /// whose caller gives up (the server stopped answering; the limiter's
+    /// timeout dropped the decision) hands the turn on: the next decision
+    /// reads what was set meanwhile, not the stale entry.
+    #[tokio::test]
+    async fn an_expired_override_cache_is_read_again_once(server: Server) {
+        // Its own server: it counts the server's MGETs, and stops it.
+        let Some(server) = RedisServer::builder().server(server).start() else {
+            return;
+        };
+        let url = server.url();
+        let prefix = unique_name("refresh");
+        let ttl = S;
+        let make = || {
+            RedisBackend::builder(&url)
+                .prefix(&prefix)
+                .override_cache_ttl(ttl)
+                .durability(Durability::Skip)
+                .build()
+        };
+        let (a, b) = (make().await.unwrap(), make().await.unwrap());
+        let wide = TokenBucket::new(1_000_000, 1_000_000, S).unwrap();
+        let limiter = |timeout| {
+            Limiter::builder("api", wide, a.clone())
+                .timeout(timeout)
+                .build()
+        };
+        let (l, short) = (limiter(10 * S), limiter(Duration::from_millis(100)));
+        let k = Key::new("k");
+        assert!(l.check(&k).await.is_allowed());
+        let mut r = raw(&url).await;
+
+        tokio::time::sleep(ttl + ttl / 10).await;
+        let before = mgets(&mut r).await;
+        let verdicts = futures_util::future::join_all((0..50).map(|_| l.check(&k))).await;
+        assert!(verdicts.iter().all(|v| v.is_allowed()), "{verdicts:?}");
+        assert_eq!(mgets(&mut r).await - before, 1, "one refresh for 50 decisions");
+
+        // Another worker sets a limiter-wide override; this one's entry
+        // does not know it until it reads again.
+        let tight = Policy::TokenBucket(TokenBucket::new(7, 7, S).unwrap());
+        b.set_override(Scope::Limiter("api"), Some(&tight))
+            .await
+            .unwrap();
+        tokio::time::sleep(ttl + ttl / 10).await;
+        server.pause();
+        let gave_up = short.check(&k).await;
+        server.resume();
+        assert!(gave_up.decision().is_none(), "{gave_up:?}");
+        let v = l.check(&k).await;
+        assert_eq!(v.decision().map(|d| d.limit()), Some(7), "{v:?}");
+    }
+}
