@@ -188,6 +188,19 @@ refill = \"1000/min\"'
     Clear(ScopeArgs),
     /// Show the configured policy, the overrides and the policy in force.
     Show(ScopeArgs),
+    /// Mark every limiter that has per-key overrides stored, once, when
+    /// upgrading from a version before the marker.
+    ///
+    /// Per-key overrides stored by such a version have no marker
+    /// (`<prefix>:<limiter>:keyed{…}`), and a token-bucket limiter ignores
+    /// them until it is set. This walks the keyspace with `SCAN` (every
+    /// master of a cluster) and sets the marker of each limiter with a
+    /// per-key override; running it again changes nothing.
+    #[command(after_help = "\
+Examples:
+  tollgate -c tollgate.toml override mark
+  tollgate --redis-url redis://10.0.0.5:6379 --prefix tollgate --timeout 60s override mark")]
+    Mark,
 }
 
 /// A limiter and, optionally, one key.

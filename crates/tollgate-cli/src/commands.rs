@@ -68,6 +68,7 @@ pub(crate) fn run(cli: &Cli) -> Result<(), Failure> {
         }
         Command::Override(OverrideCommand::Clear(s)) => rt.block_on(override_clear(g, s)),
         Command::Override(OverrideCommand::Show(s)) => rt.block_on(override_show(g, s)),
+        Command::Override(OverrideCommand::Mark) => rt.block_on(override_mark(g)),
     }
 }
 
@@ -731,12 +732,39 @@ async fn override_show(g: &Global, s: &ScopeArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-async fn durability(g: &Global, strict: bool) -> Result<(), Failure> {
-    let prefix = match &g.prefix {
+/// The key prefix: `--prefix`, else the configuration's.
+fn prefix(g: &Global) -> Result<String, Failure> {
+    Ok(match &g.prefix {
         Some(p) => p.clone(),
         None => loaded(g)?.prefix().to_owned(),
+    })
+}
+
+async fn override_mark(g: &Global) -> Result<(), Failure> {
+    let backend = connect(g, &prefix(g)?).await?;
+    let work = async {
+        backend
+            .mark_keyed_overrides()
+            .await
+            .map_err(|e| Failure::backend("override mark", &e))
     };
-    let backend = connect(g, &prefix).await?;
+    let marked = timed(g, "override mark", work).await?;
+    if g.json {
+        print_json(&json!({ "marked": marked }));
+    } else if marked.is_empty() {
+        println!("no per-key override stored: nothing to mark");
+    } else {
+        println!(
+            "marked {} limiter(s) with per-key overrides: {}",
+            marked.len(),
+            marked.join(", ")
+        );
+    }
+    Ok(())
+}
+
+async fn durability(g: &Global, strict: bool) -> Result<(), Failure> {
+    let backend = connect(g, &prefix(g)?).await?;
     let work = async {
         backend
             .check_durability()

@@ -848,6 +848,43 @@ tollgate_testkit::on_every_server! {
 // ---------------------------------------------------------------- overrides
 
 tollgate_testkit::on_every_server! {
+    /// `override mark`: a per-key override whose limiter has no marker (as
+    /// a version before the marker stored it) is ignored by a token
+    /// bucket, and applies once the command has run; it names the
+    /// limiters it marked, in text and JSON, and a second run changes
+    /// nothing.
+    #[test]
+    fn override_mark_finds_per_key_overrides_without_their_marker(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let c = config("t-mark");
+        let run_cli = |args: &[&str]| {
+            let mut full = vec!["-c", c.arg()];
+            full.extend(args);
+            run(&full, &[("REDIS_URL", &url)])
+        };
+        let args = ["override", "set", "api", "--key", "acct", "--capacity", "40"];
+        expect(&run_cli(&args), 0);
+        let del = Command::new("redis-cli")
+            .args(["-u", &url, "DEL", "t-mark:api:keyed{t-mark:api:override}"])
+            .output()
+            .expect("run redis-cli");
+        assert_eq!(stdout(&del).trim(), "1", "{}", stderr(&del));
+        let acct = Key::new("acct");
+        assert_eq!(peek(&c.limiter(&url, "api"), &acct).limit(), 10);
+
+        let out = expect(&run_cli(&["override", "mark"]), 0);
+        assert!(
+            out.contains("marked 1 limiter(s) with per-key overrides: api"),
+            "{out}"
+        );
+        assert_eq!(peek(&c.limiter(&url, "api"), &acct).limit(), 40);
+        let again = json(&run_cli(&["--json", "override", "mark"]));
+        assert_eq!(again["marked"], serde_json::json!(["api"]));
+        expect(&run_cli(&["override", "clear", "api", "--key", "acct"]), 0);
+    }
+}
+
+tollgate_testkit::on_every_server! {
     #[test]
     fn overrides_change_what_the_services_decide(server: Server) {
         let Some(url) = shared_url(server) else { return };

@@ -268,7 +268,7 @@ pub(crate) async fn check_client(client: &redis::Client, t: crate::conn::Timeout
 
 /// Each master's reply to `cmd`.
 #[cfg(feature = "cluster")]
-async fn on_all_masters(
+pub(crate) async fn on_all_masters(
     conn: &mut redis::cluster_async::ClusterConnection,
     cmd: redis::Cmd,
 ) -> Result<Vec<(String, Value)>, crate::RedisError> {

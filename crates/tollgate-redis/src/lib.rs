@@ -675,6 +675,66 @@ impl RedisBackend {
         }
     }
 
+    /// Sets the per-key-override marker of every limiter that has per-key
+    /// overrides stored, and answers their names (sorted).
+    ///
+    /// Needed once when upgrading from a version before the marker: the
+    /// per-key overrides it stored have none, and a token-bucket limiter
+    /// ignores them until it is set (see docs/redis.md, "Upgrading"). It
+    /// walks the keyspace (`SCAN`, on every master of a cluster), so it is
+    /// an operator's command (`tollgate override mark`), not a service's.
+    /// Setting a marker that is already set changes nothing.
+    pub async fn mark_keyed_overrides(&self) -> Result<Vec<String>, RedisError> {
+        let pattern = format!("{}:*:{{*}}:override", glob_escape(&self.inner.prefix));
+        let keys = match self.inner.conn.link()? {
+            conn::Link::Single(c) => {
+                scan(&pattern, |cmd| {
+                    let mut c = c.clone();
+                    async move { cmd.query_async(&mut c).await }
+                })
+                .await?
+            }
+            #[cfg(feature = "cluster")]
+            conn::Link::Cluster(mut c) => {
+                use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+                let mut keys = Vec::new();
+                for (node, _) in durability::on_all_masters(&mut c, redis::cmd("PING")).await? {
+                    let (host, port) = node
+                        .rsplit_once(':')
+                        .and_then(|(h, p)| Some((h.to_owned(), p.parse().ok()?)))
+                        .ok_or_else(|| RedisError::Protocol(format!("cluster node {node:?}")))?;
+                    let at =
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+                    let on_node = scan(&pattern, |cmd| {
+                        let (mut c, at) = (c.clone(), at.clone());
+                        async move { c.route_command(cmd, at).await }
+                    });
+                    keys.extend(on_node.await?);
+                }
+                keys
+            }
+        };
+        let prefix = format!("{}:", self.inner.prefix);
+        let limiters: std::collections::BTreeSet<String> = keys
+            .iter()
+            .filter_map(|k| {
+                // <prefix>:<limiter>:{<key>}:override; a limiter's name
+                // holds no '{' (`check_limiter`).
+                let (limiter, _) = k.strip_prefix(&prefix)?.split_once(":{")?;
+                (!limiter.is_empty() && k.ends_with("}:override")).then(|| limiter.to_owned())
+            })
+            .collect();
+        for l in &limiters {
+            let mut mark = redis::cmd("SET");
+            mark.arg(self.keyed_marker_key(l)).arg("1");
+            let _: Value = self.inner.conn.query(&mark).await?;
+            if let Some(c) = lock(&self.inner.override_cache).get_mut(l.as_str()) {
+                c.overrides.keyed = true;
+            }
+        }
+        Ok(limiters.into_iter().collect())
+    }
+
     /// What this client read of `limiter`'s overrides within the TTL.
     fn cached_overrides(&self, limiter: &str) -> Option<LimiterOverrides> {
         let cache = lock(&self.inner.override_cache);
@@ -874,6 +934,44 @@ impl RedisBackend {
             _ => self.decide_inner(candidate).await.ok(),
         };
         Ok((enforced, beside))
+    }
+}
+
+/// `s` with the glob characters of `SCAN … MATCH` escaped.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Every key matching `pattern` on one server, by `SCAN` through `send`
+/// (a key may be answered twice; callers dedupe).
+async fn scan<F, Fut>(pattern: &str, send: F) -> Result<Vec<String>, RedisError>
+where
+    F: Fn(redis::Cmd) -> Fut,
+    Fut: Future<Output = redis::RedisResult<Value>>,
+{
+    let mut keys = Vec::new();
+    let mut cursor = 0u64;
+    loop {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000);
+        let (next, batch): (u64, Vec<String>) =
+            redis::from_redis_value(send(cmd).await?).map_err(redis::RedisError::from)?;
+        keys.extend(batch);
+        if next == 0 {
+            return Ok(keys);
+        }
+        cursor = next;
     }
 }
 

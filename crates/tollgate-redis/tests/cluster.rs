@@ -12,11 +12,18 @@ use tollgate_limiter::{
 use tollgate_redis::{Durability, RedisBackend};
 use tollgate_testkit::redis_server::{RedisCluster, Server};
 
+const S: Duration = Duration::from_secs(1);
+
 async fn backend(server: Server, prefix: &str, clock: &MockClock) -> RedisBackend {
+    let prefix = tollgate_testkit::conformance::unique_name(prefix);
+    backend_with_prefix(server, &prefix, clock).await
+}
+
+async fn backend_with_prefix(server: Server, prefix: &str, clock: &MockClock) -> RedisBackend {
     let cluster = RedisCluster::shared_on(server)
         .unwrap_or_else(|| panic!("the cluster tests need {server}"));
     RedisBackend::cluster_builder(cluster.urls())
-        .prefix(tollgate_testkit::conformance::unique_name(prefix))
+        .prefix(prefix)
         .caller_time(clock.clone())
         .min_ttl(Duration::from_secs(600))
         // A suite of semantics, not of latency: a starved 2-core CI machine
@@ -142,5 +149,54 @@ tollgate_testkit::on_every_server! {
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         assert!(d.is_allowed());
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// `mark_keyed_overrides` walks every master: per-key overrides in
+    /// several slots, of limiters that lost their marker (as an older
+    /// version stored them), are all found, and apply again once marked.
+    #[tokio::test]
+    async fn marking_per_key_overrides_on_every_master(server: Server) {
+        let cluster = RedisCluster::shared_on(server).unwrap();
+        let clock = MockClock::new();
+        let b = backend(server, "mark", &clock).await;
+        let prefix = b.prefix().to_owned();
+        let vip = Policy::TokenBucket(TokenBucket::new(50, 50, S).unwrap());
+        let mut raw = ::redis::cluster::ClusterClient::new(cluster.urls())
+            .unwrap()
+            .get_async_connection()
+            .await
+            .unwrap();
+        // One limiter per key: keys in 12 slots, so on every master, and
+        // each limiter is found only if its master is scanned.
+        let limiters: Vec<String> = (10..22).map(|i| format!("l{i}")).collect();
+        for (i, l) in limiters.iter().enumerate() {
+            let k = Key::new(format!("account-{i}"));
+            b.set_override(Scope::Key(l, &k), Some(&vip)).await.unwrap();
+            let _: () = ::redis::cmd("DEL")
+                .arg(format!("{prefix}:{l}:keyed{{{prefix}:{l}:override}}"))
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+        }
+        let fresh = backend_with_prefix(server, &prefix, &clock).await;
+        let limiter = |i: usize| {
+            let name = limiters[i].clone();
+            Limiter::new(name, TokenBucket::new(10, 10, S).unwrap(), fresh.clone())
+        };
+        let limit = |i: usize| {
+            let l = limiter(i);
+            async move {
+                let k = Key::new(format!("account-{i}"));
+                l.check(&k).await.decision().unwrap().limit()
+            }
+        };
+        assert_eq!(limit(0).await, 10, "no marker: the key's override is ignored");
+
+        assert_eq!(fresh.mark_keyed_overrides().await.unwrap(), limiters);
+        for i in 0..limiters.len() {
+            assert_eq!(limit(i).await, 50, "{}", limiters[i]);
+        }
     }
 }

@@ -985,3 +985,45 @@ tollgate_testkit::on_every_server! {
         assert_eq!(v.decision().map(|d| d.limit()), Some(7), "{v:?}");
     }
 }
+
+tollgate_testkit::on_every_server! {
+    /// Per-key overrides stored without the limiter's marker (by a version
+    /// before it) are ignored by a token bucket until
+    /// `mark_keyed_overrides` sets it. It finds every limiter with a
+    /// per-key override, and only those (a limiter-wide override is not
+    /// one); a second run finds the same and changes nothing.
+    #[tokio::test]
+    async fn marking_the_per_key_overrides_of_an_older_version(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let prefix = unique_name("mark");
+        let b = server_time(&url, &prefix).await;
+        let vip = Policy::TokenBucket(TokenBucket::new(50, 50, S).unwrap());
+        let vip = tollgate_redis::encoding::encode(&vip).unwrap();
+        let mut r = raw(&url).await;
+        for key in [
+            format!("{prefix}:api:{{a}}:override"),
+            format!("{prefix}:api:{{b}}:override"),
+            format!("{prefix}:other:{{c}}:override"),
+            format!("{prefix}:wide:override"),
+        ] {
+            let _: () = r.set(key, &vip).await.unwrap();
+        }
+        let l = Limiter::new("api", TokenBucket::new(10, 10, S).unwrap(), b.clone());
+        let limit = |k: &'static str| {
+            let l = l.clone();
+            async move { l.check(&Key::new(k)).await.decision().unwrap().limit() }
+        };
+        assert_eq!(limit("a").await, 10, "no marker: the key's override is ignored");
+
+        assert_eq!(b.mark_keyed_overrides().await.unwrap(), ["api", "other"]);
+        // This backend knows at once; others within override_cache_ttl.
+        assert_eq!((limit("a").await, limit("b").await), (50, 50));
+        assert_eq!(limit("z").await, 10);
+        let marker: Option<String> = r
+            .get(format!("{prefix}:other:keyed{{{prefix}:other:override}}"))
+            .await
+            .unwrap();
+        assert_eq!(marker.as_deref(), Some("1"));
+        assert_eq!(b.mark_keyed_overrides().await.unwrap(), ["api", "other"]);
+    }
+}
