@@ -195,8 +195,8 @@ tollgate_testkit::on_every_server! {
         assert_eq!(limit(0).await, 10, "no marker: the key's override is ignored");
 
         assert_eq!(fresh.mark_keyed_overrides().await.unwrap(), limiters);
-        for i in 0..limiters.len() {
-            assert_eq!(limit(i).await, 50, "{}", limiters[i]);
+        for (i, name) in limiters.iter().enumerate() {
+            assert_eq!(limit(i).await, 50, "{name}");
         }
     }
 }
