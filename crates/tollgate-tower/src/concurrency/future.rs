@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
-use tollgate_limiter::{Backend, Decision, Key, Permit, Verdict};
+use tollgate_limiter::{Backend, Key, Permit, Verdict};
 use tower_service::Service;
 
 use super::body::PermitBody;
 use super::service::Shared;
-use crate::inbound::future::{Answer, answer};
-use crate::respond::{Quota, Respond, ShadowRefusal};
+use crate::inbound::future::{Answer, Pass, answer, respond_allowed};
+use crate::respond::Respond;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -31,8 +31,7 @@ pin_project! {
         #[pin]
         state: State<S, Req, B, R::Response>,
         shared: Arc<Shared<B, K, R>>,
-        decision: Option<Decision>,
-        shadow: Option<ShadowRefusal>,
+        pass: Pass,
     }
 }
 
@@ -96,8 +95,7 @@ where
                 req: Some(req),
             },
             shared,
-            decision: None,
-            shadow: None,
+            pass: Pass::Bare,
         }
     }
 
@@ -107,8 +105,7 @@ where
                 response: Some(response),
             },
             shared,
-            decision: None,
-            shadow: None,
+            pass: Pass::Bare,
         }
     }
 }
@@ -133,9 +130,8 @@ where
                         .as_ref()
                         .map_or_else(|| Key::new("-"), |p| p.key().clone());
                     match answer(&shared.responder, &shared.limiter, &key, verdict) {
-                        Answer::Pass { decision, shadow } => {
-                            *this.decision = decision;
-                            *this.shadow = shadow;
+                        Answer::Pass(pass) => {
+                            *this.pass = pass;
                             let mut service = service.take().expect("polled after completion");
                             let req = req.take().expect("polled after completion");
                             this.state.set(State::Inner {
@@ -152,16 +148,12 @@ where
                     let response = ready!(fut.poll(cx))?;
                     let response = response.map(|b| PermitBody::new(b, permit.take()));
                     let shared = &**this.shared;
-                    let out = match (this.shadow.as_ref(), this.decision.as_ref()) {
-                        (Some(shadow), _) => shared.responder.shadowed(response, shadow),
-                        (None, Some(d)) => {
-                            let l = &shared.limiter;
-                            let quota = Quota::new(l.name(), l.policy(), d);
-                            shared.responder.allowed(response, Some(&quota))
-                        }
-                        (None, None) => shared.responder.allowed(response, None),
-                    };
-                    return Poll::Ready(Ok(out));
+                    return Poll::Ready(Ok(respond_allowed(
+                        &shared.responder,
+                        response,
+                        Some(&shared.limiter),
+                        this.pass,
+                    )));
                 }
                 StateProj::Rejected { response } => {
                     let response = response.take().expect("polled after completion");

@@ -23,8 +23,10 @@ pub(crate) struct Ticket<B> {
     pub(crate) limiter: Limiter<B>,
     pub(crate) key: Key,
     pub(crate) cost: u64,
-    /// What a reserving request holds until its response settles it.
-    pub(crate) reservation: Option<Reservation<B>>,
+    /// What a reserving request holds until its response settles it
+    /// (boxed: it is most of a ticket's size, and only a reserving layer
+    /// has one).
+    pub(crate) reservation: Option<Box<Reservation<B>>>,
 }
 
 /// How the cost is asked for before the request is handed on.
@@ -49,8 +51,7 @@ pin_project! {
         #[pin]
         state: State<S, Req, B, R::Response>,
         ticket: Option<Ticket<B>>,
-        decision: Option<Decision>,
-        shadow: Option<ShadowRefusal>,
+        pass: Pass,
         post: Arc<Post<R, V>>,
     }
 }
@@ -100,8 +101,7 @@ where
                 req: Some(req),
             },
             ticket: None,
-            decision: None,
-            shadow: None,
+            pass: Pass::Bare,
             post,
         }
     }
@@ -116,13 +116,12 @@ where
         post: Arc<Post<R, V>>,
     ) -> Self {
         match answer(&post.responder, &ticket.limiter, &ticket.key, verdict) {
-            Answer::Pass { decision, shadow } => Self {
+            Answer::Pass(pass) => Self {
                 state: State::Inner {
                     fut: service.call(req),
                 },
                 ticket: Some(ticket),
-                decision,
-                shadow,
+                pass,
                 post,
             },
             Answer::Refuse(response) => Self::rejected(response, post),
@@ -133,8 +132,7 @@ where
         Self {
             state: State::Inner { fut },
             ticket: None,
-            decision: None,
-            shadow: None,
+            pass: Pass::Bare,
             post,
         }
     }
@@ -145,8 +143,7 @@ where
                 response: Some(response),
             },
             ticket: None,
-            decision: None,
-            shadow: None,
+            pass: Pass::Bare,
             post,
         }
     }
@@ -160,7 +157,7 @@ fn check<B: Backend>(mut ticket: Ticket<B>, mode: Mode) -> BoxFuture<(Verdict, T
     let check = async move {
         let verdict = if mode == Mode::Reserve {
             let (verdict, reservation) = ticket.limiter.reserve(&ticket.key, ticket.cost).await;
-            ticket.reservation = Some(reservation);
+            ticket.reservation = Some(Box::new(reservation));
             verdict
         } else if mode == Mode::Upfront {
             ticket.limiter.check_cost(&ticket.key, ticket.cost).await
@@ -204,7 +201,7 @@ fn settle<B: Backend>(ticket: &Ticket<B>, outcome: Outcome) -> Option<BoxFuture<
 /// task of its own (as [`settle`]). An empty reservation (fail-open without
 /// the backend) settles nothing.
 fn settle_reservation<B: Backend>(
-    reservation: Reservation<B>,
+    reservation: Box<Reservation<B>>,
     actual: u64,
 ) -> BoxFuture<Option<Decision>> {
     let task = tokio::spawn(async move { reservation.settle(actual).await.ok().flatten() });
@@ -232,9 +229,8 @@ where
                     let (verdict, ticket) = ready!(check.as_mut().poll(cx));
                     let refused =
                         match answer(&this.post.responder, &ticket.limiter, &ticket.key, verdict) {
-                            Answer::Pass { decision, shadow } => {
-                                *this.decision = decision;
-                                *this.shadow = shadow;
+                            Answer::Pass(pass) => {
+                                *this.pass = pass;
                                 None
                             }
                             Answer::Refuse(response) => Some(response),
@@ -280,23 +276,24 @@ where
                     return Poll::Ready(Ok(respond_allowed(
                         &this.post.responder,
                         response,
-                        this.ticket.as_ref(),
-                        this.decision.as_ref(),
-                        this.shadow.as_ref(),
+                        this.ticket.as_ref().map(|t| &t.limiter),
+                        this.pass,
                     )));
                 }
                 StateProj::Settling { settle, response } => {
-                    // A failed charge keeps the check's figures.
-                    if let Some(d) = ready!(settle.as_mut().poll(cx)) {
-                        *this.decision = Some(d);
+                    // A failed charge keeps the check's figures; a shadowed
+                    // response stays shadowed.
+                    if let Some(d) = ready!(settle.as_mut().poll(cx))
+                        && !matches!(this.pass, Pass::Shadow(_))
+                    {
+                        *this.pass = Pass::Quota(d);
                     }
                     let response = response.take().expect("polled after completion");
                     return Poll::Ready(Ok(respond_allowed(
                         &this.post.responder,
                         response,
-                        this.ticket.as_ref(),
-                        this.decision.as_ref(),
-                        this.shadow.as_ref(),
+                        this.ticket.as_ref().map(|t| &t.limiter),
+                        this.pass,
                     )));
                 }
                 StateProj::Rejected { response } => {
@@ -310,14 +307,24 @@ where
 
 /// What a verdict makes of a request.
 pub(crate) enum Answer<Out> {
-    /// Call the inner service; decorate its response with the decision's
-    /// quota, or as shadowed.
-    Pass {
-        decision: Option<Decision>,
-        shadow: Option<ShadowRefusal>,
-    },
+    /// Call the inner service, and answer its response as this says.
+    Pass(Pass),
     /// Answer this instead.
     Refuse(Out),
+}
+
+/// What an allowed response is answered with, kept in the response future
+/// until the response comes (so kept small: every layer's future holds
+/// one, and futures are moved as they nest).
+pub(crate) enum Pass {
+    /// No decision to report (a fail-open limiter whose backend failed, a
+    /// request without a key let through).
+    Bare,
+    /// The decision's quota.
+    Quota(Decision),
+    /// What enforcement would have refused (boxed: rare, and larger than
+    /// a decision).
+    Shadow(Box<ShadowRefusal>),
 }
 
 /// Turns a limiter's verdict into the layer's answer (shared by
@@ -330,12 +337,8 @@ pub(crate) fn answer<B: Backend, Res, R: Respond<Res>>(
     verdict: Verdict,
 ) -> Answer<R::Response> {
     let name = limiter.name();
-    let pass = |decision| Answer::Pass {
-        decision,
-        shadow: None,
-    };
     match verdict {
-        Verdict::Decided(d) if d.is_allowed() => pass(Some(d)),
+        Verdict::Decided(d) if d.is_allowed() => Answer::Pass(Pass::Quota(d)),
         Verdict::Decided(d) => {
             telemetry::denied(name, key, &d);
             let quota = Quota::new(name, limiter.policy(), &d);
@@ -343,19 +346,16 @@ pub(crate) fn answer<B: Backend, Res, R: Respond<Res>>(
         }
         Verdict::FailedOpen(e) => {
             telemetry::backend_failed(name, false, &e);
-            pass(None)
+            Answer::Pass(Pass::Bare)
         }
         // Shadow mode: what would have been refused passes.
         Verdict::Shadowed(denied) => {
             telemetry::shadowed(name, key, &denied);
-            Answer::Pass {
-                decision: None,
-                shadow: Some(ShadowRefusal {
-                    limiter: name.to_owned(),
-                    retry_after: denied.retry_after,
-                    decision: denied.decision,
-                }),
-            }
+            Answer::Pass(Pass::Shadow(Box::new(ShadowRefusal {
+                limiter: name.to_owned(),
+                retry_after: denied.retry_after,
+                decision: denied.decision,
+            })))
         }
         // Not a backend failure: this request can never pass.
         Verdict::FailedClosed(e, _) if !e.is_unavailable() => {
@@ -373,19 +373,20 @@ pub(crate) fn answer<B: Backend, Res, R: Respond<Res>>(
     }
 }
 
+/// An allowed request's response, as `pass` says (shared by
+/// [`RateLimit`](super::RateLimit) and
+/// [`ConcurrencyLimit`](crate::concurrency::ConcurrencyLimit)); `limiter`
+/// is the one that decided, if one did.
 pub(crate) fn respond_allowed<B: Backend, Res, R: Respond<Res>>(
     responder: &R,
     response: Res,
-    ticket: Option<&Ticket<B>>,
-    decision: Option<&Decision>,
-    shadow: Option<&ShadowRefusal>,
+    limiter: Option<&Limiter<B>>,
+    pass: &Pass,
 ) -> R::Response {
-    if let Some(shadow) = shadow {
-        return responder.shadowed(response, shadow);
-    }
-    match (ticket, decision) {
-        (Some(t), Some(d)) => {
-            let quota = Quota::new(t.limiter.name(), t.limiter.policy(), d);
+    match (pass, limiter) {
+        (Pass::Shadow(shadow), _) => responder.shadowed(response, shadow),
+        (Pass::Quota(d), Some(l)) => {
+            let quota = Quota::new(l.name(), l.policy(), d);
             responder.allowed(response, Some(&quota))
         }
         _ => responder.allowed(response, None),
