@@ -8,10 +8,14 @@
 //! same conformance suite as the Redis backend, takes a [`MockClock`] for
 //! tests, and can inject failures and delays to exercise fail modes.
 //!
-//! Keys are spread over mutex-guarded shards; a key whose state has become
-//! equal to a fresh key's is dropped, and each shard sweeps its expired keys
-//! whenever it has doubled since the last sweep, so memory stays bounded by
-//! the keys that are live.
+//! Keys are spread over lock-guarded shards. A token bucket's charge, the
+//! common case, takes its shard's lock shared and swaps the key's arrival
+//! time in one atomic word, as `governor` does; every other operation takes
+//! the shard exclusively and runs the model's step. A key whose state has
+//! become equal to a fresh key's is dropped when an exclusive operation
+//! touches it, and each shard sweeps its expired keys whenever it has
+//! doubled since the last sweep, so memory stays bounded by the keys that
+//! are live.
 //!
 //! # Examples
 //!
@@ -41,12 +45,12 @@ use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hashbrown::{DefaultHashBuilder, HashTable};
-use tollgate_limiter::model::{Op, Receipt, Slot, State};
+use tollgate_limiter::model::{Op, Receipt, Slot, State, TokenBucketState, charge_bucket};
 use tollgate_limiter::time::micros;
 use tollgate_limiter::{
     Backend, Clock, Decision, Key, Policy, Request, Scope, SystemClock, Timestamp,
@@ -75,7 +79,7 @@ pub struct MemoryBackend<C = MonotonicClock> {
 struct Shared<C> {
     clock: C,
     hasher: DefaultHashBuilder,
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[RwLock<Shard>]>,
     has_overrides: AtomicBool,
     overrides: RwLock<std::collections::HashMap<String, Overrides>>,
     faults: Faults,
@@ -145,10 +149,140 @@ impl Overrides {
 }
 
 struct Shard {
-    /// Entries with the key hash computed once per decision (it also
-    /// picks the shard).
-    map: HashTable<(u64, StoreKey, Slot)>,
+    map: HashTable<Entry>,
     sweep_at: usize,
+}
+
+/// One stored key (48 bytes for a token bucket).
+struct Entry {
+    /// The key's hash, computed once per decision (it also picks the
+    /// shard); growing rehashes from it.
+    hash: u64,
+    key: StoreKey,
+    cell: Cell,
+}
+
+/// A key's state: a token bucket in atomics, or any other [`Slot`].
+enum Cell {
+    /// The slot `{ TokenBucket { tat, born }, expires_at: tat }`, which
+    /// every admitted token-bucket charge leaves.
+    Bucket(Bucket),
+    /// Any other slot (boxed: sliding-window logs and composites are
+    /// large, and rare next to buckets).
+    Other(Box<Slot>),
+}
+
+/// A token bucket's state, charged under the shard's shared lock.
+///
+/// Only `tat` changes under the shared lock, by compare-and-swap; `born`
+/// (read only under the exclusive lock, by reservations) changes with it
+/// when a charge starts a new life: that charge swaps `tat` to [`BUSY`],
+/// stores `born`, then the new `tat`. A charge that finds `BUSY` is
+/// decided under the exclusive lock, which waits for the shared one to be
+/// released, so no exclusive holder ever sees `BUSY` or a half-made life.
+struct Bucket {
+    tat: AtomicU64,
+    born: AtomicU64,
+}
+
+/// `tat` while a new life's `born` is being stored: never an arrival time
+/// (those stay below 2^53 microseconds).
+const BUSY: u64 = u64::MAX;
+
+impl Bucket {
+    /// An [`Op::Acquire`] of `cost` under the shared lock: the model's
+    /// decision ([`charge_bucket`]), the arrival time swapped when it
+    /// admits; `None` when it must be decided under the exclusive lock.
+    #[inline]
+    fn charge(
+        &self,
+        now: Timestamp,
+        p: &tollgate_limiter::TokenBucket,
+        cost: u64,
+    ) -> Option<Decision> {
+        let mut tat = self.tat.load(Ordering::Acquire);
+        loop {
+            if tat == BUSY {
+                return None;
+            }
+            let (decision, next) = charge_bucket(tat, now, p, cost);
+            // A refusal writes nothing: decided at the load.
+            let Some(next) = next else {
+                return Some(decision);
+            };
+            if tat > now {
+                // The same life: only the arrival time moves.
+                match self
+                    .tat
+                    .compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Acquire)
+                {
+                    Ok(_) => return Some(decision),
+                    Err(seen) => tat = seen,
+                }
+                continue;
+            }
+            // A new life: `born` changes with the arrival time.
+            match self
+                .tat
+                .compare_exchange(tat, BUSY, Ordering::Acquire, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    self.born.store(now, Ordering::Relaxed);
+                    self.tat.store(next, Ordering::Release);
+                    return Some(decision);
+                }
+                Err(seen) => tat = seen,
+            }
+        }
+    }
+}
+
+impl Cell {
+    /// The cell holding `slot`.
+    fn new(slot: Slot) -> Self {
+        match slot.state {
+            State::TokenBucket(s) if slot.expires_at == s.tat => Self::Bucket(Bucket {
+                tat: AtomicU64::new(s.tat),
+                born: AtomicU64::new(s.born),
+            }),
+            _ => Self::Other(Box::new(slot)),
+        }
+    }
+
+    /// Runs `f` on the slot (under the exclusive lock), then keeps the
+    /// result in the cell that fits it.
+    fn apply<T>(&mut self, f: impl FnOnce(&mut Slot) -> T) -> T {
+        match self {
+            Self::Bucket(b) => {
+                let tat = *b.tat.get_mut();
+                let mut slot = Slot {
+                    state: State::TokenBucket(TokenBucketState {
+                        tat,
+                        born: *b.born.get_mut(),
+                    }),
+                    expires_at: tat,
+                };
+                let out = f(&mut slot);
+                *self = Self::new(slot);
+                out
+            }
+            Self::Other(slot) => {
+                let out = f(slot);
+                if matches!(slot.state, State::TokenBucket(s) if slot.expires_at == s.tat) {
+                    *self = Self::new((**slot).clone());
+                }
+                out
+            }
+        }
+    }
+
+    /// Whether the key still holds state at `now`.
+    fn is_live(&self, now: Timestamp) -> bool {
+        match self {
+            Self::Bucket(b) => b.tat.load(Ordering::Relaxed) > now,
+            Self::Other(slot) => slot.is_live(now),
+        }
+    }
 }
 
 /// A stored key: the limiter name and the key in one allocation
@@ -286,7 +420,7 @@ impl<C: Clock> MemoryBackend<C> {
     pub fn with_clock(clock: C) -> Self {
         let shards = (0..SHARDS)
             .map(|_| {
-                Mutex::new(Shard {
+                RwLock::new(Shard {
                     map: HashTable::new(),
                     sweep_at: MIN_SWEEP,
                 })
@@ -309,20 +443,8 @@ impl<C: Clock> MemoryBackend<C> {
         &self.shared.clock
     }
 
-    fn decide_at_once(&self, req: &Request<'_>) -> Decision {
-        let op = req.op;
-        self.with_slot(req, |slot, now, policy| slot.apply(now, policy, op))
-    }
-
-    /// Runs `f` on the key's slot (a fresh one if the key is not held) at
-    /// the clock's now under the policy in force, then keeps the slot only
-    /// if it still holds state.
     #[inline]
-    fn with_slot<T>(
-        &self,
-        req: &Request<'_>,
-        f: impl FnOnce(&mut Slot, Timestamp, &Policy) -> T,
-    ) -> T {
+    fn decide_at_once(&self, req: &Request<'_>) -> Decision {
         let now = self.shared.clock.now();
         // The configured policy by reference: an override (rare) is the
         // only copy made.
@@ -333,37 +455,47 @@ impl<C: Clock> MemoryBackend<C> {
             key: req.key.as_str(),
         };
         let (hash, shard) = self.shard_of(&lookup);
-        let mut shard = lock(shard);
-        match shard
-            .map
-            .find_entry(hash, |(h, k, _)| *h == hash && lookup.matches(k))
+        let at = Located {
+            now,
+            lookup: &lookup,
+            hash,
+            shard,
+        };
+        // Matched by reference: an `Op` is large (a settle's receipt).
+        if let (Policy::TokenBucket(p), &Op::Acquire(cost)) = (policy, &req.op)
+            && let Some(d) = at.charge_shared(p, cost)
         {
-            Ok(mut entry) => {
-                let slot = &mut entry.get_mut().2;
-                let decision = f(slot, now, policy);
-                if !slot.is_live(now) {
-                    // The key is as good as fresh: keep nothing.
-                    entry.remove();
-                }
-                decision
-            }
-            Err(_) => {
-                let mut slot = Slot::fresh(policy);
-                let decision = f(&mut slot, now, policy);
-                if slot.is_live(now) {
-                    // Growing rehashes from the stored hash.
-                    shard
-                        .map
-                        .insert_unique(hash, (hash, lookup.to_owned(), slot), |e| e.0);
-                    shard.sweep_if_due(now);
-                }
-                decision
-            }
+            return d;
         }
+        at.with_slot(policy, |slot, now, policy| slot.apply(now, policy, req.op))
+    }
+
+    /// Runs `f` on `req`'s slot under the policy in force (see
+    /// [`Located::with_slot`]).
+    fn with_slot<T>(
+        &self,
+        req: &Request<'_>,
+        f: impl FnOnce(&mut Slot, Timestamp, &Policy) -> T,
+    ) -> T {
+        let now = self.shared.clock.now();
+        let overridden = self.override_of(req, now);
+        let policy = overridden.as_ref().unwrap_or(req.policy);
+        let lookup = Lookup {
+            limiter: req.limiter,
+            key: req.key.as_str(),
+        };
+        let (hash, shard) = self.shard_of(&lookup);
+        let at = Located {
+            now,
+            lookup: &lookup,
+            hash,
+            shard,
+        };
+        at.with_slot(policy, f)
     }
 
     /// The key's hash and its shard.
-    fn shard_of(&self, lookup: &Lookup<'_>) -> (u64, &Mutex<Shard>) {
+    fn shard_of(&self, lookup: &Lookup<'_>) -> (u64, &RwLock<Shard>) {
         let hash = self.shared.hasher.hash_one(lookup);
         // Top bits pick the shard; the table inside uses the low ones.
         (hash, &self.shared.shards[(hash >> 58) as usize % SHARDS])
@@ -412,7 +544,7 @@ impl<C: Clock> MemoryBackend<C> {
 
     /// The number of keys held (live or not yet swept).
     pub fn len(&self) -> usize {
-        self.shared.shards.iter().map(|s| lock(s).map.len()).sum()
+        self.shared.shards.iter().map(|s| read(s).map.len()).sum()
     }
 
     /// How many events the sliding-window log of `key` of `limiter`
@@ -424,19 +556,15 @@ impl<C: Clock> MemoryBackend<C> {
             key: key.as_str(),
         };
         let (hash, shard) = self.shard_of(&lookup);
-        let shard = lock(shard);
-        match shard
-            .map
-            .find(hash, |(h, k, _)| *h == hash && lookup.matches(k))
-        {
-            Some((
-                _,
-                _,
-                Slot {
-                    state: State::SlidingWindow(s),
-                    ..
-                },
-            )) => s.events.len(),
+        let shard = read(shard);
+        match shard.map.find(hash, |e| e.hash == hash && lookup.matches(&e.key)) {
+            Some(Entry {
+                cell: Cell::Other(slot),
+                ..
+            }) => match &slot.state {
+                State::SlidingWindow(s) => s.events.len(),
+                _ => 0,
+            },
             _ => 0,
         }
     }
@@ -451,7 +579,7 @@ impl<C: Clock> MemoryBackend<C> {
     pub fn sweep(&self) {
         let now = self.shared.clock.now();
         for s in &self.shared.shards {
-            lock(s).sweep(now);
+            write(s).sweep(now);
         }
         let mut overrides = self
             .shared
@@ -537,7 +665,7 @@ impl Shard {
     }
 
     fn sweep(&mut self, now: Timestamp) {
-        self.map.retain(|(_, _, slot)| slot.is_live(now));
+        self.map.retain(|e| e.cell.is_live(now));
         self.sweep_at = (self.map.len() * 2).max(MIN_SWEEP);
     }
 }
@@ -561,11 +689,83 @@ impl Future for Decide {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic while a shard is held cannot leave an entry half-updated in a
-    // way that breaks the model's invariants worse than losing the key, so
-    // keep serving.
-    m.lock().unwrap_or_else(|e| e.into_inner())
+// A panic while a shard is held cannot leave an entry half-updated in a
+// way that breaks the model's invariants worse than losing the key, so
+// both keep serving a poisoned lock.
+fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where and when a request is decided: the clock's now, the key, its
+/// hash and its shard (small: the fast path passes it in registers).
+#[derive(Clone, Copy)]
+struct Located<'a> {
+    now: Timestamp,
+    lookup: &'a Lookup<'a>,
+    hash: u64,
+    shard: &'a RwLock<Shard>,
+}
+
+impl Located<'_> {
+    /// A token bucket's charge under the shard's shared lock, if the key
+    /// is held as a [`Bucket`].
+    #[inline]
+    fn charge_shared(&self, p: &tollgate_limiter::TokenBucket, cost: u64) -> Option<Decision> {
+        let shard = read(self.shard);
+        let entry = shard.map.find(self.hash, |e| {
+            e.hash == self.hash && self.lookup.matches(&e.key)
+        })?;
+        match &entry.cell {
+            Cell::Bucket(b) => b.charge(self.now, p, cost),
+            Cell::Other(_) => None,
+        }
+    }
+
+    /// Runs `f` on the key's slot (a fresh one if the key is not held)
+    /// under `policy`, under the shard's exclusive lock, then keeps the
+    /// slot only if it still holds state.
+    #[inline(never)]
+    fn with_slot<T>(
+        self,
+        policy: &Policy,
+        f: impl FnOnce(&mut Slot, Timestamp, &Policy) -> T,
+    ) -> T {
+        let (now, hash) = (self.now, self.hash);
+        let mut shard = write(self.shard);
+        match shard
+            .map
+            .find_entry(hash, |e| e.hash == hash && self.lookup.matches(&e.key))
+        {
+            Ok(mut entry) => {
+                let cell = &mut entry.get_mut().cell;
+                let decision = cell.apply(|slot| f(slot, now, policy));
+                if !cell.is_live(now) {
+                    // The key is as good as fresh: keep nothing.
+                    entry.remove();
+                }
+                decision
+            }
+            Err(_) => {
+                let mut slot = Slot::fresh(policy);
+                let decision = f(&mut slot, now, policy);
+                if slot.is_live(now) {
+                    let entry = Entry {
+                        hash,
+                        key: self.lookup.to_owned(),
+                        cell: Cell::new(slot),
+                    };
+                    // Growing rehashes from the stored hash.
+                    shard.map.insert_unique(hash, entry, |e| e.hash);
+                    shard.sweep_if_due(now);
+                }
+                decision
+            }
+        }
+    }
 }
 
 impl<C: Clock> Backend for MemoryBackend<C> {
