@@ -146,7 +146,7 @@ impl Guard {
 
     /// Reports that an admitted call answered (what [`report`](Self::report)
     /// does with an `Ok`, for a caller that keeps the answer).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn succeeded(&self, admitted: Admitted<'_>) {
         self.meter
             .backend_call(admitted.watch, &Ok::<(), Error>(()));

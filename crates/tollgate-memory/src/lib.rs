@@ -557,7 +557,10 @@ impl<C: Clock> MemoryBackend<C> {
         };
         let (hash, shard) = self.shard_of(&lookup);
         let shard = read(shard);
-        match shard.map.find(hash, |e| e.hash == hash && lookup.matches(&e.key)) {
+        match shard
+            .map
+            .find(hash, |e| e.hash == hash && lookup.matches(&e.key))
+        {
             Some(Entry {
                 cell: Cell::Other(slot),
                 ..

@@ -107,7 +107,11 @@ fn lives_start_and_settle_exactly_under_contention() {
     for round in 0..20 {
         // Full again: the next charge starts a new life.
         clock.advance(Duration::from_secs(3_600 * CAPACITY));
-        assert_eq!(race(&backend, &policy, &key, THREADS), CAPACITY, "round {round}");
+        assert_eq!(
+            race(&backend, &policy, &key, THREADS),
+            CAPACITY,
+            "round {round}"
+        );
         // The first life's receipt refunds nothing to this one.
         let settle = Op::Settle {
             receipt: old,
@@ -121,13 +125,21 @@ fn lives_start_and_settle_exactly_under_contention() {
         let half = CAPACITY / 2;
         let (d, r) = ready(backend.reserve(request(&policy, &key, Op::Acquire(half)))).unwrap();
         assert!(d.is_allowed());
-        assert_eq!(race(&backend, &policy, &key, THREADS), half, "round {round}");
+        assert_eq!(
+            race(&backend, &policy, &key, THREADS),
+            half,
+            "round {round}"
+        );
         let settle = Op::Settle {
             receipt: r,
             actual: 0,
         };
         let after = ready(backend.decide(request(&policy, &key, settle))).unwrap();
         assert_eq!(after.remaining(), half, "round {round}");
-        assert_eq!(race(&backend, &policy, &key, THREADS), half, "round {round}");
+        assert_eq!(
+            race(&backend, &policy, &key, THREADS),
+            half,
+            "round {round}"
+        );
     }
 }
