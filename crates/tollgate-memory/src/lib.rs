@@ -456,29 +456,15 @@ impl<C: Clock> MemoryBackend<C> {
 
     #[inline]
     fn decide_at_once(&self, req: &Request<'_>) -> Decision {
-        let now = self.shared.clock.now();
-        // The configured policy by reference: an override (rare) is the
-        // only copy made.
-        let overridden = self.override_of(req, now);
-        let policy = overridden.as_ref().unwrap_or(req.policy);
-        let lookup = Lookup {
-            limiter: req.limiter,
-            key: req.key.as_str(),
-        };
-        let (hash, shard) = self.shard_of(&lookup);
-        let at = Located {
-            now,
-            lookup: &lookup,
-            hash,
-            shard,
-        };
-        // Matched by reference: an `Op` is large (a settle's receipt).
-        if let (Policy::TokenBucket(p), &Op::Acquire(cost)) = (policy, &req.op)
-            && let Some(d) = at.charge_shared(p, cost)
-        {
-            return d;
-        }
-        at.with_slot(policy, |slot, now, policy| slot.apply(now, policy, req.op))
+        self.locate(req, |at, policy| {
+            // Matched by reference: an `Op` is large (a settle's receipt).
+            if let (Policy::TokenBucket(p), &Op::Acquire(cost)) = (policy, &req.op)
+                && let Some(d) = at.charge_shared(p, cost)
+            {
+                return d;
+            }
+            at.with_slot(policy, |slot, now, policy| slot.apply(now, policy, req.op))
+        })
     }
 
     /// Runs `f` on `req`'s slot under the policy in force (see
@@ -488,7 +474,17 @@ impl<C: Clock> MemoryBackend<C> {
         req: &Request<'_>,
         f: impl FnOnce(&mut Slot, Timestamp, &Policy) -> T,
     ) -> T {
+        self.locate(req, |at, policy| at.with_slot(policy, f))
+    }
+
+    /// Runs `f` with where and when `req` is decided, and the policy in
+    /// force. A closure, not a returned value: the override (a whole
+    /// `Policy`, rare) stays in this frame instead of being moved.
+    #[inline(always)]
+    fn locate<T>(&self, req: &Request<'_>, f: impl FnOnce(Located<'_>, &Policy) -> T) -> T {
         let now = self.shared.clock.now();
+        // The configured policy by reference: an override is the only
+        // copy made.
         let overridden = self.override_of(req, now);
         let policy = overridden.as_ref().unwrap_or(req.policy);
         let lookup = Lookup {
@@ -502,7 +498,7 @@ impl<C: Clock> MemoryBackend<C> {
             hash,
             shard,
         };
-        at.with_slot(policy, f)
+        f(at, policy)
     }
 
     /// The key's hash and its shard.

@@ -102,44 +102,33 @@ fn lives_start_and_settle_exactly_under_contention() {
     let backend = MemoryBackend::with_clock(clock.clone());
     let policy = Policy::from(TokenBucket::new(CAPACITY, 1, Duration::from_secs(3_600)).unwrap());
     let key = Key::new("hot");
-    let (d, old) = ready(backend.reserve(request(&policy, &key, Op::Acquire(CAPACITY)))).unwrap();
-    assert!(d.is_allowed());
+    let reserve = |units| {
+        let (d, receipt) = ready(backend.reserve(request(&policy, &key, Op::Acquire(units))));
+        assert!(d.unwrap().is_allowed());
+        receipt
+    };
+    // What a refund of the whole receipt leaves available.
+    let settle = |receipt| {
+        let op = Op::Settle { receipt, actual: 0 };
+        ready(backend.decide(request(&policy, &key, op)))
+            .unwrap()
+            .remaining()
+    };
+    let race = || race(&backend, &policy, &key, THREADS);
+    let old = reserve(CAPACITY);
     for round in 0..20 {
         // Full again: the next charge starts a new life.
         clock.advance(Duration::from_secs(3_600 * CAPACITY));
-        assert_eq!(
-            race(&backend, &policy, &key, THREADS),
-            CAPACITY,
-            "round {round}"
-        );
+        assert_eq!(race(), CAPACITY, "round {round}");
         // The first life's receipt refunds nothing to this one.
-        let settle = Op::Settle {
-            receipt: old,
-            actual: 0,
-        };
-        let after = ready(backend.decide(request(&policy, &key, settle))).unwrap();
-        assert_eq!(after.remaining(), 0, "round {round}");
+        assert_eq!(settle(old), 0, "round {round}");
         // A reservation of this life, then racers on the lock-free path:
         // its refund lands in the same life, once.
         clock.advance(Duration::from_secs(3_600 * CAPACITY));
         let half = CAPACITY / 2;
-        let (d, r) = ready(backend.reserve(request(&policy, &key, Op::Acquire(half)))).unwrap();
-        assert!(d.is_allowed());
-        assert_eq!(
-            race(&backend, &policy, &key, THREADS),
-            half,
-            "round {round}"
-        );
-        let settle = Op::Settle {
-            receipt: r,
-            actual: 0,
-        };
-        let after = ready(backend.decide(request(&policy, &key, settle))).unwrap();
-        assert_eq!(after.remaining(), half, "round {round}");
-        assert_eq!(
-            race(&backend, &policy, &key, THREADS),
-            half,
-            "round {round}"
-        );
+        let this = reserve(half);
+        assert_eq!(race(), half, "round {round}");
+        assert_eq!(settle(this), half, "round {round}");
+        assert_eq!(race(), half, "round {round}");
     }
 }
