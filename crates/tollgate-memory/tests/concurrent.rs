@@ -103,8 +103,9 @@ fn lives_start_and_settle_exactly_under_contention() {
     let policy = Policy::from(TokenBucket::new(CAPACITY, 1, Duration::from_secs(3_600)).unwrap());
     let key = Key::new("hot");
     let reserve = |units| {
-        let (d, receipt) = ready(backend.reserve(request(&policy, &key, Op::Acquire(units))));
-        assert!(d.unwrap().is_allowed());
+        let req = request(&policy, &key, Op::Acquire(units));
+        let (d, receipt) = ready(backend.reserve(req)).unwrap();
+        assert!(d.is_allowed());
         receipt
     };
     // What a refund of the whole receipt leaves available.
