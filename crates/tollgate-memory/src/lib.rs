@@ -42,7 +42,7 @@
 //! [`MockClock`]: tollgate_limiter::MockClock
 
 use std::fmt;
-use std::hash::{BuildHasher, Hash};
+use std::hash::{BuildHasher, Hasher};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -148,31 +148,17 @@ impl Overrides {
     }
 }
 
+/// One shard's keys: each in one of two tables, by the kind of its state.
 struct Shard {
-    map: HashTable<Entry>,
+    /// Token buckets, charged under the shared lock.
+    buckets: HashTable<Bucket>,
+    /// Every other slot.
+    others: HashTable<Other>,
     sweep_at: usize,
 }
 
-/// One stored key (48 bytes for a token bucket).
-struct Entry {
-    /// The key's hash, computed once per decision (it also picks the
-    /// shard); growing rehashes from it.
-    hash: u64,
-    key: StoreKey,
-    cell: Cell,
-}
-
-/// A key's state: a token bucket in atomics, or any other [`Slot`].
-enum Cell {
-    /// The slot `{ TokenBucket { tat, born }, expires_at: tat }`, which
-    /// every admitted token-bucket charge leaves.
-    Bucket(Bucket),
-    /// Any other slot (boxed: sliding-window logs and composites are
-    /// large, and rare next to buckets).
-    Other(Box<Slot>),
-}
-
-/// A token bucket's state, charged under the shard's shared lock.
+/// A key in the token-bucket state `{ tat, born }` whose expiry is `tat`
+/// (as every admitted charge leaves it): 32 bytes, as governor's entries.
 ///
 /// Only `tat` changes under the shared lock, by compare-and-swap; `born`
 /// (read only under the exclusive lock, by reservations) changes with it
@@ -181,8 +167,15 @@ enum Cell {
 /// decided under the exclusive lock, which waits for the shared one to be
 /// released, so no exclusive holder ever sees `BUSY` or a half-made life.
 struct Bucket {
+    key: StoreKey,
     tat: AtomicU64,
     born: AtomicU64,
+}
+
+/// A key in any other state.
+struct Other {
+    key: StoreKey,
+    slot: Slot,
 }
 
 /// `tat` while a new life's `born` is being stored: never an arrival time
@@ -237,57 +230,63 @@ impl Bucket {
     }
 }
 
-impl Cell {
-    /// The cell holding `slot`.
-    fn new(slot: Slot) -> Self {
-        match slot.state {
-            State::TokenBucket(s) if slot.expires_at == s.tat => Self::Bucket(Bucket {
-                tat: AtomicU64::new(s.tat),
-                born: AtomicU64::new(s.born),
+impl Bucket {
+    fn new(key: StoreKey, (tat, born): (Timestamp, Timestamp)) -> Self {
+        Self {
+            key,
+            tat: AtomicU64::new(tat),
+            born: AtomicU64::new(born),
+        }
+    }
+
+    /// The slot this bucket stands for (under the exclusive lock).
+    fn slot(&mut self) -> Slot {
+        let tat = *self.tat.get_mut();
+        Slot {
+            state: State::TokenBucket(TokenBucketState {
+                tat,
+                born: *self.born.get_mut(),
             }),
-            _ => Self::Other(Box::new(slot)),
+            expires_at: tat,
         }
     }
 
-    /// Runs `f` on the slot (under the exclusive lock), then keeps the
-    /// result in the cell that fits it.
-    fn apply<T>(&mut self, f: impl FnOnce(&mut Slot) -> T) -> T {
-        match self {
-            Self::Bucket(b) => {
-                let tat = *b.tat.get_mut();
-                let mut slot = Slot {
-                    state: State::TokenBucket(TokenBucketState {
-                        tat,
-                        born: *b.born.get_mut(),
-                    }),
-                    expires_at: tat,
-                };
-                let out = f(&mut slot);
-                *self = Self::new(slot);
-                out
-            }
-            Self::Other(slot) => {
-                let out = f(slot);
-                if matches!(slot.state, State::TokenBucket(s) if slot.expires_at == s.tat) {
-                    *self = Self::new((**slot).clone());
-                }
-                out
-            }
-        }
-    }
-
-    /// Whether the key still holds state at `now`.
-    fn is_live(&self, now: Timestamp) -> bool {
-        match self {
-            Self::Bucket(b) => b.tat.load(Ordering::Relaxed) > now,
-            Self::Other(slot) => slot.is_live(now),
+    /// `slot`'s `(tat, born)` if a [`Bucket`] can hold it.
+    fn of(slot: &Slot) -> Option<(Timestamp, Timestamp)> {
+        match slot.state {
+            State::TokenBucket(s) if slot.expires_at == s.tat => Some((s.tat, s.born)),
+            _ => None,
         }
     }
 }
 
-/// A stored key: the limiter name and the key in one allocation
-/// (`limiter NUL key`), so a lookup follows one pointer.
-struct StoreKey(Box<str>);
+/// A stored key: the limiter name and the key in one allocation (the
+/// name's length in 8 bytes, the name, the key), so a lookup follows one
+/// pointer and a rehash splits it exactly, whatever bytes either holds.
+struct StoreKey(Box<[u8]>);
+
+impl StoreKey {
+    /// The limiter's name and the key, as bytes.
+    fn parts(&self) -> (&[u8], &[u8]) {
+        let (len, rest) = self.0.split_at(8);
+        let len = u64::from_le_bytes(len.try_into().expect("8 bytes"));
+        // A length this process wrote: it fits.
+        rest.split_at(usize::try_from(len).unwrap_or(usize::MAX))
+    }
+}
+
+/// The hash of a key's parts: [`Lookup`]'s, computed again from a stored
+/// key when a table grows.
+#[inline]
+fn hash_parts(hasher: &DefaultHashBuilder, limiter: &[u8], key: &[u8]) -> u64 {
+    let mut h = hasher.build_hasher();
+    // Bytes only, without `str`'s terminator (which foldhash folds in with
+    // a multiply of its own, and another at `finish`): names whose bytes
+    // run together alike share a hash, and `matches` compares them whole.
+    h.write(limiter);
+    h.write(key);
+    h.finish()
+}
 
 /// A borrowed key, hashing and comparing without allocating.
 struct Lookup<'a> {
@@ -295,34 +294,22 @@ struct Lookup<'a> {
     key: &'a str,
 }
 
-impl Hash for Lookup<'_> {
-    #[inline]
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        // Bytes only, without `str`'s terminator (which foldhash folds in
-        // with a multiply of its own, and another at `finish`): two names
-        // whose bytes run together alike only share a hash, and `matches`
-        // compares them whole.
-        state.write(self.limiter.as_bytes());
-        state.write(self.key.as_bytes());
-    }
-}
-
 impl Lookup<'_> {
     #[inline]
     fn matches(&self, k: &StoreKey) -> bool {
         let (l, n) = (self.limiter.len(), self.key.len());
-        let stored = k.0.as_bytes();
-        stored.len() == l + 1 + n
-            && stored[l] == 0
-            && same_bytes(&stored[l + 1..], self.key.as_bytes())
-            && same_bytes(&stored[..l], self.limiter.as_bytes())
+        let stored = &*k.0;
+        stored.len() == 8 + l + n
+            && stored[..8] == (l as u64).to_le_bytes()
+            && same_bytes(&stored[8 + l..], self.key.as_bytes())
+            && same_bytes(&stored[8..8 + l], self.limiter.as_bytes())
     }
 
     fn to_owned(&self) -> StoreKey {
-        let mut s = String::with_capacity(self.limiter.len() + 1 + self.key.len());
-        s.push_str(self.limiter);
-        s.push('\0');
-        s.push_str(self.key);
+        let mut s = Vec::with_capacity(8 + self.limiter.len() + self.key.len());
+        s.extend_from_slice(&(self.limiter.len() as u64).to_le_bytes());
+        s.extend_from_slice(self.limiter.as_bytes());
+        s.extend_from_slice(self.key.as_bytes());
         StoreKey(s.into())
     }
 }
@@ -432,7 +419,8 @@ impl<C: Clock> MemoryBackend<C> {
         let shards = (0..SHARDS)
             .map(|_| {
                 RwLock::new(Shard {
-                    map: HashTable::new(),
+                    buckets: HashTable::new(),
+                    others: HashTable::new(),
                     sweep_at: MIN_SWEEP,
                 })
             })
@@ -497,13 +485,18 @@ impl<C: Clock> MemoryBackend<C> {
             lookup: &lookup,
             hash,
             shard,
+            hasher: &self.shared.hasher,
         };
         f(at, policy)
     }
 
     /// The key's hash and its shard.
     fn shard_of(&self, lookup: &Lookup<'_>) -> (u64, &RwLock<Shard>) {
-        let hash = self.shared.hasher.hash_one(lookup);
+        let hash = hash_parts(
+            &self.shared.hasher,
+            lookup.limiter.as_bytes(),
+            lookup.key.as_bytes(),
+        );
         // Top bits pick the shard; the table inside uses the low ones.
         (hash, &self.shared.shards[(hash >> 58) as usize % SHARDS])
     }
@@ -551,7 +544,7 @@ impl<C: Clock> MemoryBackend<C> {
 
     /// The number of keys held (live or not yet swept).
     pub fn len(&self) -> usize {
-        self.shared.shards.iter().map(|s| read(s).map.len()).sum()
+        self.shared.shards.iter().map(|s| read(s).len()).sum()
     }
 
     /// How many events the sliding-window log of `key` of `limiter`
@@ -564,17 +557,15 @@ impl<C: Clock> MemoryBackend<C> {
         };
         let (hash, shard) = self.shard_of(&lookup);
         let shard = read(shard);
-        match shard
-            .map
-            .find(hash, |e| e.hash == hash && lookup.matches(&e.key))
-        {
-            Some(Entry {
-                cell: Cell::Other(slot),
+        match shard.others.find(hash, |o| lookup.matches(&o.key)) {
+            Some(Other {
+                slot:
+                    Slot {
+                        state: State::SlidingWindow(s),
+                        ..
+                    },
                 ..
-            }) => match &slot.state {
-                State::SlidingWindow(s) => s.events.len(),
-                _ => 0,
-            },
+            }) => s.events.len(),
             _ => 0,
         }
     }
@@ -668,15 +659,20 @@ impl<C: Clock> MemoryBackend<C> {
 }
 
 impl Shard {
+    fn len(&self) -> usize {
+        self.buckets.len() + self.others.len()
+    }
+
     fn sweep_if_due(&mut self, now: Timestamp) {
-        if self.map.len() >= self.sweep_at {
+        if self.len() >= self.sweep_at {
             self.sweep(now);
         }
     }
 
     fn sweep(&mut self, now: Timestamp) {
-        self.map.retain(|e| e.cell.is_live(now));
-        self.sweep_at = (self.map.len() * 2).max(MIN_SWEEP);
+        self.buckets.retain(|b| *b.tat.get_mut() > now);
+        self.others.retain(|o| o.slot.is_live(now));
+        self.sweep_at = (self.len() * 2).max(MIN_SWEEP);
     }
 }
 
@@ -718,6 +714,8 @@ struct Located<'a> {
     lookup: &'a Lookup<'a>,
     hash: u64,
     shard: &'a RwLock<Shard>,
+    /// For a table that grows: stored keys are hashed again.
+    hasher: &'a DefaultHashBuilder,
 }
 
 impl Located<'_> {
@@ -726,18 +724,16 @@ impl Located<'_> {
     #[inline]
     fn charge_shared(&self, p: &tollgate_limiter::TokenBucket, cost: u64) -> Option<Decision> {
         let shard = read(self.shard);
-        let entry = shard.map.find(self.hash, |e| {
-            e.hash == self.hash && self.lookup.matches(&e.key)
-        })?;
-        match &entry.cell {
-            Cell::Bucket(b) => b.charge(self.now, p, cost),
-            Cell::Other(_) => None,
-        }
+        let bucket = shard
+            .buckets
+            .find(self.hash, |b| self.lookup.matches(&b.key))?;
+        bucket.charge(self.now, p, cost)
     }
 
     /// Runs `f` on the key's slot (a fresh one if the key is not held)
     /// under `policy`, under the shard's exclusive lock, then keeps the
-    /// slot only if it still holds state.
+    /// slot, in the table that fits its state, only if it still holds
+    /// state.
     #[inline(never)]
     fn with_slot<T>(
         self,
@@ -745,36 +741,73 @@ impl Located<'_> {
         f: impl FnOnce(&mut Slot, Timestamp, &Policy) -> T,
     ) -> T {
         let (now, hash) = (self.now, self.hash);
-        let mut shard = write(self.shard);
-        match shard
-            .map
-            .find_entry(hash, |e| e.hash == hash && self.lookup.matches(&e.key))
+        let rehash = |k: &StoreKey| {
+            let (limiter, key) = k.parts();
+            hash_parts(self.hasher, limiter, key)
+        };
+        let mut guard = write(self.shard);
+        let shard = &mut *guard;
+        if let Ok(mut entry) = shard
+            .buckets
+            .find_entry(hash, |b| self.lookup.matches(&b.key))
         {
-            Ok(mut entry) => {
-                let cell = &mut entry.get_mut().cell;
-                let decision = cell.apply(|slot| f(slot, now, policy));
-                if !cell.is_live(now) {
-                    // The key is as good as fresh: keep nothing.
-                    entry.remove();
+            let mut slot = entry.get_mut().slot();
+            let decision = f(&mut slot, now, policy);
+            match Bucket::of(&slot) {
+                // The key is as good as fresh: keep nothing.
+                _ if !slot.is_live(now) => drop(entry.remove()),
+                Some((tat, born)) => {
+                    let b = entry.get_mut();
+                    *b.tat.get_mut() = tat;
+                    *b.born.get_mut() = born;
                 }
-                decision
-            }
-            Err(_) => {
-                let mut slot = Slot::fresh(policy);
-                let decision = f(&mut slot, now, policy);
-                if slot.is_live(now) {
-                    let entry = Entry {
-                        hash,
-                        key: self.lookup.to_owned(),
-                        cell: Cell::new(slot),
-                    };
-                    // Growing rehashes from the stored hash.
-                    shard.map.insert_unique(hash, entry, |e| e.hash);
-                    shard.sweep_if_due(now);
+                None => {
+                    let (b, _) = entry.remove();
+                    let other = Other { key: b.key, slot };
+                    shard.others.insert_unique(hash, other, |o| rehash(&o.key));
                 }
-                decision
             }
+            return decision;
         }
+        if let Ok(mut entry) = shard
+            .others
+            .find_entry(hash, |o| self.lookup.matches(&o.key))
+        {
+            let slot = &mut entry.get_mut().slot;
+            let decision = f(slot, now, policy);
+            let live = slot.is_live(now);
+            match Bucket::of(slot) {
+                _ if !live => drop(entry.remove()),
+                Some(state) => {
+                    let (o, _) = entry.remove();
+                    let bucket = Bucket::new(o.key, state);
+                    shard
+                        .buckets
+                        .insert_unique(hash, bucket, |b| rehash(&b.key));
+                }
+                None => {}
+            }
+            return decision;
+        }
+        let mut slot = Slot::fresh(policy);
+        let decision = f(&mut slot, now, policy);
+        if slot.is_live(now) {
+            let key = self.lookup.to_owned();
+            match Bucket::of(&slot) {
+                Some(state) => {
+                    let bucket = Bucket::new(key, state);
+                    shard
+                        .buckets
+                        .insert_unique(hash, bucket, |b| rehash(&b.key));
+                }
+                None => {
+                    let other = Other { key, slot };
+                    shard.others.insert_unique(hash, other, |o| rehash(&o.key));
+                }
+            }
+            shard.sweep_if_due(now);
+        }
+        decision
     }
 }
 
@@ -886,6 +919,41 @@ mod tests {
     fn key_overrides(b: &MemoryBackend<MockClock>) -> usize {
         let overrides = b.shared.overrides.read().unwrap();
         overrides.values().map(|o| o.keys.len()).sum()
+    }
+
+    #[test]
+    fn a_bucket_is_as_small_as_a_governor_entry() {
+        assert_eq!(std::mem::size_of::<Bucket>(), 32);
+    }
+
+    #[test]
+    fn a_stored_key_splits_back_exactly() {
+        let hasher = DefaultHashBuilder::default();
+        for (limiter, key) in [("a\0b", "c"), ("a", "\0bc"), ("", "k"), ("bench", "user-1")] {
+            let lookup = Lookup { limiter, key };
+            let stored = lookup.to_owned();
+            assert!(lookup.matches(&stored));
+            let (l, k) = stored.parts();
+            assert_eq!((l, k), (limiter.as_bytes(), key.as_bytes()));
+            let again = hash_parts(&hasher, l, k);
+            assert_eq!(
+                again,
+                hash_parts(&hasher, limiter.as_bytes(), key.as_bytes())
+            );
+        }
+        let other = Lookup {
+            limiter: "a",
+            key: "\0bc",
+        };
+        assert!(
+            !other.matches(
+                &Lookup {
+                    limiter: "a\0b",
+                    key: "c"
+                }
+                .to_owned()
+            )
+        );
     }
 
     #[test]
