@@ -42,7 +42,7 @@
 //! [`MockClock`]: tollgate_limiter::MockClock
 
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -228,9 +228,7 @@ impl Bucket {
             }
         }
     }
-}
 
-impl Bucket {
     fn new(key: StoreKey, (tat, born): (Timestamp, Timestamp)) -> Self {
         Self {
             key,
@@ -277,15 +275,22 @@ impl StoreKey {
 
 /// The hash of a key's parts: [`Lookup`]'s, computed again from a stored
 /// key when a table grows.
-#[inline]
 fn hash_parts(hasher: &DefaultHashBuilder, limiter: &[u8], key: &[u8]) -> u64 {
-    let mut h = hasher.build_hasher();
-    // Bytes only, without `str`'s terminator (which foldhash folds in with
-    // a multiply of its own, and another at `finish`): names whose bytes
-    // run together alike share a hash, and `matches` compares them whole.
-    h.write(limiter);
-    h.write(key);
-    h.finish()
+    hasher.hash_one(Parts(limiter, key))
+}
+
+/// A key's parts, hashed as bytes only, without `str`'s terminator (which
+/// foldhash folds in with a multiply of its own, and another at `finish`):
+/// names whose bytes run together alike share a hash, and `matches`
+/// compares them whole.
+struct Parts<'a>(&'a [u8], &'a [u8]);
+
+impl Hash for Parts<'_> {
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write(self.0);
+        state.write(self.1);
+    }
 }
 
 /// A borrowed key, hashing and comparing without allocating.
