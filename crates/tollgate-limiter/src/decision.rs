@@ -7,13 +7,17 @@ use std::time::Duration;
 ///
 /// A refusal is a value, not an error: [`Err`](crate::Error) is kept for
 /// infrastructure failures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+///
+/// Durations are kept in whole nanoseconds, up to about 584 years (longer
+/// ones saturate there): 48 bytes, where two `Duration`s made it 64, and
+/// every verdict moves one.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Decision {
     allowed: bool,
     limit: u64,
     remaining: u64,
-    retry_after: Duration,
-    reset_after: Duration,
+    retry_after_ns: u64,
+    reset_after_ns: u64,
     /// In whole microseconds, as backends compute it (keeps a `Decision`,
     /// and the `Denied` that carries one, small).
     window_us: u64,
@@ -30,8 +34,8 @@ impl Decision {
             allowed: true,
             limit,
             remaining,
-            retry_after: Duration::ZERO,
-            reset_after,
+            retry_after_ns: 0,
+            reset_after_ns: nanos(reset_after),
             window_us: 0,
             impossible: false,
             part: 0,
@@ -50,8 +54,8 @@ impl Decision {
             allowed: false,
             limit,
             remaining,
-            retry_after,
-            reset_after,
+            retry_after_ns: nanos(retry_after),
+            reset_after_ns: nanos(reset_after),
             window_us: 0,
             impossible: false,
             part: 0,
@@ -71,8 +75,8 @@ impl Decision {
             allowed,
             limit,
             remaining,
-            retry_after: Duration::from_micros(retry_after_us),
-            reset_after: Duration::from_micros(reset_after_us),
+            retry_after_ns: retry_after_us.saturating_mul(1_000),
+            reset_after_ns: reset_after_us.saturating_mul(1_000),
             window_us: 0,
             impossible: false,
             part: 0,
@@ -162,7 +166,7 @@ impl Decision {
     /// How long to wait before the same request would pass (zero when
     /// allowed).
     pub fn retry_after(&self) -> Duration {
-        self.retry_after
+        Duration::from_nanos(self.retry_after_ns)
     }
 
     /// [`retry_after`](Self::retry_after) in whole seconds, rounded up, and
@@ -171,19 +175,40 @@ impl Decision {
         if self.allowed {
             return 0;
         }
-        ceil_secs(self.retry_after).max(1)
+        ceil_secs(self.retry_after()).max(1)
     }
 
     /// How long until the key's state equals a fresh key's (bucket full,
     /// window empty, failures forgotten).
     pub fn reset_after(&self) -> Duration {
-        self.reset_after
+        Duration::from_nanos(self.reset_after_ns)
     }
 
     /// [`reset_after`](Self::reset_after) in whole seconds, rounded up.
     pub fn reset_after_secs(&self) -> u64 {
-        ceil_secs(self.reset_after)
+        ceil_secs(self.reset_after())
     }
+}
+
+impl std::fmt::Debug for Decision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // As a derive over `Duration` fields printed it.
+        f.debug_struct("Decision")
+            .field("allowed", &self.allowed)
+            .field("limit", &self.limit)
+            .field("remaining", &self.remaining)
+            .field("retry_after", &self.retry_after())
+            .field("reset_after", &self.reset_after())
+            .field("window_us", &self.window_us)
+            .field("impossible", &self.impossible)
+            .field("part", &self.part)
+            .finish()
+    }
+}
+
+/// `d` in whole nanoseconds, saturating.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Whole seconds, rounded up.
@@ -206,5 +231,18 @@ mod tests {
         let a = Decision::allowed(1, 0, Duration::from_millis(1500));
         assert_eq!(a.retry_after_secs(), 0);
         assert_eq!(a.reset_after_secs(), 2);
+    }
+
+    #[test]
+    fn durations_keep_their_nanoseconds_and_a_decision_stays_small() {
+        let d = Decision::denied(1, 0, Duration::new(3, 7), Duration::new(5, 999_999_999));
+        assert_eq!(d.retry_after(), Duration::new(3, 7));
+        assert_eq!(d.reset_after(), Duration::new(5, 999_999_999));
+        let far = Decision::denied(1, 0, Duration::MAX, Duration::MAX);
+        assert_eq!(far.retry_after(), Duration::from_nanos(u64::MAX));
+        let us = Decision::from_micros(false, 1, 0, 1_500_000, 2);
+        assert_eq!(us.retry_after(), Duration::from_micros(1_500_000));
+        assert_eq!(us.reset_after(), Duration::from_micros(2));
+        assert_eq!(std::mem::size_of::<Decision>(), 48);
     }
 }

@@ -146,14 +146,23 @@ impl Guard {
 
     /// Reports that an admitted call answered (what [`report`](Self::report)
     /// does with an `Ok`, for a caller that keeps the answer).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn succeeded(&self, admitted: Admitted<'_>) {
         self.meter
             .backend_call(admitted.watch, &Ok::<(), Error>(()));
         if self.breaker.is_open() {
-            tracing::info!(limiter = %self.name, "rate-limit backend recovered");
+            self.recovered();
         }
         admitted.permit.success();
+    }
+
+    /// Out of line: the log macro kept [`succeeded`](Self::succeeded), on
+    /// every decision's path, from being inlined (a measured 21
+    /// instructions of a call where its healthy case needs a load).
+    #[cold]
+    #[inline(never)]
+    fn recovered(&self) {
+        tracing::info!(limiter = %self.name, "rate-limit backend recovered");
     }
 }
 

@@ -2,8 +2,10 @@
 //! backend fails.
 
 use std::fmt;
+use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::backend::{Backend, Request, Scope};
@@ -508,7 +510,7 @@ impl<B: Backend> Limiter<B> {
 
     /// Asks for one unit (at least the [minimum cost](LimiterBuilder::min_cost))
     /// for `key`.
-    pub fn check(&self, key: &Key) -> impl Future<Output = Verdict> + Send {
+    pub fn check<'a>(&'a self, key: &'a Key) -> impl Future<Output = Verdict> + Send + 'a {
         // Not an `async fn`: a layer of future less on the hot path.
         self.check_cost(key, 1)
     }
@@ -533,25 +535,47 @@ impl<B: Backend> Limiter<B> {
     /// deadline, taken when the decision first waits. The bound is on waiting: a
     /// backend that blocks its caller's thread without yielding cannot be
     /// interrupted (tollgate's backends never do).
-    pub async fn check_cost(&self, key: &Key, cost: u64) -> Verdict {
-        if self.inner.plain {
-            // The short path (no local map, not a concurrency limit): one
-            // backend call (with a candidate beside), in a future that
-            // holds little more than the backend's (the general path's
-            // is boxed, so it does not size this one).
-            let cost = cost.max(self.inner.min_cost);
-            let req = self.request(key, Op::Acquire(cost));
-            return match self.plain_now(&req, cost) {
-                Now::Done(verdict) => verdict,
-                Now::Wait(admitted) => {
-                    let guard = &self.inner.guard;
-                    let fut = self.decide_op(req);
-                    let result = guard.wait(admitted, &guard.deadline(), fut).await;
-                    self.plain_verdict(result, cost)
-                }
-            };
+    pub fn check_cost<'a>(
+        &'a self,
+        key: &'a Key,
+        cost: u64,
+    ) -> impl Future<Output = Verdict> + Send + 'a {
+        Check {
+            start: Some((self, key, cost)),
+            wait: None,
         }
-        Box::pin(self.check_general(key, cost)).await
+    }
+
+    /// [`check_cost`](Self::check_cost)'s first poll: the verdict, when
+    /// the short path answers at once, or `Pending` with the rest of the
+    /// decision in `wait` (`Poll` all the way: one layout, so the verdict
+    /// is not copied from one wrapper to the next).
+    #[inline]
+    fn check_start<'a>(
+        &'a self,
+        key: &'a Key,
+        cost: u64,
+        wait: &mut Option<Waiting<'a>>,
+    ) -> Poll<Verdict> {
+        if !self.inner.plain {
+            *wait = Some(Box::pin(self.check_general(key, cost)));
+            return Poll::Pending;
+        }
+        // The short path (no local map, not a concurrency limit): one
+        // backend call (with a candidate beside).
+        let cost = cost.max(self.inner.min_cost);
+        let req = self.request(key, Op::Acquire(cost));
+        let mut admitted = None;
+        let now = self.plain_now(&req, cost, &mut admitted);
+        if let Some(admitted) = admitted {
+            *wait = Some(Box::pin(async move {
+                let guard = &self.inner.guard;
+                let fut = self.decide_op(req);
+                let result = guard.wait(admitted, &guard.deadline(), fut).await;
+                self.plain_verdict(result, cost)
+            }));
+        }
+        now
     }
 
     /// [`check_cost`](Self::check_cost) when it can answer without
@@ -570,23 +594,29 @@ impl<B: Backend> Limiter<B> {
         }
         let cost = cost.max(self.inner.min_cost);
         let req = self.request(key, Op::Acquire(cost));
-        match self.plain_now(&req, cost) {
-            Now::Done(verdict) => Some(verdict),
+        let mut admitted = None;
+        match self.plain_now(&req, cost, &mut admitted) {
+            Poll::Ready(verdict) => Some(verdict),
             // Nothing was asked: dropping the breaker's leave gives a probe
             // back at once (see `Breaker::abandon`), for `check_cost`.
-            Now::Wait(_) => None,
+            Poll::Pending => None,
         }
     }
 
     /// The short path up to the backend's answer: decided, when the
-    /// breaker refused or the backend answered at once; or admitted, to
-    /// wait for [`Backend::decide`].
+    /// breaker refused or the backend answered at once; or `Pending` with
+    /// the breaker's leave in `wait`, to wait for [`Backend::decide`].
     #[inline]
-    fn plain_now(&self, req: &Request<'_>, cost: u64) -> Now<'_> {
+    fn plain_now<'a>(
+        &'a self,
+        req: &Request<'_>,
+        cost: u64,
+        wait: &mut Option<Admitted<'a>>,
+    ) -> Poll<Verdict> {
         let guard = &self.inner.guard;
         let admitted = match guard.admit() {
             Ok(admitted) => admitted,
-            Err(e) => return Now::Done(self.plain_verdict(Err(e), cost)),
+            Err(e) => return Poll::Ready(self.plain_verdict(Err(e), cost)),
         };
         match self.inner.backend.decide_now(req) {
             Some(Ok(d)) => {
@@ -602,7 +632,7 @@ impl<B: Backend> Limiter<B> {
                 }
                 if d.is_impossible() {
                     let result = guard.report(admitted, Ok(Ok::<_, B::Error>(d)));
-                    return Now::Done(self.plain_verdict(result, cost));
+                    return Poll::Ready(self.plain_verdict(result, cost));
                 }
                 // An in-process backend decided: no future.
                 guard.succeeded(admitted);
@@ -612,15 +642,18 @@ impl<B: Backend> Limiter<B> {
                     // ~600-instruction check).
                     let verdict = Verdict::Decided(d);
                     guard.meter().decision(Call::Check, Outcome::of(&verdict));
-                    return Now::Done(verdict);
+                    return Poll::Ready(verdict);
                 }
-                Now::Done(self.counted(Call::Check, Verdict::Decided(d)))
+                Poll::Ready(self.counted(Call::Check, Verdict::Decided(d)))
             }
             Some(Err(e)) => {
                 let result = guard.report(admitted, Ok(Err::<Decision, _>(e)));
-                Now::Done(self.plain_verdict(result, cost))
+                Poll::Ready(self.plain_verdict(result, cost))
             }
-            None => Now::Wait(admitted),
+            None => {
+                *wait = Some(admitted);
+                Poll::Pending
+            }
         }
     }
 
@@ -1087,12 +1120,35 @@ impl<B: Backend> Limiter<B> {
     }
 }
 
-/// Where the short path stands once the backend was asked in-process.
-enum Now<'a> {
-    /// Decided (or refused by the breaker).
-    Done(Verdict),
-    /// Admitted by the breaker; the answer is [`Backend::decide`]'s.
-    Wait(Admitted<'a>),
+/// The rest of a decision that waits for its backend.
+type Waiting<'a> = Pin<Box<dyn Future<Output = Verdict> + Send + 'a>>;
+
+/// The future of [`Limiter::check_cost`]: it decides on its first poll,
+/// and an in-process answer is returned from that poll as it is, with no
+/// state machine to move the verdict through (a measured ~70 instructions
+/// of a ~550-instruction check). Only a decision that waits for its
+/// backend is boxed: one allocation against a round trip.
+struct Check<'a, B> {
+    start: Option<(&'a Limiter<B>, &'a Key, u64)>,
+    wait: Option<Waiting<'a>>,
+}
+
+impl<B: Backend> Future for Check<'_, B> {
+    type Output = Verdict;
+
+    #[inline]
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Verdict> {
+        let this = &mut *self;
+        if let Some((limiter, key, cost)) = this.start.take()
+            && let Poll::Ready(verdict) = limiter.check_start(key, cost, &mut this.wait)
+        {
+            return Poll::Ready(verdict);
+        }
+        match &mut this.wait {
+            Some(wait) => wait.as_mut().poll(cx),
+            None => panic!("polled after completion"),
+        }
+    }
 }
 
 /// The error of a decision refusing `op` as impossible: its cost can

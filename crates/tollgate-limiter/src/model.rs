@@ -234,6 +234,27 @@ pub fn records(policy: &Policy, op: Op, decision: &Decision) -> bool {
     }
 }
 
+/// What [`Slot::apply`] answers to an [`Op::Acquire`] of `cost` under the
+/// token bucket `p`, for a key in the token-bucket state whose arrival time
+/// is `tat` and whose expiry is `tat` (as every admitted charge leaves it),
+/// with the arrival time after the charge when it is admitted (the state's
+/// `born` then becomes `now` if `tat <= now`: a new life).
+///
+/// For a backend that keeps a bucket's arrival time in one atomic word and
+/// swaps it; everything else goes through [`Slot::apply`].
+#[inline]
+pub fn charge_bucket(
+    tat: Timestamp,
+    now: Timestamp,
+    p: &crate::policy::TokenBucket,
+    cost: u64,
+) -> (Decision, Option<Timestamp>) {
+    let (decision, tat) = TokenBucketState::charge(tat, now, p, cost);
+    // `Policy::window_micros` of a token bucket.
+    let window = p.capacity() * p.interval_micros();
+    (decision.with_window_micros(window), tat)
+}
+
 /// One stored key: its state and the instant it expires.
 ///
 /// This is how every backend stores a key. The expiry (a Redis TTL) is set,

@@ -8,14 +8,19 @@
 //! perf stat -e instructions:u target/release/examples/decide_loop limiter 1
 //! ```
 //!
-//! Arguments: `tollgate|limiter|governor` and the number of keys:
-//! `tollgate` is the backend's `decide` alone, `limiter` the whole
+//! Arguments: `tollgate|limiter|governor`, the number of keys, and
+//! optionally the workload of `benches/memory.rs`, `admit` (a bucket no run
+//! drains) or `refuse` (10 tokens, one back an hour). Without it, a bucket
+//! of 1000 refilled a token a microsecond: natively it drains and refuses,
+//! under valgrind (slower than its refill) it admits, each charge on a full
+//! bucket. `tollgate` is the backend's `decide` alone, `limiter` the whole
 //! `Limiter::check` (default settings) on a current-thread runtime.
 
 use std::future::Future;
 use std::num::NonZeroU32;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 use tollgate_limiter::*;
 use tollgate_memory::MemoryBackend;
 fn ready<F: Future>(f: F) -> F::Output {
@@ -30,9 +35,18 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let which = args.next().unwrap_or_else(|| "tollgate".into());
     let keys: usize = args.next().and_then(|k| k.parse().ok()).unwrap_or(1);
+    let (capacity, refill, period) = match args.next().as_deref() {
+        Some("admit") => (4_000_000_000u32, 1_000_000u32, Duration::from_secs(1)),
+        Some("refuse") => (10, 1, Duration::from_secs(3_600)),
+        _ => (1_000, 1_000_000, Duration::from_secs(1)),
+    };
+    let bucket = TokenBucket::new(capacity.into(), refill.into(), period).unwrap();
+    let quota = governor::Quota::with_period(period / refill)
+        .unwrap()
+        .allow_burst(NonZeroU32::new(capacity).unwrap());
     let mut n = 0u64;
     if which == "tollgate" {
-        let policy = Policy::from(TokenBucket::per_second(1_000, 1_000_000).unwrap());
+        let policy = Policy::from(bucket);
         let b = MemoryBackend::new();
         let ks: Vec<Key> = (0..keys).map(|i| Key::new(format!("user-{i}"))).collect();
         for i in 0..N {
@@ -46,8 +60,7 @@ fn main() {
             n += d.remaining();
         }
     } else if which == "limiter" {
-        let policy = TokenBucket::per_second(1_000, 1_000_000).unwrap();
-        let limiter = Limiter::new("bench", policy, MemoryBackend::new());
+        let limiter = Limiter::new("bench", bucket, MemoryBackend::new());
         let ks: Vec<Key> = (0..keys).map(|i| Key::new(format!("user-{i}"))).collect();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -61,9 +74,7 @@ fn main() {
             n
         });
     } else {
-        let q = governor::Quota::per_second(NonZeroU32::new(1_000_000).unwrap())
-            .allow_burst(NonZeroU32::new(1000).unwrap());
-        let g = governor::RateLimiter::keyed(q);
+        let g = governor::RateLimiter::keyed(quota);
         let ks: Vec<String> = (0..keys).map(|i| format!("user-{i}")).collect();
         for i in 0..N {
             n += g.check_key(&ks[i % keys]).is_ok() as u64;

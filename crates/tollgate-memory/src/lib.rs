@@ -8,10 +8,14 @@
 //! same conformance suite as the Redis backend, takes a [`MockClock`] for
 //! tests, and can inject failures and delays to exercise fail modes.
 //!
-//! Keys are spread over mutex-guarded shards; a key whose state has become
-//! equal to a fresh key's is dropped, and each shard sweeps its expired keys
-//! whenever it has doubled since the last sweep, so memory stays bounded by
-//! the keys that are live.
+//! Keys are spread over lock-guarded shards. A token bucket's charge, the
+//! common case, takes its shard's lock shared and swaps the key's arrival
+//! time in one atomic word, as `governor` does; every other operation takes
+//! the shard exclusively and runs the model's step. A key whose state has
+//! become equal to a fresh key's is dropped when an exclusive operation
+//! touches it, and each shard sweeps its expired keys whenever it has
+//! doubled since the last sweep, so memory stays bounded by the keys that
+//! are live.
 //!
 //! # Examples
 //!
@@ -38,15 +42,15 @@
 //! [`MockClock`]: tollgate_limiter::MockClock
 
 use std::fmt;
-use std::hash::{BuildHasher, Hash};
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hashbrown::{DefaultHashBuilder, HashTable};
-use tollgate_limiter::model::{Op, Receipt, Slot, State};
+use tollgate_limiter::model::{Op, Receipt, Slot, State, TokenBucketState, charge_bucket};
 use tollgate_limiter::time::micros;
 use tollgate_limiter::{
     Backend, Clock, Decision, Key, Policy, Request, Scope, SystemClock, Timestamp,
@@ -75,7 +79,7 @@ pub struct MemoryBackend<C = MonotonicClock> {
 struct Shared<C> {
     clock: C,
     hasher: DefaultHashBuilder,
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[RwLock<Shard>]>,
     has_overrides: AtomicBool,
     overrides: RwLock<std::collections::HashMap<String, Overrides>>,
     faults: Faults,
@@ -144,19 +148,152 @@ impl Overrides {
     }
 }
 
+/// One shard's keys: each in one of two tables, by the kind of its state.
 struct Shard {
-    /// Entries with the key hash computed once per decision (it also
-    /// picks the shard).
-    map: HashTable<(u64, StoreKey, Slot)>,
+    /// Token buckets, charged under the shared lock.
+    buckets: HashTable<Bucket>,
+    /// Every other slot.
+    others: HashTable<Other>,
     sweep_at: usize,
 }
 
-/// A stored key: the limiter name and the key in one allocation
-/// (`limiter NUL key`), so a lookup follows one pointer.
-struct StoreKey(Box<str>);
+/// A key in the token-bucket state `{ tat, born }` whose expiry is `tat`
+/// (as every admitted charge leaves it): 32 bytes, as governor's entries.
+///
+/// Only `tat` changes under the shared lock, by compare-and-swap; `born`
+/// (read only under the exclusive lock, by reservations) changes with it
+/// when a charge starts a new life: that charge swaps `tat` to [`BUSY`],
+/// stores `born`, then the new `tat`. A charge that finds `BUSY` is
+/// decided under the exclusive lock, which waits for the shared one to be
+/// released, so no exclusive holder ever sees `BUSY` or a half-made life.
+struct Bucket {
+    key: StoreKey,
+    tat: AtomicU64,
+    born: AtomicU64,
+}
+
+/// A key in any other state.
+struct Other {
+    key: StoreKey,
+    slot: Slot,
+}
+
+/// `tat` while a new life's `born` is being stored: never an arrival time
+/// (those stay below 2^53 microseconds).
+const BUSY: u64 = u64::MAX;
+
+impl Bucket {
+    /// An [`Op::Acquire`] of `cost` under the shared lock: the model's
+    /// decision ([`charge_bucket`]), the arrival time swapped when it
+    /// admits; `None` when it must be decided under the exclusive lock.
+    #[inline]
+    fn charge(
+        &self,
+        now: Timestamp,
+        p: &tollgate_limiter::TokenBucket,
+        cost: u64,
+    ) -> Option<Decision> {
+        let mut tat = self.tat.load(Ordering::Acquire);
+        loop {
+            if tat == BUSY {
+                return None;
+            }
+            let (decision, next) = charge_bucket(tat, now, p, cost);
+            // A refusal writes nothing: decided at the load.
+            let Some(next) = next else {
+                return Some(decision);
+            };
+            if tat > now {
+                // The same life: only the arrival time moves.
+                match self
+                    .tat
+                    .compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Acquire)
+                {
+                    Ok(_) => return Some(decision),
+                    Err(seen) => tat = seen,
+                }
+                continue;
+            }
+            // A new life: `born` changes with the arrival time.
+            match self
+                .tat
+                .compare_exchange(tat, BUSY, Ordering::Acquire, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    self.born.store(now, Ordering::Relaxed);
+                    self.tat.store(next, Ordering::Release);
+                    return Some(decision);
+                }
+                Err(seen) => tat = seen,
+            }
+        }
+    }
+
+    fn new(key: StoreKey, (tat, born): (Timestamp, Timestamp)) -> Self {
+        Self {
+            key,
+            tat: AtomicU64::new(tat),
+            born: AtomicU64::new(born),
+        }
+    }
+
+    /// The slot this bucket stands for (under the exclusive lock).
+    fn slot(&mut self) -> Slot {
+        let tat = *self.tat.get_mut();
+        Slot {
+            state: State::TokenBucket(TokenBucketState {
+                tat,
+                born: *self.born.get_mut(),
+            }),
+            expires_at: tat,
+        }
+    }
+
+    /// `slot`'s `(tat, born)` if a [`Bucket`] can hold it.
+    fn of(slot: &Slot) -> Option<(Timestamp, Timestamp)> {
+        match slot.state {
+            State::TokenBucket(s) if slot.expires_at == s.tat => Some((s.tat, s.born)),
+            _ => None,
+        }
+    }
+}
+
+/// A stored key: the limiter name and the key in one allocation (the
+/// name's length in 8 bytes, the name, the key), so a lookup follows one
+/// pointer and a rehash splits it exactly, whatever bytes either holds.
+struct StoreKey(Box<[u8]>);
+
+impl StoreKey {
+    /// The limiter's name and the key, as bytes.
+    fn parts(&self) -> (&[u8], &[u8]) {
+        let (len, rest) = self.0.split_at(8);
+        let len = u64::from_le_bytes(len.try_into().expect("8 bytes"));
+        // A length this process wrote: it fits.
+        rest.split_at(usize::try_from(len).unwrap_or(usize::MAX))
+    }
+}
+
+/// The hash of a key's parts: [`Lookup`]'s, computed again from a stored
+/// key when a table grows.
+fn hash_parts(hasher: &DefaultHashBuilder, limiter: &[u8], key: &[u8]) -> u64 {
+    hasher.hash_one(Parts(limiter, key))
+}
+
+/// A key's parts, hashed as bytes only, without `str`'s terminator (which
+/// foldhash folds in with a multiply of its own, and another at `finish`):
+/// names whose bytes run together alike share a hash, and `matches`
+/// compares them whole.
+struct Parts<'a>(&'a [u8], &'a [u8]);
+
+impl Hash for Parts<'_> {
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write(self.0);
+        state.write(self.1);
+    }
+}
 
 /// A borrowed key, hashing and comparing without allocating.
-#[derive(Hash)]
 struct Lookup<'a> {
     limiter: &'a str,
     key: &'a str,
@@ -166,18 +303,18 @@ impl Lookup<'_> {
     #[inline]
     fn matches(&self, k: &StoreKey) -> bool {
         let (l, n) = (self.limiter.len(), self.key.len());
-        let stored = k.0.as_bytes();
-        stored.len() == l + 1 + n
-            && stored[l] == 0
-            && same_bytes(&stored[l + 1..], self.key.as_bytes())
-            && same_bytes(&stored[..l], self.limiter.as_bytes())
+        let stored = &*k.0;
+        stored.len() == 8 + l + n
+            && stored[..8] == (l as u64).to_le_bytes()
+            && same_bytes(&stored[8 + l..], self.key.as_bytes())
+            && same_bytes(&stored[8..8 + l], self.limiter.as_bytes())
     }
 
     fn to_owned(&self) -> StoreKey {
-        let mut s = String::with_capacity(self.limiter.len() + 1 + self.key.len());
-        s.push_str(self.limiter);
-        s.push('\0');
-        s.push_str(self.key);
+        let mut s = Vec::with_capacity(8 + self.limiter.len() + self.key.len());
+        s.extend_from_slice(&(self.limiter.len() as u64).to_le_bytes());
+        s.extend_from_slice(self.limiter.as_bytes());
+        s.extend_from_slice(self.key.as_bytes());
         StoreKey(s.into())
     }
 }
@@ -286,8 +423,9 @@ impl<C: Clock> MemoryBackend<C> {
     pub fn with_clock(clock: C) -> Self {
         let shards = (0..SHARDS)
             .map(|_| {
-                Mutex::new(Shard {
-                    map: HashTable::new(),
+                RwLock::new(Shard {
+                    buckets: HashTable::new(),
+                    others: HashTable::new(),
                     sweep_at: MIN_SWEEP,
                 })
             })
@@ -309,23 +447,37 @@ impl<C: Clock> MemoryBackend<C> {
         &self.shared.clock
     }
 
+    #[inline]
     fn decide_at_once(&self, req: &Request<'_>) -> Decision {
-        let op = req.op;
-        self.with_slot(req, |slot, now, policy| slot.apply(now, policy, op))
+        self.locate(req, |at, policy| {
+            // Matched by reference: an `Op` is large (a settle's receipt).
+            if let (Policy::TokenBucket(p), &Op::Acquire(cost)) = (policy, &req.op)
+                && let Some(d) = at.charge_shared(p, cost)
+            {
+                return d;
+            }
+            at.with_slot(policy, |slot, now, policy| slot.apply(now, policy, req.op))
+        })
     }
 
-    /// Runs `f` on the key's slot (a fresh one if the key is not held) at
-    /// the clock's now under the policy in force, then keeps the slot only
-    /// if it still holds state.
-    #[inline]
+    /// Runs `f` on `req`'s slot under the policy in force (see
+    /// [`Located::with_slot`]).
     fn with_slot<T>(
         &self,
         req: &Request<'_>,
         f: impl FnOnce(&mut Slot, Timestamp, &Policy) -> T,
     ) -> T {
+        self.locate(req, |at, policy| at.with_slot(policy, f))
+    }
+
+    /// Runs `f` with where and when `req` is decided, and the policy in
+    /// force. A closure, not a returned value: the override (a whole
+    /// `Policy`, rare) stays in this frame instead of being moved.
+    #[inline(always)]
+    fn locate<T>(&self, req: &Request<'_>, f: impl FnOnce(Located<'_>, &Policy) -> T) -> T {
         let now = self.shared.clock.now();
-        // The configured policy by reference: an override (rare) is the
-        // only copy made.
+        // The configured policy by reference: an override is the only
+        // copy made.
         let overridden = self.override_of(req, now);
         let policy = overridden.as_ref().unwrap_or(req.policy);
         let lookup = Lookup {
@@ -333,38 +485,23 @@ impl<C: Clock> MemoryBackend<C> {
             key: req.key.as_str(),
         };
         let (hash, shard) = self.shard_of(&lookup);
-        let mut shard = lock(shard);
-        match shard
-            .map
-            .find_entry(hash, |(h, k, _)| *h == hash && lookup.matches(k))
-        {
-            Ok(mut entry) => {
-                let slot = &mut entry.get_mut().2;
-                let decision = f(slot, now, policy);
-                if !slot.is_live(now) {
-                    // The key is as good as fresh: keep nothing.
-                    entry.remove();
-                }
-                decision
-            }
-            Err(_) => {
-                let mut slot = Slot::fresh(policy);
-                let decision = f(&mut slot, now, policy);
-                if slot.is_live(now) {
-                    // Growing rehashes from the stored hash.
-                    shard
-                        .map
-                        .insert_unique(hash, (hash, lookup.to_owned(), slot), |e| e.0);
-                    shard.sweep_if_due(now);
-                }
-                decision
-            }
-        }
+        let at = Located {
+            now,
+            lookup: &lookup,
+            hash,
+            shard,
+            hasher: &self.shared.hasher,
+        };
+        f(at, policy)
     }
 
     /// The key's hash and its shard.
-    fn shard_of(&self, lookup: &Lookup<'_>) -> (u64, &Mutex<Shard>) {
-        let hash = self.shared.hasher.hash_one(lookup);
+    fn shard_of(&self, lookup: &Lookup<'_>) -> (u64, &RwLock<Shard>) {
+        let hash = hash_parts(
+            &self.shared.hasher,
+            lookup.limiter.as_bytes(),
+            lookup.key.as_bytes(),
+        );
         // Top bits pick the shard; the table inside uses the low ones.
         (hash, &self.shared.shards[(hash >> 58) as usize % SHARDS])
     }
@@ -412,7 +549,7 @@ impl<C: Clock> MemoryBackend<C> {
 
     /// The number of keys held (live or not yet swept).
     pub fn len(&self) -> usize {
-        self.shared.shards.iter().map(|s| lock(s).map.len()).sum()
+        self.shared.shards.iter().map(|s| read(s).len()).sum()
     }
 
     /// How many events the sliding-window log of `key` of `limiter`
@@ -424,19 +561,16 @@ impl<C: Clock> MemoryBackend<C> {
             key: key.as_str(),
         };
         let (hash, shard) = self.shard_of(&lookup);
-        let shard = lock(shard);
-        match shard
-            .map
-            .find(hash, |(h, k, _)| *h == hash && lookup.matches(k))
-        {
-            Some((
-                _,
-                _,
-                Slot {
-                    state: State::SlidingWindow(s),
-                    ..
-                },
-            )) => s.events.len(),
+        let shard = read(shard);
+        match shard.others.find(hash, |o| lookup.matches(&o.key)) {
+            Some(Other {
+                slot:
+                    Slot {
+                        state: State::SlidingWindow(s),
+                        ..
+                    },
+                ..
+            }) => s.events.len(),
             _ => 0,
         }
     }
@@ -451,7 +585,7 @@ impl<C: Clock> MemoryBackend<C> {
     pub fn sweep(&self) {
         let now = self.shared.clock.now();
         for s in &self.shared.shards {
-            lock(s).sweep(now);
+            write(s).sweep(now);
         }
         let mut overrides = self
             .shared
@@ -530,15 +664,20 @@ impl<C: Clock> MemoryBackend<C> {
 }
 
 impl Shard {
+    fn len(&self) -> usize {
+        self.buckets.len() + self.others.len()
+    }
+
     fn sweep_if_due(&mut self, now: Timestamp) {
-        if self.map.len() >= self.sweep_at {
+        if self.len() >= self.sweep_at {
             self.sweep(now);
         }
     }
 
     fn sweep(&mut self, now: Timestamp) {
-        self.map.retain(|(_, _, slot)| slot.is_live(now));
-        self.sweep_at = (self.map.len() * 2).max(MIN_SWEEP);
+        self.buckets.retain(|b| *b.tat.get_mut() > now);
+        self.others.retain(|o| o.slot.is_live(now));
+        self.sweep_at = (self.len() * 2).max(MIN_SWEEP);
     }
 }
 
@@ -561,11 +700,120 @@ impl Future for Decide {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic while a shard is held cannot leave an entry half-updated in a
-    // way that breaks the model's invariants worse than losing the key, so
-    // keep serving.
-    m.lock().unwrap_or_else(|e| e.into_inner())
+// A panic while a shard is held cannot leave an entry half-updated in a
+// way that breaks the model's invariants worse than losing the key, so
+// both keep serving a poisoned lock.
+fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where and when a request is decided: the clock's now, the key, its
+/// hash and its shard (small: the fast path passes it in registers).
+#[derive(Clone, Copy)]
+struct Located<'a> {
+    now: Timestamp,
+    lookup: &'a Lookup<'a>,
+    hash: u64,
+    shard: &'a RwLock<Shard>,
+    /// For a table that grows: stored keys are hashed again.
+    hasher: &'a DefaultHashBuilder,
+}
+
+impl Located<'_> {
+    /// A token bucket's charge under the shard's shared lock, if the key
+    /// is held as a [`Bucket`].
+    #[inline]
+    fn charge_shared(&self, p: &tollgate_limiter::TokenBucket, cost: u64) -> Option<Decision> {
+        let shard = read(self.shard);
+        let bucket = shard
+            .buckets
+            .find(self.hash, |b| self.lookup.matches(&b.key))?;
+        bucket.charge(self.now, p, cost)
+    }
+
+    /// Runs `f` on the key's slot (a fresh one if the key is not held)
+    /// under `policy`, under the shard's exclusive lock, then keeps the
+    /// slot, in the table that fits its state, only if it still holds
+    /// state.
+    #[inline(never)]
+    fn with_slot<T>(
+        self,
+        policy: &Policy,
+        f: impl FnOnce(&mut Slot, Timestamp, &Policy) -> T,
+    ) -> T {
+        let (now, hash) = (self.now, self.hash);
+        let rehash = |k: &StoreKey| {
+            let (limiter, key) = k.parts();
+            hash_parts(self.hasher, limiter, key)
+        };
+        let mut guard = write(self.shard);
+        let shard = &mut *guard;
+        if let Ok(mut entry) = shard
+            .buckets
+            .find_entry(hash, |b| self.lookup.matches(&b.key))
+        {
+            let mut slot = entry.get_mut().slot();
+            let decision = f(&mut slot, now, policy);
+            match Bucket::of(&slot) {
+                // The key is as good as fresh: keep nothing.
+                _ if !slot.is_live(now) => drop(entry.remove()),
+                Some((tat, born)) => {
+                    let b = entry.get_mut();
+                    *b.tat.get_mut() = tat;
+                    *b.born.get_mut() = born;
+                }
+                None => {
+                    let (b, _) = entry.remove();
+                    let other = Other { key: b.key, slot };
+                    shard.others.insert_unique(hash, other, |o| rehash(&o.key));
+                }
+            }
+            return decision;
+        }
+        if let Ok(mut entry) = shard
+            .others
+            .find_entry(hash, |o| self.lookup.matches(&o.key))
+        {
+            let slot = &mut entry.get_mut().slot;
+            let decision = f(slot, now, policy);
+            let live = slot.is_live(now);
+            match Bucket::of(slot) {
+                _ if !live => drop(entry.remove()),
+                Some(state) => {
+                    let (o, _) = entry.remove();
+                    let bucket = Bucket::new(o.key, state);
+                    shard
+                        .buckets
+                        .insert_unique(hash, bucket, |b| rehash(&b.key));
+                }
+                None => {}
+            }
+            return decision;
+        }
+        let mut slot = Slot::fresh(policy);
+        let decision = f(&mut slot, now, policy);
+        if slot.is_live(now) {
+            let key = self.lookup.to_owned();
+            match Bucket::of(&slot) {
+                Some(state) => {
+                    let bucket = Bucket::new(key, state);
+                    shard
+                        .buckets
+                        .insert_unique(hash, bucket, |b| rehash(&b.key));
+                }
+                None => {
+                    let other = Other { key, slot };
+                    shard.others.insert_unique(hash, other, |o| rehash(&o.key));
+                }
+            }
+            shard.sweep_if_due(now);
+        }
+        decision
+    }
 }
 
 impl<C: Clock> Backend for MemoryBackend<C> {
@@ -676,6 +924,41 @@ mod tests {
     fn key_overrides(b: &MemoryBackend<MockClock>) -> usize {
         let overrides = b.shared.overrides.read().unwrap();
         overrides.values().map(|o| o.keys.len()).sum()
+    }
+
+    #[test]
+    fn a_bucket_is_as_small_as_a_governor_entry() {
+        assert_eq!(std::mem::size_of::<Bucket>(), 32);
+    }
+
+    #[test]
+    fn a_stored_key_splits_back_exactly() {
+        let hasher = DefaultHashBuilder::default();
+        for (limiter, key) in [("a\0b", "c"), ("a", "\0bc"), ("", "k"), ("bench", "user-1")] {
+            let lookup = Lookup { limiter, key };
+            let stored = lookup.to_owned();
+            assert!(lookup.matches(&stored));
+            let (l, k) = stored.parts();
+            assert_eq!((l, k), (limiter.as_bytes(), key.as_bytes()));
+            let again = hash_parts(&hasher, l, k);
+            assert_eq!(
+                again,
+                hash_parts(&hasher, limiter.as_bytes(), key.as_bytes())
+            );
+        }
+        let other = Lookup {
+            limiter: "a",
+            key: "\0bc",
+        };
+        assert!(
+            !other.matches(
+                &Lookup {
+                    limiter: "a\0b",
+                    key: "c"
+                }
+                .to_owned()
+            )
+        );
     }
 
     #[test]

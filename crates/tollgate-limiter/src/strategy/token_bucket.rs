@@ -114,43 +114,69 @@ impl TokenBucketState {
     /// Takes `cost` tokens at `now` (a cost of 0 counts as 1).
     #[inline]
     pub fn acquire(&mut self, now: Timestamp, p: &TokenBucket, cost: u64) -> Decision {
-        self.decide(now, p, cost, true)
+        let (decision, tat) = Self::charge(self.tat, now, p, cost);
+        if let Some(tat) = tat {
+            if self.tat <= now {
+                self.born = now;
+            }
+            self.tat = tat;
+        }
+        decision
+    }
+
+    /// [`acquire`](Self::acquire) on the arrival time alone: the decision,
+    /// and the new arrival time when `cost` tokens are taken (`born`
+    /// becomes `now` when `tat <= now`: a new life begins). For a backend
+    /// that keeps `tat` in one atomic word and swaps it.
+    #[inline]
+    pub fn charge(
+        tat: Timestamp,
+        now: Timestamp,
+        p: &TokenBucket,
+        cost: u64,
+    ) -> (Decision, Option<Timestamp>) {
+        Self::decide(tat, now, p, cost, true)
     }
 
     /// Whether `cost` tokens would be taken at `now`; changes nothing.
     #[inline]
     pub fn peek(&self, now: Timestamp, p: &TokenBucket, cost: u64) -> Decision {
-        let mut copy = *self;
-        copy.decide(now, p, cost, false)
+        Self::decide(self.tat, now, p, cost, false).0
     }
 
     #[inline]
-    fn decide(&mut self, now: Timestamp, p: &TokenBucket, cost: u64, charge: bool) -> Decision {
+    fn decide(
+        tat: Timestamp,
+        now: Timestamp,
+        p: &TokenBucket,
+        cost: u64,
+        charge: bool,
+    ) -> (Decision, Option<Timestamp>) {
         let cost = cost.max(1);
         let t = p.interval_micros();
         let tau = p.capacity() * t;
-        let tat = self.tat.max(now);
-        let debt = tat - now;
+        let debt = tat.max(now) - now;
         // The debt can exceed tau when an override shrank the bucket: then
         // nothing remains (never a negative count). Computed only by the
         // answers that report it (a division: a charge computes its own).
         let remaining = || tau.saturating_sub(debt) / t;
         if cost > p.capacity() {
-            return Decision::impossible(p.capacity(), remaining(), debt);
+            return (Decision::impossible(p.capacity(), remaining(), debt), None);
         }
         // cost <= capacity, so this cannot overflow what tau holds.
         let new_debt = debt + cost * t;
         if new_debt > tau {
-            return Decision::from_micros(false, p.capacity(), remaining(), new_debt - tau, debt);
+            let d = Decision::from_micros(false, p.capacity(), remaining(), new_debt - tau, debt);
+            return (d, None);
         }
         if !charge {
-            return Decision::from_micros(true, p.capacity(), remaining(), 0, debt);
+            return (
+                Decision::from_micros(true, p.capacity(), remaining(), 0, debt),
+                None,
+            );
         }
-        if self.tat <= now {
-            self.born = now;
-        }
-        self.tat = now + new_debt;
-        Decision::from_micros(true, p.capacity(), (tau - new_debt) / t, 0, new_debt)
+        let d = Decision::from_micros(true, p.capacity(), (tau - new_debt) / t, 0, new_debt);
+        (d, Some(now + new_debt))
     }
 
     /// Where a charge just made sits: this life, and the arrival time
