@@ -701,7 +701,10 @@ impl RedisBackend {
                 for (node, _) in durability::on_all_masters(&mut c, redis::cmd("PING")).await? {
                     let (host, port) = node
                         .rsplit_once(':')
-                        .and_then(|(h, p)| Some((h.to_owned(), p.parse().ok()?)))
+                        // An IPv6 node is named `[addr]:port`.
+                        .and_then(|(h, p)| {
+                            Some((h.trim_matches(['[', ']']).to_owned(), p.parse().ok()?))
+                        })
                         .ok_or_else(|| RedisError::Protocol(format!("cluster node {node:?}")))?;
                     let at =
                         RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
