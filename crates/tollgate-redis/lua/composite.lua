@@ -341,6 +341,41 @@ local function combine()
   return { r[1], r[2], r[3], r[4], r[5], r[6], best - 1 }
 end
 
+-- Appends part i's stored fields (its kind, value and birth) to `fields`,
+-- and answers the later of `expires_at` and the part's expiry `e`.
+local function put_part(fields, i, e, expires_at)
+  local q, s = parts[i], st[i]
+  fields[#fields + 1] = 'k' .. i
+  fields[#fields + 1] = q.kind
+  fields[#fields + 1] = 'v' .. i
+  fields[#fields + 1] = fmt(s.v)
+  fields[#fields + 1] = 'b' .. i
+  fields[#fields + 1] = fmt(s.born)
+  if e > expires_at then
+    return e
+  end
+  return expires_at
+end
+
+-- Writes the composite's HASH (`fields`, and its expiry) and gives it and
+-- its parts' logs that expiry: they expire together. A composite whose
+-- expiry has passed is as good as fresh: every key is dropped instead.
+local function write_back(fields, expires_at)
+  if expires_at <= now then
+    redis.call('DEL', KEYS[1], log_key(1), log_key(2), log_key(3), log_key(4))
+    return
+  end
+  fields[#fields + 1] = 'x'
+  fields[#fields + 1] = fmt(expires_at)
+  redis.call('HSET', KEYS[1], unpack(fields))
+  expire(KEYS[1], expires_at, now)
+  for i = 1, n do
+    if parts[i].kind == 'w' then
+      expire(log_key(i), expires_at, now)
+    end
+  end
+end
+
 local all = true
 for i = 1, n do
   if st[i].r[1] ~= 1 then
@@ -369,29 +404,9 @@ if settling then
     elseif s.last_ts then
       e = s.last_ts + q.window
     end
-    if e > expires_at then
-      expires_at = e
-    end
-    fields[#fields + 1] = 'k' .. i
-    fields[#fields + 1] = q.kind
-    fields[#fields + 1] = 'v' .. i
-    fields[#fields + 1] = fmt(s.v)
-    fields[#fields + 1] = 'b' .. i
-    fields[#fields + 1] = fmt(s.born)
+    expires_at = put_part(fields, i, e, expires_at)
   end
-  if expires_at > now then
-    fields[#fields + 1] = 'x'
-    fields[#fields + 1] = fmt(expires_at)
-    redis.call('HSET', KEYS[1], unpack(fields))
-    expire(KEYS[1], expires_at, now)
-    for i = 1, n do
-      if parts[i].kind == 'w' then
-        expire(log_key(i), expires_at, now)
-      end
-    end
-  else
-    redis.call('DEL', KEYS[1], log_key(1), log_key(2), log_key(3), log_key(4))
-  end
+  write_back(fields, expires_at)
   return combine()
 end
 if op ~= 'acquire' or not all then
@@ -449,25 +464,10 @@ for i = 1, n do
     -- The newest event is now: it resets one window from now.
     s.r = { 1, q.limit, remaining, 0, w, w }
   end
-  if part_expiry > expires_at then
-    expires_at = part_expiry
-  end
-  fields[#fields + 1] = 'k' .. i
-  fields[#fields + 1] = q.kind
-  fields[#fields + 1] = 'v' .. i
-  fields[#fields + 1] = fmt(s.v)
-  fields[#fields + 1] = 'b' .. i
-  fields[#fields + 1] = fmt(s.born)
+  expires_at = put_part(fields, i, part_expiry, expires_at)
 end
-fields[#fields + 1] = 'x'
-fields[#fields + 1] = fmt(expires_at)
-redis.call('HSET', KEYS[1], unpack(fields))
-expire(KEYS[1], expires_at, now)
-for i = 1, n do
-  if parts[i].kind == 'w' then
-    expire(log_key(i), expires_at, now)
-  end
-end
+-- A charge leaves every part's expiry after now: always a write.
+write_back(fields, expires_at)
 local reply = combine()
 if RESERVE then
   for i = 1, n do
