@@ -278,6 +278,39 @@ local function each_event(key, visit)
   end
 end
 
+-- A sliding window's refund of a reservation (model:
+-- strategy/reservation.rs): gives back up to `units` of the event logged
+-- at `at` in the log at `key`, and answers the units given back, or nil
+-- when that event is gone. Shared by sliding_window.lua and composite.lua.
+local function refund_event(key, at, units)
+  local found = nil
+  local idx = each_event(key, function(ts, c)
+    if ts >= at then
+      if ts == at then
+        found = c
+      end
+      return true
+    end
+    return false
+  end)
+  if not found then
+    return nil
+  end
+  local refund = units
+  if refund > found then
+    refund = found
+  end
+  if found == refund then
+    -- Out of the list: mark the pair, then remove it.
+    redis.call('LSET', key, idx, '#')
+    redis.call('LSET', key, idx + 1, '#')
+    redis.call('LREM', key, 2, '#')
+  else
+    redis.call('LSET', key, idx + 1, fmt(found - refund))
+  end
+  return refund
+end
+
 -- A token bucket's settle (TokenBucketState::settle): refund the unused
 -- units not yet dripped back, in this life only (mark m: born, at); or
 -- charge the excess (at most capacity; a debt of at most 2 tau). Returns

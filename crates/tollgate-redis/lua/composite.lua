@@ -168,30 +168,7 @@ if settling then
           end
         end
       elseif actual < units and m and m.born == born and total > 0 then
-        local found = nil
-        local idx = each_event(key, function(ts, c)
-          if ts >= m.at then
-            if ts == m.at then
-              found = c
-            end
-            return true
-          end
-          return false
-        end)
-        if found then
-          local refund = units - actual
-          if refund > found then
-            refund = found
-          end
-          total = total - refund
-          if found == refund then
-            redis.call('LSET', key, idx, '#')
-            redis.call('LSET', key, idx + 1, '#')
-            redis.call('LREM', key, 2, '#')
-          else
-            redis.call('LSET', key, idx + 1, fmt(found - refund))
-          end
-        end
+        total = total - (refund_event(key, m.at, units - actual) or 0)
       end
       v = total
     end

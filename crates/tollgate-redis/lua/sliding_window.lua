@@ -119,30 +119,9 @@ if settling then
   else
     op, cost = 'peek', 1
     if actual < units and m and m.born == born and total > 0 then
-      local found = nil
-      local idx = each_event(KEYS[3], function(ts, c)
-        if ts >= m.at then
-          if ts == m.at then
-            found = c
-          end
-          return true
-        end
-        return false
-      end)
-      if found then
-        local refund = units - actual
-        if refund > found then
-          refund = found
-        end
+      local refund = refund_event(KEYS[3], m.at, units - actual)
+      if refund then
         total = total - refund
-        if found == refund then
-          -- Out of the list: mark the pair, then remove it.
-          redis.call('LSET', KEYS[3], idx, '#')
-          redis.call('LSET', KEYS[3], idx + 1, '#')
-          redis.call('LREM', KEYS[3], 2, '#')
-        else
-          redis.call('LSET', KEYS[3], idx + 1, fmt(found - refund))
-        end
         -- The newest entry may be gone: now is clamped to the new one.
         last_ts, last_c = nil, nil
         clamped = now
