@@ -664,6 +664,22 @@ impl<C: Clock> MemoryBackend<C> {
 }
 
 impl Shard {
+    /// Holds `key`'s live `slot` in the table that fits its state (a
+    /// [`Bucket`] when it can be one); `rehash` hashes stored keys again
+    /// when the table grows.
+    fn keep(&mut self, hash: u64, key: StoreKey, slot: Slot, rehash: impl Fn(&StoreKey) -> u64) {
+        match Bucket::of(&slot) {
+            Some(state) => {
+                let bucket = Bucket::new(key, state);
+                self.buckets.insert_unique(hash, bucket, |b| rehash(&b.key));
+            }
+            None => {
+                let other = Other { key, slot };
+                self.others.insert_unique(hash, other, |o| rehash(&o.key));
+            }
+        }
+    }
+
     fn len(&self) -> usize {
         self.buckets.len() + self.others.len()
     }
@@ -768,8 +784,7 @@ impl Located<'_> {
                 }
                 None => {
                     let (b, _) = entry.remove();
-                    let other = Other { key: b.key, slot };
-                    shard.others.insert_unique(hash, other, |o| rehash(&o.key));
+                    shard.keep(hash, b.key, slot, rehash);
                 }
             }
             return decision;
@@ -783,12 +798,9 @@ impl Located<'_> {
             let live = slot.is_live(now);
             match Bucket::of(slot) {
                 _ if !live => drop(entry.remove()),
-                Some(state) => {
+                Some(_) => {
                     let (o, _) = entry.remove();
-                    let bucket = Bucket::new(o.key, state);
-                    shard
-                        .buckets
-                        .insert_unique(hash, bucket, |b| rehash(&b.key));
+                    shard.keep(hash, o.key, o.slot, rehash);
                 }
                 None => {}
             }
@@ -797,19 +809,7 @@ impl Located<'_> {
         let mut slot = Slot::fresh(policy);
         let decision = f(&mut slot, now, policy);
         if slot.is_live(now) {
-            let key = self.lookup.to_owned();
-            match Bucket::of(&slot) {
-                Some(state) => {
-                    let bucket = Bucket::new(key, state);
-                    shard
-                        .buckets
-                        .insert_unique(hash, bucket, |b| rehash(&b.key));
-                }
-                None => {
-                    let other = Other { key, slot };
-                    shard.others.insert_unique(hash, other, |o| rehash(&o.key));
-                }
-            }
+            shard.keep(hash, self.lookup.to_owned(), slot, rehash);
             shard.sweep_if_due(now);
         }
         decision
