@@ -250,9 +250,7 @@ pub fn charge_bucket(
     cost: u64,
 ) -> (Decision, Option<Timestamp>) {
     let (decision, tat) = TokenBucketState::charge(tat, now, p, cost);
-    // `Policy::window_micros` of a token bucket.
-    let window = p.capacity() * p.interval_micros();
-    (decision.with_window_micros(window), tat)
+    (decision.with_window_micros(p.window_micros()), tat)
 }
 
 /// One stored key: its state and the instant it expires.

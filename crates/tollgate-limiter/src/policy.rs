@@ -149,7 +149,7 @@ impl Policy {
     #[inline]
     pub(crate) fn window_micros(&self) -> u64 {
         match self {
-            Self::TokenBucket(p) => p.capacity() * p.interval_micros(),
+            Self::TokenBucket(p) => p.window_micros(),
             Self::SlidingWindow(p) => p.window_micros(),
             Self::ProgressiveDelay(p) => p.forget_after_micros(),
             Self::Composite(c) => crate::time::micros(c.window()),

@@ -105,7 +105,7 @@ use std::time::Duration;
 use redis::Value;
 use tokio::time::Instant;
 use tollgate_limiter::model::{Mark, Receipt};
-use tollgate_limiter::strategy::token_bucket::{TokenBucket, TokenBucketState};
+use tollgate_limiter::strategy::token_bucket::TokenBucket;
 use tollgate_limiter::{
     Backend, Calendar, Clock, Decision, Key, Op, Period, Policy, Request, Scope, Strategy,
     SystemClock, Zone,
@@ -1037,9 +1037,9 @@ impl Call {
         let admitted = r >= 0;
         let debt = if admitted { r } else { -(r + 1) };
         let debt = u64::try_from(debt).map_err(|_| RedisError::Protocol(format!("reply {r}")))?;
-        let decision = TokenBucketState { tat: debt, born: 0 }
-            .acquire(0, &p, cost)
-            .with_window(Policy::TokenBucket(p).window());
+        // The model's charge from that debt (a clock at 0, the arrival
+        // time `debt`), its window included.
+        let (decision, _) = tollgate_limiter::model::charge_bucket(debt, 0, &p, cost);
         if decision.is_allowed() != admitted {
             return Err(RedisError::Protocol(format!(
                 "reply {r}: the script's verdict is not the model's"
@@ -1391,6 +1391,7 @@ impl Backend for RedisBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tollgate_limiter::strategy::token_bucket::TokenBucketState;
 
     #[test]
     fn builder_debug_hides_credentials() {

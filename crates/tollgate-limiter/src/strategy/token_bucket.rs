@@ -98,6 +98,13 @@ impl TokenBucket {
     pub fn interval_micros(&self) -> u64 {
         self.interval_us
     }
+
+    /// The time to refill the whole bucket, in microseconds (GCRA's tau):
+    /// the window a decision carries.
+    #[inline]
+    pub(crate) fn window_micros(&self) -> u64 {
+        self.capacity * self.interval_us
+    }
 }
 
 /// State of one token-bucket key: its theoretical arrival time (GCRA).
@@ -154,7 +161,7 @@ impl TokenBucketState {
     ) -> (Decision, Option<Timestamp>) {
         let cost = cost.max(1);
         let t = p.interval_micros();
-        let tau = p.capacity() * t;
+        let tau = p.window_micros();
         let debt = tat.max(now) - now;
         // The debt can exceed tau when an override shrank the bucket: then
         // nothing remains (never a negative count). Computed only by the
