@@ -202,30 +202,10 @@ fn to_header(buf: Vec<u8>) -> HeaderValue {
         .unwrap_or_else(|_| HeaderValue::from_static("\"\""))
 }
 
-/// "00".."99": two digits per division (as `itoa` does), half the
-/// divisions of one digit at a time.
-const DIGIT_PAIRS: &[u8; 200] = b"\
-    0001020304050607080910111213141516171819\
-    2021222324252627282930313233343536373839\
-    4041424344454647484950515253545556575859\
-    6061626364656667686970717273747576777879\
-    8081828384858687888990919293949596979899";
-
-fn push_u64(buf: &mut Vec<u8>, mut v: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    while v >= 10 {
-        let pair = (v % 100) as usize * 2;
-        v /= 100;
-        i -= 2;
-        digits[i..i + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
-    }
-    // The odd leading digit, or the 0 of v = 0.
-    if v > 0 || i == digits.len() {
-        i -= 1;
-        digits[i] = b'0' + v as u8;
-    }
-    buf.extend_from_slice(&digits[i..]);
+/// `v` in decimal (itoa, already in the tree through http and hyper: two
+/// digits per division, no formatter).
+fn push_u64(buf: &mut Vec<u8>, v: u64) {
+    buf.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
 }
 
 /// A structured-field string: printable ASCII only, quotes and backslashes
