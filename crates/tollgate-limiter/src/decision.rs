@@ -10,10 +10,13 @@ use std::time::Duration;
 ///
 /// Durations are kept in whole nanoseconds, up to about 584 years (longer
 /// ones saturate there): 48 bytes, where two `Duration`s made it 64, and
-/// every verdict moves one.
+/// every verdict moves one. Aligned to 16 bytes, so that a decision, and
+/// the verdict around it, is moved in three aligned 16-byte pieces
+/// that each read back what one earlier move wrote (a load straddling two
+/// stores cannot be forwarded from them, and waits).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(align(16))]
 pub struct Decision {
-    allowed: bool,
     limit: u64,
     remaining: u64,
     retry_after_ns: u64,
@@ -21,9 +24,23 @@ pub struct Decision {
     /// In whole microseconds, as backends compute it (keeps a `Decision`,
     /// and the `Denied` that carries one, small).
     window_us: u64,
-    impossible: bool,
-    /// The binding part of a composite policy (0 otherwise).
-    part: u8,
+    kind: Kind,
+    /// The binding part of a composite policy (0 otherwise); at most 255.
+    part: u32,
+}
+
+/// What a [`Decision`] says, in a field of its own whose unused values
+/// hold the tag of every enum around a decision (`Verdict`,
+/// `Option<Result<Decision, _>>`, `Poll`): those keep the decision at
+/// their start, in the same 48 bytes, so one is turned into the other
+/// without a copy or a copy that straddles the stores just made.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[repr(u32)]
+enum Kind {
+    Denied,
+    Allowed,
+    /// Denied: the cost can never fit.
+    Impossible,
 }
 
 impl Decision {
@@ -31,13 +48,12 @@ impl Decision {
     #[inline]
     pub fn allowed(limit: u64, remaining: u64, reset_after: Duration) -> Self {
         Self {
-            allowed: true,
             limit,
             remaining,
             retry_after_ns: 0,
             reset_after_ns: nanos(reset_after),
             window_us: 0,
-            impossible: false,
+            kind: Kind::Allowed,
             part: 0,
         }
     }
@@ -51,13 +67,12 @@ impl Decision {
         reset_after: Duration,
     ) -> Self {
         Self {
-            allowed: false,
             limit,
             remaining,
             retry_after_ns: nanos(retry_after),
             reset_after_ns: nanos(reset_after),
             window_us: 0,
-            impossible: false,
+            kind: Kind::Denied,
             part: 0,
         }
     }
@@ -72,13 +87,15 @@ impl Decision {
         reset_after_us: u64,
     ) -> Self {
         Self {
-            allowed,
             limit,
             remaining,
             retry_after_ns: retry_after_us.saturating_mul(1_000),
             reset_after_ns: reset_after_us.saturating_mul(1_000),
             window_us: 0,
-            impossible: false,
+            kind: match allowed {
+                true => Kind::Allowed,
+                false => Kind::Denied,
+            },
             part: 0,
         }
     }
@@ -91,7 +108,7 @@ impl Decision {
     #[inline]
     pub fn impossible(limit: u64, remaining: u64, reset_after_us: u64) -> Self {
         Self {
-            impossible: true,
+            kind: Kind::Impossible,
             ..Self::from_micros(false, limit, remaining, 0, reset_after_us)
         }
     }
@@ -113,7 +130,7 @@ impl Decision {
 
     /// The same decision, made by part `index` of a composite policy.
     pub fn with_part(mut self, index: usize) -> Self {
-        self.part = u8::try_from(index).unwrap_or(u8::MAX);
+        self.part = u32::from(u8::try_from(index).unwrap_or(u8::MAX));
         self
     }
 
@@ -121,14 +138,14 @@ impl Decision {
     /// is (the binding one: see [`crate::composite`]); 0 for a single
     /// policy.
     pub fn part(&self) -> usize {
-        usize::from(self.part)
+        self.part as usize
     }
 
     /// Whether the request was refused because its cost can never fit
     /// the policy in force (see [`impossible`](Self::impossible)).
     #[inline]
     pub fn is_impossible(&self) -> bool {
-        self.impossible
+        self.kind == Kind::Impossible
     }
 
     /// The span the limit of the policy in force (an override, if one was
@@ -144,13 +161,13 @@ impl Decision {
     /// Whether the request may pass.
     #[inline]
     pub fn is_allowed(&self) -> bool {
-        self.allowed
+        self.kind == Kind::Allowed
     }
 
     /// Whether the request was refused.
     #[inline]
     pub fn is_denied(&self) -> bool {
-        !self.allowed
+        !self.is_allowed()
     }
 
     /// The policy's headline number (capacity, window limit, free attempts).
@@ -172,7 +189,7 @@ impl Decision {
     /// [`retry_after`](Self::retry_after) in whole seconds, rounded up, and
     /// never 0 for a refusal: a client told "retry in 0 s" retries at once.
     pub fn retry_after_secs(&self) -> u64 {
-        if self.allowed {
+        if self.is_allowed() {
             return 0;
         }
         ceil_secs(self.retry_after()).max(1)
@@ -194,14 +211,14 @@ impl std::fmt::Debug for Decision {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // As a derive over `Duration` fields printed it.
         f.debug_struct("Decision")
-            .field("allowed", &self.allowed)
+            .field("allowed", &self.is_allowed())
             .field("limit", &self.limit)
             .field("remaining", &self.remaining)
             .field("retry_after", &self.retry_after())
             .field("reset_after", &self.reset_after())
             .field("window_us", &self.window_us)
-            .field("impossible", &self.impossible)
-            .field("part", &self.part)
+            .field("impossible", &self.is_impossible())
+            .field("part", &self.part())
             .finish()
     }
 }

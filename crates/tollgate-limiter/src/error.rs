@@ -27,8 +27,16 @@ pub enum Error {
     BreakerOpen,
     /// The request asked for more than the policy can ever grant, or an
     /// override of another strategy than the limiter's.
+    /// Boxed: the rare case keeps `Error`, and every [`Verdict`](crate::Verdict)
+    /// that can carry one, small.
     #[error("invalid rate-limit request")]
-    Policy(#[from] PolicyError),
+    Policy(#[source] Box<PolicyError>),
+}
+
+impl From<PolicyError> for Error {
+    fn from(e: PolicyError) -> Self {
+        Self::Policy(Box::new(e))
+    }
 }
 
 impl Error {

@@ -82,7 +82,7 @@ pub enum Verdict {
     /// though enforcement would have refused it as the [`Denied`] says (by
     /// the limit, a cost the policy can never grant, or a fail-closed
     /// backend failure).
-    Shadowed(Denied),
+    Shadowed(Box<Denied>),
 }
 
 impl Verdict {
@@ -547,35 +547,41 @@ impl<B: Backend> Limiter<B> {
     }
 
     /// [`check_cost`](Self::check_cost)'s first poll: the verdict, when
-    /// the short path answers at once, or `Pending` with the rest of the
-    /// decision in `wait` (`Poll` all the way: one layout, so the verdict
-    /// is not copied from one wrapper to the next).
+    /// the short path answers at once, else the first poll of the rest of
+    /// the decision, kept in `wait`. Every step returns the next one's
+    /// `Poll` as it is, in tail position: the verdict is written once, in
+    /// the caller's slot, instead of copied from one wrapper to the next.
     #[inline]
     fn check_start<'a>(
         &'a self,
         key: &'a Key,
         cost: u64,
         wait: &mut Option<Waiting<'a>>,
+        cx: &mut Context<'_>,
     ) -> Poll<Verdict> {
         if !self.inner.plain {
-            *wait = Some(Box::pin(self.check_general(key, cost)));
-            return Poll::Pending;
+            return wait
+                .insert(Box::pin(self.check_general(key, cost)))
+                .as_mut()
+                .poll(cx);
         }
         // The short path (no local map, not a concurrency limit): one
         // backend call (with a candidate beside).
         let cost = cost.max(self.inner.min_cost);
         let req = self.request(key, Op::Acquire(cost));
-        let mut admitted = None;
-        let now = self.plain_now(&req, cost, &mut admitted);
-        if let Some(admitted) = admitted {
-            *wait = Some(Box::pin(async move {
+        // The closure holds `req` by reference: built on every call, it
+        // would otherwise copy the request in, to use it only when waiting.
+        let req = &req;
+        self.plain_now(req, cost, move |admitted| {
+            let req = *req;
+            let rest = wait.insert(Box::pin(async move {
                 let guard = &self.inner.guard;
                 let fut = self.decide_op(req);
                 let result = guard.wait(admitted, &guard.deadline(), fut).await;
                 self.plain_verdict(result, cost)
             }));
-        }
-        now
+            rest.as_mut().poll(cx)
+        })
     }
 
     /// [`check_cost`](Self::check_cost) when it can answer without
@@ -594,31 +600,62 @@ impl<B: Backend> Limiter<B> {
         }
         let cost = cost.max(self.inner.min_cost);
         let req = self.request(key, Op::Acquire(cost));
-        let mut admitted = None;
-        match self.plain_now(&req, cost, &mut admitted) {
+        // Nothing was asked when it is pending: dropping the breaker's
+        // leave gives a probe back at once (see `Breaker::abandon`), for
+        // `check_cost`.
+        match self.plain_now(&req, cost, |_| Poll::Pending) {
             Poll::Ready(verdict) => Some(verdict),
-            // Nothing was asked: dropping the breaker's leave gives a probe
-            // back at once (see `Breaker::abandon`), for `check_cost`.
             Poll::Pending => None,
         }
     }
 
     /// The short path up to the backend's answer: decided, when the
-    /// breaker refused or the backend answered at once; or `Pending` with
-    /// the breaker's leave in `wait`, to wait for [`Backend::decide`].
+    /// breaker refused or the backend answered at once; else what
+    /// `pending` makes of the breaker's leave, to wait for
+    /// [`Backend::decide`].
     #[inline]
     fn plain_now<'a>(
         &'a self,
         req: &Request<'_>,
         cost: u64,
-        wait: &mut Option<Admitted<'a>>,
+        pending: impl FnOnce(Admitted<'a>) -> Poll<Verdict>,
     ) -> Poll<Verdict> {
         let guard = &self.inner.guard;
         let admitted = match guard.admit() {
             Ok(admitted) => admitted,
             Err(e) => return Poll::Ready(self.plain_verdict(Err(e), cost)),
         };
-        match self.inner.backend.decide_now(req) {
+        let answer = self.inner.backend.decide_now(req);
+        // The common answer, read where the backend wrote it and copied
+        // once, into the verdict: a possible cost, no candidate to decide
+        // beside it, and nothing for shadow mode to turn. Everything else
+        // is out of line, so that this path keeps no copy of its own.
+        if let Some(Ok(d)) = &answer
+            && !d.is_impossible()
+            && self.inner.candidate.is_none()
+            && (d.is_allowed() || self.inner.mode != Mode::Shadow)
+        {
+            guard.succeeded(admitted);
+            guard.meter().decision(Call::Check, Outcome::of_decision(d));
+            return Poll::Ready(Verdict::Decided(*d));
+        }
+        self.plain_answer(req, answer, admitted, cost, pending)
+    }
+
+    /// [`plain_now`](Self::plain_now) for every other answer: a candidate
+    /// beside it, an impossible cost, shadow mode's refusal, a backend
+    /// failure, or no answer yet.
+    #[inline(never)]
+    fn plain_answer<'a>(
+        &'a self,
+        req: &Request<'_>,
+        answer: Option<Result<Decision, B::Error>>,
+        admitted: Admitted<'a>,
+        cost: u64,
+        pending: impl FnOnce(Admitted<'a>) -> Poll<Verdict>,
+    ) -> Poll<Verdict> {
+        let guard = &self.inner.guard;
+        match answer {
             Some(Ok(d)) => {
                 if let Some(c) = &self.inner.candidate {
                     // Beside it, as `decide_with_candidate` would; an
@@ -636,24 +673,13 @@ impl<B: Backend> Limiter<B> {
                 }
                 // An in-process backend decided: no future.
                 guard.succeeded(admitted);
-                if d.is_allowed() || self.inner.mode != Mode::Shadow {
-                    // What `counted` does, without moving the verdict
-                    // through `shadowed` (a measured 45 instructions of a
-                    // ~600-instruction check).
-                    let verdict = Verdict::Decided(d);
-                    guard.meter().decision(Call::Check, Outcome::of(&verdict));
-                    return Poll::Ready(verdict);
-                }
                 Poll::Ready(self.counted(Call::Check, Verdict::Decided(d)))
             }
             Some(Err(e)) => {
                 let result = guard.report(admitted, Ok(Err::<Decision, _>(e)));
                 Poll::Ready(self.plain_verdict(result, cost))
             }
-            None => {
-                *wait = Some(admitted);
-                Poll::Pending
-            }
+            None => pending(admitted),
         }
     }
 
@@ -795,7 +821,7 @@ impl<B: Backend> Limiter<B> {
         let deadline = self.inner.guard.deadline();
         let cost = estimate.max(self.inner.min_cost);
         if self.inner.policy.max_cost().is_none() {
-            let e = Error::Policy(PolicyError::new(
+            let e = Error::from(PolicyError::new(
                 "strategy",
                 format!(
                     "limiter {:?} is a {}: reservations need a token bucket, a sliding \
@@ -850,7 +876,7 @@ impl<B: Backend> Limiter<B> {
             })
             .await?;
         if d.is_impossible() {
-            return Err(Error::Policy(PolicyError::new(
+            return Err(Error::from(PolicyError::new(
                 "cost",
                 format!("a cost of {cost} can never pass a limit of {}", d.limit()),
             )));
@@ -944,7 +970,7 @@ impl<B: Backend> Limiter<B> {
         if let Some(p) = &policy
             && p.strategy() != self.inner.policy.strategy()
         {
-            return Err(Error::Policy(PolicyError::new(
+            return Err(Error::from(PolicyError::new(
                 "strategy",
                 format!(
                     "an override of limiter {:?} must be a {}, not a {}",
@@ -1081,7 +1107,7 @@ impl<B: Backend> Limiter<B> {
                 "shadow mode: let through a request the limiter would refuse"
             );
         }
-        Verdict::Shadowed(denied)
+        Verdict::Shadowed(Box::new(denied))
     }
 
     /// Remembers a refusal in `cache`, then settles the verdict.
@@ -1106,7 +1132,7 @@ impl<B: Backend> Limiter<B> {
     #[inline]
     fn settle(&self, result: Result<Decision, Error>, cost: u64) -> Verdict {
         let result = result.map_err(|e| match self.inner.policy.check_cost(cost) {
-            Err(p) if e.is_unavailable() => Error::Policy(p),
+            Err(p) if e.is_unavailable() => Error::from(p),
             _ => e,
         });
         match result {
@@ -1139,10 +1165,8 @@ impl<B: Backend> Future for Check<'_, B> {
     #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Verdict> {
         let this = &mut *self;
-        if let Some((limiter, key, cost)) = this.start.take()
-            && let Poll::Ready(verdict) = limiter.check_start(key, cost, &mut this.wait)
-        {
-            return Poll::Ready(verdict);
+        if let Some((limiter, key, cost)) = this.start.take() {
+            return limiter.check_start(key, cost, &mut this.wait, cx);
         }
         match &mut this.wait {
             Some(wait) => wait.as_mut().poll(cx),
@@ -1159,7 +1183,7 @@ fn impossible(op: Op, d: &Decision) -> Error {
         Op::Acquire(c) | Op::Peek(c) | Op::Penalise(c) => c,
         Op::Reset | Op::Settle { .. } | Op::Hold(_) | Op::Release(_) => 0,
     };
-    Error::Policy(PolicyError::new(
+    Error::from(PolicyError::new(
         "cost",
         format!("a cost of {cost} can never pass a limit of {}", d.limit()),
     ))
@@ -1171,6 +1195,25 @@ mod tests {
 
     use super::*;
     use crate::policy::TokenBucket;
+
+    #[test]
+    fn a_verdict_is_a_decision_wide() {
+        // The rare variants are boxed and the tag lives in the decision's
+        // spare values: a verdict, and the `Poll` and `Option` around it,
+        // is the decision's 48 bytes, moved as they are (see `Decision`).
+        assert_eq!(std::mem::size_of::<Verdict>(), 48);
+        assert_eq!(std::mem::size_of::<Poll<Verdict>>(), 48);
+        assert_eq!(std::mem::size_of::<Option<Result<Decision, Never>>>(), 48);
+        let d = Decision::allowed(5, 4, Duration::from_secs(1));
+        let verdict = Verdict::Decided(d);
+        let Verdict::Decided(inside) = &verdict else {
+            unreachable!()
+        };
+        assert_eq!(
+            std::ptr::from_ref(inside).cast::<u8>(),
+            std::ptr::from_ref(&verdict).cast::<u8>()
+        );
+    }
 
     /// A backend that answers every request alike and records the costs
     /// asked.

@@ -100,6 +100,15 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
+    /// A backend's decision.
+    #[inline]
+    pub(crate) fn of_decision(d: &crate::Decision) -> Self {
+        match d.is_allowed() {
+            true => Self::Allowed,
+            false => Self::Refused,
+        }
+    }
+
     pub(crate) fn of(verdict: &Verdict) -> Self {
         match verdict {
             Verdict::Decided(d) if d.is_allowed() => Self::Allowed,

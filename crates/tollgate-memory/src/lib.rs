@@ -381,6 +381,7 @@ impl fmt::Debug for MonotonicClock {
 }
 
 impl Clock for MonotonicClock {
+    #[inline]
     fn now(&self) -> Timestamp {
         let elapsed_ns = self.clock.delta_as_nanos(self.anchor_raw, self.clock.raw());
         self.anchor + elapsed_ns / 1_000
