@@ -637,7 +637,13 @@ impl<B: Backend> Limiter<B> {
         {
             guard.succeeded(admitted);
             guard.meter().decision(Call::Check, Outcome::of_decision(d));
-            return Poll::Ready(Verdict::Decided(*d));
+            // Copied whole, in three aligned 16-byte moves: without the
+            // hint the compiler writes the fields it has just read (the
+            // kind) from a register and copies the rest in pieces that
+            // straddle those stores, so the caller's next read of the
+            // verdict waits on them (perf: ~12% of a check). A hint only:
+            // nothing depends on it but the speed.
+            return Poll::Ready(Verdict::Decided(*std::hint::black_box(d)));
         }
         self.plain_answer(req, answer, admitted, cost, pending)
     }
