@@ -488,9 +488,12 @@ async fn stacked_layers_count_per_ip_and_per_key() {
     };
     let res = call2(from("192.0.2.1", "a")).await;
     assert_eq!(res.status(), StatusCode::OK);
-    // Both policies are announced, the inner layer's first.
+    // Both policies are announced, the inner layer's first, as one list
+    // on one line per field.
     let fields: Vec<_> = res.headers().get_all("ratelimit").iter().collect();
-    assert_eq!(fields, ["\"key\";r=1;t=30", "\"ip\";r=2;t=20"]);
+    assert_eq!(fields, ["\"key\";r=1;t=30, \"ip\";r=2;t=20"]);
+    let policies: Vec<_> = res.headers().get_all("ratelimit-policy").iter().collect();
+    assert_eq!(policies, ["\"key\";q=2;w=60, \"ip\";q=3;w=60"]);
     assert_eq!(call2(from("192.0.2.1", "a")).await.status(), StatusCode::OK);
     // The key is spent...
     assert_eq!(

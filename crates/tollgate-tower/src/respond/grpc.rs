@@ -1,7 +1,8 @@
 use http::header::CONTENT_TYPE;
 use http::{HeaderName, HeaderValue};
 
-use super::http_responder::{add_quota_headers, allowed_response, shadowed_response};
+use super::add_quota_headers;
+use super::http_responder::{allowed_response, shadowed_response};
 use super::{Quota, Refusal, Respond, ResponseBody};
 
 const RESOURCE_EXHAUSTED: u8 = 8;

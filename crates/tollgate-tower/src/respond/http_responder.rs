@@ -3,9 +3,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderValue, StatusCode};
 
-use super::{Quota, RATELIMIT, RATELIMIT_POLICY, Refusal, Respond, ResponseBody};
+use super::{Quota, RATELIMIT, Refusal, Respond, ResponseBody, add_quota_headers};
 
 /// The problem type of a quota refusal, from the rate-limit headers draft.
 pub(crate) const QUOTA_EXCEEDED: &str =
@@ -22,8 +22,9 @@ type Hook = dyn Fn(&Refusal<'_>) -> http::Response<Bytes> + Send + Sync;
 /// | no key, refused | 400 | | problem+json |
 /// | allowed | inner's | `RateLimit-Policy`, `RateLimit` (unless turned off) | inner's |
 ///
-/// Header fields are appended, so stacked layers (per IP, per key) each
-/// add their own policy to the list.
+/// Stacked layers (per IP, per key) each add their own policy to the
+/// lists: one `RateLimit-Policy` and one `RateLimit` line, the inner
+/// layer's item first.
 ///
 /// # Examples
 ///
@@ -114,13 +115,6 @@ pub(crate) fn shadowed_response<B>(
     let mut res = allowed_response(response, false, None);
     res.extensions_mut().insert(shadow.clone());
     res
-}
-
-pub(crate) fn add_quota_headers(headers: &mut HeaderMap, quota: &Quota<'_>) {
-    // Room for both fields at once: the map grows (rehashes) once at most.
-    headers.reserve(2);
-    headers.append(RATELIMIT_POLICY, quota.policy_header());
-    headers.append(RATELIMIT, quota.header());
 }
 
 /// A problem+json body (RFC 9457).

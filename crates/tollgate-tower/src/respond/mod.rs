@@ -23,7 +23,8 @@ pub(crate) mod http_responder;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::HeaderValue;
+use http::header::{Entry, OccupiedEntry};
+use http::{HeaderMap, HeaderValue};
 use tollgate_limiter::decision::ceil_secs;
 use tollgate_limiter::{Decision, Policy};
 
@@ -144,12 +145,85 @@ impl<'a> Quota<'a> {
     /// `RateLimit: "name";r=<remaining>;t=<seconds to reset>`; for a
     /// composite, of the binding part, `"<name>.<index>"`.
     pub fn header(&self) -> HeaderValue {
-        field(
+        FIELD_BUF.with_borrow_mut(|buf| {
+            buf.clear();
+            self.write_header(buf);
+            to_value(buf)
+        })
+    }
+
+    /// [`header`](Self::header)'s item, written at the end of `buf`.
+    fn write_header(&self, buf: &mut Vec<u8>) {
+        write_field(
+            buf,
             &self.policy_name(),
             (b'r', self.decision.remaining()),
             (b't', self.reset_secs()),
-        )
+        );
     }
+}
+
+/// Adds `quota`'s items to the `RateLimit-Policy` and `RateLimit` fields.
+///
+/// Both fields are structured-field Lists (RFC 9651): a layer under
+/// another one has already written a line of each, and this layer's item
+/// joins that line (`"key";r=1;t=30, "ip";r=2;t=20`) instead of adding a
+/// second line, which would mean the same list. One line each keeps the
+/// response ~30 bytes shorter per stacked layer, and the header map
+/// without a chain of extra values.
+pub(crate) fn add_quota_headers(headers: &mut HeaderMap, quota: &Quota<'_>) {
+    match headers.entry(RATELIMIT_POLICY) {
+        Entry::Vacant(e) => {
+            e.insert(quota.policy_header());
+        }
+        Entry::Occupied(mut e) => join_policy(&mut e, quota.policy_header()),
+    }
+    match headers.entry(RATELIMIT) {
+        Entry::Vacant(e) => {
+            e.insert(quota.header());
+        }
+        Entry::Occupied(e) => join(e, |buf| quota.write_header(buf)),
+    }
+}
+
+/// Appends the item `write` writes to the last line of an existing field.
+fn join(mut entry: OccupiedEntry<'_, HeaderValue>, write: impl FnOnce(&mut Vec<u8>)) {
+    let Some(last) = entry.iter_mut().last() else {
+        return;
+    };
+    *last = joined(last, write);
+}
+
+/// `line, <the item write writes>`.
+fn joined(line: &HeaderValue, write: impl FnOnce(&mut Vec<u8>)) -> HeaderValue {
+    FIELD_BUF.with_borrow_mut(|buf| {
+        buf.clear();
+        buf.extend_from_slice(line.as_bytes());
+        buf.extend_from_slice(b", ");
+        write(buf);
+        to_value(buf)
+    })
+}
+
+/// [`join`] for `RateLimit-Policy`: the inner layers' policies and this
+/// one's are the same on every response, so the joined line is
+/// remembered per thread, as [`Quota::policy_header`] remembers its own.
+fn join_policy(entry: &mut OccupiedEntry<'_, HeaderValue>, policy: HeaderValue) {
+    let Some(last) = entry.iter_mut().last() else {
+        return;
+    };
+    JOINED_POLICIES.with_borrow_mut(|cache| {
+        if let Some((.., v)) = cache.iter().find(|(l, p, _)| l == last && *p == policy) {
+            *last = v.clone();
+            return;
+        }
+        let v = joined(last, |buf| buf.extend_from_slice(policy.as_bytes()));
+        if cache.len() == POLICY_CACHE {
+            cache.remove(0);
+        }
+        cache.push((last.clone(), policy, v.clone()));
+        *last = v;
+    });
 }
 
 /// A composite part's name in the header fields.
@@ -166,22 +240,30 @@ type PolicyEntry = (Box<str>, u64, u64, HeaderValue);
 thread_local! {
     static POLICY_HEADERS: std::cell::RefCell<Vec<PolicyEntry>> =
         const { std::cell::RefCell::new(Vec::new()) };
+    /// (the line so far, this layer's policy, the two joined).
+    static JOINED_POLICIES: std::cell::RefCell<Vec<(HeaderValue, HeaderValue, HeaderValue)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// `"name";a=1;b=2`, written without the formatting machinery: this runs
 /// on every response.
 fn field(name: &str, a: (u8, u64), b: (u8, u64)) -> HeaderValue {
-    // Written into a per-thread buffer, then copied once into the value's
-    // own bytes: one allocation per field instead of three (the Vec, the
-    // shared Bytes it would become, and its header).
     FIELD_BUF.with_borrow_mut(|buf| {
         buf.clear();
         write_field(buf, name, a, b);
-        HeaderValue::from_bytes(buf).unwrap_or_else(|_| HeaderValue::from_static("\"\""))
+        to_value(buf)
     })
 }
 
+/// `buf` copied once into the value's own bytes (only printable ASCII is
+/// ever written): one allocation per field instead of three (a Vec, the
+/// shared Bytes it would become, and its header).
+fn to_value(buf: &[u8]) -> HeaderValue {
+    HeaderValue::from_bytes(buf).unwrap_or_else(|_| HeaderValue::from_static("\"\""))
+}
+
 thread_local! {
+    /// Where field values are written before they are copied into one.
     static FIELD_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -342,6 +424,32 @@ mod tests {
         let denied = Decision::denied(100, 0, Duration::from_millis(1), Duration::from_secs(60));
         let q = Quota::new("a\"b\\c\u{e9}", &policy, &denied);
         assert_eq!(q.header(), "\"a\\\"b\\\\c_\";r=0;t=1");
+    }
+
+    #[test]
+    fn stacked_items_join_one_line_per_field() {
+        let policy = Policy::from(TokenBucket::new(100, 100, Duration::from_secs(60)).unwrap());
+        let d = Decision::allowed(100, 50, Duration::from_millis(29_001));
+        // Twice: the second joined policy line comes from the cache.
+        for _ in 0..2 {
+            let mut headers = HeaderMap::new();
+            add_quota_headers(&mut headers, &Quota::new("key", &policy, &d));
+            add_quota_headers(&mut headers, &Quota::new("ip", &policy, &d));
+            let lines = |name| headers.get_all(name).iter().cloned().collect::<Vec<_>>();
+            assert_eq!(
+                lines(RATELIMIT_POLICY),
+                ["\"key\";q=100;w=60, \"ip\";q=100;w=60"]
+            );
+            assert_eq!(lines(RATELIMIT), ["\"key\";r=50;t=30, \"ip\";r=50;t=30"]);
+        }
+        // A line of another policy is joined, not mistaken for a cached one.
+        let mut headers = HeaderMap::new();
+        headers.insert(RATELIMIT_POLICY, HeaderValue::from_static("\"up\";q=1;w=1"));
+        add_quota_headers(&mut headers, &Quota::new("ip", &policy, &d));
+        assert_eq!(
+            headers[RATELIMIT_POLICY],
+            "\"up\";q=1;w=1, \"ip\";q=100;w=60"
+        );
     }
 
     proptest::proptest! {
