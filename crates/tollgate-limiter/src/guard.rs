@@ -87,6 +87,23 @@ impl Guard {
         })
     }
 
+    /// [`admit`](Self::admit) for a call an in-process backend may answer
+    /// at once ([`Backend::decide_now`](crate::Backend::decide_now)): its
+    /// stopwatch starts only if the call has to wait after all
+    /// ([`Admitted::waiting`]); an answer at once is recorded as taking no
+    /// time (see the metrics' `Meter::unstarted`).
+    #[inline]
+    pub(crate) fn admit_at_once(&self) -> Result<Admitted<'_>, Error> {
+        let Ok(permit) = self.breaker.admit() else {
+            self.meter.error(&Error::BreakerOpen);
+            return Err(Error::BreakerOpen);
+        };
+        Ok(Admitted {
+            permit,
+            watch: self.meter.unstarted(),
+        })
+    }
+
     /// Waits for an admitted call's future, to be answered by `deadline`,
     /// and reports its outcome.
     ///
@@ -172,6 +189,17 @@ impl Guard {
 pub(crate) struct Admitted<'a> {
     permit: Permit<'a>,
     watch: Stopwatch,
+}
+
+impl Admitted<'_> {
+    /// A call admitted by [`Guard::admit_at_once`] that waits for its
+    /// backend after all: its stopwatch starts now, before the call.
+    pub(crate) fn waiting(self, meter: &Meter) -> Self {
+        Self {
+            watch: meter.start(),
+            ..self
+        }
+    }
 }
 
 /// The deadline of one decision, shared by its backend calls. It is taken

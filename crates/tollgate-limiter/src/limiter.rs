@@ -573,6 +573,7 @@ impl<B: Backend> Limiter<B> {
         // would otherwise copy the request in, to use it only when waiting.
         let req = &req;
         self.plain_now(req, cost, move |admitted| {
+            let admitted = admitted.waiting(self.inner.guard.meter());
             let req = *req;
             let rest = wait.insert(Box::pin(async move {
                 let guard = &self.inner.guard;
@@ -621,7 +622,7 @@ impl<B: Backend> Limiter<B> {
         pending: impl FnOnce(Admitted<'a>) -> Poll<Verdict>,
     ) -> Poll<Verdict> {
         let guard = &self.inner.guard;
-        let admitted = match guard.admit() {
+        let admitted = match guard.admit_at_once() {
             Ok(admitted) => admitted,
             Err(e) => return Poll::Ready(self.plain_verdict(Err(e), cost)),
         };
