@@ -187,21 +187,32 @@ pub(crate) fn add_quota_headers(headers: &mut HeaderMap, quota: &Quota<'_>) {
 }
 
 /// Appends the item `write` writes to the last line of an existing field.
-fn join(mut entry: OccupiedEntry<'_, HeaderValue>, write: impl FnOnce(&mut Vec<u8>)) {
+fn join(mut entry: OccupiedEntry<'_, HeaderValue>, write: impl Fn(&mut Vec<u8>)) {
     let Some(last) = entry.iter_mut().last() else {
         return;
     };
-    *last = joined(last, write);
+    match joined(last, &write) {
+        Some(v) => *last = v,
+        None => entry.append(FIELD_BUF.with_borrow_mut(|buf| {
+            buf.clear();
+            write(buf);
+            to_value(buf)
+        })),
+    }
 }
 
-/// `line, <the item write writes>`.
-fn joined(line: &HeaderValue, write: impl FnOnce(&mut Vec<u8>)) -> HeaderValue {
+/// `line, <the item write writes>`; `None` when `line` holds bytes a
+/// checked value refuses, which only a value made with `http`'s unsafe
+/// unchecked constructor can (hyper's parser refuses them too): then the
+/// item goes on a line of its own and the inner service's line is kept as
+/// it is, never replaced.
+fn joined(line: &HeaderValue, write: impl FnOnce(&mut Vec<u8>)) -> Option<HeaderValue> {
     FIELD_BUF.with_borrow_mut(|buf| {
         buf.clear();
         buf.extend_from_slice(line.as_bytes());
         buf.extend_from_slice(b", ");
         write(buf);
-        to_value(buf)
+        HeaderValue::from_bytes(buf).ok()
     })
 }
 
@@ -212,18 +223,21 @@ fn join_policy(entry: &mut OccupiedEntry<'_, HeaderValue>, policy: HeaderValue) 
     let Some(last) = entry.iter_mut().last() else {
         return;
     };
-    JOINED_POLICIES.with_borrow_mut(|cache| {
+    let line = JOINED_POLICIES.with_borrow_mut(|cache| {
         if let Some((.., v)) = cache.iter().find(|(l, p, _)| l == last && *p == policy) {
-            *last = v.clone();
-            return;
+            return Some(v.clone());
         }
-        let v = joined(last, |buf| buf.extend_from_slice(policy.as_bytes()));
+        let v = joined(last, |buf| buf.extend_from_slice(policy.as_bytes()))?;
         if cache.len() == POLICY_CACHE {
             cache.remove(0);
         }
-        cache.push((last.clone(), policy, v.clone()));
-        *last = v;
+        cache.push((last.clone(), policy.clone(), v.clone()));
+        Some(v)
     });
+    match line {
+        Some(v) => *last = v,
+        None => entry.append(policy),
+    }
 }
 
 /// A composite part's name in the header fields.
