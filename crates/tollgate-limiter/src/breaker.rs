@@ -70,7 +70,8 @@ pub(crate) struct Breaker {
     /// How long a probe may stay silent before it counts as failed.
     probe_timeout: Duration,
     /// True while the state is `Closed { failures: 0 }`: the hot path reads
-    /// only this flag and never takes the lock.
+    /// only this flag and never takes the lock. A breaker that is off
+    /// (threshold 0) records no failure, so it stays true.
     healthy: AtomicBool,
     state: Mutex<(State, u64)>,
     /// Reports each state change (under the lock, so in order).
@@ -97,11 +98,12 @@ impl Permit<'_> {
         self.probe.is_some()
     }
 
-    /// The call succeeded: the breaker closes.
+    /// The call succeeded: the breaker closes. True when it was open (or
+    /// probing) until now: the backend has recovered.
     #[inline]
-    pub(crate) fn success(mut self) {
+    pub(crate) fn success(mut self) -> bool {
         self.probe = None;
-        self.breaker.on_success();
+        self.breaker.on_success()
     }
 
     /// The call failed; returns true when this failure opened the breaker.
@@ -142,7 +144,7 @@ impl Breaker {
     #[inline]
     pub(crate) fn admit(&self) -> Result<Permit<'_>, Duration> {
         // Healthy (or off): one atomic load, no lock.
-        if self.config.threshold == 0 || self.healthy.load(Ordering::Acquire) {
+        if self.healthy.load(Ordering::Acquire) {
             return Ok(Permit {
                 breaker: self,
                 probe: None,
@@ -185,23 +187,27 @@ impl Breaker {
         (backoff * 2).min(self.config.max_backoff)
     }
 
+    /// A success: true when it closed an open (or probing) breaker.
     #[inline]
-    fn on_success(&self) {
-        if self.config.threshold == 0 || self.healthy.load(Ordering::Acquire) {
-            return;
+    fn on_success(&self) -> bool {
+        if self.healthy.load(Ordering::Acquire) {
+            return false;
         }
-        self.close();
+        self.close()
     }
 
-    /// A success after failures: the breaker closes.
+    /// A success after failures: the breaker closes. True when it was open
+    /// (or probing), not only counting failures.
     #[cold]
-    fn close(&self) {
+    fn close(&self) -> bool {
         let mut guard = self.lock();
-        if !matches!(guard.0, State::Closed { .. }) {
+        let was_open = !matches!(guard.0, State::Closed { .. });
+        if was_open {
             self.meter.transition(BreakerState::Closed);
         }
         guard.0 = State::Closed { failures: 0 };
         self.healthy.store(true, Ordering::Release);
+        was_open
     }
 
     /// Records a failure of the probe `probe`, or of an ordinary call.
@@ -256,8 +262,8 @@ impl Breaker {
     }
 
     /// Whether the breaker is open (not counting a probe in flight).
-    #[inline]
-    pub(crate) fn is_open(&self) -> bool {
+    #[cfg(test)]
+    fn is_open(&self) -> bool {
         !self.healthy.load(Ordering::Acquire) && !matches!(self.lock().0, State::Closed { .. })
     }
 }
@@ -295,6 +301,16 @@ mod tests {
         p
     }
 
+    #[test]
+    fn a_success_says_recovered_only_when_it_closes_an_open_breaker() {
+        let b = breaker();
+        assert!(!b.admit().unwrap().success(), "healthy");
+        // One failure of two: counted, not open.
+        assert!(!b.admit().unwrap().failure());
+        assert!(!b.admit().unwrap().success(), "closed, failures counted");
+        assert!(b.admit().is_ok());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn opens_probes_and_backs_off() {
         let b = breaker();
@@ -313,7 +329,7 @@ mod tests {
         assert!(probe(&b).failure());
         // Capped at max_backoff.
         tokio::time::advance(Duration::from_secs(3)).await;
-        probe(&b).success();
+        assert!(probe(&b).success());
         assert!(!b.admit().unwrap().is_probe());
         assert!(!b.is_open());
     }

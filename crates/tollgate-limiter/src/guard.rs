@@ -167,10 +167,9 @@ impl Guard {
     pub(crate) fn succeeded(&self, admitted: Admitted<'_>) {
         self.meter
             .backend_call(admitted.watch, &Ok::<(), Error>(()));
-        if self.breaker.is_open() {
+        if admitted.permit.success() {
             self.recovered();
         }
-        admitted.permit.success();
     }
 
     /// Out of line: the log macro kept [`succeeded`](Self::succeeded), on
