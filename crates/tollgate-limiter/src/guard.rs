@@ -77,14 +77,7 @@ impl Guard {
     /// is made only once admitted.
     #[inline]
     pub(crate) fn admit(&self) -> Result<Admitted<'_>, Error> {
-        let Ok(permit) = self.breaker.admit() else {
-            self.meter.error(&Error::BreakerOpen);
-            return Err(Error::BreakerOpen);
-        };
-        Ok(Admitted {
-            permit,
-            watch: self.meter.start(),
-        })
+        Ok(self.admit_at_once()?.waiting(&self.meter))
     }
 
     /// [`admit`](Self::admit) for a call an in-process backend may answer
