@@ -94,20 +94,20 @@ impl<'a> Quota<'a> {
         let w = ceil_secs(window).max(1);
         // The same few values on every response: remember them per thread
         // (no lock, no shared counter) instead of formatting each time.
-        POLICY_HEADERS.with_borrow_mut(|cache| {
-            if let Some((.., v)) = cache
-                .iter()
-                .find(|(n, cq, cw, _)| **n == *self.name && *cq == q && *cw == w)
-            {
-                return v.clone();
-            }
-            let v = field(self.name, (b'q', q), (b'w', w));
-            if cache.len() == POLICY_CACHE {
-                cache.remove(0);
-            }
-            cache.push((self.name.into(), q, w, v.clone()));
-            v
-        })
+        POLICY_HEADERS
+            .with_borrow_mut(|cache| {
+                remembered(
+                    cache,
+                    |(n, cq, cw)| **n == *self.name && *cq == q && *cw == w,
+                    || {
+                        Some((
+                            (self.name.into(), q, w),
+                            field(self.name, (b'q', q), (b'w', w)),
+                        ))
+                    },
+                )
+            })
+            .expect("a policy field is always made")
     }
 
     fn composite_policy_header(&self, c: &tollgate_limiter::Composite) -> HeaderValue {
@@ -224,15 +224,14 @@ fn join_policy(entry: &mut OccupiedEntry<'_, HeaderValue>, policy: HeaderValue) 
         return;
     };
     let line = JOINED_POLICIES.with_borrow_mut(|cache| {
-        if let Some((.., v)) = cache.iter().find(|(l, p, _)| l == last && *p == policy) {
-            return Some(v.clone());
-        }
-        let v = joined(last, |buf| buf.extend_from_slice(policy.as_bytes()))?;
-        if cache.len() == POLICY_CACHE {
-            cache.remove(0);
-        }
-        cache.push((last.clone(), policy.clone(), v.clone()));
-        Some(v)
+        remembered(
+            cache,
+            |(l, p)| l == last && *p == policy,
+            || {
+                let v = joined(last, |buf| buf.extend_from_slice(policy.as_bytes()))?;
+                Some(((last.clone(), policy.clone()), v))
+            },
+        )
     });
     match line {
         Some(v) => *last = v,
@@ -248,15 +247,37 @@ fn part_name(name: &str, index: usize) -> String {
 /// Policy header values remembered per thread.
 const POLICY_CACHE: usize = 16;
 
-/// (limiter name, q, w, field value).
-type PolicyEntry = (Box<str>, u64, u64, HeaderValue);
+/// ((limiter name, q, w), field value).
+type PolicyEntry = ((Box<str>, u64, u64), HeaderValue);
+
+/// ((the line so far, this layer's policy), the two joined).
+type JoinedEntry = ((HeaderValue, HeaderValue), HeaderValue);
 
 thread_local! {
     static POLICY_HEADERS: std::cell::RefCell<Vec<PolicyEntry>> =
         const { std::cell::RefCell::new(Vec::new()) };
-    /// (the line so far, this layer's policy, the two joined).
-    static JOINED_POLICIES: std::cell::RefCell<Vec<(HeaderValue, HeaderValue, HeaderValue)>> =
+    static JOINED_POLICIES: std::cell::RefCell<Vec<JoinedEntry>> =
         const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The value of the entry `hit` finds in a per-thread cache of at most
+/// [`POLICY_CACHE`] entries, else the one `make` makes (with its key),
+/// remembered in place of the oldest when the cache is full; `None` when
+/// `make` makes none (nothing is remembered).
+fn remembered<K>(
+    cache: &mut Vec<(K, HeaderValue)>,
+    hit: impl Fn(&K) -> bool,
+    make: impl FnOnce() -> Option<(K, HeaderValue)>,
+) -> Option<HeaderValue> {
+    if let Some((_, v)) = cache.iter().find(|(k, _)| hit(k)) {
+        return Some(v.clone());
+    }
+    let (k, v) = make()?;
+    if cache.len() == POLICY_CACHE {
+        cache.remove(0);
+    }
+    cache.push((k, v.clone()));
+    Some(v)
 }
 
 /// `"name";a=1;b=2`, written without the formatting machinery: this runs
