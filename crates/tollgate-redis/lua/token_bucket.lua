@@ -47,9 +47,12 @@ if KEYS[2] then
   local got = redis.call('MGET', KEYS[1], KEYS[2])
   state, enc, keyed = got[1], got[2] or ARGV[2], got[2]
 else
-  -- GET refuses a HASH (an error, read as nil like MGET does).
+  -- GET refuses a HASH (an error, read as nil like MGET does). The
+  -- error is a table with `err`; a string's `err` is string.err, nil. An
+  -- index, not type(): a call costs ~300 instructions more (callgrind,
+  -- scripts/script-cost.sh).
   state, enc = redis.pcall('GET', KEYS[1]), ARGV[2]
-  if type(state) ~= 'string' then
+  if not state or state.err then
     state = nil
   end
 end
@@ -115,7 +118,8 @@ if capacity and not keyed and n and n >= 0 then
     -- No key, or a HASH: SET ... GET refuses a HASH (WRONGTYPE) and then
     -- writes nothing.
     local old = redis.pcall('SET', KEYS[1], v, 'PX', ms, 'GET')
-    if not (type(old) == 'table' and old.err) then
+    -- old is false (no key) or GET's error (a HASH), never a string.
+    if not (old and old.err) then
       return debt
     end
   end
