@@ -51,14 +51,14 @@ cost "minimal GCRA (bare client's script)" crates/tollgate-bench/lua/minimal_gcr
     1 'bench:{__rand_int__}' 10 1000000
 cost "tollgate token bucket" "$work/tb.lua" \
     1 'tollgate:bench:{__rand_int__}' \
-    1 '1:t:100000:100000:1000000:10'
+    1 '2:t:100000:10:100000:1000000'
 cost "tollgate, limiter with key overrides" "$work/tb.lua" \
     2 'tollgate:bench:{__rand_int__}' 'tollgate:bench:{__rand_int__}:override' \
-    1 '1:t:100000:100000:1000000:10'
+    1 '2:t:100000:10:100000:1000000'
 # One hot key, every decision past the first refused (capacity 1, one
 # token an hour): what a flooded key costs the server.
 cost "minimal GCRA, one hot key refusing" crates/tollgate-bench/lua/minimal_gcra.lua \
     1 'bench:{hot}' 3600000000 3600000000
 cost "tollgate, one hot key refusing" "$work/tb.lua" \
     1 'tollgate:bench:{hot}' \
-    1 '1:t:1:1:3600000000:3600000000'
+    1 '2:t:1:3600000000:1:3600000000'

@@ -340,7 +340,7 @@ async fn library<B: Backend + Clone>(args: &Args, backend: B, duration: Duration
 async fn bare(args: &Args, conn: MultiplexedConnection, duration: Duration) -> Stats {
     let policy = policy(args.strategy);
     let script = Arc::new(redis::Script::new(scripts::source(policy.strategy())));
-    let encoded = Arc::new(encoding::encode(&policy).unwrap());
+    let encoded = Arc::new(encoding::script_arg(&policy).unwrap());
     let names = key_names(args.keys);
     let window = policy.strategy() == Strategy::SlidingWindow;
     let bucket = policy.strategy() == Strategy::TokenBucket;

@@ -183,6 +183,8 @@ end
 
 -- Policy encoding, version 1 (fields joined by ':'):
 --   1:t:<capacity>:<refill>:<period_us>:<interval_us>   token bucket
+--   2:t:<capacity>:<interval_us>:<refill>:<period_us>   the same, as the
+--       client sends it (ARGV[2]; stored overrides stay version 1)
 --   1:w:<limit>:<window_us>:<penalise 0|1>              sliding window
 --   1:p:<free>:<base_us>:<factor>:<max_us>:<forget_us>  progressive delay
 --   1:q:<limit>:<d|w|m>:<zone>                          calendar quota
@@ -191,7 +193,10 @@ end
 local function decode(enc)
   -- The single-strategy shapes in one match each, without the field table
   -- the general path builds: this runs on every decision.
-  local a, b, c = string.match(enc, '^1:t:(%d+):%d+:%d+:(%d+)$')
+  local a, b, c = string.match(enc, '^2:t:(%d+):(%d+):%d+:%d+$')
+  if not a then
+    a, b = string.match(enc, '^1:t:(%d+):%d+:%d+:(%d+)$')
+  end
   if a then
     return { kind = 't', capacity = tonumber(a), interval = tonumber(b) }
   end

