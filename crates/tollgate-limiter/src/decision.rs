@@ -13,7 +13,9 @@ use std::time::Duration;
 /// every verdict moves one. Aligned to 16 bytes, so that a decision, and
 /// the verdict around it, is moved in three aligned 16-byte pieces
 /// that each read back what one earlier move wrote (a load straddling two
-/// stores cannot be forwarded from them, and waits).
+/// stores cannot be forwarded from them, and waits); where a decision has
+/// just been written field by field, it is read the same way (see
+/// `copied`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(align(16))]
 pub struct Decision {
@@ -44,6 +46,29 @@ enum Kind {
 }
 
 impl Decision {
+    /// A copy read field by field, as a backend that has just computed a
+    /// decision wrote it. A whole copy is three 16-byte loads, each
+    /// straddling two of those 8-byte stores: a load cannot be forwarded
+    /// from two stores, so each waited for them to reach the cache (perf:
+    /// ~12 % of a check on the memory backend). `black_box` keeps the
+    /// compiler from merging the reads back into 16-byte ones; a hint
+    /// only, nothing depends on it but the speed. Measured: 406 → 356
+    /// instructions a check on one key refusing, 408 → 344 admitting
+    /// (callgrind, `decide_loop`), and 32.4 → 30.5 / 34.7 → 30.5 ns.
+    #[inline(always)]
+    pub(crate) fn copied(&self) -> Self {
+        use std::hint::black_box;
+        Self {
+            limit: black_box(self.limit),
+            remaining: black_box(self.remaining),
+            retry_after_ns: black_box(self.retry_after_ns),
+            reset_after_ns: black_box(self.reset_after_ns),
+            window_us: black_box(self.window_us),
+            kind: self.kind,
+            part: self.part,
+        }
+    }
+
     /// A decision that let the request through.
     #[inline]
     pub fn allowed(limit: u64, remaining: u64, reset_after: Duration) -> Self {
