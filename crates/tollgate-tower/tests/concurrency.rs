@@ -42,6 +42,20 @@ async fn settled_free_slots(l: &Limiter<MemoryBackend<MockClock>>, want: u64) ->
     free_slots(l).await
 }
 
+/// One request through `svc`, once it is ready.
+async fn send<S>(svc: &mut S) -> S::Response
+where
+    S: Service<Request<String>>,
+    S::Error: std::fmt::Debug,
+{
+    svc.ready()
+        .await
+        .unwrap()
+        .call(Request::default())
+        .await
+        .unwrap()
+}
+
 fn ok_service()
 -> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
 + Clone
@@ -55,32 +69,14 @@ fn ok_service()
 async fn a_slot_is_held_until_the_body_ends_then_429_is_lifted() {
     let (l, _clock) = limiter(2);
     let mut svc = ConcurrencyLimitLayer::new(l.clone(), tenant).layer(ok_service());
-    let a = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(Request::default())
-        .await
-        .unwrap();
-    let b = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(Request::default())
-        .await
-        .unwrap();
+    let a = send(&mut svc).await;
+    let b = send(&mut svc).await;
     assert_eq!((a.status(), b.status()), (StatusCode::OK, StatusCode::OK));
     assert_eq!(
         a.headers()["ratelimit-policy"].to_str().unwrap(),
         "\"exports\";q=2;w=60"
     );
-    let refused = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(Request::default())
-        .await
-        .unwrap();
+    let refused = send(&mut svc).await;
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(refused.headers()["retry-after"], "1");
     assert_eq!(free_slots(&l).await, 0);
@@ -119,31 +115,13 @@ async fn a_panicking_or_failing_service_gives_its_slot_back() {
 async fn a_slot_whose_release_is_lost_comes_back_with_its_lease() {
     let (l, clock) = limiter(1);
     let mut svc = ConcurrencyLimitLayer::new(l.clone(), tenant).layer(ok_service());
-    let held = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(Request::default())
-        .await
-        .unwrap();
+    let held = send(&mut svc).await;
     // A worker that dies never drops its body.
     std::mem::forget(held);
-    let refused = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(Request::default())
-        .await
-        .unwrap();
+    let refused = send(&mut svc).await;
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     clock.advance(Duration::from_secs(60));
-    let res = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(Request::default())
-        .await
-        .unwrap();
+    let res = send(&mut svc).await;
     assert_eq!(res.status(), StatusCode::OK);
 }
 
@@ -155,23 +133,11 @@ async fn shadow_mode_lets_refusals_through_with_an_extension_and_no_headers() {
         .mode(Mode::Shadow)
         .build();
     let mut svc = RateLimitLayer::new(l, tenant).layer(ok_service());
-    let first = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(Request::default())
-        .await
-        .unwrap();
+    let first = send(&mut svc).await;
     assert_eq!(first.status(), StatusCode::OK);
     assert!(first.extensions().get::<ShadowRefusal>().is_none());
     assert!(first.headers().contains_key("ratelimit"));
-    let second = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(Request::default())
-        .await
-        .unwrap();
+    let second = send(&mut svc).await;
     assert_eq!(second.status(), StatusCode::OK);
     assert!(!second.headers().contains_key("ratelimit"));
     assert!(!second.headers().contains_key("retry-after"));
@@ -193,20 +159,8 @@ async fn a_shadowed_concurrency_limit_holds_nothing_beyond_its_slots() {
         .mode(Mode::Shadow)
         .build();
     let mut svc = ConcurrencyLimitLayer::new(l.clone(), tenant).layer(ok_service());
-    let a = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(Request::default())
-        .await
-        .unwrap();
-    let b = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(Request::default())
-        .await
-        .unwrap();
+    let a = send(&mut svc).await;
+    let b = send(&mut svc).await;
     assert_eq!((a.status(), b.status()), (StatusCode::OK, StatusCode::OK));
     assert!(b.extensions().get::<ShadowRefusal>().is_some());
     // Only the first holds a slot: dropping the second frees nothing.
