@@ -111,8 +111,7 @@ impl Outcome {
 
     pub(crate) fn of(verdict: &Verdict) -> Self {
         match verdict {
-            Verdict::Decided(d) if d.is_allowed() => Self::Allowed,
-            Verdict::Decided(_) => Self::Refused,
+            Verdict::Decided(d) => Self::of_decision(d),
             Verdict::FailedOpen(_) => Self::FailedOpen,
             // A cost that can never pass is refused by the policy, not by
             // a failing backend.
