@@ -145,11 +145,7 @@ impl<'a> Quota<'a> {
     /// `RateLimit: "name";r=<remaining>;t=<seconds to reset>`; for a
     /// composite, of the binding part, `"<name>.<index>"`.
     pub fn header(&self) -> HeaderValue {
-        FIELD_BUF.with_borrow_mut(|buf| {
-            buf.clear();
-            self.write_header(buf);
-            to_value(buf)
-        })
+        written(|buf| self.write_header(buf))
     }
 
     /// [`header`](Self::header)'s item, written at the end of `buf`.
@@ -193,11 +189,7 @@ fn join(mut entry: OccupiedEntry<'_, HeaderValue>, write: impl Fn(&mut Vec<u8>))
     };
     match joined(last, &write) {
         Some(v) => *last = v,
-        None => entry.append(FIELD_BUF.with_borrow_mut(|buf| {
-            buf.clear();
-            write(buf);
-            to_value(buf)
-        })),
+        None => entry.append(written(write)),
     }
 }
 
@@ -283,18 +275,19 @@ fn remembered<K>(
 /// `"name";a=1;b=2`, written without the formatting machinery: this runs
 /// on every response.
 fn field(name: &str, a: (u8, u64), b: (u8, u64)) -> HeaderValue {
-    FIELD_BUF.with_borrow_mut(|buf| {
-        buf.clear();
-        write_field(buf, name, a, b);
-        to_value(buf)
-    })
+    written(|buf| write_field(buf, name, a, b))
 }
 
-/// `buf` copied once into the value's own bytes (only printable ASCII is
-/// ever written): one allocation per field instead of three (a Vec, the
-/// shared Bytes it would become, and its header).
-fn to_value(buf: &[u8]) -> HeaderValue {
-    HeaderValue::from_bytes(buf).unwrap_or_else(|_| HeaderValue::from_static("\"\""))
+/// The value `write` writes, through the per-thread buffer, then copied
+/// once into the value's own bytes (only printable ASCII is ever written):
+/// one allocation per field instead of three (a Vec, the shared Bytes it
+/// would become, and its header).
+fn written(write: impl FnOnce(&mut Vec<u8>)) -> HeaderValue {
+    FIELD_BUF.with_borrow_mut(|buf| {
+        buf.clear();
+        write(buf);
+        HeaderValue::from_bytes(buf).unwrap_or_else(|_| HeaderValue::from_static("\"\""))
+    })
 }
 
 thread_local! {
