@@ -95,13 +95,10 @@ fn us(d: Duration) -> u64 {
 /// Encodes a policy (version 1).
 pub fn encode(policy: &Policy) -> Result<String, EncodingError> {
     Ok(match policy {
-        Policy::TokenBucket(p) => format!(
-            "1:t:{}:{}:{}:{}",
-            bound("capacity", p.capacity())?,
-            exact("refill", p.refill())?,
-            exact("period", us(p.period()))?,
-            exact("interval", p.interval_micros())?,
-        ),
+        Policy::TokenBucket(p) => {
+            let [capacity, refill, period, interval] = bucket_fields(p)?;
+            format!("1:t:{capacity}:{refill}:{period}:{interval}")
+        }
         Policy::SlidingWindow(p) => format!(
             "1:w:{}:{}:{}",
             bound("limit", p.limit())?,
@@ -159,15 +156,23 @@ pub fn encode(policy: &Policy) -> Result<String, EncodingError> {
 /// ```
 pub fn script_arg(policy: &Policy) -> Result<String, EncodingError> {
     match policy {
-        Policy::TokenBucket(p) => Ok(format!(
-            "2:t:{}:{}:{}:{}",
-            bound("capacity", p.capacity())?,
-            exact("interval", p.interval_micros())?,
-            exact("refill", p.refill())?,
-            exact("period", us(p.period()))?,
-        )),
+        Policy::TokenBucket(p) => {
+            let [capacity, refill, period, interval] = bucket_fields(p)?;
+            Ok(format!("2:t:{capacity}:{interval}:{refill}:{period}"))
+        }
         other => encode(other),
     }
+}
+
+/// A token bucket's fields, checked for the scripts' exact arithmetic:
+/// capacity, refill, period and interval (µs), as version 1 orders them.
+fn bucket_fields(p: &TokenBucket) -> Result<[u64; 4], EncodingError> {
+    Ok([
+        bound("capacity", p.capacity())?,
+        exact("refill", p.refill())?,
+        exact("period", us(p.period()))?,
+        exact("interval", p.interval_micros())?,
+    ])
 }
 
 /// Decodes a stored policy, validating it as the constructors do.
