@@ -22,6 +22,20 @@
 //!   `min(unused × interval, at − now)`, and the bucket never holds more
 //!   than a full one. A reservation settled after its units have refilled
 //!   refunds nothing.
+//!
+//!   **Known gap (open, found 2026-12-03 by the property test
+//!   `interleaved_reservations_never_give_more_than_their_actual_costs`,
+//!   about one run in twenty):** `at − now` assumes the units still sit
+//!   where the reservation left them. A refund of an *earlier* reservation
+//!   of the same key, settled in between, lowers the arrival time and moves
+//!   them down; `at` does not know, so a later refund can give back units
+//!   that have dripped back already. The shrunk case: capacity 11, one
+//!   token every `t`; reserve 2 (uses 1) at `s`, reserve 7 (uses 0), settle
+//!   the first, wait `2t`, take 1, settle the second: 11 tokens are then
+//!   free where charging only the actual costs leaves 10. The fix needs
+//!   the state to count the refunds of its life and each mark to carry that
+//!   count (the shift is at most the refunds made since), in the model,
+//!   the Lua scripts and the receipt's wire form alike.
 //! * *Sliding window*: the units are taken out of the log entry recorded at
 //!   the reservation's instant ([`Mark::at`], as the backend saw it, after
 //!   clamping), at most that entry's cost. Once the entry has left the
