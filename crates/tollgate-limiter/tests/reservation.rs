@@ -288,6 +288,45 @@ fn a_token_bucket_does_not_refund_what_already_dripped_back() {
     assert_eq!(d.remaining(), 3);
 }
 
+/// The case `interleaved_reservations_never_give_more_than_their_actual_costs`
+/// shrank to: the refund of an earlier reservation moved a later one's
+/// units down, and the later refund must count from there.
+#[test]
+fn a_refund_counts_the_refunds_made_since_its_reservation() {
+    // 11 tokens, one every 364,877 µs.
+    let policy: Policy = TokenBucket::new(11, 3, Duration::from_micros(1_094_629))
+        .unwrap()
+        .into();
+    let t = 364_877;
+    let settle = |key: &mut Slot, now, receipt, actual| {
+        key.apply(now, &policy, Op::Settle { receipt, actual })
+    };
+    let (mut real, mut cf) = (Slot::fresh(&policy), Slot::fresh(&policy));
+    let (_, first) = real.reserve(START, &policy, 2);
+    let (_, second) = real.reserve(START, &policy, 7);
+    assert!(cf.apply(START, &policy, Op::Acquire(1)).is_allowed());
+    settle(&mut real, START, first, 1);
+    let later = START + 2 * t;
+    assert!(real.apply(later, &policy, Op::Acquire(1)).is_allowed());
+    assert!(cf.apply(later, &policy, Op::Acquire(1)).is_allowed());
+    let d = settle(&mut real, later, second, 0);
+    let want = cf.apply(later, &policy, Op::PEEK);
+    assert_eq!((d.remaining(), want.remaining()), (10, 10));
+}
+
+/// A receipt settled twice (the model does not remember receipts; a
+/// `Limiter` cannot do it) refunds once: the first refund is counted.
+#[test]
+fn a_second_settle_of_a_token_bucket_receipt_refunds_nothing_more() {
+    let policy = tb(20, 1);
+    let mut key = Slot::fresh(&policy);
+    let (_, receipt) = key.reserve(START, &policy, 10);
+    assert!(key.apply(START, &policy, Op::Acquire(5)).is_allowed());
+    let settle = Op::Settle { receipt, actual: 0 };
+    assert_eq!(key.apply(START, &policy, settle).remaining(), 15);
+    assert_eq!(key.apply(START, &policy, settle).remaining(), 15);
+}
+
 #[test]
 fn a_window_that_rolled_refunds_nothing() {
     let policy = sw(10, 60);

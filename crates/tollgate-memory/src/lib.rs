@@ -158,7 +158,8 @@ struct Shard {
 }
 
 /// A key in the token-bucket state `{ tat, born }` whose expiry is `tat`
-/// (as every admitted charge leaves it): 32 bytes, as governor's entries.
+/// (as every admitted charge leaves it) and whose life saw no refund (see
+/// [`Bucket::of`]): 32 bytes, as governor's entries.
 ///
 /// Only `tat` changes under the shared lock, by compare-and-swap; `born`
 /// (read only under the exclusive lock, by reservations) changes with it
@@ -244,15 +245,21 @@ impl Bucket {
             state: State::TokenBucket(TokenBucketState {
                 tat,
                 born: *self.born.get_mut(),
+                refunded: 0,
             }),
             expires_at: tat,
         }
     }
 
-    /// `slot`'s `(tat, born)` if a [`Bucket`] can hold it.
+    /// `slot`'s `(tat, born)` if a [`Bucket`] can hold it: not once a
+    /// refund was made in its life (rare, and the count would cost every
+    /// bucket 8 bytes): that life is kept as an [`Other`], until a new one
+    /// begins.
     fn of(slot: &Slot) -> Option<(Timestamp, Timestamp)> {
         match slot.state {
-            State::TokenBucket(s) if slot.expires_at == s.tat => Some((s.tat, s.born)),
+            State::TokenBucket(s) if slot.expires_at == s.tat && s.refunded == 0 => {
+                Some((s.tat, s.born))
+            }
             _ => None,
         }
     }

@@ -317,25 +317,35 @@ local function refund_event(key, at, units)
 end
 
 -- A token bucket's settle (TokenBucketState::settle): refund the unused
--- units not yet dripped back, in this life only (mark m: born, at); or
--- charge the excess (at most capacity; a debt of at most 2 tau). Returns
--- the new tat and born. Shared by token_bucket.lua and composite.lua.
-local function bucket_settle(p, tat, born, now, units, actual, m)
+-- units not yet dripped back, in this life only (mark m: born, at = the tat
+-- after the charge plus the life's refunds then), less every refund made
+-- since (they may have moved the units down); or charge the excess (at
+-- most capacity; a debt of at most 2 tau). Returns the new tat, born and
+-- refunded. Shared by token_bucket.lua and composite.lua.
+local MAX_REFUNDED = 2 ^ 51
+local function bucket_settle(p, tat, born, refunded, now, units, actual, m)
   local t = p.interval
   local tau = p.capacity * t
   if actual < units then
     if m and m.born == born and tat > now then
-      -- Only what has not dripped back yet (none once at <= now).
+      -- Only what has not dripped back yet (none once the top <= now).
       local refund = (units - actual) * t
-      if refund > m.at - now then
-        refund = m.at - now
+      local top = m.at - refunded
+      if refund > top - now then
+        refund = top - now
       end
       if refund < 0 then
         refund = 0
       end
+      local old = tat
       tat = tat - refund
       if tat < now then
         tat = now
+      end
+      refunded = refunded + (old - tat)
+      if refunded > MAX_REFUNDED then
+        -- A new life: what is outstanding refunds nothing.
+        born, refunded = now, 0
       end
     end
   elseif actual > units then
@@ -344,7 +354,7 @@ local function bucket_settle(p, tat, born, now, units, actual, m)
       excess = p.capacity
     end
     if tat <= now then
-      born = now
+      born, refunded = now, 0
     end
     local nt = tat
     if nt < now then
@@ -358,7 +368,7 @@ local function bucket_settle(p, tat, born, now, units, actual, m)
       tat = nt
     end
   end
-  return tat, born
+  return tat, born, refunded
 end
 
 -- The calendar window [start, end) holding `now` for calendar quota q, from

@@ -8,10 +8,12 @@
 -- k<i> = 't' | 'w' | 'q', v<i> = tat (token bucket), total cost in log<i>
 -- (sliding window) or units used (calendar quota, whose window is
 -- a<i> = start, e<i> = end), b<i> = born, when the part's life began
--- (absent counts as 0; for a calendar quota, when its count began) }.
+-- (absent counts as 0; for a calendar quota, when its count began), and for
+-- a token bucket r<i> = refunded, how far its life's refunds moved v<i>
+-- back (absent counts as 0) }.
 -- ARGV[5] carries the calendar parts' bounds (see common.lua). A reserve
--- appends, per part, its mark: born, then the tat after the charge (token
--- bucket) or the entry's timestamp (window); for a calendar quota, the
+-- appends, per part, its mark: born, then the tat after the charge plus
+-- refunded (token bucket) or the entry's timestamp (window); for a calendar quota, the
 -- window's start, then when its count began. A settle settles each part on
 -- its own, then answers '?1'. A part's log is a sliding window's (see
 -- sliding_window.lua). On every write, all the keys get one TTL: the
@@ -70,7 +72,7 @@ end
 local function forget(i)
   redis.call('DEL', log_key(i))
   if live then
-    redis.call('HDEL', KEYS[1], 'k' .. i, 'v' .. i, 'a' .. i, 'e' .. i, 'b' .. i)
+    redis.call('HDEL', KEYS[1], 'k' .. i, 'v' .. i, 'a' .. i, 'e' .. i, 'b' .. i, 'r' .. i)
   end
 end
 for i = n + 1, 4 do
@@ -91,7 +93,7 @@ if settling then
       forget(i)
     end
     if h['k' .. i] ~= q.kind then
-      h['k' .. i], h['v' .. i], h['b' .. i] = q.kind, '0', '0'
+      h['k' .. i], h['v' .. i], h['b' .. i], h['r' .. i] = q.kind, '0', '0', nil
     end
     local v, born = tonumber(h['v' .. i]), tonumber(h['b' .. i] or '0')
     if q.kind == 'q' then
@@ -103,7 +105,9 @@ if settling then
       v, born = c.n, c.b
       h['a' .. i], h['e' .. i] = fmt(c.a), fmt(c.e)
     elseif q.kind == 't' then
-      v, born = bucket_settle(q, v, born, now, units, actual, m)
+      local r = tonumber(h['r' .. i] or '0')
+      v, born, r = bucket_settle(q, v, born, r, now, units, actual, m)
+      h['r' .. i] = fmt(r)
     else
       local w, limit, key = q.window, q.limit, log_key(i)
       local total = v
@@ -182,10 +186,11 @@ end
 local st = {}
 for i = 1, n do
   local q = parts[i]
-  local s = { kind = q.kind, v = 0, born = 0 }
+  local s = { kind = q.kind, v = 0, born = 0, refunded = 0 }
   if h['k' .. i] == q.kind then
     s.v = tonumber(h['v' .. i])
     s.born = tonumber(h['b' .. i] or '0')
+    s.refunded = tonumber(h['r' .. i] or '0')
   elseif h['k' .. i] then
     forget(i)
   end
@@ -318,8 +323,9 @@ local function combine()
   return { r[1], r[2], r[3], r[4], r[5], r[6], best - 1 }
 end
 
--- Appends part i's stored fields (its kind, value and birth) to `fields`,
--- and answers the later of `expires_at` and the part's expiry `e`.
+-- Appends part i's stored fields (its kind, value and birth; a token
+-- bucket's refunded) to `fields`, and answers the later of `expires_at`
+-- and the part's expiry `e`.
 local function put_part(fields, i, e, expires_at)
   local q, s = parts[i], st[i]
   fields[#fields + 1] = 'k' .. i
@@ -328,6 +334,10 @@ local function put_part(fields, i, e, expires_at)
   fields[#fields + 1] = fmt(s.v)
   fields[#fields + 1] = 'b' .. i
   fields[#fields + 1] = fmt(s.born)
+  if q.kind == 't' then
+    fields[#fields + 1] = 'r' .. i
+    fields[#fields + 1] = fmt(s.refunded)
+  end
   if e > expires_at then
     return e
   end
@@ -413,10 +423,10 @@ for i = 1, n do
     local new_tat = now + s.new_debt
     if s.v <= now then
       -- A full bucket: a new life.
-      s.born = now
+      s.born, s.refunded = now, 0
     end
     s.v = new_tat
-    s.mark = new_tat
+    s.mark = new_tat + s.refunded
     part_expiry = new_tat
     s.r = { 1, q.capacity, idiv(tau - s.new_debt, t), 0, s.new_debt, tau }
   else

@@ -6,14 +6,14 @@
 
 -- The decision (TokenBucketState::acquire, or peek unless `charge`) of
 -- `cost` units (at least 1) on a bucket of `capacity` units refilling one
--- every t µs, from the stored tat and born. Returns the reply, and for an
--- admitted charge the state to write: tat, born (`reserve` appends them to
--- the reply, its mark).
-local function decide(capacity, t, tat, born, cost, charge, reserve)
+-- every t µs, from the stored tat, born and refunded. Returns the reply,
+-- and for an admitted charge the state to write: tat, born, refunded
+-- (`reserve` appends the mark to the reply: born, tat + refunded).
+local function decide(capacity, t, tat, born, refunded, cost, charge, reserve)
   local tau = capacity * t
   if tat <= now then
     -- A full bucket: a charge starts a new life.
-    born = now
+    born, refunded = now, 0
     tat = now
   end
   local debt = tat - now
@@ -34,13 +34,18 @@ local function decide(capacity, t, tat, born, cost, charge, reserve)
   local new_tat = now + new_debt
   local reply = { 1, capacity, idiv(tau - new_debt, t), 0, new_debt, tau }
   if reserve then
-    reply[7], reply[8] = born, new_tat
+    reply[7], reply[8] = born, new_tat + refunded
   end
-  return reply, new_tat, born
+  return reply, new_tat, born, refunded
 end
 
--- born as a number (the acquire path left where its digits begin).
-local born = i and tonumber(string.sub(state, i + 1)) or 0
+-- born and refunded as numbers (the acquire path left where born's digits
+-- begin; refunded, after them, is absent when 0).
+local born, refunded = 0, 0
+if i then
+  local b, r = string.match(state, '^(%d+):?(%d*)$', i + 1)
+  born, refunded = tonumber(b) or 0, tonumber(r) or 0
+end
 local p = decode(enc)
 if p.kind ~= 't' then
   return { -1, p.kind }
@@ -55,12 +60,12 @@ if not present then
     present = true
     if h[1] == 't' and tonumber(h[2]) > now then
       -- This state as written before it was a STRING.
-      tat, born = tonumber(h[2]), tonumber(h[3] or '0')
+      tat, born, refunded = tonumber(h[2]), tonumber(h[3] or '0'), 0
     end
   end
 end
 if op == 'reset' then
-  tat, born = 0, 0
+  tat, born, refunded = 0, 0, 0
 end
 if present and tat == 0 then
   -- Expired, of another strategy, or reset: the key is fresh.
@@ -69,24 +74,32 @@ if present and tat == 0 then
 end
 
 -- Writes the state with its TTL (SET replaces a HASH).
-local function store(x, b)
-  redis.call('SET', KEYS[1], string.format('t:%d:%d', x, b), 'PX', ttl_ms(x, now))
+local function store(x, b, r)
+  local v
+  if r > 0 then
+    v = string.format('t:%d:%d:%d', x, b, r)
+  else
+    v = string.format('t:%d:%d', x, b)
+  end
+  redis.call('SET', KEYS[1], v, 'PX', ttl_ms(x, now))
 end
 
 if op == 'reset' or op == 'penalise' then
   op, cost = 'peek', 1
 end
 if op == 'settle' then
-  tat, born = bucket_settle(p, tat, born, now, cost, settle.actual, settle.marks[1])
+  tat, born, refunded =
+    bucket_settle(p, tat, born, refunded, now, cost, settle.actual, settle.marks[1])
   if tat > now then
-    store(tat, born)
+    store(tat, born, refunded)
   elseif present then
     redis.call('DEL', KEYS[1])
   end
   op, cost = 'peek', 1
 end
-local reply, x, b = decide(p.capacity, p.interval, tat, born, cost, op == 'acquire', RESERVE)
+local reply, x, b, r =
+  decide(p.capacity, p.interval, tat, born, refunded, cost, op == 'acquire', RESERVE)
 if x then
-  store(x, b)
+  store(x, b, r)
 end
 return reply

@@ -1483,9 +1483,12 @@ mod tests {
             Err(e) => Err(e),
         };
         let model = |debt: u64, cost: u64| {
-            TokenBucketState { tat: debt, born: 0 }
-                .acquire(0, &p, cost)
-                .with_window(policy.window())
+            TokenBucketState {
+                tat: debt,
+                ..TokenBucketState::default()
+            }
+            .acquire(0, &p, cost)
+            .with_window(policy.window())
         };
         // Admitted on a full bucket, and with 250 ms of debt.
         let d = decide(0, 1).unwrap();

@@ -792,6 +792,68 @@ pub async fn reserve_and_settle<B: Backend + Clone>(backend: B, clock: MockClock
     }
 }
 
+/// Refunds on a token bucket, alone and as a composite's part, when
+/// reservations overlap: a refund of an earlier reservation moves a later
+/// one's units down, so the later one refunds only what is still out (the
+/// case the property test `interleaved_reservations_never_give_more_than_their_actual_costs`
+/// found); and once a life's refunds pass their bound
+/// (`MAX_REFUNDED`), the life renews and what is outstanding refunds
+/// nothing.
+pub async fn overlapping_reservations_refund_what_is_out<B: Backend + Clone>(
+    backend: B,
+    clock: MockClock,
+) {
+    let sw = SlidingWindow::new(100, 60 * S).unwrap().into();
+    let policies: [Policy; 2] = [
+        TokenBucket::new(11, 1, S).unwrap().into(),
+        Composite::new([TokenBucket::new(11, 1, S).unwrap().into(), sw])
+            .unwrap()
+            .into(),
+    ];
+    for policy in policies {
+        let l = limiter("overlap", policy, backend.clone());
+        let k = Key::new("tenant");
+        let (_, first) = l.reserve(&k, 2).await;
+        let (_, second) = l.reserve(&k, 7).await;
+        let d = first.settle(1).await.unwrap().unwrap();
+        assert_eq!(d.remaining(), 3, "{policy:?}");
+        clock.advance(3 * S);
+        assert!(decide(&l, &k, 1).await.is_allowed());
+        // Charged only their actual costs (1, 1 for a call that reports
+        // none, then 1 three seconds later), 10 tokens would be left: of
+        // its 6 unused, the second refunds the 5 not yet dripped back, not
+        // 6 (where its mark alone puts them, before the first refund moved
+        // them down): that left 11.
+        let d = second.settle(0).await.unwrap().unwrap();
+        assert_eq!(d.remaining(), 10, "{policy:?}");
+    }
+
+    // Ten years to refill 1,000 tokens, one token 3.65 days: a life that
+    // lasts (one token stays out), and 15 refunds of 499 and 479 (a call
+    // costs at least 1) pass 2^51 µs.
+    let policy = TokenBucket::new(1_000, 1, 315_360 * S).unwrap();
+    let l = limiter("renew", policy, backend);
+    let k = Key::new("tenant");
+    assert!(decide(&l, &k, 1).await.is_allowed());
+    for spent in 2..16 {
+        clock.advance(Duration::from_millis(1));
+        let (v, r) = l.reserve(&k, 500).await;
+        assert!(v.is_allowed());
+        let d = r.settle(0).await.unwrap().unwrap();
+        assert_eq!(d.remaining(), 1_000 - spent);
+    }
+    clock.advance(Duration::from_millis(1));
+    let (_, below) = l.reserve(&k, 480).await;
+    let (_, above) = l.reserve(&k, 480).await;
+    // The fifteenth refund renews the life...
+    let d = below.settle(0).await.unwrap().unwrap();
+    assert_eq!(d.remaining(), 1_000 - 16 - 480);
+    clock.advance(Duration::from_millis(1));
+    // ...so the reservation above it, of the old life, refunds nothing.
+    let d = above.settle(0).await.unwrap().unwrap();
+    assert_eq!(d.remaining(), 1_000 - 16 - 480);
+}
+
 /// Reserve, then settle, on calendar quotas: in a composite with a token
 /// bucket, both parts refund; a settle after the month rolled refunds
 /// nothing (the new month owes the old one nothing) and charges an excess
@@ -1434,7 +1496,8 @@ macro_rules! conformance_tests {
                 concurrent_sliding_window, concurrent_composite,
                 composite_charges_nothing_on_refusal, calendar_day_across_daylight_saving,
                 calendar_month_in_a_composite, reserve_and_settle,
-                reserve_and_settle_a_calendar_quota, concurrency_slots, concurrent_holds,
+                reserve_and_settle_a_calendar_quota, overlapping_reservations_refund_what_is_out,
+                concurrency_slots, concurrent_holds,
                 candidate_beside_enforced);
 
             #[test]

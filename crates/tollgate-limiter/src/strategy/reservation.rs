@@ -16,26 +16,32 @@
 //! **A refund never gives more than was taken, and never gives back what
 //! time has already given back.**
 //!
-//! * *Token bucket*: the reservation's [`Mark::at`] is the bucket's
-//!   theoretical arrival time right after the charge. Of the unused units,
-//!   only those that have not dripped back yet are returned: the refund is
-//!   `min(unused × interval, at − now)`, and the bucket never holds more
-//!   than a full one. A reservation settled after its units have refilled
-//!   refunds nothing.
+//! * *Token bucket*: the reservation's units sit just below the bucket's
+//!   theoretical arrival time right after the charge; of the unused units,
+//!   only those that have not dripped back yet are returned. A refund of
+//!   another reservation of the same key settled in between may have moved
+//!   them down (one made before it: everything charged above moves down
+//!   with it), so the state counts how far the refunds of its life moved
+//!   the arrival time back ([`TokenBucketState::refunded`]), and the mark
+//!   records that count with the arrival time: [`Mark::at`] is their sum.
+//!   The refund is `min(unused × interval, at − refunded − now)`: the
+//!   arrival time after the charge, less every refund since, less now
+//!   (refunds of reservations made later count too, which errs on the safe
+//!   side). The bucket never holds more than a full one, and a reservation
+//!   settled after its units have refilled refunds nothing, nor does a
+//!   second settle of the same receipt once the first refunded it all.
+//!   A life whose refunds would pass [`MAX_REFUNDED`] (71 years of
+//!   tokens) is renewed instead: what is outstanding then refunds nothing.
 //!
-//!   **Known gap (open, found 2026-12-03 by the property test
-//!   `interleaved_reservations_never_give_more_than_their_actual_costs`,
-//!   about one run in twenty):** `at − now` assumes the units still sit
-//!   where the reservation left them. A refund of an *earlier* reservation
-//!   of the same key, settled in between, lowers the arrival time and moves
-//!   them down; `at` does not know, so a later refund can give back units
-//!   that have dripped back already. The shrunk case: capacity 11, one
-//!   token every `t`; reserve 2 (uses 1) at `s`, reserve 7 (uses 0), settle
-//!   the first, wait `2t`, take 1, settle the second: 11 tokens are then
-//!   free where charging only the actual costs leaves 10. The fix needs
-//!   the state to count the refunds of its life and each mark to carry that
-//!   count (the shift is at most the refunds made since), in the model,
-//!   the Lua scripts and the receipt's wire form alike.
+//!   Without the count (releases before this rule), the refund was `min(unused ×
+//!   interval, at − now)`, which the property test
+//!   `interleaved_reservations_never_give_more_than_their_actual_costs`
+//!   showed gives too much: capacity 11, one token every `t`; reserve 2
+//!   (uses 1) at `s`, reserve 7 (uses 0), settle the first, wait `2t`,
+//!   take 1, settle the second: 11 tokens were then free where charging
+//!   only the actual costs leaves 10. It is a test case now, and the
+//!   conformance suite's `overlapping_reservations_refund_what_is_out`
+//!   runs its like on every backend.
 //! * *Sliding window*: the units are taken out of the log entry recorded at
 //!   the reservation's instant ([`Mark::at`], as the backend saw it, after
 //!   clamping), at most that entry's cost. Once the entry has left the
@@ -117,6 +123,8 @@
 //! ```
 
 use crate::strategy::composite::MAX_PARTS;
+#[cfg(doc)]
+use crate::strategy::token_bucket::{MAX_REFUNDED, TokenBucketState};
 use crate::time::Timestamp;
 
 /// Where a reservation's units sit in one policy's state (one part of a
@@ -125,7 +133,9 @@ use crate::time::Timestamp;
 pub struct Mark {
     /// When the state's current life began (see the [module docs](self)).
     pub born: Timestamp,
-    /// Token bucket: the theoretical arrival time right after the charge.
+    /// Token bucket: the theoretical arrival time right after the charge,
+    /// plus how far the refunds of this life had moved it back then
+    /// ([`TokenBucketState::refunded`]).
     /// Sliding window: the timestamp of the log entry holding the units.
     /// Calendar quota: when the count holding the units began (`born`
     /// being the start of its window).

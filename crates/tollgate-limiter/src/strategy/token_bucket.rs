@@ -115,7 +115,18 @@ pub struct TokenBucketState {
     /// When this life of the key began: the first charge of a full bucket
     /// (see [reservations](crate::strategy::reservation)).
     pub born: Timestamp,
+    /// How far the refunds of this life have moved the arrival time back,
+    /// in microseconds: a reservation's units sit at most that much lower
+    /// than when it was made (see
+    /// [reservations](crate::strategy::reservation)). 0 in a new life.
+    pub refunded: u64,
 }
+
+/// The most a life's [`refunded`](TokenBucketState::refunded) counts
+/// (2^51 µs, 71 years): a refund that would pass it renews the life
+/// instead (outstanding reservations then refund nothing), so the count
+/// and a mark stay exact in a Lua number (below 2^53).
+pub const MAX_REFUNDED: u64 = 1 << 51;
 
 impl TokenBucketState {
     /// Takes `cost` tokens at `now` (a cost of 0 counts as 1).
@@ -124,11 +135,18 @@ impl TokenBucketState {
         let (decision, tat) = Self::charge(self.tat, now, p, cost);
         if let Some(tat) = tat {
             if self.tat <= now {
-                self.born = now;
+                self.renew(now);
             }
             self.tat = tat;
         }
         decision
+    }
+
+    /// A new life begins at `now` (a charge or an excess on a full bucket).
+    #[inline]
+    fn renew(&mut self, now: Timestamp) {
+        self.born = now;
+        self.refunded = 0;
     }
 
     /// [`acquire`](Self::acquire) on the arrival time alone: the decision,
@@ -187,19 +205,21 @@ impl TokenBucketState {
     }
 
     /// Where a charge just made sits: this life, and the arrival time
-    /// after it.
+    /// after it plus this life's refunds so far (the arrival time had no
+    /// refund been made: a later settle subtracts the refunds made since).
     pub fn mark(&self) -> Mark {
         Mark {
             born: self.born,
-            at: self.tat,
+            at: self.tat + self.refunded,
         }
     }
 
     /// Settles a reservation of `units` that cost `actual` (see
     /// [reservations](crate::strategy::reservation)): refunds the unused
-    /// units that have not dripped back yet, in this life only, or charges
-    /// the excess (at most `capacity`, and a debt of at most two full
-    /// refills). Answers as a peek of 1 afterwards.
+    /// units that have not dripped back yet, in this life only (counting
+    /// the refunds made since the mark, which may have moved them down),
+    /// or charges the excess (at most `capacity`, and a debt of at most two
+    /// full refills). Answers as a peek of 1 afterwards.
     pub fn settle(
         &mut self,
         now: Timestamp,
@@ -214,16 +234,28 @@ impl TokenBucketState {
                 && m.born == self.born
                 && self.tat > now
             {
+                // The units' top: where the mark left it, less every
+                // refund since (of an earlier reservation, they moved the
+                // units down; of a later one, not: counted anyway, the
+                // safe side).
+                let top = m.at.saturating_sub(self.refunded);
                 let refund = (units - actual)
                     .saturating_mul(t)
-                    .min(m.at.saturating_sub(now));
-                self.tat = self.tat.saturating_sub(refund).max(now);
+                    .min(top.saturating_sub(now));
+                let tat = self.tat.saturating_sub(refund).max(now);
+                let refunded = self.refunded + (self.tat - tat);
+                self.tat = tat;
+                if refunded > MAX_REFUNDED {
+                    self.renew(now);
+                } else {
+                    self.refunded = refunded;
+                }
             }
         } else if actual > units {
             let excess = (actual - units).min(p.capacity());
             let tau = p.capacity() * t;
             if self.tat <= now {
-                self.born = now;
+                self.renew(now);
             }
             // Never lowers an arrival time already beyond the bound (an
             // override shrank the bucket).
