@@ -40,7 +40,7 @@ proptest! {
                 // Exact: a copy of the state passes at retry_after, not 1µs before.
                 let r = d.retry_after().as_micros() as u64;
                 prop_assert!(r > 0);
-                let mut probe = s;
+                let mut probe = s.clone();
                 prop_assert!(probe.acquire(now + r - 1, &p, cost).is_denied());
                 prop_assert!(probe.acquire(now + r, &p, cost).is_allowed());
             }

@@ -83,6 +83,58 @@ fn run_both(
     Ok(())
 }
 
+/// Reservations held: the receipt, the actual cost, whether settled.
+type Held = Vec<(Receipt, u64, bool)>;
+
+/// An acquire, a reservation (of at most the policy's limit, whose actual
+/// cost the counterfactual charges at once) or a settle (of a held
+/// receipt, once), on both keys: whatever `real` admits, `cf` must too.
+fn charge_both(
+    ev: &Ev,
+    real: &mut Slot,
+    cf: &mut Slot,
+    policy: &Policy,
+    now: u64,
+    held: &mut Held,
+) -> Result<(), TestCaseError> {
+    match *ev {
+        Ev::Acquire(c) => {
+            if real.apply(now, policy, Op::Acquire(c)).is_allowed() {
+                prop_assert!(cf.apply(now, policy, Op::Acquire(c)).is_allowed());
+            }
+        }
+        Ev::Reserve { max, used } => {
+            let max = max.min(policy.max_cost().unwrap());
+            let actual = max * used / 100;
+            let (d, receipt) = real.reserve(now, policy, max);
+            if d.is_allowed() {
+                if actual > 0 {
+                    prop_assert!(cf.apply(now, policy, Op::Acquire(actual)).is_allowed());
+                }
+                held.push((receipt, actual, false));
+            }
+        }
+        Ev::Settle(which) => {
+            let n = held.len().max(1);
+            if let Some((receipt, actual, settled)) = held.get_mut(which % n)
+                && !*settled
+            {
+                *settled = true;
+                real.apply(
+                    now,
+                    policy,
+                    Op::Settle {
+                        receipt: *receipt,
+                        actual: *actual,
+                    },
+                );
+            }
+        }
+        Ev::Advance(_) | Ev::Reset => {}
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(3000))]
 
@@ -149,35 +201,12 @@ proptest! {
         let limit = policy.max_cost().unwrap();
         let (mut real, mut cf) = (Slot::fresh(&policy), Slot::fresh(&policy));
         let mut now = START;
-        // (receipt, actual, settled)
-        let mut held: Vec<(Receipt, u64, bool)> = Vec::new();
+        let mut held = Held::new();
         for ev in steps {
             match ev {
                 Ev::Advance(us) => now += us,
-                Ev::Acquire(c) => {
-                    if real.apply(now, &policy, Op::Acquire(c)).is_allowed() {
-                        prop_assert!(cf.apply(now, &policy, Op::Acquire(c)).is_allowed());
-                    }
-                }
-                Ev::Reserve { max, used } => {
-                    let max = max.min(limit);
-                    let actual = max * used / 100;
-                    let (d, receipt) = real.reserve(now, &policy, max);
-                    if d.is_allowed() {
-                        if actual > 0 {
-                            prop_assert!(cf.apply(now, &policy, Op::Acquire(actual)).is_allowed());
-                        }
-                        held.push((receipt, actual, false));
-                    }
-                }
-                Ev::Settle(which) => {
-                    let n = held.len().max(1);
-                    if let Some((receipt, actual, settled)) = held.get_mut(which % n)
-                        && !*settled
-                    {
-                        *settled = true;
-                        real.apply(now, &policy, Op::Settle { receipt: *receipt, actual: *actual });
-                    }
+                Ev::Acquire(_) | Ev::Reserve { .. } | Ev::Settle(_) => {
+                    charge_both(&ev, &mut real, &mut cf, &policy, now, &mut held)?;
                 }
                 Ev::Reset => {
                     real.apply(now, &policy, Op::Reset);
@@ -195,6 +224,47 @@ proptest! {
                 }
             }
         }
+    }
+
+    /// Reservations and charges at one instant (nothing drips back), the
+    /// reservations settled in any order: once all are settled, the key
+    /// holds exactly what charging only the actual costs leaves. A settle
+    /// gives back everything unused, whichever reservations above or below
+    /// it were settled first (`tests/cost.rs` settles them in whatever
+    /// order the responses end).
+    #[test]
+    fn settled_at_one_instant_in_any_order_the_key_holds_the_actual_costs(
+        policy in policies(),
+        steps in proptest::collection::vec(
+            prop_oneof![
+                1 => (1u64..4).prop_map(Ev::Acquire),
+                3 => (1u64..6, 0u64..=100).prop_map(|(max, used)| Ev::Reserve { max, used }),
+                2 => (0usize..8).prop_map(Ev::Settle),
+            ],
+            1..20,
+        ),
+        order in any::<u64>(),
+    ) {
+        let (mut real, mut cf) = (Slot::fresh(&policy), Slot::fresh(&policy));
+        let now = START;
+        let mut held = Held::new();
+        for ev in steps {
+            match ev {
+                Ev::Reserve { .. } if held.len() >= 8 => {}
+                _ => charge_both(&ev, &mut real, &mut cf, &policy, now, &mut held)?,
+            }
+        }
+        // The rest, in a shuffled order.
+        let mut rest: Vec<_> = held.iter().filter(|h| !h.2).map(|h| (h.0, h.1)).collect();
+        let mut seed = order;
+        while !rest.is_empty() {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let (receipt, actual) = rest.swap_remove((seed >> 33) as usize % rest.len());
+            real.apply(now, &policy, Op::Settle { receipt, actual });
+        }
+        let got = real.apply(now, &policy, Op::PEEK).remaining();
+        let want = cf.apply(now, &policy, Op::PEEK).remaining();
+        prop_assert_eq!(got, want);
     }
 
     /// A settle with the estimate itself changes nothing, and a refund

@@ -245,7 +245,7 @@ impl Bucket {
             state: State::TokenBucket(TokenBucketState {
                 tat,
                 born: *self.born.get_mut(),
-                refunded: 0,
+                ..TokenBucketState::default()
             }),
             expires_at: tat,
         }
@@ -256,7 +256,7 @@ impl Bucket {
     /// bucket 8 bytes): that life is kept as an [`Other`], until a new one
     /// begins.
     fn of(slot: &Slot) -> Option<(Timestamp, Timestamp)> {
-        match slot.state {
+        match &slot.state {
             State::TokenBucket(s) if slot.expires_at == s.tat && s.refunded == 0 => {
                 Some((s.tat, s.born))
             }

@@ -316,21 +316,58 @@ local function refund_event(key, at, units)
   return refund
 end
 
+-- A token bucket's refunds in this life (TokenBucketState::refunded and
+-- recent), from their stored form '<refunded>' then ':<at>,<amount>,<top>'
+-- per remembered refund (nil or '' for none): { n = refunded, [i] = { at,
+-- amount, top } }.
+local function parse_refunds(v)
+  local r = { n = 0 }
+  if v and v ~= '' then
+    local n = string.match(v, '^(%d+)')
+    r.n = tonumber(n) or 0
+    for at, amount, top in string.gmatch(v, ':(%d+),(%d+),(%d+)') do
+      r[#r + 1] = { at = tonumber(at), amount = tonumber(amount), top = tonumber(top) }
+    end
+  end
+  return r
+end
+
+-- The stored form of refunds r (parse_refunds's), nil when none.
+local function fmt_refunds(r)
+  if r.n == 0 then
+    return nil
+  end
+  local v = fmt(r.n)
+  for k = 1, #r do
+    v = v .. string.format(':%d,%d,%d', r[k].at, r[k].amount, r[k].top)
+  end
+  return v
+end
+
 -- A token bucket's settle (TokenBucketState::settle): refund the unused
 -- units not yet dripped back, in this life only (mark m: born, at = the tat
--- after the charge plus the life's refunds then), less every refund made
--- since (they may have moved the units down); or charge the excess (at
--- most capacity; a debt of at most 2 tau). Returns the new tat, born and
--- refunded. Shared by token_bucket.lua and composite.lua.
+-- after the charge plus the life's refunds then), where the refunds made
+-- since of reservations below it moved them: every refund of the life but
+-- the remembered ones of reservations above it (TokenBucketState::remember
+-- below); or charge the excess (at most capacity; a debt of at most 2
+-- tau). Returns the new tat, born and refunds. Shared by token_bucket.lua
+-- and composite.lua.
 local MAX_REFUNDED = 2 ^ 51
-local function bucket_settle(p, tat, born, refunded, now, units, actual, m)
+local MAX_RECENT_REFUNDS = 8
+local function bucket_settle(p, tat, born, refunds, now, units, actual, m)
   local t = p.interval
   local tau = p.capacity * t
   if actual < units then
     if m and m.born == born and tat > now then
+      local above = 0
+      for k = 1, #refunds do
+        if refunds[k].at > m.at then
+          above = above + refunds[k].amount
+        end
+      end
+      local top = m.at + above - refunds.n
       -- Only what has not dripped back yet (none once the top <= now).
       local refund = (units - actual) * t
-      local top = m.at - refunded
       if refund > top - now then
         refund = top - now
       end
@@ -342,10 +379,34 @@ local function bucket_settle(p, tat, born, refunded, now, units, actual, m)
       if tat < now then
         tat = now
       end
-      refunded = refunded + (old - tat)
-      if refunded > MAX_REFUNDED then
-        -- A new life: what is outstanding refunds nothing.
-        born, refunded = now, 0
+      local amount = old - tat
+      if amount > 0 then
+        refunds.n = refunds.n + amount
+        if refunds.n > MAX_REFUNDED then
+          -- A new life: what is outstanding refunds nothing.
+          born, refunds = now, { n = 0 }
+        else
+          -- Remembered while a reservation below it may still refund.
+          local kept = { n = refunds.n }
+          for k = 1, #refunds do
+            if refunds[k].top > now then
+              kept[#kept + 1] = refunds[k]
+            end
+          end
+          refunds = kept
+          if top - amount > now then
+            if #refunds == MAX_RECENT_REFUNDS then
+              local lowest = 1
+              for k = 2, #refunds do
+                if refunds[k].at < refunds[lowest].at then
+                  lowest = k
+                end
+              end
+              table.remove(refunds, lowest)
+            end
+            refunds[#refunds + 1] = { at = m.at, amount = amount, top = top - amount }
+          end
+        end
       end
     end
   elseif actual > units then
@@ -354,7 +415,7 @@ local function bucket_settle(p, tat, born, refunded, now, units, actual, m)
       excess = p.capacity
     end
     if tat <= now then
-      born, refunded = now, 0
+      born, refunds = now, { n = 0 }
     end
     local nt = tat
     if nt < now then
@@ -368,7 +429,7 @@ local function bucket_settle(p, tat, born, refunded, now, units, actual, m)
       tat = nt
     end
   end
-  return tat, born, refunded
+  return tat, born, refunds
 end
 
 -- The calendar window [start, end) holding `now` for calendar quota q, from

@@ -9,12 +9,12 @@
 -- (sliding window) or units used (calendar quota, whose window is
 -- a<i> = start, e<i> = end), b<i> = born, when the part's life began
 -- (absent counts as 0; for a calendar quota, when its count began), and for
--- a token bucket r<i> = refunded, how far its life's refunds moved v<i>
--- back (absent counts as 0) }.
+-- a token bucket r<i> = its life's refunds, as token_bucket.lua stores
+-- them after born (absent, or '0', for none) }.
 -- ARGV[5] carries the calendar parts' bounds (see common.lua). A reserve
 -- appends, per part, its mark: born, then the tat after the charge plus
--- refunded (token bucket) or the entry's timestamp (window); for a calendar quota, the
--- window's start, then when its count began. A settle settles each part on
+-- the life's refunds (token bucket) or the entry's timestamp (window); for
+-- a calendar quota, the window's start, then when its count began. A settle settles each part on
 -- its own, then answers '?1'. A part's log is a sliding window's (see
 -- sliding_window.lua). On every write, all the keys get one TTL: the
 -- composite's expiry, the latest of its parts'.
@@ -105,9 +105,9 @@ if settling then
       v, born = c.n, c.b
       h['a' .. i], h['e' .. i] = fmt(c.a), fmt(c.e)
     elseif q.kind == 't' then
-      local r = tonumber(h['r' .. i] or '0')
+      local r = parse_refunds(h['r' .. i])
       v, born, r = bucket_settle(q, v, born, r, now, units, actual, m)
-      h['r' .. i] = fmt(r)
+      h['r' .. i] = fmt_refunds(r)
     else
       local w, limit, key = q.window, q.limit, log_key(i)
       local total = v
@@ -186,11 +186,11 @@ end
 local st = {}
 for i = 1, n do
   local q = parts[i]
-  local s = { kind = q.kind, v = 0, born = 0, refunded = 0 }
+  local s = { kind = q.kind, v = 0, born = 0, refunds = { n = 0 } }
   if h['k' .. i] == q.kind then
     s.v = tonumber(h['v' .. i])
     s.born = tonumber(h['b' .. i] or '0')
-    s.refunded = tonumber(h['r' .. i] or '0')
+    s.refunds = parse_refunds(h['r' .. i])
   elseif h['k' .. i] then
     forget(i)
   end
@@ -324,7 +324,7 @@ local function combine()
 end
 
 -- Appends part i's stored fields (its kind, value and birth; a token
--- bucket's refunded) to `fields`, and answers the later of `expires_at`
+-- bucket's refunds) to `fields`, and answers the later of `expires_at`
 -- and the part's expiry `e`.
 local function put_part(fields, i, e, expires_at)
   local q, s = parts[i], st[i]
@@ -336,7 +336,7 @@ local function put_part(fields, i, e, expires_at)
   fields[#fields + 1] = fmt(s.born)
   if q.kind == 't' then
     fields[#fields + 1] = 'r' .. i
-    fields[#fields + 1] = fmt(s.refunded)
+    fields[#fields + 1] = fmt_refunds(s.refunds) or '0'
   end
   if e > expires_at then
     return e
@@ -423,10 +423,10 @@ for i = 1, n do
     local new_tat = now + s.new_debt
     if s.v <= now then
       -- A full bucket: a new life.
-      s.born, s.refunded = now, 0
+      s.born, s.refunds = now, { n = 0 }
     end
     s.v = new_tat
-    s.mark = new_tat + s.refunded
+    s.mark = new_tat + s.refunds.n
     part_expiry = new_tat
     s.r = { 1, q.capacity, idiv(tau - s.new_debt, t), 0, s.new_debt, tau }
   else

@@ -4,13 +4,14 @@
 -- override only when the limiter has per-key overrides (the client sends it
 -- when the limiter's marker is set, see src/lib.rs): in production the
 -- common call is one key and two arguments, the operation and the policy.
--- State, KEYS[1]: STRING 't:<tat>:<born>' or 't:<tat>:<born>:<refunded>',
+-- State, KEYS[1]: STRING 't:<tat>:<born>' or 't:<tat>:<born>:<refunds>',
 -- written with its TTL in the same SET (PX): tat is the theoretical arrival
 -- time, which is also the key's expiry (the bucket is full again at tat),
 -- born when this life of the key began (the first charge of a full
--- bucket), refunded how far this life's refunds moved tat back (µs; absent
--- when 0). A reserve appends its mark: born, then the tat after the charge
--- plus refunded.
+-- bucket), refunds (absent when none) how far this life's refunds moved
+-- tat back (µs), then the refunds a settle must tell apart (common.lua's
+-- parse_refunds). A reserve appends its mark: born, then the tat after the
+-- charge plus the life's refunds.
 -- A HASH at KEYS[1] (read as nil) is another strategy's state, a
 -- fresh bucket that the next charge replaces (SET), or a token bucket's
 -- state as written before it was a STRING, { s = 't', x = tat, b = born }:
@@ -60,8 +61,8 @@ else
 end
 
 -- The stored state: tat (0 when the key reads as fresh), and i, where born
--- begins, after the second ':' (nil when fresh). born (and refunded after
--- it) stays the stored digits until something computes with it: a charge
+-- begins, after the second ':' (nil when fresh). born (and the refunds
+-- after it) stays the stored digits until something computes with it: a charge
 -- in the same life writes them back as they are, which
 -- costs no conversion (~1,400 instructions per tonumber), and a refusal
 -- never reads it. tonumber, not arithmetic, for the tat: a STRING that is
@@ -104,7 +105,7 @@ if capacity and not keyed and n and n >= 0 then
     end
   else
     -- A full bucket starts a new life, born now, nothing refunded; else
-    -- born and refunded stay the stored digits.
+    -- born and the refunds stay the stored digits.
     local x, v = now + new_debt
     if debt > 0 then
       v = string.format('t:%d:', x) .. string.sub(state, i + 1)

@@ -6,14 +6,15 @@
 
 -- The decision (TokenBucketState::acquire, or peek unless `charge`) of
 -- `cost` units (at least 1) on a bucket of `capacity` units refilling one
--- every t µs, from the stored tat, born and refunded. Returns the reply,
--- and for an admitted charge the state to write: tat, born, refunded
--- (`reserve` appends the mark to the reply: born, tat + refunded).
-local function decide(capacity, t, tat, born, refunded, cost, charge, reserve)
+-- every t µs, from the stored tat, born and refunds (common.lua's
+-- parse_refunds). Returns the reply, and for an admitted charge the state
+-- to write: tat, born, refunds (`reserve` appends the mark to the reply:
+-- born, tat + the life's refunds).
+local function decide(capacity, t, tat, born, refunds, cost, charge, reserve)
   local tau = capacity * t
   if tat <= now then
     -- A full bucket: a charge starts a new life.
-    born, refunded = now, 0
+    born, refunds = now, { n = 0 }
     tat = now
   end
   local debt = tat - now
@@ -34,17 +35,17 @@ local function decide(capacity, t, tat, born, refunded, cost, charge, reserve)
   local new_tat = now + new_debt
   local reply = { 1, capacity, idiv(tau - new_debt, t), 0, new_debt, tau }
   if reserve then
-    reply[7], reply[8] = born, new_tat + refunded
+    reply[7], reply[8] = born, new_tat + refunds.n
   end
-  return reply, new_tat, born, refunded
+  return reply, new_tat, born, refunds
 end
 
--- born and refunded as numbers (the acquire path left where born's digits
--- begin; refunded, after them, is absent when 0).
-local born, refunded = 0, 0
+-- born as a number, and the refunds after it (absent when none; the
+-- acquire path left where born's digits begin).
+local born, refunds = 0, { n = 0 }
 if i then
-  local b, r = string.match(state, '^(%d+):?(%d*)$', i + 1)
-  born, refunded = tonumber(b) or 0, tonumber(r) or 0
+  local b, r = string.match(state, '^(%d+):?(.*)$', i + 1)
+  born, refunds = tonumber(b) or 0, parse_refunds(r)
 end
 local p = decode(enc)
 if p.kind ~= 't' then
@@ -60,12 +61,12 @@ if not present then
     present = true
     if h[1] == 't' and tonumber(h[2]) > now then
       -- This state as written before it was a STRING.
-      tat, born, refunded = tonumber(h[2]), tonumber(h[3] or '0'), 0
+      tat, born = tonumber(h[2]), tonumber(h[3] or '0')
     end
   end
 end
 if op == 'reset' then
-  tat, born, refunded = 0, 0, 0
+  tat, born, refunds = 0, 0, { n = 0 }
 end
 if present and tat == 0 then
   -- Expired, of another strategy, or reset: the key is fresh.
@@ -75,11 +76,10 @@ end
 
 -- Writes the state with its TTL (SET replaces a HASH).
 local function store(x, b, r)
-  local v
-  if r > 0 then
-    v = string.format('t:%d:%d:%d', x, b, r)
-  else
-    v = string.format('t:%d:%d', x, b)
+  local v = string.format('t:%d:%d', x, b)
+  local rv = fmt_refunds(r)
+  if rv then
+    v = v .. ':' .. rv
   end
   redis.call('SET', KEYS[1], v, 'PX', ttl_ms(x, now))
 end
@@ -88,17 +88,17 @@ if op == 'reset' or op == 'penalise' then
   op, cost = 'peek', 1
 end
 if op == 'settle' then
-  tat, born, refunded =
-    bucket_settle(p, tat, born, refunded, now, cost, settle.actual, settle.marks[1])
+  tat, born, refunds =
+    bucket_settle(p, tat, born, refunds, now, cost, settle.actual, settle.marks[1])
   if tat > now then
-    store(tat, born, refunded)
+    store(tat, born, refunds)
   elseif present then
     redis.call('DEL', KEYS[1])
   end
   op, cost = 'peek', 1
 end
 local reply, x, b, r =
-  decide(p.capacity, p.interval, tat, born, refunded, cost, op == 'acquire', RESERVE)
+  decide(p.capacity, p.interval, tat, born, refunds, cost, op == 'acquire', RESERVE)
 if x then
   store(x, b, r)
 end

@@ -796,7 +796,9 @@ pub async fn reserve_and_settle<B: Backend + Clone>(backend: B, clock: MockClock
 /// reservations overlap: a refund of an earlier reservation moves a later
 /// one's units down, so the later one refunds only what is still out (the
 /// case the property test `interleaved_reservations_never_give_more_than_their_actual_costs`
-/// found); and once a life's refunds pass their bound
+/// found), while a refund of one above it does not (settled top-down,
+/// all refund everything, up to the refunds a bucket remembers); and once
+/// a life's refunds pass their bound
 /// (`MAX_REFUNDED`), the life renews and what is outstanding refunds
 /// nothing.
 pub async fn overlapping_reservations_refund_what_is_out<B: Backend + Clone>(
@@ -826,6 +828,30 @@ pub async fn overlapping_reservations_refund_what_is_out<B: Backend + Clone>(
         // them down): that left 11.
         let d = second.settle(0).await.unwrap().unwrap();
         assert_eq!(d.remaining(), 10, "{policy:?}");
+    }
+
+    // Settled from the top down, each refund is of a reservation above
+    // the ones still out: all of them give back everything unused while
+    // a bucket remembers the refunds above (8)...
+    for (n, left) in [(9, 100 - 9), (10, 100 - 10 - 1)] {
+        let l = limiter(
+            "top-down",
+            TokenBucket::new(100, 1, S).unwrap(),
+            backend.clone(),
+        );
+        let k = Key::new(format!("tenant-{n}"));
+        let mut held = Vec::new();
+        for _ in 0..n {
+            let (v, r) = l.reserve(&k, 3).await;
+            assert!(v.is_allowed());
+            held.push(r);
+        }
+        while let Some(r) = held.pop() {
+            r.settle(1).await.unwrap().unwrap();
+        }
+        // ...and past that, the oldest refund counts as one below: the
+        // lowest reservation gets 1 of its 2 unused back (never more).
+        assert_eq!(peek(&l, &k, 1).await.remaining(), left, "{n} reservations");
     }
 
     // Ten years to refill 1,000 tokens, one token 3.65 days: a life that

@@ -18,30 +18,41 @@
 //!
 //! * *Token bucket*: the reservation's units sit just below the bucket's
 //!   theoretical arrival time right after the charge; of the unused units,
-//!   only those that have not dripped back yet are returned. A refund of
-//!   another reservation of the same key settled in between may have moved
-//!   them down (one made before it: everything charged above moves down
-//!   with it), so the state counts how far the refunds of its life moved
-//!   the arrival time back ([`TokenBucketState::refunded`]), and the mark
-//!   records that count with the arrival time: [`Mark::at`] is their sum.
-//!   The refund is `min(unused × interval, at − refunded − now)`: the
-//!   arrival time after the charge, less every refund since, less now
-//!   (refunds of reservations made later count too, which errs on the safe
-//!   side). The bucket never holds more than a full one, and a reservation
-//!   settled after its units have refilled refunds nothing, nor does a
-//!   second settle of the same receipt once the first refunded it all.
-//!   A life whose refunds would pass [`MAX_REFUNDED`] (71 years of
-//!   tokens) is renewed instead: what is outstanding then refunds nothing.
+//!   only those that have not dripped back yet are returned: the refund is
+//!   at most `unused × interval`, and at most `top − now`, `top` being
+//!   where the units' top is now. A refund of a reservation *below* them
+//!   (made earlier), settled in between, moved them down by its amount; a
+//!   refund of one *above* them did not. So the state counts how far the
+//!   refunds of its life moved the arrival time back
+//!   ([`TokenBucketState::refunded`]), a mark's [`Mark::at`] is the
+//!   arrival time after the charge plus that count, and the state
+//!   remembers the latest refunds of reservations that may still sit above
+//!   another one ([`TokenBucketState::recent`], at most
+//!   [`MAX_RECENT_REFUNDS`]): `top = at − refunded + (the remembered
+//!   refunds of reservations above it)`. Reservations settled in any order
+//!   at one instant thus leave exactly what their actual costs would. A
+//!   refund stops being remembered once the units it was taken from are
+//!   past (nothing below them can refund any more) or, past
+//!   [`MAX_RECENT_REFUNDS`], the oldest reservation's first: it then
+//!   counts as one below, so a reservation with more refunds above it
+//!   than that gets less back, never more. The bucket never holds more
+//!   than a full one; a reservation settled after its units have refilled
+//!   refunds nothing, nor does a second settle of the same receipt once
+//!   the first gave everything back. A life whose refunds would pass
+//!   [`MAX_REFUNDED`] (71 years of tokens) is renewed instead: what is
+//!   outstanding then refunds nothing.
 //!
-//!   Without the count (releases before this rule), the refund was `min(unused ×
-//!   interval, at − now)`, which the property test
+//!   Without the count (releases before this rule), the refund was
+//!   `min(unused × interval, at − now)`, which the property test
 //!   `interleaved_reservations_never_give_more_than_their_actual_costs`
 //!   showed gives too much: capacity 11, one token every `t`; reserve 2
 //!   (uses 1) at `s`, reserve 7 (uses 0), settle the first, wait `2t`,
 //!   take 1, settle the second: 11 tokens were then free where charging
-//!   only the actual costs leaves 10. It is a test case now, and the
-//!   conformance suite's `overlapping_reservations_refund_what_is_out`
-//!   runs its like on every backend.
+//!   only the actual costs leaves 10. Counting every refund since, above
+//!   or below, gave too little when reservations were settled from the
+//!   top down (`tests/cost.rs`). Both are tests now, on the model and, in
+//!   the conformance suite's `overlapping_reservations_refund_what_is_out`,
+//!   on every backend.
 //! * *Sliding window*: the units are taken out of the log entry recorded at
 //!   the reservation's instant ([`Mark::at`], as the backend saw it, after
 //!   clamping), at most that entry's cost. Once the entry has left the
@@ -124,7 +135,7 @@
 
 use crate::strategy::composite::MAX_PARTS;
 #[cfg(doc)]
-use crate::strategy::token_bucket::{MAX_REFUNDED, TokenBucketState};
+use crate::strategy::token_bucket::{MAX_RECENT_REFUNDS, MAX_REFUNDED, TokenBucketState};
 use crate::time::Timestamp;
 
 /// Where a reservation's units sit in one policy's state (one part of a

@@ -108,7 +108,7 @@ impl TokenBucket {
 }
 
 /// State of one token-bucket key: its theoretical arrival time (GCRA).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TokenBucketState {
     /// When the bucket will be full again; 0 for a fresh key.
     pub tat: Timestamp,
@@ -116,10 +116,28 @@ pub struct TokenBucketState {
     /// (see [reservations](crate::strategy::reservation)).
     pub born: Timestamp,
     /// How far the refunds of this life have moved the arrival time back,
-    /// in microseconds: a reservation's units sit at most that much lower
-    /// than when it was made (see
-    /// [reservations](crate::strategy::reservation)). 0 in a new life.
+    /// in microseconds (see [reservations](crate::strategy::reservation)).
+    /// 0 in a new life.
     pub refunded: u64,
+    /// The refunds of this life that a later settle must tell apart: those
+    /// of reservations whose units may still sit above another
+    /// reservation's (at most [`MAX_RECENT_REFUNDS`], in the order made).
+    /// Every other refund counts for every settle.
+    pub recent: Vec<Refund>,
+}
+
+/// A refund a token bucket remembers (see [`TokenBucketState::recent`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refund {
+    /// The refunded reservation's [`Mark::at`].
+    pub at: Timestamp,
+    /// How far the refund moved the arrival time back, in microseconds.
+    pub amount: u64,
+    /// Where the top of that reservation's units was right after (at
+    /// most: they only move down): once it is past, no reservation of
+    /// this life below them can refund anything, and the refund counts
+    /// for every settle.
+    pub top: Timestamp,
 }
 
 /// The most a life's [`refunded`](TokenBucketState::refunded) counts
@@ -127,6 +145,11 @@ pub struct TokenBucketState {
 /// instead (outstanding reservations then refund nothing), so the count
 /// and a mark stay exact in a Lua number (below 2^53).
 pub const MAX_REFUNDED: u64 = 1 << 51;
+
+/// How many refunds [`TokenBucketState::recent`] remembers; the oldest
+/// reservation's is then forgotten (it counts for every settle: a
+/// reservation below it refunds less, never more).
+pub const MAX_RECENT_REFUNDS: usize = 8;
 
 impl TokenBucketState {
     /// Takes `cost` tokens at `now` (a cost of 0 counts as 1).
@@ -147,6 +170,7 @@ impl TokenBucketState {
     fn renew(&mut self, now: Timestamp) {
         self.born = now;
         self.refunded = 0;
+        self.recent.clear();
     }
 
     /// [`acquire`](Self::acquire) on the arrival time alone: the decision,
@@ -234,21 +258,27 @@ impl TokenBucketState {
                 && m.born == self.born
                 && self.tat > now
             {
-                // The units' top: where the mark left it, less every
-                // refund since (of an earlier reservation, they moved the
-                // units down; of a later one, not: counted anyway, the
-                // safe side).
-                let top = m.at.saturating_sub(self.refunded);
+                // The units' top: where the mark left it, less the
+                // refunds made since of reservations below it, which moved
+                // them down. Those are every refund of this life (the mark
+                // holds the count when it was made) but the remembered
+                // ones of reservations above it (a forgotten one counts:
+                // the safe side).
+                let above: u64 = self
+                    .recent
+                    .iter()
+                    .filter(|r| r.at > m.at)
+                    .map(|r| r.amount)
+                    .sum();
+                let top = (m.at + above).saturating_sub(self.refunded);
                 let refund = (units - actual)
                     .saturating_mul(t)
                     .min(top.saturating_sub(now));
                 let tat = self.tat.saturating_sub(refund).max(now);
-                let refunded = self.refunded + (self.tat - tat);
+                let amount = self.tat - tat;
                 self.tat = tat;
-                if refunded > MAX_REFUNDED {
-                    self.renew(now);
-                } else {
-                    self.refunded = refunded;
+                if amount > 0 {
+                    self.remember(now, m.at, amount, top - amount);
                 }
             }
         } else if actual > units {
@@ -264,6 +294,28 @@ impl TokenBucketState {
                 .max(self.tat);
         }
         self.peek(now, p, 1)
+    }
+
+    /// Counts a refund of `amount` of the reservation marked `at`, whose
+    /// units' top is then `top`: remembered while a reservation below it
+    /// may still refund (its top is after `now`), and renewing the life
+    /// past [`MAX_REFUNDED`].
+    fn remember(&mut self, now: Timestamp, at: Timestamp, amount: u64, top: Timestamp) {
+        self.refunded += amount;
+        if self.refunded > MAX_REFUNDED {
+            self.renew(now);
+            return;
+        }
+        self.recent.retain(|r| r.top > now);
+        if top <= now {
+            return;
+        }
+        if self.recent.len() == MAX_RECENT_REFUNDS
+            && let Some(lowest) = (0..self.recent.len()).min_by_key(|&i| self.recent[i].at)
+        {
+            self.recent.remove(lowest);
+        }
+        self.recent.push(Refund { at, amount, top });
     }
 
     /// When this state becomes equal to a fresh key's.
