@@ -83,22 +83,25 @@ done
 echo "## tollgate vs peers: $CONC tasks / loops, $ROUNDS rounds of ${SECS}s per path and run"
 echo "(load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores; redis $(redis-server --version | cut -d' ' -f3 | cut -d= -f2); $(date -u +%FT%RZ))"
 echo
-echo "| keys | run (order) | library/s | bare/s | gcra/s | rlf/s | lib/bare | lib/gcra | lib/rlf | per server-CPU s: lib/gcra | lib/rlf | errors lib, bare, gcra, rlf |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| keys | run (order) | library/s | bare/s | gcra/s | rlf/s | lib/bare | lib/gcra | lib/rlf | per server-CPU s: lib/gcra | lib/rlf | per client-CPU s: lib/bare | errors lib, bare, gcra, rlf |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 awk '
   {
     for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
     id = f["keys"] SUBSEP f["run"] SUBSEP f["path"]
-    d[id] += f["decisions"]; s[id] += f["seconds"]; c[id] += f["server_cpu"]; e[id] += f["errors"]
+    d[id] += f["decisions"]; s[id] += f["seconds"]; c[id] += f["server_cpu"]; u[id] += f["client_cpu"]; e[id] += f["errors"]
   }
   function rate(k, r, p) { return d[k, r, p] / s[k, r, p] }
   function eff(k, r, p) { return c[k, r, p] > 0 ? d[k, r, p] / c[k, r, p] : 0 }
+  # The load tool process CPU per decision: the client side of a path (the
+  # library and the bare client run in one process; rlf is node, not counted).
+  function ceff(k, r, p) { return u[k, r, p] > 0 ? d[k, r, p] / u[k, r, p] : 0 }
   function ratio(a, b) { return b > 0 ? sprintf("%.2fx", a / b) : "-" }
   END {
     split("10000 1", ks, " ")
     for (ki = 1; ki <= 2; ki++) for (r = 1; r <= 2; r++) {
       k = ks[ki]
-      printf "| %s | %s | %.0f | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %d, %d, %d, %d |\n",
+      printf "| %s | %s | %.0f | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %d, %d, %d, %d |\n",
         k == 1 ? "1 (hot)" : k, r == 1 ? "1 (library first)" : "2 (rlf first)",
         rate(k, r, "library"), rate(k, r, "bare"), rate(k, r, "gcra"), rate(k, r, "rlf"),
         ratio(rate(k, r, "library"), rate(k, r, "bare")),
@@ -106,6 +109,7 @@ awk '
         ratio(rate(k, r, "library"), rate(k, r, "rlf")),
         ratio(eff(k, r, "library"), eff(k, r, "gcra")),
         ratio(eff(k, r, "library"), eff(k, r, "rlf")),
+        ratio(ceff(k, r, "library"), ceff(k, r, "bare")),
         e[k, r, "library"], e[k, r, "bare"], e[k, r, "gcra"], e[k, r, "rlf"]
     }
   }' "$RESULTS"

@@ -20,7 +20,9 @@
 //!
 //! Besides the human-readable lines, every path prints one `result` line
 //! (`result path=<name> decisions=<n> seconds=<wall> server_cpu=<s>
-//! errors=<n>`) that scripts/bench-peers.sh sums over runs.
+//! client_cpu=<s> errors=<n>`) that scripts/bench-peers.sh sums over runs.
+//! `client_cpu` is this process's CPU: the client side of a path, as its
+//! peers' in the same process.
 //!
 //! Only loopback servers are targets: `--url` must point at 127.0.0.0/8 or
 //! localhost, and every run is bounded by `--duration` (at most 60 s).
@@ -165,6 +167,9 @@ struct Stats {
     elapsed: Duration,
     /// Seconds of redis-server CPU (user + system) spent during the rounds.
     server_cpu: f64,
+    /// Seconds of this process's CPU (user + system, every thread) spent
+    /// during the rounds: what the client side of a path costs.
+    client_cpu: f64,
     latencies_us: Vec<u32>,
 }
 
@@ -174,6 +179,7 @@ impl Stats {
         self.errors += other.errors;
         self.elapsed += other.elapsed;
         self.server_cpu += other.server_cpu;
+        self.client_cpu += other.client_cpu;
         self.latencies_us.extend(other.latencies_us);
     }
 
@@ -185,6 +191,15 @@ impl Stats {
     fn per_server_cpu(&self) -> f64 {
         if self.server_cpu > 0.0 {
             self.decisions as f64 / self.server_cpu
+        } else {
+            0.0
+        }
+    }
+
+    /// Decisions per second of this process's CPU (0 when not measured).
+    fn per_client_cpu(&self) -> f64 {
+        if self.client_cpu > 0.0 {
+            self.decisions as f64 / self.client_cpu
         } else {
             0.0
         }
@@ -213,16 +228,20 @@ impl Stats {
                 self.per_server_cpu()
             );
         }
+        if self.client_cpu > 0.0 {
+            line += &format!("   {:>8.0} per client-CPU second", self.per_client_cpu());
+        }
         line
     }
 
     /// The machine-readable line scripts/bench-peers.sh sums over runs.
     fn result(&self, name: &str) -> String {
         format!(
-            "result path={name} decisions={} seconds={:.6} server_cpu={:.6} errors={}",
+            "result path={name} decisions={} seconds={:.6} server_cpu={:.6} client_cpu={:.6} errors={}",
             self.decisions,
             self.elapsed.as_secs_f64(),
             self.server_cpu,
+            self.client_cpu,
             self.errors
         )
     }
@@ -419,6 +438,27 @@ async fn server_cpu(conn: &mut MultiplexedConnection) -> f64 {
         .sum()
 }
 
+/// This process's CPU time so far (user + system, every thread), in
+/// seconds, from `/proc/self/stat` (in the kernel's fixed 100 Hz ticks:
+/// 10 ms resolution, against rounds of seconds); 0 where it cannot be read.
+fn client_cpu() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // The fields after the command's closing parenthesis, from the third:
+    // utime and stime are the 14th and 15th.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0.0;
+    };
+    let ticks: u64 = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|f| f.parse::<u64>().ok())
+        .sum();
+    ticks as f64 / 100.0
+}
+
 fn main() {
     let args = Args::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -523,10 +563,11 @@ async fn run(args: Args) {
     }
     for (stats, peer) in raw.iter().zip(&peers) {
         println!(
-            "ratio library/{}: {:.3}   per server-CPU second: {:.3}",
+            "ratio library/{}: {:.3}   per server-CPU second: {:.3}   per client-CPU second: {:.3}",
             peer.name(),
             lib.rate() / stats.rate(),
-            lib.per_server_cpu() / stats.per_server_cpu()
+            lib.per_server_cpu() / stats.per_server_cpu(),
+            lib.per_client_cpu() / stats.per_client_cpu()
         );
     }
     println!("{}", lib.result("library"));
@@ -535,10 +576,12 @@ async fn run(args: Args) {
     }
 }
 
-/// One round of one path, with the server CPU it cost.
+/// One round of one path, with the server and client CPU it cost.
 async fn round(probe: &mut MultiplexedConnection, path: impl Future<Output = Stats>) -> Stats {
     let before = server_cpu(probe).await;
+    let client_before = client_cpu();
     let mut stats = path.await;
+    stats.client_cpu = client_cpu() - client_before;
     stats.server_cpu = server_cpu(probe).await - before;
     stats
 }

@@ -71,8 +71,13 @@ fn compares_library_with_every_peer_in_both_orders() {
                 .find_map(|l| l.strip_prefix(&format!("ratio library/{peer}: ")))
                 .unwrap_or_else(|| panic!("no ratio for {peer} in:\n{text}"));
             let wall: f64 = ratio.split_whitespace().next().unwrap().parse().unwrap();
-            let cpu: f64 = ratio.rsplit(' ').next().unwrap().parse().unwrap();
-            assert!(wall > 0.0 && cpu > 0.0, "{ratio}");
+            let per = |what: &str| -> f64 {
+                let (_, rest) = ratio.split_once(what).unwrap_or_else(|| panic!("{ratio}"));
+                rest.split_whitespace().next().unwrap().parse().unwrap()
+            };
+            let (server, client) = (per("server-CPU second: "), per("client-CPU second: "));
+            assert!(wall > 0.0 && server > 0.0 && client > 0.0, "{ratio}");
+            assert!(server.is_finite() && client.is_finite(), "{ratio}");
         }
         for path in ["library", "bare", "gcra"] {
             let result = text
@@ -81,6 +86,7 @@ fn compares_library_with_every_peer_in_both_orders() {
                 .unwrap_or_else(|| panic!("no result line for {path} in:\n{text}"));
             assert!(result.ends_with(" errors=0"), "{result}");
             assert!(!result.contains("server_cpu=0.000000"), "{result}");
+            assert!(!result.contains("client_cpu=0.000000"), "{result}");
         }
     }
     // The minimal script is a token bucket only.

@@ -159,16 +159,47 @@ struct Cached {
     overrides: LimiterOverrides,
     /// A caller is reading them again (see `RedisBackend::limiter_overrides`).
     refreshing: bool,
+    /// The policy the limiter's last call was configured with, and its
+    /// script form (`encoding::script_arg`): formatted once, not on every
+    /// decision.
+    configured: Option<(Policy, Arc<str>)>,
 }
 
 /// What a client reads of a limiter's overrides, in one `MGET`.
 #[derive(Clone, Default)]
 struct LimiterOverrides {
-    /// The limiter-wide override (encoded), sent as the policy.
-    wide: Option<String>,
+    /// The limiter-wide override, sent as the policy.
+    wide: Option<Wide>,
     /// Whether the limiter has per-key overrides (its marker is set): only
     /// then does a token bucket's call send the key's override key.
     keyed: bool,
+}
+
+/// A limiter-wide override as this client read it, decoded once per read.
+#[derive(Clone)]
+struct Wide {
+    /// As stored (version 1): sent as it is when it does not decode (the
+    /// script then refuses it).
+    stored: Arc<str>,
+    /// Decoded, when it decodes.
+    policy: Option<Policy>,
+    /// Its script form, when it has one (`encoding::script_arg`).
+    arg: Option<Arc<str>>,
+}
+
+impl Wide {
+    fn new(stored: String) -> Self {
+        let policy = encoding::decode(&stored).ok();
+        let arg = policy
+            .as_ref()
+            .and_then(|p| encoding::script_arg(p).ok())
+            .map(Arc::from);
+        Self {
+            stored: stored.into(),
+            policy,
+            arg,
+        }
+    }
 }
 
 impl fmt::Debug for RedisBackend {
@@ -745,25 +776,37 @@ impl RedisBackend {
         (c.read_at.elapsed() < self.inner.override_cache_ttl).then(|| c.overrides.clone())
     }
 
-    /// The limiter-wide override (encoded) to send as the policy, and
-    /// whether the limiter has per-key overrides, from the short client
-    /// cache (see [`RedisBackendBuilder::override_cache_ttl`]).
+    /// The limiter-wide override to send as the policy, and whether the
+    /// limiter has per-key overrides, from the short client cache (see
+    /// [`RedisBackendBuilder::override_cache_ttl`]); with the script form
+    /// of `policy` when the cache holds it.
     ///
     /// When the entry expires, one caller reads Redis again while the
     /// others go on with the entry they have, for at most one more TTL: a
     /// limiter's concurrent decisions do not all wait for the same `MGET`
     /// once per TTL. A refresh that fails or is dropped (its caller gave
     /// up) hands the turn to the next caller.
-    async fn limiter_overrides(&self, limiter: &str) -> Result<LimiterOverrides, RedisError> {
+    async fn limiter_overrides(
+        &self,
+        limiter: &str,
+        policy: &Policy,
+    ) -> Result<(LimiterOverrides, Option<Arc<str>>), RedisError> {
         let ttl = self.inner.override_cache_ttl;
+        let arg = |c: &Cached| {
+            c.configured
+                .as_ref()
+                .and_then(|(p, a)| (p == policy).then(|| Arc::clone(a)))
+        };
+        let mut configured = None;
         {
             let mut cache = lock(&self.inner.override_cache);
             if let Some(c) = cache.get_mut(limiter) {
                 let age = c.read_at.elapsed();
                 if age < ttl || (c.refreshing && age < ttl.saturating_mul(2)) {
-                    return Ok(c.overrides.clone());
+                    return Ok((c.overrides.clone(), arg(c)));
                 }
                 c.refreshing = true;
+                configured = c.configured.clone();
             }
         }
         // Dropped when this returns, or earlier if the caller gives up;
@@ -784,16 +827,28 @@ impl RedisBackend {
             )
             .await?;
         let v = LimiterOverrides {
-            wide,
+            wide: wide.map(Wide::new),
             keyed: marker.is_some(),
         };
         let fresh = Cached {
             read_at: now,
             overrides: v.clone(),
             refreshing: false,
+            configured,
         };
+        let configured = arg(&fresh);
         lock(&self.inner.override_cache).insert(limiter.to_owned(), fresh);
-        Ok(v)
+        Ok((v, configured))
+    }
+
+    /// The script form of `policy`, the configured policy of `limiter`,
+    /// kept in its cache entry for the next calls.
+    fn configured_arg(&self, limiter: &str, policy: &Policy) -> Result<Arc<str>, RedisError> {
+        let arg: Arc<str> = encoding::script_arg(policy)?.into();
+        if let Some(c) = lock(&self.inner.override_cache).get_mut(limiter) {
+            c.configured = Some((*policy, Arc::clone(&arg)));
+        }
+        Ok(arg)
     }
 
     async fn decide_inner(&self, req: Request<'_>) -> Result<Decision, RedisError> {
@@ -835,16 +890,21 @@ impl RedisBackend {
         // The policy sent: the limiter-wide override this client knows (read
         // and cached, see `limiter_overrides`), else the configured one.
         // A per-key override is read by the script.
-        let overrides = self.limiter_overrides(req.limiter).await?;
+        let (overrides, configured) = self.limiter_overrides(req.limiter, req.policy).await?;
         let wide = overrides.wide.is_some();
         let (policy, sent) = match overrides.wide {
             // Stored in version 1, sent in the script's form.
-            Some(o) => match encoding::decode(&o) {
-                Ok(p) => (encoding::script_arg(&p)?, Some(p)),
+            Some(w) => match (w.policy, w.arg) {
+                (Some(p), Some(a)) => (a, Some(p)),
+                // Decoded, but with no script form: the error.
+                (Some(p), None) => (encoding::script_arg(&p)?.into(), Some(p)),
                 // Undecodable, it is sent anyway: the script refuses it.
-                Err(_) => (o, None),
+                (None, _) => (w.stored, None),
             },
-            None => (encoding::script_arg(req.policy)?, None),
+            None => match configured {
+                Some(a) => (a, None),
+                None => (self.configured_arg(req.limiter, req.policy)?, None),
+            },
         };
         // The token bucket whose encoding ARGV[2] is, when it is one: the
         // policy the script's one-integer reply is decided under.
@@ -1007,7 +1067,7 @@ struct Call {
     op: String,
     /// ARGV[2]: the limiter-wide override known to the client, else the
     /// configured policy.
-    policy: String,
+    policy: Arc<str>,
     /// The strategy of `policy`: the script to run first.
     strategy: Strategy,
     /// Whether the limiter has per-key overrides (see `LimiterOverrides`).
@@ -1079,7 +1139,7 @@ impl Call {
             }
             Strategy::TokenBucket | Strategy::ProgressiveDelay | Strategy::Calendar => {}
         }
-        inv.arg(&self.op).arg(&self.policy);
+        inv.arg(&self.op).arg(&*self.policy);
         // ARGV[3..5]: now, the TTL floor, the calendar bounds; those at their
         // defaults ('', 0, '') are left off from the end (in production all
         // three, so nothing is formatted).
@@ -1315,7 +1375,7 @@ impl RedisBackend {
             lock(&self.inner.override_cache).get_mut(scope.limiter())
         {
             match scope {
-                Scope::Limiter(_) => o.wide = encoded,
+                Scope::Limiter(_) => o.wide = encoded.map(Wide::new),
                 Scope::Key(..) => o.keyed |= encoded.is_some(),
             }
         }
@@ -1431,7 +1491,7 @@ mod tests {
             },
             bucket: token_bucket(policy),
             op: op_arg(op),
-            policy: encoding::script_arg(policy).unwrap(),
+            policy: encoding::script_arg(policy).unwrap().into(),
             strategy: policy.strategy(),
             keyed: false,
             min_ttl_ms: 0,
