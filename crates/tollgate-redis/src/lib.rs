@@ -97,6 +97,7 @@ mod error;
 pub mod scripts;
 mod sentinel;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -916,18 +917,22 @@ impl RedisBackend {
         let sent = sent.as_ref().unwrap_or(req.policy);
         let mut op = op_arg(req.op);
         if reserve {
-            op.insert(0, 'r');
+            op.to_mut().insert(0, 'r');
         }
         // Caller time is read once, so a redirected call decides at the
         // same instant.
         let now = self.inner.clock.as_ref().map(|c| c.now());
         // Calendar quotas: the window bounds around this client's clock
         // (the script picks by its own; see lua/common.lua, ARGV[5]).
+        // The clock is read, and the parts listed, only for a policy that
+        // has a calendar quota (`parts()` allocates).
         let mut calendars = CalendarBounds::default();
-        let client_now = now.unwrap_or_else(|| SystemClock.now());
-        for p in req.policy.parts() {
-            if let Policy::Calendar(c) = p {
-                calendars.insert(&c, client_now);
+        if matches!(req.policy, Policy::Calendar(_) | Policy::Composite(_)) {
+            let client_now = now.unwrap_or_else(|| SystemClock.now());
+            for p in req.policy.parts() {
+                if let Policy::Calendar(c) = p {
+                    calendars.insert(&c, client_now);
+                }
             }
         }
         Ok(Call {
@@ -1064,7 +1069,7 @@ struct Call {
     acquire: Option<u64>,
     /// The token bucket ARGV[2] encodes, if it does (and decodes).
     bucket: Option<TokenBucket>,
-    op: String,
+    op: Cow<'static, str>,
     /// ARGV[2]: the limiter-wide override known to the client, else the
     /// configured policy.
     policy: Arc<str>,
@@ -1139,7 +1144,7 @@ impl Call {
             }
             Strategy::TokenBucket | Strategy::ProgressiveDelay | Strategy::Calendar => {}
         }
-        inv.arg(&self.op).arg(&*self.policy);
+        inv.arg(&*self.op).arg(&*self.policy);
         // ARGV[3..5]: now, the TTL floor, the calendar bounds; those at their
         // defaults ('', 0, '') are left off from the end (in production all
         // three, so nothing is formatted).
@@ -1174,9 +1179,11 @@ fn token_bucket(p: &Policy) -> Option<TokenBucket> {
 /// ARGV[1], the operation (see `lua/common.lua`). A cost above 2^53 is
 /// sent as 2^53: no encodable policy's limit reaches it (see
 /// [`encoding`]), so the script answers it as impossible either way.
-fn op_arg(op: Op) -> String {
+fn op_arg(op: Op) -> Cow<'static, str> {
     let n = |c: u64| c.min(encoding::MAX_EXACT);
-    match op {
+    Cow::Owned(match op {
+        // The common call: nothing formatted.
+        Op::Acquire(1) => return Cow::Borrowed("1"),
         Op::Acquire(c) => n(c).to_string(),
         Op::Peek(c) => format!("?{}", n(c)),
         Op::Penalise(c) => format!("!{}", n(c)),
@@ -1193,7 +1200,7 @@ fn op_arg(op: Op) -> String {
         }
         Op::Hold(id) => format!("h{id}"),
         Op::Release(id) => format!("x{id}"),
-    }
+    })
 }
 
 /// Where a reservation's units sit, per part (see `lua/common.lua`).
