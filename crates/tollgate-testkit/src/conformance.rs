@@ -1151,6 +1151,38 @@ pub fn traces(len: usize) -> impl Strategy<Value = (Policy, Vec<Step>)> {
     })
 }
 
+/// A random trace of overlapping reservations on one key: a token bucket
+/// roomy enough to hold many at once (alone, or in a composite with a
+/// sliding window or a second bucket), reservations settled in any order
+/// (twice, sometimes) between charges and short waits, so that refunds of
+/// reservations above and below one another, the refunds a bucket
+/// remembers and those it forgets (see
+/// `tollgate_limiter::strategy::reservation`) are replayed on the backend
+/// step by step.
+pub fn reservation_traces(len: usize) -> impl Strategy<Value = (Policy, Vec<Step>)> {
+    let bucket = (8u64..40, 1u64..5, 1_000_000u64..60_000_000).prop_map(|(cap, refill, period)| {
+        Policy::from(TokenBucket::new(cap, refill, Duration::from_micros(period)).unwrap())
+    });
+    let policy = prop_oneof![
+        3 => bucket.clone(),
+        1 => (bucket, prop_oneof![token_buckets(), sliding_windows()])
+            .prop_map(|(b, other)| Policy::from(Composite::new([b, other]).unwrap())),
+    ];
+    policy.prop_flat_map(move |policy| {
+        // Small reservations, so that many are out at once: more than the
+        // refunds a bucket remembers (8).
+        let max = policy.max_cost().unwrap_or(3).min(3);
+        let step = prop_oneof![
+            2 => prop_oneof![1u64..1_000, 1_000u64..3_000_000].prop_map(Step::Advance),
+            1 => (0..=max).prop_map(|cost| Step::Acquire { key: 0, cost }),
+            6 => (1..=max).prop_map(|cost| Step::Reserve { key: 0, cost }),
+            6 => (0..40usize, 0..=max + 1).prop_map(|(which, actual)| Step::Settle { which, actual }),
+            1 => Just(Step::Peek { key: 0, cost: 1 }),
+        ];
+        (Just(policy), proptest::collection::vec(step, 1..len))
+    })
+}
+
 /// Instants around which calendar traces start: daylight-saving changes,
 /// the ends of February, of a year and of an ISO week, in several zones.
 fn calendar_anchors() -> Vec<Timestamp> {
@@ -1389,14 +1421,34 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = (B, MockClock)>,
 {
-    run_traces(
-        setup,
-        cases,
-        traces(60),
-        |backend, clock, (policy, steps)| {
-            Box::pin(async move { replay(backend, clock, &policy, &steps).await })
-        },
-    );
+    replay_traces(setup, cases, traces(60));
+}
+
+/// [`replay`]s `cases` traces drawn from `traces`.
+fn replay_traces<B, F, Fut>(
+    setup: F,
+    cases: u32,
+    traces: impl Strategy<Value = (Policy, Vec<Step>)>,
+) where
+    B: Backend,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = (B, MockClock)>,
+{
+    run_traces(setup, cases, traces, |backend, clock, (policy, steps)| {
+        Box::pin(async move { replay(backend, clock, &policy, &steps).await })
+    });
+}
+
+/// Overlapping reservations on one key ([`reservation_traces`]) replayed
+/// on the backend and the model, decision by decision and receipt by
+/// receipt: the refund bookkeeping of a token bucket agrees.
+pub fn reservations_agree_with_model<B, F, Fut>(setup: F, cases: u32)
+where
+    B: Backend,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = (B, MockClock)>,
+{
+    replay_traces(setup, cases, reservation_traces(100));
 }
 
 /// Like [`agrees_with_model`], each trace with a candidate policy decided
@@ -1534,6 +1586,11 @@ macro_rules! conformance_tests {
             #[test]
             fn calendars_agree_with_model() {
                 $crate::conformance::calendars_agree_with_model(|| $setup, ($cases / 3).max(50));
+            }
+
+            #[test]
+            fn reservations_agree_with_model() {
+                $crate::conformance::reservations_agree_with_model(|| $setup, $cases / 3 + 1);
             }
 
             #[test]
