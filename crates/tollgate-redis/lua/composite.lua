@@ -105,9 +105,11 @@ if settling then
       v, born = c.n, c.b
       h['a' .. i], h['e' .. i] = fmt(c.a), fmt(c.e)
     elseif q.kind == 't' then
-      local r = parse_refunds(h['r' .. i])
+      local stored = h['r' .. i]
+      local r = parse_refunds(stored)
       v, born, r = bucket_settle(q, v, born, r, now, units, actual, m)
-      h['r' .. i] = fmt_refunds(r)
+      -- '0' where refunds were stored and are no more (a new life).
+      h['r' .. i] = fmt_refunds(r) or (stored and '0')
     else
       local w, limit, key = q.window, q.limit, log_key(i)
       local total = v
@@ -186,11 +188,12 @@ end
 local st = {}
 for i = 1, n do
   local q = parts[i]
-  local s = { kind = q.kind, v = 0, born = 0, refunds = { n = 0 } }
+  -- rf: a token bucket's refunds as stored (parsed only when needed).
+  local s = { kind = q.kind, v = 0, born = 0 }
   if h['k' .. i] == q.kind then
     s.v = tonumber(h['v' .. i])
     s.born = tonumber(h['b' .. i] or '0')
-    s.refunds = parse_refunds(h['r' .. i])
+    s.rf = h['r' .. i]
   elseif h['k' .. i] then
     forget(i)
   end
@@ -334,9 +337,9 @@ local function put_part(fields, i, e, expires_at)
   fields[#fields + 1] = fmt(s.v)
   fields[#fields + 1] = 'b' .. i
   fields[#fields + 1] = fmt(s.born)
-  if q.kind == 't' then
+  if s.rf then
     fields[#fields + 1] = 'r' .. i
-    fields[#fields + 1] = fmt_refunds(s.refunds) or '0'
+    fields[#fields + 1] = s.rf
   end
   if e > expires_at then
     return e
@@ -423,10 +426,16 @@ for i = 1, n do
     local new_tat = now + s.new_debt
     if s.v <= now then
       -- A full bucket: a new life.
-      s.born, s.refunds = now, { n = 0 }
+      s.born = now
+      if s.rf then
+        s.rf = '0'
+      end
     end
     s.v = new_tat
-    s.mark = new_tat + s.refunds.n
+    s.mark = new_tat
+    if s.rf then
+      s.mark = new_tat + parse_refunds(s.rf).n
+    end
     part_expiry = new_tat
     s.r = { 1, q.capacity, idiv(tau - s.new_debt, t), 0, s.new_debt, tau }
   else
