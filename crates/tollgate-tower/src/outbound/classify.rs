@@ -99,7 +99,9 @@ fn parse_http_date(s: &str) -> Option<SystemTime> {
     if parts.next()? != "GMT" || parts.next().is_some() || hms.next().is_some() {
         return None;
     }
-    if !(1..=31).contains(&day) || h > 23 || m > 59 || sec > 60 || year < 1970 {
+    // IMF-fixdate's year is four digits: a larger one (a hostile remote's
+    // `Retry-After`) would overflow the arithmetic below and `SystemTime`.
+    if !(1..=31).contains(&day) || h > 23 || m > 59 || sec > 60 || !(1970..=9999).contains(&year) {
         return None;
     }
     // Days from the civil date (H. Hinnant's algorithm).
@@ -113,7 +115,7 @@ fn parse_http_date(s: &str) -> Option<SystemTime> {
     let doy = (153 * mo + 2) / 5 + i64::from(day) - 1;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     let days = u64::try_from(era * 146_097 + doe - 719_468).ok()?;
-    Some(UNIX_EPOCH + Duration::from_secs(days * 86_400 + h * 3600 + m * 60 + sec))
+    UNIX_EPOCH.checked_add(Duration::from_secs(days * 86_400 + h * 3600 + m * 60 + sec))
 }
 
 #[cfg(test)]
@@ -164,6 +166,27 @@ mod tests {
             wait > Duration::from_secs(3590) && wait <= Duration::from_secs(3600),
             "{date}: {wait:?}"
         );
+    }
+
+    /// A remote controls its `Retry-After`: a date far in the future (a
+    /// hostile or broken server) must be read as no date, or a very long
+    /// one, never panic the caller's request future.
+    #[test]
+    fn absurd_http_dates_never_panic() {
+        for year in [
+            "300000000000",
+            "9223372036854775807",
+            "1000000000000000",
+            "99999999999",
+        ] {
+            let date = format!("Sun, 06 Nov {year} 08:49:37 GMT");
+            let mut h = HeaderMap::new();
+            h.insert(RETRY_AFTER, HeaderValue::from_str(&date).unwrap());
+            let got = std::panic::catch_unwind(|| retry_after(&h));
+            assert!(got.is_ok(), "{date} panicked");
+            // Not an IMF-fixdate (its year has four digits): unreadable.
+            assert_eq!(got.unwrap(), None, "{date}");
+        }
     }
 
     /// The inverse of the parser, for the test only.
