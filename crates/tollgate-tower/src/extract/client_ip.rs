@@ -163,17 +163,22 @@ impl ClientIp {
             ProxyHeader::XForwardedFor => HeaderName::from_static("x-forwarded-for"),
             ProxyHeader::Forwarded => FORWARDED,
         };
-        // Several header lines form one list, in order.
-        let mut lines = Vec::new();
-        for value in headers.get_all(&name) {
-            match value.to_str() {
-                Ok(s) => lines.push(s),
-                // An unreadable line: nothing left of it can be believed.
-                Err(_) => lines.clear(),
-            }
-        }
-        let hops = lines.iter().rev().flat_map(|l| l.rsplit(','));
+        // Several header lines form one list, in order. Entries are split
+        // as bytes and read one by one: a proxy that appends to the
+        // client's line (nginx's `$proxy_add_x_forwarded_for`) puts the
+        // client's bytes and its own entry on one line, and bytes the
+        // client wrote must not make the proxy's entry unreadable.
+        let hops = headers
+            .get_all(&name)
+            .iter()
+            .rev()
+            .flat_map(|line| line.as_bytes().rsplit(|&b| b == b','));
         for hop in hops.take(MAX_HOPS) {
+            // An unreadable entry, like garbage: nothing left of it can be
+            // believed.
+            let Ok(hop) = std::str::from_utf8(hop) else {
+                break;
+            };
             let parsed = match self.header {
                 ProxyHeader::XForwardedFor => parse_node(hop.trim()),
                 ProxyHeader::Forwarded => forwarded_for(hop),
@@ -382,6 +387,46 @@ mod tests {
             key(&proxies().header(ProxyHeader::Forwarded), &r),
             "10.0.0.1"
         );
+    }
+
+    /// A proxy that appends to the client's line (nginx's
+    /// `$proxy_add_x_forwarded_for`: `<client's value>, <peer>`) puts the
+    /// client's bytes and its own entry on one line. Bytes the client
+    /// wrote that are not UTF-8 must not discard the entry the proxy
+    /// appended: the client would then be keyed as the proxy, a second
+    /// budget it can switch to whenever its own is spent.
+    #[test]
+    fn client_bytes_cannot_discard_the_entry_its_proxy_appended() {
+        for header in ["x-forwarded-for", "forwarded"] {
+            let (client, appended): (&[u8], &[u8]) = if header == "forwarded" {
+                (b"for=\xff", b", for=203.0.113.9")
+            } else {
+                (b"\xff\xfe", b", 203.0.113.9")
+            };
+            let line = [client, appended].concat();
+            let r = req("10.0.0.1:1", &[(header, &line)]);
+            let x = if header == "forwarded" {
+                proxies().header(ProxyHeader::Forwarded)
+            } else {
+                proxies()
+            };
+            assert_eq!(key(&x, &r), "203.0.113.9", "{header}: {line:?}");
+        }
+        // A client-sent line of its own, then the proxy's: the same.
+        let r = req(
+            "10.0.0.1:1",
+            &[
+                ("x-forwarded-for", b"\xff"),
+                ("x-forwarded-for", b"203.0.113.9"),
+            ],
+        );
+        assert_eq!(key(&proxies(), &r), "203.0.113.9");
+        // Unreadable bytes between trusted hops still stop the walk there.
+        let r = req(
+            "10.0.0.1:1",
+            &[("x-forwarded-for", b"198.51.100.1, \xff, 10.0.0.2")],
+        );
+        assert_eq!(key(&proxies(), &r), "10.0.0.2");
     }
 
     #[test]
