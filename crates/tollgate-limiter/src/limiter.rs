@@ -734,6 +734,10 @@ impl<B: Backend> Limiter<B> {
     /// it back (when released or dropped; its lease frees it otherwise).
     ///
     /// Refused, failed (even fail-open) or shadowed verdicts hold no slot.
+    /// A hold whose answer never arrives (a timeout or a backend error,
+    /// after which the backend may have taken the slot all the same, or
+    /// this future dropped while waiting) gives its slot back, best
+    /// effort, as a dropped [`Permit`] does.
     /// Under any other policy this is [`check`](Self::check), with no
     /// permit.
     pub async fn hold(&self, key: &Key) -> (Verdict, Option<Permit<B>>) {
@@ -741,12 +745,27 @@ impl<B: Backend> Limiter<B> {
             return (self.check(key).await, None);
         }
         let id = crate::permit::slot_id();
+        // Armed before the round trip: the backend may take the slot and its
+        // answer never reach this caller (a timeout, a connection lost on
+        // the way back, this future dropped while waiting). Such a slot is
+        // given back as a dropped permit's is, rather than left taken, and
+        // the key refused, until its lease expires.
+        let pending = Permit::new(self.clone(), key.clone(), id);
         let result = self
             .try_op(key, Op::Hold(id), &self.inner.guard.deadline())
             .await;
         let held = matches!(&result, Ok(d) if d.is_allowed());
+        let permit = match &result {
+            Ok(_) if held => Some(pending),
+            // Refused, or never sent: no slot was taken.
+            Ok(_) | Err(Error::BreakerOpen | Error::Policy(_)) => {
+                pending.disarm();
+                None
+            }
+            // Taken or not, nobody can tell: dropped armed, it releases.
+            Err(_) => None,
+        };
         let verdict = self.counted(Call::Check, self.settle(result, 1));
-        let permit = held.then(|| Permit::new(self.clone(), key.clone(), id));
         (verdict, permit)
     }
 

@@ -51,6 +51,12 @@ impl<B: Backend> Permit<B> {
         &self.key
     }
 
+    /// Drops the permit without giving anything back (for a slot that
+    /// was never taken).
+    pub(crate) fn disarm(mut self) {
+        self.armed = false;
+    }
+
     /// Renews the slot's lease from now. If the lease had expired and
     /// another request took the slot meanwhile, the renewal is refused (a
     /// denied decision) and this request holds nothing any more.

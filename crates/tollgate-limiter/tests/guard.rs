@@ -257,3 +257,106 @@ async fn lease_mode_waits_at_most_the_timeout() {
     assert!(matches!(l.check(&k).await, Verdict::Decided(d) if d.is_allowed()));
     assert_eq!(start.elapsed(), Duration::from_millis(40));
 }
+
+/// The memory backend answering late: each decision is made (its state
+/// written) when the call is made, and its answer arrives `late` after, as
+/// Redis runs a script on receipt and the reply can be held up on the way
+/// back (a stalled network, a failover).
+#[derive(Clone, Default)]
+struct Late {
+    inner: MemoryBackend,
+    late: std::sync::Arc<std::sync::Mutex<Duration>>,
+}
+
+impl Backend for Late {
+    type Error = MemoryError;
+
+    fn decide(
+        &self,
+        req: Request<'_>,
+    ) -> impl Future<Output = Result<Decision, MemoryError>> + Send {
+        let answer = self.inner.decide_now(&req).expect("no fault injected");
+        let late = *self.late.lock().unwrap();
+        async move {
+            tokio::time::sleep(late).await;
+            answer
+        }
+    }
+
+    fn set_override(
+        &self,
+        scope: Scope<'_>,
+        policy: Option<&Policy>,
+    ) -> impl Future<Output = Result<(), MemoryError>> + Send {
+        self.inner.set_override(scope, policy)
+    }
+
+    fn get_override(
+        &self,
+        scope: Scope<'_>,
+    ) -> impl Future<Output = Result<Option<Policy>, MemoryError>> + Send {
+        self.inner.get_override(scope)
+    }
+}
+
+/// A concurrency slot taken by a hold whose answer never came back (the
+/// decision timed out, or its caller went away) is given back, as a
+/// dropped permit's is: otherwise it stays taken, and the key refused,
+/// until its lease expires (minutes), though nobody holds it.
+#[tokio::test(start_paused = true)]
+async fn a_hold_that_times_out_or_is_dropped_gives_its_slot_back() {
+    let backend = Late::default();
+    let policy = tollgate_limiter::Concurrency::new(1, Duration::from_secs(600)).unwrap();
+    let l = Limiter::builder("exports", policy, backend.clone())
+        .fail_mode(FailMode::Open)
+        .timeout(TIMEOUT)
+        .build();
+    let k = Key::new("tenant-1");
+    let free_slots = || async { l.try_peek(&k, 1).await.unwrap().remaining() };
+
+    // The backend takes the slot; its answer comes after the timeout.
+    *backend.late.lock().unwrap() = TIMEOUT * 2;
+    let (v, permit) = l.hold(&k).await;
+    assert!(matches!(v, Verdict::FailedOpen(Error::Timeout(_))), "{v:?}");
+    assert!(permit.is_none());
+    *backend.late.lock().unwrap() = Duration::ZERO;
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(free_slots().await, 1, "a timed-out hold kept its slot");
+    let (v, permit) = l.hold(&k).await;
+    assert!(v.is_allowed() && permit.is_some(), "{v:?}");
+    drop(permit);
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(free_slots().await, 1);
+
+    // The caller goes away while the answer is on its way back.
+    *backend.late.lock().unwrap() = TIMEOUT / 2;
+    {
+        let hold = l.hold(&k);
+        tokio::pin!(hold);
+        assert!(!poll_n(hold.as_mut(), 1).await);
+    }
+    *backend.late.lock().unwrap() = Duration::ZERO;
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(free_slots().await, 1, "a dropped hold kept its slot");
+
+    // A refused hold took nothing, and frees nothing.
+    let (v, held) = l.hold(&k).await;
+    assert!(v.is_allowed());
+    let (v, none) = l.hold(&k).await;
+    assert!(!v.is_allowed() && none.is_none(), "{v:?}");
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        free_slots().await,
+        0,
+        "a refused hold released another's slot"
+    );
+    drop(held);
+}
