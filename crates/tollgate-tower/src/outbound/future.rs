@@ -78,6 +78,19 @@ impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
     }
 }
 
+/// Runs a report as a task of its own, the response waiting for it: a
+/// caller that gives up once the source has answered (a timeout around
+/// the client) must not lose what the source said. A refusal half-reported
+/// would be worse than lost: the cut's gate, taken locally before the
+/// backend is asked, keeps this worker from cutting again for a reaction
+/// window.
+fn spawned(report: BoxFuture<()>) -> BoxFuture<()> {
+    let task = tokio::spawn(report);
+    Box::pin(async move {
+        let _ = task.await;
+    })
+}
+
 impl<S, Req, ResBody> Future for ResponseFuture<S, Req>
 where
     S: Service<Req, Response = Response<ResBody>>,
@@ -105,7 +118,9 @@ where
                         Err(_) => Outcome::Failed,
                     };
                     let report = match (report.take(), outcome) {
-                        (Some(report), outcome) if outcome != Outcome::Failed => report(outcome),
+                        (Some(report), outcome) if outcome != Outcome::Failed => {
+                            spawned(report(outcome))
+                        }
                         _ => return Poll::Ready(result),
                     };
                     this.state.set(State::Reporting {

@@ -20,7 +20,9 @@ use crate::extract::KeyExtractor;
 /// down is what a client of a rate-limited source wants. `poll_ready`
 /// delegates to the inner service; the wait happens in the response
 /// future, once the scope is known. Bound it with a timeout layer if a
-/// caller cannot wait for a long `Retry-After`.
+/// caller cannot wait for a long `Retry-After`: the report of a response
+/// runs as a task of its own, so a caller that gives up once the source
+/// has answered does not lose what it said.
 ///
 /// Made by [`AdaptiveLayer`](super::AdaptiveLayer).
 pub struct Adaptive<S, B, E> {

@@ -202,3 +202,57 @@ async fn transport_errors_leave_the_rate_alone() {
         4.0
     );
 }
+
+/// A caller that gives up once the source has answered (a timeout layer
+/// around the client, as the docs advise for long `Retry-After`s) must not
+/// lose the source's refusal: the report is the fleet's only signal to
+/// slow down, and the cut's local gate, once set, keeps this worker from
+/// cutting again for a whole reaction window.
+#[tokio::test(start_paused = true)]
+async fn a_refusal_is_reported_even_if_the_caller_goes_away() {
+    let backend = MemoryBackend::with_clock(TokioClock(Instant::now()));
+    let config = AimdConfig {
+        initial_rate: 10.0,
+        decrease: 0.5,
+        reaction_window: Duration::from_secs(5),
+        ..AimdConfig::default()
+    };
+    let limiter = AimdLimiter::new("harvester", config, backend.clone()).unwrap();
+    let scope = Key::new("source.test");
+    let slow_backend = backend.clone();
+    let svc = AdaptiveLayer::new(limiter.clone()).layer(service_fn(move |_req: Request<()>| {
+        // The backend slows down while the refusal is reported.
+        slow_backend.set_delay(Duration::from_millis(20));
+        async {
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .status(StatusCode::TOO_MANY_REQUESTS)
+                    .body("slow down")
+                    .unwrap(),
+            )
+        }
+    }));
+    let req = || Request::get("http://source.test/page").body(()).unwrap();
+    // The caller's deadline passes while the refusal is being reported.
+    let gone = tokio::time::timeout(Duration::from_millis(10), svc.clone().oneshot(req())).await;
+    assert!(gone.is_err(), "the report was to outlast the caller");
+    backend.clear_faults();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(limiter.rate(&scope), 5.0, "the refusal was not reported");
+    // Another refusal in the same window: one cut per window, not none.
+    backend.clear_faults();
+    let res = AdaptiveLayer::new(limiter.clone())
+        .layer(service_fn(|_req: Request<()>| async {
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .status(StatusCode::TOO_MANY_REQUESTS)
+                    .body("slow down")
+                    .unwrap(),
+            )
+        }))
+        .oneshot(req())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(limiter.rate(&scope), 5.0);
+}
