@@ -125,9 +125,17 @@ impl Drop for Permit<'_> {
 impl Breaker {
     /// A closed breaker, reporting its state changes to `meter`.
     pub(crate) fn new(config: BreakerConfig, probe_timeout: Duration, meter: BreakerMeter) -> Self {
+        // Bounded, so that `Instant::now() + backoff` and `backoff * 2`
+        // cannot overflow (and panic a decision) whatever was configured.
+        let bounded = |d: Duration| d.min(crate::guard::MAX_WAIT);
+        let config = BreakerConfig {
+            backoff: bounded(config.backoff),
+            max_backoff: bounded(config.max_backoff),
+            ..config
+        };
         Self {
             config,
-            probe_timeout,
+            probe_timeout: bounded(probe_timeout),
             healthy: AtomicBool::new(true),
             state: Mutex::new((State::Closed { failures: 0 }, 0)),
             meter,

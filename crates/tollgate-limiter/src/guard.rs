@@ -24,8 +24,15 @@ pub(crate) struct Guard {
     meter: Meter,
 }
 
+/// The longest wait the guard arms (about 30 years, tokio's own "far
+/// future"): a longer timeout or back-off (a configuration's `"1000y"`,
+/// humantime reads up to 584 billion years) means the same, and adding it
+/// to an `Instant` would overflow and panic the decision.
+pub(crate) const MAX_WAIT: Duration = Duration::from_secs(86_400 * 365 * 30);
+
 impl Guard {
     pub(crate) fn new(name: String, timeout: Duration, breaker: BreakerConfig) -> Self {
+        let timeout = timeout.min(MAX_WAIT);
         Self {
             timeout,
             // A probe silent for longer than any call may take has failed.

@@ -178,3 +178,75 @@ proptest! {
         check(&format!("[limiters.x]\n{kept}{field} = {v}\n"))?;
     }
 }
+
+/// A limiter built from `toml` (section `x`) on a memory backend that
+/// answers `delay` late and fails its first `failures` decisions; checks
+/// `n` times and answers whether every decision came back (no panic).
+fn decides_with(toml: &str, delay: std::time::Duration, failures: u64, n: usize) {
+    let config = Config::builder().toml_str(toml).load();
+    let Ok(config) = config else {
+        // Refused at start-up: fine, as long as the error names the field.
+        let msg = config.unwrap_err().to_string();
+        assert!(
+            msg.contains("limiters.x") || msg.contains("defaults"),
+            "{msg}"
+        );
+        return;
+    };
+    let backend = MemoryBackend::with_clock(MockClock::new());
+    backend.set_delay(delay);
+    backend.fail_next(failures);
+    let limiter = config.limiter("x").unwrap().build(backend);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for _ in 0..n {
+            let _ = limiter.check(&Key::new("k")).await;
+            tokio::time::advance(std::time::Duration::from_secs(3600)).await;
+        }
+    });
+}
+
+/// A duration humantime reads but an `Instant` cannot reach (about 300
+/// billion years) is either refused at start-up, naming the field, or
+/// means "no limit": it never panics a decision. It did: the per-decision
+/// deadline is `Instant::now() + timeout`, and a breaker's back-off
+/// `Instant::now() + backoff` (and doubled with `Duration * 2`).
+#[test]
+fn a_huge_duration_never_panics_a_decision() {
+    let tb = "[limiters.x]\nstrategy='token_bucket'\ncapacity=10\nrefill='1/s'\n";
+    let huge = "'300000000000y'";
+    // The per-decision timeout, set on the limiter or as the default.
+    decides_with(
+        &format!("{tb}timeout={huge}"),
+        std::time::Duration::from_millis(1),
+        0,
+        1,
+    );
+    decides_with(
+        &format!("[defaults]\ntimeout={huge}\n{tb}"),
+        std::time::Duration::from_millis(1),
+        0,
+        1,
+    );
+    // The breaker's back-offs: opened by failures, then probing.
+    decides_with(
+        &format!(
+            "[defaults]\nbreaker_threshold=1\nbreaker_backoff={huge}\nbreaker_max_backoff={huge}\n{tb}"
+        ),
+        std::time::Duration::ZERO,
+        3,
+        3,
+    );
+    decides_with(
+        &format!(
+            "[defaults]\nbreaker_threshold=1\nbreaker_backoff='1s'\nbreaker_max_backoff={huge}\n{tb}"
+        ),
+        std::time::Duration::ZERO,
+        3,
+        3,
+    );
+}
