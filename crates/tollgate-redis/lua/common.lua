@@ -190,17 +190,31 @@ end
 --   1:q:<limit>:<d|w|m>:<zone>                          calendar quota
 --   1:c|<part>|<part>...  composite: each part a t, w or q encoding without '1:'
 --   1:n:<max_in_flight>:<lease_us>                      concurrency
+-- A field that must be a whole number of at least 1. A stored override is
+-- written by clients that validate it, but also by hand (redis-cli): one
+-- no constructor accepts is refused, not enforced (a zero window admitted
+-- every request). `ge` lowers the bound (a progressive delay's free
+-- attempts may be 0).
+local function whole(v, ge)
+  local n = tonumber(v)
+  if not n or n < (ge or 1) or n ~= math.floor(n) then
+    error('tollgate: invalid policy encoding')
+  end
+  return n
+end
+
 local function decode(enc)
   -- The single-strategy shapes in one match each, without the field table
-  -- the general path builds: this runs on every decision.
-  local a, b, c = string.match(enc, '^2:t:(%d+):(%d+):%d+:%d+$')
+  -- the general path builds: this runs on every decision. A zero (or a
+  -- leading zero) does not match them: the general path refuses it.
+  local a, b, c = string.match(enc, '^2:t:([1-9]%d*):([1-9]%d*):%d+:%d+$')
   if not a then
-    a, b = string.match(enc, '^1:t:(%d+):%d+:%d+:(%d+)$')
+    a, b = string.match(enc, '^1:t:([1-9]%d*):%d+:%d+:([1-9]%d*)$')
   end
   if a then
     return { kind = 't', capacity = tonumber(a), interval = tonumber(b) }
   end
-  a, b, c = string.match(enc, '^1:w:(%d+):(%d+):([01])$')
+  a, b, c = string.match(enc, '^1:w:([1-9]%d*):([1-9]%d*):([01])$')
   if a then
     return { kind = 'w', limit = tonumber(a), window = tonumber(b), penalise = c == '1' }
   end
@@ -208,6 +222,9 @@ local function decode(enc)
     local parts = {}
     for part in string.gmatch(string.sub(enc, 5), '[^|]+') do
       parts[#parts + 1] = decode('1:' .. part)
+    end
+    if #parts == 0 then
+      error('tollgate: invalid policy encoding')
     end
     return { kind = 'c', parts = parts }
   end
@@ -220,22 +237,22 @@ local function decode(enc)
   end
   local kind = f[2]
   if kind == 't' then
-    return { kind = kind, capacity = tonumber(f[3]), interval = tonumber(f[6]) }
+    return { kind = kind, capacity = whole(f[3]), interval = whole(f[6]) }
   elseif kind == 'w' then
-    return { kind = kind, limit = tonumber(f[3]), window = tonumber(f[4]), penalise = f[5] == '1' }
+    return { kind = kind, limit = whole(f[3]), window = whole(f[4]), penalise = f[5] == '1' }
   elseif kind == 'q' then
-    return { kind = kind, limit = tonumber(f[3]), spec = f[4] .. ':' .. f[5] }
+    return { kind = kind, limit = whole(f[3]), spec = f[4] .. ':' .. f[5] }
   elseif kind == 'p' then
     return {
       kind = kind,
-      free = tonumber(f[3]),
-      base = tonumber(f[4]),
-      factor = tonumber(f[5]),
-      max = tonumber(f[6]),
-      forget = tonumber(f[7]),
+      free = whole(f[3], 0),
+      base = whole(f[4]),
+      factor = whole(f[5]),
+      max = whole(f[6]),
+      forget = whole(f[7]),
     }
   elseif kind == 'n' then
-    return { kind = kind, max = tonumber(f[3]), lease = tonumber(f[4]) }
+    return { kind = kind, max = whole(f[3]), lease = whole(f[4]) }
   end
   error('tollgate: unknown strategy in policy encoding')
 end

@@ -179,27 +179,24 @@ struct LimiterOverrides {
 /// A limiter-wide override as this client read it, decoded once per read.
 #[derive(Clone)]
 struct Wide {
-    /// As stored (version 1): sent as it is when it does not decode (the
-    /// script then refuses it).
-    stored: Arc<str>,
-    /// Decoded, when it decodes.
-    policy: Option<Policy>,
+    /// Decoded, or why it does not decode: then every decision fails (the
+    /// limiter's fail mode answers) until it is fixed or removed, as
+    /// [`Backend::get_override`] fails. Sent as stored, a value the script
+    /// can read but no constructor accepts (a zero window) was enforced.
+    policy: Result<Policy, encoding::EncodingError>,
     /// Its script form, when it has one (`encoding::script_arg`).
     arg: Option<Arc<str>>,
 }
 
 impl Wide {
-    fn new(stored: String) -> Self {
-        let policy = encoding::decode(&stored).ok();
+    fn new(stored: &str) -> Self {
+        let policy = encoding::decode(stored);
         let arg = policy
             .as_ref()
+            .ok()
             .and_then(|p| encoding::script_arg(p).ok())
             .map(Arc::from);
-        Self {
-            stored: stored.into(),
-            policy,
-            arg,
-        }
+        Self { policy, arg }
     }
 }
 
@@ -828,7 +825,7 @@ impl RedisBackend {
             )
             .await?;
         let v = LimiterOverrides {
-            wide: wide.map(Wide::new),
+            wide: wide.as_deref().map(Wide::new),
             keyed: marker.is_some(),
         };
         let fresh = Cached {
@@ -895,12 +892,10 @@ impl RedisBackend {
         let wide = overrides.wide.is_some();
         let (policy, sent) = match overrides.wide {
             // Stored in version 1, sent in the script's form.
-            Some(w) => match (w.policy, w.arg) {
-                (Some(p), Some(a)) => (a, Some(p)),
+            Some(w) => match (w.policy?, w.arg) {
+                (p, Some(a)) => (a, Some(p)),
                 // Decoded, but with no script form: the error.
-                (Some(p), None) => (encoding::script_arg(&p)?.into(), Some(p)),
-                // Undecodable, it is sent anyway: the script refuses it.
-                (None, _) => (w.stored, None),
+                (p, None) => (encoding::script_arg(&p)?.into(), Some(p)),
             },
             None => match configured {
                 Some(a) => (a, None),
@@ -1382,7 +1377,7 @@ impl RedisBackend {
             lock(&self.inner.override_cache).get_mut(scope.limiter())
         {
             match scope {
-                Scope::Limiter(_) => o.wide = encoded.map(Wide::new),
+                Scope::Limiter(_) => o.wide = encoded.as_deref().map(Wide::new),
                 Scope::Key(..) => o.keyed |= encoded.is_some(),
             }
         }

@@ -1076,3 +1076,65 @@ tollgate_testkit::on_every_server! {
         assert_eq!(b.mark_keyed_overrides().await.unwrap(), ["api", "other"]);
     }
 }
+
+tollgate_testkit::on_every_server! {
+    /// A stored override that no policy constructor accepts (written by
+    /// hand with redis-cli, or by another client) is refused like garbage,
+    /// limiter-wide and per key: a fail-closed limiter refuses. It was
+    /// enforced: a zero window (`1:w:5:0:0`, or in a composite's part)
+    /// admitted every request, though `get_override` called it no policy.
+    #[tokio::test]
+    async fn a_malformed_override_is_refused_not_enforced(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let prefix = unique_name("malformed");
+        let b = server_time(&url, &prefix).await;
+        let mut r = raw(&url).await;
+        let sw = Policy::from(SlidingWindow::new(2, 3600 * S).unwrap());
+        let tb = Policy::from(TokenBucket::new(2, 1, 3600 * S).unwrap());
+        let values = [
+            "1:w:5:0:0",
+            "1:w:0:1000000:0",
+            "1:c|w:2:0:0",
+            "1:c|t:2:1:3600000000:0",
+            "1:t:5:1:1000000:0",
+            "1:n:5:0",
+            "1:p:0:0:2:0:0",
+        ];
+        for (i, stored) in values.iter().enumerate() {
+            for (j, policy) in [sw, tb].into_iter().enumerate() {
+                for per_key in [false, true] {
+                    let name = format!("l{i}x{j}x{per_key}");
+                    let l = Limiter::builder(name.clone(), policy, b.clone())
+                        .fail_mode(tollgate_limiter::FailMode::Closed)
+                        .timeout(S)
+                        .build();
+                    let k = Key::new("k");
+                    let at = if per_key {
+                        let marker = format!("{prefix}:{name}:keyed{{{prefix}:{name}:override}}");
+                        let _: () = r.set(marker, "1").await.unwrap();
+                        b.state_key(&name, &k) + ":override"
+                    } else {
+                        format!("{prefix}:{name}:override")
+                    };
+                    let _: () = r.set(&at, stored).await.unwrap();
+                    let scope = match per_key {
+                        true => Scope::Key(&name, &k),
+                        false => Scope::Limiter(&name),
+                    };
+                    assert!(b.get_override(scope).await.is_err(), "{stored}: not a policy");
+                    for n in 0..4 {
+                        let v = l.check(&k).await;
+                        assert!(
+                            !v.is_allowed() && v.decision().is_none(),
+                            "{stored} over a {policy:?}, per key {per_key}, check {n}: {v:?}"
+                        );
+                    }
+                    // Removed, the configured policy rules again.
+                    let _: () = r.del(&at).await.unwrap();
+                    l.set_override(per_key.then_some(&k), None).await.unwrap();
+                    assert!(l.check(&k).await.is_allowed(), "{stored}: removed");
+                }
+            }
+        }
+    }
+}
