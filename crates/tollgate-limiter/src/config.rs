@@ -632,7 +632,11 @@ fn single_policy(l: &RawLimiter) -> Result<Policy, FieldError> {
                 None => return Err(err("refill", "missing (e.g. \"60/min\")".into())),
             };
             TokenBucket::new(capacity, refill, period)
-                .map_err(|e| (e.field, e.reason))?
+                .map_err(|e| match e.field {
+                    // The rate's period is written in `refill`.
+                    "period" => ("refill", format!("its period {}", e.reason)),
+                    _ => (e.field, e.reason),
+                })?
                 .into()
         }
         Strategy::SlidingWindow => {
@@ -1093,6 +1097,21 @@ mod tests {
         assert!(e.contains("adaptive.crawler.burst"), "{e}");
         let e = err("[adaptive.crawler]\nbrust = 2");
         assert!(e.contains("brust") && e.contains("adaptive.crawler"), "{e}");
+    }
+
+    #[test]
+    fn a_refill_period_out_of_range_names_the_refill() {
+        // A token bucket has no `period` field (that is a calendar's): the
+        // period of its rate is part of `refill`.
+        let tb = "[limiters.api]\nstrategy='token_bucket'\ncapacity=10\n";
+        for refill in ["5/0s", "1/20y"] {
+            let e = err(&format!("{tb}refill='{refill}'"));
+            assert!(e.contains("limiters.api.refill"), "{refill}: {e}");
+        }
+        let e = err(r#"
+            [limiters.api]
+            policies = [{ strategy = "token_bucket", capacity = 1, refill = "1/0s" }]"#);
+        assert!(e.contains("policies[0].refill"), "{e}");
     }
 
     #[test]
