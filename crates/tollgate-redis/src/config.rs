@@ -213,4 +213,22 @@ mod tests {
             assert!(e.contains(field), "{toml}: {e}");
         }
     }
+
+    /// A huge timeout (humantime reads up to 584 billion years) is
+    /// refused at start-up or means "no limit"; it never panics. A Sentinel
+    /// URL's lookup bound, 3 x (connect + response), overflowed `Duration`
+    /// and panicked in `builder_from_config`.
+    #[test]
+    fn a_huge_timeout_never_panics() {
+        for url in ["redis://h:1", "redis+sentinel://s1:26379,s2:26379/mymaster"] {
+            for field in ["connect_timeout", "response_timeout"] {
+                let toml = format!("[redis]\nurl = '{url}'\n{field} = '300000000000y'");
+                let r = std::panic::catch_unwind(|| builder(&toml).map(drop));
+                assert!(r.is_ok(), "{toml}: panicked");
+                if let Ok(Err(e)) = r {
+                    assert!(e.contains(&format!("redis.{field}")), "{toml}: {e}");
+                }
+            }
+        }
+    }
 }

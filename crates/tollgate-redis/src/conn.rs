@@ -120,8 +120,11 @@ impl Connector {
             } => {
                 // The cluster client connects to several nodes, each under
                 // the connect timeout; bound the whole.
-                match tokio::time::timeout(*connect_timeout * 3, client.get_async_connection())
-                    .await
+                match tokio::time::timeout(
+                    connect_timeout.saturating_mul(3),
+                    client.get_async_connection(),
+                )
+                .await
                 {
                     Ok(c) => Ok(Link::Cluster(c?)),
                     Err(_) => Err(timed_out()),
@@ -248,7 +251,7 @@ async fn answers(link: &mut Link, t: Timeouts) -> Result<(), redis::RedisError> 
     };
     // The link's own timeouts bound this already; the outer bound keeps the
     // keeper from hanging on a client that retries internally.
-    match tokio::time::timeout(t.connect + t.response, check).await {
+    match tokio::time::timeout(t.connect.saturating_add(t.response), check).await {
         Err(_) => Err(timed_out()),
         Ok(Err(e)) if breaks(&e) => Err(e),
         Ok(_) => Ok(()),

@@ -507,7 +507,10 @@ impl RedisBackendBuilder {
             let parsed = sentinel::parse(url)?;
             // A lookup asks several sentinels, then the master: bounded
             // like the cluster's multi-node connect.
-            let lookup = (self.connect_timeout + self.response_timeout) * 3;
+            let lookup = self
+                .connect_timeout
+                .saturating_add(self.response_timeout)
+                .saturating_mul(3);
             return Ok(conn::Connector::Sentinel {
                 sentinel: sentinel::Sentinels::new(&parsed, lookup)?,
                 config: conn::manager_config(self.timeouts()),
