@@ -1151,6 +1151,41 @@ pub fn traces(len: usize) -> impl Strategy<Value = (Policy, Vec<Step>)> {
     })
 }
 
+/// A random trace whose overrides may switch the strategy: like
+/// [`traces`], but an override is any policy, so a key's state meets a
+/// script (a model step) of another strategy, in every operation.
+pub fn cross_strategy_traces(len: usize) -> impl Strategy<Value = (Policy, Vec<Step>)> {
+    policies().prop_flat_map(move |policy| {
+        let max = policy.max_cost().unwrap_or(3);
+        let step = prop_oneof![
+            4 => durations().prop_map(Step::Advance),
+            8 => (0..KEYS, 0..=max + 1).prop_map(|(key, cost)| Step::Acquire { key, cost }),
+            3 => (0..KEYS, 0..=max + 1).prop_map(|(key, cost)| Step::Peek { key, cost }),
+            1 => (0..KEYS, 0..=2 * max).prop_map(|(key, units)| Step::Penalise { key, units }),
+            1 => (0..KEYS).prop_map(Step::Reset),
+            3 => (0..KEYS, 0..=max + 1).prop_map(|(key, cost)| Step::Reserve { key, cost }),
+            3 => (0..8usize, 0..=2 * max + 1)
+                .prop_map(|(which, actual)| Step::Settle { which, actual }),
+            6 => (0..KEYS, 0..6u64).prop_map(|(key, id)| Step::Hold { key, id }),
+            3 => (0..KEYS, 0..6u64).prop_map(|(key, id)| Step::Release { key, id }),
+            3 => (proptest::option::of(0..KEYS), proptest::option::of(policies()))
+                .prop_map(|(k, p)| Step::Override(k, p)),
+        ];
+        (Just(policy), proptest::collection::vec(step, 1..len))
+    })
+}
+
+/// Replays `cases` random [cross-strategy traces](cross_strategy_traces)
+/// through the backend and the reference model.
+pub fn overrides_across_strategies_agree_with_model<B, F, Fut>(setup: F, cases: u32)
+where
+    B: Backend,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = (B, MockClock)>,
+{
+    replay_traces(setup, cases, cross_strategy_traces(60));
+}
+
 /// A random trace of overlapping reservations on one key: a token bucket
 /// roomy enough to hold many at once (alone, or in a composite with a
 /// sliding window or a second bucket), reservations settled in any order
@@ -1591,6 +1626,14 @@ macro_rules! conformance_tests {
             #[test]
             fn reservations_agree_with_model() {
                 $crate::conformance::reservations_agree_with_model(|| $setup, $cases / 3 + 1);
+            }
+
+            #[test]
+            fn overrides_across_strategies_agree_with_model() {
+                $crate::conformance::overrides_across_strategies_agree_with_model(
+                    || $setup,
+                    $cases / 3 + 1,
+                );
             }
 
             #[test]
