@@ -949,6 +949,53 @@ pub async fn reserve_and_settle_a_calendar_quota<B: Backend + Clone>(backend: B,
     assert_eq!(d.remaining(), 1_000);
 }
 
+/// An excess settled into a sliding window trims the log (the newest
+/// entries alone then hold the limit), but a refund of a kept reservation
+/// afterwards must not free what the trimmed entries still held: the
+/// window still holds 17 units of 10, nothing passes until the oldest
+/// leave it. While a dropped entry is in the window a refund gives nothing
+/// back. (Alone and as a composite's part.)
+pub async fn a_refund_never_frees_what_an_excess_trimmed<B: Backend + Clone>(
+    backend: B,
+    clock: MockClock,
+) {
+    let policies: [Policy; 2] = [
+        SlidingWindow::new(10, 60 * S).unwrap().into(),
+        Composite::new([
+            TokenBucket::new(1_000, 1_000, S).unwrap().into(),
+            SlidingWindow::new(10, 60 * S).unwrap().into(),
+        ])
+        .unwrap()
+        .into(),
+    ];
+    for policy in policies {
+        let l = limiter("sw-trim", policy, backend.clone());
+        let k = Key::new("tenant");
+        let (v, first) = l.reserve(&k, 8).await;
+        assert!(v.is_allowed(), "{policy:?}");
+        clock.advance(S);
+        let (v, second) = l.reserve(&k, 2).await;
+        assert!(v.is_allowed(), "{policy:?}");
+        clock.advance(S);
+        // The first call really cost 16: 8 more, charged into overdraft.
+        first.settle(16).await.unwrap().unwrap();
+        clock.advance(S);
+        // The second cost 1 (of 2): one unit back. 8 + 8 + 1 = 17 units
+        // were spent in the last 3 s.
+        let d = second.settle(1).await.unwrap().unwrap();
+        assert!(d.is_denied(), "{policy:?}: {d:?}");
+        assert_eq!(d.remaining(), 0, "{policy:?}");
+        assert!(decide(&l, &k, 1).await.is_denied(), "{policy:?}");
+        // The refund was withheld (the safe side): the second call's 2
+        // units stay counted until they leave the window, at 61 s.
+        clock.advance(57 * S);
+        assert!(decide(&l, &k, 1).await.is_denied(), "{policy:?}");
+        clock.advance(S);
+        assert!(decide(&l, &k, 2).await.is_allowed(), "{policy:?}");
+        assert!(decide(&l, &k, 1).await.is_denied(), "{policy:?}");
+    }
+}
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
@@ -1610,6 +1657,7 @@ macro_rules! conformance_tests {
                 composite_charges_nothing_on_refusal, calendar_day_across_daylight_saving,
                 calendar_month_in_a_composite, reserve_and_settle,
                 reserve_and_settle_a_calendar_quota, overlapping_reservations_refund_what_is_out,
+                a_refund_never_frees_what_an_excess_trimmed,
                 concurrency_slots, concurrent_holds,
                 candidate_beside_enforced);
 
