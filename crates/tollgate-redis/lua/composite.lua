@@ -10,7 +10,9 @@
 -- a<i> = start, e<i> = end), b<i> = born, when the part's life began
 -- (absent counts as 0; for a calendar quota, when its count began), and for
 -- a token bucket r<i> = its life's refunds, as token_bucket.lua stores
--- them after born (absent, or '0', for none) }.
+-- them after born (absent, or '0', for none), for a sliding window t<i> =
+-- when the newest event its bounded log dropped leaves the window (absent
+-- for none: see sliding_window.lua's t) }.
 -- ARGV[5] carries the calendar parts' bounds (see common.lua). A reserve
 -- appends, per part, its mark: born, then the tat after the charge plus
 -- the life's refunds (token bucket) or the entry's timestamp (window); for
@@ -72,7 +74,7 @@ end
 local function forget(i)
   redis.call('DEL', log_key(i))
   if live then
-    redis.call('HDEL', KEYS[1], 'k' .. i, 'v' .. i, 'a' .. i, 'e' .. i, 'b' .. i, 'r' .. i)
+    redis.call('HDEL', KEYS[1], 'k' .. i, 'v' .. i, 'a' .. i, 'e' .. i, 'b' .. i, 'r' .. i, 't' .. i)
   end
 end
 for i = n + 1, 4 do
@@ -94,6 +96,7 @@ if settling then
     end
     if h['k' .. i] ~= q.kind then
       h['k' .. i], h['v' .. i], h['b' .. i], h['r' .. i] = q.kind, '0', '0', nil
+      h['t' .. i] = nil
     end
     local v, born = tonumber(h['v' .. i]), tonumber(h['b' .. i] or '0')
     if q.kind == 'q' then
@@ -162,9 +165,13 @@ if settling then
         end
         total = total + c
         if total > limit then
-          local drop = each_event(key, function(_, hc)
+          local drop = each_event(key, function(ts, hc)
             if total - hc >= limit then
               total = total - hc
+              -- No refund until it leaves the window (sliding_window.lua).
+              if ts + w > tonumber(h['t' .. i] or '0') then
+                h['t' .. i] = fmt(ts + w)
+              end
               return false
             end
             return true
@@ -173,7 +180,8 @@ if settling then
             redis.call('LTRIM', key, drop, -1)
           end
         end
-      elseif actual < units and m and m.born == born and total > 0 then
+      elseif actual < units and m and m.born == born and total > 0
+        and tonumber(h['t' .. i] or '0') <= now then
         total = total - (refund_event(key, m.at, units - actual) or 0)
       end
       v = total
@@ -194,6 +202,7 @@ for i = 1, n do
     s.v = tonumber(h['v' .. i])
     s.born = tonumber(h['b' .. i] or '0')
     s.rf = h['r' .. i]
+    s.tr = h['t' .. i]
   elseif h['k' .. i] then
     forget(i)
   end
@@ -340,6 +349,10 @@ local function put_part(fields, i, e, expires_at)
   if s.rf then
     fields[#fields + 1] = 'r' .. i
     fields[#fields + 1] = s.rf
+  end
+  if s.tr then
+    fields[#fields + 1] = 't' .. i
+    fields[#fields + 1] = s.tr
   end
   if e > expires_at then
     return e

@@ -3,15 +3,18 @@
 -- KEYS and ARGV: see common.lua.
 -- State, KEYS[1]: HASH { s = 'w', x = expiry, n = total cost in the log,
 -- b = born: when this life began, the first event in an empty log (absent
--- counts as 0) }. A reserve appends its mark: born, the timestamp of the
+-- counts as 0), t = when the newest event the bounded log dropped leaves
+-- the window (absent counts as 0): no refund before then }. A reserve appends its mark: born, the timestamp of the
 -- entry holding its units.
 -- Log, KEYS[3]: LIST of pairs, oldest first: ts1, cost1, ts2, cost2, ...
 -- (timestamps non-decreasing; events at one instant are merged). Both keys
 -- share the hash tag and the TTL.
 -- Bounded log: whenever an event is recorded, the oldest events are dropped
 -- while the newer ones alone hold at least `limit` units, which changes no
--- answer (see SlidingWindowState in the model). A penalised flood thus keeps
--- at most `limit` events, and every decision reads at most that many: work
+-- answer (see SlidingWindowState in the model), as long as no refund
+-- takes units out of the kept events before the dropped ones leave the
+-- window: a settle refunds nothing until then (t). A penalised flood thus
+-- keeps at most `limit` events, and every decision reads at most that many: work
 -- and memory are bounded by the policy, not by the number of requests.
 -- Model: SlidingWindowState::acquire / peek / penalise / settle.
 
@@ -23,12 +26,13 @@ end
 local op, cost, settle = parse_op()
 local w, limit = p.window, p.limit
 
-local st = state_fields('s', 'x', 'n', 'b')
+local st = state_fields('s', 'x', 'n', 'b', 't')
 local live = st[1] == 'w' and tonumber(st[2]) > now and op ~= 'reset'
-local total, born = 0, 0
+local total, born, trimmed_until = 0, 0, 0
 if live then
   total = tonumber(st[3])
   born = tonumber(st[4] or '0')
+  trimmed_until = tonumber(st[5] or '0')
 else
   -- Fresh: drop an expired log, another strategy's state, or (reset) ours.
   redis.call('DEL', KEYS[1], KEYS[3])
@@ -102,8 +106,14 @@ local function record(c)
   total = total + c
   recorded = true
   if total > limit then
-    drop_head(function(_, hc)
-      return total - hc >= limit
+    drop_head(function(ts, hc)
+      if total - hc >= limit then
+        if ts + w > trimmed_until then
+          trimmed_until = ts + w
+        end
+        return true
+      end
+      return false
     end)
   end
 end
@@ -118,7 +128,8 @@ if settling then
     op, cost = 'overdraw', actual - units
   else
     op, cost = 'peek', 1
-    if actual < units and m and m.born == born and total > 0 then
+    -- Not while an event the log dropped is still in the window.
+    if actual < units and m and m.born == born and total > 0 and trimmed_until <= now then
       local refund = refund_event(KEYS[3], m.at, units - actual)
       if refund then
         total = total - refund
@@ -192,6 +203,10 @@ if total == 0 then
 elseif recorded or settling then
   -- A settle is a write either way: the expiry follows the state.
   local expires_at = last_ts + w
+  if trimmed_until > 0 then
+    -- Kept while the HASH lives (absent: none dropped).
+    redis.call('HSET', KEYS[1], 't', fmt(trimmed_until))
+  end
   redis.call('HSET', KEYS[1], 's', 'w', 'x', fmt(expires_at), 'n', fmt(total), 'b', fmt(born))
   expire(KEYS[1], expires_at, now)
   expire(KEYS[3], expires_at, now)

@@ -949,6 +949,89 @@ pub async fn reserve_and_settle_a_calendar_quota<B: Backend + Clone>(backend: B,
     assert_eq!(d.remaining(), 1_000);
 }
 
+/// An excess settled into a sliding window trims the log (the newest
+/// entries alone then hold the limit), but a refund of a kept reservation
+/// afterwards must not free what the trimmed entries still held: the
+/// window still holds 17 units of 10, nothing passes until the oldest
+/// leave it. While a dropped entry is in the window a refund gives nothing
+/// back. (Alone and as a composite's part.)
+pub async fn a_refund_never_frees_what_an_excess_trimmed<B: Backend + Clone>(
+    backend: B,
+    clock: MockClock,
+) {
+    let policies: [Policy; 2] = [
+        SlidingWindow::new(10, 60 * S).unwrap().into(),
+        Composite::new([
+            TokenBucket::new(1_000, 1_000, S).unwrap().into(),
+            SlidingWindow::new(10, 60 * S).unwrap().into(),
+        ])
+        .unwrap()
+        .into(),
+    ];
+    for policy in policies {
+        let l = limiter("sw-trim", policy, backend.clone());
+        let k = Key::new("tenant");
+        let (v, first) = l.reserve(&k, 8).await;
+        assert!(v.is_allowed(), "{policy:?}");
+        clock.advance(S);
+        let (v, second) = l.reserve(&k, 2).await;
+        assert!(v.is_allowed(), "{policy:?}");
+        clock.advance(S);
+        // The first call really cost 16: 8 more, charged into overdraft.
+        first.settle(16).await.unwrap().unwrap();
+        clock.advance(S);
+        // The second cost 1 (of 2): one unit back. 8 + 8 + 1 = 17 units
+        // were spent in the last 3 s.
+        let d = second.settle(1).await.unwrap().unwrap();
+        assert!(d.is_denied(), "{policy:?}: {d:?}");
+        assert_eq!(d.remaining(), 0, "{policy:?}");
+        assert!(decide(&l, &k, 1).await.is_denied(), "{policy:?}");
+        // The refund was withheld (the safe side): the second call's 2
+        // units stay counted until they leave the window, at 61 s.
+        clock.advance(57 * S);
+        assert!(decide(&l, &k, 1).await.is_denied(), "{policy:?}");
+        clock.advance(S);
+        assert!(decide(&l, &k, 2).await.is_allowed(), "{policy:?}");
+        assert!(decide(&l, &k, 1).await.is_denied(), "{policy:?}");
+    }
+}
+
+/// A reservation settled after an override slowed the bucket's refill
+/// leaves what charging its actual cost would have: reserving 10 and
+/// settling 5 gives no more than taking 5 outright, under the same
+/// override (the refund is the unused units' share of the time the
+/// reservation took, not the unused units at the new, longer interval).
+///
+/// Fails on every backend today (10 tokens left against 7: the refund is
+/// `min(unused x new interval, top - now)`, which at a longer interval
+/// also gives back the time of the units actually used); not in
+/// [`conformance_tests!`] until fixed: the backends' conformance files run
+/// it as an ignored test. The fix needs the interval a reservation was
+/// charged at in its receipt.
+pub async fn a_settle_under_a_slower_refill_refunds_only_the_unused<B: Backend + Clone>(
+    backend: B,
+    clock: MockClock,
+) {
+    let l = limiter("tb-slow", TokenBucket::new(10, 1, S).unwrap(), backend);
+    let (reserved, charged) = (Key::new("reserved"), Key::new("charged"));
+    let (v, r) = l.reserve(&reserved, 10).await;
+    assert!(v.is_allowed());
+    assert!(decide(&l, &charged, 5).await.is_allowed());
+    // The rate is halved (an operator, or the AIMD controller's cut).
+    let slower = TokenBucket::new(10, 1, 2 * S).unwrap();
+    l.set_override(None, Some(slower.into())).await.unwrap();
+    clock.advance(ms(1));
+    // The call really cost 5 of its 10.
+    let settled = r.settle(5).await.unwrap().unwrap();
+    let outright = peek(&l, &charged, 1).await;
+    assert!(
+        settled.remaining() <= outright.remaining(),
+        "reserve 10 then settle 5 left {} tokens, charging 5 left {}",
+        settled.remaining(),
+        outright.remaining()
+    );
+}
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
@@ -1149,6 +1232,41 @@ pub fn traces(len: usize) -> impl Strategy<Value = (Policy, Vec<Step>)> {
         ];
         (Just(policy), proptest::collection::vec(step, 1..len))
     })
+}
+
+/// A random trace whose overrides may switch the strategy: like
+/// [`traces`], but an override is any policy, so a key's state meets a
+/// script (a model step) of another strategy, in every operation.
+pub fn cross_strategy_traces(len: usize) -> impl Strategy<Value = (Policy, Vec<Step>)> {
+    policies().prop_flat_map(move |policy| {
+        let max = policy.max_cost().unwrap_or(3);
+        let step = prop_oneof![
+            4 => durations().prop_map(Step::Advance),
+            8 => (0..KEYS, 0..=max + 1).prop_map(|(key, cost)| Step::Acquire { key, cost }),
+            3 => (0..KEYS, 0..=max + 1).prop_map(|(key, cost)| Step::Peek { key, cost }),
+            1 => (0..KEYS, 0..=2 * max).prop_map(|(key, units)| Step::Penalise { key, units }),
+            1 => (0..KEYS).prop_map(Step::Reset),
+            3 => (0..KEYS, 0..=max + 1).prop_map(|(key, cost)| Step::Reserve { key, cost }),
+            3 => (0..8usize, 0..=2 * max + 1)
+                .prop_map(|(which, actual)| Step::Settle { which, actual }),
+            6 => (0..KEYS, 0..6u64).prop_map(|(key, id)| Step::Hold { key, id }),
+            3 => (0..KEYS, 0..6u64).prop_map(|(key, id)| Step::Release { key, id }),
+            3 => (proptest::option::of(0..KEYS), proptest::option::of(policies()))
+                .prop_map(|(k, p)| Step::Override(k, p)),
+        ];
+        (Just(policy), proptest::collection::vec(step, 1..len))
+    })
+}
+
+/// Replays `cases` random [cross-strategy traces](cross_strategy_traces)
+/// through the backend and the reference model.
+pub fn overrides_across_strategies_agree_with_model<B, F, Fut>(setup: F, cases: u32)
+where
+    B: Backend,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = (B, MockClock)>,
+{
+    replay_traces(setup, cases, cross_strategy_traces(60));
 }
 
 /// A random trace of overlapping reservations on one key: a token bucket
@@ -1575,6 +1693,7 @@ macro_rules! conformance_tests {
                 composite_charges_nothing_on_refusal, calendar_day_across_daylight_saving,
                 calendar_month_in_a_composite, reserve_and_settle,
                 reserve_and_settle_a_calendar_quota, overlapping_reservations_refund_what_is_out,
+                a_refund_never_frees_what_an_excess_trimmed,
                 concurrency_slots, concurrent_holds,
                 candidate_beside_enforced);
 
@@ -1591,6 +1710,14 @@ macro_rules! conformance_tests {
             #[test]
             fn reservations_agree_with_model() {
                 $crate::conformance::reservations_agree_with_model(|| $setup, $cases / 3 + 1);
+            }
+
+            #[test]
+            fn overrides_across_strategies_agree_with_model() {
+                $crate::conformance::overrides_across_strategies_agree_with_model(
+                    || $setup,
+                    $cases / 3 + 1,
+                );
             }
 
             #[test]

@@ -84,10 +84,12 @@ impl ProgressiveDelay {
             return 0;
         }
         // Multiply step by step with a cap, exactly as the Lua script does,
-        // so neither side overflows nor rounds differently.
+        // so neither side overflows nor rounds differently. A factor of 1
+        // never grows the delay: no step (else one per failure, and the
+        // failures are the client's to multiply).
         let mut d = self.base_delay_us;
         let mut k = n - self.free_attempts - 1;
-        while k > 0 && d < self.max_delay_us {
+        while k > 0 && d < self.max_delay_us && self.factor > 1 {
             d = d.saturating_mul(self.factor);
             k -= 1;
         }
@@ -158,5 +160,37 @@ impl ProgressiveDelayState {
             return 0;
         }
         (self.last_failure + p.forget_after_micros()).max(self.blocked_until)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With a factor of 1 (a constant delay below its cap) the delay of
+    /// the n-th failure must not take n steps: a key's failures grow with
+    /// every request an attacker sends (and a failure count of `cost`
+    /// arrives in one request), and the memory backend computes this under
+    /// its shard's exclusive lock.
+    #[test]
+    fn a_constant_delay_costs_no_step_per_failure() {
+        let p = ProgressiveDelay::new(
+            3,
+            Duration::from_secs(1),
+            1,
+            Duration::from_secs(60),
+            Duration::from_secs(3600),
+        )
+        .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut s = ProgressiveDelayState::default();
+            let d = s.acquire(0, &p, u64::MAX / 2);
+            let _ = tx.send((p.delay_micros(u64::MAX), d.retry_after()));
+        });
+        let got = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the delay of a huge failure count is computed at once");
+        assert_eq!(got, (1_000_000, Duration::from_secs(1)));
     }
 }

@@ -86,6 +86,15 @@ impl SlidingWindow {
 /// The one observable consequence: an override *raising* the limit while a
 /// trimmed log is in the window sees only the kept units (at least the old
 /// limit), not every refused request of the flood.
+///
+/// The argument needs the kept events never to lose units before the
+/// dropped ones leave the window, which a reservation's refund would do
+/// (an excess settled into the window trims it, then a kept reservation
+/// is refunded: the kept units alone would no longer refuse while the
+/// dropped ones still should). So the state remembers when the newest
+/// dropped event leaves the window ([`trimmed_until`](Self::trimmed_until)),
+/// and a refund gives nothing back before then (the safe side: the whole
+/// estimate stays counted).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SlidingWindowState {
     /// `(timestamp, cost)`, timestamps non-decreasing.
@@ -95,6 +104,10 @@ pub struct SlidingWindowState {
     /// When this life of the key began: the first event recorded in an
     /// empty log (see [reservations](crate::strategy::reservation)).
     pub born: Timestamp,
+    /// When the newest event the bounded log dropped leaves the window
+    /// (0 when none was dropped): until then, a refund gives nothing back
+    /// (see the type's docs).
+    pub trimmed_until: Timestamp,
 }
 
 /// What a sliding-window decision may write.
@@ -152,7 +165,7 @@ impl SlidingWindowState {
                 _ => s.events.push_back((now, cost)),
             }
             s.total += cost;
-            s.trim(limit);
+            s.trim(limit, w);
         };
         let want = match rec {
             Record::Penalty => {
@@ -214,7 +227,11 @@ impl SlidingWindowState {
         }
         // Drops the events that left the window first.
         let before = self.decide(now, p, 1, Record::Peek);
-        let Some(m) = mark.filter(|m| actual < units && m.born == self.born) else {
+        // Not while an event the log dropped is still in the window: the
+        // kept ones must keep holding the limit until it leaves.
+        let Some(m) =
+            mark.filter(|m| actual < units && m.born == self.born && self.trimmed_until <= now)
+        else {
             return before;
         };
         let Some(i) = self.events.iter().position(|&(ts, _)| ts == m.at) else {
@@ -231,13 +248,14 @@ impl SlidingWindowState {
 
     /// Drops the oldest events while the newer ones alone hold at least
     /// `limit` units (see the type's docs for why no answer changes).
-    fn trim(&mut self, limit: u64) {
-        while let Some(&(_, c)) = self.events.front() {
+    fn trim(&mut self, limit: u64, w: u64) {
+        while let Some(&(ts, c)) = self.events.front() {
             if self.total - c < limit {
                 break;
             }
             self.total -= c;
             self.events.pop_front();
+            self.trimmed_until = self.trimmed_until.max(ts + w);
         }
     }
 
