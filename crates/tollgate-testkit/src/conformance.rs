@@ -1005,7 +1005,7 @@ pub async fn a_refund_never_frees_what_an_excess_trimmed<B: Backend + Clone>(
 /// Fails on every backend today (10 tokens left against 7: the refund is
 /// `min(unused x new interval, top - now)`, which at a longer interval
 /// also gives back the time of the units actually used); not in
-/// [`conformance_tests!`] until fixed: the backends' conformance files run
+/// [`conformance_tests!`](crate::conformance_tests) until fixed: the backends' conformance files run
 /// it as an ignored test. The fix needs the interval a reservation was
 /// charged at in its receipt.
 pub async fn a_settle_under_a_slower_refill_refunds_only_the_unused<B: Backend + Clone>(
