@@ -16,6 +16,7 @@
 //! | `tollgate override set <LIMITER> [KEY] <POLICY>` | a runtime override, limiter-wide or for one key, validated like configuration |
 //! | `tollgate override clear <LIMITER> [KEY]` | removes it |
 //! | `tollgate override show <LIMITER> [KEY]` | configured, limiter-wide, per-key and in-force policies |
+//! | `tollgate override mark` | marks every limiter with per-key overrides, once, when upgrading from a version before the marker |
 //! | `tollgate durability [--strict]` | checks the Redis server's `appendonly` and `maxmemory-policy` |
 //! | `tollgate config validate [FILE]...` | loads configuration as a service does at start-up |
 //!

@@ -291,7 +291,8 @@ impl<B: Backend> LimiterBuilder<B> {
     /// trips near the limit wait no longer than one. A consumer that makes
     /// a second decision for one request (such as a layer that charges by
     /// outcome after the response, in its own task) gets a second deadline
-    /// for it: the request's own wait is still bounded by one timeout.
+    /// for it: a request that waits for both (that layer's response waits
+    /// for its charge) waits at most two timeouts.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self

@@ -711,6 +711,15 @@ tollgate_testkit::on_every_server! {
             "+ltrim",
             "+lset",
             "+rpush",
+            "+lrem",
+            "+hgetall",
+            "+hdel",
+            "+zadd",
+            "+zcard",
+            "+zrange",
+            "+zrem",
+            "+zremrangebyscore",
+            "+zscore",
         ];
         assert_eq!(server.cli(&acl).trim(), "OK");
         let url = format!("redis://limiter:s3cret@127.0.0.1:{}", server.port());
@@ -728,6 +737,33 @@ tollgate_testkit::on_every_server! {
         assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
         assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
         assert!(l.try_acquire(&k, 1).await.unwrap().is_denied());
+        // A reservation settled on a window (LSET, LREM).
+        let (v, r) = l.reserve(&Key::new("r"), 2).await;
+        assert!(v.is_allowed(), "{v:?}");
+        assert!(r.settle(1).await.unwrap().is_some());
+        // A composite reads its state with HGETALL: denied, every decision
+        // would find a fresh key and none would ever be refused.
+        let plan = Limiter::new(
+            "plan",
+            Composite::new([
+                Policy::from(TokenBucket::new(5, 1, 60 * S).unwrap()),
+                Policy::from(SlidingWindow::new(2, 60 * S).unwrap()),
+            ])
+            .unwrap(),
+            b.clone(),
+        );
+        assert!(plan.try_acquire(&k, 1).await.unwrap().is_allowed());
+        assert!(plan.try_acquire(&k, 1).await.unwrap().is_allowed());
+        assert!(plan.try_acquire(&k, 1).await.unwrap().is_denied());
+        assert!(plan.reset(&k).await.unwrap().is_allowed());
+        // A concurrency limit keeps its slots in a sorted set.
+        let exports = Limiter::new("exports", Concurrency::new(1, 60 * S).unwrap(), b.clone());
+        let (v, permit) = exports.hold(&k).await;
+        assert!(v.is_allowed(), "{v:?}");
+        let refused = exports.hold(&k).await.0;
+        assert!(refused.decision().is_some_and(|d| d.is_denied()), "{refused:?}");
+        permit.expect("a slot").release().await.unwrap();
+        assert!(exports.hold(&k).await.0.is_allowed());
         let wrong = format!("redis://limiter:nope@127.0.0.1:{}", server.port());
         assert!(
             RedisBackend::builder(wrong)

@@ -15,7 +15,7 @@
 //! | `redis-tls` | `rediss://` URLs |
 //! | `tower` | `tower::RateLimitLayer`, extractors, responders, the outbound adaptive layer |
 //! | `axum` | client IP from axum's `ConnectInfo` |
-//! | `tonic` | gRPC `RESOURCE_EXHAUSTED` and client IP for tonic |
+//! | `tonic` | client IP from tonic's `TcpConnectInfo` (the gRPC responder, `RESOURCE_EXHAUSTED`, comes with `tower`) |
 //! | `metrics` | every limiter's decisions, backend latency and breaker through the `metrics` crate ([`metrics`]) |
 //!
 //! # Examples

@@ -85,7 +85,7 @@ impl Refused {
     }
 
     /// How long to wait before trying again; `None` when waiting will not
-    /// help (no key).
+    /// help (no key, a cost above the limit).
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::Limited { decision, .. } => Some(decision.retry_after()),
