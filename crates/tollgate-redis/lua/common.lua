@@ -264,12 +264,22 @@ local function policy_in_force()
   return decode(redis.call('GET', KEYS[2]) or ARGV[2])
 end
 
+-- A pcall's error that is not WRONGTYPE (another strategy's state at the
+-- key) is raised: read as a fresh key, an error such as a command an ACL
+-- denies would admit every request without a word.
+local function only_wrongtype(e)
+  if string.sub(e.err, 1, 9) ~= 'WRONGTYPE' then
+    error(e)
+  end
+end
+
 -- The fields of the state HASH at KEYS[1] (HMGET). A token bucket's STRING
 -- state there (token_bucket.lua) reads as another strategy's state, { '' }:
 -- present, so the caller deletes it before it writes its HASH.
 local function state_fields(...)
   local st = redis.pcall('HMGET', KEYS[1], ...)
   if st.err then
+    only_wrongtype(st)
     return { '' }
   end
   return st

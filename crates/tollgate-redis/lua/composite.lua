@@ -53,6 +53,7 @@ local h = {}
 -- strategy's: no field.
 local raw = redis.pcall('HGETALL', KEYS[1])
 if raw.err then
+  only_wrongtype(raw)
   raw = {}
 end
 for i = 1, #raw, 2 do

@@ -56,6 +56,12 @@ else
   -- scripts/script-cost.sh).
   state, enc = redis.pcall('GET', KEYS[1]), ARGV[2]
   if not state or state.err then
+    -- Only a HASH (WRONGTYPE) reads as nil. Any other error (a command
+    -- an ACL denies) fails the call: read as a fresh key, it would admit
+    -- every request.
+    if state and string.sub(state.err, 1, 9) ~= 'WRONGTYPE' then
+      error(state)
+    end
     state = nil
   end
 end
@@ -128,6 +134,9 @@ if capacity and not keyed and n and n >= 0 then
     -- old is false (no key) or GET's error (a HASH), never a string.
     if not (old and old.err) then
       return debt
+    end
+    if string.sub(old.err, 1, 9) ~= 'WRONGTYPE' then
+      error(old)
     end
   end
   -- A HASH, or a refusal on a key read as nil: the full path below reads

@@ -57,6 +57,9 @@ local op, cost, settle = parse_op()
 local present = state and true or false
 if not present then
   local h = redis.pcall('HMGET', KEYS[1], 's', 'x', 'b')
+  if h.err then
+    only_wrongtype(h)
+  end
   if h.err or h[1] then
     present = true
     if h[1] == 't' and tonumber(h[2]) > now then

@@ -685,42 +685,8 @@ tollgate_testkit::on_every_server! {
         };
         // Exactly the list docs/redis.md gives: what the client sends, and
         // what the scripts call.
-        let acl = [
-            "ACL",
-            "SETUSER",
-            "limiter",
-            "on",
-            ">s3cret",
-            "~tollgate:*",
-            "resetchannels",
-            "-@all",
-            "+evalsha",
-            "+script|load",
-            "+get",
-            "+set",
-            "+del",
-            "+ping",
-            "+role",
-            "+time",
-            "+hmget",
-            "+mget",
-            "+hset",
-            "+pexpire",
-            "+lrange",
-            "+lindex",
-            "+ltrim",
-            "+lset",
-            "+rpush",
-            "+lrem",
-            "+hgetall",
-            "+hdel",
-            "+zadd",
-            "+zcard",
-            "+zrange",
-            "+zrem",
-            "+zremrangebyscore",
-            "+zscore",
-        ];
+        let mut acl = vec!["ACL", "SETUSER", "limiter", "on", ">s3cret"];
+        acl.extend(ACL_RULES);
         assert_eq!(server.cli(&acl).trim(), "OK");
         let url = format!("redis://limiter:s3cret@127.0.0.1:{}", server.port());
         let b = RedisBackend::builder(&url)
@@ -772,6 +738,90 @@ tollgate_testkit::on_every_server! {
                 .await
                 .is_err()
         );
+    }
+}
+
+/// The rules of the ACL user docs/redis.md gives: what the client sends,
+/// and what the scripts call.
+const ACL_RULES: [&str; 29] = [
+    "~tollgate:*",
+    "resetchannels",
+    "-@all",
+    "+evalsha",
+    "+script|load",
+    "+get",
+    "+set",
+    "+del",
+    "+ping",
+    "+role",
+    "+time",
+    "+hmget",
+    "+mget",
+    "+hset",
+    "+pexpire",
+    "+lrange",
+    "+lindex",
+    "+ltrim",
+    "+lset",
+    "+rpush",
+    "+lrem",
+    "+hgetall",
+    "+hdel",
+    "+zadd",
+    "+zcard",
+    "+zrange",
+    "+zrem",
+    "+zremrangebyscore",
+    "+zscore",
+];
+
+tollgate_testkit::on_every_server! {
+    /// A script whose read of the key's state is refused by something
+    /// other than WRONGTYPE (here an ACL without that command) fails the
+    /// decision: read as a fresh key, every request would pass, unseen.
+    /// The fail mode answers instead (fail-closed: refused).
+    #[tokio::test]
+    async fn a_state_read_the_server_refuses_fails_the_decision(server: Server) {
+        let Some(server) = RedisServer::builder().server(server).start() else {
+            return;
+        };
+        let cases: [(&str, Policy); 3] = [
+            // The token bucket's STRING (GET, then SET ... GET).
+            ("+get", TokenBucket::new(2, 1, 60 * S).unwrap().into()),
+            // A sliding window's HASH (HMGET).
+            ("+hmget", SlidingWindow::new(2, 60 * S).unwrap().into()),
+            // A composite's HASH (HGETALL).
+            (
+                "+hgetall",
+                Composite::new([
+                    Policy::from(TokenBucket::new(2, 1, 60 * S).unwrap()),
+                    Policy::from(SlidingWindow::new(2, 60 * S).unwrap()),
+                ])
+                .unwrap()
+                .into(),
+            ),
+        ];
+        for (i, (denied, policy)) in cases.into_iter().enumerate() {
+            let user = format!("without{i}");
+            let mut acl = vec!["ACL", "SETUSER", &user, "on", ">s3cret"];
+            acl.extend(ACL_RULES.iter().filter(|r| **r != denied));
+            assert_eq!(server.cli(&acl).trim(), "OK");
+            let url = format!("redis://{user}:s3cret@127.0.0.1:{}", server.port());
+            let b = RedisBackend::builder(&url)
+                .durability(Durability::Skip)
+                .build()
+                .await
+                .expect("connect as an ACL user");
+            let l = Limiter::new("api", policy, b);
+            let k = Key::new("k");
+            let got = l.try_acquire(&k, 1).await;
+            assert!(got.is_err(), "{denied} denied, {policy:?}: {got:?}");
+            // Past the limit of 2 too: never admitted (fail-closed).
+            for n in 0..3 {
+                let v = l.check(&k).await;
+                assert!(!v.is_allowed(), "{denied} denied, decision {n}: {v:?}");
+            }
+        }
     }
 }
 
