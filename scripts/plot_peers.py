@@ -23,8 +23,8 @@ def rows(text):
         if not m:
             continue
         what = m["what"].strip()
-        # "same, per second of redis-server CPU" continues the row above.
-        label = f"{last}, per server-CPU s" if what.startswith("same,") else what
+        # "same, <what differs>" continues the row above.
+        label = f"{last}, {what[len('same, '):]}" if what.startswith("same,") else what
         if not what.startswith("same,"):
             last = what
         out.append((label.replace("`", ""), float(m["a"]), float(m["b"])))
@@ -32,7 +32,9 @@ def rows(text):
 
 
 def svg(data):
-    bar, gap, left, width = 9, 8, 470, 360
+    bar, gap, width = 9, 8, 360
+    # Room for the longest label (about 6 px a character at 11 px).
+    left = max(470, 6 * max(len(label) for label, _, _ in data) + 20)
     top = 40
     height = top + len(data) * (2 * bar + gap) + 40
     scale = width / max(1.2, max(max(a, b) for _, a, b in data) * 1.05)
