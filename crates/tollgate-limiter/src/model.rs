@@ -161,24 +161,29 @@ impl State {
         decision.with_window_micros(policy.window_micros())
     }
 
-    /// Where the last charge sits (see [`Receipt`]): the first part of a
-    /// token bucket, a sliding window or a calendar quota; each part of a
-    /// composite.
-    pub fn marks(&self) -> [Option<Mark>; crate::composite::MAX_PARTS] {
-        match self {
-            Self::Composite(c) => c.marks(),
-            other => {
+    /// Where the last charge, made under `policy`, sits (see
+    /// [`Receipt`]): the first part of a token bucket, a sliding window or
+    /// a calendar quota; each part of a composite.
+    pub fn marks(&self, policy: &Policy) -> [Option<Mark>; crate::composite::MAX_PARTS] {
+        match (self, policy) {
+            (Self::Composite(c), Policy::Composite(p)) => c.marks(p),
+            (other, _) => {
                 let mut marks = [None; crate::composite::MAX_PARTS];
-                marks[0] = other.mark();
+                marks[0] = other.mark(policy);
                 marks
             }
         }
     }
 
-    /// Where the last charge of a single policy sits.
-    pub(crate) fn mark(&self) -> Option<Mark> {
+    /// Where the last charge of a single policy, made under `policy`, sits.
+    pub(crate) fn mark(&self, policy: &Policy) -> Option<Mark> {
         match self {
-            Self::TokenBucket(s) => Some(s.mark()),
+            Self::TokenBucket(s) => Some(s.mark(match policy {
+                Policy::TokenBucket(b) => b.interval_micros(),
+                // Not the policy it was charged under: counted at the
+                // interval in force when settled.
+                _ => 0,
+            })),
             Self::SlidingWindow(s) => s.mark(),
             Self::Calendar(s) => Some(s.mark()),
             _ => None,
@@ -323,7 +328,7 @@ impl Slot {
         }
         let receipt = Receipt {
             units: units.max(1),
-            marks: self.state.marks(),
+            marks: self.state.marks(policy),
         };
         (decision, receipt)
     }

@@ -22,15 +22,3 @@ async fn penalised_flood_keeps_the_log_bounded() {
     let kept = backend.log_len(&name, &key);
     assert!(kept >= 1 && kept as u64 <= limit + 1, "{kept} events kept");
 }
-
-/// A known bug, ignored until fixed (see the check's docs).
-#[tokio::test]
-#[ignore = "known bug: a settle after a slower refill over-refunds"]
-async fn a_settle_under_a_slower_refill_refunds_only_the_unused() {
-    let clock = tollgate_limiter::MockClock::new();
-    let backend = tollgate_memory::MemoryBackend::with_clock(clock.clone());
-    tollgate_testkit::conformance::a_settle_under_a_slower_refill_refunds_only_the_unused(
-        backend, clock,
-    )
-    .await;
-}

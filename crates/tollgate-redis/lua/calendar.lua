@@ -55,6 +55,6 @@ redis.call('HSET', KEYS[1], 's', 'q', 'x', fmt(w[2]), 'a', fmt(w[1]), 'n', fmt(w
 expire(KEYS[1], w[2], now)
 local reply = { 1, p.limit, r[3] - cost, 0, w[4], r[6] }
 if RESERVE then
-  reply[7], reply[8] = w[1], w[5]
+  reply[7], reply[8], reply[9] = w[1], w[5], 0
 end
 return reply

@@ -37,7 +37,8 @@
 --            's<units>:<actual>:<m1>:..:<mk>'  settle a reservation of
 --                    <units> that cost <actual>: refund the unused units
 --                    still held, or charge the excess; answers '?1'. Each
---                    mi is a part's mark '<born>,<at>', or '-' for none
+--                    mi is a part's mark '<born>,<at>[,<interval>]', or
+--                    '-' for none
 --                    (model: strategy/reservation.rs)
 --            'h<id>' hold concurrency slot <id> (concurrency.lua); any
 --                    other script answers '?1'
@@ -72,7 +73,8 @@
 -- window_us is the span the policy in force is expressed over (a calendar
 -- quota's current window; composite.lua adds a 7th item: the index, from 0,
 -- of the binding part). A reserve that passed appends, per part, its mark:
--- born, at (see each script). Or
+-- born, at (see each script), and the interval its units were charged at
+-- (a token bucket's; 0 for the other strategies). Or
 -- {-1, strategy} when the policy in force is of another strategy than
 -- this script's: the client then runs that strategy's script. (The token
 -- bucket's plain acquire under the policy sent answers one integer
@@ -134,9 +136,11 @@ local function parse_op()
     end
     local marks = {}
     for i = 3, #f do
-      local b, at = string.match(f[i], '^(%d+),(%d+)$')
+      -- born, at, and (a token bucket's) the interval the units were
+      -- charged at; a receipt made before it had two numbers (per 0).
+      local b, at, per = string.match(f[i], '^(%d+),(%d+),?(%d*)$')
       if b then
-        marks[i - 2] = { born = tonumber(b), at = tonumber(at) }
+        marks[i - 2] = { born = tonumber(b), at = tonumber(at), per = tonumber(per) or 0 }
       else
         marks[i - 2] = false
       end
@@ -393,8 +397,14 @@ local function bucket_settle(p, tat, born, refunds, now, units, actual, m)
         end
       end
       local top = m.at + above - refunds.n
-      -- Only what has not dripped back yet (none once the top <= now).
-      local refund = (units - actual) * t
+      -- Only what has not dripped back yet (none once the top <= now),
+      -- at the interval the units were charged at: an override may have
+      -- slowed the refill since (the model's TokenBucketState::settle).
+      local per = t
+      if m.per > 0 then
+        per = m.per
+      end
+      local refund = (units - actual) * per
       if refund > top - now then
         refund = top - now
       end

@@ -16,7 +16,9 @@
 -- ARGV[5] carries the calendar parts' bounds (see common.lua). A reserve
 -- appends, per part, its mark: born, then the tat after the charge plus
 -- the life's refunds (token bucket) or the entry's timestamp (window); for
--- a calendar quota, the window's start, then when its count began. A settle settles each part on
+-- a calendar quota, the window's start, then when its count began; then
+-- the interval a token bucket's units were charged at (0 for the other
+-- strategies). A settle settles each part on
 -- its own, then answers '?1'. A part's log is a sliding window's (see
 -- sliding_window.lua). On every write, all the keys get one TTL: the
 -- composite's expiry, the latest of its parts'.
@@ -446,7 +448,7 @@ for i = 1, n do
       end
     end
     s.v = new_tat
-    s.mark = new_tat
+    s.mark, s.per = new_tat, t
     if s.rf then
       s.mark = new_tat + parse_refunds(s.rf).n
     end
@@ -483,6 +485,7 @@ if RESERVE then
   for i = 1, n do
     reply[#reply + 1] = st[i].mark_born or st[i].born
     reply[#reply + 1] = st[i].mark
+    reply[#reply + 1] = st[i].per or 0
   end
 end
 return reply

@@ -216,6 +216,6 @@ elseif trimmed then
 end
 
 if RESERVE and verdict == 1 then
-  return { verdict, limit, remaining, retry, reset, w, born, last_ts }
+  return { verdict, limit, remaining, retry, reset, w, born, last_ts, 0 }
 end
 return { verdict, limit, remaining, retry, reset, w }

@@ -9,7 +9,7 @@
 -- every t µs, from the stored tat, born and refunds (common.lua's
 -- parse_refunds). Returns the reply, and for an admitted charge the state
 -- to write: tat, born, refunds (`reserve` appends the mark to the reply:
--- born, tat + the life's refunds).
+-- born, tat + the life's refunds, the interval charged).
 local function decide(capacity, t, tat, born, refunds, cost, charge, reserve)
   local tau = capacity * t
   if tat <= now then
@@ -35,7 +35,7 @@ local function decide(capacity, t, tat, born, refunds, cost, charge, reserve)
   local new_tat = now + new_debt
   local reply = { 1, capacity, idiv(tau - new_debt, t), 0, new_debt, tau }
   if reserve then
-    reply[7], reply[8] = born, new_tat + refunds.n
+    reply[7], reply[8], reply[9] = born, new_tat + refunds.n, t
   end
   return reply, new_tat, born, refunds
 end

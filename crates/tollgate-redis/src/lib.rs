@@ -1190,6 +1190,12 @@ fn op_arg(op: Op) -> Cow<'static, str> {
             let mut arg = format!("s{}:{}", n(receipt.units), n(actual));
             for mark in receipt.marks {
                 match mark {
+                    // The interval only where there is one: a receipt
+                    // without it settles as before (at the interval in
+                    // force).
+                    Some(m) if m.per > 0 => {
+                        arg.push_str(&format!(":{},{},{}", m.born, m.at, m.per))
+                    }
                     Some(m) => arg.push_str(&format!(":{},{}", m.born, m.at)),
                     None => arg.push_str(":-"),
                 }
@@ -1290,24 +1296,26 @@ fn parse_reply(v: &[Value], strategy: Strategy) -> Result<Reply, RedisError> {
             .ok_or_else(|| RedisError::Protocol(format!("unknown strategy {letter:?}")));
     }
     // A composite names its binding part; a reservation appends a mark
-    // (born, at) per part.
+    // (born, at, the interval a token bucket's units were charged at) per
+    // part.
     let base = match strategy {
         Strategy::Composite => 7,
         _ => 6,
     };
-    let max = base + 2 * tollgate_limiter::composite::MAX_PARTS;
-    if v.len() < base || v.len() > max || !(v.len() - base).is_multiple_of(2) {
+    let max = base + 3 * tollgate_limiter::composite::MAX_PARTS;
+    if v.len() < base || v.len() > max || !(v.len() - base).is_multiple_of(3) {
         return Err(RedisError::Protocol(format!("{} items", v.len())));
     }
     let mut marks: Marks = Default::default();
     for (i, m) in marks.iter_mut().enumerate() {
-        let at = base + 2 * i;
-        // A part without a mark would answer -1, -1 (every strategy's
+        let at = base + 3 * i;
+        // A part without a mark would answer -1, -1, 0 (every strategy's
         // scripts mark their parts today).
-        if at + 1 < v.len() && int(at)? >= 0 {
+        if at + 2 < v.len() && int(at)? >= 0 {
             *m = Some(Mark {
                 born: uint(at)?,
                 at: uint(at + 1)?,
+                per: uint(at + 2)?,
             });
         }
     }
@@ -1614,33 +1622,38 @@ mod tests {
     fn a_reservation_reads_its_marks_and_a_settle_sends_them() {
         let ints = |v: &[i64]| v.iter().map(|&n| Value::Int(n)).collect::<Vec<_>>();
         let Ok(Reply::Decision(d, marks)) =
-            parse_reply(&ints(&[1, 5, 4, 0, 7, 9, 11, 22]), Strategy::TokenBucket)
+            parse_reply(&ints(&[1, 5, 4, 0, 7, 9, 11, 22, 5]), Strategy::TokenBucket)
         else {
             panic!("a decision")
         };
         assert!(d.is_allowed());
-        assert_eq!(marks[0], Some(Mark { born: 11, at: 22 }));
+        let mark = |born, at, per| Some(Mark { born, at, per });
+        assert_eq!(marks[0], mark(11, 22, 5));
         assert_eq!(marks[1], None);
         // A composite: 7 items, then a mark per part.
-        let reply = ints(&[1, 5, 4, 0, 7, 9, 1, 1, 2, 3, 4]);
+        let reply = ints(&[1, 5, 4, 0, 7, 9, 1, 1, 2, 5, 3, 4, 0]);
         let Ok(Reply::Decision(d, marks)) = parse_reply(&reply, Strategy::Composite) else {
             panic!("a decision")
         };
         assert_eq!(d.part(), 1);
-        assert_eq!(
-            marks[..2],
-            [Some(Mark { born: 1, at: 2 }), Some(Mark { born: 3, at: 4 })]
-        );
-        // Half a mark, or more parts than a composite holds, is a protocol error.
-        for bad in [&reply[..10], &ints(&[1; 16])[..]] {
+        assert_eq!(marks[..2], [mark(1, 2, 5), mark(3, 4, 0)]);
+        // Part of a mark, or more parts than a composite holds, is a
+        // protocol error.
+        let too_many = ints(&[1; 7 + 3 * (tollgate_limiter::composite::MAX_PARTS + 1)]);
+        for bad in [&reply[..12], &reply[..11], &too_many[..]] {
             assert!(matches!(
                 parse_reply(bad, Strategy::Composite),
                 Err(RedisError::Protocol(_))
             ));
         }
         let mut receipt = Receipt::unmarked(9);
-        receipt.marks[1] = Some(Mark { born: 3, at: 4 });
+        receipt.marks[1] = mark(3, 4, 0);
         assert_eq!(op_arg(Op::Settle { receipt, actual: 2 }), "s9:2:-:3,4:-:-");
+        receipt.marks[0] = mark(1, 2, 5);
+        assert_eq!(
+            op_arg(Op::Settle { receipt, actual: 2 }),
+            "s9:2:1,2,5:3,4:-:-"
+        );
     }
 
     #[test]

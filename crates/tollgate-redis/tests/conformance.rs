@@ -56,14 +56,3 @@ tollgate_testkit::on_every_server! {
         assert!(items >= 2 && items / 2 <= limit + 1, "{items} list items");
     }
 }
-
-/// A known bug, ignored until fixed (see the check's docs).
-#[tokio::test]
-#[ignore = "known bug: a settle after a slower refill over-refunds"]
-async fn a_settle_under_a_slower_refill_refunds_only_the_unused() {
-    let (backend, clock) = setup(Server::Redis).await;
-    tollgate_testkit::conformance::a_settle_under_a_slower_refill_refunds_only_the_unused(
-        backend, clock,
-    )
-    .await;
-}

@@ -1002,34 +1002,46 @@ pub async fn a_refund_never_frees_what_an_excess_trimmed<B: Backend + Clone>(
 /// override (the refund is the unused units' share of the time the
 /// reservation took, not the unused units at the new, longer interval).
 ///
-/// Fails on every backend today (10 tokens left against 7: the refund is
-/// `min(unused x new interval, top - now)`, which at a longer interval
-/// also gives back the time of the units actually used); not in
-/// [`conformance_tests!`](crate::conformance_tests) until fixed: the backends' conformance files run
-/// it as an ignored test. The fix needs the interval a reservation was
-/// charged at in its receipt.
+/// Counted at the interval in force (`min(unused x new interval, top -
+/// now)`), the refund left 10 tokens against 7: at a longer interval it
+/// also gave back the time of the units actually used. The receipt's mark
+/// now carries the interval the units were charged at
+/// ([`Mark::per`](tollgate_limiter::strategy::reservation::Mark::per)).
 pub async fn a_settle_under_a_slower_refill_refunds_only_the_unused<B: Backend + Clone>(
     backend: B,
     clock: MockClock,
 ) {
-    let l = limiter("tb-slow", TokenBucket::new(10, 1, S).unwrap(), backend);
-    let (reserved, charged) = (Key::new("reserved"), Key::new("charged"));
-    let (v, r) = l.reserve(&reserved, 10).await;
-    assert!(v.is_allowed());
-    assert!(decide(&l, &charged, 5).await.is_allowed());
-    // The rate is halved (an operator, or the AIMD controller's cut).
-    let slower = TokenBucket::new(10, 1, 2 * S).unwrap();
-    l.set_override(None, Some(slower.into())).await.unwrap();
-    clock.advance(ms(1));
-    // The call really cost 5 of its 10.
-    let settled = r.settle(5).await.unwrap().unwrap();
-    let outright = peek(&l, &charged, 1).await;
-    assert!(
-        settled.remaining() <= outright.remaining(),
-        "reserve 10 then settle 5 left {} tokens, charging 5 left {}",
-        settled.remaining(),
-        outright.remaining()
-    );
+    let bucket = |period| Policy::from(TokenBucket::new(10, 1, period).unwrap());
+    // In a composite, beside a window that never binds.
+    let composite = |period| {
+        Policy::from(
+            Composite::new([bucket(period), SlidingWindow::new(100, S).unwrap().into()]).unwrap(),
+        )
+    };
+    for (name, policy, slower) in [
+        ("tb-slow", bucket(S), bucket(2 * S)),
+        ("tb-slow-c", composite(S), composite(2 * S)),
+    ] {
+        let l = limiter(name, policy, backend.clone());
+        let (reserved, charged) = (Key::new("reserved"), Key::new("charged"));
+        let (v, r) = l.reserve(&reserved, 10).await;
+        assert!(v.is_allowed());
+        assert!(decide(&l, &charged, 5).await.is_allowed());
+        // The rate is halved (an operator, or the AIMD controller's cut).
+        l.set_override(None, Some(slower)).await.unwrap();
+        clock.advance(ms(1));
+        // The call really cost 5 of its 10.
+        let settled = r.settle(5).await.unwrap().unwrap();
+        let outright = peek(&l, &charged, 1).await;
+        assert!(
+            settled.remaining() <= outright.remaining(),
+            "{name}: reserve 10 then settle 5 left {} tokens, charging 5 left {}",
+            settled.remaining(),
+            outright.remaining()
+        );
+        // And the refund was made: not the whole estimate kept.
+        assert_eq!(settled.remaining(), outright.remaining(), "{name}");
+    }
 }
 
 fn ms(n: u64) -> Duration {
@@ -1693,6 +1705,7 @@ macro_rules! conformance_tests {
                 composite_charges_nothing_on_refusal, calendar_day_across_daylight_saving,
                 calendar_month_in_a_composite, reserve_and_settle,
                 reserve_and_settle_a_calendar_quota, overlapping_reservations_refund_what_is_out,
+                a_settle_under_a_slower_refill_refunds_only_the_unused,
                 a_refund_never_frees_what_an_excess_trimmed,
                 concurrency_slots, concurrent_holds,
                 candidate_beside_enforced);

@@ -572,6 +572,7 @@ impl CalendarState {
         Mark {
             born: self.start,
             at: self.born,
+            per: 0,
         }
     }
 

@@ -251,11 +251,11 @@ impl CompositeState {
         combine(&taken)
     }
 
-    /// Where a charge just made sits, part by part.
-    pub fn marks(&self) -> [Option<crate::strategy::reservation::Mark>; MAX_PARTS] {
+    /// Where a charge just made under `c` sits, part by part.
+    pub fn marks(&self, c: &Composite) -> [Option<crate::strategy::reservation::Mark>; MAX_PARTS] {
         let mut marks = [None; MAX_PARTS];
-        for (m, s) in marks.iter_mut().zip(&self.parts) {
-            *m = s.mark();
+        for ((m, s), p) in marks.iter_mut().zip(&self.parts).zip(c.policies()) {
+            *m = s.mark(&p);
         }
         marks
     }

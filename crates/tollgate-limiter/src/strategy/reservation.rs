@@ -54,16 +54,13 @@
 //!   the conformance suite's `overlapping_reservations_refund_what_is_out`,
 //!   on every backend.
 //!
-//!   *Known limitation*: the refund is counted at the interval in force
-//!   when it is settled. If an override slows the refill between the
-//!   reserve and the settle, each unused unit gives back more time than it
-//!   was charged. For example, capacity 10 refilled at 1 a second: reserve
-//!   10, halve the rate, settle 5, and 10 tokens are free where charging 5
-//!   outright would leave 7. The fix needs the interval that was charged,
-//!   carried in the receipt. Until then the conformance check
-//!   `a_settle_under_a_slower_refill_refunds_only_the_unused` runs as an
-//!   ignored test. No client can trigger it: it needs an operator's
-//!   override, or the AIMD controller's cut, between the two calls.
+//!   An unused unit gives back the time it was charged: the mark carries
+//!   the interval of the charge ([`Mark::per`]). Counted at the interval
+//!   in force when settled, a refund after an override slowed the refill
+//!   gave back more: capacity 10 refilled at 1 a second, reserve 10, halve
+//!   the rate, settle 5, and 10 tokens were free where charging 5 outright
+//!   leaves 7 (the conformance check
+//!   `a_settle_under_a_slower_refill_refunds_only_the_unused`).
 //! * *Sliding window*: the units are taken out of the log entry recorded at
 //!   the reservation's instant ([`Mark::at`], as the backend saw it, after
 //!   clamping), at most that entry's cost. Once the entry has left the
@@ -162,6 +159,11 @@ pub struct Mark {
     /// Calendar quota: when the count holding the units began (`born`
     /// being the start of its window).
     pub at: Timestamp,
+    /// Token bucket: the refill interval (µs) the units were charged at,
+    /// which a refund counts in (an override may have slowed the refill
+    /// since). 0 for the other strategies, and for a receipt made before
+    /// this field: a refund then counts at the interval in force.
+    pub per: u64,
 }
 
 /// What a reservation took: its units, and where they sit (one [`Mark`]

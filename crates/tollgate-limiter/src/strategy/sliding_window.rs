@@ -206,6 +206,7 @@ impl SlidingWindowState {
         self.events.back().map(|&(at, _)| Mark {
             born: self.born,
             at,
+            per: 0,
         })
     }
 

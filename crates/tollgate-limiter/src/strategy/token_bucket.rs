@@ -228,13 +228,16 @@ impl TokenBucketState {
         (d, Some(now + new_debt))
     }
 
-    /// Where a charge just made sits: this life, and the arrival time
-    /// after it plus this life's refunds so far (the arrival time had no
-    /// refund been made: a later settle subtracts the refunds made since).
-    pub fn mark(&self) -> Mark {
+    /// Where a charge just made at interval `t` (µs, the policy's
+    /// [`interval_micros`](TokenBucket::interval_micros)) sits: this life,
+    /// the arrival time after it plus this life's refunds so far (the
+    /// arrival time had no refund been made: a later settle subtracts the
+    /// refunds made since), and `t`, which a refund counts in.
+    pub fn mark(&self, t: u64) -> Mark {
         Mark {
             born: self.born,
             at: self.tat + self.refunded,
+            per: t,
         }
     }
 
@@ -271,8 +274,11 @@ impl TokenBucketState {
                     .map(|r| r.amount)
                     .sum();
                 let top = (m.at + above).saturating_sub(self.refunded);
+                // At the interval the units were charged at: an override
+                // may have slowed the refill since.
+                let per = if m.per > 0 { m.per } else { t };
                 let refund = (units - actual)
-                    .saturating_mul(t)
+                    .saturating_mul(per)
                     .min(top.saturating_sub(now));
                 let tat = self.tat.saturating_sub(refund).max(now);
                 let amount = self.tat - tat;
