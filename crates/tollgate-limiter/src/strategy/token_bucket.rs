@@ -207,8 +207,13 @@ impl TokenBucketState {
         let debt = tat.max(now) - now;
         // The debt can exceed tau when an override shrank the bucket: then
         // nothing remains (never a negative count). Computed only by the
-        // answers that report it (a division: a charge computes its own).
-        let remaining = || tau.saturating_sub(debt) / t;
+        // answers that report it (a division: a charge computes its own),
+        // and not for less than a token's room, the common refusal (a
+        // 64-bit division is the slowest instruction of the path).
+        let remaining = || match tau.saturating_sub(debt) {
+            room if room < t => 0,
+            room => room / t,
+        };
         if cost > p.capacity() {
             return (Decision::impossible(p.capacity(), remaining(), debt), None);
         }
