@@ -240,6 +240,9 @@ impl AimdConfig {
                 ))
             }
         };
+        if let Some((field, reason)) = self.breaker.misread() {
+            return Err(bad(field, reason));
+        }
         rate("min_rate", self.min_rate)?;
         rate("max_rate", self.max_rate)?;
         rate("initial_rate", self.initial_rate)?;
@@ -377,14 +380,19 @@ impl RawAimdConfig {
             max_hold: dur("max_hold", raw.max_hold, d.max_hold)?,
             idle_expiry: dur("idle_expiry", raw.idle_expiry, d.idle_expiry)?,
             timeout: dur("timeout", raw.timeout, d.timeout)?,
-            breaker: BreakerConfig {
-                threshold: raw.breaker_threshold.unwrap_or(d.breaker.threshold),
-                backoff: dur("breaker_backoff", raw.breaker_backoff, d.breaker.backoff)?,
-                max_backoff: dur(
-                    "breaker_max_backoff",
-                    raw.breaker_max_backoff,
-                    d.breaker.max_backoff,
-                )?,
+            breaker: {
+                let backoff = dur("breaker_backoff", raw.breaker_backoff, d.breaker.backoff)?;
+                BreakerConfig {
+                    threshold: raw.breaker_threshold.unwrap_or(d.breaker.threshold),
+                    backoff,
+                    // Not given: the default, or the first back-off if
+                    // that is longer.
+                    max_backoff: dur(
+                        "breaker_max_backoff",
+                        raw.breaker_max_backoff,
+                        d.breaker.max_backoff.max(backoff),
+                    )?,
+                }
             },
         };
         config.validate_at(path)?;

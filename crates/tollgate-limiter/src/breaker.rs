@@ -29,6 +29,31 @@ pub struct BreakerConfig {
     pub max_backoff: Duration,
 }
 
+impl BreakerConfig {
+    /// What, loaded from configuration, would mean something else than it
+    /// says: the field, and why. A back-off of 0 probes on every call (a
+    /// threshold of 0 is how to turn the breaker off), and a longest
+    /// back-off below the first shortens the first.
+    pub(crate) fn misread(&self) -> Option<(&'static str, String)> {
+        if self.backoff.is_zero() {
+            return Some((
+                "breaker_backoff",
+                "must be longer than 0 (breaker_threshold = 0 turns the breaker off)".into(),
+            ));
+        }
+        if self.max_backoff < self.backoff {
+            return Some((
+                "breaker_max_backoff",
+                format!(
+                    "must be at least breaker_backoff ({:?}), not {:?}",
+                    self.backoff, self.max_backoff
+                ),
+            ));
+        }
+        None
+    }
+}
+
 /// The defaults: open after 5 failures, back off from 500 ms up to 1 s.
 ///
 /// A short `max_backoff` bounds recovery whatever the length of the outage

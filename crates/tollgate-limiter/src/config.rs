@@ -407,10 +407,18 @@ impl Config {
             backoff: opt_duration(d.breaker_backoff.as_deref())
                 .map_err(|e| dflt("breaker_backoff", e))?
                 .unwrap_or(base.backoff),
-            max_backoff: opt_duration(d.breaker_max_backoff.as_deref())
-                .map_err(|e| dflt("breaker_max_backoff", e))?
-                .unwrap_or(base.max_backoff),
+            max_backoff: base.max_backoff,
         };
+        let max_backoff = opt_duration(d.breaker_max_backoff.as_deref())
+            .map_err(|e| dflt("breaker_max_backoff", e))?;
+        // Not given: the default, or the first back-off if that is longer.
+        let breaker = BreakerConfig {
+            max_backoff: max_backoff.unwrap_or(breaker.max_backoff.max(breaker.backoff)),
+            ..breaker
+        };
+        if let Some((field, reason)) = breaker.misread() {
+            return Err(dflt(field, reason));
+        }
         let mut limiters = BTreeMap::new();
         for (name, l) in raw.limiters {
             if name.is_empty() || name.contains(['{', '}', ':']) {
@@ -1112,6 +1120,37 @@ mod tests {
             [limiters.api]
             policies = [{ strategy = "token_bucket", capacity = 1, refill = "1/0s" }]"#);
         assert!(e.contains("policies[0].refill"), "{e}");
+    }
+
+    /// A breaker's back-offs that would mean something else than they say
+    /// are refused at load, naming the field.
+    #[test]
+    fn breaker_back_offs_mean_what_they_say() {
+        let tb = "[limiters.api]\nstrategy='token_bucket'\ncapacity=10\nrefill='10/s'\n";
+        let e = err(&format!("[defaults]\nbreaker_backoff='0s'\n{tb}"));
+        assert!(e.contains("defaults.breaker_backoff"), "{e}");
+        let e = err(&format!(
+            "[defaults]\nbreaker_backoff='2s'\nbreaker_max_backoff='1s'\n{tb}"
+        ));
+        assert!(e.contains("defaults.breaker_max_backoff"), "{e}");
+        // Not given, the longest back-off is at least the first.
+        let c = load(&format!("[defaults]\nbreaker_backoff='2s'\n{tb}")).unwrap();
+        let b = c.limiter("api").unwrap().breaker;
+        let two = Duration::from_secs(2);
+        assert_eq!((b.backoff, b.max_backoff), (two, two));
+        // Equal, or a threshold of 0 (the breaker off), load.
+        let ok = format!("[defaults]\nbreaker_backoff='2s'\nbreaker_max_backoff='2s'\n{tb}");
+        assert!(Config::builder().toml_str(&ok).load().is_ok());
+        let off = format!("[defaults]\nbreaker_threshold=0\n{tb}");
+        assert!(Config::builder().toml_str(&off).load().is_ok());
+        // An adaptive limiter's breaker: the same rules.
+        let e = err("[adaptive.crawler]\nbreaker_backoff = '0s'");
+        assert!(e.contains("adaptive.crawler.breaker_backoff"), "{e}");
+        let e = err("[adaptive.crawler]\nbreaker_backoff = '3s'\nbreaker_max_backoff = '2s'");
+        assert!(e.contains("adaptive.crawler.breaker_max_backoff"), "{e}");
+        let c = load("[adaptive.crawler]\nbreaker_backoff = '3s'").unwrap();
+        let b = c.adaptive("crawler").unwrap().breaker;
+        assert_eq!(b.max_backoff, Duration::from_secs(3));
     }
 
     #[test]
