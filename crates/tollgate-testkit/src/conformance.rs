@@ -1222,8 +1222,26 @@ fn variant(base: &Policy) -> BoxedStrategy<Policy> {
 
 /// A random trace: a policy and up to `len` steps.
 pub fn traces(len: usize) -> impl Strategy<Value = (Policy, Vec<Step>)> {
+    traces_overridden_by(len, false)
+}
+
+/// A random trace whose overrides may switch the strategy: like
+/// [`traces`], but an override is any policy, so a key's state meets a
+/// script (a model step) of another strategy, in every operation.
+pub fn cross_strategy_traces(len: usize) -> impl Strategy<Value = (Policy, Vec<Step>)> {
+    traces_overridden_by(len, true)
+}
+
+/// [`traces`], its overrides of the trace's strategy only, or of any
+/// (`cross`, three times as often).
+fn traces_overridden_by(len: usize, cross: bool) -> impl Strategy<Value = (Policy, Vec<Step>)> {
     policies().prop_flat_map(move |policy| {
         let max = policy.max_cost().unwrap_or(3);
+        let (overrides, weight) = if cross {
+            (policies().boxed(), 3)
+        } else {
+            (variant(&policy), 1)
+        };
         let step = prop_oneof![
             4 => durations().prop_map(Step::Advance),
             // Costs up to one above the configured maximum: impossible ones
@@ -1239,31 +1257,7 @@ pub fn traces(len: usize) -> impl Strategy<Value = (Policy, Vec<Step>)> {
             // under other strategies these look.
             6 => (0..KEYS, 0..6u64).prop_map(|(key, id)| Step::Hold { key, id }),
             3 => (0..KEYS, 0..6u64).prop_map(|(key, id)| Step::Release { key, id }),
-            1 => (proptest::option::of(0..KEYS), proptest::option::of(variant(&policy)))
-                .prop_map(|(k, p)| Step::Override(k, p)),
-        ];
-        (Just(policy), proptest::collection::vec(step, 1..len))
-    })
-}
-
-/// A random trace whose overrides may switch the strategy: like
-/// [`traces`], but an override is any policy, so a key's state meets a
-/// script (a model step) of another strategy, in every operation.
-pub fn cross_strategy_traces(len: usize) -> impl Strategy<Value = (Policy, Vec<Step>)> {
-    policies().prop_flat_map(move |policy| {
-        let max = policy.max_cost().unwrap_or(3);
-        let step = prop_oneof![
-            4 => durations().prop_map(Step::Advance),
-            8 => (0..KEYS, 0..=max + 1).prop_map(|(key, cost)| Step::Acquire { key, cost }),
-            3 => (0..KEYS, 0..=max + 1).prop_map(|(key, cost)| Step::Peek { key, cost }),
-            1 => (0..KEYS, 0..=2 * max).prop_map(|(key, units)| Step::Penalise { key, units }),
-            1 => (0..KEYS).prop_map(Step::Reset),
-            3 => (0..KEYS, 0..=max + 1).prop_map(|(key, cost)| Step::Reserve { key, cost }),
-            3 => (0..8usize, 0..=2 * max + 1)
-                .prop_map(|(which, actual)| Step::Settle { which, actual }),
-            6 => (0..KEYS, 0..6u64).prop_map(|(key, id)| Step::Hold { key, id }),
-            3 => (0..KEYS, 0..6u64).prop_map(|(key, id)| Step::Release { key, id }),
-            3 => (proptest::option::of(0..KEYS), proptest::option::of(policies()))
+            weight => (proptest::option::of(0..KEYS), proptest::option::of(overrides))
                 .prop_map(|(k, p)| Step::Override(k, p)),
         ];
         (Just(policy), proptest::collection::vec(step, 1..len))
