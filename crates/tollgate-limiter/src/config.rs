@@ -402,19 +402,17 @@ impl Config {
             .map_err(|e| dflt("timeout", e))?
             .unwrap_or(DEFAULT_TIMEOUT);
         let base = BreakerConfig::default();
+        let backoff = opt_duration(d.breaker_backoff.as_deref())
+            .map_err(|e| dflt("breaker_backoff", e))?
+            .unwrap_or(base.backoff);
         let breaker = BreakerConfig {
             threshold: d.breaker_threshold.unwrap_or(base.threshold),
-            backoff: opt_duration(d.breaker_backoff.as_deref())
-                .map_err(|e| dflt("breaker_backoff", e))?
-                .unwrap_or(base.backoff),
-            max_backoff: base.max_backoff,
-        };
-        let max_backoff = opt_duration(d.breaker_max_backoff.as_deref())
-            .map_err(|e| dflt("breaker_max_backoff", e))?;
-        // Not given: the default, or the first back-off if that is longer.
-        let breaker = BreakerConfig {
-            max_backoff: max_backoff.unwrap_or(breaker.max_backoff.max(breaker.backoff)),
-            ..breaker
+            backoff,
+            // Not given: the default, or the first back-off if that is
+            // longer.
+            max_backoff: opt_duration(d.breaker_max_backoff.as_deref())
+                .map_err(|e| dflt("breaker_max_backoff", e))?
+                .unwrap_or(base.max_backoff.max(backoff)),
         };
         if let Some((field, reason)) = breaker.misread() {
             return Err(dflt(field, reason));
