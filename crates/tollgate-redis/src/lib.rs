@@ -505,14 +505,14 @@ impl RedisBackendBuilder {
         let url = self.urls.first().ok_or(RedisError::Unsupported("no URL"))?;
         if sentinel::is_sentinel_url(url) {
             let parsed = sentinel::parse(url)?;
-            // A lookup asks several sentinels, then the master: bounded
-            // like the cluster's multi-node connect.
-            let lookup = self
+            // Each sentinel asked: a connection and its replies to it,
+            // then to the server it names.
+            let per_sentinel = self
                 .connect_timeout
                 .saturating_add(self.response_timeout)
-                .saturating_mul(3);
+                .saturating_mul(2);
             return Ok(conn::Connector::Sentinel {
-                sentinel: sentinel::Sentinels::new(&parsed, lookup)?,
+                sentinel: sentinel::Sentinels::new(&parsed, per_sentinel)?,
                 config: conn::manager_config(self.timeouts()),
             });
         }

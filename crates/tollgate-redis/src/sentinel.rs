@@ -18,13 +18,15 @@
 //! Every connection the backend makes (at start-up, and whenever a
 //! connection is replaced) first asks the sentinels for the master's
 //! address through the redis crate's [`redis::sentinel::Sentinel`], which
-//! checks the `ROLE` of the server it returns.
+//! checks the `ROLE` of the server it returns. The sentinels are asked one
+//! at a time, each within a bound derived from the backend's timeouts; the
+//! one that answered is asked first next time (see [`Sentinels`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
-use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
 use tokio::sync::Mutex;
 
 use crate::RedisError;
@@ -187,17 +189,46 @@ fn decode(s: &str) -> Option<String> {
 }
 
 /// The sentinels of one master, shared by every slot's keeper.
+///
+/// Each sentinel is a redis-rs [`Sentinel`] of its own, asked alone under
+/// a bound of its own, so that one that does not answer (a network gone
+/// silent) costs a lookup that bound, not the whole lookup. One redis-rs
+/// `Sentinel` of several sentinels asks them with its own timeouts (1 s to
+/// connect, 500 ms for a reply), whatever the backend's, and takes their
+/// answers in list order: a silent first sentinel held every lookup about
+/// a second (1.5 s on a connection it had open), and made every lookup
+/// fail when the backend's timeouts bounded the lookup to less.
 #[derive(Clone)]
 pub(crate) struct Sentinels {
-    sentinel: Arc<Mutex<Sentinel>>,
+    state: Arc<Mutex<State>>,
     master: String,
     node: SentinelNodeConnectionInfo,
-    /// Bounds one lookup (several sentinels, then the master's `ROLE`).
-    lookup_timeout: Duration,
+    /// Bounds one sentinel's part of a lookup (a connection and its
+    /// replies to the sentinel, then to the server it names).
+    per_sentinel: Duration,
+}
+
+/// The sentinels' clients, and which one to ask first.
+struct State {
+    /// The URL's sentinels, to build a client anew.
+    infos: Vec<ConnectionInfo>,
+    /// One client per sentinel (each caches its connection).
+    clients: Vec<Sentinel>,
+    /// The sentinel that answered last: the next lookup asks it first, and
+    /// then the others in the URL's order.
+    first: usize,
+}
+
+impl State {
+    /// The order in which to ask the sentinels.
+    fn order(&self) -> impl Iterator<Item = usize> + use<> {
+        let first = self.first;
+        std::iter::once(first).chain((0..self.infos.len()).filter(move |&i| i != first))
+    }
 }
 
 impl Sentinels {
-    pub(crate) fn new(url: &SentinelUrl, lookup_timeout: Duration) -> Result<Self, RedisError> {
+    pub(crate) fn new(url: &SentinelUrl, per_sentinel: Duration) -> Result<Self, RedisError> {
         let mut to_sentinel = RedisConnectionInfo::default();
         if let Some(u) = &url.sentinel_username {
             to_sentinel = to_sentinel.set_username(u);
@@ -214,6 +245,10 @@ impl Sentinels {
                     .set_redis_settings(to_sentinel.clone()))
             })
             .collect::<redis::RedisResult<Vec<_>>>()?;
+        let clients = infos
+            .iter()
+            .map(|info| Sentinel::build(vec![info.clone()]))
+            .collect::<redis::RedisResult<Vec<_>>>()?;
         let mut to_master = RedisConnectionInfo::default().set_db(url.db);
         if let Some(u) = &url.username {
             to_master = to_master.set_username(u);
@@ -222,45 +257,79 @@ impl Sentinels {
             to_master = to_master.set_password(p);
         }
         Ok(Self {
-            sentinel: Arc::new(Mutex::new(Sentinel::build(infos)?)),
+            state: Arc::new(Mutex::new(State {
+                infos,
+                clients,
+                first: 0,
+            })),
             master: url.master.clone(),
             node: SentinelNodeConnectionInfo::default().set_redis_connection_info(to_master),
-            lookup_timeout,
+            per_sentinel,
         })
+    }
+
+    /// Asks the sentinels one at a time, each within `per_sentinel`, until
+    /// one answers; that one is asked first next time. A sentinel that ran
+    /// out of time loses its client (and the connection it holds, which
+    /// may be the silent one): the next time it is asked, it is connected
+    /// afresh. Lookups take turns: one that waits for another starts with
+    /// the sentinel that answered it.
+    async fn ask<T>(
+        &self,
+        query: for<'a> fn(&'a mut Sentinel, &'a Self) -> redis::RedisFuture<'a, T>,
+    ) -> redis::RedisResult<T> {
+        let mut state = self.state.lock().await;
+        let mut error = None;
+        for i in state.order() {
+            match tokio::time::timeout(self.per_sentinel, query(&mut state.clients[i], self)).await
+            {
+                Ok(Ok(answer)) => {
+                    state.first = i;
+                    return Ok(answer);
+                }
+                Ok(Err(e)) => error = Some(e),
+                Err(_) => {
+                    state.clients[i] = Sentinel::build(vec![state.infos[i].clone()])?;
+                    // A sentinel's answer (a master not found, a server
+                    // that is not a master) says more than another's
+                    // silence.
+                    error.get_or_insert_with(timed_out);
+                }
+            }
+        }
+        Err(error.unwrap_or_else(timed_out))
     }
 
     /// A client for the master the sentinels name now (checked with
     /// `ROLE`).
     pub(crate) async fn master(&self) -> redis::RedisResult<redis::Client> {
-        let lookup = async {
-            let mut s = self.sentinel.lock().await;
-            s.async_master_for(&self.master, Some(&self.node)).await
-        };
-        tokio::time::timeout(self.lookup_timeout, lookup)
+        self.ask(|s, me| Box::pin(s.async_master_for(&me.master, Some(&me.node))))
             .await
-            .unwrap_or_else(|_| Err(std::io::Error::from(std::io::ErrorKind::TimedOut).into()))
     }
 
     /// Clients for the replicas the sentinels know (each checked with
     /// `ROLE`): the servers that can become the master. None is not an
     /// error (a master without a replica, or right after a failover).
     pub(crate) async fn replicas(&self) -> redis::RedisResult<Vec<redis::Client>> {
-        let lookup = async {
-            let mut s = self.sentinel.lock().await;
-            match s
-                .async_get_replica_clients(&self.master, Some(&self.node))
-                .await
-            {
-                Err(e) if e.kind() == redis::ErrorKind::NoValidReplicasFoundBySentinel => {
-                    Ok(Vec::new())
+        self.ask(|s, me| {
+            Box::pin(async move {
+                match s
+                    .async_get_replica_clients(&me.master, Some(&me.node))
+                    .await
+                {
+                    Err(e) if e.kind() == redis::ErrorKind::NoValidReplicasFoundBySentinel => {
+                        Ok(Vec::new())
+                    }
+                    other => other,
                 }
-                other => other,
-            }
-        };
-        tokio::time::timeout(self.lookup_timeout, lookup)
-            .await
-            .unwrap_or_else(|_| Err(std::io::Error::from(std::io::ErrorKind::TimedOut).into()))
+            })
+        })
+        .await
     }
+}
+
+fn timed_out() -> redis::RedisError {
+    std::io::Error::from(std::io::ErrorKind::TimedOut).into()
 }
 
 #[cfg(test)]

@@ -6,6 +6,12 @@
 //! that the other masters keep deciding while one has no master. They measure the gap and what
 //! the failover lost, and print both (`--nocapture`).
 //!
+//! The `sentinel_silent_first_sentinel_*` tests put a network that went
+//! silent (a relay that keeps connections and forwards nothing) in front
+//! of the first of two sentinels: the backend must start, and follow a
+//! failover, on the second's answers within bounds derived from its
+//! timeouts.
+//!
 //! `TOLLGATE_FAILOVER_CYCLES` (default 1) repeats the failover: the killed
 //! server is restarted, rejoins as a replica, and the new master is killed
 //! next; `scripts/failover-soak.sh` runs the long form.
@@ -16,11 +22,15 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tollgate_limiter::{BreakerConfig, FailMode, Key, Limiter, TokenBucket, Verdict};
-use tollgate_redis::{Durability, NodeRole, RedisBackend};
+use tollgate_limiter::{
+    Backend, BreakerConfig, Decision, FailMode, Key, Limiter, Op, Policy, Request, TokenBucket,
+    Verdict,
+};
+use tollgate_redis::{Durability, NodeRole, RedisBackend, RedisBackendBuilder, RedisError};
 use tollgate_testkit::conformance::{assert_fail_mode_held, unique_name};
 use tollgate_testkit::ha::{RedisSentinel, wait_synced};
 use tollgate_testkit::redis_server::RedisCluster;
+use tollgate_testkit::relay::Relay;
 
 const S: Duration = Duration::from_secs(1);
 
@@ -363,6 +373,156 @@ async fn sentinel_failover_under_load() {
     let now = blocking(|| ha.master_port()).unwrap();
     assert_eq!(report.nodes[0].node, format!("127.0.0.1:{now}"));
     assert_eq!(report.nodes[0].role, NodeRole::Master);
+}
+
+/// The connect and response timeouts of the silent-sentinel tests: shorter
+/// than the redis crate's own (1 s to connect, 500 ms for a reply), which
+/// its sentinel client uses whatever the backend's are.
+const CONNECT: Duration = Duration::from_millis(100);
+const RESPONSE: Duration = Duration::from_millis(100);
+
+/// The keeper's least time between two connection attempts.
+const RETRY: Duration = Duration::from_millis(250);
+
+/// What one lookup may cost when `asked` sentinels are asked: each one
+/// within 2 x (connect + response) (docs/redis.md, "Topologies and URLs").
+fn lookup_bound(asked: u32) -> Duration {
+    (CONNECT + RESPONSE) * 2 * asked
+}
+
+/// A backend whose first sentinel is reached through `relay` (to the
+/// topology's first sentinel), its second directly (the topology's second).
+fn behind_relay(ha: &RedisSentinel, relay: &Relay) -> RedisBackendBuilder {
+    let url = format!(
+        "redis+sentinel://{},{}/{}",
+        relay.addr(),
+        ha.sentinels()[1].addr(),
+        ha.master_name()
+    );
+    RedisBackend::builder(url)
+        .prefix(unique_name("silent-sentinel"))
+        .connect_timeout(CONNECT)
+        .response_timeout(RESPONSE)
+}
+
+/// One decision straight from the backend (no limiter: no breaker, no
+/// fail mode in the way).
+async fn decide(b: &RedisBackend) -> Result<Decision, RedisError> {
+    let policy = Policy::from(TokenBucket::new(1_000, 1, S).unwrap());
+    let key = Key::new("k");
+    let req = Request {
+        limiter: "silent",
+        key: &key,
+        policy: &policy,
+        op: Op::Acquire(1),
+    };
+    b.decide(req).await
+}
+
+/// The master's port as sentinel `i` names it.
+fn named_by(ha: &RedisSentinel, i: usize) -> Option<u16> {
+    let out = ha.sentinels()[i].cli(&["sentinel", "get-master-addr-by-name", ha.master_name()]);
+    out.lines().nth(1)?.trim().parse().ok()
+}
+
+/// The first sentinel's network is silent (a relay that keeps every
+/// connection and forwards nothing), the second is healthy: the backend
+/// starts (two slots, and the durability check, which asks the sentinels
+/// for the master and the replicas) on the second's answers. The first
+/// lookup gives the silent sentinel its bound and moves on; the later ones
+/// ask the sentinel that answered first, and never dial the silent one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_silent_first_sentinel_at_start() {
+    let Some(ha) = blocking(RedisSentinel::start) else {
+        return;
+    };
+    let relay = Relay::start(ha.sentinels()[0].addr());
+    relay.silence();
+    // Four lookups; the silent sentinel may cost each its bound. A few
+    // times that is "did not hang", not a speed.
+    let bound = 4 * lookup_bound(2);
+    let started = Instant::now();
+    let build = behind_relay(&ha, &relay)
+        .pool_size(2)
+        .durability(Durability::Report)
+        .build();
+    let b = tokio::time::timeout(bound, build)
+        .await
+        .unwrap_or_else(|_| panic!("the start hung past {bound:?}"))
+        .expect("the second sentinel names the master");
+    println!("started in {:?}", started.elapsed());
+    assert_eq!(
+        relay.accepted(),
+        1,
+        "later lookups dialled the silent sentinel"
+    );
+    let d = decide(&b).await.expect("decided on the master");
+    assert!(d.is_allowed(), "{d:?}");
+    let master = blocking(|| ha.master_port()).unwrap();
+    let report = tokio::time::timeout(bound, b.check_durability())
+        .await
+        .unwrap_or_else(|_| panic!("the durability check hung past {bound:?}"))
+        .unwrap();
+    let roles: Vec<NodeRole> = report.nodes.iter().map(|n| n.role).collect();
+    assert_eq!(roles, [NodeRole::Master, NodeRole::Replica], "{report:?}");
+    assert_eq!(report.nodes[0].node, format!("127.0.0.1:{master}"));
+    assert_eq!(
+        relay.accepted(),
+        1,
+        "later lookups dialled the silent sentinel"
+    );
+}
+
+/// The backend started with both sentinels answering (it holds a
+/// connection to the first); then the first one's network goes silent and
+/// the master is killed: once the healthy sentinel names the promoted
+/// replica, decisions resume on it, every reconnection giving the silent
+/// sentinel (its held connection, then new ones) its bound and moving on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_silent_first_sentinel_during_failover() {
+    let Some(mut ha) = blocking(RedisSentinel::start) else {
+        return;
+    };
+    let relay = Relay::start(ha.sentinels()[0].addr());
+    let b = behind_relay(&ha, &relay)
+        .durability(Durability::Skip)
+        .build()
+        .await
+        .expect("connect");
+    assert!(decide(&b).await.unwrap().is_allowed());
+
+    relay.silence();
+    let old = blocking(|| ha.kill_master());
+    let new = blocking(|| ha.wait_promoted(old, RESUME_WITHIN));
+    let new = new.expect("the sentinels promoted the replica");
+    // Sentinels learn a failover from each other (hello messages, every
+    // 2 s): wait until the one the backend can reach names the new master.
+    let deadline = Instant::now() + RESUME_WITHIN;
+    while blocking(|| named_by(&ha, 1)) != Some(new) {
+        assert!(Instant::now() < deadline, "sentinel 1 never named :{new}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The keeper's attempt under way, its pause, the next one; a few times
+    // that is "did not hang".
+    let bound = 4 * (RETRY + lookup_bound(2));
+    let since = Instant::now();
+    let d = loop {
+        match decide(&b).await {
+            Ok(d) => break d,
+            Err(e) => assert!(
+                since.elapsed() < bound,
+                "decisions did not resume within {bound:?} of sentinel 1 naming :{new}: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    println!(
+        "resumed {:?} after sentinel 1 named :{new}",
+        since.elapsed()
+    );
+    assert!(d.is_allowed(), "{d:?}");
+    let report = b.check_durability().await.unwrap();
+    assert_eq!(report.nodes[0].node, format!("127.0.0.1:{new}"));
 }
 
 /// The hash slot of a key (CRC16/XMODEM of its hash tag, or of the whole

@@ -35,6 +35,7 @@
 //! ```
 
 use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -59,6 +60,8 @@ struct Control {
     /// current one (new connections join it). [`Relay::retarget`] starts a
     /// new generation, so the old connections keep their own switch.
     generations: Mutex<Vec<watch::Sender<bool>>>,
+    /// Connections accepted so far.
+    accepted: AtomicUsize,
 }
 
 impl Control {
@@ -86,6 +89,7 @@ impl Relay {
         let control = Arc::new(Control {
             target: Mutex::new(target),
             generations: Mutex::new(vec![watch::channel(false).0]),
+            accepted: AtomicUsize::new(0),
         });
         let task = tokio::spawn(accept(listener, control.clone())).abort_handle();
         Self {
@@ -103,6 +107,12 @@ impl Relay {
     /// `redis://127.0.0.1:<port>` of the relay.
     pub fn url(&self) -> String {
         format!("redis://{}", self.addr)
+    }
+
+    /// How many connections the relay has accepted, silent or not: how
+    /// often a client dialled this address.
+    pub fn accepted(&self) -> usize {
+        self.control.accepted.load(Ordering::Relaxed)
     }
 
     /// Every open connection, and every new one until the next
@@ -142,6 +152,7 @@ async fn accept(listener: tokio::net::TcpListener, control: Arc<Control>) {
         let Ok((client, _)) = listener.accept().await else {
             continue;
         };
+        control.accepted.fetch_add(1, Ordering::Relaxed);
         let target = *lock(&control.target);
         let silent = control.current();
         connections.spawn(async move {
