@@ -1,7 +1,10 @@
+use std::fmt;
 use std::sync::Arc;
 
 use http::header::CONTENT_TYPE;
 use http::request::Parts;
+use serde::Deserializer as _;
+use serde::de::{IgnoredAny, MapAccess, Visitor};
 use tollgate_limiter::{Key, KeyHasher};
 
 use crate::extract::KeyExtractor;
@@ -27,13 +30,19 @@ where
 }
 
 /// An email address from a field of a JSON object or a URL-encoded form
-/// (by `Content-Type`; without one, JSON then form is tried), normalised
+/// (by `Content-Type`; without one, the body is read both ways), normalised
 /// (trimmed, lower-cased) and hashed with [`KeyHasher::email`] (HMAC under
 /// your secret: the backend never holds the address, and a reader of the
 /// backend cannot confirm a guessed one).
 ///
 /// A value that is not a string, is empty, longer than 254 bytes, or has
-/// no `@` is no key.
+/// no `@` is no key. Nor is a body that gives the field more than once (a
+/// JSON key or a form field repeated, however it is escaped or encoded;
+/// without a `Content-Type`, a field found by both readings): the handler
+/// may read another of its values than this extractor would (a form read
+/// into a map keeps the last one, a hand-written parser the first), and
+/// each request could then name a fresh decoy to the limiter and the
+/// victim to the handler.
 #[derive(Debug, Clone)]
 pub struct Email {
     field: Arc<str>,
@@ -49,15 +58,53 @@ impl Email {
         }
     }
 
-    fn in_json(&self, body: &[u8]) -> Option<String> {
-        let v: serde_json::Value = serde_json::from_slice(body).ok()?;
-        v.get(&*self.field)?.as_str().map(str::to_owned)
+    /// Adds to `found` every value a JSON object gives the field (`None`
+    /// for one that is not a string); nothing if `body` is not one.
+    fn in_json(&self, body: &[u8], found: &mut Vec<Option<String>>) {
+        let mut values = Vec::new();
+        let fields = Fields {
+            name: &self.field,
+            values: &mut values,
+        };
+        let mut de = serde_json::Deserializer::from_slice(body);
+        if de.deserialize_map(fields).is_ok() && de.end().is_ok() {
+            found.append(&mut values);
+        }
     }
 
-    fn in_form(&self, body: &[u8]) -> Option<String> {
-        form_urlencoded::parse(body)
-            .find(|(k, _)| *k == *self.field)
-            .map(|(_, v)| v.into_owned())
+    /// Adds to `found` every value a URL-encoded form gives the field.
+    fn in_form(&self, body: &[u8], found: &mut Vec<Option<String>>) {
+        let values = form_urlencoded::parse(body)
+            .filter(|(k, _)| *k == *self.field)
+            .map(|(_, v)| Some(v.into_owned()));
+        found.extend(values);
+    }
+}
+
+/// Reads a JSON object, keeping every value of one field: a key given
+/// twice is two values (`serde_json::Value` would keep the last).
+struct Fields<'a> {
+    name: &'a str,
+    values: &'a mut Vec<Option<String>>,
+}
+
+impl<'de> Visitor<'de> for Fields<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<String>()? {
+            if key == self.name {
+                let value: serde_json::Value = map.next_value()?;
+                self.values.push(value.as_str().map(str::to_owned));
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -74,13 +121,21 @@ impl BodyExtractor for Email {
                     .trim()
                     .to_ascii_lowercase()
             });
-        let email = match ct.as_deref() {
-            Some("application/json") => self.in_json(body),
-            Some(ct) if ct.ends_with("+json") => self.in_json(body),
-            Some("application/x-www-form-urlencoded") => self.in_form(body),
-            Some(_) => None,
-            None => self.in_json(body).or_else(|| self.in_form(body)),
-        }?;
+        let mut found = Vec::new();
+        match ct.as_deref() {
+            Some("application/json") => self.in_json(body, &mut found),
+            Some(ct) if ct.ends_with("+json") => self.in_json(body, &mut found),
+            Some("application/x-www-form-urlencoded") => self.in_form(body, &mut found),
+            Some(_) => {}
+            None => {
+                self.in_json(body, &mut found);
+                self.in_form(body, &mut found);
+            }
+        }
+        // One string, or the body is ambiguous (see the type's docs).
+        let [Some(email)] = found.as_slice() else {
+            return None;
+        };
         let email = email.trim();
         let ok = !email.is_empty()
             && email.len() <= MAX_EMAIL_LEN
@@ -167,6 +222,54 @@ mod tests {
         );
     }
 
+    /// A field given twice, or found by both readings of a body without a
+    /// `Content-Type`, has two answers: the handler may read the other one
+    /// (a form read into a map keeps the last value, a hand-written parser
+    /// the first), so an attacker could have a fresh decoy counted while
+    /// guessing one account's password. Such a body is no key.
+    #[test]
+    fn a_field_given_twice_or_two_ways_is_no_key() {
+        let e = Email::field("email", hasher());
+        let json = parts(Some("application/json"));
+        let form = parts(Some("application/x-www-form-urlencoded"));
+        for body in [
+            &br#"{"email":"decoy@x.io","email":"victim@x.io"}"#[..],
+            br#"{"email":"victim@x.io","em\u0061il":"decoy@x.io"}"#,
+            br#"{"email":"victim@x.io","email":"victim@x.io"}"#,
+            br#"{"email":"victim@x.io","email":42}"#,
+        ] {
+            assert_eq!(
+                e.extract(&json, body),
+                None,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        for body in [
+            &b"email=decoy%40x.io&email=victim%40x.io"[..],
+            b"email=victim%40x.io&%65mail=decoy%40x.io",
+            b"email=&email=victim%40x.io",
+        ] {
+            assert_eq!(
+                e.extract(&form, body),
+                None,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        // No Content-Type: a JSON body whose string holds a form field.
+        let both = br#"{"email":"decoy@x.io","pad":"&email=victim%40x.io&"}"#;
+        assert_eq!(e.extract(&parts(None), both), None);
+        // Escapes and percent-encodings are one spelling, once.
+        let want = Some(hasher().email("victim@x.io"));
+        assert_eq!(
+            e.extract(&json, br#"{"em\u0061il":"Victim\u0040x.io"}"#),
+            want
+        );
+        assert_eq!(e.extract(&form, b"%65mail=victim%40x%2Eio"), want);
+        assert_eq!(e.extract(&parts(None), br#"{"email":"victim@x.io"}"#), want);
+    }
+
     proptest::proptest! {
         /// Whatever the body and its `Content-Type`, extraction never
         /// panics, and a key is always a keyed hash (never the raw bytes
@@ -208,5 +311,6 @@ mod tests {
                 proptest::prop_assert_eq!(got, Some(hasher().email(t)));
             }
         }
+
     }
 }

@@ -262,6 +262,69 @@ mod tests {
         assert_eq!(status(form("email", "b%40x.io", "no")).await, 400);
     }
 
+    /// Bodies that name the victim to the handler and someone else to the
+    /// limiter: a field given twice (a handler reading the form into a map
+    /// keeps the last value), and a JSON body without a `Content-Type`
+    /// whose string holds a form field (a handler reading the form
+    /// whatever the `Content-Type`). Every other spelling names a fresh
+    /// decoy; at most the free attempts and one more may reach the handler.
+    #[tokio::test]
+    async fn the_limiter_counts_the_account_the_handler_logs_into() {
+        use std::collections::HashMap;
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        use http_body_util::BodyExt;
+
+        let clock = MockClock::new();
+        let (ip, account) = limiters(&clock);
+        let svc = LoginLayer::new(ip, account, ClientIp::new(), hasher());
+        let guesses = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::clone(&guesses);
+        let svc = svc.layer(service_fn(move |req: Request<Full<Bytes>>| {
+            let seen = Arc::clone(&seen);
+            async move {
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                let fields: HashMap<String, String> =
+                    form_urlencoded::parse(&body).into_owned().collect();
+                if fields.get("email").map(String::as_str) == Some("victim@x.io") {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                }
+                let mut res = Response::new(Full::<Bytes>::default());
+                *res.status_mut() = StatusCode::UNAUTHORIZED;
+                Ok::<_, Infallible>(res)
+            }
+        }));
+        let attempt = |body: String, form: bool| {
+            let svc = svc.clone();
+            let mut req = Request::post("/login").body(Full::from(body)).unwrap();
+            if form {
+                req.headers_mut().insert(
+                    "content-type",
+                    http::HeaderValue::from_static("application/x-www-form-urlencoded"),
+                );
+            }
+            req.extensions_mut()
+                .insert(PeerAddr("192.0.2.1:1000".parse().unwrap()));
+            async move { svc.oneshot(req).await.unwrap().status() }
+        };
+        for i in 0..10 {
+            let twice = format!("email=decoy{i}%40x.io&email=victim%40x.io&password=guess{i}");
+            let status = attempt(twice, true).await;
+            assert_ne!(status, StatusCode::OK);
+            let smuggled = format!(
+                r#"{{"email":"decoy{i}@x.io","pad":"&email=victim%40x.io&password=guess{i}&"}}"#
+            );
+            let status = attempt(smuggled, false).await;
+            assert_ne!(status, StatusCode::OK);
+        }
+        let guesses = guesses.load(Ordering::SeqCst);
+        assert!(
+            guesses <= 2,
+            "{guesses} guesses at one account reached the handler"
+        );
+    }
+
     #[tokio::test]
     async fn by_status_ignores_other_answers_and_bounds_the_body() {
         let clock = MockClock::new();

@@ -11,7 +11,9 @@
 //!    one `408`, neither reaches the handler) and finds the email (JSON or
 //!    form field, trimmed, lower-cased, hashed with a keyed hash: the
 //!    backend never holds an address, and a reader of it cannot confirm a
-//!    guessed one);
+//!    guessed one). A body that gives the field twice names no account
+//!    (see [`Email`](crate::buffer_body::Email)), and a request without
+//!    an account is refused `400`;
 //! 3. a `RateLimitLayer` per account, over a
 //!    [`ProgressiveDelay`](tollgate_limiter::ProgressiveDelay) limiter, that
 //!    *checks* before the handler (a delayed account is answered `429`
