@@ -16,7 +16,7 @@ use tollgate_limiter::{Key, Limiter, SlidingWindow};
 use tollgate_memory::MemoryBackend;
 use tower::{Layer, ServiceExt, service_fn};
 
-use super::{BufferBodyLayer, DEFAULT_READ_TIMEOUT, FromBody};
+use super::{BodyKey, BufferBodyLayer, DEFAULT_READ_TIMEOUT, FromBody};
 use crate::RateLimitLayer;
 
 /// A request body sent chunk by chunk, that may stall (never end) after
@@ -188,6 +188,23 @@ async fn a_body_that_fails_to_read_is_refused_with_400() {
         .oneshot(req(TestBody::Broken))
         .await
         .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+/// A `BodyKey` another layer put on the request (an outer
+/// `BufferBodyLayer` with its own extractor) is not this body's key: a
+/// body in which this layer finds none reaches the limiter keyless, and
+/// the missing-key policy (reject, by default) decides.
+#[tokio::test]
+async fn a_body_without_a_key_does_not_keep_a_key_set_before() {
+    fn no_key(_: &Parts, _: &[u8]) -> Option<Key> {
+        None
+    }
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut r = req(TestBody::from(Bytes::from_static(b"{}")));
+    r.extensions_mut().insert(BodyKey(Key::new("outer")));
+    let res = limited(no_key, &calls).oneshot(r).await.unwrap();
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
