@@ -479,4 +479,54 @@ mod tests {
         assert_eq!(attempt("no").await, StatusCode::UNAUTHORIZED);
         assert_eq!(attempt("no").await, StatusCode::TOO_MANY_REQUESTS);
     }
+
+    /// Counting by response checks, then charges: the attempts in flight
+    /// together while the account is free all reach the handler, at first
+    /// and again each time a delay ends; the next one after them is
+    /// delayed. (What bounds the attempts in flight is the per-IP window.)
+    #[tokio::test(start_paused = true)]
+    async fn attempts_in_flight_together_pass_each_time_a_delay_ends() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        use tokio::sync::Semaphore;
+
+        const IN_FLIGHT: usize = 5;
+        let clock = MockClock::new();
+        let (ip, account) = limiters(&clock);
+        let reached = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(Semaphore::new(0));
+        let svc = {
+            let (reached, gate) = (Arc::clone(&reached), Arc::clone(&gate));
+            LoginLayer::new(ip, account, ClientIp::new(), hasher()).layer(service_fn(
+                move |_: Request<Full<Bytes>>| {
+                    let (reached, gate) = (Arc::clone(&reached), Arc::clone(&gate));
+                    async move {
+                        reached.fetch_add(1, Ordering::SeqCst);
+                        gate.acquire().await.unwrap().forget();
+                        let mut res = Response::new(Full::<Bytes>::default());
+                        *res.status_mut() = StatusCode::UNAUTHORIZED;
+                        Ok::<_, Infallible>(res)
+                    }
+                },
+            ))
+        };
+        for round in 1..=2 {
+            let attempts: Vec<_> = (0..IN_FLIGHT)
+                .map(|_| tokio::spawn(svc.clone().oneshot(form("email", "v%40x.io", "no"))))
+                .collect();
+            while reached.load(Ordering::SeqCst) < round * IN_FLIGHT {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            gate.add_permits(IN_FLIGHT);
+            for a in attempts {
+                assert_eq!(a.await.unwrap().unwrap().status(), StatusCode::UNAUTHORIZED);
+            }
+            let next = svc.clone().oneshot(form("email", "v%40x.io", "no")).await;
+            assert_eq!(next.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+            // The longest delay (60 s) is over.
+            clock.advance(Duration::from_secs(60));
+        }
+        assert_eq!(reached.load(Ordering::SeqCst), 2 * IN_FLIGHT);
+    }
 }

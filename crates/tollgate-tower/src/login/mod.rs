@@ -61,9 +61,12 @@
 //!   brute force.
 //!
 //! Counting by response checks, then charges: concurrent attempts on one
-//! account may all pass the check before any is charged, so at most the
-//! number of requests in flight can exceed the free attempts. The per-IP
-//! window, charged up front, bounds that.
+//! account may all pass the check before any is charged. Not once only:
+//! whenever the account is free (at first, and each time a delay ends),
+//! every attempt in flight together reaches the handler, so a guesser who
+//! times a burst gets that many guesses per delay rather than one. The
+//! per-IP window, charged up front, bounds a burst to the window's limit
+//! per client address; keep `max_delay` long and the per-IP limit low.
 //!
 //! # Examples
 //!
