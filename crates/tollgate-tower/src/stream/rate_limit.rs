@@ -499,4 +499,37 @@ mod tests {
         assert_eq!(out, [5, 6]);
         assert_eq!((stats.limited(), stats.unavailable()), (1, 0));
     }
+
+    /// `MissingKey::Allow` lets keyless events through a fail-open limiter
+    /// only: on a fail-closed one (the default) they are dropped, as with
+    /// `Reject`, so an event without a key never escapes a security limit.
+    #[tokio::test]
+    async fn allow_passes_keyless_events_only_when_failing_open() {
+        let backend = MemoryBackend::with_clock(MockClock::new());
+        let events = || stream::iter([("", 1), ("a", 2), ("", 3)]);
+        let key = |e: &(&str, u32)| (!e.0.is_empty()).then(|| Key::new(e.0));
+
+        let closed = events()
+            .rate_limit(window(10, backend.clone()), key, Excess::Drop)
+            .on_missing_key(MissingKey::Allow);
+        let stats = closed.stats();
+        let out: Vec<u32> = closed.map(|e| e.1).collect().await;
+        assert_eq!(out, [2]);
+        assert_eq!(stats.missing_key(), 2);
+
+        let open = Limiter::builder(
+            "open",
+            SlidingWindow::new(10, Duration::from_secs(60)).unwrap(),
+            backend,
+        )
+        .fail_mode(FailMode::Open)
+        .build();
+        let open = events()
+            .rate_limit(open, key, Excess::Drop)
+            .on_missing_key(MissingKey::Allow);
+        let stats = open.stats();
+        let out: Vec<u32> = open.map(|e| e.1).collect().await;
+        assert_eq!(out, [1, 2, 3]);
+        assert_eq!((stats.missing_key(), stats.passed()), (0, 3));
+    }
 }
