@@ -43,13 +43,18 @@ where
 /// default-ignorable character, is not in NFKC, or holds a letter such as
 /// dotless `ı` or `ß` that an upper-casing comparison folds into another)
 /// is no key: an application may take such a spelling for another one's
-/// account, and its own counter would then be a fresh one. Nor is a body that gives the field more than once (a
-/// JSON key or a form field repeated, however it is escaped or encoded;
-/// without a `Content-Type`, a field found by both readings): the handler
-/// may read another of its values than this extractor would (a form read
-/// into a map keeps the last one, a hand-written parser the first), and
-/// each request could then name a fresh decoy to the limiter and the
-/// victim to the handler.
+/// account, and its own counter would then be a fresh one.
+///
+/// Nor is a body that gives the field more than once (a JSON key or a form
+/// field repeated, however it is escaped or encoded; without a
+/// `Content-Type`, a field found by both readings): the handler may read
+/// another of its values than this extractor would (a form read into a map
+/// keeps the last one, a hand-written parser the first), and each request
+/// could then name a fresh decoy to the limiter and the victim to the
+/// handler. For the same reason the handler must read the body as its
+/// `Content-Type` says, as axum's `Json` and `Form` do: a handler that
+/// parses a form whatever the type would find a field that a JSON body
+/// hides in one of its strings, where this extractor reads the JSON.
 #[derive(Debug, Clone)]
 pub struct Email {
     field: Arc<str>,
