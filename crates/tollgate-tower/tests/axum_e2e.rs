@@ -330,3 +330,117 @@ async fn oversized_bodies_are_refused_not_passed() {
         assert_eq!(a.status, StatusCode::OK);
     }
 }
+
+/// The login kit over the wire, against what a client can send that no
+/// well-behaved one does: each is answered a 4xx by the layer, none
+/// reaches the handler, and a timely, well-formed login still does.
+#[tokio::test]
+async fn malformed_login_bodies_get_a_4xx_and_never_reach_the_handler() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tollgate_limiter::ProgressiveDelay;
+    use tollgate_tower::login::LoginLayer;
+
+    let backend = MemoryBackend::new();
+    let per_ip = Limiter::new(
+        "login_ip",
+        SlidingWindow::new(100, Duration::from_secs(900)).unwrap(),
+        backend.clone(),
+    );
+    let per_account = Limiter::new(
+        "login_account",
+        ProgressiveDelay::new(
+            5,
+            Duration::from_secs(1),
+            2,
+            Duration::from_secs(60),
+            Duration::from_secs(600),
+        )
+        .unwrap(),
+        backend,
+    );
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&calls);
+    let layer = LoginLayer::new(per_ip, per_account, ClientIp::new(), KeyHasher::unkeyed())
+        .body_timeout(Some(Duration::from_millis(300)));
+    let app = Router::new().route(
+        "/login",
+        post(move || {
+            seen.fetch_add(1, Ordering::SeqCst);
+            async { StatusCode::UNAUTHORIZED }
+        })
+        .layer(layer),
+    );
+    let addr = serve(app).await;
+    let head = |ct: &[u8], framing: &str| {
+        let mut r =
+            b"POST /login HTTP/1.1\r\nhost: t\r\nconnection: close\r\ncontent-type: ".to_vec();
+        r.extend_from_slice(ct);
+        r.extend_from_slice(format!("\r\n{framing}\r\n\r\n").as_bytes());
+        r
+    };
+    let json = b"application/json".as_slice();
+    let form = b"application/x-www-form-urlencoded".as_slice();
+    let with = |mut r: Vec<u8>, body: &[u8]| {
+        r.extend_from_slice(body);
+        r
+    };
+    let sized =
+        |ct: &[u8], body: &[u8]| with(head(ct, &format!("content-length: {}", body.len())), body);
+    let cases: Vec<(&str, Vec<u8>, u16)> = vec![
+        ("invalid UTF-8", sized(json, b"{\"email\":\"\xff@x\"}"), 400),
+        ("bad JSON", sized(json, b"{\"email\":"), 400),
+        (
+            "a form field given twice",
+            sized(form, b"email=a%40x.io&email=b%40x.io&password=x"),
+            400,
+        ),
+        (
+            "Content-Length shorter than the body",
+            with(
+                head(json, "content-length: 5"),
+                br#"{"email":"a@x.io","password":"x"}"#,
+            ),
+            400,
+        ),
+        (
+            "Content-Length longer than what is sent",
+            with(head(json, "content-length: 500"), br#"{"email":"a@x.io""#),
+            408,
+        ),
+        (
+            "a chunked body that never ends",
+            with(head(json, "transfer-encoding: chunked"), b"5\r\n{\"ema\r\n"),
+            408,
+        ),
+        (
+            "over the 16 KiB bound, chunked",
+            {
+                let mut r = head(json, "transfer-encoding: chunked");
+                for _ in 0..20 {
+                    r.extend_from_slice(format!("400\r\n{}\r\n", " ".repeat(1024)).as_bytes());
+                }
+                r.extend_from_slice(b"0\r\n\r\n");
+                r
+            },
+            413,
+        ),
+    ];
+    for (what, request, want) in cases {
+        assert_eq!(raw(addr, &request).await, want, "{what}");
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            0,
+            "{what} reached the handler"
+        );
+    }
+    let a = login(
+        addr,
+        "application/json",
+        r#"{"email":"a@x.io","password":"x"}"#.into(),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}

@@ -106,9 +106,12 @@ where
             Err(e) if e.is::<LengthLimitError>() => return Err(StatusCode::PAYLOAD_TOO_LARGE),
             Err(_) => return Err(StatusCode::BAD_REQUEST),
         };
-        if let Some(key) = extractor.extract(&parts, &bytes) {
-            parts.extensions.insert(BodyKey(key));
-        }
+        // A key set before (by another `BufferBody`) is not this body's:
+        // without one, the request goes on keyless.
+        match extractor.extract(&parts, &bytes) {
+            Some(key) => parts.extensions.insert(BodyKey(key)),
+            None => parts.extensions.remove::<BodyKey>(),
+        };
         Ok((parts, bytes))
     })
 }

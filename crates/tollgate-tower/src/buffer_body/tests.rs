@@ -16,7 +16,7 @@ use tollgate_limiter::{Key, Limiter, SlidingWindow};
 use tollgate_memory::MemoryBackend;
 use tower::{Layer, ServiceExt, service_fn};
 
-use super::{BufferBodyLayer, DEFAULT_READ_TIMEOUT, FromBody};
+use super::{BodyKey, BufferBodyLayer, DEFAULT_READ_TIMEOUT, FromBody};
 use crate::RateLimitLayer;
 
 /// A request body sent chunk by chunk, that may stall (never end) after
@@ -27,6 +27,8 @@ enum TestBody {
         stall: bool,
     },
     Full(Option<Bytes>),
+    /// A body whose read fails (a connection reset mid-body).
+    Broken,
 }
 
 impl TestBody {
@@ -46,12 +48,12 @@ impl From<Bytes> for TestBody {
 
 impl Body for TestBody {
     type Data = Bytes;
-    type Error = Infallible;
+    type Error = std::io::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
         match self.get_mut() {
             Self::Chunks { chunks, stall } => match chunks.pop_front() {
                 Some(c) => Poll::Ready(Some(Ok(Frame::data(c)))),
@@ -60,6 +62,7 @@ impl Body for TestBody {
                 None => Poll::Ready(None),
             },
             Self::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            Self::Broken => Poll::Ready(Some(Err(std::io::ErrorKind::ConnectionReset.into()))),
         }
     }
 }
@@ -86,7 +89,7 @@ fn handler(
         calls.fetch_add(1, Ordering::SeqCst);
         let len = match req.into_body() {
             TestBody::Full(b) => b.map_or(0, |b| b.len()),
-            TestBody::Chunks { .. } => usize::MAX,
+            TestBody::Chunks { .. } | TestBody::Broken => usize::MAX,
         };
         async move { Ok::<_, Infallible>(Response::new(len.to_string())) }
     })
@@ -158,6 +161,52 @@ async fn a_body_in_time_passes_intact() {
         .unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// A limiter behind a `BufferBodyLayer`, over a healthy memory backend.
+fn limited(
+    extract: Extract,
+    calls: &Arc<AtomicUsize>,
+) -> impl tower_service::Service<
+    Request<TestBody>,
+    Response = Response<crate::ResponseBody<crate::ResponseBody<String>>>,
+    Error = Infallible,
+> {
+    let limiter = Limiter::new(
+        "body",
+        SlidingWindow::new(1000, Duration::from_secs(60)).unwrap(),
+        MemoryBackend::new(),
+    );
+    BufferBodyLayer::new(1024, extract)
+        .layer(RateLimitLayer::new(limiter, FromBody).layer(handler(calls)))
+}
+
+#[tokio::test]
+async fn a_body_that_fails_to_read_is_refused_with_400() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let res = limited(any_key, &calls)
+        .oneshot(req(TestBody::Broken))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+/// A `BodyKey` another layer put on the request (an outer
+/// `BufferBodyLayer` with its own extractor) is not this body's key: a
+/// body in which this layer finds none reaches the limiter keyless, and
+/// the missing-key policy (reject, by default) decides.
+#[tokio::test]
+async fn a_body_without_a_key_does_not_keep_a_key_set_before() {
+    fn no_key(_: &Parts, _: &[u8]) -> Option<Key> {
+        None
+    }
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut r = req(TestBody::from(Bytes::from_static(b"{}")));
+    r.extensions_mut().insert(BodyKey(Key::new("outer")));
+    let res = limited(no_key, &calls).oneshot(r).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
 
 proptest::proptest! {

@@ -19,8 +19,16 @@ pub const DEFAULT_MAX_CREDENTIAL_LEN: usize = 8 * 1024;
 /// does not hide a valid source behind it: with
 /// [`or_bearer`](Self::or_bearer), a bad `X-Api-Key` falls through to the
 /// bearer token, so a client cannot turn its own request keyless by
-/// adding a junk header. With neither source valid, there is no key and
-/// the layer's [`MissingKey`](crate::MissingKey) policy decides.
+/// adding a junk header. Every line of each source read is looked at, and
+/// a request carrying two *different* valid credentials (an `X-Api-Key`
+/// and a bearer token, or two lines of either) has no key: the service
+/// authenticates with one of them in an order of its own, so keying either
+/// would let a client send a fresh made-up credential beside its real one
+/// and never be counted. With no valid credential, or two, there is no key
+/// and the layer's [`MissingKey`](crate::MissingKey) policy decides
+/// (`Reject`, the default, answers 400; with `Allow` on a fail-open
+/// limiter such a request passes uncounted, as a request without a key
+/// does).
 ///
 /// # Examples
 ///
@@ -68,7 +76,8 @@ impl ApiKey {
         }
     }
 
-    /// Also accepts a bearer token when the header is absent or invalid.
+    /// Also accepts a bearer token (when the header is absent or invalid,
+    /// or holds the same credential).
     pub fn or_bearer(mut self) -> Self {
         self.bearer = true;
         self
@@ -85,28 +94,36 @@ impl ApiKey {
     }
 
     /// The credential in clear, as the request carries it (for a policy
-    /// resolver that looks the key's role up): the header's value if it is
-    /// valid, else the bearer token if that is enabled and valid.
+    /// resolver that looks the key's role up, and for the service's own
+    /// authentication, which then uses the credential that was counted):
+    /// the one valid value found in the header's lines and, if enabled, the
+    /// bearer tokens; `None` without one, or with two different ones.
     pub fn credential<'r, B>(&self, req: &'r http::Request<B>) -> Option<&'r str> {
         let headers = req.headers();
         let from_header = self
             .header
-            .as_ref()
-            .and_then(|name| headers.get(name))
-            .and_then(|v| self.valid(v.to_str().ok()?.trim()));
-        if from_header.is_some() || !self.bearer {
-            return from_header;
-        }
-        // Several `Authorization` lines: any valid bearer token is the
-        // credential, so a junk line before it hides nothing.
-        headers.get_all(AUTHORIZATION).iter().find_map(|v| {
-            let (scheme, token) = v.to_str().ok()?.trim().split_once(' ')?;
-            if scheme.eq_ignore_ascii_case("bearer") {
-                self.valid(token.trim())
-            } else {
-                None
-            }
-        })
+            .iter()
+            .flat_map(|name| headers.get_all(name))
+            .filter_map(|v| self.valid(v.to_str().ok()?.trim()));
+        // Every `Authorization` line with a valid bearer token: a junk or
+        // other-scheme line before it hides nothing.
+        let from_bearer = self
+            .bearer
+            .then(|| headers.get_all(AUTHORIZATION))
+            .into_iter()
+            .flatten()
+            .filter_map(|v| {
+                let (scheme, token) = v.to_str().ok()?.trim().split_once(' ')?;
+                if scheme.eq_ignore_ascii_case("bearer") {
+                    self.valid(token.trim())
+                } else {
+                    None
+                }
+            });
+        let mut found = from_header.chain(from_bearer);
+        let first = found.next()?;
+        // Two different credentials: see the type's docs.
+        found.all(|c| c == first).then_some(first)
     }
 
     fn valid<'s>(&self, s: &'s str) -> Option<&'s str> {
@@ -184,15 +201,56 @@ mod tests {
             let r = with(&[("x-api-key", bad), ("authorization", b"Bearer tok")]);
             assert_eq!(x.extract(&r), Some(secret("tok")), "{bad:?}");
         }
-        // A valid header still wins over the token.
+        // A valid header beside a different token is ambiguous (see
+        // `two_different_credentials_are_no_key`).
         let r = with(&[("x-api-key", b"hdr"), ("authorization", b"Bearer tok")]);
-        assert_eq!(x.extract(&r), Some(secret("hdr")));
+        assert_eq!(x.extract(&r), None);
         // A junk Authorization line before the bearer one hides nothing.
         let r = with(&[
             ("authorization", b"Basic x"),
             ("authorization", b"Bearer tok"),
         ]);
         assert_eq!(x.extract(&r), Some(secret("tok")));
+    }
+
+    /// Two different credentials in one request are no key: the service
+    /// authenticates with one of them, in an order of its own, so keying
+    /// either would let a client send a fresh junk credential beside its
+    /// real one on every request and never be counted.
+    #[test]
+    fn two_different_credentials_are_no_key() {
+        let x = ApiKey::header(HeaderName::from_static("x-api-key"), hasher()).or_bearer();
+        for headers in [
+            &[
+                ("x-api-key", &b"junk1"[..]),
+                ("authorization", b"Bearer real"),
+            ][..],
+            &[("x-api-key", b"junk1"), ("x-api-key", b"real")],
+            &[
+                ("authorization", b"Bearer junk1"),
+                ("authorization", b"Bearer real"),
+            ],
+        ] {
+            let shown: Vec<_> = headers
+                .iter()
+                .map(|(k, v)| (*k, String::from_utf8_lossy(v)))
+                .collect();
+            assert_eq!(x.extract(&with(headers)), None, "{shown:?}");
+            assert_eq!(x.credential(&with(headers)), None, "{shown:?}");
+        }
+        let only_bearer = ApiKey::bearer(hasher());
+        let r = with(&[
+            ("authorization", b"Bearer junk1"),
+            ("authorization", b"Bearer real"),
+        ]);
+        assert_eq!(only_bearer.extract(&r), None);
+        // The same credential twice is one credential.
+        let r = with(&[("x-api-key", b"real"), ("authorization", b"Bearer real")]);
+        assert_eq!(x.extract(&r), Some(secret("real")));
+        // A source not read is not a second credential.
+        let only_header = ApiKey::header(HeaderName::from_static("x-api-key"), hasher());
+        let r = with(&[("x-api-key", b"real"), ("authorization", b"Bearer junk1")]);
+        assert_eq!(only_header.extract(&r), Some(secret("real")));
     }
 
     /// Real JWTs run past 4 KiB: the default takes 8 KiB, and the bound is
@@ -212,15 +270,25 @@ mod tests {
         );
     }
 
+    use proptest::strategy::Strategy as _;
+
     proptest::proptest! {
         /// Whatever bytes the two headers hold, nothing panics, a key is
         /// always the hash of a bounded, non-empty value the request
-        /// carries, and a valid bearer token is never hidden by the
-        /// API-key header.
+        /// carries, and a valid bearer token is hidden only by a second,
+        /// different valid credential (never by an invalid header).
         #[test]
         fn any_header_bytes(
-            api in proptest::collection::vec(proptest::num::u8::ANY, 0..64),
-            auth in proptest::collection::vec(proptest::num::u8::ANY, 0..64),
+            api in proptest::prop_oneof![
+                proptest::collection::vec(proptest::num::u8::ANY, 0..64),
+                "[ -~]{0,8}".prop_map(String::into_bytes),
+                proptest::strategy::Just(b"t0ken".to_vec()),
+            ],
+            auth in proptest::prop_oneof![
+                proptest::collection::vec(proptest::num::u8::ANY, 0..64),
+                "(Bearer|bearer|Basic) [ -~]{0,8}".prop_map(String::into_bytes),
+                proptest::strategy::Just(b"Bearer t0ken".to_vec()),
+            ],
             max_len in 0usize..80,
         ) {
             let x = ApiKey::header(HeaderName::from_static("x-api-key"), hasher())
@@ -243,8 +311,32 @@ mod tests {
                 proptest::prop_assert!(!c.is_empty() && c.len() <= max_len);
             }
             proptest::prop_assert_eq!(x.extract(&r), cred.map(secret));
-            if max_len >= token.len() {
-                proptest::prop_assert!(cred.is_some());
+            let alone = |name: HeaderName, bytes: &[u8]| {
+                let mut r = http::Request::new(());
+                r.headers_mut().insert(name, http::HeaderValue::from_bytes(bytes).ok()?);
+                x.credential(&r).map(str::to_owned)
+            };
+            // The valid credentials each extra line carries on its own.
+            let others: Vec<String> = alone(HeaderName::from_static("x-api-key"), &api)
+                .into_iter()
+                .chain(alone(AUTHORIZATION, &auth))
+                .collect();
+            let token_valid = max_len >= token.len();
+            match cred {
+                // The one credential every valid source agrees on.
+                Some(c) => {
+                    for o in &others {
+                        proptest::prop_assert_eq!(o.as_str(), c);
+                    }
+                    if token_valid {
+                        proptest::prop_assert_eq!(c, token);
+                    }
+                }
+                // Only a second, different credential hides a valid token.
+                None if token_valid => {
+                    proptest::prop_assert!(others.iter().any(|o| o != token), "{:?}", others);
+                }
+                None => {}
             }
         }
     }

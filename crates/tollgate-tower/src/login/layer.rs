@@ -176,7 +176,10 @@ mod tests {
     }
 
     fn limiters(clock: &MockClock) -> (Limiter<Backend>, Limiter<Backend>) {
-        let backend = MemoryBackend::with_clock(clock.clone());
+        limiters_on(MemoryBackend::with_clock(clock.clone()))
+    }
+
+    fn limiters_on(backend: Backend) -> (Limiter<Backend>, Limiter<Backend>) {
         let ip = Limiter::new(
             "login_ip",
             SlidingWindow::new(100, Duration::from_secs(900)).unwrap(),
@@ -262,6 +265,69 @@ mod tests {
         assert_eq!(status(form("email", "b%40x.io", "no")).await, 400);
     }
 
+    /// Bodies that name the victim to the handler and someone else to the
+    /// limiter: a field given twice (a handler reading the form into a map
+    /// keeps the last value), and a JSON body without a `Content-Type`
+    /// whose string holds a form field (a handler reading the form
+    /// whatever the `Content-Type`). Every other spelling names a fresh
+    /// decoy; at most the free attempts and one more may reach the handler.
+    #[tokio::test]
+    async fn the_limiter_counts_the_account_the_handler_logs_into() {
+        use std::collections::HashMap;
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        use http_body_util::BodyExt;
+
+        let clock = MockClock::new();
+        let (ip, account) = limiters(&clock);
+        let svc = LoginLayer::new(ip, account, ClientIp::new(), hasher());
+        let guesses = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::clone(&guesses);
+        let svc = svc.layer(service_fn(move |req: Request<Full<Bytes>>| {
+            let seen = Arc::clone(&seen);
+            async move {
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                let fields: HashMap<String, String> =
+                    form_urlencoded::parse(&body).into_owned().collect();
+                if fields.get("email").map(String::as_str) == Some("victim@x.io") {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                }
+                let mut res = Response::new(Full::<Bytes>::default());
+                *res.status_mut() = StatusCode::UNAUTHORIZED;
+                Ok::<_, Infallible>(res)
+            }
+        }));
+        let attempt = |body: String, form: bool| {
+            let svc = svc.clone();
+            let mut req = Request::post("/login").body(Full::from(body)).unwrap();
+            if form {
+                req.headers_mut().insert(
+                    "content-type",
+                    http::HeaderValue::from_static("application/x-www-form-urlencoded"),
+                );
+            }
+            req.extensions_mut()
+                .insert(PeerAddr("192.0.2.1:1000".parse().unwrap()));
+            async move { svc.oneshot(req).await.unwrap().status() }
+        };
+        for i in 0..10 {
+            let twice = format!("email=decoy{i}%40x.io&email=victim%40x.io&password=guess{i}");
+            let status = attempt(twice, true).await;
+            assert_ne!(status, StatusCode::OK);
+            let smuggled = format!(
+                r#"{{"email":"decoy{i}@x.io","pad":"&email=victim%40x.io&password=guess{i}&"}}"#
+            );
+            let status = attempt(smuggled, false).await;
+            assert_ne!(status, StatusCode::OK);
+        }
+        let guesses = guesses.load(Ordering::SeqCst);
+        assert!(
+            guesses <= 2,
+            "{guesses} guesses at one account reached the handler"
+        );
+    }
+
     #[tokio::test]
     async fn by_status_ignores_other_answers_and_bounds_the_body() {
         let clock = MockClock::new();
@@ -293,5 +359,174 @@ mod tests {
         // An oversized body never reaches the handler nor the account.
         let long = "x".repeat(100);
         assert_eq!(status(form("email", "c%40x.io", &long)).await, 413);
+    }
+
+    /// A login service over `backend` whose handler accepts password
+    /// `right`, never answers `hang`, and refuses anything else with 401;
+    /// and a function sending it a form body.
+    fn hanging_login(
+        backend: &Backend,
+    ) -> impl Fn(
+        axum::body::Body,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = StatusCode> + Send>>
+    + Clone {
+        use http_body_util::BodyExt;
+
+        let (ip, account) = limiters_on(backend.clone());
+        let svc = LoginLayer::new(ip, account, ClientIp::new(), hasher()).layer(service_fn(
+            |req: Request<axum::body::Body>| async move {
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                let password = form_urlencoded::parse(&body)
+                    .find(|(k, _)| k == "password")
+                    .map(|(_, v)| v.into_owned());
+                let status = match password.as_deref() {
+                    Some("right") => StatusCode::OK,
+                    Some("hang") => std::future::pending().await,
+                    _ => StatusCode::UNAUTHORIZED,
+                };
+                let mut res = Response::new(Full::<Bytes>::default());
+                *res.status_mut() = status;
+                Ok::<_, Infallible>(res)
+            },
+        ));
+        move |body| {
+            let svc = svc.clone();
+            Box::pin(async move {
+                let mut req = Request::post("/login")
+                    .header("content-type", "application/x-www-form-urlencoded")
+                    .body(body)
+                    .unwrap();
+                req.extensions_mut()
+                    .insert(PeerAddr("192.0.2.1:1000".parse().unwrap()));
+                svc.oneshot(req).await.unwrap().status()
+            })
+        }
+    }
+
+    /// A client gone (its request future dropped) while its body arrives,
+    /// while the handler runs, or while a limiter decides leaves nothing
+    /// behind: no failure recorded for the account, no decision or breaker
+    /// state that only it could have settled. The account's next attempts
+    /// count as if those had never been made.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_gone_mid_body_mid_handler_or_mid_decision_leaves_nothing_behind() {
+        use axum::body::Body;
+        use futures_util::{StreamExt, stream};
+
+        let backend = MemoryBackend::with_clock(MockClock::new());
+        let send = hanging_login(&backend);
+        let gone = |body: Body, after: Duration| {
+            let attempt = send(body);
+            async move {
+                let answered = tokio::time::timeout(after, attempt).await;
+                assert!(answered.is_err(), "answered {answered:?}");
+            }
+        };
+        // The body stops after the email, before the read deadline (10 s).
+        let head = stream::iter([Ok::<_, Infallible>(Bytes::from("email=v%40x.io&pass"))]);
+        let stalled = Body::from_stream(head.chain(stream::pending()));
+        gone(stalled, Duration::from_secs(1)).await;
+        // The handler never answers.
+        gone(
+            Body::from("email=v%40x.io&password=hang"),
+            Duration::from_secs(1),
+        )
+        .await;
+        // Every backend call takes 20 ms (within the limiters' 50 ms
+        // timeout): gone at 10 ms, while the per-IP limiter decides.
+        backend.set_delay(Duration::from_millis(20));
+        gone(
+            Body::from("email=v%40x.io&password=no"),
+            Duration::from_millis(10),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        backend.clear_faults();
+        // One free failure, the second starts the delay.
+        let no = || send(Body::from("email=v%40x.io&password=no"));
+        assert_eq!(no().await, StatusCode::UNAUTHORIZED);
+        assert_eq!(no().await, StatusCode::UNAUTHORIZED);
+        assert_eq!(no().await, StatusCode::TOO_MANY_REQUESTS);
+    }
+
+    /// The success that clears an account is recorded even if the client
+    /// goes away while it is in flight (it runs as a task of its own), so
+    /// a real user who closes the tab at the wrong moment is not left with
+    /// the delay their earlier failures started.
+    #[tokio::test(start_paused = true)]
+    async fn a_success_being_recorded_when_the_client_goes_still_clears_the_account() {
+        use axum::body::Body;
+
+        let clock = MockClock::new();
+        let backend = MemoryBackend::with_clock(clock.clone());
+        let send = hanging_login(&backend);
+        let attempt =
+            |password: &str| send(Body::from(format!("email=v%40x.io&password={password}")));
+        assert_eq!(attempt("no").await, StatusCode::UNAUTHORIZED);
+        assert_eq!(attempt("no").await, StatusCode::UNAUTHORIZED);
+        assert_eq!(attempt("right").await, StatusCode::TOO_MANY_REQUESTS);
+        clock.advance(Duration::from_secs(10));
+        // 10 ms a backend call: the per-IP charge ends at 10 ms, the
+        // account's check at 20 ms, its reset at 30 ms; gone at 25 ms.
+        backend.set_delay(Duration::from_millis(10));
+        let answered = tokio::time::timeout(Duration::from_millis(25), attempt("right")).await;
+        assert!(answered.is_err(), "answered {answered:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        backend.clear_faults();
+        // Cleared: one free failure again (without the reset, this third
+        // failure would have started a delay at once).
+        assert_eq!(attempt("no").await, StatusCode::UNAUTHORIZED);
+        assert_eq!(attempt("no").await, StatusCode::UNAUTHORIZED);
+        assert_eq!(attempt("no").await, StatusCode::TOO_MANY_REQUESTS);
+    }
+
+    /// Counting by response checks, then charges: the attempts in flight
+    /// together while the account is free all reach the handler, at first
+    /// and again each time a delay ends; the next one after them is
+    /// delayed. (What bounds the attempts in flight is the per-IP window.)
+    #[tokio::test(start_paused = true)]
+    async fn attempts_in_flight_together_pass_each_time_a_delay_ends() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        use tokio::sync::Semaphore;
+
+        const IN_FLIGHT: usize = 5;
+        let clock = MockClock::new();
+        let (ip, account) = limiters(&clock);
+        let reached = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(Semaphore::new(0));
+        let svc = {
+            let (reached, gate) = (Arc::clone(&reached), Arc::clone(&gate));
+            LoginLayer::new(ip, account, ClientIp::new(), hasher()).layer(service_fn(
+                move |_: Request<Full<Bytes>>| {
+                    let (reached, gate) = (Arc::clone(&reached), Arc::clone(&gate));
+                    async move {
+                        reached.fetch_add(1, Ordering::SeqCst);
+                        gate.acquire().await.unwrap().forget();
+                        let mut res = Response::new(Full::<Bytes>::default());
+                        *res.status_mut() = StatusCode::UNAUTHORIZED;
+                        Ok::<_, Infallible>(res)
+                    }
+                },
+            ))
+        };
+        for round in 1..=2 {
+            let attempts: Vec<_> = (0..IN_FLIGHT)
+                .map(|_| tokio::spawn(svc.clone().oneshot(form("email", "v%40x.io", "no"))))
+                .collect();
+            while reached.load(Ordering::SeqCst) < round * IN_FLIGHT {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            gate.add_permits(IN_FLIGHT);
+            for a in attempts {
+                assert_eq!(a.await.unwrap().unwrap().status(), StatusCode::UNAUTHORIZED);
+            }
+            let next = svc.clone().oneshot(form("email", "v%40x.io", "no")).await;
+            assert_eq!(next.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+            // The longest delay (60 s) is over.
+            clock.advance(Duration::from_secs(60));
+        }
+        assert_eq!(reached.load(Ordering::SeqCst), 2 * IN_FLIGHT);
     }
 }

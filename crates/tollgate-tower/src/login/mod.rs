@@ -11,7 +11,9 @@
 //!    one `408`, neither reaches the handler) and finds the email (JSON or
 //!    form field, trimmed, lower-cased, hashed with a keyed hash: the
 //!    backend never holds an address, and a reader of it cannot confirm a
-//!    guessed one);
+//!    guessed one). A body that gives the field twice names no account
+//!    (see [`Email`](crate::buffer_body::Email)), and a request without
+//!    an account is refused `400`;
 //! 3. a `RateLimitLayer` per account, over a
 //!    [`ProgressiveDelay`](tollgate_limiter::ProgressiveDelay) limiter, that
 //!    *checks* before the handler (a delayed account is answered `429`
@@ -33,6 +35,23 @@
 //!   same `429` with the same `Retry-After`. The handler must do its part:
 //!   one `401` body for "no such user" and "wrong password", and the same
 //!   work (hash a dummy password) for both.
+//! * **One account, one key.** The email is trimmed and lower-cased
+//!   before it is hashed, so `Alice@Example.com ` is `alice@example.com`.
+//!   An address written in a form some application would fold into
+//!   another (an invisible character, a decomposed accent, a fullwidth
+//!   letter, dotless `ı`, `ß`: see [`Email`](crate::buffer_body::Email))
+//!   is no account and is refused `400`: counting it apart would give a
+//!   guesser a fresh counter, folding it would let the owner of one
+//!   account clear another's delay with their own successful logins. The
+//!   handler must compare addresses the same way: case-insensitively
+//!   (an application where `Bob@x` and `bob@x` can be two accounts lets
+//!   each clear the other's delay), and not more loosely (a subaddress,
+//!   `bob+tag@x`, is another address here, as are the accented and
+//!   unaccented forms that an accent-insensitive collation, such as
+//!   MySQL's default `utf8mb4_0900_ai_ci`, takes for one: compare emails
+//!   in a binary or case-insensitive-only collation, or put the same
+//!   folding in a [`BodyExtractor`](crate::buffer_body::BodyExtractor) of
+//!   your own).
 //! * **A delay, never a lock-out.** Failures beyond the free attempts block
 //!   the account for `base_delay * factor^n`, capped at `max_delay`, and are
 //!   forgotten `forget_after` the last one. The real user gets in once the
@@ -42,9 +61,12 @@
 //!   brute force.
 //!
 //! Counting by response checks, then charges: concurrent attempts on one
-//! account may all pass the check before any is charged, so at most the
-//! number of requests in flight can exceed the free attempts. The per-IP
-//! window, charged up front, bounds that.
+//! account may all pass the check before any is charged. Not once only:
+//! whenever the account is free (at first, and each time a delay ends),
+//! every attempt in flight together reaches the handler, so a guesser who
+//! times a burst gets that many guesses per delay rather than one. The
+//! per-IP window, charged up front, bounds a burst to the window's limit
+//! per client address; keep `max_delay` long and the per-IP limit low.
 //!
 //! # Examples
 //!

@@ -27,6 +27,12 @@
 //! [`MissingKey`](crate::MissingKey) policy, as in the HTTP layer: with
 //! `Reject` (the default) it is dropped and counted.
 //!
+//! Limit a stream with a rate (token bucket, sliding window, calendar
+//! quota, or a composite of them). A
+//! [concurrency](tollgate_limiter::Concurrency) limiter does not fit: the
+//! stream never learns when an event's work ends, so each event passed
+//! would hold its slot until the slot's lease expires.
+//!
 //! For a `Service` of events (a handler behind `tower::ServiceBuilder`),
 //! use [`RateLimitLayer`](crate::RateLimitLayer) with the [`Typed`]
 //! responder: a refusal is then `Ok(Err(Refused))`, a typed value the

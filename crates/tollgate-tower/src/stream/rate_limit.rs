@@ -460,4 +460,76 @@ mod tests {
         assert_eq!(weighted.count().await, 3);
         assert_eq!((stats.limited(), stats.missing_key()), (1, 0));
     }
+
+    /// A stream dropped while an event is being decided (a slow backend),
+    /// or while a delayed event waits, leaves nothing behind: the limiter
+    /// decides the next stream's events at once, and the dropped decision
+    /// charged nothing (the memory backend decides after its injected
+    /// delay, so a check dropped during it never decided).
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_dropped_mid_decision_or_mid_wait_leaves_nothing_behind() {
+        let backend = MemoryBackend::with_clock(MockClock::new());
+        let limiter = window(2, backend.clone());
+        // Every backend call takes 20 ms (within the 50 ms timeout).
+        backend.set_delay(Duration::from_millis(20));
+        let mut deciding =
+            Box::pin(stream::iter([("a", 1)]).rate_limit(limiter.clone(), channel, Excess::Drop));
+        let next = tokio::time::timeout(Duration::from_millis(10), deciding.next()).await;
+        assert!(next.is_err(), "decided {next:?}");
+        drop(deciding);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        backend.clear_faults();
+
+        // "b" spends its two units; its third event waits out the window.
+        let mut waiting = Box::pin(stream::iter([("b", 2), ("b", 3), ("b", 4)]).rate_limit(
+            limiter.clone(),
+            channel,
+            Excess::Delay,
+        ));
+        assert_eq!(waiting.next().await.map(|e| e.1), Some(2));
+        assert_eq!(waiting.next().await.map(|e| e.1), Some(3));
+        let next = tokio::time::timeout(Duration::from_secs(1), waiting.next()).await;
+        assert!(next.is_err(), "yielded {next:?}");
+        drop(waiting);
+
+        let fresh =
+            stream::iter([("a", 5), ("a", 6), ("a", 7)]).rate_limit(limiter, channel, Excess::Drop);
+        let stats = fresh.stats();
+        let out: Vec<u32> = fresh.map(|e| e.1).collect().await;
+        assert_eq!(out, [5, 6]);
+        assert_eq!((stats.limited(), stats.unavailable()), (1, 0));
+    }
+
+    /// `MissingKey::Allow` lets keyless events through a fail-open limiter
+    /// only: on a fail-closed one (the default) they are dropped, as with
+    /// `Reject`, so an event without a key never escapes a security limit.
+    #[tokio::test]
+    async fn allow_passes_keyless_events_only_when_failing_open() {
+        let backend = MemoryBackend::with_clock(MockClock::new());
+        let events = || stream::iter([("", 1), ("a", 2), ("", 3)]);
+        let key = |e: &(&str, u32)| (!e.0.is_empty()).then(|| Key::new(e.0));
+
+        let closed = events()
+            .rate_limit(window(10, backend.clone()), key, Excess::Drop)
+            .on_missing_key(MissingKey::Allow);
+        let stats = closed.stats();
+        let out: Vec<u32> = closed.map(|e| e.1).collect().await;
+        assert_eq!(out, [2]);
+        assert_eq!(stats.missing_key(), 2);
+
+        let open = Limiter::builder(
+            "open",
+            SlidingWindow::new(10, Duration::from_secs(60)).unwrap(),
+            backend,
+        )
+        .fail_mode(FailMode::Open)
+        .build();
+        let open = events()
+            .rate_limit(open, key, Excess::Drop)
+            .on_missing_key(MissingKey::Allow);
+        let stats = open.stats();
+        let out: Vec<u32> = open.map(|e| e.1).collect().await;
+        assert_eq!(out, [1, 2, 3]);
+        assert_eq!((stats.missing_key(), stats.passed()), (0, 3));
+    }
 }
