@@ -707,6 +707,42 @@ impl RedisCluster {
     }
 }
 
+/// The rules of the ACL user docs/redis.md gives a backend ("ACL: the
+/// least a backend user needs"): what the client sends, and what the
+/// scripts call. The single-server test `acl_user_from_url` runs with
+/// exactly these.
+pub const ACL_RULES: [&str; 29] = [
+    "~tollgate:*",
+    "resetchannels",
+    "-@all",
+    "+evalsha",
+    "+script|load",
+    "+get",
+    "+set",
+    "+del",
+    "+ping",
+    "+role",
+    "+time",
+    "+hmget",
+    "+mget",
+    "+hset",
+    "+pexpire",
+    "+lrange",
+    "+lindex",
+    "+ltrim",
+    "+lset",
+    "+rpush",
+    "+lrem",
+    "+hgetall",
+    "+hdel",
+    "+zadd",
+    "+zcard",
+    "+zrange",
+    "+zrem",
+    "+zremrangebyscore",
+    "+zscore",
+];
+
 pub(crate) fn cli(port: u16, args: &[&str]) -> String {
     let out = Command::new("redis-cli")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
