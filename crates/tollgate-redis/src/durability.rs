@@ -13,9 +13,11 @@
 //!   first, and `allkeys-*` may too.
 //!
 //! Where `CONFIG` is renamed or denied by an ACL the setting is reported as
-//! unknown; in [`Durability::Strict`] mode an unknown setting refuses the
-//! start like a bad one (grant the backend's user `+config|get` to prove
-//! the server instead).
+//! unknown (and so are a cluster's replicas when `CLUSTER NODES`, which
+//! lists them, is); in [`Durability::Strict`] mode an unknown setting
+//! refuses the start like a bad one (grant the backend's user
+//! `+config|get`, and on a cluster `+cluster|nodes`, to prove the servers
+//! instead).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -104,7 +106,9 @@ impl NodeRole {
 /// The durability settings of one server.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct NodeReport {
-    /// The server (`host:port`).
+    /// The server (`host:port`); `replicas` for a cluster's replicas when
+    /// they could not be listed (`CLUSTER NODES` refused), whose settings
+    /// are then unknown.
     pub node: String,
     /// Its role when checked.
     pub role: NodeRole,
@@ -287,7 +291,9 @@ pub(crate) async fn on_all_masters(
 
 /// Reads the role and settings of every node of a cluster: the masters
 /// through the cluster client, the replicas (which it does not route to)
-/// each over a connection of its own, made like `node`.
+/// each over a connection of its own, made like `node`. Replicas that
+/// cannot be listed (`CLUSTER NODES` refused) are one `replicas` entry
+/// with unknown settings.
 #[cfg(feature = "cluster")]
 pub(crate) async fn check_cluster(
     conn: &mut redis::cluster_async::ClusterConnection,
@@ -318,7 +324,21 @@ pub(crate) async fn check_cluster(
     let topology = conn
         .route_command(redis::cmd("CLUSTER").arg("NODES").clone(), random)
         .await?;
-    let topology: String = redis::from_redis_value(topology).map_err(redis::RedisError::from)?;
+    let topology: String = match topology {
+        // Refused (an ACL without `+cluster|nodes`, a renamed command):
+        // the replicas are unknown, as a refused `CONFIG GET` is, so
+        // report mode starts and strict mode refuses.
+        Value::ServerError(e) => {
+            let why = Setting::Unknown(format!(
+                "the replicas could not be listed: {}",
+                redis::RedisError::from(e)
+            ));
+            let settings = vec![why.clone(), why.clone(), why];
+            nodes.push(node_report("replicas".into(), NodeRole::Replica, settings));
+            return Ok(DurabilityReport { nodes });
+        }
+        v => redis::from_redis_value(v).map_err(redis::RedisError::from)?,
+    };
     for (host, port) in replicas_in(&topology) {
         let mut addr = node.addr().clone();
         match &mut addr {

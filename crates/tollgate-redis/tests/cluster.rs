@@ -1,16 +1,19 @@
 //! The Redis backend on a 3-master Redis Cluster (feature `cluster`, always
 //! on for the tests): the conformance suite, the durability check of every
-//! master, and keys of one decision sharing a slot; on a Redis cluster
-//! (`redis::…`, `<test>::redis`) and on a Valkey one (`valkey::…`,
-//! `<test>::valkey`).
+//! master, keys of one decision sharing a slot, and the least ACL user;
+//! on a Redis cluster (`redis::…`, `<test>::redis`) and on a Valkey one
+//! (`valkey::…`, `<test>::valkey`).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use tollgate_limiter::concurrency::Concurrency;
 use tollgate_limiter::{
-    Backend, Key, Limiter, MockClock, Policy, Scope, SlidingWindow, TokenBucket,
+    Backend, Composite, Key, Limiter, MockClock, Policy, Scope, SlidingWindow, TokenBucket,
 };
-use tollgate_redis::{Durability, RedisBackend};
-use tollgate_testkit::redis_server::{RedisCluster, Server};
+use tollgate_redis::{Durability, NodeRole, RedisBackend, Setting};
+use tollgate_testkit::redis_server::{
+    ACL_RULES, CLUSTER_ACL_RULES, RedisCluster, RedisServer, Server,
+};
 
 const S: Duration = Duration::from_secs(1);
 
@@ -198,5 +201,190 @@ tollgate_testkit::on_every_server! {
         for (i, name) in limiters.iter().enumerate() {
             assert_eq!(limit(i).await, 50, "{name}");
         }
+    }
+}
+
+/// Creates user `limiter` (password `s3cret`) on node `n` with `rules`, or
+/// adds them to it: a cluster does not share its ACL users, every node
+/// needs its own.
+fn acl_user(n: &RedisServer, rules: &[&str]) {
+    let mut acl = vec!["ACL", "SETUSER", "limiter", "on", ">s3cret"];
+    acl.extend(rules);
+    assert_eq!(n.cli(&acl).trim(), "OK", "{rules:?}");
+}
+
+tollgate_testkit::on_every_server! {
+    /// A cluster user with exactly the ACL docs/redis.md gives (the
+    /// single server's list and `+cluster|slots`, `+asking`), on every
+    /// node: decisions of every kind on every master, overrides, a settle,
+    /// a slot migrated to another master (`-ASK`, then `-MOVED`), a node
+    /// restarted; and the durability check, which without `+config|get`
+    /// and `+cluster|nodes` reports unknown settings and lets the backend
+    /// start in report mode (a refused `CLUSTER NODES` failed `build()`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn acl_user_on_every_node(server: Server) {
+        // A cluster of its own: a slot moves and a node restarts.
+        let Some(mut cluster) = RedisCluster::start_on(server) else {
+            return;
+        };
+        let rules: Vec<&str> = ACL_RULES.into_iter().chain(CLUSTER_ACL_RULES).collect();
+        for n in cluster.nodes() {
+            acl_user(n, &rules);
+        }
+        let urls: Vec<String> = cluster
+            .nodes()
+            .iter()
+            .map(|n| format!("redis://limiter:s3cret@127.0.0.1:{}", n.port()))
+            .collect();
+        // The default durability mode (report), as in production.
+        let b = RedisBackend::cluster_builder(urls)
+            // Semantics, not latency: a starved CI machine may stall a node.
+            .response_timeout(10 * S)
+            .build()
+            .await
+            .expect("connect as an ACL user");
+        let unknown = |s: &Setting, why: &str| matches!(s, Setting::Unknown(w) if w.contains(why));
+        let report = b.check_durability().await.unwrap();
+        let masters: Vec<_> = report.nodes.iter().filter(|n| n.role == NodeRole::Master).collect();
+        assert_eq!(masters.len(), 3, "{report:?}");
+        assert!(masters.iter().all(|n| unknown(&n.appendonly, "config|get")), "{report:?}");
+        // The replicas are not listed: unknown too, never left out.
+        let replicas = report.nodes.iter().find(|n| n.role == NodeRole::Replica);
+        assert!(
+            replicas.is_some_and(|n| unknown(&n.appendonly, "cluster|nodes")),
+            "{report:?}"
+        );
+
+        let limiter = |name: &str, policy: Policy| {
+            Limiter::builder(name, policy, b.clone()).timeout(10 * S).build()
+        };
+        // Every master runs the scripts as this user: keys on all three.
+        let l = limiter("api", SlidingWindow::new(2, 60 * S).unwrap().into());
+        let keys: Vec<Key> = (0..12).map(|i| Key::new(format!("k{i}"))).collect();
+        let mut owners: Vec<usize> = keys
+            .iter()
+            .map(|k| cluster.master_of(cluster.keyslot(k.as_str())).unwrap())
+            .collect();
+        owners.sort_unstable();
+        owners.dedup();
+        assert_eq!(owners.len(), 3, "the keys miss a master");
+        for k in &keys {
+            assert!(l.try_acquire(k, 1).await.unwrap().is_allowed());
+            assert!(l.try_acquire(k, 1).await.unwrap().is_allowed());
+            assert!(l.try_acquire(k, 1).await.unwrap().is_denied());
+        }
+        let k = &keys[0];
+        // A reservation settled on a window (LSET); one settled above its
+        // estimate records the excess, and the log drops what the newer
+        // events make redundant (LTRIM).
+        let (v, r) = l.reserve(&Key::new("r"), 2).await;
+        assert!(v.is_allowed(), "{v:?}");
+        assert!(r.settle(1).await.unwrap().is_some());
+        let (v, r) = l.reserve(&Key::new("over"), 2).await;
+        assert!(v.is_allowed(), "{v:?}");
+        assert!(r.settle(4).await.unwrap().is_some());
+        let plan = limiter(
+            "plan",
+            Composite::new([
+                Policy::from(TokenBucket::new(5, 1, 60 * S).unwrap()),
+                Policy::from(SlidingWindow::new(2, 60 * S).unwrap()),
+            ])
+            .unwrap()
+            .into(),
+        );
+        assert!(plan.try_acquire(k, 1).await.unwrap().is_allowed());
+        assert!(plan.try_acquire(k, 1).await.unwrap().is_allowed());
+        assert!(plan.try_acquire(k, 1).await.unwrap().is_denied());
+        // An override with fewer parts forgets the others' fields (HDEL).
+        let one = Composite::new([Policy::from(TokenBucket::new(5, 1, 60 * S).unwrap())]).unwrap();
+        plan.set_override(None, Some(one.into())).await.unwrap();
+        assert!(plan.try_acquire(k, 1).await.unwrap().is_allowed());
+        plan.set_override(None, None).await.unwrap();
+        assert!(plan.reset(k).await.unwrap().is_allowed());
+        let exports = limiter("exports", Concurrency::new(1, 60 * S).unwrap().into());
+        let (v, permit) = exports.hold(k).await;
+        assert!(v.is_allowed(), "{v:?}");
+        let refused = exports.hold(k).await.0;
+        assert!(refused.decision().is_some_and(|d| d.is_denied()), "{refused:?}");
+        permit.expect("a slot").release().await.unwrap();
+        assert!(exports.hold(k).await.0.is_allowed());
+        // Overrides: limiter-wide (MGET in its own slot) and per key (the
+        // marker, then the key's override read by the script).
+        let tb = limiter("tb", TokenBucket::new(2, 1, 60 * S).unwrap().into());
+        let bucket = |capacity| Some(Policy::from(TokenBucket::new(capacity, 1, 60 * S).unwrap()));
+        tb.set_override(None, bucket(3)).await.unwrap();
+        assert_eq!(tb.try_acquire(k, 1).await.unwrap().limit(), 3);
+        tb.set_override(Some(&keys[1]), bucket(5)).await.unwrap();
+        assert_eq!(tb.try_acquire(&keys[1], 1).await.unwrap().limit(), 5);
+        tb.set_override(None, None).await.unwrap();
+        assert_eq!(tb.try_acquire(k, 1).await.unwrap().limit(), 2);
+
+        // A resharding moves the slot of "moving" to another master.
+        let moving = Key::new("moving");
+        let slot = cluster.keyslot(moving.as_str());
+        let to = (cluster.master_of(slot).unwrap() + 1) % 3;
+        let window = limiter("window", SlidingWindow::new(3, 60 * S).unwrap().into());
+        assert!(window.try_acquire(&moving, 1).await.unwrap().is_allowed());
+        let moved = limiter("moved", TokenBucket::new(3, 1, 60 * S).unwrap().into());
+        assert!(moved.try_acquire(&moving, 1).await.unwrap().is_allowed());
+        let from = cluster.start_migration(slot, to);
+        // A new key: the old master answers -ASK, the client sends ASKING
+        // to the new one, where the bucket lives from now on. (A token
+        // bucket only: the other scripts also name the key's override,
+        // which does not exist, and a migrating slot answers -TRYAGAIN to
+        // a call naming keys it has and keys it has not.)
+        let bucket = limiter("bucket", TokenBucket::new(2, 1, 60 * S).unwrap().into());
+        assert!(bucket.try_acquire(&moving, 1).await.unwrap().is_allowed());
+        assert!(bucket.try_acquire(&moving, 1).await.unwrap().is_allowed());
+        assert!(bucket.try_acquire(&moving, 1).await.unwrap().is_denied());
+        // A moved key: -ASK, and its count goes on from the old master's.
+        assert_eq!(cluster.migrate_keys(slot, from, to), 3, "window, log, moved");
+        assert_eq!(moved.try_acquire(&moving, 1).await.unwrap().remaining(), 1);
+        // The slot is the new master's: -MOVED, and the client reads the
+        // topology again (CLUSTER SLOTS).
+        cluster.finish_migration(slot, to);
+        assert_eq!(window.try_acquire(&moving, 1).await.unwrap().remaining(), 1);
+        assert!(bucket.try_acquire(&moving, 1).await.unwrap().is_denied());
+
+        // A restart: users live in memory (an operator keeps them in an
+        // aclfile), so it is created again; decisions resume as this user.
+        cluster.restart_node(to);
+        acl_user(&cluster.nodes()[to], &rules);
+        let restarted = Instant::now();
+        let after = limiter("after", TokenBucket::new(2, 1, 60 * S).unwrap().into());
+        let d = loop {
+            match after.try_acquire(&moving, 1).await {
+                Ok(d) => break d,
+                Err(e) => assert!(restarted.elapsed() < 10 * S, "no decision since: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(d.is_allowed(), "{d:?}");
+
+        // The durability check's two grants: `CONFIG GET` reads the
+        // settings, `CLUSTER NODES` lists the replicas (none here).
+        for n in cluster.nodes() {
+            acl_user(n, &["+config|get"]);
+        }
+        let report = b.check_durability().await.unwrap();
+        let known = |s: &Setting| matches!(s, Setting::Known(_));
+        let (masters, rest): (Vec<_>, Vec<_>) =
+            report.nodes.iter().partition(|n| n.role == NodeRole::Master);
+        assert!(masters.iter().all(|n| known(&n.appendonly)), "{report:?}");
+        assert!(
+            rest.len() == 1 && unknown(&rest[0].appendonly, "cluster|nodes"),
+            "{report:?}"
+        );
+        for n in cluster.nodes() {
+            acl_user(n, &["+cluster|nodes"]);
+        }
+        let report = b.check_durability().await.unwrap();
+        assert_eq!(report.nodes.len(), 3, "{report:?}");
+        assert!(
+            report.nodes.iter().all(|n| n.role == NodeRole::Master
+                && known(&n.appendonly)
+                && known(&n.maxmemory_policy)),
+            "{report:?}"
+        );
     }
 }

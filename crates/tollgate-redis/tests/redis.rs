@@ -16,7 +16,7 @@ use tollgate_limiter::{
 };
 use tollgate_redis::{Durability, RedisBackend, RedisError, Setting};
 use tollgate_testkit::conformance::unique_name;
-use tollgate_testkit::redis_server::{RedisServer, Server};
+use tollgate_testkit::redis_server::{ACL_RULES, RedisServer, Server};
 
 const S: Duration = Duration::from_secs(1);
 
@@ -740,40 +740,6 @@ tollgate_testkit::on_every_server! {
         );
     }
 }
-
-/// The rules of the ACL user docs/redis.md gives: what the client sends,
-/// and what the scripts call.
-const ACL_RULES: [&str; 29] = [
-    "~tollgate:*",
-    "resetchannels",
-    "-@all",
-    "+evalsha",
-    "+script|load",
-    "+get",
-    "+set",
-    "+del",
-    "+ping",
-    "+role",
-    "+time",
-    "+hmget",
-    "+mget",
-    "+hset",
-    "+pexpire",
-    "+lrange",
-    "+lindex",
-    "+ltrim",
-    "+lset",
-    "+rpush",
-    "+lrem",
-    "+hgetall",
-    "+hdel",
-    "+zadd",
-    "+zcard",
-    "+zrange",
-    "+zrem",
-    "+zremrangebyscore",
-    "+zscore",
-];
 
 tollgate_testkit::on_every_server! {
     /// A script whose read of the key's state is refused by something

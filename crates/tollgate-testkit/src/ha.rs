@@ -1,7 +1,9 @@
 //! High-availability topologies on loopback ports, for failover tests:
 //! a Redis Sentinel setup ([`RedisSentinel`]: a master, a replica, three
 //! sentinels) and a Redis Cluster with a replica per master
-//! ([`RedisCluster::start_with_replicas`]).
+//! ([`RedisCluster::start_with_replicas`]); and a cluster's topology
+//! changes: a node killed and restarted, a slot migrated to another
+//! master ([`RedisCluster::start_migration`]).
 //!
 //! Every process is a [`RedisServer`] (the sentinels are `redis-server
 //! --sentinel`, the same binary as the `redis-sentinel` command), so they
@@ -360,6 +362,61 @@ impl RedisCluster {
             std::thread::sleep(Duration::from_millis(20));
         }
         None
+    }
+
+    /// Starts moving `slot` from its master to node `to`, as a resharding
+    /// does (`CLUSTER SETSLOT <slot> IMPORTING` on `to`, then `MIGRATING`
+    /// on the master): until [`finish_migration`](Self::finish_migration),
+    /// the master answers `-ASK` for the slot's keys it does not hold (new
+    /// ones, moved ones), and `to` serves them only after `ASKING`. Returns
+    /// the master's index.
+    pub fn start_migration(&self, slot: u16, to: usize) -> usize {
+        let from = self.master_of(slot).expect("a master serves the slot");
+        assert_ne!(from, to, "slot {slot} is on node {to} already");
+        let n = slot.to_string();
+        let steps = [(to, "importing", from), (from, "migrating", to)];
+        for (at, state, other) in steps {
+            let out = self.nodes[at].cli(&["cluster", "setslot", &n, state, &self.id(other)]);
+            assert_eq!(out.trim(), "OK", "CLUSTER SETSLOT {n} {state}: {out}");
+        }
+        from
+    }
+
+    /// Moves every key `slot` holds on node `from` to node `to`, in one
+    /// `MIGRATE` (so the keys of one hash tag move together); how many.
+    pub fn migrate_keys(&self, slot: u16, from: usize, to: usize) -> usize {
+        let listed = self.nodes[from].cli(&["cluster", "getkeysinslot", &slot.to_string(), "1000"]);
+        let keys: Vec<&str> = listed.lines().filter(|k| !k.is_empty()).collect();
+        if keys.is_empty() {
+            return 0;
+        }
+        let port = self.nodes[to].port().to_string();
+        let mut args = vec!["migrate", "127.0.0.1", &port, "", "0", "5000", "keys"];
+        args.extend(&keys);
+        let out = self.nodes[from].cli(&args);
+        assert_eq!(out.trim(), "OK", "MIGRATE {keys:?}: {out}");
+        keys.len()
+    }
+
+    /// Ends a migration: every running master gives `slot` to node `to`
+    /// (`CLUSTER SETSLOT <slot> NODE`, `to` first, as `redis-cli --cluster`
+    /// does), so the old master answers `-MOVED`. Move the keys first
+    /// ([`migrate_keys`](Self::migrate_keys)).
+    pub fn finish_migration(&self, slot: u16, to: usize) {
+        let (n, id) = (slot.to_string(), self.id(to));
+        let others = (0..self.nodes.len()).filter(|&i| i != to);
+        for i in std::iter::once(to).chain(others) {
+            let node = &self.nodes[i];
+            if node.is_running() && node.cli(&["role"]).starts_with("master") {
+                let out = node.cli(&["cluster", "setslot", &n, "node", &id]);
+                assert_eq!(out.trim(), "OK", "CLUSTER SETSLOT {n} NODE: {out}");
+            }
+        }
+    }
+
+    /// Node `i`'s cluster id (`CLUSTER MYID`).
+    fn id(&self, i: usize) -> String {
+        self.nodes[i].cli(&["cluster", "myid"]).trim().to_owned()
     }
 
     /// `redis-cli <args>` on the first running node.

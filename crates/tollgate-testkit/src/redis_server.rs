@@ -707,6 +707,49 @@ impl RedisCluster {
     }
 }
 
+/// The rules of the ACL user docs/redis.md gives a backend ("ACL: the
+/// least a backend user needs"): what the client sends, and what the
+/// scripts call. The single-server test `acl_user_from_url` runs with
+/// exactly these; a cluster's user needs [`CLUSTER_ACL_RULES`] too.
+pub const ACL_RULES: [&str; 29] = [
+    "~tollgate:*",
+    "resetchannels",
+    "-@all",
+    "+evalsha",
+    "+script|load",
+    "+get",
+    "+set",
+    "+del",
+    "+ping",
+    "+role",
+    "+time",
+    "+hmget",
+    "+mget",
+    "+hset",
+    "+pexpire",
+    "+lrange",
+    "+lindex",
+    "+ltrim",
+    "+lset",
+    "+rpush",
+    "+lrem",
+    "+hgetall",
+    "+hdel",
+    "+zadd",
+    "+zcard",
+    "+zrange",
+    "+zrem",
+    "+zremrangebyscore",
+    "+zscore",
+];
+
+/// What a Redis Cluster user needs besides [`ACL_RULES`] (docs/redis.md):
+/// `CLUSTER SLOTS`, with which the cluster client reads the topology (at
+/// start, after a `MOVED`, after a node failed), and `ASKING`, its answer
+/// to an `-ASK` redirect while a slot migrates. The cluster test
+/// `acl_user_on_every_node` runs with exactly both lists.
+pub const CLUSTER_ACL_RULES: [&str; 2] = ["+cluster|slots", "+asking"];
+
 pub(crate) fn cli(port: u16, args: &[&str]) -> String {
     let out = Command::new("redis-cli")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
