@@ -703,10 +703,19 @@ tollgate_testkit::on_every_server! {
         assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
         assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
         assert!(l.try_acquire(&k, 1).await.unwrap().is_denied());
-        // A reservation settled on a window (LSET, LREM).
+        // A reservation settled on a window (LSET); one settled above its
+        // estimate records the excess, and the log drops what the newer
+        // events make redundant (LTRIM). A refund that empties an event
+        // (LREM) takes a settle at 0, which a `Limiter` never sends (it
+        // charges at least 1); `+ping` and `+role` are for health checks
+        // that a denial does not fail. Every other grant is needed by a
+        // step of this test.
         let (v, r) = l.reserve(&Key::new("r"), 2).await;
         assert!(v.is_allowed(), "{v:?}");
         assert!(r.settle(1).await.unwrap().is_some());
+        let (v, r) = l.reserve(&Key::new("over"), 2).await;
+        assert!(v.is_allowed(), "{v:?}");
+        assert!(r.settle(4).await.unwrap().is_some());
         // A composite reads its state with HGETALL: denied, every decision
         // would find a fresh key and none would ever be refused.
         let plan = Limiter::new(
@@ -721,6 +730,11 @@ tollgate_testkit::on_every_server! {
         assert!(plan.try_acquire(&k, 1).await.unwrap().is_allowed());
         assert!(plan.try_acquire(&k, 1).await.unwrap().is_allowed());
         assert!(plan.try_acquire(&k, 1).await.unwrap().is_denied());
+        // An override with fewer parts forgets the others' fields (HDEL).
+        let one = Composite::new([Policy::from(TokenBucket::new(5, 1, 60 * S).unwrap())]).unwrap();
+        plan.set_override(None, Some(one.into())).await.unwrap();
+        assert!(plan.try_acquire(&k, 1).await.unwrap().is_allowed());
+        plan.set_override(None, None).await.unwrap();
         assert!(plan.reset(&k).await.unwrap().is_allowed());
         // A concurrency limit keeps its slots in a sorted set.
         let exports = Limiter::new("exports", Concurrency::new(1, 60 * S).unwrap(), b.clone());
