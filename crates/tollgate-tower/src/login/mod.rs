@@ -96,10 +96,11 @@
 //! With [`count_by_status(false)`](LoginLayer::count_by_status) (explicit
 //! reports through [`LoginAttempts`]), failures are reported after the
 //! fact: the layer only checks that the account is not delayed, and
-//! attempts in flight together while it is free all reach the handler.
-//! The per-IP window, charged up front, then bounds such a burst to the
-//! window's limit per client address; keep `max_delay` long and the
-//! per-IP limit low.
+//! attempts in flight together while it is free all reach the handler,
+//! unless the handler takes each attempt up front itself with
+//! [`LoginAttempts::attempt`] before verifying the password. The per-IP
+//! window, charged up front, bounds such a burst to the window's limit per
+//! client address; keep `max_delay` long and the per-IP limit low.
 //!
 //! # Examples
 //!
