@@ -485,6 +485,12 @@ impl<B: Backend> Limiter<B> {
         &self.inner.policy
     }
 
+    /// The least cost a request is charged (see
+    /// [`LimiterBuilder::min_cost`]).
+    pub fn min_cost(&self) -> u64 {
+        self.inner.min_cost
+    }
+
     /// The fail mode.
     pub fn fail_mode(&self) -> FailMode {
         self.inner.fail_mode
@@ -820,9 +826,14 @@ impl<B: Backend> Limiter<B> {
     /// not be refunded.
     ///
     /// Token buckets, sliding windows, calendar quotas and composites of
-    /// them; a progressive delay counts failures, not costs, and refuses with
-    /// [`Error::Policy`]. The rules of refunds, excess and unsettled
-    /// reservations: [`strategy::reservation`](crate::strategy::reservation).
+    /// them; and progressive delays, whose units are failures taken up
+    /// front (a login attempt recorded as failed before the handler runs,
+    /// refunded by [`Reservation::refund`] if it was no failed login; a
+    /// blocked key refuses and records nothing: see
+    /// [`ProgressiveDelayState::reserve`](crate::model::ProgressiveDelayState::reserve)).
+    /// A concurrency limit refuses with [`Error::Policy`]. The rules of
+    /// refunds, excess and unsettled reservations:
+    /// [`strategy::reservation`](crate::strategy::reservation).
     ///
     /// # Examples
     ///
@@ -843,12 +854,12 @@ impl<B: Backend> Limiter<B> {
     pub async fn reserve(&self, key: &Key, estimate: u64) -> (Verdict, Reservation<B>) {
         let deadline = self.inner.guard.deadline();
         let cost = estimate.max(self.inner.min_cost);
-        if self.inner.policy.max_cost().is_none() {
+        if matches!(self.inner.policy, Policy::Concurrency(_)) {
             let e = Error::from(PolicyError::new(
                 "strategy",
                 format!(
                     "limiter {:?} is a {}: reservations need a token bucket, a sliding \
-                     window, a calendar quota or a composite",
+                     window, a calendar quota, a composite or a progressive delay",
                     self.inner.name,
                     self.inner.policy.strategy()
                 ),
@@ -909,6 +920,8 @@ impl<B: Backend> Limiter<B> {
 
     /// Settles `receipt` with its real cost: one backend call under the
     /// timeout and the breaker (see [`Reservation::settle`]).
+    /// `actual` is taken as is: [`Reservation::settle`] raises it to the
+    /// minimum cost, [`Reservation::refund`] gives everything back.
     pub(crate) async fn settle_receipt(
         &self,
         key: &Key,
@@ -919,8 +932,6 @@ impl<B: Backend> Limiter<B> {
         if let Some(cache) = &self.inner.denials {
             cache.forget(key);
         }
-        // Every admitted call costs at least the minimum, as with check_cost.
-        let actual = actual.max(self.inner.min_cost);
         let op = Op::Settle { receipt, actual };
         self.try_op(key, op, &self.inner.guard.deadline()).await
     }

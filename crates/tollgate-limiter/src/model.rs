@@ -46,9 +46,10 @@ pub enum Op {
     Reset,
     /// Settle a reservation (see [`Slot::reserve`] and
     /// [reservations](crate::strategy::reservation)) whose real cost was
-    /// `actual`: refund the unused units still held, or charge the excess.
-    /// Changes nothing under a progressive delay. Answers as `Peek(1)`
-    /// would afterwards.
+    /// `actual`: refund the unused units still held, or charge the excess
+    /// (under a progressive delay, the units are failures: see
+    /// [`ProgressiveDelayState::settle`]). Answers as `Peek(1)` would
+    /// afterwards.
     ///
     /// Settle a receipt once: the model does not remember receipts, so a
     /// second settle of the same one refunds (or charges) again, within
@@ -139,6 +140,11 @@ impl State {
             (Self::ProgressiveDelay(s), Policy::ProgressiveDelay(p), Op::Acquire(c)) => {
                 s.acquire(now, p, c)
             }
+            (
+                Self::ProgressiveDelay(s),
+                Policy::ProgressiveDelay(p),
+                Op::Settle { receipt, actual },
+            ) => s.settle(now, p, receipt.marks[0], receipt.units, actual),
             (Self::ProgressiveDelay(s), Policy::ProgressiveDelay(p), _) => s.peek(now, p),
             // The parts' decisions carry their own windows.
             (Self::Composite(s), Policy::Composite(c), op) => return s.apply(now, c, op),
@@ -186,6 +192,7 @@ impl State {
             })),
             Self::SlidingWindow(s) => s.mark(),
             Self::Calendar(s) => Some(s.mark()),
+            Self::ProgressiveDelay(s) => Some(s.mark()),
             _ => None,
         }
     }
@@ -224,7 +231,6 @@ pub fn records(policy: &Policy, op: Op, decision: &Decision) -> bool {
         (Op::Hold(_) | Op::Release(_), _) => false,
         (_, Policy::Concurrency(_)) => false,
         // A refund or an excess: the expiry follows the state either way.
-        (Op::Settle { .. }, Policy::ProgressiveDelay(_)) => false,
         (Op::Settle { .. }, _) => true,
         (Op::Penalise(n), Policy::SlidingWindow(p)) => n > 0 && p.penalises_refused(),
         (Op::Penalise(_), _) => false,
@@ -320,9 +326,28 @@ impl Slot {
     /// Reserves `units` at `now` under `policy` (see
     /// [reservations](crate::strategy::reservation)): exactly an
     /// [`Op::Acquire`] of `units`, answered with the [`Receipt`] a later
-    /// [`Op::Settle`] needs ([`Receipt::NONE`] when refused).
+    /// [`Op::Settle`] needs ([`Receipt::NONE`] when refused). Under a
+    /// progressive delay, [`ProgressiveDelayState::reserve`]: a blocked key
+    /// refuses and records nothing, a free one records the failures and
+    /// allows.
     pub fn reserve(&mut self, now: Timestamp, policy: &Policy, units: u64) -> (Decision, Receipt) {
-        let decision = self.apply(now, policy, Op::Acquire(units));
+        let decision = match policy {
+            Policy::ProgressiveDelay(p) => {
+                // An expired key, or another strategy's state, is fresh.
+                let mut s = match &self.state {
+                    State::ProgressiveDelay(s) if self.expires_at > now => *s,
+                    _ => ProgressiveDelayState::default(),
+                };
+                let decision = s.reserve(now, p, units);
+                // Refused: the key is blocked, its state live and kept.
+                if decision.is_allowed() {
+                    self.state = State::ProgressiveDelay(s);
+                    self.expires_at = s.expires_at(p);
+                }
+                decision.with_window_micros(policy.window_micros())
+            }
+            _ => self.apply(now, policy, Op::Acquire(units)),
+        };
         if !decision.is_allowed() {
             return (decision, Receipt::NONE);
         }

@@ -83,9 +83,33 @@ impl<B: Backend> Reservation<B> {
     pub async fn settle(self, actual: u64) -> Result<Option<Decision>, Error> {
         match self.held {
             None => Ok(None),
+            Some(h) => {
+                // Every admitted call costs at least the minimum, as with
+                // check_cost.
+                let actual = actual.max(h.limiter.min_cost());
+                h.limiter
+                    .settle_receipt(&h.key, h.receipt, actual)
+                    .await
+                    .map(Some)
+            }
+        }
+    }
+
+    /// Gives the whole reservation back (settles it with a real cost of 0,
+    /// below the [minimum cost](crate::LimiterBuilder::min_cost)): the
+    /// request was not to be counted at all. For a progressive delay, a
+    /// login attempt reserved as a failure that turned out to be no failed
+    /// login (the handler answered `5xx` or `400`): the failure is taken
+    /// back within the key's life it was recorded in; the delay it may
+    /// have started is left to run (see
+    /// [`ProgressiveDelayState::settle`](crate::model::ProgressiveDelayState::settle)).
+    /// Otherwise as [`settle`](Self::settle).
+    pub async fn refund(self) -> Result<Option<Decision>, Error> {
+        match self.held {
+            None => Ok(None),
             Some(h) => h
                 .limiter
-                .settle_receipt(&h.key, h.receipt, actual)
+                .settle_receipt(&h.key, h.receipt, 0)
                 .await
                 .map(Some),
         }

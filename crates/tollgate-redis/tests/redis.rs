@@ -222,6 +222,69 @@ tollgate_testkit::on_every_server! {
 }
 
 tollgate_testkit::on_every_server! {
+    /// A progressive delay's HASH written before reservations (no `o`,
+    /// born) still decodes: its life goes on as one whose born is 0, a
+    /// reservation on it is marked so, and its refund applies; a blocked
+    /// old state refuses a reservation and is left as it was.
+    #[tokio::test]
+    async fn progressive_delay_old_hash_reserves_and_settles(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let prefix = unique_name("pdfmt");
+        let clock = MockClock::new();
+        let b = caller_time(&url, &prefix, &clock).await;
+        let mut r = raw(&url).await;
+        let pd = ProgressiveDelay::new(2, 10 * S, 2, 60 * S, 600 * S).unwrap();
+        let pd = Limiter::new("pd", pd, b.clone());
+        let now = clock.now();
+        let old = |f: u64, blocked: u64| {
+            let last = now - 1_000_000;
+            let x = (last + 600_000_000).max(blocked);
+            [
+                ("s", "p".to_owned()),
+                ("x", x.to_string()),
+                ("f", f.to_string()),
+                ("b", blocked.to_string()),
+                ("l", last.to_string()),
+            ]
+        };
+
+        // One old failure: a reservation passes, marked born 0, and its
+        // refund takes back its own failure only.
+        let k = Key::new("old-free");
+        let state = b.state_key("pd", &k);
+        let _: () = r.hset_multiple(&state, &old(1, 0)).await.unwrap();
+        let _: () = r.pexpire(&state, 600_000).await.unwrap();
+        let (v, reservation) = pd.reserve(&k, 1).await;
+        assert_eq!(v.decision().map(|d| d.remaining()), Some(0));
+        let mark = reservation.receipt().unwrap().marks[0].unwrap();
+        assert_eq!((mark.born, mark.at), (0, now));
+        let o: String = r.hget(&state, "o").await.unwrap();
+        assert_eq!(o, "0");
+        let d = reservation.refund().await.unwrap().unwrap();
+        assert_eq!(d.remaining(), 1);
+        let f: String = r.hget(&state, "f").await.unwrap();
+        assert_eq!(f, "1");
+
+        // Blocked: refused, and the state is left exactly as it was.
+        let k = Key::new("old-blocked");
+        let state = b.state_key("pd", &k);
+        let fields = old(3, now + 5_000_000);
+        let _: () = r.hset_multiple(&state, &fields).await.unwrap();
+        let _: () = r.pexpire(&state, 600_000).await.unwrap();
+        let (v, reservation) = pd.reserve(&k, 1).await;
+        assert_eq!(
+            v.decision().map(|d| (d.is_allowed(), d.retry_after())),
+            Some((false, 5 * S))
+        );
+        assert!(reservation.is_empty());
+        let stored: std::collections::HashMap<String, String> = r.hgetall(&state).await.unwrap();
+        let want: std::collections::HashMap<String, String> =
+            fields.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect();
+        assert_eq!(stored, want);
+    }
+}
+
+tollgate_testkit::on_every_server! {
     /// A token bucket in either form of its encoding, version 2 (what the
     /// client sends, read by the script's common path) and version 1 (how
     /// overrides are stored, read by its full path), decides alike: the

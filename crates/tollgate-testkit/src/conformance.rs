@@ -213,6 +213,77 @@ pub async fn progressive_delay<B: Backend>(backend: B, clock: MockClock) {
     assert_eq!(peek(&l, &k, 1).await.remaining(), 2);
 }
 
+/// A progressive delay's reservations, login attempts taken up front
+/// (`tollgate_limiter::model::ProgressiveDelayState::reserve`): attempts
+/// in flight together see each other, so of those made while the key is
+/// free, the free ones and the one that starts the delay pass and every
+/// later one is refused; a refused one records nothing (knocking does not
+/// lengthen the delay); a refund (`Reservation::refund`) takes back the
+/// attempt's own failure only, within the key's life, and leaves the delay
+/// it started; a kept failure stays; a success (reset) clears the key and
+/// a settle after it refunds nothing.
+pub async fn progressive_delay_reservations<B: Backend + Clone>(backend: B, clock: MockClock) {
+    let p = ProgressiveDelay::new(2, 10 * S, 2, 60 * S, 600 * S).unwrap();
+    let l = limiter("pdr", p, backend);
+    let k = Key::new("victim@example.com");
+    let reserve = || l.reserve(&k, 1);
+    // Six attempts in flight together: two free, the third starts 10 s.
+    let mut held = Vec::new();
+    let mut passed = 0;
+    for _ in 0..6 {
+        let (v, r) = reserve().await;
+        if v.is_allowed() {
+            passed += 1;
+            assert_eq!(r.units(), 1);
+        } else {
+            let d = v.decision().expect("decided");
+            assert_eq!(d.retry_after(), 10 * S);
+            assert!(r.is_empty());
+        }
+        held.push(r);
+    }
+    assert_eq!(passed, 3, "the free attempts and one more pass");
+    // Knocking while blocked records nothing: the delay ends as it was
+    // set, and the next attempt is only the fourth failure (20 s).
+    clock.advance(9 * S);
+    for _ in 0..5 {
+        assert!(!reserve().await.0.is_allowed());
+    }
+    let d = peek(&l, &k, 1).await;
+    assert_eq!((d.retry_after(), d.remaining()), (S, 0));
+    // The first two attempts were no failed logins (a 5xx): refunded;
+    // the third's failure is kept. The delay it started stays.
+    let third = held.remove(2);
+    let mut held = held.into_iter();
+    for want in [0, 1] {
+        let d = held.next().unwrap().refund().await.unwrap().unwrap();
+        assert_eq!(d.remaining(), want);
+        assert_eq!(d.retry_after(), S, "the started delay stays");
+    }
+    assert!(third.settle(1).await.unwrap().is_some());
+    clock.advance(S);
+    // One failure left of three: two more attempts pass, the second
+    // starting the delay again.
+    assert!(reserve().await.0.is_allowed());
+    let (v, last) = reserve().await;
+    assert!(v.is_allowed());
+    let (v, _) = reserve().await;
+    assert_eq!(v.decision().map(|d| d.retry_after()), Some(10 * S));
+    // A success clears the key; the refund of an attempt made before it
+    // gives back nothing of the new life's failures.
+    clock.advance(10 * S);
+    l.reset(&k).await.unwrap();
+    assert!(reserve().await.0.is_allowed());
+    let d = last.refund().await.unwrap().unwrap();
+    assert_eq!(d.remaining(), 1, "a refund crosses no reset");
+    // A refund never takes more than its own failure, even if every
+    // attempt of the life is refunded: the key is then as fresh.
+    let k2 = Key::new("other@example.com");
+    let (_, r) = l.reserve(&k2, 1).await;
+    let d = r.refund().await.unwrap().unwrap();
+    assert_eq!((d.is_allowed(), d.remaining()), (true, 2));
+}
+
 /// A peek changes nothing and asks about its own cost; a reset makes the
 /// key fresh.
 pub async fn peek_and_reset<B: Backend>(backend: B, _clock: MockClock) {
@@ -1157,21 +1228,25 @@ pub fn policies() -> impl Strategy<Value = Policy> {
         (1u64..5, 1u64..8_000_000).prop_map(|(max, lease)| {
             Policy::from(Concurrency::new(max, Duration::from_micros(lease)).unwrap())
         }),
-        (0u64..3, 1u64..1_000_000, 1u64..4, 1u64..4, 1u64..10_000_000).prop_map(
-            |(free, base, factor, max_mult, forget)| {
-                Policy::from(
-                    ProgressiveDelay::new(
-                        free,
-                        Duration::from_micros(base),
-                        factor,
-                        Duration::from_micros(base * max_mult),
-                        Duration::from_micros(forget),
-                    )
-                    .unwrap(),
-                )
-            }
-        ),
+        progressive_delays(),
     ]
+}
+
+fn progressive_delays() -> impl Strategy<Value = Policy> {
+    (0u64..3, 1u64..1_000_000, 1u64..4, 1u64..4, 1u64..10_000_000).prop_map(
+        |(free, base, factor, max_mult, forget)| {
+            Policy::from(
+                ProgressiveDelay::new(
+                    free,
+                    Duration::from_micros(base),
+                    factor,
+                    Duration::from_micros(base * max_mult),
+                    Duration::from_micros(forget),
+                )
+                .unwrap(),
+            )
+        },
+    )
 }
 
 /// Random parts of a composite: token buckets, sliding windows that do not
@@ -1282,7 +1357,9 @@ where
 /// reservations above and below one another, the refunds a bucket
 /// remembers and those it forgets (see
 /// `tollgate_limiter::strategy::reservation`) are replayed on the backend
-/// step by step.
+/// step by step. Or a progressive delay: attempts reserved up front,
+/// refused while blocked, refunded (`actual` 0), kept or charged an excess
+/// in any order, across delays and forgotten lives.
 pub fn reservation_traces(len: usize) -> impl Strategy<Value = (Policy, Vec<Step>)> {
     let bucket = (8u64..40, 1u64..5, 1_000_000u64..60_000_000).prop_map(|(cap, refill, period)| {
         Policy::from(TokenBucket::new(cap, refill, Duration::from_micros(period)).unwrap())
@@ -1291,6 +1368,7 @@ pub fn reservation_traces(len: usize) -> impl Strategy<Value = (Policy, Vec<Step
         3 => bucket.clone(),
         1 => (bucket, prop_oneof![token_buckets(), sliding_windows()])
             .prop_map(|(b, other)| Policy::from(Composite::new([b, other]).unwrap())),
+        1 => progressive_delays(),
     ];
     policy.prop_flat_map(move |policy| {
         // Small reservations, so that many are out at once: more than the
@@ -1698,6 +1776,7 @@ macro_rules! conformance_tests {
                 concurrent_sliding_window, concurrent_composite,
                 composite_charges_nothing_on_refusal, calendar_day_across_daylight_saving,
                 calendar_month_in_a_composite, reserve_and_settle,
+                progressive_delay_reservations,
                 reserve_and_settle_a_calendar_quota, overlapping_reservations_refund_what_is_out,
                 a_settle_under_a_slower_refill_refunds_only_the_unused,
                 a_refund_never_frees_what_an_excess_trimmed,

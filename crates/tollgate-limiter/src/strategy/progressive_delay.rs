@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::decision::Decision;
 use crate::policy::{PolicyError, span};
+use crate::strategy::reservation::Mark;
 use crate::time::Timestamp;
 
 /// Progressive delay: failures are recorded; once a key has more than
@@ -115,12 +116,19 @@ impl ProgressiveDelay {
 /// State of one progressive-delay key.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProgressiveDelayState {
-    /// Failures recorded since the key was last fresh.
+    /// Failures recorded since the key was last fresh (reserved attempts
+    /// included, until a settle refunds them).
     pub failures: u64,
     /// The key is blocked before this instant.
     pub blocked_until: Timestamp,
     /// The last recorded failure.
     pub last_failure: Timestamp,
+    /// When this life of the key began: its first failure since it was
+    /// fresh (0 for a state stored before this field, whose life goes on
+    /// as one). A [reservation](crate::strategy::reservation)'s
+    /// [`Mark::born`]: a settle refunds only within the life it was
+    /// reserved in.
+    pub born: Timestamp,
 }
 
 impl ProgressiveDelayState {
@@ -135,11 +143,100 @@ impl ProgressiveDelayState {
         self.decide(now, p, 0)
     }
 
-    fn decide(&mut self, now: Timestamp, p: &ProgressiveDelay, failures: u64) -> Decision {
+    /// Reserves an attempt of `failures` failures (0 counts as 1) at `now`:
+    /// the failures are taken *up front*, before the outcome is known,
+    /// so that attempts in flight together see each other.
+    ///
+    /// * A key blocked at `now` refuses and records **nothing** (as a
+    ///   [`peek`](Self::peek)): knocking on a delayed account does not
+    ///   lengthen its delay.
+    /// * Otherwise the failures are recorded now, exactly as an
+    ///   [`acquire`](Self::acquire) records them (the attempt that brings
+    ///   the count past the free attempts starts the delay, so every later
+    ///   attempt is refused until it ends), and the attempt is **allowed**
+    ///   (retry-after 0): it is the one the delay was started for.
+    ///
+    /// An allowed reservation's [`mark`](Self::mark) identifies this life
+    /// of the key; [`settle`](Self::settle) keeps or refunds the failures.
+    pub fn reserve(&mut self, now: Timestamp, p: &ProgressiveDelay, failures: u64) -> Decision {
+        self.forget_if_expired(now, p);
+        if now < self.blocked_until {
+            return self.decide(now, p, 0);
+        }
+        let d = self.decide(now, p, failures.max(1));
+        Decision::from_micros(
+            true,
+            d.limit(),
+            d.remaining(),
+            0,
+            self.expires_at(p).saturating_sub(now),
+        )
+    }
+
+    /// Where the last recorded failure sits: this life (`born`) and the
+    /// instant of the failure (`at`, informative: a settle does not read
+    /// it).
+    pub fn mark(&self) -> Mark {
+        Mark {
+            born: self.born,
+            at: self.last_failure,
+            per: 0,
+        }
+    }
+
+    /// Settles a reservation of `units` failures whose outcome counts
+    /// `actual` failures (a failed login: `actual = units`; an attempt that
+    /// was no failed login, a 5xx or a 400: `actual = 0`):
+    ///
+    /// * **refund** (`actual < units`): `failures` goes down by
+    ///   `units - actual`, never below zero, and only if `mark` names this
+    ///   life of the key (an expiry or a reset since gave everything back
+    ///   already: nothing is refunded). The block and the last failure's
+    ///   instant are left as they are: a delay already started runs its
+    ///   course (the safe side: undoing it exactly could shorten a delay
+    ///   another failure set). Each reservation refunds only what it
+    ///   recorded, so the count never drops below what the other attempts
+    ///   of this life recorded (settle each receipt once);
+    /// * **excess** (`actual > units`): the further failures are recorded
+    ///   now, as an [`acquire`](Self::acquire) of them would, whatever the
+    ///   mark (an unmarked receipt charges an excess too);
+    /// * `actual = units`: nothing changes.
+    ///
+    /// Answers as a [`peek`](Self::peek) afterwards.
+    pub fn settle(
+        &mut self,
+        now: Timestamp,
+        p: &ProgressiveDelay,
+        mark: Option<Mark>,
+        units: u64,
+        actual: u64,
+    ) -> Decision {
+        self.forget_if_expired(now, p);
+        if actual > units {
+            return self.decide(now, p, actual - units);
+        }
+        if let Some(m) = mark
+            && m.born == self.born
+            && self.failures > 0
+        {
+            self.failures = self.failures.saturating_sub(units - actual);
+        }
+        self.decide(now, p, 0)
+    }
+
+    fn forget_if_expired(&mut self, now: Timestamp, p: &ProgressiveDelay) {
         if self.failures > 0 && self.expires_at(p) <= now {
             *self = Self::default();
         }
+    }
+
+    fn decide(&mut self, now: Timestamp, p: &ProgressiveDelay, failures: u64) -> Decision {
+        self.forget_if_expired(now, p);
         if failures > 0 {
+            if self.failures == 0 {
+                // A new life: its first failure.
+                self.born = now;
+            }
             self.failures = self.failures.saturating_add(failures);
             self.last_failure = now;
             let delay = p.delay_micros(self.failures);
@@ -154,10 +251,13 @@ impl ProgressiveDelayState {
         Decision::from_micros(allowed, p.free_attempts(), remaining, retry, reset)
     }
 
-    /// When this state becomes equal to a fresh key's.
+    /// When this state becomes equal to a fresh key's: `forget_after` the
+    /// last failure, or the end of the block if later. A state whose
+    /// failures were all refunded keeps only the block they left (see
+    /// [`settle`](Self::settle)).
     pub fn expires_at(&self, p: &ProgressiveDelay) -> Timestamp {
         if self.failures == 0 {
-            return 0;
+            return self.blocked_until;
         }
         (self.last_failure + p.forget_after_micros()).max(self.blocked_until)
     }
@@ -192,5 +292,195 @@ mod tests {
             .recv_timeout(Duration::from_secs(10))
             .expect("the delay of a huge failure count is computed at once");
         assert_eq!(got, (1_000_000, Duration::from_secs(1)));
+    }
+
+    const S: u64 = 1_000_000;
+
+    fn policy() -> ProgressiveDelay {
+        // Two free failures, then 10 s, 20 s, ... up to 60 s; forgotten
+        // after 600 s.
+        ProgressiveDelay::new(
+            2,
+            Duration::from_secs(10),
+            2,
+            Duration::from_secs(60),
+            Duration::from_secs(600),
+        )
+        .unwrap()
+    }
+
+    fn model_slot() -> (crate::policy::Policy, crate::model::Slot) {
+        let p = crate::policy::Policy::from(policy());
+        let slot = crate::model::Slot::fresh(&p);
+        (p, slot)
+    }
+
+    /// Attempts reserved together while the key is free see each other:
+    /// the free ones and the one that starts the delay pass, every later
+    /// one is refused, and a refused one records nothing (the delay is
+    /// the one the third failure started, not lengthened by knocking).
+    #[test]
+    fn concurrent_reservations_pass_one_past_the_free_attempts() {
+        use crate::model::Receipt;
+        let (p, mut slot) = model_slot();
+        let now = 1_000 * S;
+        let verdicts: Vec<_> = (0..6)
+            .map(|_| slot.reserve(now, &p, 1))
+            .map(|(d, r)| (d.is_allowed(), r.units))
+            .collect();
+        assert_eq!(
+            verdicts,
+            [
+                (true, 1),
+                (true, 1),
+                (true, 1),
+                (false, 0),
+                (false, 0),
+                (false, 0)
+            ]
+        );
+        let crate::model::State::ProgressiveDelay(s) = slot.state else {
+            panic!("{:?}", slot.state)
+        };
+        assert_eq!(s.failures, 3);
+        assert_eq!(s.blocked_until, now + 10 * S);
+        // Knocking while blocked records nothing.
+        let (d, r) = slot.reserve(now + 9 * S, &p, 1);
+        assert!(d.is_denied());
+        assert_eq!(d.retry_after(), Duration::from_secs(1));
+        assert_eq!(r, Receipt::NONE);
+        // The delay over: exactly one more attempt, which starts the next.
+        let (d, _) = slot.reserve(now + 10 * S, &p, 1);
+        assert!(d.is_allowed());
+        assert!(slot.reserve(now + 10 * S, &p, 1).0.is_denied());
+        assert_eq!(
+            slot.apply(now + 10 * S, &p, crate::model::Op::PEEK)
+                .retry_after(),
+            Duration::from_secs(20)
+        );
+    }
+
+    /// A refund takes back the attempt's own failure, never one another
+    /// attempt recorded, and leaves a started delay in place; a kept
+    /// failure (actual = units) changes nothing; an excess is recorded.
+    #[test]
+    fn a_settle_refunds_its_own_failure_and_leaves_the_block() {
+        use crate::model::Op;
+        let (p, mut slot) = model_slot();
+        let now = 1_000 * S;
+        let (_, a) = slot.reserve(now, &p, 1);
+        let (_, b) = slot.reserve(now, &p, 1);
+        let (_, c) = slot.reserve(now + S, &p, 1);
+        let failures = |slot: &crate::model::Slot| match slot.state {
+            crate::model::State::ProgressiveDelay(s) => s.failures,
+            _ => panic!(),
+        };
+        assert_eq!(failures(&slot), 3);
+        // `c` started a 10 s delay; refunding it leaves the delay.
+        let d = slot.apply(
+            now + 2 * S,
+            &p,
+            Op::Settle {
+                receipt: c,
+                actual: 0,
+            },
+        );
+        assert_eq!(failures(&slot), 2);
+        assert!(d.is_denied());
+        assert_eq!(d.retry_after(), Duration::from_secs(9));
+        // `a` failed: kept.
+        slot.apply(
+            now + 2 * S,
+            &p,
+            Op::Settle {
+                receipt: a,
+                actual: 1,
+            },
+        );
+        assert_eq!(failures(&slot), 2);
+        // `b` errored: refunded, and a second settle of it (not allowed,
+        // but the model does not remember receipts) never goes below zero.
+        for _ in 0..3 {
+            slot.apply(
+                now + 2 * S,
+                &p,
+                Op::Settle {
+                    receipt: b,
+                    actual: 0,
+                },
+            );
+        }
+        assert_eq!(failures(&slot), 0);
+        // The block stays until it ends, and the key is then as fresh.
+        assert!(slot.apply(now + 11 * S - 1, &p, Op::PEEK).is_denied());
+        assert!(slot.is_live(now + 11 * S - 1));
+        assert!(!slot.is_live(now + 11 * S));
+        assert_eq!(slot.apply(now + 11 * S, &p, Op::PEEK).remaining(), 2);
+        // An excess is recorded as failures.
+        let (_, e) = slot.reserve(now + 20 * S, &p, 1);
+        let d = slot.apply(
+            now + 20 * S,
+            &p,
+            Op::Settle {
+                receipt: e,
+                actual: 3,
+            },
+        );
+        assert_eq!(failures(&slot), 3);
+        assert_eq!(d.retry_after(), Duration::from_secs(10));
+    }
+
+    /// A settle after the key was reset or forgotten refunds nothing: the
+    /// failures of the new life are not the reservation's.
+    #[test]
+    fn a_settle_refunds_nothing_in_another_life() {
+        use crate::model::Op;
+        let (p, mut slot) = model_slot();
+        let now = 1_000 * S;
+        let (_, old) = slot.reserve(now, &p, 1);
+        slot.apply(now, &p, Op::Reset);
+        slot.reserve(now + 1, &p, 1);
+        let settle = |slot: &mut crate::model::Slot, at| {
+            slot.apply(
+                at,
+                &p,
+                Op::Settle {
+                    receipt: old,
+                    actual: 0,
+                },
+            )
+        };
+        assert_eq!(settle(&mut slot, now + 2).remaining(), 1);
+        // Forgotten 600 s after the last failure: a new life again.
+        slot.reserve(now + 700 * S, &p, 1);
+        let (_, new) = slot.reserve(now + 700 * S, &p, 1);
+        assert_eq!(settle(&mut slot, now + 700 * S).remaining(), 0);
+        let d = slot.apply(
+            now + 700 * S,
+            &p,
+            Op::Settle {
+                receipt: new,
+                actual: 0,
+            },
+        );
+        assert_eq!(d.remaining(), 1);
+    }
+
+    /// A state stored before `born` (0) goes on as one life: its
+    /// reservations carry 0 and are refunded.
+    #[test]
+    fn a_state_without_born_settles_in_its_life() {
+        let p = policy();
+        let mut s = ProgressiveDelayState {
+            failures: 1,
+            blocked_until: 0,
+            last_failure: 5 * S,
+            born: 0,
+        };
+        assert!(s.reserve(6 * S, &p, 1).is_allowed());
+        let mark = s.mark();
+        assert_eq!(mark.born, 0);
+        s.settle(6 * S, &p, Some(mark), 1, 0);
+        assert_eq!(s.failures, 1);
     }
 }

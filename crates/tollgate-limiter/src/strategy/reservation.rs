@@ -8,8 +8,9 @@
 //! gives back the difference, or charges the excess.
 //!
 //! Token buckets, sliding windows, calendar quotas and composites of them
-//! (each part is settled on its own) support it; a progressive delay counts
-//! failures, not costs: a settle there changes nothing.
+//! (each part is settled on its own) support it, and so do progressive
+//! delays, whose units are failures: a login attempt is taken as a failure
+//! up front and settled by its outcome (see below).
 //!
 //! # The rules
 //!
@@ -75,6 +76,24 @@
 //!   day, week or month is over) started the next one from zero: it gave
 //!   everything back already, so a settle after the boundary refunds
 //!   nothing, and the new window owes the old one nothing.
+//! * *Progressive delay*: a reservation is an attempt, its units
+//!   failures recorded *before* the outcome is known, so that attempts in
+//!   flight together see each other: the one that brings the count past
+//!   the free attempts starts the delay, and every later one is refused
+//!   until it ends (checking, then charging after the response, let every
+//!   attempt in flight while the key was free through). A key blocked at
+//!   the reservation's instant refuses it and records nothing, as a peek
+//!   would: knocking does not lengthen a delay. [`Mark::born`] is when the
+//!   key's current life began (its first failure since it was fresh),
+//!   [`Mark::at`] the failure's instant. Settling with `actual < units`
+//!   refunds `units − actual` failures, in the same life only, never
+//!   below zero; the block and the last failure's instant stay (a delay
+//!   the refunded failure started runs its course: restoring the earlier
+//!   block could shorten one that another failure set). An excess is
+//!   recorded as failures at the settle's instant. An unsettled
+//!   reservation keeps its failure: a client that drops the connection
+//!   mid-attempt is counted one failure, so dropping on purpose earns no
+//!   refund. (See [`ProgressiveDelayState::settle`].)
 //! * **One life.** Each key's state records when it was created
 //!   ([`Mark::born`]): the first charge on a fresh key (an empty log, a full
 //!   bucket; for a calendar quota, its window and when its count began,
@@ -142,6 +161,8 @@
 //! ```
 
 use crate::strategy::composite::MAX_PARTS;
+#[cfg(doc)]
+use crate::strategy::progressive_delay::ProgressiveDelayState;
 #[cfg(doc)]
 use crate::strategy::token_bucket::{MAX_RECENT_REFUNDS, MAX_REFUNDED, TokenBucketState};
 use crate::time::Timestamp;

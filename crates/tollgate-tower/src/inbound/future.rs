@@ -208,6 +208,13 @@ fn settle_reservation<B: Backend>(
     Box::pin(async move { task.await.ok().flatten() })
 }
 
+/// Gives a reservation back whole (the response says the request was not
+/// to be counted), in a task of its own (as [`settle`]).
+fn refund_reservation<B: Backend>(reservation: Box<Reservation<B>>) -> BoxFuture<Option<Decision>> {
+    let task = tokio::spawn(async move { reservation.refund().await.ok().flatten() });
+    Box::pin(async move { task.await.ok().flatten() })
+}
+
 impl<S, Req, B, R, V> Future for ResponseFuture<S, Req, B, R, V>
 where
     S: Service<Req>,
@@ -250,14 +257,39 @@ where
                     }
                 }
                 StateProj::Inner { fut } => {
-                    let response = ready!(fut.poll(cx))?;
-                    if V::RESERVE {
-                        // No usage reported: the estimate stays charged.
-                        let usage = this.post.classify.usage(&response);
-                        let held = this.ticket.as_mut().and_then(|t| t.reservation.take());
-                        if let (Some(actual), Some(reservation)) = (usage, held) {
+                    let result = ready!(fut.poll(cx));
+                    // A reserving request holds its reservation (empty if
+                    // it passed without the backend) until settled here.
+                    let held = this.ticket.as_mut().and_then(|t| t.reservation.take());
+                    let response = match result {
+                        Ok(response) => response,
+                        Err(e) => {
+                            if let Some(reservation) = held
+                                && this.post.classify.on_error() == Outcome::Ignore
+                            {
+                                // Recorded even though the error is
+                                // answered at once.
+                                drop(refund_reservation(reservation));
+                            }
+                            return Poll::Ready(Err(e));
+                        }
+                    };
+                    if let Some(reservation) = held {
+                        let settle = match this.post.classify.classify(&response) {
+                            Outcome::Reset => {
+                                this.ticket.as_ref().and_then(|t| settle(t, Outcome::Reset))
+                            }
+                            Outcome::Ignore => Some(refund_reservation(reservation)),
+                            // No usage reported: the estimate stays charged.
+                            Outcome::Count => this
+                                .post
+                                .classify
+                                .usage(&response)
+                                .map(|actual| settle_reservation(reservation, actual)),
+                        };
+                        if let Some(settle) = settle {
                             this.state.set(State::Settling {
-                                settle: settle_reservation(reservation, actual),
+                                settle,
                                 response: Some(response),
                             });
                             continue;

@@ -131,11 +131,16 @@ pub enum Outcome {
 /// Checking and charging are two backend calls rather than one atomic
 /// one, so concurrent requests of one key may all pass the check before
 /// any is charged: at most the number of requests in flight can exceed
-/// the limit. That is the price of counting by outcome (login protection
-/// counts failed logins, which only the response knows). A response the
-/// inner service failed to produce (`Err`) is not charged. The charge runs
-/// as a task of its own (on the tokio runtime), so it is recorded even if
-/// the client goes away while it is in flight.
+/// the limit. A response the inner service failed to produce (`Err`) is
+/// not charged. The charge runs as a task of its own (on the tokio
+/// runtime), so it is recorded even if the client goes away while it is
+/// in flight.
+///
+/// A classifier that [reserves](Self::reserves) avoids the overshoot: the
+/// cost is taken up front, atomically, and the outcome keeps, refunds or
+/// resets it. Login protection counts this way
+/// ([`FailedLogins`](crate::login::FailedLogins): each attempt is a failure
+/// until its response says otherwise).
 pub trait Classify<Res> {
     /// Whether the cost is taken before the request is handed on (and
     /// [`classify`](Self::classify) never called).
@@ -143,8 +148,33 @@ pub trait Classify<Res> {
 
     /// Whether the cost is an estimate, *reserved* before the request is
     /// handed on and settled with [`usage`](Self::usage) after (see
-    /// [`SettleWith`]).
+    /// [`SettleWith`]); the default of [`reserves`](Self::reserves).
     const RESERVE: bool = false;
+
+    /// Whether this classifier, as configured, reserves (see
+    /// [`RESERVE`](Self::RESERVE), the default answer). When it does, the
+    /// response settles the reservation by its outcome:
+    /// [`Outcome::Count`] settles with [`usage`](Self::usage) (`None`
+    /// keeps the whole reservation), [`Outcome::Ignore`] refunds it all
+    /// (the request was not to be counted, as with
+    /// [`Reservation::refund`](tollgate_limiter::Reservation::refund)),
+    /// [`Outcome::Reset`] forgets the key. A response that never comes
+    /// (the request's future dropped: a client gone) keeps the
+    /// reservation; an `Err` from the inner service does what
+    /// [`on_error`](Self::on_error) says.
+    fn reserves(&self) -> bool {
+        Self::RESERVE
+    }
+
+    /// What the inner service failing (`Err`, no response) does to a
+    /// reservation (see [`reserves`](Self::reserves)): [`Outcome::Count`]
+    /// (the default) keeps it, [`Outcome::Ignore`] refunds it (in a task of
+    /// its own: the error is answered without waiting for the refund). Not
+    /// asked of a classifier that does not reserve: there an `Err` is not
+    /// charged.
+    fn on_error(&self) -> Outcome {
+        Outcome::Count
+    }
 
     /// What `response` does to the count.
     fn classify(&self, response: &Res) -> Outcome;

@@ -133,7 +133,7 @@ where
             },
         };
         let cost = shared.cost.cost(&req);
-        let mode = match (V::RESERVE, V::UPFRONT) {
+        let mode = match (self.post.classify.reserves(), V::UPFRONT) {
             (true, _) => Mode::Reserve,
             (false, true) => Mode::Upfront,
             (false, false) => Mode::Peek,

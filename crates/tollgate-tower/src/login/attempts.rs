@@ -1,4 +1,4 @@
-use tollgate_limiter::{Backend, Decision, Error, KeyHasher, Limiter, Verdict};
+use tollgate_limiter::{Backend, Decision, Error, KeyHasher, Limiter, Reservation, Verdict};
 
 /// Explicit reports of login outcomes, for handlers that know better than
 /// the response status (a form login that redirects on failure and on
@@ -8,6 +8,13 @@ use tollgate_limiter::{Backend, Decision, Error, KeyHasher, Limiter, Verdict};
 /// limiter; emails are normalised and hashed with [`KeyHasher::email`],
 /// exactly as [`LoginLayer`](super::LoginLayer)'s body extractor does, so
 /// both count the same account (give both the same hasher). Cheap to clone; clones share the limiter.
+///
+/// [`failed`](Self::failed) reports a failure *after* the fact: attempts
+/// in flight together while the account is free all pass
+/// [`check`](Self::check) before any is recorded. Where the handler can,
+/// take the attempt *up front* with [`attempt`](Self::attempt) before
+/// verifying the password: concurrent attempts then see each other, as
+/// with [`LoginLayer`](super::LoginLayer) counting by status.
 ///
 /// # Examples
 ///
@@ -68,6 +75,47 @@ impl<B: Backend> LoginAttempts<B> {
     /// account is now delayed.
     pub async fn failed(&self, email: &str) -> Verdict {
         self.limiter.check(&self.hasher.email(email)).await
+    }
+
+    /// Takes an attempt on `email` up front: records it as a failure now,
+    /// atomically, unless the account is delayed (then it is refused and
+    /// nothing is recorded: answer `429` with the verdict's retry-after).
+    /// Call it before verifying the password, then settle it by the
+    /// outcome: a failed login keeps the failure (drop the reservation, or
+    /// [`settle(1)`](Reservation::settle)); a success calls
+    /// [`succeeded`](Self::succeeded); an attempt that was no failed login
+    /// (the user store is down) gives it back with
+    /// [`refund`](Reservation::refund). While the account is free, attempts
+    /// in flight together pass the free attempts and one more; the rest
+    /// are refused.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_limiter::{KeyHasher, Limiter, ProgressiveDelay};
+    /// use tollgate_memory::MemoryBackend;
+    /// use tollgate_tower::login::LoginAttempts;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let policy = ProgressiveDelay::new(1, Duration::from_secs(1), 2, Duration::from_secs(60), Duration::from_secs(600))?;
+    /// let hasher = KeyHasher::new("the fleet's secret, 16+ bytes")?;
+    /// let attempts = LoginAttempts::new(Limiter::new("login_account", policy, MemoryBackend::new()), hasher);
+    ///
+    /// // Three attempts in flight together: the free one and the one that
+    /// // starts the delay pass, the third is refused.
+    /// let (a, _first) = attempts.attempt("bob@example.com").await;
+    /// let (b, second) = attempts.attempt("bob@example.com").await;
+    /// let (c, _) = attempts.attempt("bob@example.com").await;
+    /// assert_eq!([a.is_allowed(), b.is_allowed(), c.is_allowed()], [true, true, false]);
+    /// // The second found the user store down: no failed login.
+    /// second.refund().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn attempt(&self, email: &str) -> (Verdict, Reservation<B>) {
+        self.limiter.reserve(&self.hasher.email(email), 1).await
     }
 
     /// Records a successful login: the account's failures are forgotten.

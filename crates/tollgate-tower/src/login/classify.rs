@@ -5,14 +5,22 @@ use crate::inbound::{Classify, Outcome};
 /// The per-account classifier of [`LoginLayer`](super::LoginLayer): which
 /// login responses count.
 ///
-/// | response | outcome |
-/// |---|---|
-/// | `401 Unauthorized`, `403 Forbidden` | a failure: [`Outcome::Count`] |
-/// | `2xx` | a success: [`Outcome::Reset`] clears the account |
-/// | anything else (`400`, `5xx`, redirects) | [`Outcome::Ignore`] |
+/// By status ([`by_status`](Self::by_status), the default), it
+/// [reserves](Classify::reserves): each attempt is recorded as a failure
+/// *before* the handler runs, atomically in the shared counter (so
+/// attempts in flight together see each other, and a delayed account is
+/// refused without recording anything), and the response settles it:
 ///
-/// With [`explicit`](Self::explicit), every response is ignored and the
-/// handler reports through [`LoginAttempts`](super::LoginAttempts).
+/// | response | outcome | the attempt's failure |
+/// |---|---|---|
+/// | `401 Unauthorized`, `403 Forbidden` | a failure: [`Outcome::Count`] | kept |
+/// | `2xx` | a success: [`Outcome::Reset`] | the account is cleared |
+/// | anything else (`400`, `5xx`, redirects), or the handler's `Err` | [`Outcome::Ignore`] | refunded (the delay it may have started runs on) |
+/// | none: the request dropped (a client gone mid-attempt) | | kept |
+///
+/// With [`explicit`](Self::explicit), every response is ignored, nothing
+/// is reserved (the layer only checks whether the account is delayed) and
+/// the handler reports through [`LoginAttempts`](super::LoginAttempts).
 ///
 /// # Examples
 ///
@@ -62,6 +70,15 @@ impl Default for FailedLogins {
 }
 
 impl<B> Classify<http::Response<B>> for FailedLogins {
+    fn reserves(&self) -> bool {
+        self.by_status
+    }
+
+    /// The handler failed: no failed login, the attempt is refunded.
+    fn on_error(&self) -> Outcome {
+        Outcome::Ignore
+    }
+
     fn classify(&self, response: &http::Response<B>) -> Outcome {
         self.outcome(response.status())
     }

@@ -361,6 +361,41 @@ mod tests {
         assert_eq!(status(form("email", "c%40x.io", &long)).await, 413);
     }
 
+    /// A handler that fails (`Err`, no response) made no failed login:
+    /// the attempt taken up front is refunded, and the account is still
+    /// free.
+    #[tokio::test(start_paused = true)]
+    async fn a_handler_error_refunds_the_attempt() {
+        let clock = MockClock::new();
+        let (ip, account) = limiters(&clock);
+        let svc = LoginLayer::new(ip, account, ClientIp::new(), hasher()).layer(service_fn(
+            |req: Request<Full<Bytes>>| async move {
+                if req.headers().contains_key("x-break") {
+                    return Err(std::io::Error::other("the user store is down"));
+                }
+                let mut res = Response::new(Full::<Bytes>::default());
+                *res.status_mut() = StatusCode::UNAUTHORIZED;
+                Ok(res)
+            },
+        ));
+        for _ in 0..3 {
+            let mut req = form("email", "e%40x.io", "no");
+            req.headers_mut()
+                .insert("x-break", http::HeaderValue::from_static("1"));
+            assert!(svc.clone().oneshot(req).await.is_err());
+            // The refund runs as a task of its own.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Still free: one failure is allowed, the second starts the delay.
+        let status = |req| {
+            let svc = svc.clone();
+            async move { svc.oneshot(req).await.unwrap().status() }
+        };
+        assert_eq!(status(form("email", "e%40x.io", "no")).await, 401);
+        assert_eq!(status(form("email", "e%40x.io", "no")).await, 401);
+        assert_eq!(status(form("email", "e%40x.io", "no")).await, 429);
+    }
+
     /// A login service over `backend` whose handler accepts password
     /// `right`, never answers `hang`, and refuses anything else with 401;
     /// and a function sending it a form body.
@@ -404,12 +439,13 @@ mod tests {
     }
 
     /// A client gone (its request future dropped) while its body arrives,
-    /// while the handler runs, or while a limiter decides leaves nothing
-    /// behind: no failure recorded for the account, no decision or breaker
-    /// state that only it could have settled. The account's next attempts
-    /// count as if those had never been made.
+    /// or while a limiter decides, leaves nothing behind: no failure
+    /// recorded for the account, no decision or breaker state that only it
+    /// could have settled. Gone while the handler runs, its attempt was
+    /// taken up front and is kept: one failure, never more (dropping the
+    /// connection on purpose earns no refund).
     #[tokio::test(start_paused = true)]
-    async fn a_client_gone_mid_body_mid_handler_or_mid_decision_leaves_nothing_behind() {
+    async fn a_client_gone_mid_body_or_mid_decision_leaves_nothing_mid_handler_one_failure() {
         use axum::body::Body;
         use futures_util::{StreamExt, stream};
 
@@ -442,9 +478,9 @@ mod tests {
         .await;
         tokio::time::sleep(Duration::from_millis(100)).await;
         backend.clear_faults();
-        // One free failure, the second starts the delay.
+        // The free failure was the hung attempt's: the next one starts
+        // the delay.
         let no = || send(Body::from("email=v%40x.io&password=no"));
-        assert_eq!(no().await, StatusCode::UNAUTHORIZED);
         assert_eq!(no().await, StatusCode::UNAUTHORIZED);
         assert_eq!(no().await, StatusCode::TOO_MANY_REQUESTS);
     }
@@ -480,12 +516,14 @@ mod tests {
         assert_eq!(attempt("no").await, StatusCode::TOO_MANY_REQUESTS);
     }
 
-    /// Counting by response checks, then charges: the attempts in flight
-    /// together while the account is free all reach the handler, at first
-    /// and again each time a delay ends; the next one after them is
-    /// delayed. (What bounds the attempts in flight is the per-IP window.)
+    /// Attempts in flight together on one account see each other: each
+    /// is taken as a failure up front, so while the account is free (at
+    /// first, and each time a delay ends) only the free attempts and the
+    /// one that starts the delay reach the handler; the others are
+    /// answered `429` at once, recording nothing. (Checking, then charging
+    /// by the response, let all of them through each time.)
     #[tokio::test(start_paused = true)]
-    async fn attempts_in_flight_together_pass_each_time_a_delay_ends() {
+    async fn attempts_in_flight_together_pass_one_past_the_free_attempts() {
         use std::sync::Arc;
         use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -511,22 +549,39 @@ mod tests {
                 },
             ))
         };
-        for round in 1..=2 {
+        // One free failure: the first round passes it and the one that
+        // starts the delay; after the delay, only the one that starts the
+        // next.
+        let mut before = 0;
+        for passing in [2, 1] {
             let attempts: Vec<_> = (0..IN_FLIGHT)
                 .map(|_| tokio::spawn(svc.clone().oneshot(form("email", "v%40x.io", "no"))))
                 .collect();
-            while reached.load(Ordering::SeqCst) < round * IN_FLIGHT {
+            // Every attempt is at the handler or answered; then those at
+            // the handler answer.
+            loop {
+                let at_handler = reached.load(Ordering::SeqCst) - before;
+                let answered = attempts.iter().filter(|a| a.is_finished()).count();
+                if at_handler + answered == IN_FLIGHT {
+                    gate.add_permits(at_handler);
+                    break;
+                }
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
-            gate.add_permits(IN_FLIGHT);
+            let mut statuses = Vec::new();
             for a in attempts {
-                assert_eq!(a.await.unwrap().unwrap().status(), StatusCode::UNAUTHORIZED);
+                statuses.push(a.await.unwrap().unwrap().status().as_u16());
             }
+            statuses.sort_unstable();
+            let mut want = vec![401; passing];
+            want.resize(IN_FLIGHT, 429);
+            assert_eq!(statuses, want);
+            before = reached.load(Ordering::SeqCst);
             let next = svc.clone().oneshot(form("email", "v%40x.io", "no")).await;
             assert_eq!(next.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
             // The longest delay (60 s) is over.
             clock.advance(Duration::from_secs(60));
         }
-        assert_eq!(reached.load(Ordering::SeqCst), 2 * IN_FLIGHT);
+        assert_eq!(reached.load(Ordering::SeqCst), 3);
     }
 }

@@ -15,11 +15,15 @@
 //!    (see [`Email`](crate::buffer_body::Email)), and a request without
 //!    an account is refused `400`;
 //! 3. a `RateLimitLayer` per account, over a
-//!    [`ProgressiveDelay`](tollgate_limiter::ProgressiveDelay) limiter, that
-//!    *checks* before the handler (a delayed account is answered `429`
-//!    without reaching it) and *counts by the response*: a failure
-//!    (401/403) is recorded, a success (2xx) clears the account, anything
-//!    else changes nothing. See [`FailedLogins`].
+//!    [`ProgressiveDelay`](tollgate_limiter::ProgressiveDelay) limiter,
+//!    that takes each attempt *up front*: before the handler runs, the
+//!    attempt is recorded as a failure, atomically in the shared counter
+//!    (a [reservation](tollgate_limiter::strategy::reservation)); a
+//!    delayed account is answered `429` without reaching the handler and
+//!    without recording anything. The response then *settles* the
+//!    attempt: a failure (401/403) keeps it, a success (2xx) clears the
+//!    account, anything else (`400`, `5xx`, a redirect, the handler's
+//!    `Err`) refunds it. See [`FailedLogins`].
 //!
 //! Or count explicitly: build the layer with
 //! [`count_by_status(false)`](LoginLayer::count_by_status) and report from
@@ -59,14 +63,44 @@
 //! * **Fail-closed.** Build both limiters fail-closed (the default): if the
 //!   counter is down, logins are answered `503` rather than left open to
 //!   brute force.
+//! * **Attempts in flight together see each other.** Each attempt's
+//!   failure is recorded before the handler runs, so a guesser with many
+//!   connections (many IPs) gains nothing by sending them at once: while
+//!   the account is free (at first, and each time a delay ends), the free
+//!   attempts and the one that starts the delay reach the handler, and
+//!   every later one is refused `429` until the delay ends. A refused
+//!   attempt records nothing, so knocking on a delayed account does not
+//!   lengthen its delay (nor can an attacker lengthen a victim's).
 //!
-//! Counting by response checks, then charges: concurrent attempts on one
-//! account may all pass the check before any is charged. Not once only:
-//! whenever the account is free (at first, and each time a delay ends),
-//! every attempt in flight together reaches the handler, so a guesser who
-//! times a burst gets that many guesses per delay rather than one. The
-//! per-IP window, charged up front, bounds a burst to the window's limit
-//! per client address; keep `max_delay` long and the per-IP limit low.
+//! How an attempt is settled, exactly:
+//!
+//! * **kept** (`401`/`403`): the failure recorded up front stays;
+//! * **cleared** (`2xx`): the account is reset, as a success always did;
+//! * **refunded** (anything else, and an `Err` from the handler): the
+//!   failure is taken back, in the account's same life only (after a
+//!   reset or once forgotten, a refund gives nothing back) and never below
+//!   what other attempts recorded. A delay the refunded failure started
+//!   is left to run: restoring the block before it could shorten one that
+//!   another failure set, and a short delay is the safe side;
+//! * **dropped** (the client goes away while the handler runs, and the
+//!   request's future is dropped): the failure is **kept**: one failure,
+//!   never more. Refunding it would let a guesser drop each connection
+//!   before the answer to get its guess back. A client gone before the
+//!   account's attempt was taken (while its body arrives, or while the
+//!   per-IP limiter decides) leaves nothing.
+//!
+//! The keep, clear and refund run as a task of their own once the response
+//! is known, so they happen even if the client goes away meanwhile; the
+//! response waits for them, so the client's next attempt sees them.
+//!
+//! With [`count_by_status(false)`](LoginLayer::count_by_status) (explicit
+//! reports through [`LoginAttempts`]), failures are reported after the
+//! fact: the layer only checks that the account is not delayed, and
+//! attempts in flight together while it is free all reach the handler,
+//! unless the handler takes each attempt up front itself with
+//! [`LoginAttempts::attempt`] before verifying the password. The per-IP
+//! window, charged up front, bounds such a burst to the window's limit per
+//! client address; keep `max_delay` long and the per-IP limit low.
 //!
 //! # Examples
 //!
