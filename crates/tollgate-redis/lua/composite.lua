@@ -51,11 +51,13 @@ local function log_key(i)
 end
 
 local h = {}
--- A token bucket's STRING state (an error here) reads as another
--- strategy's: no field.
+-- A token bucket's STRING state (WRONGTYPE) reads as another strategy's:
+-- no field. Any other error fails the call (see common.lua's state_fields).
 local raw = redis.pcall('HGETALL', KEYS[1])
 if raw.err then
-  only_wrongtype(raw)
+  if string.sub(raw.err, 1, 9) ~= 'WRONGTYPE' then
+    error(raw)
+  end
   raw = {}
 end
 for i = 1, #raw, 2 do

@@ -57,8 +57,9 @@ local op, cost, settle = parse_op()
 local present = state and true or false
 if not present then
   local h = redis.pcall('HMGET', KEYS[1], 's', 'x', 'b')
-  if h.err then
-    only_wrongtype(h)
+  -- Any error but WRONGTYPE fails the call (see common.lua's state_fields).
+  if h.err and string.sub(h.err, 1, 9) ~= 'WRONGTYPE' then
+    error(h)
   end
   if h.err or h[1] then
     present = true
