@@ -120,6 +120,10 @@ local RESERVE = false
 -- at} or false } }).
 local function parse_op()
   local a = ARGV[1]
+  -- The common operation first: no string.sub, no tonumber.
+  if a == '1' then
+    return 'acquire', 1
+  end
   if a == '-1' then
     return 'reset', 1
   end
@@ -181,8 +185,10 @@ local function now_us()
   if ARGV[3] and ARGV[3] ~= '' then
     return tonumber(ARGV[3])
   end
+  -- TIME's two fields are digits: arithmetic makes them numbers as
+  -- tonumber would, without its call (~1,000 instructions each).
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return t[1] * 1000000 + t[2]
 end
 
 -- Policy encoding, version 1 (fields joined by ':'):
@@ -197,17 +203,19 @@ end
 local function decode(enc)
   -- The single-strategy shapes in one match each, without the field table
   -- the general path builds: this runs on every decision. A zero (or a
-  -- leading zero) does not match them: the general path refuses it.
+  -- leading zero) does not match them: the general path refuses it. What
+  -- they capture is digits: `+ 0` makes them numbers as tonumber would,
+  -- without its call (~1,000 instructions each).
   local a, b, c = string.match(enc, '^2:t:([1-9]%d*):([1-9]%d*):%d+:%d+$')
   if not a then
     a, b = string.match(enc, '^1:t:([1-9]%d*):%d+:%d+:([1-9]%d*)$')
   end
   if a then
-    return { kind = 't', capacity = tonumber(a), interval = tonumber(b) }
+    return { kind = 't', capacity = a + 0, interval = b + 0 }
   end
   a, b, c = string.match(enc, '^1:w:([1-9]%d*):([1-9]%d*):([01])$')
   if a then
-    return { kind = 'w', limit = tonumber(a), window = tonumber(b), penalise = c == '1' }
+    return { kind = 'w', limit = a + 0, window = b + 0, penalise = c == '1' }
   end
   if string.sub(enc, 1, 4) == '1:c|' then
     local parts = {}
