@@ -199,10 +199,19 @@ cost() {
 }
 
 # Assembled as crates/tollgate-redis/src/scripts.rs does (TOKEN_BUCKET_CODE,
-# SLIDING_WINDOW_CODE, COMPOSITE_CODE).
-cat $lua/token_bucket.lua $lua/common.lua $lua/token_bucket_ops.lua >"$work/tb.lua"
-cat $lua/common.lua $lua/sliding_window.lua >"$work/sw.lua"
-cat $lua/common.lua $lua/composite.lua >"$work/c.lua"
+# SLIDING_WINDOW_CODE, COMPOSITE_CODE); the common_*.lua files only where
+# they exist (older commits held every helper in common.lua), so that
+# --lua-from takes older commits.
+assemble() {
+    local f
+    for f in "$@"; do
+        case $f in common_*) [ -e "$lua/$f" ] || continue ;; esac
+        cat "$lua/$f"
+    done
+}
+assemble token_bucket.lua common.lua common_bucket.lua token_bucket_ops.lua >"$work/tb.lua"
+assemble common.lua common_window.lua sliding_window.lua >"$work/sw.lua"
+assemble common.lua common_window.lua common_bucket.lua common_calendar.lua composite.lua >"$work/c.lua"
 if [ "$only" = all ] || [ "$only" = tb ]; then
     # 10,000 keys, every decision admitted (a bucket of 100,000 refilling 1/10 µs).
     cost "minimal GCRA (bare client's script)" bench crates/tollgate-bench/lua/minimal_gcra.lua \

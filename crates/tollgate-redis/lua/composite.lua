@@ -26,7 +26,7 @@
 -- Returns common.lua's reply plus a 7th item: the binding part (from 0).
 -- Model: CompositeState::apply and composite::combine; each part's settle
 -- is TokenBucketState::settle / SlidingWindowState::settle /
--- CalendarState::settle (common.lua's calendar_settle).
+-- CalendarState::settle (common_calendar.lua's calendar_settle).
 
 local now = now_us()
 local p = policy_in_force()
