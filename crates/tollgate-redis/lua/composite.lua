@@ -277,8 +277,10 @@ for i = 1, n do
         total = 0
       end
     end
-    -- Events leave the window at ts + w <= clamped.
-    if total > 0 and tonumber(redis.call('LINDEX', key, 0)) + w <= clamped then
+    -- Events leave the window at ts + w <= clamped; none has while the
+    -- part's life is younger than a window (sliding_window.lua).
+    if total > 0 and (s.born or 0) + w <= clamped
+      and tonumber(redis.call('LINDEX', key, 0)) + w <= clamped then
       local drop = each_event(key, function(ts, c)
         if ts + w > clamped then
           return true
