@@ -207,10 +207,13 @@ elseif recorded or settling then
   -- A settle is a write either way: the expiry follows the state.
   local expires_at = last_ts + w
   if trimmed_until > 0 then
-    -- Kept while the HASH lives (absent: none dropped).
-    redis.call('HSET', KEYS[1], 't', fmt(trimmed_until))
+    -- t, kept while the HASH lives (absent: none dropped), in the same
+    -- HSET: a redis.call costs ~7,000 instructions.
+    redis.call('HSET', KEYS[1], 's', 'w', 'x', fmt(expires_at), 'n', fmt(total), 'b', fmt(born),
+      't', fmt(trimmed_until))
+  else
+    redis.call('HSET', KEYS[1], 's', 'w', 'x', fmt(expires_at), 'n', fmt(total), 'b', fmt(born))
   end
-  redis.call('HSET', KEYS[1], 's', 'w', 'x', fmt(expires_at), 'n', fmt(total), 'b', fmt(born))
   expire(KEYS[1], expires_at, now)
   expire(KEYS[3], expires_at, now)
 elseif trimmed then
