@@ -275,7 +275,12 @@ local function state_fields(...)
   return st
 end
 
--- Sets the TTL of a written key (see ttl_ms).
-local function expire(key, expires_at, now)
-  redis.call('PEXPIRE', key, ttl_ms(expires_at, now))
+-- Sets the TTL of a written key, and of key2 if given (the same: ttl_ms
+-- computed once).
+local function expire(key, expires_at, now, key2)
+  local ms = ttl_ms(expires_at, now)
+  redis.call('PEXPIRE', key, ms)
+  if key2 then
+    redis.call('PEXPIRE', key2, ms)
+  end
 end

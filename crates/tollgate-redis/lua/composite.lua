@@ -397,10 +397,11 @@ local function write_back(fields, expires_at)
   fields[#fields + 1] = 'x'
   fields[#fields + 1] = fmt(expires_at)
   redis.call('HSET', KEYS[1], unpack(fields))
-  expire(KEYS[1], expires_at, now)
+  local ms = ttl_ms(expires_at, now)
+  redis.call('PEXPIRE', KEYS[1], ms)
   for i = 1, n do
     if parts[i].kind == 'w' then
-      expire(log_key(i), expires_at, now)
+      redis.call('PEXPIRE', log_key(i), ms)
     end
   end
 end

@@ -71,8 +71,7 @@ local function store()
   end
   local x = tonumber(redis.call('ZRANGE', slots, -1, -1, 'WITHSCORES')[2])
   redis.call('HSET', KEYS[1], 's', 'n', 'x', fmt(x))
-  expire(KEYS[1], x, now)
-  expire(slots, x, now)
+  expire(KEYS[1], x, now, slots)
 end
 
 local function free()

@@ -214,8 +214,7 @@ elseif recorded or settling then
   else
     redis.call('HSET', KEYS[1], 's', 'w', 'x', fmt(expires_at), 'n', fmt(total), 'b', fmt(born))
   end
-  expire(KEYS[1], expires_at, now)
-  expire(KEYS[3], expires_at, now)
+  expire(KEYS[1], expires_at, now, KEYS[3])
 elseif trimmed then
   -- Not a write: the expiry stays as the last write set it.
   redis.call('HSET', KEYS[1], 'n', fmt(total))
