@@ -35,9 +35,10 @@
 # count a change before and after with the same harness. --evalsha: a
 # column more, the instructions inside the EVALSHA command alone (the
 # script, its redis.call's, its reply): the total also holds serverCron,
-# which runs 10 times a second of wall clock, so it moves by ~1 % with
-# the machine's load; this column moves by less than 0.1 %, the measure
-# for a change of about 1 %. Needs valgrind.
+# which runs 10 times a second of wall clock, so it moves by 1-2 % with
+# the machine's load; this column moved by 0.1-0.5 % between runs of the
+# same scripts (once by 1 %), the measure for a change of about 1 %.
+# Needs valgrind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=5000 only=all from= evalsha=
