@@ -10,7 +10,7 @@
 -- the first charge since the window opened or the key was reset (absent
 -- counts as 0) }. The key expires at the end of its window: the next window
 -- starts from zero. A reserve appends its mark: the window's start, then
--- when its count began. A settle refunds or charges (common.lua's
+-- when its count began. A settle refunds or charges (common_calendar.lua's
 -- calendar_settle), then answers '?1'.
 -- Model: CalendarState::acquire / peek / settle.
 

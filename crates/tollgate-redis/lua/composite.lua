@@ -26,7 +26,7 @@
 -- Returns common.lua's reply plus a 7th item: the binding part (from 0).
 -- Model: CompositeState::apply and composite::combine; each part's settle
 -- is TokenBucketState::settle / SlidingWindowState::settle /
--- CalendarState::settle (common.lua's calendar_settle).
+-- CalendarState::settle (common_calendar.lua's calendar_settle).
 
 local now = now_us()
 local p = policy_in_force()
@@ -49,13 +49,31 @@ local op, cost, settle = parse_op()
 local function log_key(i)
   return KEYS[2 + i]
 end
+-- Part i's field names, k<i> v<i> a<i> e<i> b<i> r<i> t<i>, are
+-- FIELDS[7 * i - 6 .. 7 * i], constants: 'k' .. i formats i with sprintf
+-- (~2,500 instructions a name), and a decision names each part's fields a
+-- dozen times. Parts beyond 4 (a composite the client never sends) are
+-- named as they come.
+local FIELDS = {
+  'k1', 'v1', 'a1', 'e1', 'b1', 'r1', 't1',
+  'k2', 'v2', 'a2', 'e2', 'b2', 'r2', 't2',
+  'k3', 'v3', 'a3', 'e3', 'b3', 'r3', 't3',
+  'k4', 'v4', 'a4', 'e4', 'b4', 'r4', 't4',
+}
+for i = 5, n do
+  for _, f in ipairs({ 'k', 'v', 'a', 'e', 'b', 'r', 't' }) do
+    FIELDS[#FIELDS + 1] = f .. i
+  end
+end
 
 local h = {}
--- A token bucket's STRING state (an error here) reads as another
--- strategy's: no field.
+-- A token bucket's STRING state (WRONGTYPE) reads as another strategy's:
+-- no field. Any other error fails the call (see common.lua's state_fields).
 local raw = redis.pcall('HGETALL', KEYS[1])
 if raw.err then
-  only_wrongtype(raw)
+  if string.sub(raw.err, 1, 9) ~= 'WRONGTYPE' then
+    error(raw)
+  end
   raw = {}
 end
 for i = 1, #raw, 2 do
@@ -77,11 +95,11 @@ end
 local function forget(i)
   redis.call('DEL', log_key(i))
   if live then
-    redis.call('HDEL', KEYS[1], 'k' .. i, 'v' .. i, 'a' .. i, 'e' .. i, 'b' .. i, 'r' .. i, 't' .. i)
+    redis.call('HDEL', KEYS[1], unpack(FIELDS, 7 * i - 6, 7 * i))
   end
 end
 for i = n + 1, 4 do
-  if h['k' .. i] then
+  if h[FIELDS[7 * i - 6]] then
     forget(i)
   end
 end
@@ -94,28 +112,29 @@ if settling then
   local units, actual = cost, settle.actual
   for i = 1, n do
     local q, m = parts[i], settle.marks[i]
-    if h['k' .. i] and h['k' .. i] ~= q.kind then
+    local k_i, v_i, a_i, e_i, b_i, r_i, t_i = unpack(FIELDS, 7 * i - 6, 7 * i)
+    if h[k_i] and h[k_i] ~= q.kind then
       forget(i)
     end
-    if h['k' .. i] ~= q.kind then
-      h['k' .. i], h['v' .. i], h['b' .. i], h['r' .. i] = q.kind, '0', '0', nil
-      h['t' .. i] = nil
+    if h[k_i] ~= q.kind then
+      h[k_i], h[v_i], h[b_i], h[r_i] = q.kind, '0', '0', nil
+      h[t_i] = nil
     end
-    local v, born = tonumber(h['v' .. i]), tonumber(h['b' .. i] or '0')
+    local v, born = tonumber(h[v_i]), tonumber(h[b_i] or '0')
     if q.kind == 'q' then
       local c = { a = 0, e = 0, n = v, b = born }
       if v > 0 then
-        c.a, c.e = tonumber(h['a' .. i]), tonumber(h['e' .. i])
+        c.a, c.e = tonumber(h[a_i]), tonumber(h[e_i])
       end
       calendar_settle(q, c, now, units, actual, m)
       v, born = c.n, c.b
-      h['a' .. i], h['e' .. i] = fmt(c.a), fmt(c.e)
+      h[a_i], h[e_i] = fmt(c.a), fmt(c.e)
     elseif q.kind == 't' then
-      local stored = h['r' .. i]
+      local stored = h[r_i]
       local r = parse_refunds(stored)
       v, born, r = bucket_settle(q, v, born, r, now, units, actual, m)
       -- '0' where refunds were stored and are no more (a new life).
-      h['r' .. i] = fmt_refunds(r) or (stored and '0')
+      h[r_i] = fmt_refunds(r) or (stored and '0')
     else
       local w, limit, key = q.window, q.limit, log_key(i)
       local total = v
@@ -172,8 +191,8 @@ if settling then
             if total - hc >= limit then
               total = total - hc
               -- No refund until it leaves the window (sliding_window.lua).
-              if ts + w > tonumber(h['t' .. i] or '0') then
-                h['t' .. i] = fmt(ts + w)
+              if ts + w > tonumber(h[t_i] or '0') then
+                h[t_i] = fmt(ts + w)
               end
               return false
             end
@@ -184,12 +203,12 @@ if settling then
           end
         end
       elseif actual < units and m and m.born == born and total > 0
-        and tonumber(h['t' .. i] or '0') <= now then
+        and tonumber(h[t_i] or '0') <= now then
         total = total - (refund_event(key, m.at, units - actual) or 0)
       end
       v = total
     end
-    h['v' .. i], h['b' .. i] = fmt(v), fmt(born)
+    h[v_i], h[b_i] = fmt(v), fmt(born)
   end
   op, cost = 'peek', 1
 end
@@ -201,18 +220,19 @@ for i = 1, n do
   local q = parts[i]
   -- rf: a token bucket's refunds as stored (parsed only when needed).
   local s = { kind = q.kind, v = 0, born = 0 }
-  if h['k' .. i] == q.kind then
-    s.v = tonumber(h['v' .. i])
-    s.born = tonumber(h['b' .. i] or '0')
-    s.rf = h['r' .. i]
-    s.tr = h['t' .. i]
-  elseif h['k' .. i] then
+  local k_i, v_i, a_i, e_i, b_i, r_i, t_i = unpack(FIELDS, 7 * i - 6, 7 * i)
+  if h[k_i] == q.kind then
+    s.v = tonumber(h[v_i])
+    s.born = tonumber(h[b_i] or '0')
+    s.rf = h[r_i]
+    s.tr = h[t_i]
+  elseif h[k_i] then
     forget(i)
   end
   if q.kind == 'q' then
     local c = { a = 0, e = 0, n = 0, b = 0 }
     if s.v > 0 then
-      c = { a = tonumber(h['a' .. i]), e = tonumber(h['e' .. i]), n = s.v, b = s.born }
+      c = { a = tonumber(h[a_i]), e = tonumber(h[e_i]), n = s.v, b = s.born }
     end
     s.r, s.w = calendar_decide(q, c, now, cost)
   elseif q.kind == 't' then
@@ -257,8 +277,10 @@ for i = 1, n do
         total = 0
       end
     end
-    -- Events leave the window at ts + w <= clamped.
-    if total > 0 and tonumber(redis.call('LINDEX', key, 0)) + w <= clamped then
+    -- Events leave the window at ts + w <= clamped; none has while the
+    -- part's life is younger than a window (sliding_window.lua).
+    if total > 0 and (s.born or 0) + w <= clamped
+      and tonumber(redis.call('LINDEX', key, 0)) + w <= clamped then
       local drop = each_event(key, function(ts, c)
         if ts + w > clamped then
           return true
@@ -272,7 +294,7 @@ for i = 1, n do
         redis.call('DEL', key)
       end
       if live then
-        redis.call('HSET', KEYS[1], 'v' .. i, fmt(total))
+        redis.call('HSET', KEYS[1], v_i, fmt(total))
       end
     end
     s.v, s.clamped, s.last_ts = total, clamped, last_ts
@@ -343,18 +365,19 @@ end
 -- and the part's expiry `e`.
 local function put_part(fields, i, e, expires_at)
   local q, s = parts[i], st[i]
-  fields[#fields + 1] = 'k' .. i
+  local k_i, v_i, _, _, b_i, r_i, t_i = unpack(FIELDS, 7 * i - 6, 7 * i)
+  fields[#fields + 1] = k_i
   fields[#fields + 1] = q.kind
-  fields[#fields + 1] = 'v' .. i
+  fields[#fields + 1] = v_i
   fields[#fields + 1] = fmt(s.v)
-  fields[#fields + 1] = 'b' .. i
+  fields[#fields + 1] = b_i
   fields[#fields + 1] = fmt(s.born)
   if s.rf then
-    fields[#fields + 1] = 'r' .. i
+    fields[#fields + 1] = r_i
     fields[#fields + 1] = s.rf
   end
   if s.tr then
-    fields[#fields + 1] = 't' .. i
+    fields[#fields + 1] = t_i
     fields[#fields + 1] = s.tr
   end
   if e > expires_at then
@@ -374,10 +397,11 @@ local function write_back(fields, expires_at)
   fields[#fields + 1] = 'x'
   fields[#fields + 1] = fmt(expires_at)
   redis.call('HSET', KEYS[1], unpack(fields))
-  expire(KEYS[1], expires_at, now)
+  local ms = ttl_ms(expires_at, now)
+  redis.call('PEXPIRE', KEYS[1], ms)
   for i = 1, n do
     if parts[i].kind == 'w' then
-      expire(log_key(i), expires_at, now)
+      redis.call('PEXPIRE', log_key(i), ms)
     end
   end
 end
@@ -399,11 +423,12 @@ if settling then
     if q.kind == 'q' then
       -- The count lives until its window ends.
       if s.v > 0 then
-        e = tonumber(h['e' .. i])
-        fields[#fields + 1] = 'a' .. i
-        fields[#fields + 1] = h['a' .. i]
-        fields[#fields + 1] = 'e' .. i
-        fields[#fields + 1] = h['e' .. i]
+        local a_i, e_i = FIELDS[7 * i - 4], FIELDS[7 * i - 3]
+        e = tonumber(h[e_i])
+        fields[#fields + 1] = a_i
+        fields[#fields + 1] = h[a_i]
+        fields[#fields + 1] = e_i
+        fields[#fields + 1] = h[e_i]
       end
     elseif q.kind == 't' then
       e = s.v
@@ -431,9 +456,9 @@ for i = 1, n do
     -- Its mark: the window's start, and when its count began.
     s.mark_born, s.mark = s.w[1], s.w[5]
     part_expiry = s.w[2]
-    fields[#fields + 1] = 'a' .. i
+    fields[#fields + 1] = FIELDS[7 * i - 4]
     fields[#fields + 1] = fmt(s.w[1])
-    fields[#fields + 1] = 'e' .. i
+    fields[#fields + 1] = FIELDS[7 * i - 3]
     fields[#fields + 1] = fmt(s.w[2])
     s.r = { 1, q.limit, s.r[3] - cost, 0, s.w[4], s.r[6] }
   elseif q.kind == 't' then

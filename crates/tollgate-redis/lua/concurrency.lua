@@ -17,6 +17,19 @@ local p = policy_in_force()
 if p.kind ~= 'n' then
   return { -1, p.kind }
 end
+
+-- The operation of ARGV[1]: 'hold' | 'release' and the slot id (a
+-- string), or common.lua's parse_op's answer.
+local function parse_slot_op()
+  local sigil = string.sub(ARGV[1], 1, 1)
+  if sigil == 'h' then
+    return 'hold', string.sub(ARGV[1], 2)
+  elseif sigil == 'x' then
+    return 'release', string.sub(ARGV[1], 2)
+  end
+  return parse_op()
+end
+
 local op, id = parse_slot_op()
 local slots = KEYS[3]
 
@@ -58,8 +71,7 @@ local function store()
   end
   local x = tonumber(redis.call('ZRANGE', slots, -1, -1, 'WITHSCORES')[2])
   redis.call('HSET', KEYS[1], 's', 'n', 'x', fmt(x))
-  expire(KEYS[1], x, now)
-  expire(slots, x, now)
+  expire(KEYS[1], x, now, slots)
 end
 
 local function free()

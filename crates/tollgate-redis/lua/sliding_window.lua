@@ -73,9 +73,12 @@ local function drop_head(should_drop)
   end
 end
 
--- Events leave the window at ts + w <= now.
+-- Events leave the window at ts + w <= now. Every event in the log is at
+-- or after born (the first event of this life): while born + w is after
+-- now, none has left, and the head is not read (a redis.call, ~7,000
+-- instructions). A born that is not a number reads the head.
 local trimmed = false
-if total > 0 then
+if total > 0 and (born or 0) + w <= clamped then
   local head = tonumber(redis.call('LINDEX', KEYS[3], 0))
   if head + w <= clamped then
     drop_head(function(ts, _)
@@ -204,12 +207,14 @@ elseif recorded or settling then
   -- A settle is a write either way: the expiry follows the state.
   local expires_at = last_ts + w
   if trimmed_until > 0 then
-    -- Kept while the HASH lives (absent: none dropped).
-    redis.call('HSET', KEYS[1], 't', fmt(trimmed_until))
+    -- t, kept while the HASH lives (absent: none dropped), in the same
+    -- HSET: a redis.call costs ~7,000 instructions.
+    redis.call('HSET', KEYS[1], 's', 'w', 'x', fmt(expires_at), 'n', fmt(total), 'b', fmt(born),
+      't', fmt(trimmed_until))
+  else
+    redis.call('HSET', KEYS[1], 's', 'w', 'x', fmt(expires_at), 'n', fmt(total), 'b', fmt(born))
   end
-  redis.call('HSET', KEYS[1], 's', 'w', 'x', fmt(expires_at), 'n', fmt(total), 'b', fmt(born))
-  expire(KEYS[1], expires_at, now)
-  expire(KEYS[3], expires_at, now)
+  expire(KEYS[1], expires_at, now, KEYS[3])
 elseif trimmed then
   -- Not a write: the expiry stays as the last write set it.
   redis.call('HSET', KEYS[1], 'n', fmt(total))

@@ -9,9 +9,9 @@
 -- time, which is also the key's expiry (the bucket is full again at tat),
 -- born when this life of the key began (the first charge of a full
 -- bucket), refunds (absent when none) how far this life's refunds moved
--- tat back (µs), then the refunds a settle must tell apart (common.lua's
--- parse_refunds). A reserve appends its mark: born, then the tat after the
--- charge plus the life's refunds.
+-- tat back (µs), then the refunds a settle must tell apart
+-- (common_bucket.lua's parse_refunds). A reserve appends its mark: born,
+-- then the tat after the charge plus the life's refunds.
 -- A HASH at KEYS[1] (read as nil) is another strategy's state, a
 -- fresh bucket that the next charge replaces (SET), or a token bucket's
 -- state as written before it was a STRING, { s = 't', x = tat, b = born }:
@@ -20,10 +20,11 @@
 -- This file is the path of a plain acquire under the token-bucket policy
 -- the client sent (ARGV[2], no per-key override in force) on a STRING or
 -- no state: it answers alone, and first, so it builds no closure (each
--- costs ~450 instructions per call). common.lua, then token_bucket_ops.lua
--- come after it (src/scripts.rs) and run only for everything else: other
--- operations, a per-key override, a policy of another strategy, a HASH at
--- KEYS[1], a charge that writes nothing on a key without a STRING.
+-- costs ~450 instructions per call). common.lua, common_bucket.lua, then
+-- token_bucket_ops.lua come after it (src/scripts.rs) and run only for
+-- everything else: other operations, a per-key override, a policy of
+-- another strategy, a HASH at KEYS[1], a charge that writes nothing on a
+-- key without a STRING.
 --
 -- Its reply is one integer, not common.lua's table (a table reply costs
 -- ~5,000 instructions, formatting the six numbers in one string more): the

@@ -1,12 +1,13 @@
 -- tollgate: token bucket, everything but token_bucket.lua's acquire path:
 -- peek, penalise (records nothing: a peek of 1), reset, reserve, settle, a
 -- policy in force of another strategy, a HASH at KEYS[1] (see
--- token_bucket.lua). Runs after token_bucket.lua and common.lua
--- (src/scripts.rs), with their locals: now, state, enc, tat, i.
+-- token_bucket.lua). Runs after token_bucket.lua, common.lua and
+-- common_bucket.lua (src/scripts.rs), with their locals: now, state, enc,
+-- tat, i.
 
 -- The decision (TokenBucketState::acquire, or peek unless `charge`) of
 -- `cost` units (at least 1) on a bucket of `capacity` units refilling one
--- every t µs, from the stored tat, born and refunds (common.lua's
+-- every t µs, from the stored tat, born and refunds (common_bucket.lua's
 -- parse_refunds). Returns the reply, and for an admitted charge the state
 -- to write: tat, born, refunds (`reserve` appends the mark to the reply:
 -- born, tat + the life's refunds, the interval charged).
@@ -57,8 +58,9 @@ local op, cost, settle = parse_op()
 local present = state and true or false
 if not present then
   local h = redis.pcall('HMGET', KEYS[1], 's', 'x', 'b')
-  if h.err then
-    only_wrongtype(h)
+  -- Any error but WRONGTYPE fails the call (see common.lua's state_fields).
+  if h.err and string.sub(h.err, 1, 9) ~= 'WRONGTYPE' then
+    error(h)
   end
   if h.err or h[1] then
     present = true

@@ -1,18 +1,20 @@
 //! The Lua scripts, one per strategy, each prefixed with the shared helpers
-//! of `lua/common.lua`; the token bucket's acquire path comes before
-//! `common.lua`, so it runs without building those helpers (see
-//! `lua/token_bucket.lua`).
+//! of `lua/common.lua`, then those of the `lua/common_*.lua` it calls (a
+//! script builds every helper it holds on every call, ~450 instructions
+//! each); the token bucket's acquire path comes before `common.lua`, so it
+//! runs without building those helpers (see `lua/token_bucket.lua`).
 
 use std::sync::LazyLock;
 
 use redis::Script;
 use tollgate_limiter::Strategy;
 
+/// `lua/common.lua`, then the files named, in order.
 macro_rules! code {
-    ($file:literal) => {
+    ($($file:literal),+) => {
         concat!(
             include_str!("../lua/common.lua"),
-            include_str!(concat!("../lua/", $file))
+            $(include_str!(concat!("../lua/", $file))),+
         )
     };
 }
@@ -20,17 +22,21 @@ macro_rules! code {
 /// The token-bucket script's source.
 pub(crate) const TOKEN_BUCKET_CODE: &str = concat!(
     include_str!("../lua/token_bucket.lua"),
-    include_str!("../lua/common.lua"),
-    include_str!("../lua/token_bucket_ops.lua")
+    code!("common_bucket.lua", "token_bucket_ops.lua")
 );
 /// The sliding-window script's source.
-pub(crate) const SLIDING_WINDOW_CODE: &str = code!("sliding_window.lua");
+pub(crate) const SLIDING_WINDOW_CODE: &str = code!("common_window.lua", "sliding_window.lua");
 /// The progressive-delay script's source.
 pub(crate) const PROGRESSIVE_DELAY_CODE: &str = code!("progressive_delay.lua");
 /// The composite script's source.
-pub(crate) const COMPOSITE_CODE: &str = code!("composite.lua");
+pub(crate) const COMPOSITE_CODE: &str = code!(
+    "common_window.lua",
+    "common_bucket.lua",
+    "common_calendar.lua",
+    "composite.lua"
+);
 /// The calendar script's source.
-pub(crate) const CALENDAR_CODE: &str = code!("calendar.lua");
+pub(crate) const CALENDAR_CODE: &str = code!("common_calendar.lua", "calendar.lua");
 /// The concurrency script's source.
 pub(crate) const CONCURRENCY_CODE: &str = code!("concurrency.lua");
 

@@ -139,8 +139,8 @@
 //! reserves and settles against the model. The calendar quota shows how
 //! little a strategy adds: its mark and settle in
 //! [its module](crate::calendar::CalendarState::settle), their twin in
-//! `common.lua` (shared by `calendar.lua` and `composite.lua`); not the
-//! `Op`, not the [`Receipt`], not the `Limiter` or the layers.
+//! `common_calendar.lua` (shared by `calendar.lua` and `composite.lua`);
+//! not the `Op`, not the [`Receipt`], not the `Limiter` or the layers.
 //!
 //! # Examples
 //!
