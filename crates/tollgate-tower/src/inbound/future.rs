@@ -193,8 +193,16 @@ fn settle<B: Backend>(ticket: &Ticket<B>, outcome: Outcome) -> Option<BoxFuture<
         }
         Outcome::Reset => Box::pin(async move { limiter.reset(&key).await.ok() }),
     };
+    Some(in_task(charge))
+}
+
+/// Runs `charge` as a task of its own (see [`settle`]); the future
+/// answers what it decided, or `None` if the task could not finish.
+fn in_task(
+    charge: impl Future<Output = Option<Decision>> + Send + 'static,
+) -> BoxFuture<Option<Decision>> {
     let task = tokio::spawn(charge);
-    Some(Box::pin(async move { task.await.ok().flatten() }))
+    Box::pin(async move { task.await.ok().flatten() })
 }
 
 /// Settles a reservation with the real cost the response reported, in a
@@ -204,15 +212,13 @@ fn settle_reservation<B: Backend>(
     reservation: Box<Reservation<B>>,
     actual: u64,
 ) -> BoxFuture<Option<Decision>> {
-    let task = tokio::spawn(async move { reservation.settle(actual).await.ok().flatten() });
-    Box::pin(async move { task.await.ok().flatten() })
+    in_task(async move { reservation.settle(actual).await.ok().flatten() })
 }
 
 /// Gives a reservation back whole (the response says the request was not
 /// to be counted), in a task of its own (as [`settle`]).
 fn refund_reservation<B: Backend>(reservation: Box<Reservation<B>>) -> BoxFuture<Option<Decision>> {
-    let task = tokio::spawn(async move { reservation.refund().await.ok().flatten() });
-    Box::pin(async move { task.await.ok().flatten() })
+    in_task(async move { reservation.refund().await.ok().flatten() })
 }
 
 impl<S, Req, B, R, V> Future for ResponseFuture<S, Req, B, R, V>
