@@ -6,9 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use tollgate_limiter::concurrency::Concurrency;
 use tollgate_limiter::{
-    Backend, Composite, Key, Limiter, MockClock, Policy, Scope, SlidingWindow, TokenBucket,
+    Backend, Key, Limiter, MockClock, Policy, Scope, SlidingWindow, TokenBucket,
 };
 use tollgate_redis::{Durability, NodeRole, RedisBackend, Setting};
 use tollgate_testkit::redis_server::{
@@ -274,40 +273,9 @@ tollgate_testkit::on_every_server! {
             assert!(l.try_acquire(k, 1).await.unwrap().is_denied());
         }
         let k = &keys[0];
-        // A reservation settled on a window (LSET); one settled above its
-        // estimate records the excess, and the log drops what the newer
-        // events make redundant (LTRIM).
-        let (v, r) = l.reserve(&Key::new("r"), 2).await;
-        assert!(v.is_allowed(), "{v:?}");
-        assert!(r.settle(1).await.unwrap().is_some());
-        let (v, r) = l.reserve(&Key::new("over"), 2).await;
-        assert!(v.is_allowed(), "{v:?}");
-        assert!(r.settle(4).await.unwrap().is_some());
-        let plan = limiter(
-            "plan",
-            Composite::new([
-                Policy::from(TokenBucket::new(5, 1, 60 * S).unwrap()),
-                Policy::from(SlidingWindow::new(2, 60 * S).unwrap()),
-            ])
-            .unwrap()
-            .into(),
-        );
-        assert!(plan.try_acquire(k, 1).await.unwrap().is_allowed());
-        assert!(plan.try_acquire(k, 1).await.unwrap().is_allowed());
-        assert!(plan.try_acquire(k, 1).await.unwrap().is_denied());
-        // An override with fewer parts forgets the others' fields (HDEL).
-        let one = Composite::new([Policy::from(TokenBucket::new(5, 1, 60 * S).unwrap())]).unwrap();
-        plan.set_override(None, Some(one.into())).await.unwrap();
-        assert!(plan.try_acquire(k, 1).await.unwrap().is_allowed());
-        plan.set_override(None, None).await.unwrap();
-        assert!(plan.reset(k).await.unwrap().is_allowed());
-        let exports = limiter("exports", Concurrency::new(1, 60 * S).unwrap().into());
-        let (v, permit) = exports.hold(k).await;
-        assert!(v.is_allowed(), "{v:?}");
-        let refused = exports.hold(k).await.0;
-        assert!(refused.decision().is_some_and(|d| d.is_denied()), "{refused:?}");
-        permit.expect("a slot").release().await.unwrap();
-        assert!(exports.hold(k).await.0.is_allowed());
+        // The steps that need the other grants (LSET, LTRIM, HGETALL,
+        // HDEL, the sorted sets), on one master.
+        tollgate_testkit::redis_server::use_every_grant(&limiter, k).await;
         // Overrides: limiter-wide (MGET in its own slot) and per key (the
         // marker, then the key's override read by the script).
         let tb = limiter("tb", TokenBucket::new(2, 1, 60 * S).unwrap().into());

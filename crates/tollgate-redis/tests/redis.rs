@@ -766,47 +766,10 @@ tollgate_testkit::on_every_server! {
         assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
         assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
         assert!(l.try_acquire(&k, 1).await.unwrap().is_denied());
-        // A reservation settled on a window (LSET); one settled above its
-        // estimate records the excess, and the log drops what the newer
-        // events make redundant (LTRIM). A refund that empties an event
-        // (LREM) takes a settle at 0, which a `Limiter` never sends (it
-        // charges at least 1); `+ping` and `+role` are for health checks
-        // that a denial does not fail. Every other grant is needed by a
-        // step of this test.
-        let (v, r) = l.reserve(&Key::new("r"), 2).await;
-        assert!(v.is_allowed(), "{v:?}");
-        assert!(r.settle(1).await.unwrap().is_some());
-        let (v, r) = l.reserve(&Key::new("over"), 2).await;
-        assert!(v.is_allowed(), "{v:?}");
-        assert!(r.settle(4).await.unwrap().is_some());
-        // A composite reads its state with HGETALL: denied, every decision
-        // would find a fresh key and none would ever be refused.
-        let plan = Limiter::new(
-            "plan",
-            Composite::new([
-                Policy::from(TokenBucket::new(5, 1, 60 * S).unwrap()),
-                Policy::from(SlidingWindow::new(2, 60 * S).unwrap()),
-            ])
-            .unwrap(),
-            b.clone(),
-        );
-        assert!(plan.try_acquire(&k, 1).await.unwrap().is_allowed());
-        assert!(plan.try_acquire(&k, 1).await.unwrap().is_allowed());
-        assert!(plan.try_acquire(&k, 1).await.unwrap().is_denied());
-        // An override with fewer parts forgets the others' fields (HDEL).
-        let one = Composite::new([Policy::from(TokenBucket::new(5, 1, 60 * S).unwrap())]).unwrap();
-        plan.set_override(None, Some(one.into())).await.unwrap();
-        assert!(plan.try_acquire(&k, 1).await.unwrap().is_allowed());
-        plan.set_override(None, None).await.unwrap();
-        assert!(plan.reset(&k).await.unwrap().is_allowed());
-        // A concurrency limit keeps its slots in a sorted set.
-        let exports = Limiter::new("exports", Concurrency::new(1, 60 * S).unwrap(), b.clone());
-        let (v, permit) = exports.hold(&k).await;
-        assert!(v.is_allowed(), "{v:?}");
-        let refused = exports.hold(&k).await.0;
-        assert!(refused.decision().is_some_and(|d| d.is_denied()), "{refused:?}");
-        permit.expect("a slot").release().await.unwrap();
-        assert!(exports.hold(&k).await.0.is_allowed());
+        // The steps that need the other grants (LSET, LTRIM, HGETALL,
+        // HDEL, the sorted sets).
+        let limiter = |name: &str, policy: Policy| Limiter::new(name, policy, b.clone());
+        tollgate_testkit::redis_server::use_every_grant(limiter, &k).await;
         let wrong = format!("redis://limiter:nope@127.0.0.1:{}", server.port());
         assert!(
             RedisBackend::builder(wrong)

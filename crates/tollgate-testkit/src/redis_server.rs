@@ -32,6 +32,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use tollgate_limiter::{
+    Backend, Composite, Concurrency, Key, Limiter, Policy, SlidingWindow, TokenBucket,
+};
+
 /// Which server a [`RedisServer`] or [`RedisCluster`] runs: Redis or
 /// Valkey, its fork, which speaks the same protocol and runs the same Lua.
 ///
@@ -742,6 +746,60 @@ pub const ACL_RULES: [&str; 29] = [
     "+zremrangebyscore",
     "+zscore",
 ];
+
+/// Runs, on limiters `limiter` builds over the backend under test, the
+/// steps that need the grants of [`ACL_RULES`] beyond a plain decision's,
+/// asserting each answer, so that an ACL test fails when one is missing:
+/// a window's reservation settled below its estimate (`LSET`) and above it
+/// (the log dropping what newer events make redundant: `LTRIM`); a
+/// composite refusing (`HGETALL`), then overridden by one with fewer parts
+/// (`HDEL`), then reset; a concurrency slot held, refused, released and
+/// taken again (the sorted-set commands). A refund that empties an event
+/// (`LREM`) takes a settle at 0, which a `Limiter` never sends (it charges
+/// at least 1); `+ping` and `+role` are for health checks a denial does not
+/// fail. Shared by the single-server and the cluster ACL tests, so both run
+/// the same steps against [`ACL_RULES`].
+pub async fn use_every_grant<B, F>(limiter: F, k: &Key)
+where
+    B: Backend,
+    F: Fn(&str, Policy) -> Limiter<B>,
+{
+    let minute = Duration::from_secs(60);
+    let window = limiter("grants", SlidingWindow::new(2, minute).unwrap().into());
+    let (v, r) = window.reserve(&Key::new("r"), 2).await;
+    assert!(v.is_allowed(), "{v:?}");
+    assert!(r.settle(1).await.unwrap().is_some());
+    let (v, r) = window.reserve(&Key::new("over"), 2).await;
+    assert!(v.is_allowed(), "{v:?}");
+    assert!(r.settle(4).await.unwrap().is_some());
+    let plan = limiter(
+        "plan",
+        Composite::new([
+            Policy::from(TokenBucket::new(5, 1, minute).unwrap()),
+            Policy::from(SlidingWindow::new(2, minute).unwrap()),
+        ])
+        .unwrap()
+        .into(),
+    );
+    assert!(plan.try_acquire(k, 1).await.unwrap().is_allowed());
+    assert!(plan.try_acquire(k, 1).await.unwrap().is_allowed());
+    assert!(plan.try_acquire(k, 1).await.unwrap().is_denied());
+    let one = Composite::new([Policy::from(TokenBucket::new(5, 1, minute).unwrap())]).unwrap();
+    plan.set_override(None, Some(one.into())).await.unwrap();
+    assert!(plan.try_acquire(k, 1).await.unwrap().is_allowed());
+    plan.set_override(None, None).await.unwrap();
+    assert!(plan.reset(k).await.unwrap().is_allowed());
+    let exports = limiter("exports", Concurrency::new(1, minute).unwrap().into());
+    let (v, permit) = exports.hold(k).await;
+    assert!(v.is_allowed(), "{v:?}");
+    let refused = exports.hold(k).await.0;
+    assert!(
+        refused.decision().is_some_and(|d| d.is_denied()),
+        "{refused:?}"
+    );
+    permit.expect("a slot").release().await.unwrap();
+    assert!(exports.hold(k).await.0.is_allowed());
+}
 
 /// What a Redis Cluster user needs besides [`ACL_RULES`] (docs/redis.md):
 /// `CLUSTER SLOTS`, with which the cluster client reads the topology (at
