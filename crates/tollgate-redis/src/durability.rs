@@ -220,6 +220,12 @@ fn setting(name: &str, reply: Result<Value, redis::RedisError>) -> Setting {
     }
 }
 
+/// A node none of whose settings could be read, for the reason `why`.
+fn unknown_node(node: String, role: NodeRole, why: String) -> NodeReport {
+    let why = Setting::Unknown(why);
+    node_report(node, role, vec![why.clone(), why.clone(), why])
+}
+
 fn node_report(node: String, role: NodeRole, mut settings: Vec<Setting>) -> NodeReport {
     let maxmemory_policy = settings.pop().unwrap_or(Setting::Unknown("missing".into()));
     let appendfsync = settings.pop().unwrap_or(Setting::Unknown("missing".into()));
@@ -263,10 +269,7 @@ pub(crate) async fn check_client(client: &redis::Client, t: crate::conn::Timeout
         .await
     {
         Ok(mut c) => check_node(node, &mut c).await,
-        Err(e) => {
-            let why = Setting::Unknown(format!("unreachable: {e}"));
-            node_report(node, NodeRole::Unknown, vec![why.clone(), why.clone(), why])
-        }
+        Err(e) => unknown_node(node, NodeRole::Unknown, format!("unreachable: {e}")),
     }
 }
 
@@ -329,12 +332,11 @@ pub(crate) async fn check_cluster(
         // the replicas are unknown, as a refused `CONFIG GET` is, so
         // report mode starts and strict mode refuses.
         Value::ServerError(e) => {
-            let why = Setting::Unknown(format!(
+            let why = format!(
                 "the replicas could not be listed: {}",
                 redis::RedisError::from(e)
-            ));
-            let settings = vec![why.clone(), why.clone(), why];
-            nodes.push(node_report("replicas".into(), NodeRole::Replica, settings));
+            );
+            nodes.push(unknown_node("replicas".into(), NodeRole::Replica, why));
             return Ok(DurabilityReport { nodes });
         }
         v => redis::from_redis_value(v).map_err(redis::RedisError::from)?,
