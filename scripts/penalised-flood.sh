@@ -11,16 +11,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rev=${1:-}
-lua() {
-  if [ -n "$rev" ]; then git show "$rev:crates/tollgate-redis/lua/$1"; else cat "crates/tollgate-redis/lua/$1"; fi
-}
+lua=crates/tollgate-redis/lua
+if [ -n "$rev" ]; then
+  tmp=$(mktemp -d)
+  git archive "$rev" "$lua" | tar -x -C "$tmp"
+  lua=$tmp/$lua
+fi
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 dir=$(mktemp -d)
 redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" --daemonize yes --pidfile "$dir/pid" >/dev/null
-trap 'kill "$(cat "$dir/pid")" 2>/dev/null; rm -rf "$dir"' EXIT
+trap 'kill "$(cat "$dir/pid")" 2>/dev/null; rm -rf "$dir" ${tmp:+"$tmp"}' EXIT
 for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
-# common_window.lua: absent at commits older than its split from common.lua.
-sha=$( (lua common.lua; lua common_window.lua 2>/dev/null || true; lua sliding_window.lua) | redis-cli -p "$port" -x SCRIPT LOAD)
+. scripts/lua-assemble.sh
+sha=$(assemble_lua "$lua" sliding_window | redis-cli -p "$port" -x SCRIPT LOAD)
 # 10 per minute, penalise refused; acquire 1. KEYS and ARGV as the client
 # sends them since the scripts took one key per state, its override and its
 # log (a rev older than that took four keys and more arguments: its script

@@ -199,20 +199,12 @@ cost() {
     printf '%-40s %8d instructions/decision, EVALSHA %8d\n' "$label" $((ir / n)) $((ev / n))
 }
 
-# Assembled as crates/tollgate-redis/src/scripts.rs does (TOKEN_BUCKET_CODE,
-# SLIDING_WINDOW_CODE, COMPOSITE_CODE); the common_*.lua files only where
-# they exist (older commits held every helper in common.lua), so that
-# --lua-from takes older commits.
-assemble() {
-    local f
-    for f in "$@"; do
-        case $f in common_*) [ -e "$lua/$f" ] || continue ;; esac
-        cat "$lua/$f"
-    done
-}
-assemble token_bucket.lua common.lua common_bucket.lua token_bucket_ops.lua >"$work/tb.lua"
-assemble common.lua common_window.lua sliding_window.lua >"$work/sw.lua"
-assemble common.lua common_window.lua common_bucket.lua common_calendar.lua composite.lua >"$work/c.lua"
+# Assembled as crates/tollgate-redis/src/scripts.rs does (older commits
+# too, for --lua-from).
+. scripts/lua-assemble.sh
+assemble_lua "$lua" token_bucket >"$work/tb.lua"
+assemble_lua "$lua" sliding_window >"$work/sw.lua"
+assemble_lua "$lua" composite >"$work/c.lua"
 if [ "$only" = all ] || [ "$only" = tb ]; then
     # 10,000 keys, every decision admitted (a bucket of 100,000 refilling 1/10 µs).
     cost "minimal GCRA (bare client's script)" bench crates/tollgate-bench/lua/minimal_gcra.lua \

@@ -23,22 +23,13 @@ pid=
 trap '[ -z "$pid" ] || kill "$pid" 2>/dev/null; rm -rf "$work"' EXIT
 mkdir "$work/old"
 git archive "$rev" crates/tollgate-redis/lua | tar -x -C "$work/old"
-# Assembled as crates/tollgate-redis/src/scripts.rs does; the common_*.lua
-# files only where they exist (older commits held every helper in
-# common.lua).
-assemble() {
-    local dir=$1 f
-    shift
-    for f in "$@"; do
-        case $f in common_*) [ -e "$dir/$f" ] || continue ;; esac
-        cat "$dir/$f"
-    done
-}
+# Assembled as crates/tollgate-redis/src/scripts.rs does.
+. scripts/lua-assemble.sh
 for side in old new; do
     dir=crates/tollgate-redis/lua
     [ $side = new ] || dir=$work/old/crates/tollgate-redis/lua
-    assemble "$dir" common.lua common_window.lua sliding_window.lua >"$work/$side-w.lua"
-    assemble "$dir" common.lua common_window.lua common_bucket.lua common_calendar.lua composite.lua >"$work/$side-c.lua"
+    assemble_lua "$dir" sliding_window >"$work/$side-w.lua"
+    assemble_lua "$dir" composite >"$work/$side-c.lua"
 done
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >"$work/log" 2>&1 &
