@@ -1,8 +1,15 @@
 use tollgate_limiter::{Backend, Decision, Error, KeyHasher, Limiter, Reservation, Verdict};
 
-/// Explicit reports of login outcomes, for handlers that know better than
-/// the response status (a form login that redirects on failure and on
-/// success, a second factor checked later).
+/// Login outcomes reported by hand: by a handler without a
+/// [`LoginLayer`](super::LoginLayer), or for an outcome known only in a
+/// later request (a second factor checked later, a success found by
+/// another route).
+///
+/// Behind a `LoginLayer` the request's attempt is already taken up front:
+/// say its outcome with a [`LoginOutcome`](super::LoginOutcome) in the
+/// response. [`failed`](Self::failed) there would record a second failure
+/// for the same attempt ([`succeeded`](Self::succeeded) is harmless: a
+/// cleared account stays cleared).
 ///
 /// It wraps the per-account [`ProgressiveDelay`](tollgate_limiter::ProgressiveDelay)
 /// limiter; emails are normalised and hashed with [`KeyHasher::email`],

@@ -94,8 +94,10 @@ impl<B> LoginLayer<B> {
     }
 
     /// Whether failures and successes are read from the response status
-    /// (the default) or reported by the handler through
-    /// [`LoginAttempts`](super::LoginAttempts) (`false`).
+    /// (the default) or said by the handler, with a
+    /// [`LoginOutcome`](super::LoginOutcome) in the response's extensions
+    /// (`false`; see [`FailedLogins::explicit`]). Either way each attempt
+    /// is taken up front, before the handler runs.
     pub fn count_by_status(mut self, yes: bool) -> Self {
         self.classify = if yes {
             FailedLogins::by_status()
@@ -167,7 +169,7 @@ mod tests {
 
     use super::*;
     use crate::extract::PeerAddr;
-    use crate::login::LoginAttempts;
+    use crate::login::LoginOutcome;
 
     type Backend = MemoryBackend<MockClock>;
 
@@ -210,27 +212,33 @@ mod tests {
         req
     }
 
-    /// A handler that accepts password `right`; with `attempts`, it
-    /// reports outcomes itself and always answers 303 (a form login).
+    /// A handler that accepts password `right`; `explicit`, it answers
+    /// 303 either way (a form login) and says the outcome with a
+    /// [`LoginOutcome`]: `Failed`, `Succeeded`, `NoAttempt` for password
+    /// `csrf` (no password checked), and nothing for password `unsaid`.
     async fn handler(
         req: Request<Full<Bytes>>,
-        attempts: Option<LoginAttempts<Backend>>,
+        explicit: bool,
     ) -> Result<Response<Full<Bytes>>, Infallible> {
         use http_body_util::BodyExt;
         let body = req.into_body().collect().await.unwrap().to_bytes();
         let fields: Vec<(String, String)> = form_urlencoded::parse(&body).into_owned().collect();
         let get = |k: &str| fields.iter().find(|f| f.0 == k).map(|f| f.1.clone());
-        let ok = get("password").as_deref() == Some("right");
+        let password = get("password");
+        let ok = password.as_deref() == Some("right");
         let mut res = Response::new(Full::default());
-        *res.status_mut() = match (&attempts, ok) {
-            (None, true) => StatusCode::OK,
-            (None, false) => StatusCode::UNAUTHORIZED,
-            (Some(a), _) => {
-                let email = get("login").or_else(|| get("email")).unwrap();
-                if ok {
-                    a.succeeded(&email).await.unwrap();
-                } else {
-                    let _ = a.failed(&email).await;
+        *res.status_mut() = match (explicit, ok) {
+            (false, true) => StatusCode::OK,
+            (false, false) => StatusCode::UNAUTHORIZED,
+            (true, _) => {
+                let said = match password.as_deref() {
+                    Some("right") => Some(LoginOutcome::Succeeded),
+                    Some("csrf") => Some(LoginOutcome::NoAttempt),
+                    Some("unsaid") => None,
+                    _ => Some(LoginOutcome::Failed),
+                };
+                if let Some(said) = said {
+                    res.extensions_mut().insert(said);
                 }
                 StatusCode::SEE_OTHER
             }
@@ -239,30 +247,83 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn explicit_reports_with_a_custom_field() {
+    async fn explicit_outcomes_with_a_custom_field() {
         let clock = MockClock::new();
         let (ip, account) = limiters(&clock);
-        let attempts = LoginAttempts::new(account.clone(), hasher());
         let layer = LoginLayer::new(ip, account, ClientIp::new(), hasher())
             .email_field("login")
             .count_by_status(false);
-        let svc = layer.layer(service_fn(move |req| handler(req, Some(attempts.clone()))));
+        let svc = layer.layer(service_fn(move |req| handler(req, true)));
         let status = |req| {
             let svc = svc.clone();
             async move { svc.oneshot(req).await.unwrap().status() }
         };
-        // Two failures reported by the handler: the second starts a delay.
+        // Two failures said by the handler: the second starts a delay.
         assert_eq!(status(form("login", "a%40x.io", "no")).await, 303);
         assert_eq!(status(form("login", "a%40x.io", "no")).await, 303);
         assert_eq!(status(form("login", "A%40X.io", "right")).await, 429);
         clock.advance(Duration::from_secs(10));
-        // The success is reported and clears the account.
+        // The success is said and clears the account.
         assert_eq!(status(form("login", "a%40x.io", "right")).await, 303);
+        // Attempts that checked no password give their failure back.
+        for _ in 0..3 {
+            assert_eq!(status(form("login", "a%40x.io", "csrf")).await, 303);
+        }
+        // An attempt that says nothing keeps its failure: it is the free
+        // one, and the next failure starts the delay.
+        assert_eq!(status(form("login", "a%40x.io", "unsaid")).await, 303);
         assert_eq!(status(form("login", "a%40x.io", "no")).await, 303);
-        assert_eq!(status(form("login", "a%40x.io", "no")).await, 303);
-        assert_eq!(status(form("login", "a%40x.io", "no")).await, 429);
+        assert_eq!(status(form("login", "a%40x.io", "right")).await, 429);
         // The default field is not read any more.
         assert_eq!(status(form("email", "b%40x.io", "no")).await, 400);
+    }
+
+    /// An axum form login that redirects either way says its outcome
+    /// beside the redirect, as the docs show: `(Extension(..), Redirect)`.
+    #[tokio::test]
+    async fn an_axum_handler_says_the_outcome_beside_its_redirect() {
+        use axum::response::{IntoResponse, Redirect};
+        use axum::routing::post;
+        use axum::{Extension, Form, Router};
+
+        #[derive(serde::Deserialize)]
+        struct Login {
+            password: String,
+        }
+        async fn login(Form(form): Form<Login>) -> axum::response::Response {
+            let outcome = match form.password.as_str() {
+                "right" => LoginOutcome::Succeeded,
+                _ => LoginOutcome::Failed,
+            };
+            (Extension(outcome), Redirect::to("/")).into_response()
+        }
+
+        let clock = MockClock::new();
+        let (ip, account) = limiters(&clock);
+        let layer = LoginLayer::new(ip, account, ClientIp::new(), hasher()).count_by_status(false);
+        let app = Router::new().route("/login", post(login).layer(layer));
+        let status = |password: &str| {
+            let mut req = Request::post("/login")
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(axum::body::Body::from(format!(
+                    "email=f%40x.io&password={password}"
+                )))
+                .unwrap();
+            req.extensions_mut()
+                .insert(PeerAddr("192.0.2.1:1000".parse().unwrap()));
+            let app = app.clone();
+            async move { app.oneshot(req).await.unwrap().status() }
+        };
+        // One free failure, the second starts the delay.
+        assert_eq!(status("no").await, 303);
+        assert_eq!(status("no").await, 303);
+        assert_eq!(status("right").await, 429);
+        clock.advance(Duration::from_secs(10));
+        // The success clears the account: one free failure again.
+        assert_eq!(status("right").await, 303);
+        assert_eq!(status("no").await, 303);
+        assert_eq!(status("no").await, 303);
+        assert_eq!(status("no").await, 429);
     }
 
     /// Bodies that name the victim to the handler and someone else to the
@@ -340,7 +401,7 @@ mod tests {
                 *res.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
                 return Ok(res);
             }
-            handler(req, None).await
+            handler(req, false).await
         }));
         let status = |req| {
             let svc = svc.clone();
@@ -524,6 +585,18 @@ mod tests {
     /// by the response, let all of them through each time.)
     #[tokio::test(start_paused = true)]
     async fn attempts_in_flight_together_pass_one_past_the_free_attempts() {
+        attempts_in_flight(false).await;
+    }
+
+    /// The same when the handler says the outcome (a form login answering
+    /// 303 either way): the attempts are taken up front too. (Checking,
+    /// then counting the handler's report, let all of them through.)
+    #[tokio::test(start_paused = true)]
+    async fn explicit_attempts_in_flight_together_pass_one_past_the_free_attempts() {
+        attempts_in_flight(true).await;
+    }
+
+    async fn attempts_in_flight(explicit: bool) {
         use std::sync::Arc;
         use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -536,19 +609,25 @@ mod tests {
         let gate = Arc::new(Semaphore::new(0));
         let svc = {
             let (reached, gate) = (Arc::clone(&reached), Arc::clone(&gate));
-            LoginLayer::new(ip, account, ClientIp::new(), hasher()).layer(service_fn(
-                move |_: Request<Full<Bytes>>| {
+            LoginLayer::new(ip, account, ClientIp::new(), hasher())
+                .count_by_status(!explicit)
+                .layer(service_fn(move |_: Request<Full<Bytes>>| {
                     let (reached, gate) = (Arc::clone(&reached), Arc::clone(&gate));
                     async move {
                         reached.fetch_add(1, Ordering::SeqCst);
                         gate.acquire().await.unwrap().forget();
                         let mut res = Response::new(Full::<Bytes>::default());
-                        *res.status_mut() = StatusCode::UNAUTHORIZED;
+                        if explicit {
+                            *res.status_mut() = StatusCode::SEE_OTHER;
+                            res.extensions_mut().insert(LoginOutcome::Failed);
+                        } else {
+                            *res.status_mut() = StatusCode::UNAUTHORIZED;
+                        }
                         Ok::<_, Infallible>(res)
                     }
-                },
-            ))
+                }))
         };
+        let failed = if explicit { 303 } else { 401 };
         // One free failure: the first round passes it and the one that
         // starts the delay; after the delay, only the one that starts the
         // next.
@@ -573,7 +652,7 @@ mod tests {
                 statuses.push(a.await.unwrap().unwrap().status().as_u16());
             }
             statuses.sort_unstable();
-            let mut want = vec![401; passing];
+            let mut want = vec![failed; passing];
             want.resize(IN_FLIGHT, 429);
             assert_eq!(statuses, want);
             before = reached.load(Ordering::SeqCst);

@@ -25,11 +25,14 @@
 //!    account, anything else (`400`, `5xx`, a redirect, the handler's
 //!    `Err`) refunds it. See [`FailedLogins`].
 //!
-//! Or count explicitly: build the layer with
-//! [`count_by_status(false)`](LoginLayer::count_by_status) and report from
-//! the handler with [`LoginAttempts::failed`] and
-//! [`LoginAttempts::succeeded`] (a form login that redirects either way,
-//! an MFA step that decides later).
+//! Or let the handler say, where the status does not tell (a form login
+//! that redirects either way): build the layer with
+//! [`count_by_status(false)`](LoginLayer::count_by_status) and put a
+//! [`LoginOutcome`] in the response's extensions (with axum,
+//! `(Extension(LoginOutcome::Failed), Redirect::to("/login"))`). The
+//! attempt is still taken up front; a response that says nothing keeps
+//! its failure. Outcomes known only in a later request (a second factor)
+//! are reported with [`LoginAttempts`].
 //!
 //! What makes it safe:
 //!
@@ -93,14 +96,12 @@
 //! is known, so they happen even if the client goes away meanwhile; the
 //! response waits for them, so the client's next attempt sees them.
 //!
-//! With [`count_by_status(false)`](LoginLayer::count_by_status) (explicit
-//! reports through [`LoginAttempts`]), failures are reported after the
-//! fact: the layer only checks that the account is not delayed, and
-//! attempts in flight together while it is free all reach the handler,
-//! unless the handler takes each attempt up front itself with
-//! [`LoginAttempts::attempt`] before verifying the password. The per-IP
-//! window, charged up front, bounds such a burst to the window's limit per
-//! client address; keep `max_delay` long and the per-IP limit low.
+//! With [`count_by_status(false)`](LoginLayer::count_by_status), the same
+//! holds: the attempt is taken up front, and the handler's
+//! [`LoginOutcome`] settles it as a status would (`Failed`, or nothing
+//! said: kept; `Succeeded`: cleared; `NoAttempt`: refunded). Behind the
+//! layer, say outcomes that way, not with [`LoginAttempts::failed`], which
+//! would record a second failure for the attempt.
 //!
 //! # Examples
 //!
@@ -161,5 +162,5 @@ mod classify;
 mod layer;
 
 pub use attempts::LoginAttempts;
-pub use classify::FailedLogins;
+pub use classify::{FailedLogins, LoginOutcome};
 pub use layer::{DEFAULT_BODY_LIMIT, Login, LoginLayer};
