@@ -328,10 +328,11 @@ impl Sentinels {
     }
 
     /// Clients for the replicas the sentinels know and do not mark down
-    /// (`SENTINEL SLAVES`), reached as the master is (credentials, TLS): the servers that can become the master. None
-    /// is not an error (a master without a replica, or right after a
-    /// failover). Their `ROLE` is not checked here: the durability check
-    /// that asks for them reports a replica it cannot reach.
+    /// (`SENTINEL SLAVES`), reached as the master is (credentials, TLS):
+    /// the servers that can become the master. None is not an error (a
+    /// master without a replica, or right after a failover). Their `ROLE`
+    /// is not checked here: the durability check that asks for them
+    /// reports a replica it cannot reach.
     pub(crate) async fn replicas(&self) -> redis::RedisResult<Vec<redis::Client>> {
         self.ask(|s, me| {
             Box::pin(async move {
