@@ -45,7 +45,8 @@ pub(crate) struct Global {
     /// The Redis server (`redis://[user:password@]host:port[/db]`;
     /// `rediss://` with the `tls` feature), or the master of a Redis
     /// Sentinel setup
-    /// (`redis+sentinel://[user:password@]host:port[,host:port...]/<master-name>`);
+    /// (`redis+sentinel://[user:password@]host:port[,host:port...]/<master-name>`;
+    /// `rediss+sentinel://` with the `tls` feature);
     /// with --cluster, a comma-separated list of nodes [default: the
     /// configuration's `[redis]` section, else redis://127.0.0.1:6379].
     #[arg(

@@ -244,12 +244,13 @@ async fn connect(g: &Global, prefix: &str) -> Result<RedisBackend, Failure> {
         )));
     }
     if !cfg!(feature = "tls")
-        && g.redis_url
-            .iter()
-            .any(|u| u.trim().starts_with("rediss://"))
+        && g.redis_url.iter().any(|u| {
+            let u = u.trim().to_ascii_lowercase();
+            u.starts_with("rediss://") || u.starts_with("rediss+sentinel://")
+        })
     {
         return Err(Failure::Input(
-            "rediss:// needs a tollgate built with the `tls` feature".into(),
+            "rediss:// and rediss+sentinel:// need a tollgate built with the `tls` feature".into(),
         ));
     }
     let builder = if g.url_from_config {

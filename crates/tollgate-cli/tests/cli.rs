@@ -373,11 +373,13 @@ fn usage_errors_exit_2() {
         let out = expect(&o, 2);
         assert!(out.contains(want), "{args:?}: want {want:?} in:\n{out}");
     }
-    let o = run(&["--redis-url", "rediss://127.0.0.1:1", "durability"], &[]);
-    if cfg!(feature = "tls") {
-        expect(&o, 1);
-    } else {
-        assert!(expect(&o, 2).contains("`tls` feature"));
+    for tls_url in ["rediss://127.0.0.1:1", "rediss+sentinel://127.0.0.1:1/m"] {
+        let o = run(&["--redis-url", tls_url, "durability"], &[]);
+        if cfg!(feature = "tls") {
+            expect(&o, 1);
+        } else {
+            assert!(expect(&o, 2).contains("`tls` feature"), "{tls_url}");
+        }
     }
     let o = run(
         &[

@@ -37,8 +37,11 @@ impl RedisBackend {
     /// Checks what can be checked without the network, so a bad setting
     /// stops the start-up with [`RedisError::Config`] naming the field
     /// (`redis.url: missing`, an unparsable URL, an unreadable
-    /// `tls_ca_file`, a cluster or `rediss://` URL this build has no feature
-    /// for). URLs are passed to the builder as written.
+    /// `tls_ca_file`, a cluster, `rediss://` or `rediss+sentinel://` URL
+    /// this build has no feature for). A `tls_ca_file` is the only CA
+    /// trusted for `rediss://`, a cluster's `rediss://` nodes, and with
+    /// `rediss+sentinel://` for the sentinels and the servers they name.
+    /// URLs are passed to the builder as written.
     ///
     /// # Examples
     ///

@@ -46,7 +46,8 @@
 //!   Cluster through the redis crate's cluster client with the feature
 //!   `cluster`; Redis Sentinel with a
 //!   `redis+sentinel://host:port[,host:port...]/<master-name>` URL (see
-//!   [`RedisBackend::builder`]); `rediss://` URLs with the feature `tls`.
+//!   [`RedisBackend::builder`]); `rediss://` and `rediss+sentinel://` URLs
+//!   with the feature `tls`.
 //!   Credentials go in the URL (`redis://user:password@host:6379`).
 //! * **Failover**: a connection that reaches a replica (`ROLE`, or a
 //!   `READONLY` reply) is replaced like a dead one; with Sentinel the new
@@ -279,8 +280,9 @@ impl RedisBackendBuilder {
         }
     }
 
-    /// Trusts only this CA certificate (PEM) for `rediss://` servers,
-    /// instead of the system and Mozilla roots (feature `tls`).
+    /// Trusts only this CA certificate (PEM) for `rediss://` servers (and,
+    /// with `rediss+sentinel://`, for the sentinels and every server they
+    /// name), instead of the system and Mozilla roots (feature `tls`).
     #[cfg(feature = "tls")]
     pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.root_cert = Some(pem.into());
@@ -474,6 +476,12 @@ impl RedisBackendBuilder {
         if self.urls.iter().any(|u| u.starts_with("rediss://")) {
             #[cfg(not(feature = "tls"))]
             return Err(RedisError::Unsupported("rediss:// needs the `tls` feature"));
+        }
+        if self
+            .urls
+            .iter()
+            .any(|u| u.starts_with("rediss://") || sentinel::parse(u).is_ok_and(|p| p.tls))
+        {
             #[cfg(feature = "tls")]
             {
                 // Several rustls providers may be compiled in; pick ring.
@@ -511,8 +519,12 @@ impl RedisBackendBuilder {
                 .connect_timeout
                 .saturating_add(self.response_timeout)
                 .saturating_mul(2);
+            #[cfg(feature = "tls")]
+            let root_cert = self.root_cert.clone();
+            #[cfg(not(feature = "tls"))]
+            let root_cert = None;
             return Ok(conn::Connector::Sentinel {
-                sentinel: sentinel::Sentinels::new(&parsed, per_sentinel)?,
+                sentinel: sentinel::Sentinels::new(&parsed, per_sentinel, root_cert)?,
                 config: conn::manager_config(self.timeouts()),
             });
         }
@@ -577,6 +589,19 @@ impl RedisBackendBuilder {
     }
 }
 
+/// `<scheme>h1:p1,h2:p2/<master_name>`.
+fn sentinel_url<I, S>(scheme: &str, sentinels: I, master_name: &str) -> String
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let hosts: Vec<String> = sentinels
+        .into_iter()
+        .map(|s| s.as_ref().to_owned())
+        .collect();
+    format!("{scheme}{}/{master_name}", hosts.join(","))
+}
+
 impl RedisBackend {
     /// Starts building a backend for one Redis server (`redis://` or
     /// `rediss://`, with `user:password@` for ACL users), or for the master
@@ -591,6 +616,8 @@ impl RedisBackend {
     /// own take `?sentinel_password=..` (and `sentinel_username=..`). Every
     /// connection, at start-up and whenever one is replaced, asks the
     /// sentinels where the master is now, so decisions follow a failover.
+    /// `rediss+sentinel://` (feature `tls`) is TLS to the sentinels and to
+    /// every server they name, verified as with `rediss://`.
     pub fn builder(url: impl Into<String>) -> RedisBackendBuilder {
         RedisBackendBuilder::new(vec![url.into()], false)
     }
@@ -604,15 +631,21 @@ impl RedisBackend {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let hosts: Vec<String> = sentinels
-            .into_iter()
-            .map(|s| s.as_ref().to_owned())
-            .collect();
-        Self::builder(format!(
-            "{}{}/{master_name}",
-            sentinel::SCHEME,
-            hosts.join(",")
-        ))
+        Self::builder(sentinel_url(sentinel::SCHEME, sentinels, master_name))
+    }
+
+    /// Like [`sentinel_builder`](Self::sentinel_builder), with TLS to the
+    /// sentinels and to the master (the `rediss+sentinel://` URL):
+    /// certificates verified as with `rediss://`, against the system and
+    /// Mozilla roots or only the CA given with
+    /// [`tls_root_cert`](RedisBackendBuilder::tls_root_cert). Without the
+    /// feature `tls`, `build` fails with [`RedisError::Unsupported`].
+    pub fn sentinel_tls_builder<I, S>(sentinels: I, master_name: &str) -> RedisBackendBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Self::builder(sentinel_url(sentinel::TLS_SCHEME, sentinels, master_name))
     }
 
     /// Starts building a backend for a Redis Cluster, from one or more of
@@ -1491,6 +1524,8 @@ mod tests {
         assert!(!err.to_string().contains("s3cret"), "{err}");
         let b = RedisBackend::sentinel_builder(["a:1", "b:2"], "m");
         assert!(format!("{b:?}").contains("redis+sentinel://a:1,b:2/m"));
+        let b = RedisBackend::sentinel_tls_builder(["a:1", "b:2"], "m");
+        assert!(format!("{b:?}").contains("rediss+sentinel://a:1,b:2/m"));
     }
 
     /// A call as `RedisBackend::call` builds it, for the one-integer reply.

@@ -1,7 +1,9 @@
-//! Redis Sentinel: `redis+sentinel://` URLs, and finding the master.
+//! Redis Sentinel: `redis+sentinel://` and `rediss+sentinel://` URLs, and
+//! finding the master.
 //!
 //! ```text
 //! redis+sentinel://[user:password@]host[:port][,host[:port]...]/<master-name>[/<db>][?sentinel_username=..&sentinel_password=..]
+//! rediss+sentinel://...   (the same, with TLS; feature `tls`)
 //! ```
 //!
 //! The hosts are sentinels (port 26379 when omitted); `<master-name>` is
@@ -15,18 +17,30 @@
 //! `redis+<transport>://` convention of its `redis+unix://` and the
 //! comma-separated host list of other clients (lettuce, go-redis).
 //!
+//! `rediss+sentinel://` is TLS to the sentinels and to every server they
+//! name (the master, a promoted replica, the replicas the durability check
+//! reads), each certificate verified as for `rediss://`: against the system
+//! and Mozilla roots, or only the CA given with
+//! [`tls_root_cert`](crate::RedisBackendBuilder::tls_root_cert). The name
+//! checked for a server is the address the sentinels answer with (an IP,
+//! unless they announce host names), so its certificate must carry it.
+//! There is no unverified mode; without the feature `tls` the URL is
+//! refused ([`RedisError::Unsupported`]), never tried in plain text.
+//!
 //! Every connection the backend makes (at start-up, and whenever a
 //! connection is replaced) first asks the sentinels for the master's
-//! address through the redis crate's [`redis::sentinel::Sentinel`], which
-//! checks the `ROLE` of the server it returns. The sentinels are asked one
-//! at a time, each within a bound derived from the backend's timeouts; the
-//! one that answered is asked first next time (see [`Sentinels`]).
+//! address through the redis crate's [`SentinelClient`], which checks the
+//! `ROLE` of the server it returns. The sentinels are asked one at a time,
+//! each within a bound derived from the backend's timeouts; the one that
+//! answered is asked first next time (see [`Sentinels`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
-use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
+use std::collections::HashMap;
+
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo, TlsMode};
 use tokio::sync::Mutex;
 
 use crate::RedisError;
@@ -34,16 +48,19 @@ use crate::RedisError;
 /// The scheme of a Sentinel URL.
 pub(crate) const SCHEME: &str = "redis+sentinel://";
 
+/// The scheme of a Sentinel URL with TLS to the sentinels and the servers.
+pub(crate) const TLS_SCHEME: &str = "rediss+sentinel://";
+
 /// The sentinels' default port.
 const DEFAULT_PORT: u16 = 26379;
 
 /// Whether `url` names sentinels rather than a server.
 pub(crate) fn is_sentinel_url(url: &str) -> bool {
     let lower = url
-        .get(..SCHEME.len() + 1)
+        .get(..TLS_SCHEME.len())
         .unwrap_or(url)
         .to_ascii_lowercase();
-    lower.starts_with(SCHEME) || lower.starts_with("rediss+sentinel://")
+    lower.starts_with(SCHEME) || lower.starts_with(TLS_SCHEME)
 }
 
 /// A parsed `redis+sentinel://` URL.
@@ -56,6 +73,9 @@ pub(crate) struct SentinelUrl {
     pub(crate) password: Option<String>,
     pub(crate) sentinel_username: Option<String>,
     pub(crate) sentinel_password: Option<String>,
+    /// `rediss+sentinel://`: TLS to the sentinels and to every server they
+    /// name.
+    pub(crate) tls: bool,
 }
 
 impl std::fmt::Debug for SentinelUrl {
@@ -67,13 +87,15 @@ impl std::fmt::Debug for SentinelUrl {
             .field("db", &self.db)
             .field("username", &self.username)
             .field("sentinel_username", &self.sentinel_username)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
 
 fn invalid(why: &str) -> RedisError {
     RedisError::InvalidUrl(format!(
-        "{why} (expected {SCHEME}[user:password@]host[:port][,host[:port]...]/<master-name>[/<db>])"
+        "{why} (expected {SCHEME}[user:password@]host[:port][,host[:port]...]/<master-name>[/<db>], \
+         or {TLS_SCHEME}...)"
     ))
 }
 
@@ -81,13 +103,14 @@ fn invalid(why: &str) -> RedisError {
 /// password.
 pub(crate) fn parse(url: &str) -> Result<SentinelUrl, RedisError> {
     let (scheme, rest) = url.split_once("://").ok_or_else(|| invalid("no scheme"))?;
-    if scheme.eq_ignore_ascii_case("rediss+sentinel") {
-        return Err(RedisError::Unsupported(
-            "rediss+sentinel:// (TLS to sentinels) is not supported yet",
-        ));
-    }
-    if !scheme.eq_ignore_ascii_case("redis+sentinel") {
+    let tls = scheme.eq_ignore_ascii_case("rediss+sentinel");
+    if !tls && !scheme.eq_ignore_ascii_case("redis+sentinel") {
         return Err(invalid("not a redis+sentinel:// URL"));
+    }
+    // Refused before anything else is read: never plain text instead.
+    #[cfg(not(feature = "tls"))]
+    if tls {
+        return Err(needs_tls());
     }
     let (rest, query) = match rest.split_once('?') {
         Some((r, q)) => (r, Some(q)),
@@ -167,6 +190,7 @@ pub(crate) fn parse(url: &str) -> Result<SentinelUrl, RedisError> {
         password,
         sentinel_username,
         sentinel_password,
+        tls,
     })
 }
 
@@ -190,19 +214,22 @@ fn decode(s: &str) -> Option<String> {
 
 /// The sentinels of one master, shared by every slot's keeper.
 ///
-/// Each sentinel is a redis-rs [`Sentinel`] of its own, asked alone under
-/// a bound of its own, so that one that does not answer (a network gone
-/// silent) costs a lookup that bound, not the whole lookup. One redis-rs
-/// `Sentinel` of several sentinels asks them with its own timeouts (1 s to
-/// connect, 500 ms for a reply), whatever the backend's, and takes their
-/// answers in list order: a silent first sentinel held every lookup about
-/// a second (1.5 s on a connection it had open), and made every lookup
-/// fail when the backend's timeouts bounded the lookup to less.
+/// Each sentinel is a redis-rs [`SentinelClient`] of its own, asked alone
+/// under a bound of its own, so that one that does not answer (a network
+/// gone silent) costs a lookup that bound, not the whole lookup. One
+/// redis-rs client of several sentinels asks them with its own timeouts
+/// (1 s to connect, 500 ms for a reply), whatever the backend's, and takes
+/// their answers in list order: a silent first sentinel held every lookup
+/// about a second (1.5 s on a connection it had open), and made every
+/// lookup fail when the backend's timeouts bounded the lookup to less.
+///
+/// A [`SentinelClient`] rather than a bare `Sentinel`: only its builder
+/// hands the CA to the connections to the servers the sentinels name (a
+/// bare `Sentinel` checks their `ROLE` against the default roots only).
 #[derive(Clone)]
 pub(crate) struct Sentinels {
     state: Arc<Mutex<State>>,
-    master: String,
-    node: SentinelNodeConnectionInfo,
+    target: Arc<Target>,
     /// Bounds one sentinel's part of a lookup (a connection and its
     /// replies to the sentinel, then to the server it names).
     per_sentinel: Duration,
@@ -210,10 +237,9 @@ pub(crate) struct Sentinels {
 
 /// The sentinels' clients, and which one to ask first.
 struct State {
-    /// The URL's sentinels, to build a client anew.
-    infos: Vec<ConnectionInfo>,
-    /// One client per sentinel (each caches its connection).
-    clients: Vec<Sentinel>,
+    /// One client per sentinel, in the URL's order (each caches its
+    /// connection).
+    clients: Vec<SentinelClient>,
     /// The sentinel that answered last: the next lookup asks it first, and
     /// then the others in the URL's order.
     first: usize,
@@ -222,48 +248,43 @@ struct State {
 impl State {
     /// The order in which to ask the sentinels.
     fn order(&self) -> impl Iterator<Item = usize> + use<> {
-        let first = self.first;
-        std::iter::once(first).chain((0..self.infos.len()).filter(move |&i| i != first))
+        let (first, n) = (self.first, self.clients.len());
+        std::iter::once(first).chain((0..n).filter(move |&i| i != first))
     }
 }
 
+/// How to reach the sentinels and the servers they name.
+struct Target {
+    url: SentinelUrl,
+    /// The only CA trusted with `rediss+sentinel://`, as with `rediss://`
+    /// ([`tls_root_cert`](crate::RedisBackendBuilder::tls_root_cert)).
+    // Without the feature no TLS URL gets this far (see `needs_tls`).
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    root_cert: Option<Vec<u8>>,
+}
+
 impl Sentinels {
-    pub(crate) fn new(url: &SentinelUrl, per_sentinel: Duration) -> Result<Self, RedisError> {
-        let mut to_sentinel = RedisConnectionInfo::default();
-        if let Some(u) = &url.sentinel_username {
-            to_sentinel = to_sentinel.set_username(u);
+    /// `root_cert`: the only CA trusted with `rediss+sentinel://` (else the
+    /// system and Mozilla roots); unused without TLS.
+    pub(crate) fn new(
+        url: &SentinelUrl,
+        per_sentinel: Duration,
+        root_cert: Option<Vec<u8>>,
+    ) -> Result<Self, RedisError> {
+        #[cfg(not(feature = "tls"))]
+        if url.tls {
+            return Err(needs_tls());
         }
-        if let Some(p) = &url.sentinel_password {
-            to_sentinel = to_sentinel.set_password(p);
-        }
-        let infos = url
-            .sentinels
-            .iter()
-            .map(|(host, port)| {
-                Ok(ConnectionAddr::Tcp(host.clone(), *port)
-                    .into_connection_info()?
-                    .set_redis_settings(to_sentinel.clone()))
-            })
+        let target = Target {
+            url: url.clone(),
+            root_cert,
+        };
+        let clients = (0..url.sentinels.len())
+            .map(|i| target.client(i))
             .collect::<redis::RedisResult<Vec<_>>>()?;
-        let clients = infos
-            .iter()
-            .map(|info| Sentinel::build(vec![info.clone()]))
-            .collect::<redis::RedisResult<Vec<_>>>()?;
-        let mut to_master = RedisConnectionInfo::default().set_db(url.db);
-        if let Some(u) = &url.username {
-            to_master = to_master.set_username(u);
-        }
-        if let Some(p) = &url.password {
-            to_master = to_master.set_password(p);
-        }
         Ok(Self {
-            state: Arc::new(Mutex::new(State {
-                infos,
-                clients,
-                first: 0,
-            })),
-            master: url.master.clone(),
-            node: SentinelNodeConnectionInfo::default().set_redis_connection_info(to_master),
+            state: Arc::new(Mutex::new(State { clients, first: 0 })),
+            target: Arc::new(target),
             per_sentinel,
         })
     }
@@ -276,7 +297,7 @@ impl Sentinels {
     /// the sentinel that answered it.
     async fn ask<T>(
         &self,
-        query: for<'a> fn(&'a mut Sentinel, &'a Self) -> redis::RedisFuture<'a, T>,
+        query: for<'a> fn(&'a mut SentinelClient, &'a Self) -> redis::RedisFuture<'a, T>,
     ) -> redis::RedisResult<T> {
         let mut state = self.state.lock().await;
         let mut error = None;
@@ -289,7 +310,7 @@ impl Sentinels {
                 }
                 Ok(Err(e)) => error = Some(e),
                 Err(_) => {
-                    state.clients[i] = Sentinel::build(vec![state.infos[i].clone()])?;
+                    state.clients[i] = self.target.client(i)?;
                     // A sentinel's answer (a master not found, a server
                     // that is not a master) says more than another's
                     // silence.
@@ -303,29 +324,142 @@ impl Sentinels {
     /// A client for the master the sentinels name now (checked with
     /// `ROLE`).
     pub(crate) async fn master(&self) -> redis::RedisResult<redis::Client> {
-        self.ask(|s, me| Box::pin(s.async_master_for(&me.master, Some(&me.node))))
-            .await
+        self.ask(|s, _| Box::pin(s.async_get_client())).await
     }
 
-    /// Clients for the replicas the sentinels know (each checked with
-    /// `ROLE`): the servers that can become the master. None is not an
-    /// error (a master without a replica, or right after a failover).
+    /// Clients for the replicas the sentinels know and do not mark down
+    /// (`SENTINEL SLAVES`), reached as the master is (credentials, TLS):
+    /// the servers that can become the master. None is not an error (a
+    /// master without a replica, or right after a failover). Their `ROLE`
+    /// is not checked here: the durability check that asks for them
+    /// reports a replica it cannot reach.
     pub(crate) async fn replicas(&self) -> redis::RedisResult<Vec<redis::Client>> {
         self.ask(|s, me| {
             Box::pin(async move {
-                match s
-                    .async_get_replica_clients(&me.master, Some(&me.node))
-                    .await
-                {
-                    Err(e) if e.kind() == redis::ErrorKind::NoValidReplicasFoundBySentinel => {
-                        Ok(Vec::new())
-                    }
-                    other => other,
-                }
+                let sentinel = s.async_get_sentinel_client().await?;
+                let mut conn = sentinel.get_multiplexed_async_connection().await?;
+                // SLAVES, as redis-rs asks: older servers, and ACL rules
+                // written for it, know no other name.
+                let replicas: Vec<HashMap<String, String>> = redis::cmd("SENTINEL")
+                    .arg("SLAVES")
+                    .arg(&me.target.url.master)
+                    .query_async(&mut conn)
+                    .await?;
+                replicas
+                    .into_iter()
+                    .filter_map(replica_addr)
+                    .map(|(host, port)| me.target.server(host, port))
+                    .collect()
             })
         })
         .await
     }
+}
+
+impl Target {
+    /// A client for sentinel `i`: TLS to it and to the servers it names
+    /// with `rediss+sentinel://`, verified (never `TlsMode::Insecure`).
+    fn client(&self, i: usize) -> redis::RedisResult<SentinelClient> {
+        let url = &self.url;
+        let (host, port) = url.sentinels[i].clone();
+        let addr = if url.tls {
+            ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: false,
+                tls_params: None,
+            }
+        } else {
+            ConnectionAddr::Tcp(host, port)
+        };
+        let mut b = SentinelClientBuilder::new([addr], &url.master, SentinelServerType::Master)?
+            .set_client_to_redis_db(url.db);
+        if let Some(u) = &url.username {
+            b = b.set_client_to_redis_username(u);
+        }
+        if let Some(p) = &url.password {
+            b = b.set_client_to_redis_password(p);
+        }
+        if let Some(u) = &url.sentinel_username {
+            b = b.set_client_to_sentinel_username(u);
+        }
+        if let Some(p) = &url.sentinel_password {
+            b = b.set_client_to_sentinel_password(p);
+        }
+        if url.tls {
+            b = b
+                .set_client_to_redis_tls_mode(TlsMode::Secure)
+                .set_client_to_sentinel_tls_mode(TlsMode::Secure);
+            #[cfg(feature = "tls")]
+            if let Some(certs) = self.certs() {
+                b = b
+                    .set_client_to_redis_certificates(certs.clone())
+                    .set_client_to_sentinel_certificates(certs);
+            }
+        }
+        b.build()
+    }
+
+    #[cfg(feature = "tls")]
+    fn certs(&self) -> Option<redis::TlsCertificates> {
+        self.root_cert.as_ref().map(|pem| redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem.clone()),
+        })
+    }
+
+    /// A client for a server the sentinels name, as [`client`](Self::client)
+    /// reaches the master: the URL's credentials and database, and TLS
+    /// verified the same way.
+    fn server(&self, host: String, port: u16) -> redis::RedisResult<redis::Client> {
+        let url = &self.url;
+        let mut redis = RedisConnectionInfo::default().set_db(url.db);
+        if let Some(u) = &url.username {
+            redis = redis.set_username(u);
+        }
+        if let Some(p) = &url.password {
+            redis = redis.set_password(p);
+        }
+        if !url.tls {
+            return redis::Client::open(
+                ConnectionAddr::Tcp(host, port)
+                    .into_connection_info()?
+                    .set_redis_settings(redis),
+            );
+        }
+        let info = ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: false,
+            tls_params: None,
+        }
+        .into_connection_info()?
+        .set_redis_settings(redis);
+        #[cfg(feature = "tls")]
+        if let Some(certs) = self.certs() {
+            return redis::Client::build_with_tls(info, certs);
+        }
+        redis::Client::open(info)
+    }
+}
+
+/// A replica's address, unless the sentinel marks it down or disconnected
+/// (the killed master after a failover is one).
+fn replica_addr(mut info: HashMap<String, String>) -> Option<(String, u16)> {
+    let flags = info.get("flags")?;
+    if ["s_down", "o_down", "disconnected"]
+        .iter()
+        .any(|f| flags.contains(f))
+    {
+        return None;
+    }
+    let port = info.get("port")?.parse().ok()?;
+    Some((info.remove("ip")?, port))
+}
+
+#[cfg(not(feature = "tls"))]
+fn needs_tls() -> RedisError {
+    RedisError::Unsupported("rediss+sentinel:// (TLS to sentinels) needs the `tls` feature")
 }
 
 fn timed_out() -> redis::RedisError {
@@ -384,6 +518,24 @@ mod tests {
             assert!(!e.contains("s3cret"), "{e}");
             assert!(e.contains("redis+sentinel://"), "{bad}: {e}");
         }
+    }
+
+    /// `rediss+sentinel://` is TLS to the sentinels and the servers; a
+    /// build without the `tls` feature refuses it rather than go plain.
+    #[test]
+    fn tls_urls() {
+        assert!(is_sentinel_url("Rediss+Sentinel://h/m"));
+        #[cfg(feature = "tls")]
+        {
+            let u = parse("rediss+sentinel://u:p@a:1,b/m/3?sentinel_password=q").unwrap();
+            assert!(u.tls);
+            assert_eq!(u.sentinels.len(), 2);
+            assert_eq!((u.master.as_str(), u.db), ("m", 3));
+            assert!(!parse("redis+sentinel://a:1/m").unwrap().tls);
+        }
+        // This crate's tests build it with `tls` (a dev-dependency on
+        // itself): this branch runs only in a build without it.
+        #[cfg(not(feature = "tls"))]
         assert!(matches!(
             parse("rediss+sentinel://h/m"),
             Err(RedisError::Unsupported(_))

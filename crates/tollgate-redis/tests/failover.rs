@@ -627,3 +627,102 @@ async fn cluster_failover_under_load() {
     // asserted.
     assert!(f.steady_decided > 0, "{f:?}");
 }
+
+/// A Sentinel setup with TLS only (no plain port anywhere,
+/// `tls-replication yes`, one throwaway CA whose certificates name
+/// 127.0.0.1): `rediss+sentinel://` with that CA reaches the master over
+/// TLS, by URL, by `sentinel_tls_builder` and from a configuration's
+/// `tls_ca_file`; the durability check reaches the replica over TLS too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_tls_decisions_with_the_private_ca() {
+    let Some(ha) = blocking(|| RedisSentinel::builder().tls(true).start()) else {
+        return;
+    };
+    let url = ha.url();
+    assert!(url.starts_with("rediss+sentinel://"), "{url}");
+    let ca = ha.ca_cert_pem().unwrap();
+    let b = build(RedisBackend::builder(&url).tls_root_cert(ca.clone())).await;
+    let report = b.check_durability().await.unwrap();
+    let roles: Vec<NodeRole> = report.nodes.iter().map(|n| n.role).collect();
+    assert_eq!(roles, [NodeRole::Master, NodeRole::Replica], "{report:?}");
+    let master = blocking(|| ha.master_port()).unwrap();
+    assert_eq!(report.nodes[0].node, format!("127.0.0.1:{master}"));
+    let l = limiter("tls", FailMode::Closed, 1, &b);
+    let k = Key::new("k");
+    assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+    assert!(l.try_acquire(&k, 1).await.unwrap().is_denied());
+
+    let hosts: Vec<String> = ha
+        .sentinels()
+        .iter()
+        .map(|s| s.addr().to_string())
+        .collect();
+    let b =
+        build(RedisBackend::sentinel_tls_builder(&hosts, ha.master_name()).tls_root_cert(ca)).await;
+    assert!(decide(&b).await.unwrap().is_allowed());
+
+    let toml = format!(
+        "[redis]\nurl = '{url}'\ntls_ca_file = '{}'\ndurability = 'skip'",
+        ha.ca_cert_file().unwrap().display()
+    );
+    let config = tollgate_limiter::Config::builder()
+        .toml_str(&toml)
+        .load()
+        .unwrap();
+    let b = RedisBackend::from_config(&config).await.expect("connect");
+    assert!(decide(&b).await.unwrap().is_allowed());
+}
+
+/// TLS Sentinel: the master is killed; the sentinels promote the replica
+/// (over TLS); decisions resume on it, over TLS, with the same CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_tls_failover() {
+    let Some(mut ha) = blocking(|| RedisSentinel::builder().tls(true).start()) else {
+        return;
+    };
+    let ca = ha.ca_cert_pem().unwrap();
+    let b = build(RedisBackend::builder(ha.url()).tls_root_cert(ca)).await;
+    assert!(decide(&b).await.unwrap().is_allowed());
+
+    let killed_at = Instant::now();
+    let old = blocking(|| ha.kill_master());
+    let new = blocking(|| ha.wait_promoted(old, RESUME_WITHIN));
+    let new = new.expect("the sentinels promoted the replica");
+    let d = loop {
+        match decide(&b).await {
+            Ok(d) => break d,
+            Err(e) => assert!(
+                killed_at.elapsed() < RESUME_WITHIN,
+                "decisions did not resume on :{new}: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    println!(
+        "tls: master :{old} killed; decisions resumed on :{new} after {:?}",
+        killed_at.elapsed()
+    );
+    assert!(d.is_allowed(), "{d:?}");
+    let report = b.check_durability().await.unwrap();
+    assert_eq!(report.nodes[0].node, format!("127.0.0.1:{new}"));
+    assert_eq!(report.nodes[0].role, NodeRole::Master);
+}
+
+/// Without the topology's CA the sentinels' certificates are not trusted
+/// (the system and Mozilla roots do not hold it): the build fails, and
+/// nothing falls back to plain text (the servers have no plain port).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_tls_untrusted_ca_is_refused() {
+    let Some(ha) = blocking(|| RedisSentinel::builder().tls(true).start()) else {
+        return;
+    };
+    let started = Instant::now();
+    let err = RedisBackend::builder(ha.url())
+        .durability(Durability::Skip)
+        .build()
+        .await
+        .expect_err("an unknown CA must be refused");
+    let shown = format!("{err}: {:?}", std::error::Error::source(&err));
+    println!("refused after {:?}: {shown}", started.elapsed());
+    assert!(shown.to_lowercase().contains("certificate"), "{shown}");
+}

@@ -5,6 +5,9 @@
 //! changes: a node killed and restarted, a slot migrated to another
 //! master ([`RedisCluster::start_migration`]).
 //!
+//! With [`RedisSentinelBuilder::tls`] the Sentinel setup speaks TLS only
+//! (no plain port, one throwaway CA), for `rediss+sentinel://`.
+//!
 //! Every process is a [`RedisServer`] (the sentinels are `redis-server
 //! --sentinel`, the same binary as the `redis-sentinel` command), so they
 //! are killed when the topology is dropped, or when the test process ends.
@@ -26,8 +29,11 @@
 
 use std::time::{Duration, Instant};
 
+use std::path::PathBuf;
+
 use crate::redis_server::{
-    RedisCluster, RedisServer, RedisServerBuilder, Server, available, cli, free_port, temp_dir,
+    RedisCluster, RedisServer, RedisServerBuilder, Server, available, free_port, make_certs,
+    temp_dir, tls_args,
 };
 
 /// How long a topology may take to settle (sentinels discovering each
@@ -42,6 +48,7 @@ pub struct RedisSentinelBuilder {
     master_name: String,
     down_after: Duration,
     failover_timeout: Duration,
+    tls: bool,
 }
 
 impl Default for RedisSentinelBuilder {
@@ -51,6 +58,7 @@ impl Default for RedisSentinelBuilder {
             master_name: "tollgate".into(),
             down_after: Duration::from_millis(500),
             failover_timeout: Duration::from_secs(2),
+            tls: false,
         }
     }
 }
@@ -77,6 +85,17 @@ impl RedisSentinelBuilder {
         self
     }
 
+    /// TLS only, everywhere: the master, the replica and the sentinels
+    /// listen with TLS and no plain port (`port 0`), replicate and monitor
+    /// over TLS (`tls-replication yes`), all with one throwaway CA
+    /// ([`RedisSentinel::ca_cert_pem`]) whose certificate names 127.0.0.1
+    /// and localhost; [`url`](RedisSentinel::url) is then a
+    /// `rediss+sentinel://` URL.
+    pub fn tls(mut self, yes: bool) -> Self {
+        self.tls = yes;
+        self
+    }
+
     /// The monitored master's name (default `tollgate`).
     pub fn master_name(mut self, name: &str) -> Self {
         self.master_name = name.into();
@@ -91,10 +110,22 @@ impl RedisSentinelBuilder {
         if !available() {
             return None;
         }
-        let master = self.server.clone().start()?;
-        let replica = self
-            .server
-            .clone()
+        let certs = self.tls.then(|| {
+            let dir = temp_dir("redis-sentinel-ca");
+            make_certs(&dir);
+            dir
+        });
+        let server = match &certs {
+            Some(dir) => self
+                .server
+                .clone()
+                .tls_only(true)
+                .certs(dir)
+                .arg("tls-replication", "yes"),
+            None => self.server.clone(),
+        };
+        let master = server.clone().start()?;
+        let replica = server
             .raw_args(["--replicaof", "127.0.0.1", &master.port().to_string()])
             .start()?;
         let deadline = Instant::now() + SETTLE;
@@ -105,8 +136,11 @@ impl RedisSentinelBuilder {
             assert!(Instant::now() < deadline, "the replica did not sync");
             std::thread::sleep(Duration::from_millis(20));
         }
-        let sentinels = (0..3).map(|_| self.sentinel(master.port())).collect();
+        let sentinels = (0..3)
+            .map(|_| self.sentinel(master.port(), certs.as_deref()))
+            .collect();
         let ha = RedisSentinel {
+            certs,
             master_name: self.master_name,
             servers: vec![master, replica],
             sentinels,
@@ -121,7 +155,7 @@ impl RedisSentinelBuilder {
         Some(ha)
     }
 
-    fn sentinel(&self, master_port: u16) -> RedisServer {
+    fn sentinel(&self, master_port: u16, certs: Option<&std::path::Path>) -> RedisServer {
         let dir = temp_dir("redis-sentinel");
         let name = &self.master_name;
         let conf = dir.join("sentinel.conf");
@@ -140,13 +174,22 @@ impl RedisSentinelBuilder {
         .expect("write sentinel.conf");
         let mut last = String::new();
         for _ in 0..5 {
+            let port = free_port(false);
+            let mut args = vec!["--sentinel".to_owned()];
+            if let Some(certs) = certs {
+                // TLS to clients, and to the servers and other sentinels.
+                args.extend(tls_args(certs, port));
+                args.extend(["--tls-replication".into(), "yes".into()]);
+            }
             let mut s = RedisServer {
                 server: Server::Redis,
-                port: free_port(false),
-                tls_port: None,
+                port,
+                tls_port: certs.map(|_| port),
+                tls_only: certs.is_some(),
+                certs: certs.map(ToOwned::to_owned),
                 dir: dir.clone(),
                 config: Some(conf.clone()),
-                args: vec!["--sentinel".into()],
+                args,
                 process: None,
             };
             match s.spawn() {
@@ -162,6 +205,8 @@ impl RedisSentinelBuilder {
 /// three sentinels (quorum 2) watching it; every process is killed on drop.
 #[derive(Debug)]
 pub struct RedisSentinel {
+    /// The CA and certificate of a TLS topology, removed on drop.
+    certs: Option<PathBuf>,
     master_name: String,
     /// The first master, then its replica. Their roles change with a
     /// failover; the sentinels say which is the master now.
@@ -180,14 +225,31 @@ impl RedisSentinel {
         RedisSentinelBuilder::default()
     }
 
-    /// `redis+sentinel://127.0.0.1:<p1>,127.0.0.1:<p2>,127.0.0.1:<p3>/<master name>`.
+    /// `redis+sentinel://127.0.0.1:<p1>,127.0.0.1:<p2>,127.0.0.1:<p3>/<master name>`
+    /// (`rediss+sentinel://` with [`RedisSentinelBuilder::tls`]).
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self
             .sentinels
             .iter()
             .map(|s| format!("127.0.0.1:{}", s.port()))
             .collect();
-        format!("redis+sentinel://{}/{}", hosts.join(","), self.master_name)
+        let scheme = if self.certs.is_some() {
+            "rediss+sentinel"
+        } else {
+            "redis+sentinel"
+        };
+        format!("{scheme}://{}/{}", hosts.join(","), self.master_name)
+    }
+
+    /// The PEM of the CA of a TLS topology ([`RedisSentinelBuilder::tls`]).
+    pub fn ca_cert_pem(&self) -> Option<Vec<u8>> {
+        std::fs::read(self.certs.as_ref()?.join("ca.crt")).ok()
+    }
+
+    /// The CA file of a TLS topology, e.g. for a configuration's
+    /// `tls_ca_file`.
+    pub fn ca_cert_file(&self) -> Option<PathBuf> {
+        Some(self.certs.as_ref()?.join("ca.crt"))
     }
 
     /// The monitored master's name.
@@ -237,7 +299,11 @@ impl RedisSentinel {
         while Instant::now() < deadline {
             if let Some(port) = self.master_port()
                 && port != old
-                && cli(port, &["role"]).starts_with("master")
+                && self
+                    .servers
+                    .iter()
+                    .find(|s| s.port() == port)
+                    .is_some_and(|s| s.cli(&["role"]).starts_with("master"))
             {
                 return Some(port);
             }
@@ -259,6 +325,14 @@ impl RedisSentinel {
             };
             field("num-other-sentinels") == Some("2") && field("num-slaves") == Some("1")
         })
+    }
+}
+
+impl Drop for RedisSentinel {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.certs {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 

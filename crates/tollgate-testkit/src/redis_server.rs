@@ -161,6 +161,10 @@ pub fn available() -> bool {
 pub struct RedisServerBuilder {
     pub(crate) server: Server,
     tls: bool,
+    tls_only: bool,
+    /// Where the CA and the server certificate are (shared by a
+    /// topology); default: made in the server's own directory.
+    certs: Option<PathBuf>,
     appendonly: bool,
     maxmemory_policy: String,
     extra: Vec<String>,
@@ -171,6 +175,8 @@ impl Default for RedisServerBuilder {
         Self {
             server: Server::Redis,
             tls: false,
+            tls_only: false,
+            certs: None,
             appendonly: false,
             maxmemory_policy: "noeviction".into(),
             extra: Vec::new(),
@@ -213,6 +219,22 @@ impl RedisServerBuilder {
         self
     }
 
+    /// Listens with TLS only (`port 0`): [`port`](RedisServer::port) is
+    /// then the TLS port, [`url`](RedisServer::url) a `rediss://` URL and
+    /// [`cli`](RedisServer::cli) speaks TLS. Certificates as with
+    /// [`tls`](Self::tls).
+    pub fn tls_only(mut self, yes: bool) -> Self {
+        self.tls_only = yes;
+        self
+    }
+
+    /// Uses the CA and server certificate [`make_certs`] made in `dir`, so
+    /// that the servers of a topology trust each other.
+    pub(crate) fn certs(mut self, dir: &Path) -> Self {
+        self.certs = Some(dir.to_owned());
+        self
+    }
+
     /// Adds raw command-line words, e.g. `["--rename-command", "CONFIG", ""]`.
     pub fn raw_args<I, S>(mut self, words: I) -> Self
     where
@@ -232,35 +254,30 @@ impl RedisServerBuilder {
             Server::Redis => "redis",
             Server::Valkey => "valkey",
         });
+        let tls = self.tls || self.tls_only;
+        let certs = tls.then(|| self.certs.clone().unwrap_or_else(|| dir.clone()));
+        if let Some(certs) = &certs {
+            make_certs(certs);
+        }
         let mut last_err = String::new();
         // A port found free can be taken before redis binds it: retry.
         for _ in 0..5 {
             let port = free_port(false);
             let mut args = self.args();
-            let tls_port = if self.tls {
-                let tls_port = free_port(false);
-                make_certs(&dir);
-                let file = |name: &str| dir.join(name).to_string_lossy().into_owned();
-                args.extend([
-                    "--tls-port".into(),
-                    tls_port.to_string(),
-                    "--tls-cert-file".into(),
-                    file("server.crt"),
-                    "--tls-key-file".into(),
-                    file("server.key"),
-                    "--tls-ca-cert-file".into(),
-                    file("ca.crt"),
-                    "--tls-auth-clients".into(),
-                    "no".into(),
-                ]);
-                Some(tls_port)
-            } else {
-                None
+            let tls_port = match &certs {
+                Some(_) if self.tls_only => Some(port),
+                Some(_) => Some(free_port(false)),
+                None => None,
             };
+            if let (Some(certs), Some(tls_port)) = (&certs, tls_port) {
+                args.extend(tls_args(certs, tls_port));
+            }
             let mut server = RedisServer {
                 server: self.server,
                 port,
                 tls_port,
+                tls_only: self.tls_only,
+                certs: certs.clone(),
                 dir: dir.clone(),
                 config: None,
                 args,
@@ -305,6 +322,12 @@ pub struct RedisServer {
     pub(crate) server: Server,
     pub(crate) port: u16,
     pub(crate) tls_port: Option<u16>,
+    /// No plain port (`port 0`): `port` is the TLS port, and the harness
+    /// speaks TLS to it too.
+    pub(crate) tls_only: bool,
+    /// The directory holding `ca.crt`, `server.crt` and `server.key` of a
+    /// TLS server.
+    pub(crate) certs: Option<PathBuf>,
     pub(crate) dir: PathBuf,
     /// A configuration file, given first on the command line (a sentinel
     /// needs one it can rewrite).
@@ -368,9 +391,11 @@ impl RedisServer {
         self.server
     }
 
-    /// `redis://127.0.0.1:<port>`.
+    /// `redis://127.0.0.1:<port>` (`rediss://` for a server started with
+    /// [`RedisServerBuilder::tls_only`]).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls_only { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// `rediss://127.0.0.1:<tls port>` for a server started with
@@ -381,8 +406,7 @@ impl RedisServer {
 
     /// The PEM of the CA that signed a TLS server's certificate.
     pub fn ca_cert_pem(&self) -> Option<Vec<u8>> {
-        self.tls_port?;
-        std::fs::read(self.dir.join("ca.crt")).ok()
+        std::fs::read(self.certs.as_ref()?.join("ca.crt")).ok()
     }
 
     /// The port.
@@ -451,7 +475,8 @@ impl RedisServer {
             .args(&self.config)
             .args([
                 "--port",
-                &self.port.to_string(),
+                // TLS only: the TLS port is among `args`.
+                &if self.tls_only { 0 } else { self.port }.to_string(),
                 "--bind",
                 "127.0.0.1",
                 "--daemonize",
@@ -479,7 +504,7 @@ impl RedisServer {
         self.process = Some(Process { guard, stdin, pid });
         // Ready, and it is ours: another server may hold the port we were
         // given (then ours exits, and we retry on another port).
-        if wait_ready(self.port, Duration::from_secs(10)) && server_pid(self.port) == Some(pid) {
+        if self.wait_ready(Duration::from_secs(10)) && self.server_pid() == Some(pid) {
             Ok(())
         } else {
             let tail = std::fs::read_to_string(&log).unwrap_or_default();
@@ -530,7 +555,47 @@ impl RedisServer {
 
     /// Runs `redis-cli` against this server and returns its output.
     pub fn cli(&self, args: &[&str]) -> String {
-        cli(self.port, args)
+        match self.tls_ca() {
+            Some(ca) => {
+                let mut all = vec!["--tls", "--cacert", &ca];
+                all.extend_from_slice(args);
+                cli(self.port, &all)
+            }
+            None => cli(self.port, args),
+        }
+    }
+
+    /// The CA file the harness trusts for a TLS-only server.
+    fn tls_ca(&self) -> Option<String> {
+        let certs = self.certs.as_ref().filter(|_| self.tls_only)?;
+        Some(certs.join("ca.crt").to_string_lossy().into_owned())
+    }
+
+    /// Whether the server answers PING, waiting up to `timeout`.
+    fn wait_ready(&self, timeout: Duration) -> bool {
+        if self.tls_ca().is_none() {
+            return wait_ready(self.port, timeout);
+        }
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            // -LOADING while the AOF is replayed: keep waiting.
+            if self.cli(&["ping"]).starts_with("PONG") {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// The `process_id` the server reports.
+    fn server_pid(&self) -> Option<u32> {
+        if self.tls_ca().is_none() {
+            return server_pid(self.port);
+        }
+        self.cli(&["info", "server"])
+            .lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|v| v.trim().parse().ok())
     }
 }
 
@@ -614,6 +679,8 @@ impl RedisCluster {
                     server,
                     port,
                     tls_port: None,
+                    tls_only: false,
+                    certs: None,
                     dir: dir.clone(),
                     config: None,
                     args: builder.args(),
@@ -818,17 +885,36 @@ pub(crate) fn cli(port: u16, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// A throwaway CA and a server certificate for 127.0.0.1 in `dir`, made
+/// The options of a TLS listener on `port` with the certificates in
+/// `certs` (clients are not asked for a certificate).
+pub(crate) fn tls_args(certs: &Path, port: u16) -> Vec<String> {
+    let file = |name: &str| certs.join(name).to_string_lossy().into_owned();
+    vec![
+        "--tls-port".into(),
+        port.to_string(),
+        "--tls-cert-file".into(),
+        file("server.crt"),
+        "--tls-key-file".into(),
+        file("server.key"),
+        "--tls-ca-cert-file".into(),
+        file("ca.crt"),
+        "--tls-auth-clients".into(),
+        "no".into(),
+    ]
+}
+
+/// A throwaway CA and a server certificate for 127.0.0.1 and localhost in `dir`, made
 /// with the `openssl` command (a failure to run it panics: a TLS test must
 /// not pass without TLS).
-fn make_certs(dir: &Path) {
+pub(crate) fn make_certs(dir: &Path) {
     if dir.join("server.crt").exists() {
         return;
     }
     let ext = dir.join("server.ext");
     std::fs::write(
         &ext,
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+        // Sentinels name servers by IP: the name checked is 127.0.0.1.
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n",
     )
     .expect("write server.ext");
     let steps: [&[&str]; 3] = [

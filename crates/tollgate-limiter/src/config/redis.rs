@@ -90,7 +90,8 @@ pub struct RedisConfig {
     pub override_cache_ttl: Option<Duration>,
     /// The durability check at start-up: one of [`DURABILITY_MODES`].
     pub durability: Option<String>,
-    /// A PEM file of the only CA trusted for `rediss://` servers.
+    /// A PEM file of the only CA trusted for `rediss://` servers (with
+    /// `rediss+sentinel://`: the sentinels and the servers they name).
     pub tls_ca_file: Option<PathBuf>,
 }
 
