@@ -549,6 +549,11 @@ async fn info_text(c: &mut redis::aio::MultiplexedConnection, section: &str) -> 
     run(c, &["INFO", section]).await.expect("INFO")
 }
 
+/// The refusal tests' per-decision timeout: generous, as these tests are
+/// about what Redis answers, not how fast (a timeout on a loaded machine
+/// would hide the answer).
+const VERDICT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// A limiter of each strategy, fail-closed and fail-open, without a breaker
 /// (each verdict is then the backend's answer; the breaker has a test of its
 /// own below), and whether its refusal writes (a penalised window records
@@ -592,6 +597,7 @@ fn limiters(b: &RedisBackend) -> Vec<(Limiter<RedisBackend>, Limiter<RedisBacken
                 Limiter::builder(name.clone(), p, b.clone())
                     .fail_mode(mode)
                     .breaker(off)
+                    .timeout(VERDICT_TIMEOUT)
                     .build()
             };
             (make(FailMode::Closed), make(FailMode::Open), refusal_writes)
@@ -603,8 +609,9 @@ fn limiters(b: &RedisBackend) -> Vec<(Limiter<RedisBackend>, Limiter<RedisBacken
 /// still decided, exactly; one that would write gets the refusal as an
 /// error, which the fail mode answers (closed: refused, open: passed), and
 /// whose message names the condition; no key changes; the connection is
-/// kept (no reconnection) and no script is reloaded. Once the condition
-/// clears, decisions resume exactly where they were.
+/// kept (no reconnection) and no script is reloaded; the default breaker
+/// opens after five such failures. Once the condition clears, decisions
+/// resume exactly where they were, and the breaker closes within 2 s.
 async fn refused_writes(server: Server, fault: Fault) {
     let Some(server) = RedisServer::builder().server(server).start() else {
         return;
@@ -664,8 +671,35 @@ async fn refused_writes(server: Server, fault: Fault) {
     assert!(matches!(v, Verdict::FailedOpen(_)), "{v:?}");
     assert!(permit.is_none());
     assert_eq!(snapshot(&mut c, &prefix).await, before, "a slot was taken");
+    // The default breaker counts the refusals as failures: it opens after
+    // five, and the fail mode answers at once until a probe succeeds.
+    let guarded = Limiter::builder(
+        "guarded",
+        TokenBucket::new(5, 1, 3600 * S).unwrap(),
+        b.clone(),
+    )
+    .timeout(VERDICT_TIMEOUT)
+    .build();
+    for _ in 0..5 {
+        let v = guarded.check(&fresh).await;
+        assert_eq!(
+            v.error().and_then(refusal_of),
+            Some(fault.refusal()),
+            "{v:?}"
+        );
+    }
+    let v = guarded.check(&fresh).await;
+    assert!(
+        matches!(
+            v,
+            Verdict::FailedClosed(tollgate_limiter::Error::BreakerOpen, _)
+        ),
+        "{v:?}"
+    );
 
     fault.end(&server, &mut c).await;
+    let took = resumes(&guarded, &Key::new("probe")).await;
+    assert!(took <= RESUME_WITHIN, "the breaker closed {took:?} after");
     // Exactly where they were: `used` has its limit less one.
     for (closed, open, _) in &all {
         let mut admitted = 0;
@@ -751,7 +785,7 @@ tollgate_testkit::on_every_server! {
         // From the start: the first calls get no answer at all (the server
         // answers nothing until the threshold), the later ones `-BUSY`.
         let bound = tollgate_limiter::limiter::DEFAULT_TIMEOUT + Duration::from_millis(250);
-        let (mut calls, mut named) = (0, 0);
+        let (mut calls, mut named, mut breaker) = (0, 0, 0);
         let end = Instant::now() + S;
         while Instant::now() < end {
             for l in [&closed, &open] {
@@ -763,7 +797,8 @@ tollgate_testkit::on_every_server! {
                 let shown = chain(e);
                 match e {
                     // No answer yet (before the threshold), or the breaker.
-                    tollgate_limiter::Error::Timeout(_) | tollgate_limiter::Error::BreakerOpen => {}
+                    tollgate_limiter::Error::Timeout(_) => {}
+                    tollgate_limiter::Error::BreakerOpen => breaker += 1,
                     // Else the refusal, never a lost connection.
                     _ => {
                         assert_eq!(refusal_of(e), Some(Refusal::Busy), "{shown}");
@@ -777,6 +812,7 @@ tollgate_testkit::on_every_server! {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert!(named > 0, "no error named the busy script ({calls} calls)");
+        assert!(breaker > 0, "the breakers never opened ({calls} calls)");
         let _: () = run(&mut c, &["SCRIPT", "KILL"]).await.expect("SCRIPT KILL");
         let _ = script.await.unwrap();
 
@@ -796,6 +832,6 @@ tollgate_testkit::on_every_server! {
             "the backend reconnected"
         );
         assert_eq!(script_loads(&mut c).await, loads, "scripts were reloaded");
-        println!("busy: {calls} calls, {named} named BUSY");
+        println!("busy: {calls} calls, {named} named BUSY, {breaker} breaker open");
     }
 }
