@@ -70,19 +70,27 @@ local h = {}
 -- A token bucket's STRING state (WRONGTYPE) reads as another strategy's:
 -- no field. Any other error fails the call (see common.lua's state_fields).
 local raw = redis.pcall('HGETALL', KEYS[1])
+-- Whether another strategy's STRING is there (read as no field).
+local other = false
 if raw.err then
   if string.sub(raw.err, 1, 9) ~= 'WRONGTYPE' then
     error(raw)
   end
-  raw = {}
+  raw, other = {}, true
 end
 for i = 1, #raw, 2 do
   h[raw[i]] = raw[i + 1]
 end
 local live = h.s == 'c' and tonumber(h.x) > now and op ~= 'reset'
 if not live then
-  -- Expired, of another strategy, or reset: every part is fresh.
-  redis.call('DEL', KEYS[1], log_key(1), log_key(2), log_key(3), log_key(4))
+  -- Expired, of another strategy, or reset: every part is fresh. Deleted
+  -- only when something is there: a DEL is a write even when it finds
+  -- nothing, after which a Redis out of memory lets the script write a new
+  -- key past maxmemory (see sliding_window.lua; EXISTS denied: deleted).
+  if other or next(h)
+    or redis.pcall('EXISTS', log_key(1), log_key(2), log_key(3), log_key(4)) ~= 0 then
+    redis.call('DEL', KEYS[1], log_key(1), log_key(2), log_key(3), log_key(4))
+  end
   h = {}
 end
 -- No part penalises: a penalty records nothing and answers a peek of 1.

@@ -38,8 +38,11 @@ local live = st[1] == 'n' and tonumber(st[2]) > now and op ~= 'reset'
 if live then
   -- Expired leases free their slots (score <= now).
   redis.call('ZREMRANGEBYSCORE', slots, '-inf', fmt(now))
-else
-  -- Expired, of another strategy, or reset: no slot is held.
+elseif (st[1] or redis.pcall('EXISTS', slots)) ~= 0 then
+  -- Expired, of another strategy, or reset: no slot is held. Deleted only
+  -- when something is there (see sliding_window.lua: a DEL that finds
+  -- nothing would let a Redis out of memory take a new key; EXISTS denied:
+  -- deleted).
   redis.call('DEL', KEYS[1], slots)
 end
 local held = redis.call('ZCARD', slots)

@@ -33,8 +33,13 @@ if live then
   total = tonumber(st[3])
   born = tonumber(st[4] or '0')
   trimmed_until = tonumber(st[5] or '0')
-else
+elseif (st[1] or redis.pcall('EXISTS', KEYS[3])) ~= 0 then
   -- Fresh: drop an expired log, another strategy's state, or (reset) ours.
+  -- Only when there is one: a DEL that finds nothing is still a write, and
+  -- once a script has written, a Redis out of memory lets it write on, so a
+  -- new key would grow past maxmemory (docs/redis.md, "When Redis
+  -- refuses"); the EXISTS costs what that DEL did. A user without +exists
+  -- (an ACL from before) gets its error, and the DEL as before.
   redis.call('DEL', KEYS[1], KEYS[3])
 end
 if op == 'reset' then

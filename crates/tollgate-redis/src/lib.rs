@@ -114,7 +114,7 @@ use tollgate_limiter::{
 };
 
 pub use durability::{Durability, DurabilityReport, NodeReport, NodeRole, Setting};
-pub use error::RedisError;
+pub use error::{RedisError, Refusal};
 
 use conn::Conn;
 

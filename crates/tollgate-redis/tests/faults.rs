@@ -18,11 +18,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tollgate_limiter::{
-    Backend, FailMode, Key, Limiter, Op, Policy, Request, TokenBucket, Verdict,
+    Backend, BreakerConfig, Composite, Concurrency, FailMode, Key, Limiter, Op, Policy,
+    ProgressiveDelay, Request, SlidingWindow, TokenBucket, Verdict,
 };
-use tollgate_redis::{Durability, RedisBackend};
+use tollgate_redis::{Durability, RedisBackend, RedisError, Refusal};
 use tollgate_testkit::conformance::{assert_fail_mode_held, unique_name};
-use tollgate_testkit::redis_server::RedisServer;
+use tollgate_testkit::redis_server::{RedisServer, Server};
 use tollgate_testkit::relay::Relay;
 
 const S: Duration = Duration::from_secs(1);
@@ -336,5 +337,501 @@ tollgate_testkit::on_every_server! {
             tally.failed_closed.load(Ordering::Relaxed) > 0,
             "faults reached the fail-closed limiter"
         );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// A Redis that answers, but refuses: out of memory, a failed RDB save, too few
+// replicas, a script that keeps the server busy.
+
+/// The test's own connection, for the commands that make and clear a fault
+/// (one connection for the whole test, so the server's connection count says
+/// what the backend did).
+async fn admin(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("admin connection")
+}
+
+/// One command, from its words.
+async fn run<T: redis::FromRedisValue>(
+    c: &mut redis::aio::MultiplexedConnection,
+    args: &[&str],
+) -> redis::RedisResult<T> {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query_async(c).await
+}
+
+/// A numeric field of `INFO <section>`.
+async fn info(c: &mut redis::aio::MultiplexedConnection, section: &str, field: &str) -> u64 {
+    let text: String = run(c, &["INFO", section]).await.expect("INFO");
+    let prefix = format!("{field}:");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {field} in INFO {section}"))
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{field} is not a number"))
+}
+
+/// How many `SCRIPT LOAD`s the server ran (a NOSCRIPT-style reload loop
+/// would show here).
+async fn script_loads(c: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let text: String = run(c, &["INFO", "commandstats"]).await.expect("INFO");
+    text.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_script|load:calls="))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Every key under `prefix`, with its serialised value (`DUMP`, no TTL): what
+/// a decision wrote, whatever the strategy.
+async fn snapshot(
+    c: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut keys: Vec<String> = run(c, &["KEYS", &format!("{prefix}:*")]).await.unwrap();
+    keys.sort();
+    let mut out = std::collections::BTreeMap::new();
+    for k in keys {
+        let v: Option<Vec<u8>> = run(c, &["DUMP", &k]).await.unwrap();
+        out.insert(k, v.unwrap_or_default());
+    }
+    out
+}
+
+/// The backend's [`Refusal`] behind a limiter's error, if that is what it
+/// is.
+fn refusal_of(e: &tollgate_limiter::Error) -> Option<Refusal> {
+    match e {
+        tollgate_limiter::Error::Backend(b) => b.downcast_ref::<RedisError>()?.refusal(),
+        _ => None,
+    }
+}
+
+/// The error and its sources, `: `-joined: what a log line shows.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut next = e.source();
+    while let Some(e) = next {
+        s.push_str(": ");
+        s.push_str(&e.to_string());
+        next = e.source();
+    }
+    s
+}
+
+/// A condition under which Redis answers but refuses writes.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// `maxmemory` reached under `noeviction`: `-OOM`.
+    OutOfMemory,
+    /// An RDB save failed, `stop-writes-on-bgsave-error yes`: `-MISCONF`.
+    SaveFailed,
+    /// `min-replicas-to-write 1`, no replica: `-NOREPLICAS`.
+    NoReplicas,
+}
+
+impl Fault {
+    /// The server's error code, and what the error tollgate reports names.
+    fn code(self) -> (&'static str, &'static str) {
+        match self {
+            Fault::OutOfMemory => ("OOM", "out of memory"),
+            Fault::SaveFailed => ("MISCONF", "cannot persist to disk"),
+            Fault::NoReplicas => ("NOREPLICAS", "not enough replicas"),
+        }
+    }
+
+    /// The backend's name for it.
+    fn refusal(self) -> Refusal {
+        match self {
+            Fault::OutOfMemory => Refusal::OutOfMemory,
+            Fault::SaveFailed => Refusal::PersistenceFailed,
+            Fault::NoReplicas => Refusal::NotEnoughReplicas,
+        }
+    }
+
+    /// Makes the server refuse writes.
+    async fn start(self, server: &RedisServer, c: &mut redis::aio::MultiplexedConnection) {
+        match self {
+            Fault::OutOfMemory => {
+                // As in production: the limit a little above what is used,
+                // then writes until Redis refuses them.
+                let used = info(c, "memory", "used_memory").await;
+                let limit = (used + 256 * 1024).to_string();
+                let _: () = run(c, &["CONFIG", "SET", "maxmemory", &limit])
+                    .await
+                    .unwrap();
+                let filler = "x".repeat(1024);
+                for i in 0.. {
+                    let r: redis::RedisResult<()> =
+                        run(c, &["SET", &format!("filler:{i}"), &filler]).await;
+                    if r.is_err() {
+                        break;
+                    }
+                    assert!(i < 10_000, "maxmemory never reached");
+                }
+                // Then well below what is used: a refused write frees its
+                // buffers, and memory right at the limit would let some
+                // writes through and not others.
+                let used = info(c, "memory", "used_memory").await;
+                let limit = (used - 64 * 1024).to_string();
+                let _: () = run(c, &["CONFIG", "SET", "maxmemory", &limit])
+                    .await
+                    .unwrap();
+            }
+            Fault::SaveFailed => {
+                // The testkit runs without save points, which keeps MISCONF
+                // off whatever the last save did; one save point puts it on.
+                // The save cannot rename its temporary file onto a
+                // directory (root ignores permissions).
+                let _: () = run(c, &["CONFIG", "SET", "save", "3600 1"]).await.unwrap();
+                std::fs::create_dir_all(server.dir().join("dump.rdb")).unwrap();
+                let _: () = run(c, &["BGSAVE"]).await.unwrap();
+                let start = Instant::now();
+                while info_text(c, "persistence")
+                    .await
+                    .contains("rdb_last_bgsave_status:ok")
+                {
+                    assert!(start.elapsed() < 10 * S, "the save did not fail");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            Fault::NoReplicas => {
+                let _: () = run(c, &["CONFIG", "SET", "min-replicas-to-write", "1"])
+                    .await
+                    .unwrap();
+            }
+        }
+        let r: redis::RedisResult<()> = run(c, &["SET", "probe", "1"]).await;
+        let err = r.expect_err("writes refused");
+        assert_eq!(err.code(), Some(self.code().0), "{err}");
+    }
+
+    /// Clears the condition.
+    async fn end(self, server: &RedisServer, c: &mut redis::aio::MultiplexedConnection) {
+        match self {
+            Fault::OutOfMemory => {
+                let _: () = run(c, &["CONFIG", "SET", "maxmemory", "0"]).await.unwrap();
+            }
+            Fault::SaveFailed => {
+                // A save that succeeds clears it.
+                std::fs::remove_dir(server.dir().join("dump.rdb")).unwrap();
+                let _: () = run(c, &["BGSAVE"]).await.unwrap();
+                let start = Instant::now();
+                while !info_text(c, "persistence")
+                    .await
+                    .contains("rdb_last_bgsave_status:ok")
+                {
+                    assert!(start.elapsed() < 10 * S, "the save did not succeed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            Fault::NoReplicas => {
+                let _: () = run(c, &["CONFIG", "SET", "min-replicas-to-write", "0"])
+                    .await
+                    .unwrap();
+            }
+        }
+        let _: () = run(c, &["SET", "probe", "1"])
+            .await
+            .expect("writes accepted");
+    }
+}
+
+async fn info_text(c: &mut redis::aio::MultiplexedConnection, section: &str) -> String {
+    run(c, &["INFO", section]).await.expect("INFO")
+}
+
+/// The refusal tests' per-decision timeout: generous, as these tests are
+/// about what Redis answers, not how fast (a timeout on a loaded machine
+/// would hide the answer).
+const VERDICT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A limiter of each strategy, fail-closed and fail-open, without a breaker
+/// (each verdict is then the backend's answer; the breaker has a test of its
+/// own below), and whether its refusal writes (a penalised window records
+/// the refused request, a progressive delay every attempt).
+fn limiters(b: &RedisBackend) -> Vec<(Limiter<RedisBackend>, Limiter<RedisBackend>, bool)> {
+    let hour = 3600 * S;
+    let policies: [(Policy, bool); 5] = [
+        (TokenBucket::new(5, 1, hour).unwrap().into(), false),
+        (SlidingWindow::new(3, hour).unwrap().into(), false),
+        (
+            SlidingWindow::new(3, hour)
+                .unwrap()
+                .penalise_refused(true)
+                .into(),
+            true,
+        ),
+        (
+            Composite::new([
+                Policy::from(TokenBucket::new(4, 1, hour).unwrap()),
+                Policy::from(SlidingWindow::new(2, hour).unwrap()),
+            ])
+            .unwrap()
+            .into(),
+            false,
+        ),
+        (
+            ProgressiveDelay::new(2, S, 2, hour, hour).unwrap().into(),
+            true,
+        ),
+    ];
+    let off = BreakerConfig {
+        threshold: 0,
+        ..BreakerConfig::default()
+    };
+    policies
+        .into_iter()
+        .enumerate()
+        .map(|(i, (p, refusal_writes))| {
+            let name = format!("{:?}{i}", p.strategy()).to_lowercase();
+            let make = |mode: FailMode| {
+                Limiter::builder(name.clone(), p, b.clone())
+                    .fail_mode(mode)
+                    .breaker(off)
+                    .timeout(VERDICT_TIMEOUT)
+                    .build()
+            };
+            (make(FailMode::Closed), make(FailMode::Open), refusal_writes)
+        })
+        .collect()
+}
+
+/// While Redis refuses writes: a decision that writes nothing (a refusal) is
+/// still decided, exactly; one that would write gets the refusal as an
+/// error, which the fail mode answers (closed: refused, open: passed), and
+/// whose message names the condition; no key changes; the connection is
+/// kept (no reconnection) and no script is reloaded; the default breaker
+/// opens after five such failures. Once the condition clears, decisions
+/// resume exactly where they were, and the breaker closes within 2 s.
+async fn refused_writes(server: Server, fault: Fault) {
+    let Some(server) = RedisServer::builder().server(server).start() else {
+        return;
+    };
+    let mut c = admin(&server).await;
+    let b = backend(&server.url()).await;
+    let prefix = b.prefix().to_owned();
+    let all = limiters(&b);
+    let (used, full, fresh) = (Key::new("used"), Key::new("full"), Key::new("fresh"));
+    // Each limiter: `used` one unit in, `full` at its limit.
+    for (closed, _, _) in &all {
+        assert!(closed.try_acquire(&used, 1).await.unwrap().is_allowed());
+        while closed.try_acquire(&full, 1).await.unwrap().is_allowed() {}
+    }
+    let before = snapshot(&mut c, &prefix).await;
+    let connections = info(&mut c, "stats", "total_connections_received").await;
+    let loads = script_loads(&mut c).await;
+
+    fault.start(&server, &mut c).await;
+    let (code, named) = fault.code();
+    for (closed, open, refusal_writes) in &all {
+        for l in [closed, open] {
+            let failed = |k: &Key, v: &Verdict| {
+                let e = v
+                    .error()
+                    .unwrap_or_else(|| panic!("{} {}: decided {v:?}", l.name(), k.as_str()));
+                assert_eq!(v.is_allowed(), l.fail_mode() == FailMode::Open, "{v:?}");
+                let shown = chain(e);
+                assert!(shown.contains(code), "{shown}");
+                assert!(shown.to_lowercase().contains(named), "{shown}");
+                assert_eq!(refusal_of(e), Some(fault.refusal()), "{shown}");
+            };
+            // A refusal that writes nothing is decided, exactly.
+            let v = l.check(&full).await;
+            match refusal_writes {
+                false => assert!(
+                    v.decision()
+                        .is_some_and(|d| d.is_denied() && d.remaining() == 0),
+                    "{} full: {v:?}",
+                    l.name()
+                ),
+                true => failed(&full, &v),
+            }
+            // An admission would write: the fail mode answers.
+            for k in [&used, &fresh] {
+                failed(k, &l.check(k).await);
+            }
+        }
+    }
+    assert_eq!(snapshot(&mut c, &prefix).await, before, "a key changed");
+    // A hold on a fresh key of a concurrency limit takes a slot, a write:
+    // the fail mode answers, and no key is made.
+    let slots = Limiter::builder("slots", Concurrency::new(2, 3600 * S).unwrap(), b.clone())
+        .fail_mode(FailMode::Open)
+        .build();
+    let (v, permit) = slots.hold(&fresh).await;
+    assert!(matches!(v, Verdict::FailedOpen(_)), "{v:?}");
+    assert!(permit.is_none());
+    assert_eq!(snapshot(&mut c, &prefix).await, before, "a slot was taken");
+    // The default breaker counts the refusals as failures: it opens after
+    // five, and the fail mode answers at once until a probe succeeds.
+    let guarded = Limiter::builder(
+        "guarded",
+        TokenBucket::new(5, 1, 3600 * S).unwrap(),
+        b.clone(),
+    )
+    .timeout(VERDICT_TIMEOUT)
+    .build();
+    for _ in 0..5 {
+        let v = guarded.check(&fresh).await;
+        assert_eq!(
+            v.error().and_then(refusal_of),
+            Some(fault.refusal()),
+            "{v:?}"
+        );
+    }
+    let v = guarded.check(&fresh).await;
+    assert!(
+        matches!(
+            v,
+            Verdict::FailedClosed(tollgate_limiter::Error::BreakerOpen, _)
+        ),
+        "{v:?}"
+    );
+
+    fault.end(&server, &mut c).await;
+    let took = resumes(&guarded, &Key::new("probe")).await;
+    assert!(took <= RESUME_WITHIN, "the breaker closed {took:?} after");
+    // Exactly where they were: `used` has its limit less one.
+    for (closed, open, _) in &all {
+        let mut admitted = 0;
+        while closed.try_acquire(&used, 1).await.unwrap().is_allowed() {
+            admitted += 1;
+        }
+        let limit = closed.try_peek(&fresh, 1).await.unwrap().limit();
+        assert_eq!(admitted, limit - 1, "{}", closed.name());
+        assert!(open.try_acquire(&full, 1).await.unwrap().is_denied());
+    }
+    assert_eq!(
+        info(&mut c, "stats", "total_connections_received").await,
+        connections,
+        "the backend reconnected"
+    );
+    assert_eq!(script_loads(&mut c).await, loads, "scripts were reloaded");
+}
+
+tollgate_testkit::on_every_server! {
+    /// `maxmemory` reached under `noeviction` (`-OOM`), then
+    /// `CONFIG SET maxmemory 0`: see [`refused_writes`].
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn out_of_memory_refuses_writes_then_resumes(server: Server) {
+        refused_writes(server, Fault::OutOfMemory).await;
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// A failed RDB save with `stop-writes-on-bgsave-error yes` (`-MISCONF`),
+    /// then a save that succeeds: see [`refused_writes`].
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn failed_save_refuses_writes_then_resumes(server: Server) {
+        refused_writes(server, Fault::SaveFailed).await;
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// `min-replicas-to-write 1` with no replica (`-NOREPLICAS`), then 0: see
+    /// [`refused_writes`].
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn too_few_replicas_refuses_writes_then_resumes(server: Server) {
+        refused_writes(server, Fault::NoReplicas).await;
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// Another client's script runs past `busy-reply-threshold` (100 ms), and
+    /// Redis answers every other command `-BUSY` until `SCRIPT KILL`.
+    /// Meanwhile every verdict is the fail mode (closed: refused, open:
+    /// passed), none waits much beyond the limiter's timeout, and the errors
+    /// name the condition; the backend keeps its connection (no new one
+    /// reaches the server: a busy server is not a dead one) and reloads no
+    /// script. After `SCRIPT KILL`, decisions resume within 2 s, exactly
+    /// where they were.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn busy_script_then_killed(server: Server) {
+        let Some(server) = RedisServer::builder().server(server).start() else {
+            return;
+        };
+        let mut c = admin(&server).await;
+        let mut busy = admin(&server).await;
+        let b = backend(&server.url()).await;
+        let closed = limiter("closed", FailMode::Closed, 5, b.clone());
+        let open = limiter("open", FailMode::Open, 5, b);
+        let k = Key::new("k");
+        assert!(closed.try_acquire(&k, 1).await.unwrap().is_allowed());
+        let _: () = run(&mut c, &["CONFIG", "SET", "busy-reply-threshold", "100"])
+            .await
+            .unwrap();
+        let connections = info(&mut c, "stats", "total_connections_received").await;
+        let loads = script_loads(&mut c).await;
+
+        let script = tokio::spawn(async move {
+            // Its client gives up after 500 ms; the script runs on.
+            let r: redis::RedisResult<()> = redis::cmd("EVAL")
+                .arg("local i = 0 while true do i = i + 1 end")
+                .arg(0)
+                .query_async(&mut busy)
+                .await;
+            r
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // From the start: the first calls get no answer at all (the server
+        // answers nothing until the threshold), the later ones `-BUSY`.
+        let bound = tollgate_limiter::limiter::DEFAULT_TIMEOUT + Duration::from_millis(250);
+        let (mut calls, mut named, mut breaker) = (0, 0, 0);
+        let end = Instant::now() + S;
+        while Instant::now() < end {
+            for l in [&closed, &open] {
+                let start = Instant::now();
+                let v = l.check(&k).await;
+                assert!(start.elapsed() <= bound, "waited {:?}", start.elapsed());
+                let e = v.error().unwrap_or_else(|| panic!("decided while busy: {v:?}"));
+                assert_eq!(v.is_allowed(), l.fail_mode() == FailMode::Open, "{v:?}");
+                let shown = chain(e);
+                match e {
+                    // No answer yet (before the threshold), or the breaker.
+                    tollgate_limiter::Error::Timeout(_) => {}
+                    tollgate_limiter::Error::BreakerOpen => breaker += 1,
+                    // Else the refusal, never a lost connection.
+                    _ => {
+                        assert_eq!(refusal_of(e), Some(Refusal::Busy), "{shown}");
+                        // Ours, not the server's words: the condition named.
+                        assert!(shown.contains("busy-reply-threshold"), "{shown}");
+                        named += 1;
+                    }
+                }
+                calls += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(named > 0, "no error named the busy script ({calls} calls)");
+        assert!(breaker > 0, "the breakers never opened ({calls} calls)");
+        let _: () = run(&mut c, &["SCRIPT", "KILL"]).await.expect("SCRIPT KILL");
+        let _ = script.await.unwrap();
+
+        for l in [&closed, &open] {
+            let took = resumes(l, &Key::new(unique_name("probe"))).await;
+            assert!(took <= RESUME_WITHIN, "{} resumed {took:?} after SCRIPT KILL", l.name());
+        }
+        // Exact: `k` has its 4 remaining tokens, no more.
+        let mut admitted = 0;
+        while closed.try_acquire(&k, 1).await.unwrap().is_allowed() {
+            admitted += 1;
+        }
+        assert_eq!(admitted, 4);
+        assert_eq!(
+            info(&mut c, "stats", "total_connections_received").await,
+            connections,
+            "the backend reconnected"
+        );
+        assert_eq!(script_loads(&mut c).await, loads, "scripts were reloaded");
+        println!("busy: {calls} calls, {named} named BUSY, {breaker} breaker open");
     }
 }

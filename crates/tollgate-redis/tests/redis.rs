@@ -1230,3 +1230,65 @@ tollgate_testkit::on_every_server! {
         }
     }
 }
+
+tollgate_testkit::on_every_server! {
+    /// A fresh key's stale extra keys (a window's `:log`, a composite's
+    /// `:log1`, a concurrency limit's `:slots`, left by a strategy switch
+    /// whose own state expired first) are still dropped before the first
+    /// write: the scripts look for them (`EXISTS`) instead of deleting
+    /// blindly, so that Redis out of memory refuses a new key (see
+    /// `tests/faults.rs`); what they find, they delete.
+    #[tokio::test]
+    async fn a_fresh_keys_stale_extra_keys_are_dropped(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let prefix = unique_name("stale");
+        let b = server_time(&url, &prefix).await;
+        let mut r = raw(&url).await;
+        let hour = 3600 * S;
+        let k = Key::new("k");
+        let window = Limiter::new("w", SlidingWindow::new(2, hour).unwrap(), b.clone());
+        let plan = Composite::new([
+            Policy::from(TokenBucket::new(5, 1, hour).unwrap()),
+            Policy::from(SlidingWindow::new(2, hour).unwrap()),
+        ])
+        .unwrap();
+        let plan = Limiter::new("c", plan, b.clone());
+        let slots = Limiter::new("n", Concurrency::new(1, hour).unwrap(), b.clone());
+        // Events (and a slot) of a minute ago, well inside the window (and
+        // the lease), with no state beside them.
+        let t: (u64, u64) = redis::cmd("TIME").query_async(&mut r).await.unwrap();
+        let ago = (t.0 * 1_000_000 + t.1 - 60_000_000).to_string();
+        let _: () = r
+            .rpush(format!("{}:log", b.state_key("w", &k)), &[ago.as_str(), "2"][..])
+            .await
+            .unwrap();
+        let _: () = r
+            .rpush(format!("{}:log2", b.state_key("c", &k)), &[ago.as_str(), "2"][..])
+            .await
+            .unwrap();
+        let _: () = r
+            .zadd(format!("{}:slots", b.state_key("n", &k)), "1", 4e15)
+            .await
+            .unwrap();
+        // Each decides as a fresh key: the whole limit.
+        for l in [&window, &plan] {
+            for _ in 0..2 {
+                let d = l.try_acquire(&k, 1).await.unwrap();
+                assert!(d.is_allowed(), "{}: {d:?}", l.name());
+            }
+            assert!(l.try_acquire(&k, 1).await.unwrap().is_denied());
+        }
+        // And the logs hold only this life's events (a stale one would
+        // come off the total when it leaves the window).
+        for log in [
+            format!("{}:log", b.state_key("w", &k)),
+            format!("{}:log2", b.state_key("c", &k)),
+        ] {
+            let events: Vec<String> = r.lrange(&log, 0, -1).await.unwrap();
+            assert!(!events.contains(&ago), "{log}: {events:?}");
+        }
+        let (v, permit) = slots.hold(&k).await;
+        assert!(v.is_allowed(), "{v:?}");
+        permit.unwrap().release().await.unwrap();
+    }
+}

@@ -782,7 +782,7 @@ impl RedisCluster {
 /// least a backend user needs"): what the client sends, and what the
 /// scripts call. The single-server test `acl_user_from_url` runs with
 /// exactly these; a cluster's user needs [`CLUSTER_ACL_RULES`] too.
-pub const ACL_RULES: [&str; 29] = [
+pub const ACL_RULES: [&str; 30] = [
     "~tollgate:*",
     "resetchannels",
     "-@all",
@@ -812,6 +812,7 @@ pub const ACL_RULES: [&str; 29] = [
     "+zrem",
     "+zremrangebyscore",
     "+zscore",
+    "+exists",
 ];
 
 /// Runs, on limiters `limiter` builds over the backend under test, the
