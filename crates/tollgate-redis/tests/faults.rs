@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use tokio::time::Instant;
 use tollgate_limiter::{
     Backend, BreakerConfig, Composite, Concurrency, FailMode, Key, Limiter, Op, Policy,
@@ -833,5 +834,258 @@ tollgate_testkit::on_every_server! {
         );
         assert_eq!(script_loads(&mut c).await, loads, "scripts were reloaded");
         println!("busy: {calls} calls, {named} named BUSY, {breaker} breaker open");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// A restart behind the same address: the server answers `-LOADING` to every
+// command until its dataset is loaded.
+
+/// The loading tests' dataset: keys besides the limiters' state. The
+/// server is made to wait after loading each (`key-load-delay`, in
+/// microseconds; Redis 7 and Valkey 9 both have it): 10 000 keys at 100 µs
+/// make a load of about 2 s. A real dataset that takes as long is millions
+/// of keys (3 million, 112 MB of RDB: 2.7 s on the 2-core test machine),
+/// too slow to write in a test.
+const FILLER_KEYS: usize = 10_000;
+
+/// Whether `INFO persistence` says the server is loading its dataset.
+async fn loading(c: &mut redis::aio::MultiplexedConnection) -> bool {
+    info(c, "persistence", "loading").await == 1
+}
+
+/// A server with a dataset (limiters' state, and 10 000 other keys)
+/// saved to its RDB, killed and restarted behind the same address: it
+/// loads the RDB slowly (`key-load-delay`), answering every command
+/// `-LOADING` (seen on `INFO persistence`, `loading:1`) between batches of
+/// `events_every` bytes read (`loading-process-events-interval-bytes`).
+///
+/// Meanwhile no verdict is a decision, neither a refusal nor an admission
+/// on a key read as fresh: every verdict is the fail mode (closed: refused,
+/// open: passed). Without a breaker and with a 5 s timeout the error is the
+/// refusal, named `Refusal::Loading`, from the moment the backend
+/// reconnected (before, the connection error of the kill); with the
+/// defaults (50 ms, breaker) it is the refusal, or a timeout when the
+/// server answers later than 50 ms, then `BreakerOpen` once five calls
+/// failed in a row. The backend reconnects once, not per call: a loading
+/// server is not a dead one.
+///
+/// Once loaded, decisions resume by themselves (at once without a breaker;
+/// within 2 s with the default one) and exactly: every key admits what it
+/// had left before the restart (its state came back from the RDB), and a
+/// key at its limit is refused. Returns the calls of the default limiters
+/// that timed out (`None`: the server is not installed, outside CI).
+async fn loading_restart(
+    server: Server,
+    events_every: &str,
+    key_load_delay_us: &str,
+) -> Option<u32> {
+    let server = RedisServer::builder()
+        .server(server)
+        .arg("key-load-delay", key_load_delay_us)
+        // The server answers clients between batches of this many bytes
+        // read (2 MB by default: the whole of this small RDB, so nothing
+        // would be answered before the end).
+        .arg("loading-process-events-interval-bytes", events_every)
+        .start()?;
+    let mut c = admin(&server).await;
+    let b = backend(&server.url()).await;
+    // The strategies whose refusal writes nothing (a penalised window
+    // and a progressive delay record refusals: not at stake here).
+    let all: Vec<_> = limiters(&b)
+        .into_iter()
+        .filter(|(_, _, refusal_writes)| !refusal_writes)
+        .map(|(closed, open, _)| (closed, open))
+        .collect();
+    // And the defaults: a 50 ms timeout and the breaker.
+    let guarded = [
+        limiter("guarded", FailMode::Closed, 5, b.clone()),
+        limiter("guarded", FailMode::Open, 5, b.clone()),
+    ];
+    let (used, full, fresh, g) = (
+        Key::new("used"),
+        Key::new("full"),
+        Key::new("fresh"),
+        Key::new("g"),
+    );
+    // What each key has left: `used` its limit less one (by limiter),
+    // `full` nothing, `g` 3 of its 5 tokens.
+    let mut left = std::collections::HashMap::new();
+    for (closed, _) in &all {
+        assert!(closed.try_acquire(&used, 1).await.unwrap().is_allowed());
+        while closed.try_acquire(&full, 1).await.unwrap().is_allowed() {}
+        let limit = closed.try_peek(&fresh, 1).await.unwrap().limit();
+        left.insert(closed.name().to_owned(), limit - 1);
+    }
+    for _ in 0..2 {
+        assert!(guarded[0].try_acquire(&g, 1).await.unwrap().is_allowed());
+    }
+    let mut pipe = redis::pipe();
+    for i in 0..FILLER_KEYS {
+        pipe.cmd("SET").arg(format!("filler:{i}")).arg("x").ignore();
+    }
+    let () = pipe.query_async(&mut c).await.unwrap();
+    let _: () = run(&mut c, &["SAVE"]).await.unwrap();
+    drop(c);
+
+    let restarted = Instant::now();
+    let server = tokio::task::spawn_blocking(move || {
+        let mut server = server;
+        server.kill();
+        server.restart_loading();
+        server
+    })
+    .await
+    .unwrap();
+    let mut c = admin(&server).await;
+    assert!(loading(&mut c).await, "the restarted server is not loading");
+    let connections = info(&mut c, "stats", "total_connections_received").await;
+
+    // While it loads: every verdict is the fail mode. A round's
+    // verdicts are checked against `loading:1` read after the round: a
+    // decision before that read was made during the load.
+    let (mut rounds, mut named, mut breaker, mut timeouts, mut lost) = (0, 0, 0, 0, 0);
+    // Whether the backend answered `LOADING` yet: before, the kill's
+    // connection errors.
+    let mut reconnected = false;
+    let mut spent = std::collections::HashMap::<(String, Key), u64>::new();
+    let bound = tollgate_limiter::limiter::DEFAULT_TIMEOUT + Duration::from_millis(250);
+    let loaded = loop {
+        // All at once, as a service's requests come: the calls share the
+        // backend's connection, and a round lasts one batch of the load.
+        let mut calls = Vec::new();
+        for (closed, open) in &all {
+            for l in [closed, open] {
+                for k in [&used, &full, &fresh] {
+                    calls.push((l, k));
+                }
+            }
+        }
+        // Five each, so that the breaker opens within a round.
+        calls.extend(guarded.iter().flat_map(|l| [(l, &g); 5]));
+        let verdicts = join_all(calls.into_iter().map(|(l, k)| async move {
+            let start = Instant::now();
+            let v = l.check(k).await;
+            if l.name() == "guarded" {
+                assert!(start.elapsed() <= bound, "waited {:?}", start.elapsed());
+            }
+            (l, k, v)
+        }))
+        .await;
+        let still = loading(&mut c).await;
+        for (l, k, v) in &verdicts {
+            assert_fail_mode_held(l.fail_mode(), v);
+            if v.decision().is_some() {
+                let (name, key) = (l.name(), k.as_str());
+                assert!(!still, "{name} {key}: decided while loading: {v:?}");
+                if v.is_allowed() {
+                    *spent.entry((name.to_owned(), (*k).clone())).or_default() += 1;
+                }
+                continue;
+            }
+            let e = v.error().unwrap();
+            assert_eq!(v.is_allowed(), l.fail_mode() == FailMode::Open, "{v:?}");
+            let shown = chain(e);
+            match e {
+                tollgate_limiter::Error::BreakerOpen => breaker += 1,
+                tollgate_limiter::Error::Timeout(_) => timeouts += 1,
+                _ if refusal_of(e) == Some(Refusal::Loading) => {
+                    assert!(shown.contains("loading its dataset"), "{shown}");
+                    reconnected = true;
+                    named += 1;
+                }
+                // The kill's: the old connection, closed, or none yet.
+                _ => {
+                    assert!(!reconnected, "a connection error while loading: {shown}");
+                    lost += 1;
+                }
+            }
+        }
+        rounds += 1;
+        if !still {
+            break restarted.elapsed();
+        }
+        assert!(restarted.elapsed() < 15 * S, "still loading after 15 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    println!(
+        "loaded {loaded:?} after the restart: {rounds} rounds, {named} named LOADING, \
+         {breaker} breaker open, {timeouts} timeouts, {lost} connection errors"
+    );
+    assert!(
+        rounds >= 3,
+        "the load was too short to be seen ({loaded:?})"
+    );
+    assert!(named > 0, "no error named the load");
+    assert!(breaker > 0, "the default breaker never opened");
+
+    // Loaded: exactly where they were. Without a breaker, decided at
+    // once (an error fails the `unwrap`): each key admits what it had
+    // left, less what the last round spent after the load ended.
+    let drain = |l: &Limiter<RedisBackend>, k: &Key, had: u64| {
+        let spent = spent.get(&(l.name().to_owned(), k.clone())).copied();
+        let (l, k) = (l.clone(), k.clone());
+        async move {
+            let mut admitted = 0;
+            while l.try_acquire(&k, 1).await.unwrap().is_allowed() {
+                admitted += 1;
+            }
+            let spent = spent.unwrap_or(0);
+            let (name, key) = (l.name(), k.as_str());
+            assert_eq!(
+                admitted + spent,
+                had,
+                "{name} {key}: {spent} spent after the load"
+            );
+        }
+    };
+    for (closed, open) in &all {
+        drain(closed, &used, left[closed.name()]).await;
+        for l in [closed, open] {
+            let d = l.try_acquire(&full, 1).await.unwrap();
+            assert!(d.is_denied(), "{} full: {d:?}", l.name());
+        }
+    }
+    // With the default breaker, within 2 s (its next probe).
+    for l in &guarded {
+        let took = resumes(l, &Key::new(unique_name("probe"))).await;
+        let name = l.name();
+        assert!(
+            took <= RESUME_WITHIN,
+            "{name} resumed {took:?} after the load"
+        );
+    }
+    drain(&guarded[0], &g, 3).await;
+    let since = info(&mut c, "stats", "total_connections_received").await - connections;
+    println!("{since} connections after the admin's");
+    // The backend's one connection, made before or after the admin's.
+    assert!(since <= 1, "the backend reconnected {since} times");
+    Some(timeouts)
+}
+
+tollgate_testkit::on_every_server! {
+    /// A restarted server loading its dataset for about 2 s, answering
+    /// every 8 ms or so (batches of 1 KB): see [`loading_restart`].
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn restarted_server_loading_its_dataset(server: Server) {
+        loading_restart(server, "1024", "100").await;
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// A restarted server loading its dataset for about 3 s that answers
+    /// later than the limiter's 50 ms timeout (batches of 8 KB, about
+    /// 150 ms each), as a
+    /// large dataset's 2 MB batches can (3 million keys answered `PING` in
+    /// 38 ms, 56 at most, on the 2-core test machine): the default
+    /// limiters' calls time out (each given-up call makes the backend's
+    /// keeper check the connection: its `ROLE` is answered within its
+    /// 500 ms, so the connection is kept), and the rest is as in
+    /// [`loading_restart`].
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn restarted_server_loading_answers_late(server: Server) {
+        if let Some(timeouts) = loading_restart(server, "8192", "200").await {
+            assert!(timeouts > 0, "no call timed out");
+        }
     }
 }

@@ -460,6 +460,11 @@ impl RedisServer {
     }
 
     pub(crate) fn spawn(&mut self) -> Result<(), String> {
+        self.spawn_until(Ready::Pong)
+    }
+
+    /// Starts the process and waits until it answers as `ready` says.
+    fn spawn_until(&mut self, ready: Ready) -> Result<(), String> {
         let log = self.dir.join(format!("redis-{}.log", self.port));
         // The guard starts redis, prints its pid, waits for its stdin to
         // close (the test process ended or dropped us), then kills it.
@@ -504,7 +509,8 @@ impl RedisServer {
         self.process = Some(Process { guard, stdin, pid });
         // Ready, and it is ours: another server may hold the port we were
         // given (then ours exits, and we retry on another port).
-        if self.wait_ready(Duration::from_secs(10)) && self.server_pid() == Some(pid) {
+        // `INFO` is answered while loading too.
+        if self.wait_ready(Duration::from_secs(10), ready) && self.server_pid() == Some(pid) {
             Ok(())
         } else {
             let tail = std::fs::read_to_string(&log).unwrap_or_default();
@@ -541,10 +547,27 @@ impl RedisServer {
     /// Starts the server again on the same port and data directory (after
     /// [`kill`](Self::kill); kills it first if it is running).
     pub fn restart(&mut self) {
+        self.restart_until(Ready::Pong);
+    }
+
+    /// [`restart`](Self::restart), but returns as soon as the server
+    /// answers at all, `-LOADING` included, instead of waiting until it
+    /// has loaded its dataset: for tests of what clients meet while a
+    /// restarted server loads its RDB or AOF. Make the load last with a
+    /// large dataset, or with `key-load-delay` (microseconds per key) and a
+    /// small `loading-process-events-interval-bytes` (so that the server
+    /// answers between small batches), both given when the server is
+    /// started (see [`RedisServerBuilder::arg`]); Redis 7 and Valkey 9 have
+    /// both.
+    pub fn restart_loading(&mut self) {
+        self.restart_until(Ready::Answers);
+    }
+
+    fn restart_until(&mut self, ready: Ready) {
         self.kill();
         let mut last = String::new();
         for _ in 0..50 {
-            match self.spawn() {
+            match self.spawn_until(ready) {
                 Ok(()) => return,
                 Err(e) => last = e,
             }
@@ -571,15 +594,20 @@ impl RedisServer {
         Some(certs.join("ca.crt").to_string_lossy().into_owned())
     }
 
-    /// Whether the server answers PING, waiting up to `timeout`.
-    fn wait_ready(&self, timeout: Duration) -> bool {
+    /// Whether the server answers PING as `ready` asks, waiting up to
+    /// `timeout`.
+    fn wait_ready(&self, timeout: Duration, ready: Ready) -> bool {
         if self.tls_ca().is_none() {
-            return wait_ready(self.port, timeout);
+            return wait_ready(self.port, timeout, ready);
         }
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
-            // -LOADING while the AOF is replayed: keep waiting.
-            if self.cli(&["ping"]).starts_with("PONG") {
+            // -LOADING while the AOF is replayed: keep waiting, unless
+            // that is enough.
+            let reply = self.cli(&["ping"]);
+            if reply.starts_with("PONG")
+                || (ready == Ready::Answers && reply.starts_with("LOADING"))
+            {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -983,17 +1011,30 @@ pub(crate) fn make_certs(dir: &Path) {
     }
 }
 
-/// Whether a server answers PING on `port`, waiting up to `timeout`.
-fn wait_ready(port: u16, timeout: Duration) -> bool {
+/// When a started server counts as up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ready {
+    /// It answers `PING` with `PONG`: its dataset is loaded.
+    Pong,
+    /// It answers `PING`, with `PONG` or `-LOADING` (still loading).
+    Answers,
+}
+
+/// Whether a server answers PING on `port` as `ready` asks, waiting up to
+/// `timeout`.
+fn wait_ready(port: u16, timeout: Duration, ready: Ready) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
             let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
             let mut buf = [0u8; 64];
-            // -LOADING while the AOF is replayed: keep waiting.
+            // -LOADING while the AOF is replayed: keep waiting, unless
+            // that is enough.
             if s.write_all(b"PING\r\n").is_ok()
-                && s.read(&mut buf)
-                    .is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
+                && s.read(&mut buf).is_ok_and(|n| {
+                    buf[..n].starts_with(b"+PONG")
+                        || (ready == Ready::Answers && buf[..n].starts_with(b"-LOADING"))
+                })
             {
                 return true;
             }
