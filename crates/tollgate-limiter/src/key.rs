@@ -362,29 +362,46 @@ impl From<IpAddr> for Key {
 /// `a.b.c.d` without the formatting machinery (every request keyed by an
 /// IPv4 client takes this path).
 fn ipv4_key(ip: Ipv4Addr) -> Key {
-    let mut buf = [0u8; 15];
+    // Each octet's digits from a table, 3 bytes written at once (the
+    // buffer has room past the end), then the length advanced by the
+    // digit count: 94 instructions an address (the UTF-8 check and the
+    // allocation aside) where dividing each octet and pushing its digits
+    // one by one took 312 (callgrind, scripts/http-instructions.sh), on
+    // every request of a per-IP limit.
+    let mut buf = [0u8; 20];
     let mut len = 0;
     for (i, octet) in ip.octets().into_iter().enumerate() {
-        if i > 0 {
+        let [a, b, c, n] = OCTETS[usize::from(octet)];
+        buf[len..len + 3].copy_from_slice(&[a, b, c]);
+        len += usize::from(n);
+        // The dot after the digits, kept except after the last octet.
+        if i < 3 {
             buf[len] = b'.';
-            len += 1;
-        }
-        let digits = [octet / 100, octet / 10 % 10, octet % 10];
-        let skip = if octet >= 100 {
-            0
-        } else if octet >= 10 {
-            1
-        } else {
-            2
-        };
-        for d in &digits[skip..] {
-            buf[len] = b'0' + d;
             len += 1;
         }
     }
     // Only ASCII digits and dots were written.
     Key(std::str::from_utf8(&buf[..len]).unwrap_or_default().into())
 }
+
+/// Each octet's decimal digits (up to 3, then padding) and their count.
+const OCTETS: [[u8; 4]; 256] = {
+    let mut table = [[0u8; 4]; 256];
+    let mut i = 0;
+    while i < 256 {
+        // `i < 256`: the casts are exact.
+        let v = i as u8;
+        table[i] = if v >= 100 {
+            [b'0' + v / 100, b'0' + v / 10 % 10, b'0' + v % 10, 3]
+        } else if v >= 10 {
+            [b'0' + v / 10, b'0' + v % 10, 0, 2]
+        } else {
+            [b'0' + v, 0, 0, 1]
+        };
+        i += 1;
+    }
+    table
+};
 
 #[cfg(test)]
 mod tests {
@@ -545,6 +562,15 @@ mod tests {
             assert_eq!(Key::ip(ip(&format!("::ffff:{v4}")), 64).as_str(), v4);
             assert_eq!(Key::from(ip(&format!("::ffff:{v4}"))).as_str(), v4);
         }
+        // Every octet, in every position.
+        for o in 0..=255u8 {
+            for at in 0..4 {
+                let mut octets = [7, 42, 199, 0];
+                octets[at] = o;
+                let v4 = Ipv4Addr::from(octets);
+                assert_eq!(Key::ip(IpAddr::V4(v4), 64).as_str(), v4.to_string());
+            }
+        }
         let v6 = ip("2001:db8:1:2:aaaa::1");
         assert_eq!(Key::ip(v6, 64).as_str(), "2001:db8:1:2::/64");
         assert_eq!(Key::ip(v6, 64), Key::ip(ip("2001:db8:1:2:bbbb::2"), 64));
@@ -580,6 +606,14 @@ mod tests {
                 let k = Key::ip(ip, len);
                 proptest::prop_assert_eq!(Key::new(k.as_str()), k);
             }
+        }
+
+        /// An IPv4 key is the address as `Display` writes it.
+        #[test]
+        fn ipv4_keys_are_the_dotted_address(v4: u32) {
+            let ip = Ipv4Addr::from(v4);
+            let k = Key::ip(IpAddr::V4(ip), 64);
+            proptest::prop_assert_eq!(k.as_str(), ip.to_string());
         }
     }
 
