@@ -42,7 +42,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, ScriptInvocation, Value};
+use redis::{
+    Cmd, ErrorKind, FromRedisValue, Pipeline, RedisFuture, RedisResult, Script, ServerErrorKind,
+    Value,
+};
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -495,12 +498,24 @@ impl Conn {
         Ok((link, watch))
     }
 
-    pub(crate) async fn invoke<T: FromRedisValue>(
+    /// Runs `script` by its `EVALSHA` `cmd`; a server that does not hold
+    /// it (restarted, failed over, `SCRIPT FLUSH`) is sent it and asked
+    /// again, as redis-rs's `ScriptInvocation::invoke_async` does.
+    pub(crate) async fn eval<T: FromRedisValue>(
         &self,
-        inv: &ScriptInvocation<'_>,
+        cmd: &Cmd,
+        script: &Script,
     ) -> Result<T, RedisError> {
         let (mut link, watch) = self.checkout().await?;
-        let r = inv.invoke_async(&mut link).await;
+        let r = match cmd.query_async(&mut link).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                match script.load_async(&mut link).await {
+                    Ok(_) => cmd.query_async(&mut link).await,
+                    Err(e) => Err(e),
+                }
+            }
+            r => r,
+        };
         watch.settle(&r);
         Ok(r?)
     }
