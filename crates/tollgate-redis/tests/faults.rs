@@ -873,7 +873,9 @@ async fn loading(c: &mut redis::aio::MultiplexedConnection) -> bool {
 /// Once loaded, decisions resume by themselves (at once without a breaker;
 /// within 2 s with the default one) and exactly: every key admits what it
 /// had left before the restart (its state came back from the RDB), and a
-/// key at its limit is refused. Returns the calls of the default limiters
+/// key at its limit is refused. The one allowance: a call the default
+/// limiter gave up (its 50 ms timeout) may still be run by the server once
+/// loaded, so such a key may admit up to that many fewer, never more. Returns the calls of the default limiters
 /// that timed out (`None`: the server is not installed, outside CI).
 async fn loading_restart(
     server: Server,
@@ -949,6 +951,10 @@ async fn loading_restart(
     // connection errors.
     let mut reconnected = false;
     let mut spent = std::collections::HashMap::<(String, Key), u64>::new();
+    // Calls given up by the limiter's timeout, per key: the server may
+    // still run one after its load (it reads a call sent late in the load
+    // only once loaded), so it may have been charged, unseen.
+    let mut unanswered = std::collections::HashMap::<(String, Key), u64>::new();
     let bound = tollgate_limiter::limiter::DEFAULT_TIMEOUT + Duration::from_millis(250);
     let loaded = loop {
         // All at once, as a service's requests come: the calls share the
@@ -988,7 +994,12 @@ async fn loading_restart(
             let shown = chain(e);
             match e {
                 tollgate_limiter::Error::BreakerOpen => breaker += 1,
-                tollgate_limiter::Error::Timeout(_) => timeouts += 1,
+                tollgate_limiter::Error::Timeout(_) => {
+                    timeouts += 1;
+                    *unanswered
+                        .entry((l.name().to_owned(), (*k).clone()))
+                        .or_default() += 1;
+                }
                 _ if refusal_of(e) == Some(Refusal::Loading) => {
                     assert!(shown.contains("loading its dataset"), "{shown}");
                     reconnected = true;
@@ -1023,19 +1034,23 @@ async fn loading_restart(
     // once (an error fails the `unwrap`): each key admits what it had
     // left, less what the last round spent after the load ended.
     let drain = |l: &Limiter<RedisBackend>, k: &Key, had: u64| {
-        let spent = spent.get(&(l.name().to_owned(), k.clone())).copied();
+        let id = (l.name().to_owned(), k.clone());
+        let spent = spent.get(&id).copied().unwrap_or(0);
+        let unanswered = unanswered.get(&id).copied().unwrap_or(0);
         let (l, k) = (l.clone(), k.clone());
         async move {
             let mut admitted = 0;
             while l.try_acquire(&k, 1).await.unwrap().is_allowed() {
                 admitted += 1;
             }
-            let spent = spent.unwrap_or(0);
             let (name, key) = (l.name(), k.as_str());
-            assert_eq!(
-                admitted + spent,
-                had,
-                "{name} {key}: {spent} spent after the load"
+            // Never more than it had (nothing admitted twice, no key read
+            // as fresh); less only by calls given up that the server ran
+            // once loaded.
+            assert!(
+                admitted + spent <= had && had <= admitted + spent + unanswered,
+                "{name} {key}: {admitted} admitted after, {spent} spent after the load, \
+                 {unanswered} given up, of {had}"
             );
         }
     };
