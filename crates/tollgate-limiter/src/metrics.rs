@@ -79,7 +79,7 @@ pub const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
 ];
 
-use crate::error::Error;
+use crate::error::{Error, ErrorReason};
 use crate::limiter::Verdict;
 
 /// Which limiter call a decision answers (the `op` label).
@@ -194,14 +194,30 @@ mod on {
         "shadow",
     ];
 
+    /// The `reason` label of [`BACKEND_ERRORS`]: the limiter's own
+    /// (`timeout`, `breaker_open`) among the backend's
+    /// ([`ErrorReason::label`]), at the indices `reason_index` gives.
+    const ERROR_REASONS: [&str; 8] = [
+        ErrorReason::Error.label(),
+        "timeout",
+        "breaker_open",
+        ErrorReason::OutOfMemory.label(),
+        ErrorReason::PersistenceFailed.label(),
+        ErrorReason::NotEnoughReplicas.label(),
+        ErrorReason::Busy.label(),
+        ErrorReason::Loading.label(),
+    ];
+
     /// A limiter's handles, registered once when it is built.
     #[derive(Debug)]
     pub(crate) struct Meter {
         decisions: [[Counter; 5]; 2],
         local: [Counter; 2],
         latency: Histogram,
-        /// error, timeout, breaker_open.
-        errors: [Counter; 3],
+        /// By [`ERROR_REASONS`]: registered with the limiter, so that a
+        /// refusal, like any failure, looks up a handle and allocates
+        /// nothing.
+        errors: [Counter; ERROR_REASONS.len()],
     }
 
     /// When a backend call started; `None` for an answer given at once,
@@ -222,7 +238,7 @@ mod on {
                 local: ["denial", "lease"]
                     .map(|kind| counter!(LOCAL_HITS, "limiter" => limiter(), "kind" => kind)),
                 latency: histogram!(BACKEND_LATENCY, "limiter" => limiter()),
-                errors: ["error", "timeout", "breaker_open"]
+                errors: ERROR_REASONS
                     .map(|reason| counter!(BACKEND_ERRORS, "limiter" => limiter(), "reason" => reason)),
             }
         }
@@ -248,23 +264,40 @@ mod on {
             Stopwatch(None)
         }
 
-        /// A backend call, started at `watch`, ended with `result`.
-        pub(crate) fn backend_call<T>(&self, watch: Stopwatch, result: &Result<T, Error>) {
-            let secs = watch.0.map_or(0.0, |at| at.elapsed().as_secs_f64());
-            self.latency.record(secs);
-            if let Err(e) = result {
-                self.error(e);
-            }
+        /// A backend call, started at `watch`, that answered.
+        #[inline]
+        pub(crate) fn answered(&self, watch: Stopwatch) {
+            self.latency.record(Self::elapsed(watch));
         }
 
-        /// A backend call that gave no answer.
-        pub(crate) fn error(&self, e: &Error) {
+        /// A backend call, started at `watch`, that gave no answer: `e`,
+        /// for `reason` (read from the backend's error).
+        pub(crate) fn failed_call(&self, watch: Stopwatch, e: &Error, reason: ErrorReason) {
+            self.latency.record(Self::elapsed(watch));
             let i = match e {
                 Error::Timeout(_) => 1,
                 Error::BreakerOpen => 2,
-                _ => 0,
+                _ => reason_index(reason),
             };
             self.errors[i].increment(1);
+        }
+
+        /// A call the open breaker did not let through.
+        pub(crate) fn breaker_open(&self) {
+            self.errors[2].increment(1);
+        }
+
+        fn elapsed(watch: Stopwatch) -> f64 {
+            watch.0.map_or(0.0, |at| at.elapsed().as_secs_f64())
+        }
+    }
+
+    /// The index of `reason` in `Meter::errors` (see [`ERROR_REASONS`]).
+    fn reason_index(reason: ErrorReason) -> usize {
+        match reason {
+            ErrorReason::Error => 0,
+            // After error, timeout and breaker_open.
+            r => 2 + r as usize,
         }
     }
 
@@ -417,9 +450,11 @@ mod off {
             Stopwatch
         }
         #[inline(always)]
-        pub(crate) fn backend_call<T>(&self, _: Stopwatch, _: &Result<T, Error>) {}
+        pub(crate) fn answered(&self, _: Stopwatch) {}
         #[inline(always)]
-        pub(crate) fn error(&self, _: &Error) {}
+        pub(crate) fn failed_call(&self, _: Stopwatch, _: &Error, _: ErrorReason) {}
+        #[inline(always)]
+        pub(crate) fn breaker_open(&self) {}
     }
 
     #[derive(Debug)]
