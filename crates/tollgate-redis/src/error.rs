@@ -231,6 +231,17 @@ mod tests {
         ] {
             let e = RedisError::from(reply(line));
             assert_eq!(e.refusal(), want, "{line}");
+            // The metrics' reason label: the condition, else `error`.
+            let label = tollgate_limiter::BackendError::reason(&e).label();
+            let want_label = match want {
+                Some(Refusal::OutOfMemory) => "out_of_memory",
+                Some(Refusal::PersistenceFailed) => "persistence_failed",
+                Some(Refusal::NotEnoughReplicas) => "not_enough_replicas",
+                Some(Refusal::Busy) => "busy",
+                Some(Refusal::Loading) => "loading",
+                _ => "error",
+            };
+            assert_eq!(label, want_label, "{line}");
             if let Some(r) = want {
                 assert_eq!(e.to_string(), r.to_string());
                 assert!(matches!(e, RedisError::Refused(..)));
