@@ -419,7 +419,7 @@ fn refusal_of(e: &tollgate_limiter::Error) -> Option<Refusal> {
 }
 
 /// The non-zero counts of `tollgate_backend_errors_total`, by `reason`,
-/// of the limiters registered with the snapshotter's recorder.
+/// summed over the limiters registered with the snapshotter's recorder.
 fn backend_errors(snapshotter: &Snapshotter) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     for (key, _, _, value) in snapshotter.snapshot().into_vec() {
@@ -431,9 +431,8 @@ fn backend_errors(snapshotter: &Snapshotter) -> BTreeMap<String, u64> {
         let reason = reason.value().to_owned();
         match value {
             DebugValue::Counter(0) => {}
-            DebugValue::Counter(n) => {
-                out.insert(reason, n);
-            }
+            // Summed over the limiters.
+            DebugValue::Counter(n) => *out.entry(reason).or_default() += n,
             other => panic!("{reason}: {other:?}"),
         }
     }
@@ -812,8 +811,15 @@ tollgate_testkit::on_every_server! {
         let mut c = admin(&server).await;
         let mut busy = admin(&server).await;
         let b = backend(&server.url()).await;
-        let closed = limiter("closed", FailMode::Closed, 5, b.clone());
-        let open = limiter("open", FailMode::Open, 5, b);
+        // This test's own recorder, to count the errors by reason.
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let (closed, open) = metrics::with_local_recorder(&recorder, || {
+            (
+                limiter("closed", FailMode::Closed, 5, b.clone()),
+                limiter("open", FailMode::Open, 5, b),
+            )
+        });
         let k = Key::new("k");
         assert!(closed.try_acquire(&k, 1).await.unwrap().is_allowed());
         let _: () = run(&mut c, &["CONFIG", "SET", "busy-reply-threshold", "100"])
@@ -863,6 +869,16 @@ tollgate_testkit::on_every_server! {
         }
         assert!(named > 0, "no error named the busy script ({calls} calls)");
         assert!(breaker > 0, "the breakers never opened ({calls} calls)");
+        // The metric names the condition of each refused call.
+        let timeouts = calls - named - breaker;
+        let mut want = BTreeMap::from([
+            ("busy".to_owned(), named),
+            ("breaker_open".to_owned(), breaker),
+        ]);
+        if timeouts > 0 {
+            want.insert("timeout".to_owned(), timeouts);
+        }
+        assert_eq!(backend_errors(&snapshotter), want);
         let _: () = run(&mut c, &["SCRIPT", "KILL"]).await.expect("SCRIPT KILL");
         let _ = script.await.unwrap();
 
