@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::decision::Decision;
+use crate::error::BackendError;
 use crate::key::Key;
 use crate::model::{Op, Receipt};
 use crate::policy::Policy;
@@ -51,8 +52,9 @@ impl Scope<'_> {
 /// Implementations are cheap to clone (state behind an `Arc`), and clones
 /// share their counters.
 pub trait Backend: Send + Sync + 'static {
-    /// The backend's own failure type.
-    type Error: std::error::Error + Send + Sync + 'static;
+    /// The backend's own failure type; its
+    /// [`reason`](BackendError::reason) labels the backend-errors metric.
+    type Error: BackendError;
 
     /// Decides one request atomically: reads the key's state, applies the
     /// effective policy (key override, else limiter override, else

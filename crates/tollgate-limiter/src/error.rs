@@ -46,3 +46,81 @@ impl Error {
         !matches!(self, Error::Policy(_))
     }
 }
+
+/// A backend's own failure type (the bound of
+/// [`Backend::Error`](crate::Backend::Error)): a standard error that can
+/// say why the backend gave no answer.
+///
+/// The reason is the `reason` label of the metric
+/// `tollgate_backend_errors_total` (see [`metrics`](crate::metrics)), so
+/// that a server refusing commands for a condition of its own (out of
+/// memory, a failed save) can be told, and alerted on, apart from a
+/// broken connection. A backend without such conditions implements it
+/// with the default: `impl BackendError for MyError {}`.
+pub trait BackendError: std::error::Error + Send + Sync + 'static {
+    /// Why the backend gave no answer; the default is
+    /// [`ErrorReason::Error`] (any failure).
+    fn reason(&self) -> ErrorReason {
+        ErrorReason::Error
+    }
+}
+
+/// Why a backend gave no answer, as the metrics name it
+/// ([`BackendError::reason`]).
+///
+/// A small fixed set, never a string from the server, so the number of
+/// series stays bounded. The conditions are a server's refusal to run a
+/// command while it is up and answering; they are named as Redis names
+/// them, but a backend of any kind may report them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorReason {
+    /// Any failure without a more specific reason (a broken connection,
+    /// an unexpected reply): `error`.
+    Error = 0,
+    /// The server is out of memory and refuses writes: `out_of_memory`.
+    OutOfMemory = 1,
+    /// The server cannot persist to disk and refuses writes:
+    /// `persistence_failed`.
+    PersistenceFailed = 2,
+    /// The server has fewer replicas than it needs to accept writes:
+    /// `not_enough_replicas`.
+    NotEnoughReplicas = 3,
+    /// The server is busy (a long script) and refuses every command:
+    /// `busy`.
+    Busy = 4,
+    /// The server is loading its dataset (a restart) and refuses every
+    /// command: `loading`.
+    Loading = 5,
+}
+
+impl ErrorReason {
+    /// Every reason, in the order of their discriminants.
+    pub const ALL: [ErrorReason; 6] = [
+        Self::Error,
+        Self::OutOfMemory,
+        Self::PersistenceFailed,
+        Self::NotEnoughReplicas,
+        Self::Busy,
+        Self::Loading,
+    ];
+
+    /// The `reason` label: `error`, `out_of_memory`, `persistence_failed`,
+    /// `not_enough_replicas`, `busy` or `loading`.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Self::Error => "error",
+            Self::OutOfMemory => "out_of_memory",
+            Self::PersistenceFailed => "persistence_failed",
+            Self::NotEnoughReplicas => "not_enough_replicas",
+            Self::Busy => "busy",
+            Self::Loading => "loading",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label())
+    }
+}

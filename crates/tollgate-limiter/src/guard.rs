@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::breaker::{Breaker, BreakerConfig, Permit};
-use crate::error::Error;
+use crate::error::{BackendError, Error, ErrorReason};
 use crate::metrics::{BreakerMeter, Meter, Stopwatch};
 
 /// Runs backend calls under a deadline and a breaker, and logs failures.
@@ -70,7 +70,7 @@ impl Guard {
     /// waiting for a probe's report: see [`Permit`](crate::breaker::Permit).
     pub(crate) async fn run<T, E, F, Fut>(&self, deadline: &Deadline, call: F) -> Result<T, Error>
     where
-        E: std::error::Error + Send + Sync + 'static,
+        E: BackendError,
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
@@ -95,7 +95,7 @@ impl Guard {
     #[inline]
     pub(crate) fn admit_at_once(&self) -> Result<Admitted<'_>, Error> {
         let Ok(permit) = self.breaker.admit() else {
-            self.meter.error(&Error::BreakerOpen);
+            self.meter.breaker_open();
             return Err(Error::BreakerOpen);
         };
         Ok(Admitted {
@@ -117,7 +117,7 @@ impl Guard {
         fut: Fut,
     ) -> Result<T, Error>
     where
-        E: std::error::Error + Send + Sync + 'static,
+        E: BackendError,
         Fut: Future<Output = Result<T, E>>,
     {
         // Poll once before reading the clock and arming the timer: an
@@ -143,30 +143,43 @@ impl Guard {
         answer: Result<Result<T, E>, Error>,
     ) -> Result<T, Error>
     where
-        E: std::error::Error + Send + Sync + 'static,
+        E: BackendError,
     {
-        let result = match answer {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(Error::Backend(Box::new(e))),
-            Err(e) => Err(e),
-        };
-        match &result {
-            Ok(_) => self.succeeded(admitted),
-            Err(e) => {
-                self.meter.backend_call(admitted.watch, &result);
-                let opened = admitted.permit.failure();
-                self.log.warn(&self.name, e, opened);
+        let e = match answer {
+            Ok(Ok(v)) => {
+                self.succeeded(admitted);
+                return Ok(v);
             }
-        }
-        result
+            // The reason is read before the error is boxed: the backend's
+            // type, which knows it, is gone after.
+            Ok(Err(e)) => {
+                let reason = e.reason();
+                (Error::Backend(Box::new(e)), reason)
+            }
+            Err(e) => (e, ErrorReason::Error),
+        };
+        self.failed(admitted, e)
+    }
+
+    /// Out of line: only a failed call pays for it.
+    #[cold]
+    #[inline(never)]
+    fn failed<T>(
+        &self,
+        admitted: Admitted<'_>,
+        (e, reason): (Error, ErrorReason),
+    ) -> Result<T, Error> {
+        self.meter.failed_call(admitted.watch, &e, reason);
+        let opened = admitted.permit.failure();
+        self.log.warn(&self.name, &e, opened);
+        Err(e)
     }
 
     /// Reports that an admitted call answered (what [`report`](Self::report)
     /// does with an `Ok`, for a caller that keeps the answer).
     #[inline(always)]
     pub(crate) fn succeeded(&self, admitted: Admitted<'_>) {
-        self.meter
-            .backend_call(admitted.watch, &Ok::<(), Error>(()));
+        self.meter.answered(admitted.watch);
         if admitted.permit.success() {
             self.recovered();
         }

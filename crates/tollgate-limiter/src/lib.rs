@@ -73,7 +73,7 @@ pub use breaker::BreakerConfig;
 pub use composite::Composite;
 pub use config::{Config, ConfigBuilder, ConfigError, LimiterConfig, RedisConfig, parse_rate};
 pub use decision::Decision;
-pub use error::{BoxError, Error};
+pub use error::{BackendError, BoxError, Error, ErrorReason};
 pub use key::{Key, KeyHasher};
 pub use limiter::{DEFAULT_LOCAL_CAPACITY, Denied, FailMode, Limiter, LimiterBuilder, Verdict};
 pub use model::{Op, Receipt};

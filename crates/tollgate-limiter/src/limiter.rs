@@ -1261,6 +1261,8 @@ mod tests {
     #[error("unused")]
     struct Never;
 
+    impl crate::BackendError for Never {}
+
     impl Backend for Fixed {
         type Error = Never;
 

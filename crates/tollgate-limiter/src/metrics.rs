@@ -12,7 +12,7 @@
 //! |---|---|---|---|
 //! | [`tollgate_decisions_total`](DECISIONS) | counter | `limiter`, `op`, `outcome` | verdicts: `op` is `check` (a charge: [`check`](crate::Limiter::check), [`check_cost`](crate::Limiter::check_cost), [`reserve`](crate::Limiter::reserve), an adaptive [`try_acquire`](crate::AimdLimiter::try_acquire), each attempt of [`acquire`](crate::AimdLimiter::acquire)) or `peek` ([`peek`](crate::Limiter::peek), [`peek_cost`](crate::Limiter::peek_cost)); a limiter's [`try_acquire`](crate::Limiter::try_acquire) and [`try_peek`](crate::Limiter::try_peek) apply no fail mode and are not counted; `outcome` is `allowed`, `refused` (by the limit, or a cost the policy can never grant), `failed_open` or `failed_closed` (the backend failed and the [`FailMode`](crate::FailMode) answered), or `shadow` (a limiter in [shadow mode](crate::shadow) let through what it would have refused or failed closed on); a [`hold`](crate::Limiter::hold) counts as a `check` |
 //! | [`tollgate_backend_latency_seconds`](BACKEND_LATENCY) | histogram | `limiter` | the time of each backend call (a round trip to Redis), failed or not; answers given locally are not timed |
-//! | [`tollgate_backend_errors_total`](BACKEND_ERRORS) | counter | `limiter`, `reason` | backend calls that gave no answer: `reason` is `error`, `timeout`, or `breaker_open` (not attempted) |
+//! | [`tollgate_backend_errors_total`](BACKEND_ERRORS) | counter | `limiter`, `reason` | backend calls that gave no answer: `reason` is `timeout`, `breaker_open` (not attempted), a condition the backend's error names ([`ErrorReason`] through [`reason`](crate::BackendError::reason): `out_of_memory`, `persistence_failed`, `not_enough_replicas`, `busy`, `loading`, the refusals of a running Redis), or `error` (any other failure); a fixed set, all registered with the limiter |
 //! | [`tollgate_breaker_transitions_total`](BREAKER_TRANSITIONS) | counter | `limiter`, `to` | circuit-breaker state changes, by the state entered: `open`, `half_open` (a probe goes through), `closed` |
 //! | [`tollgate_breaker_state`](BREAKER_STATE) | gauge | `limiter` | `0` closed, `1` half-open, `2` open |
 //! | [`tollgate_local_hits_total`](LOCAL_HITS) | counter | `limiter`, `kind` | decisions answered without a round trip: `denial` (a key known to be over its limit, [`local_denials`](crate::LimiterBuilder::local_denials), or an adaptive scope on hold), `lease` (a unit of a [lease](crate::LimiterBuilder::lease)) |
@@ -79,7 +79,7 @@ pub const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
 ];
 
-use crate::error::Error;
+use crate::error::{Error, ErrorReason};
 use crate::limiter::Verdict;
 
 /// Which limiter call a decision answers (the `op` label).
@@ -194,14 +194,30 @@ mod on {
         "shadow",
     ];
 
+    /// The `reason` label of [`BACKEND_ERRORS`]: the limiter's own
+    /// (`timeout`, `breaker_open`) among the backend's
+    /// ([`ErrorReason::label`]), at the indices `reason_index` gives.
+    const ERROR_REASONS: [&str; 8] = [
+        ErrorReason::Error.label(),
+        "timeout",
+        "breaker_open",
+        ErrorReason::OutOfMemory.label(),
+        ErrorReason::PersistenceFailed.label(),
+        ErrorReason::NotEnoughReplicas.label(),
+        ErrorReason::Busy.label(),
+        ErrorReason::Loading.label(),
+    ];
+
     /// A limiter's handles, registered once when it is built.
     #[derive(Debug)]
     pub(crate) struct Meter {
         decisions: [[Counter; 5]; 2],
         local: [Counter; 2],
         latency: Histogram,
-        /// error, timeout, breaker_open.
-        errors: [Counter; 3],
+        /// By [`ERROR_REASONS`]: registered with the limiter, so that a
+        /// refusal, like any failure, looks up a handle and allocates
+        /// nothing.
+        errors: [Counter; ERROR_REASONS.len()],
     }
 
     /// When a backend call started; `None` for an answer given at once,
@@ -222,7 +238,7 @@ mod on {
                 local: ["denial", "lease"]
                     .map(|kind| counter!(LOCAL_HITS, "limiter" => limiter(), "kind" => kind)),
                 latency: histogram!(BACKEND_LATENCY, "limiter" => limiter()),
-                errors: ["error", "timeout", "breaker_open"]
+                errors: ERROR_REASONS
                     .map(|reason| counter!(BACKEND_ERRORS, "limiter" => limiter(), "reason" => reason)),
             }
         }
@@ -248,23 +264,40 @@ mod on {
             Stopwatch(None)
         }
 
-        /// A backend call, started at `watch`, ended with `result`.
-        pub(crate) fn backend_call<T>(&self, watch: Stopwatch, result: &Result<T, Error>) {
-            let secs = watch.0.map_or(0.0, |at| at.elapsed().as_secs_f64());
-            self.latency.record(secs);
-            if let Err(e) = result {
-                self.error(e);
-            }
+        /// A backend call, started at `watch`, that answered.
+        #[inline]
+        pub(crate) fn answered(&self, watch: Stopwatch) {
+            self.latency.record(Self::elapsed(watch));
         }
 
-        /// A backend call that gave no answer.
-        pub(crate) fn error(&self, e: &Error) {
+        /// A backend call, started at `watch`, that gave no answer: `e`,
+        /// for `reason` (read from the backend's error).
+        pub(crate) fn failed_call(&self, watch: Stopwatch, e: &Error, reason: ErrorReason) {
+            self.latency.record(Self::elapsed(watch));
             let i = match e {
                 Error::Timeout(_) => 1,
                 Error::BreakerOpen => 2,
-                _ => 0,
+                _ => reason_index(reason),
             };
             self.errors[i].increment(1);
+        }
+
+        /// A call the open breaker did not let through.
+        pub(crate) fn breaker_open(&self) {
+            self.errors[2].increment(1);
+        }
+
+        fn elapsed(watch: Stopwatch) -> f64 {
+            watch.0.map_or(0.0, |at| at.elapsed().as_secs_f64())
+        }
+    }
+
+    /// The index of `reason` in `Meter::errors` (see [`ERROR_REASONS`]).
+    fn reason_index(reason: ErrorReason) -> usize {
+        match reason {
+            ErrorReason::Error => 0,
+            // After error, timeout and breaker_open.
+            r => 2 + r as usize,
         }
     }
 
@@ -417,9 +450,11 @@ mod off {
             Stopwatch
         }
         #[inline(always)]
-        pub(crate) fn backend_call<T>(&self, _: Stopwatch, _: &Result<T, Error>) {}
+        pub(crate) fn answered(&self, _: Stopwatch) {}
         #[inline(always)]
-        pub(crate) fn error(&self, _: &Error) {}
+        pub(crate) fn failed_call(&self, _: Stopwatch, _: &Error, _: ErrorReason) {}
+        #[inline(always)]
+        pub(crate) fn breaker_open(&self) {}
     }
 
     #[derive(Debug)]

@@ -9,7 +9,8 @@ use std::time::Duration;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tollgate_limiter::aimd::{AimdConfig, AimdLimiter, Outcome};
 use tollgate_limiter::{
-    BreakerConfig, FailMode, Key, Limiter, MockClock, Mode, TokenBucket, metrics,
+    Backend, BackendError, BreakerConfig, Decision, ErrorReason, FailMode, Key, Limiter, MockClock,
+    Mode, Policy, Request, Scope, TokenBucket, metrics,
 };
 use tollgate_memory::MemoryBackend;
 
@@ -136,6 +137,97 @@ fn decisions_are_counted_by_outcome_and_backend_calls_timed() {
                 "tollgate_breaker_transitions_total{limiter=api,to=open}"
             ),
             0
+        );
+    });
+}
+
+/// A backend whose every call fails for the reason it holds, as a
+/// refusing server would.
+#[derive(Debug)]
+struct Refusing(std::sync::Mutex<ErrorReason>);
+
+#[derive(Debug, thiserror::Error)]
+#[error("refused: {0}")]
+struct Refused(ErrorReason);
+
+impl BackendError for Refused {
+    fn reason(&self) -> ErrorReason {
+        self.0
+    }
+}
+
+impl Refusing {
+    fn fail(&self) -> Refused {
+        Refused(*self.0.lock().unwrap())
+    }
+}
+
+impl Backend for Refusing {
+    type Error = Refused;
+
+    async fn decide(&self, _: Request<'_>) -> Result<Decision, Refused> {
+        Err(self.fail())
+    }
+
+    async fn set_override(&self, _: Scope<'_>, _: Option<&Policy>) -> Result<(), Refused> {
+        Err(self.fail())
+    }
+
+    async fn get_override(&self, _: Scope<'_>) -> Result<Option<Policy>, Refused> {
+        Err(self.fail())
+    }
+}
+
+#[test]
+fn backend_errors_are_counted_by_the_reason_the_backend_names() {
+    recorded(|snapshotter| async move {
+        let backend = std::sync::Arc::new(Refusing(std::sync::Mutex::new(ErrorReason::Error)));
+        let limiter = Limiter::builder("store", bucket(10), backend.clone())
+            // Never open: every call reaches the backend.
+            .breaker(BreakerConfig {
+                threshold: u32::MAX,
+                ..BreakerConfig::default()
+            })
+            .build();
+        let errors = |values: &Values, reason: &str| {
+            counter(
+                values,
+                &format!("tollgate_backend_errors_total{{limiter=store,reason={reason}}}"),
+            )
+        };
+        // Every reason's series exists once the limiter is built, before
+        // any failure: the handles are registered with it.
+        let built = take(&snapshotter);
+        for reason in ErrorReason::ALL {
+            assert_eq!(errors(&built, reason.label()), 0, "{reason}");
+        }
+        let k = Key::new("k");
+        for (i, reason) in ErrorReason::ALL.into_iter().enumerate() {
+            *backend.0.lock().unwrap() = reason;
+            // i + 1 calls for the i-th reason, so a count in the wrong
+            // series shows.
+            for _ in 0..=i {
+                assert!(!limiter.check(&k).await.is_allowed());
+            }
+        }
+        // An override call fails like a decision, for the same reason.
+        *backend.0.lock().unwrap() = ErrorReason::OutOfMemory;
+        assert!(limiter.set_override(None, None).await.is_err());
+
+        let got = take(&snapshotter);
+        assert_eq!(errors(&got, "error"), 1);
+        assert_eq!(errors(&got, "out_of_memory"), 2 + 1);
+        assert_eq!(errors(&got, "persistence_failed"), 3);
+        assert_eq!(errors(&got, "not_enough_replicas"), 4);
+        assert_eq!(errors(&got, "busy"), 5);
+        assert_eq!(errors(&got, "loading"), 6);
+        assert_eq!(errors(&got, "timeout"), 0);
+        assert_eq!(errors(&got, "breaker_open"), 0);
+        assert_eq!(decisions(&got, "store", "check", "failed_closed"), 21);
+        // A failed call is timed like any other.
+        assert_eq!(
+            samples(&got, "tollgate_backend_latency_seconds{limiter=store}").len(),
+            22
         );
     });
 }

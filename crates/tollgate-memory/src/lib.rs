@@ -69,6 +69,9 @@ pub enum MemoryError {
     Injected,
 }
 
+/// Every failure is `reason="error"` in the metrics.
+impl tollgate_limiter::BackendError for MemoryError {}
+
 /// The in-memory backend.
 ///
 /// Cheap to clone; clones share counters, overrides and fault settings.

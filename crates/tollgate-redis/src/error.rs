@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use tollgate_limiter::ErrorReason;
+
 use crate::durability::DurabilityReport;
 use crate::encoding::EncodingError;
 
@@ -70,6 +72,17 @@ impl RedisError {
     }
 }
 
+/// A refusal is labelled by its condition in the metrics
+/// (`reason="out_of_memory"`, ...), anything else `reason="error"`.
+impl tollgate_limiter::BackendError for RedisError {
+    fn reason(&self) -> ErrorReason {
+        match self.refusal() {
+            Some(r) => r.reason(),
+            None => ErrorReason::Error,
+        }
+    }
+}
+
 impl From<redis::RedisError> for RedisError {
     fn from(e: redis::RedisError) -> Self {
         match Refusal::of(&e) {
@@ -106,6 +119,18 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// The condition as the limiter's metrics name it (the `reason` label
+    /// of `tollgate_backend_errors_total`).
+    pub fn reason(self) -> ErrorReason {
+        match self {
+            Self::OutOfMemory => ErrorReason::OutOfMemory,
+            Self::PersistenceFailed => ErrorReason::PersistenceFailed,
+            Self::NotEnoughReplicas => ErrorReason::NotEnoughReplicas,
+            Self::Busy => ErrorReason::Busy,
+            Self::Loading => ErrorReason::Loading,
+        }
+    }
+
     /// The condition a server error reply names, by its code; or, for the
     /// `ERR Error running script` wrapping of Redis before 7.0, by the
     /// server's own message inside it.
@@ -206,6 +231,17 @@ mod tests {
         ] {
             let e = RedisError::from(reply(line));
             assert_eq!(e.refusal(), want, "{line}");
+            // The metrics' reason label: the condition, else `error`.
+            let label = tollgate_limiter::BackendError::reason(&e).label();
+            let want_label = match want {
+                Some(Refusal::OutOfMemory) => "out_of_memory",
+                Some(Refusal::PersistenceFailed) => "persistence_failed",
+                Some(Refusal::NotEnoughReplicas) => "not_enough_replicas",
+                Some(Refusal::Busy) => "busy",
+                Some(Refusal::Loading) => "loading",
+                _ => "error",
+            };
+            assert_eq!(label, want_label, "{line}");
             if let Some(r) = want {
                 assert_eq!(e.to_string(), r.to_string());
                 assert!(matches!(e, RedisError::Refused(..)));

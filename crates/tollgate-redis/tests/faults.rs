@@ -12,11 +12,13 @@
 //! `docs/redis.md` recommends: with the 30 s default, recovery after an
 //! outage of ten seconds waits up to 8 s for the breaker's next probe.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::time::Instant;
 use tollgate_limiter::{
     Backend, BreakerConfig, Composite, Concurrency, FailMode, Key, Limiter, Op, Policy,
@@ -416,6 +418,27 @@ fn refusal_of(e: &tollgate_limiter::Error) -> Option<Refusal> {
     }
 }
 
+/// The non-zero counts of `tollgate_backend_errors_total`, by `reason`,
+/// summed over the limiters registered with the snapshotter's recorder.
+fn backend_errors(snapshotter: &Snapshotter) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        if key.name() != tollgate_limiter::metrics::BACKEND_ERRORS {
+            continue;
+        }
+        let reason = key.labels().find(|l| l.key() == "reason").unwrap();
+        let reason = reason.value().to_owned();
+        match value {
+            DebugValue::Counter(0) => {}
+            // Summed over the limiters.
+            DebugValue::Counter(n) => *out.entry(reason).or_default() += n,
+            other => panic!("{reason}: {other:?}"),
+        }
+    }
+    out
+}
+
 /// The error and its sources, `: `-joined: what a log line shows.
 fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
@@ -446,6 +469,15 @@ impl Fault {
             Fault::OutOfMemory => ("OOM", "out of memory"),
             Fault::SaveFailed => ("MISCONF", "cannot persist to disk"),
             Fault::NoReplicas => ("NOREPLICAS", "not enough replicas"),
+        }
+    }
+
+    /// The `reason` label of the backend-errors metric.
+    fn reason(self) -> &'static str {
+        match self {
+            Fault::OutOfMemory => "out_of_memory",
+            Fault::SaveFailed => "persistence_failed",
+            Fault::NoReplicas => "not_enough_replicas",
         }
     }
 
@@ -673,14 +705,21 @@ async fn refused_writes(server: Server, fault: Fault) {
     assert!(permit.is_none());
     assert_eq!(snapshot(&mut c, &prefix).await, before, "a slot was taken");
     // The default breaker counts the refusals as failures: it opens after
-    // five, and the fail mode answers at once until a probe succeeds.
-    let guarded = Limiter::builder(
-        "guarded",
-        TokenBucket::new(5, 1, 3600 * S).unwrap(),
-        b.clone(),
-    )
-    .timeout(VERDICT_TIMEOUT)
-    .build();
+    // five, and the fail mode answers at once until a probe succeeds. The
+    // metrics name the condition of each refused call. (The limiter
+    // registers its series with this test's own recorder when built, so
+    // tests running beside it count elsewhere.)
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let guarded = metrics::with_local_recorder(&recorder, || {
+        Limiter::builder(
+            "guarded",
+            TokenBucket::new(5, 1, 3600 * S).unwrap(),
+            b.clone(),
+        )
+        .timeout(VERDICT_TIMEOUT)
+        .build()
+    });
     for _ in 0..5 {
         let v = guarded.check(&fresh).await;
         assert_eq!(
@@ -696,6 +735,15 @@ async fn refused_writes(server: Server, fault: Fault) {
             Verdict::FailedClosed(tollgate_limiter::Error::BreakerOpen, _)
         ),
         "{v:?}"
+    );
+    let errors = backend_errors(&snapshotter);
+    let want = BTreeMap::from([
+        (fault.reason().to_owned(), 5),
+        ("breaker_open".to_owned(), 1),
+    ]);
+    assert_eq!(
+        errors, want,
+        "tollgate_backend_errors_total{{limiter=guarded}}"
     );
 
     fault.end(&server, &mut c).await;
@@ -763,8 +811,15 @@ tollgate_testkit::on_every_server! {
         let mut c = admin(&server).await;
         let mut busy = admin(&server).await;
         let b = backend(&server.url()).await;
-        let closed = limiter("closed", FailMode::Closed, 5, b.clone());
-        let open = limiter("open", FailMode::Open, 5, b);
+        // This test's own recorder, to count the errors by reason.
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let (closed, open) = metrics::with_local_recorder(&recorder, || {
+            (
+                limiter("closed", FailMode::Closed, 5, b.clone()),
+                limiter("open", FailMode::Open, 5, b),
+            )
+        });
         let k = Key::new("k");
         assert!(closed.try_acquire(&k, 1).await.unwrap().is_allowed());
         let _: () = run(&mut c, &["CONFIG", "SET", "busy-reply-threshold", "100"])
@@ -814,6 +869,16 @@ tollgate_testkit::on_every_server! {
         }
         assert!(named > 0, "no error named the busy script ({calls} calls)");
         assert!(breaker > 0, "the breakers never opened ({calls} calls)");
+        // The metric names the condition of each refused call.
+        let timeouts = calls - named - breaker;
+        let mut want = BTreeMap::from([
+            ("busy".to_owned(), named),
+            ("breaker_open".to_owned(), breaker),
+        ]);
+        if timeouts > 0 {
+            want.insert("timeout".to_owned(), timeouts);
+        }
+        assert_eq!(backend_errors(&snapshotter), want);
         let _: () = run(&mut c, &["SCRIPT", "KILL"]).await.expect("SCRIPT KILL");
         let _ = script.await.unwrap();
 
