@@ -41,6 +41,12 @@ impl RedisBackend {
     /// this build has no feature for). A `tls_ca_file` is the only CA
     /// trusted for `rediss://`, a cluster's `rediss://` nodes, and with
     /// `rediss+sentinel://` for the sentinels and the servers they name.
+    /// `tls_client_cert_file` and `tls_client_key_file` are the client
+    /// certificate presented to each of them
+    /// ([`tls_client_cert`](RedisBackendBuilder::tls_client_cert)); a file
+    /// that cannot be read, holds no PEM certificate or key, or a key that
+    /// is not the certificate's, is an error naming the field and the path,
+    /// and so is a client certificate with a URL that is not TLS.
     /// URLs are passed to the builder as written.
     ///
     /// # Examples
@@ -112,11 +118,20 @@ impl RedisBackend {
         if let Some(path) = &r.tls_ca_file {
             b = tls_ca_file(b, path)?;
         }
+        // The core checked that both or neither are set.
+        if let (Some(cert), Some(key)) = (&r.tls_client_cert_file, &r.tls_client_key_file) {
+            b = tls_client_files(b, cert, key)?;
+        }
         // Parse the URLs now (no I/O), so a typo stops the start-up here
         // rather than at the first connection.
         b.check()
             .and_then(|()| b.connector().map(drop))
-            .map_err(|e| invalid(url_field, chain(&e)))?;
+            .map_err(|e| match e {
+                // The files were checked above: what is left is a URL
+                // that is not TLS, named by the setting that needs TLS.
+                RedisError::InvalidClientCert(why) => invalid("tls_client_cert_file", why),
+                e => invalid(url_field, chain(&e)),
+            })?;
         Ok(b)
     }
 
@@ -145,9 +160,46 @@ fn tls_ca_file(
     b: RedisBackendBuilder,
     path: &std::path::Path,
 ) -> Result<RedisBackendBuilder, RedisError> {
-    let pem = std::fs::read(path)
-        .map_err(|e| invalid("tls_ca_file", format!("{}: {e}", path.display())))?;
-    Ok(b.tls_root_cert(pem))
+    Ok(b.tls_root_cert(read("tls_ca_file", path)?))
+}
+
+/// Reads `field`'s file: an error names the field and the path.
+#[cfg(feature = "tls")]
+fn read(field: &'static str, path: &std::path::Path) -> Result<Vec<u8>, RedisError> {
+    std::fs::read(path).map_err(|e| invalid(field, format!("{}: {e}", path.display())))
+}
+
+#[cfg(feature = "tls")]
+fn tls_client_files(
+    b: RedisBackendBuilder,
+    cert_path: &std::path::Path,
+    key_path: &std::path::Path,
+) -> Result<RedisBackendBuilder, RedisError> {
+    let cert = read("tls_client_cert_file", cert_path)?;
+    let key = read("tls_client_key_file", key_path)?;
+    crate::tls::check_client_cert(&cert, &key).map_err(|(part, why)| match part {
+        crate::tls::Part::Cert => invalid(
+            "tls_client_cert_file",
+            format!("{}: {why}", cert_path.display()),
+        ),
+        crate::tls::Part::Key => invalid(
+            "tls_client_key_file",
+            format!("{}: {why}", key_path.display()),
+        ),
+    })?;
+    Ok(b.tls_client_cert(cert, key))
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_client_files(
+    _: RedisBackendBuilder,
+    _: &std::path::Path,
+    _: &std::path::Path,
+) -> Result<RedisBackendBuilder, RedisError> {
+    Err(invalid(
+        "tls_client_cert_file",
+        "TLS needs tollgate-redis's `tls` feature",
+    ))
 }
 
 #[cfg(not(feature = "tls"))]

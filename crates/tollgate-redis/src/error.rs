@@ -46,6 +46,12 @@ pub enum RedisError {
     /// wrong, never a password).
     #[error("invalid redis URL: {0}")]
     InvalidUrl(String),
+    /// A TLS client certificate that cannot be used: PEM holding no
+    /// certificate or no usable private key, a key that is not the
+    /// certificate's, or a URL that is not TLS. The message names the
+    /// setting (`tls_client_cert`), never the key.
+    #[error("invalid TLS client certificate: {0}")]
+    InvalidClientCert(String),
     /// The builder was asked for something this build cannot do (a
     /// `rediss://` URL without the `tls` feature, a cluster without the
     /// `cluster` feature).

@@ -47,7 +47,10 @@
 //!   `cluster`; Redis Sentinel with a
 //!   `redis+sentinel://host:port[,host:port...]/<master-name>` URL (see
 //!   [`RedisBackend::builder`]); `rediss://` and `rediss+sentinel://` URLs
-//!   with the feature `tls`.
+//!   with the feature `tls`, with a private CA
+//!   ([`RedisBackendBuilder::tls_root_cert`]) and a client certificate for
+//!   servers that demand one
+//!   ([`RedisBackendBuilder::tls_client_cert`], mutual TLS).
 //!   Credentials go in the URL (`redis://user:password@host:6379`).
 //! * **Failover**: a connection that reaches a replica (`ROLE`, or a
 //!   `READONLY` reply) is replaced like a dead one; with Sentinel the new
@@ -60,8 +63,8 @@
 //!   caller gave up on it long before (a limiter's per-decision timeout).
 //! * **Configuration**: [`RedisBackend::from_config`] connects as the
 //!   configuration's `[redis]` section says (URL, cluster, timeouts, pool,
-//!   durability, TLS CA), so a service moves between environments without
-//!   code.
+//!   durability, TLS CA and client certificate), so a service moves
+//!   between environments without code.
 //! * **Durability**: at start-up the backend checks `appendonly` and
 //!   `maxmemory-policy` and logs a [`DurabilityReport`]; with
 //!   [`Durability::Strict`] it refuses to start on a server it cannot show
@@ -97,6 +100,7 @@ pub mod encoding;
 mod error;
 pub mod scripts;
 mod sentinel;
+mod tls;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -227,8 +231,8 @@ pub struct RedisBackendBuilder {
     min_ttl: Duration,
     durability: Durability,
     override_cache_ttl: Duration,
-    #[cfg(feature = "tls")]
-    root_cert: Option<Vec<u8>>,
+    /// The CA and the client certificate for TLS connections.
+    tls: tls::TlsSettings,
 }
 
 impl fmt::Debug for RedisBackendBuilder {
@@ -255,6 +259,9 @@ impl fmt::Debug for RedisBackendBuilder {
             .field("min_ttl", &self.min_ttl)
             .field("durability", &self.durability)
             .field("override_cache_ttl", &self.override_cache_ttl)
+            .field("tls_root_cert", &self.tls.root_cert.is_some())
+            // Never the key.
+            .field("tls_client_cert", &self.tls.client.is_some())
             .finish()
     }
 }
@@ -275,8 +282,7 @@ impl RedisBackendBuilder {
             min_ttl: Duration::ZERO,
             durability: Durability::default(),
             override_cache_ttl: Duration::from_secs(1),
-            #[cfg(feature = "tls")]
-            root_cert: None,
+            tls: tls::TlsSettings::default(),
         }
     }
 
@@ -285,7 +291,38 @@ impl RedisBackendBuilder {
     /// name), instead of the system and Mozilla roots (feature `tls`).
     #[cfg(feature = "tls")]
     pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.root_cert = Some(pem.into());
+        self.tls.root_cert = Some(pem.into());
+        self
+    }
+
+    /// Presents this client certificate (mutual TLS) on every TLS
+    /// connection: to a `rediss://` server, a cluster's `rediss://` nodes,
+    /// and with `rediss+sentinel://` to the sentinels and every server they
+    /// name. For servers that ask clients for one (`tls-auth-clients yes`,
+    /// Redis's default on a TLS port) or accept one as an ACL user's
+    /// identity.
+    ///
+    /// `cert_pem` holds the client's certificate first, then any
+    /// intermediates; `key_pem` its private key, unencrypted: PKCS#8
+    /// (`BEGIN PRIVATE KEY`), PKCS#1 RSA (`BEGIN RSA PRIVATE KEY`) or SEC1
+    /// EC (`BEGIN EC PRIVATE KEY`), RSA, ECDSA P-256/P-384 or Ed25519.
+    ///
+    /// Checked by [`build`](Self::build) and
+    /// [`build_lazy`](Self::build_lazy), before any connection, with
+    /// [`RedisError::InvalidClientCert`]: PEM that holds no certificate or
+    /// no usable key, a key that is not the certificate's, or a URL that is
+    /// not TLS (a certificate that would never be sent). A build without
+    /// the feature `tls` refuses it ([`RedisError::Unsupported`]), as it
+    /// refuses `rediss://`.
+    pub fn tls_client_cert(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client = Some(tls::ClientCert {
+            cert: cert_pem.into(),
+            key: key_pem.into(),
+        });
         self
     }
 
@@ -477,11 +514,32 @@ impl RedisBackendBuilder {
             #[cfg(not(feature = "tls"))]
             return Err(RedisError::Unsupported("rediss:// needs the `tls` feature"));
         }
-        if self
-            .urls
-            .iter()
-            .any(|u| u.starts_with("rediss://") || sentinel::parse(u).is_ok_and(|p| p.tls))
-        {
+        if let Some(client) = &self.tls.client {
+            #[cfg(not(feature = "tls"))]
+            {
+                let _ = client;
+                return Err(RedisError::Unsupported(
+                    "tls_client_cert (a TLS client certificate) needs the `tls` feature",
+                ));
+            }
+            #[cfg(feature = "tls")]
+            {
+                if let Some(plain) = self.urls.iter().find(|u| !is_tls_url(u)) {
+                    let scheme = plain.split("://").next().unwrap_or_default();
+                    return Err(RedisError::InvalidClientCert(format!(
+                        "tls_client_cert is set but a URL is {scheme}://, not TLS: the \
+                         certificate would never be sent (use rediss:// or rediss+sentinel://)"
+                    )));
+                }
+                tls::check_client_cert(&client.cert, &client.key).map_err(|(part, why)| {
+                    RedisError::InvalidClientCert(match part {
+                        tls::Part::Cert => format!("tls_client_cert's certificate PEM {why}"),
+                        tls::Part::Key => format!("tls_client_cert's private key PEM {why}"),
+                    })
+                })?;
+            }
+        }
+        if self.urls.iter().any(|u| is_tls_url(u)) {
             #[cfg(feature = "tls")]
             {
                 // Several rustls providers may be compiled in; pick ring.
@@ -519,12 +577,8 @@ impl RedisBackendBuilder {
                 .connect_timeout
                 .saturating_add(self.response_timeout)
                 .saturating_mul(2);
-            #[cfg(feature = "tls")]
-            let root_cert = self.root_cert.clone();
-            #[cfg(not(feature = "tls"))]
-            let root_cert = None;
             return Ok(conn::Connector::Sentinel {
-                sentinel: sentinel::Sentinels::new(&parsed, per_sentinel, root_cert)?,
+                sentinel: sentinel::Sentinels::new(&parsed, per_sentinel, self.tls.clone())?,
                 config: conn::manager_config(self.timeouts()),
             });
         }
@@ -547,11 +601,7 @@ impl RedisBackendBuilder {
 
     fn connection_info(&self, url: &str) -> Result<redis::ConnectionInfo, RedisError> {
         #[cfg(feature = "tls")]
-        if let Some(pem) = &self.root_cert {
-            let certs = redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(pem.clone()),
-            };
+        if let Some(certs) = self.tls.certificates() {
             return Ok(redis::Client::build_with_tls(url, certs)?
                 .get_connection_info()
                 .clone());
@@ -567,11 +617,8 @@ impl RedisBackendBuilder {
                 .connection_timeout(self.connect_timeout)
                 .response_timeout(self.response_timeout);
         #[cfg(feature = "tls")]
-        if let Some(pem) = &self.root_cert {
-            builder = builder.certs(redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(pem.clone()),
-            });
+        if let Some(certs) = self.tls.certificates() {
+            builder = builder.certs(certs);
         }
         let first = self.urls.first().ok_or(RedisError::Unsupported("no URL"))?;
         Ok(conn::Connector::Cluster {
@@ -587,6 +634,11 @@ impl RedisBackendBuilder {
             "Redis Cluster needs the `cluster` feature",
         ))
     }
+}
+
+/// Whether `url` is TLS: `rediss://`, or `rediss+sentinel://`.
+fn is_tls_url(url: &str) -> bool {
+    url.starts_with("rediss://") || sentinel::parse(url).is_ok_and(|p| p.tls)
 }
 
 /// `<scheme>h1:p1,h2:p2/<master_name>`.
@@ -1583,6 +1635,46 @@ mod tests {
         assert!(format!("{b:?}").contains("redis+sentinel://a:1,b:2/m"));
         let b = RedisBackend::sentinel_tls_builder(["a:1", "b:2"], "m");
         assert!(format!("{b:?}").contains("rediss+sentinel://a:1,b:2/m"));
+    }
+
+    /// A client certificate is only ever sent over TLS: with a plain URL
+    /// (a server, a cluster node, sentinels) it is a configuration error
+    /// naming the setting, before any connection; the key is never shown.
+    #[test]
+    fn a_client_certificate_needs_tls_urls() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _enter = rt.enter();
+        let key = "-----BEGIN PRIVATE KEY-----\nc2VjcmV0\n-----END PRIVATE KEY-----\n";
+        for b in [
+            RedisBackend::builder("redis://127.0.0.1:1"),
+            RedisBackend::builder("redis+sentinel://127.0.0.1:1/m"),
+            RedisBackend::cluster_builder(["rediss://127.0.0.1:1", "redis://127.0.0.1:2"]),
+        ] {
+            let b = b.tls_client_cert("cert", key);
+            assert!(format!("{b:?}").contains("tls_client_cert: true"));
+            assert!(!format!("{b:?}").contains("c2VjcmV0"));
+            let e = b.build_lazy().expect_err("a plain URL");
+            assert!(matches!(e, RedisError::InvalidClientCert(_)), "{e:?}");
+            let e = e.to_string();
+            assert!(
+                e.contains("tls_client_cert") && e.contains("not TLS"),
+                "{e}"
+            );
+        }
+        // Over TLS, the PEM is checked before any connection.
+        let e = RedisBackend::builder("rediss+sentinel://127.0.0.1:1/m")
+            .tls_client_cert("not PEM", key)
+            .build_lazy()
+            .expect_err("no certificate");
+        assert!(
+            e.to_string()
+                .contains("tls_client_cert's certificate PEM holds no PEM"),
+            "{e}"
+        );
+        assert!(!e.to_string().contains("c2VjcmV0"), "{e}");
     }
 
     /// A call as `RedisBackend::call` builds it, for the one-integer reply.

@@ -21,7 +21,9 @@
 //! name (the master, a promoted replica, the replicas the durability check
 //! reads), each certificate verified as for `rediss://`: against the system
 //! and Mozilla roots, or only the CA given with
-//! [`tls_root_cert`](crate::RedisBackendBuilder::tls_root_cert). The name
+//! [`tls_root_cert`](crate::RedisBackendBuilder::tls_root_cert); each is
+//! presented the client certificate given with
+//! [`tls_client_cert`](crate::RedisBackendBuilder::tls_client_cert). The name
 //! checked for a server is the address the sentinels answer with (an IP,
 //! unless they announce host names), so its certificate must carry it.
 //! There is no unverified mode; without the feature `tls` the URL is
@@ -44,6 +46,7 @@ use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo, TlsMode};
 use tokio::sync::Mutex;
 
 use crate::RedisError;
+use crate::tls::TlsSettings;
 
 /// The scheme of a Sentinel URL.
 pub(crate) const SCHEME: &str = "redis+sentinel://";
@@ -256,20 +259,24 @@ impl State {
 /// How to reach the sentinels and the servers they name.
 struct Target {
     url: SentinelUrl,
-    /// The only CA trusted with `rediss+sentinel://`, as with `rediss://`
-    /// ([`tls_root_cert`](crate::RedisBackendBuilder::tls_root_cert)).
+    /// With `rediss+sentinel://`: the only CA trusted and the client
+    /// certificate presented, as with `rediss://`
+    /// ([`tls_root_cert`](crate::RedisBackendBuilder::tls_root_cert),
+    /// [`tls_client_cert`](crate::RedisBackendBuilder::tls_client_cert)),
+    /// to the sentinels and to every server they name alike.
     // Without the feature no TLS URL gets this far (see `needs_tls`).
     #[cfg_attr(not(feature = "tls"), allow(dead_code))]
-    root_cert: Option<Vec<u8>>,
+    tls: TlsSettings,
 }
 
 impl Sentinels {
-    /// `root_cert`: the only CA trusted with `rediss+sentinel://` (else the
-    /// system and Mozilla roots); unused without TLS.
+    /// `tls`: the CA trusted (else the system and Mozilla roots) and the
+    /// client certificate presented with `rediss+sentinel://`; unused
+    /// without TLS.
     pub(crate) fn new(
         url: &SentinelUrl,
         per_sentinel: Duration,
-        root_cert: Option<Vec<u8>>,
+        tls: TlsSettings,
     ) -> Result<Self, RedisError> {
         #[cfg(not(feature = "tls"))]
         if url.tls {
@@ -277,7 +284,7 @@ impl Sentinels {
         }
         let target = Target {
             url: url.clone(),
-            root_cert,
+            tls,
         };
         let clients = (0..url.sentinels.len())
             .map(|i| target.client(i))
@@ -391,21 +398,13 @@ impl Target {
                 .set_client_to_redis_tls_mode(TlsMode::Secure)
                 .set_client_to_sentinel_tls_mode(TlsMode::Secure);
             #[cfg(feature = "tls")]
-            if let Some(certs) = self.certs() {
+            if let Some(certs) = self.tls.certificates() {
                 b = b
                     .set_client_to_redis_certificates(certs.clone())
                     .set_client_to_sentinel_certificates(certs);
             }
         }
         b.build()
-    }
-
-    #[cfg(feature = "tls")]
-    fn certs(&self) -> Option<redis::TlsCertificates> {
-        self.root_cert.as_ref().map(|pem| redis::TlsCertificates {
-            client_tls: None,
-            root_cert: Some(pem.clone()),
-        })
     }
 
     /// A client for a server the sentinels name, as [`client`](Self::client)
@@ -436,7 +435,7 @@ impl Target {
         .into_connection_info()?
         .set_redis_settings(redis);
         #[cfg(feature = "tls")]
-        if let Some(certs) = self.certs() {
+        if let Some(certs) = self.tls.certificates() {
             return redis::Client::build_with_tls(info, certs);
         }
         redis::Client::open(info)

@@ -49,6 +49,7 @@ pub struct RedisSentinelBuilder {
     down_after: Duration,
     failover_timeout: Duration,
     tls: bool,
+    tls_auth_clients: bool,
 }
 
 impl Default for RedisSentinelBuilder {
@@ -59,6 +60,7 @@ impl Default for RedisSentinelBuilder {
             down_after: Duration::from_millis(500),
             failover_timeout: Duration::from_secs(2),
             tls: false,
+            tls_auth_clients: false,
         }
     }
 }
@@ -96,6 +98,16 @@ impl RedisSentinelBuilder {
         self
     }
 
+    /// With [`tls`](Self::tls): the master, the replica and the sentinels
+    /// all demand a client certificate signed by the throwaway CA
+    /// (`tls-auth-clients yes`, Redis's default on a TLS port; see
+    /// [`RedisSentinel::client_cert_file`]). They present their own
+    /// certificate to each other.
+    pub fn tls_auth_clients(mut self, yes: bool) -> Self {
+        self.tls_auth_clients = yes;
+        self
+    }
+
     /// The monitored master's name (default `tollgate`).
     pub fn master_name(mut self, name: &str) -> Self {
         self.master_name = name.into();
@@ -120,6 +132,7 @@ impl RedisSentinelBuilder {
                 .server
                 .clone()
                 .tls_only(true)
+                .tls_auth_clients(self.tls_auth_clients)
                 .certs(dir)
                 .arg("tls-replication", "yes"),
             None => self.server.clone(),
@@ -178,7 +191,7 @@ impl RedisSentinelBuilder {
             let mut args = vec!["--sentinel".to_owned()];
             if let Some(certs) = certs {
                 // TLS to clients, and to the servers and other sentinels.
-                args.extend(tls_args(certs, port));
+                args.extend(tls_args(certs, port, self.tls_auth_clients));
                 args.extend(["--tls-replication".into(), "yes".into()]);
             }
             let mut s = RedisServer {
@@ -250,6 +263,19 @@ impl RedisSentinel {
     /// `tls_ca_file`.
     pub fn ca_cert_file(&self) -> Option<PathBuf> {
         Some(self.certs.as_ref()?.join("ca.crt"))
+    }
+
+    /// The client certificate file of a TLS topology, signed by its CA
+    /// (for [`RedisSentinelBuilder::tls_auth_clients`]), e.g. for a
+    /// configuration's `tls_client_cert_file`.
+    pub fn client_cert_file(&self) -> Option<PathBuf> {
+        Some(self.certs.as_ref()?.join("client.crt"))
+    }
+
+    /// The private key file of
+    /// [`client_cert_file`](Self::client_cert_file) (PKCS#8 PEM).
+    pub fn client_key_file(&self) -> Option<PathBuf> {
+        Some(self.certs.as_ref()?.join("client.key"))
     }
 
     /// The monitored master's name.

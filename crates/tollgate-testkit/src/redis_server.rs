@@ -162,6 +162,8 @@ pub struct RedisServerBuilder {
     pub(crate) server: Server,
     tls: bool,
     tls_only: bool,
+    /// `tls-auth-clients yes`: a TLS client must present a certificate.
+    tls_auth_clients: bool,
     /// Where the CA and the server certificate are (shared by a
     /// topology); default: made in the server's own directory.
     certs: Option<PathBuf>,
@@ -176,6 +178,7 @@ impl Default for RedisServerBuilder {
             server: Server::Redis,
             tls: false,
             tls_only: false,
+            tls_auth_clients: false,
             certs: None,
             appendonly: false,
             maxmemory_policy: "noeviction".into(),
@@ -228,6 +231,16 @@ impl RedisServerBuilder {
         self
     }
 
+    /// With [`tls`](Self::tls) or [`tls_only`](Self::tls_only): demands a
+    /// client certificate signed by the throwaway CA (`tls-auth-clients
+    /// yes`, Redis's own default on a TLS port) instead of the testkit's
+    /// default `no`. The harness presents [`RedisServer::client_cert_file`];
+    /// a client must present it too (or another the CA signed).
+    pub fn tls_auth_clients(mut self, yes: bool) -> Self {
+        self.tls_auth_clients = yes;
+        self
+    }
+
     /// Uses the CA and server certificate [`make_certs`] made in `dir`, so
     /// that the servers of a topology trust each other.
     pub(crate) fn certs(mut self, dir: &Path) -> Self {
@@ -270,7 +283,7 @@ impl RedisServerBuilder {
                 None => None,
             };
             if let (Some(certs), Some(tls_port)) = (&certs, tls_port) {
-                args.extend(tls_args(certs, tls_port));
+                args.extend(tls_args(certs, tls_port, self.tls_auth_clients));
             }
             let mut server = RedisServer {
                 server: self.server,
@@ -407,6 +420,25 @@ impl RedisServer {
     /// The PEM of the CA that signed a TLS server's certificate.
     pub fn ca_cert_pem(&self) -> Option<Vec<u8>> {
         std::fs::read(self.certs.as_ref()?.join("ca.crt")).ok()
+    }
+
+    /// The CA file of a TLS server, e.g. for a configuration's
+    /// `tls_ca_file`.
+    pub fn ca_cert_file(&self) -> Option<PathBuf> {
+        Some(self.certs.as_ref()?.join("ca.crt"))
+    }
+
+    /// The PEM file of a client certificate the TLS server's CA signed (for
+    /// [`RedisServerBuilder::tls_auth_clients`]; an EC P-256 key), e.g.
+    /// for a configuration's `tls_client_cert_file`.
+    pub fn client_cert_file(&self) -> Option<PathBuf> {
+        Some(self.certs.as_ref()?.join("client.crt"))
+    }
+
+    /// The PEM file of [`client_cert_file`](Self::client_cert_file)'s
+    /// private key (PKCS#8, `BEGIN PRIVATE KEY`).
+    pub fn client_key_file(&self) -> Option<PathBuf> {
+        Some(self.certs.as_ref()?.join("client.key"))
     }
 
     /// The port.
@@ -580,7 +612,19 @@ impl RedisServer {
     pub fn cli(&self, args: &[&str]) -> String {
         match self.tls_ca() {
             Some(ca) => {
-                let mut all = vec!["--tls", "--cacert", &ca];
+                // The client certificate too, for a server that demands
+                // one (`tls_auth_clients`); one that does not ignores it.
+                let file = |name| self.certs.as_ref().map(|d| d.join(name));
+                let (cert, key) = (file("client.crt"), file("client.key"));
+                let (cert, key) = (
+                    cert.as_deref()
+                        .map(Path::to_string_lossy)
+                        .unwrap_or_default(),
+                    key.as_deref()
+                        .map(Path::to_string_lossy)
+                        .unwrap_or_default(),
+                );
+                let mut all = vec!["--tls", "--cacert", &ca, "--cert", &cert, "--key", &key];
                 all.extend_from_slice(args);
                 cli(self.port, &all)
             }
@@ -915,8 +959,10 @@ pub(crate) fn cli(port: u16, args: &[&str]) -> String {
 }
 
 /// The options of a TLS listener on `port` with the certificates in
-/// `certs` (clients are not asked for a certificate).
-pub(crate) fn tls_args(certs: &Path, port: u16) -> Vec<String> {
+/// `certs`; clients are asked for a certificate only with `auth_clients`.
+/// The server's own certificate is also its client certificate to a
+/// master or a sentinel (replication, monitoring).
+pub(crate) fn tls_args(certs: &Path, port: u16, auth_clients: bool) -> Vec<String> {
     let file = |name: &str| certs.join(name).to_string_lossy().into_owned();
     vec![
         "--tls-port".into(),
@@ -928,87 +974,100 @@ pub(crate) fn tls_args(certs: &Path, port: u16) -> Vec<String> {
         "--tls-ca-cert-file".into(),
         file("ca.crt"),
         "--tls-auth-clients".into(),
-        "no".into(),
+        if auth_clients { "yes" } else { "no" }.into(),
     ]
 }
 
-/// A throwaway CA and a server certificate for 127.0.0.1 and localhost in `dir`, made
-/// with the `openssl` command (a failure to run it panics: a TLS test must
-/// not pass without TLS).
+/// The `openssl` arguments of a P-256 EC key (`-newkey`'s).
+const EC_KEY: [&str; 4] = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
+
+/// A throwaway CA, a server certificate for 127.0.0.1 and localhost, and a
+/// client certificate (`client.crt`, `client.key`) in `dir`, made with the
+/// `openssl` command (a failure to run it panics: a TLS test must not pass
+/// without TLS).
 pub(crate) fn make_certs(dir: &Path) {
-    if dir.join("server.crt").exists() {
+    if dir.join("client.crt").exists() {
         return;
     }
-    let ext = dir.join("server.ext");
     std::fs::write(
-        &ext,
+        dir.join("server.ext"),
         // Sentinels name servers by IP: the name checked is 127.0.0.1.
         "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n",
     )
     .expect("write server.ext");
-    let steps: [&[&str]; 3] = [
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=tollgate test CA",
-        ],
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=127.0.0.1",
-        ],
+    std::fs::write(
+        dir.join("client.ext"),
+        "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n",
+    )
+    .expect("write client.ext");
+    let mut ca = vec![
+        "req", "-x509", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+    ];
+    ca.extend(EC_KEY);
+    ca.extend(["-days", "2", "-subj", "/CN=tollgate test CA"]);
+    openssl(dir, &ca);
+    issue_cert(dir, "server", &EC_KEY, "/CN=127.0.0.1", "server.ext");
+    issue_cert(
+        dir,
+        "client",
+        &EC_KEY,
+        "/CN=tollgate test client",
+        "client.ext",
+    );
+}
+
+/// Makes `<name>.key` (a new key, `key_args` being `openssl req`'s
+/// `-newkey ...` arguments) and `<name>.crt`, signed by the CA in `dir`
+/// (`ca.crt`, `ca.key`, as the TLS servers' certificates are) with the
+/// extensions of the file `ext` in `dir` (`client.ext`: a client
+/// certificate). For tests of other key types than the testkit's P-256.
+pub fn issue_cert(dir: &Path, name: &str, key_args: &[&str], subj: &str, ext: &str) {
+    let (key, csr, crt) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.crt"),
+    );
+    let mut req = vec![
+        "req", "-nodes", "-keyout", &key, "-out", &csr, "-subj", subj,
+    ];
+    req.extend_from_slice(key_args);
+    openssl(dir, &req);
+    openssl(
+        dir,
         &[
             "x509",
             "-req",
             "-in",
-            "server.csr",
+            &csr,
             "-CA",
             "ca.crt",
             "-CAkey",
             "ca.key",
             "-CAcreateserial",
             "-out",
-            "server.crt",
+            &crt,
             "-days",
             "2",
             "-extfile",
-            "server.ext",
+            ext,
         ],
-    ];
-    for args in steps {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run openssl (apt-get install -y openssl)");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    );
+}
+
+/// Runs `openssl` with `args` in `dir`; panics when it cannot run or fails
+/// (a TLS test must not pass without TLS).
+pub fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run openssl (apt-get install -y openssl)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// When a started server counts as up.

@@ -12,7 +12,7 @@
 //! | `memory` (default) | `memory::MemoryBackend`, the in-process backend |
 //! | `redis` | `redis::RedisBackend`: atomic Lua scripts, self-healing connections, durability check |
 //! | `redis-cluster` | Redis Cluster through the redis crate's cluster client |
-//! | `redis-tls` | `rediss://` URLs |
+//! | `redis-tls` | `rediss://` URLs (a private CA, client certificates) |
 //! | `tower` | `tower::RateLimitLayer`, extractors, responders, the outbound adaptive layer |
 //! | `axum` | client IP from axum's `ConnectInfo` |
 //! | `tonic` | client IP from tonic's `TcpConnectInfo` (the gRPC responder, `RESOURCE_EXHAUSTED`, comes with `tower`) |

