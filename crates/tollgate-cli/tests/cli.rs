@@ -1157,91 +1157,97 @@ tollgate_testkit::on_every_server! {
 
 // ---------------------------------------------------------------- cluster
 
-tollgate_testkit::on_every_server! {
-    #[cfg(feature = "cluster")]
-    #[test]
-    fn commands_work_on_a_cluster(server: Server) {
-        use tollgate_testkit::redis_server::RedisCluster;
-        let Some(cluster) = RedisCluster::shared_on(server) else {
-            return;
-        };
-        let urls = cluster.urls();
-        let joined = urls.join(",");
-        let c = config("t-cluster");
-        let service = || {
-            let config = Config::builder().toml_str(&c.toml).load().unwrap();
-            let backend = block_on(
-                RedisBackend::cluster_builder(urls.clone())
-                    .prefix(config.prefix())
-                    .durability(Durability::Skip)
-                    .build(),
-            )
-            .expect("connect the service's cluster backend");
-            let mut lc = config.limiter("api").unwrap().clone();
-            lc.timeout = Duration::from_secs(2);
-            lc.build(backend)
-        };
-        let run_cli = |args: &[&str]| {
-            let mut full = vec!["-c", c.arg(), "--cluster"];
-            full.extend(args);
-            run(&full, &[("REDIS_URL", &joined)])
-        };
-        // Keys in several slots.
-        let keys: Vec<String> = (0..8).map(|i| format!("account-{i}")).collect();
-        let api = service();
-        for k in &keys {
-            decide(&api, &Key::new(k), 3);
-        }
-        for k in &keys {
-            let out = expect(&run_cli(&["inspect", "api", "--key", k]), 0);
-            assert_eq!(field(&out, "remaining"), "7", "{k}: {out}");
-        }
-        expect(&run_cli(&["reset", "api", "--key", "account-3"]), 0);
-        assert_eq!(peek(&api, &Key::new("account-3")).remaining(), 10);
-        assert_eq!(peek(&api, &Key::new("account-4")).remaining(), 7);
+// The shared body of `on_every_server!` does not take the test's
+// attributes: the whole module is gated.
+#[cfg(feature = "cluster")]
+mod cluster {
+    use super::*;
 
-        // Overrides, the limiter's first per-key one and a limiter-wide one:
-        // at once for a worker that has not cached the limiter's overrides
-        // (others within override_cache_ttl).
-        expect(
-            &run_cli(&[
-                "override",
-                "set",
-                "api",
-                "--key",
-                "account-5",
-                "--capacity",
-                "40",
-            ]),
-            0,
-        );
-        assert_eq!(peek(&service(), &Key::new("account-5")).limit(), 40);
-        expect(&run_cli(&["override", "set", "api", "--capacity", "20"]), 0);
-        assert_eq!(peek(&service(), &Key::new("account-6")).limit(), 20);
-        let out = expect(
-            &run_cli(&["override", "show", "api", "--key", "account-5"]),
-            0,
-        );
-        assert!(
-            field(&out, "in force").ends_with("(from the key's override)"),
-            "{out}"
-        );
-        expect(
-            &run_cli(&["override", "clear", "api", "--key", "account-5"]),
-            0,
-        );
-        expect(&run_cli(&["override", "clear", "api"]), 0);
-        assert_eq!(peek(&service(), &Key::new("account-5")).limit(), 10);
+    tollgate_testkit::on_every_server! {
+        #[test]
+        fn commands_work_on_a_cluster(server: Server) {
+            use tollgate_testkit::redis_server::RedisCluster;
+            let Some(cluster) = RedisCluster::shared_on(server) else {
+                return;
+            };
+            let urls = cluster.urls();
+            let joined = urls.join(",");
+            let c = config("t-cluster");
+            let service = || {
+                let config = Config::builder().toml_str(&c.toml).load().unwrap();
+                let backend = block_on(
+                    RedisBackend::cluster_builder(urls.clone())
+                        .prefix(config.prefix())
+                        .durability(Durability::Skip)
+                        .build(),
+                )
+                .expect("connect the service's cluster backend");
+                let mut lc = config.limiter("api").unwrap().clone();
+                lc.timeout = Duration::from_secs(2);
+                lc.build(backend)
+            };
+            let run_cli = |args: &[&str]| {
+                let mut full = vec!["-c", c.arg(), "--cluster"];
+                full.extend(args);
+                run(&full, &[("REDIS_URL", &joined)])
+            };
+            // Keys in several slots.
+            let keys: Vec<String> = (0..8).map(|i| format!("account-{i}")).collect();
+            let api = service();
+            for k in &keys {
+                decide(&api, &Key::new(k), 3);
+            }
+            for k in &keys {
+                let out = expect(&run_cli(&["inspect", "api", "--key", k]), 0);
+                assert_eq!(field(&out, "remaining"), "7", "{k}: {out}");
+            }
+            expect(&run_cli(&["reset", "api", "--key", "account-3"]), 0);
+            assert_eq!(peek(&api, &Key::new("account-3")).remaining(), 10);
+            assert_eq!(peek(&api, &Key::new("account-4")).remaining(), 7);
 
-        // Every master is checked; the testkit's nodes run without AOF.
-        let out = expect(&run_cli(&["durability"]), 3);
-        for n in cluster.nodes() {
+            // Overrides, the limiter's first per-key one and a limiter-wide one:
+            // at once for a worker that has not cached the limiter's overrides
+            // (others within override_cache_ttl).
+            expect(
+                &run_cli(&[
+                    "override",
+                    "set",
+                    "api",
+                    "--key",
+                    "account-5",
+                    "--capacity",
+                    "40",
+                ]),
+                0,
+            );
+            assert_eq!(peek(&service(), &Key::new("account-5")).limit(), 40);
+            expect(&run_cli(&["override", "set", "api", "--capacity", "20"]), 0);
+            assert_eq!(peek(&service(), &Key::new("account-6")).limit(), 20);
+            let out = expect(
+                &run_cli(&["override", "show", "api", "--key", "account-5"]),
+                0,
+            );
             assert!(
-                out.contains(&format!("server            127.0.0.1:{}", n.port())),
+                field(&out, "in force").ends_with("(from the key's override)"),
                 "{out}"
             );
+            expect(
+                &run_cli(&["override", "clear", "api", "--key", "account-5"]),
+                0,
+            );
+            expect(&run_cli(&["override", "clear", "api"]), 0);
+            assert_eq!(peek(&service(), &Key::new("account-5")).limit(), 10);
+
+            // Every master is checked; the testkit's nodes run without AOF.
+            let out = expect(&run_cli(&["durability"]), 3);
+            for n in cluster.nodes() {
+                assert!(
+                    out.contains(&format!("server            127.0.0.1:{}", n.port())),
+                    "{out}"
+                );
+            }
+            assert_eq!(out.matches("appendonly is not yes").count(), 3, "{out}");
         }
-        assert_eq!(out.matches("appendonly is not yes").count(), 3, "{out}");
     }
 }
 
