@@ -940,7 +940,10 @@ async fn loading(c: &mut redis::aio::MultiplexedConnection) -> bool {
 /// had left before the restart (its state came back from the RDB), and a
 /// key at its limit is refused. The one allowance: a call the default
 /// limiter gave up (its 50 ms timeout) may still be run by the server once
-/// loaded, so such a key may admit up to that many fewer, never more. Returns the calls of the default limiters
+/// loaded, so such a key may admit up to that many fewer, never more.
+/// The backend-errors metric counts every failed verdict of the load under
+/// its reason (`loading`, `timeout`, `breaker_open`, `error` for the kill's
+/// connection errors). Returns the calls of the default limiters
 /// that timed out (`None`: the server is not installed, outside CI).
 async fn loading_restart(
     server: Server,
@@ -959,16 +962,22 @@ async fn loading_restart(
     let b = backend(&server.url()).await;
     // The strategies whose refusal writes nothing (a penalised window
     // and a progressive delay record refusals: not at stake here).
-    let all: Vec<_> = limiters(&b)
-        .into_iter()
-        .filter(|(_, _, refusal_writes)| !refusal_writes)
-        .map(|(closed, open, _)| (closed, open))
-        .collect();
-    // And the defaults: a 50 ms timeout and the breaker.
-    let guarded = [
-        limiter("guarded", FailMode::Closed, 5, b.clone()),
-        limiter("guarded", FailMode::Open, 5, b.clone()),
-    ];
+    // Every limiter registers its series with this test's own recorder.
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (all, guarded) = metrics::with_local_recorder(&recorder, || {
+        let all: Vec<_> = limiters(&b)
+            .into_iter()
+            .filter(|(_, _, refusal_writes)| !refusal_writes)
+            .map(|(closed, open, _)| (closed, open))
+            .collect();
+        // And the defaults: a 50 ms timeout and the breaker.
+        let guarded = [
+            limiter("guarded", FailMode::Closed, 5, b.clone()),
+            limiter("guarded", FailMode::Open, 5, b.clone()),
+        ];
+        (all, guarded)
+    });
     let (used, full, fresh, g) = (
         Key::new("used"),
         Key::new("full"),
@@ -1094,6 +1103,19 @@ async fn loading_restart(
     );
     assert!(named > 0, "no error named the load");
     assert!(breaker > 0, "the default breaker never opened");
+    // The backend-errors metric counted each verdict's failure under its
+    // reason (each is recorded before the verdict is returned).
+    let expected: BTreeMap<String, u64> = [
+        ("loading", named),
+        ("breaker_open", breaker),
+        ("timeout", timeouts),
+        ("error", lost),
+    ]
+    .into_iter()
+    .filter(|(_, n)| *n > 0)
+    .map(|(reason, n)| (reason.to_owned(), u64::from(n)))
+    .collect();
+    assert_eq!(backend_errors(&snapshotter), expected);
 
     // Loaded: exactly where they were. Without a breaker, decided at
     // once (an error fails the `unwrap`): each key admits what it had
