@@ -194,19 +194,21 @@ mod on {
         "shadow",
     ];
 
-    /// The `reason` label of [`BACKEND_ERRORS`]: the limiter's own
-    /// (`timeout`, `breaker_open`) among the backend's
-    /// ([`ErrorReason::label`]), at the indices `reason_index` gives.
-    const ERROR_REASONS: [&str; 8] = [
-        ErrorReason::Error.label(),
-        "timeout",
-        "breaker_open",
-        ErrorReason::OutOfMemory.label(),
-        ErrorReason::PersistenceFailed.label(),
-        ErrorReason::NotEnoughReplicas.label(),
-        ErrorReason::Busy.label(),
-        ErrorReason::Loading.label(),
-    ];
+    /// The limiter's own `reason`s of [`BACKEND_ERRORS`], at these indices
+    /// of `Meter::errors`; the backend's ([`ErrorReason::ALL`]) follow.
+    const OWN_REASONS: [&str; 2] = ["timeout", "breaker_open"];
+    const TIMEOUT: usize = 0;
+    const BREAKER_OPEN: usize = 1;
+
+    // `ErrorReason::ALL[i]` is the reason of discriminant `i`: a reason's
+    // handle is found by its discriminant.
+    const _: () = {
+        let mut i = 0;
+        while i < ErrorReason::ALL.len() {
+            assert!(ErrorReason::ALL[i] as usize == i);
+            i += 1;
+        }
+    };
 
     /// A limiter's handles, registered once when it is built.
     #[derive(Debug)]
@@ -214,10 +216,10 @@ mod on {
         decisions: [[Counter; 5]; 2],
         local: [Counter; 2],
         latency: Histogram,
-        /// By [`ERROR_REASONS`]: registered with the limiter, so that a
-        /// refusal, like any failure, looks up a handle and allocates
-        /// nothing.
-        errors: [Counter; ERROR_REASONS.len()],
+        /// By [`OWN_REASONS`], then [`ErrorReason::ALL`]: registered with
+        /// the limiter, so that a refusal, like any failure, looks up a
+        /// handle and allocates nothing.
+        errors: [Counter; OWN_REASONS.len() + ErrorReason::ALL.len()],
     }
 
     /// When a backend call started; `None` for an answer given at once,
@@ -238,8 +240,12 @@ mod on {
                 local: ["denial", "lease"]
                     .map(|kind| counter!(LOCAL_HITS, "limiter" => limiter(), "kind" => kind)),
                 latency: histogram!(BACKEND_LATENCY, "limiter" => limiter()),
-                errors: ERROR_REASONS
-                    .map(|reason| counter!(BACKEND_ERRORS, "limiter" => limiter(), "reason" => reason)),
+                errors: std::array::from_fn(|i| {
+                    let reason = OWN_REASONS.get(i).copied().unwrap_or_else(|| {
+                        ErrorReason::ALL[i - OWN_REASONS.len()].label()
+                    });
+                    counter!(BACKEND_ERRORS, "limiter" => limiter(), "reason" => reason)
+                }),
             }
         }
 
@@ -275,29 +281,20 @@ mod on {
         pub(crate) fn failed_call(&self, watch: Stopwatch, e: &Error, reason: ErrorReason) {
             self.latency.record(Self::elapsed(watch));
             let i = match e {
-                Error::Timeout(_) => 1,
-                Error::BreakerOpen => 2,
-                _ => reason_index(reason),
+                Error::Timeout(_) => TIMEOUT,
+                Error::BreakerOpen => BREAKER_OPEN,
+                _ => OWN_REASONS.len() + reason as usize,
             };
             self.errors[i].increment(1);
         }
 
         /// A call the open breaker did not let through.
         pub(crate) fn breaker_open(&self) {
-            self.errors[2].increment(1);
+            self.errors[BREAKER_OPEN].increment(1);
         }
 
         fn elapsed(watch: Stopwatch) -> f64 {
             watch.0.map_or(0.0, |at| at.elapsed().as_secs_f64())
-        }
-    }
-
-    /// The index of `reason` in `Meter::errors` (see [`ERROR_REASONS`]).
-    fn reason_index(reason: ErrorReason) -> usize {
-        match reason {
-            ErrorReason::Error => 0,
-            // After error, timeout and breaker_open.
-            r => 2 + r as usize,
         }
     }
 
