@@ -1224,7 +1224,10 @@ impl Call {
     /// `Conn::eval`).
     fn command(&self, strategy: Strategy) -> Cmd {
         let script = scripts::for_strategy(strategy);
-        let (keys, args) = (self.key_count(strategy), 2 + self.optional_args());
+        let (keys, args) = (
+            self.key_suffixes(strategy).count(),
+            2 + self.optional_args(),
+        );
         // Room for what a production call sends (the further keys are the
         // state's and a suffix; the optional arguments are rare): no
         // growing on the way.
@@ -1240,37 +1243,36 @@ impl Call {
         cmd
     }
 
-    /// How many keys [`each_key`](Self::each_key) gives.
-    fn key_count(&self, strategy: Strategy) -> usize {
-        1 + usize::from(self.keyed || strategy != Strategy::TokenBucket)
-            + match strategy {
-                Strategy::SlidingWindow | Strategy::Concurrency => 1,
-                Strategy::Composite => 4,
-                Strategy::TokenBucket | Strategy::ProgressiveDelay | Strategy::Calendar => 0,
-            }
-    }
-
-    /// The script's keys under `strategy`, in order.
-    fn each_key(&self, strategy: Strategy, mut key: impl FnMut(&str)) {
-        key(&self.state);
+    /// The script's keys under `strategy`, in order, as suffixes of the
+    /// state key (`""` for the state itself): one list, which both the
+    /// key count and the keys sent come from.
+    fn key_suffixes(&self, strategy: Strategy) -> impl Iterator<Item = &'static str> {
         // The key's override: a token bucket reads it only when the limiter
         // has per-key overrides (its one-key call reads one key less); the
         // other scripts take their further keys at fixed positions, and
         // always read it.
-        if self.keyed || strategy != Strategy::TokenBucket {
-            key(&format!("{}:override", self.state));
-        }
-        match strategy {
-            Strategy::SlidingWindow => key(&format!("{}:log", self.state)),
+        let key_override = (self.keyed || strategy != Strategy::TokenBucket).then_some(":override");
+        let own: &'static [&'static str] = match strategy {
+            Strategy::SlidingWindow => &[":log"],
             // The parts' logs (see lua/composite.lua).
-            Strategy::Composite => {
-                for i in 1..=4 {
-                    key(&format!("{}:log{i}", self.state));
-                }
-            }
+            Strategy::Composite => &[":log1", ":log2", ":log3", ":log4"],
             // The slots (see lua/concurrency.lua).
-            Strategy::Concurrency => key(&format!("{}:slots", self.state)),
-            Strategy::TokenBucket | Strategy::ProgressiveDelay | Strategy::Calendar => {}
+            Strategy::Concurrency => &[":slots"],
+            Strategy::TokenBucket | Strategy::ProgressiveDelay | Strategy::Calendar => &[],
+        };
+        std::iter::once("")
+            .chain(key_override)
+            .chain(own.iter().copied())
+    }
+
+    /// The script's keys under `strategy`, in order.
+    fn each_key(&self, strategy: Strategy, mut key: impl FnMut(&str)) {
+        for suffix in self.key_suffixes(strategy) {
+            if suffix.is_empty() {
+                key(&self.state);
+            } else {
+                key(&format!("{}{suffix}", self.state));
+            }
         }
     }
 
