@@ -11,6 +11,12 @@
 # library, the ratio of the medians (governor / tollgate: above 1.0x
 # tollgate is ahead), and the range of the rounds' own ratios.
 #
+# Rounds a few seconds apart still straddle the VM's own swings (both
+# libraries slow down together, up to 3x, for seconds): for differences of
+# a few percent use the interleaved pairs instead, which alternate the two
+# libraries every ~10 ms on the same pinned threads:
+#   cargo run --release -p tollgate-memory --example paired [PAIRS] [CHUNK] [FILTER]
+#
 #   scripts/bench-memory.sh [ROUNDS] [MEASUREMENT_SECS] [FILTER]
 #       ROUNDS 5, MEASUREMENT_SECS 2 (plus 1 s of warm-up a run): ~11
 #       minutes for the 16 cases; FILTER, a regex on the case
