@@ -12,7 +12,7 @@ use tollgate_limiter::{Backend, Config, Decision, Key, Op, Policy, Request, Toke
 use tollgate_redis::{Durability, NodeRole, RedisBackend, RedisBackendBuilder, RedisError};
 use tollgate_testkit::conformance::unique_name;
 use tollgate_testkit::ha::RedisSentinel;
-use tollgate_testkit::redis_server::{RedisServer, issue_cert, openssl};
+use tollgate_testkit::redis_server::{RedisServer, TlsCerts, issue_cert, openssl};
 
 const S: Duration = Duration::from_secs(1);
 
