@@ -29,7 +29,7 @@ use tollgate_limiter::{
 use tollgate_redis::{Durability, NodeRole, RedisBackend, RedisBackendBuilder, RedisError};
 use tollgate_testkit::conformance::{assert_fail_mode_held, unique_name};
 use tollgate_testkit::ha::{RedisSentinel, wait_synced};
-use tollgate_testkit::redis_server::RedisCluster;
+use tollgate_testkit::redis_server::{RedisCluster, TlsCerts};
 use tollgate_testkit::relay::Relay;
 
 const S: Duration = Duration::from_secs(1);

