@@ -362,7 +362,6 @@ async fn bare(args: &Args, conn: MultiplexedConnection, duration: Duration) -> S
     let encoded = Arc::new(encoding::script_arg(&policy).unwrap());
     let names = key_names(args.keys);
     let window = policy.strategy() == Strategy::SlidingWindow;
-    let bucket = policy.strategy() == Strategy::TokenBucket;
     drive(args.concurrency, args.keys, duration, move |k| {
         let (script, encoded, names) = (
             Arc::clone(&script),
@@ -371,16 +370,13 @@ async fn bare(args: &Args, conn: MultiplexedConnection, duration: Duration) -> S
         );
         let mut conn = conn.clone();
         async move {
-            // The keys and arguments of `lua/common.lua`: state, key
-            // override (not for a token bucket on a limiter without
-            // per-key overrides, as here), then a sliding window's log;
-            // operation, policy (the others at their defaults are not sent).
+            // The keys and arguments of `lua/common.lua`: state (no key
+            // override: a limiter without per-key overrides, as here),
+            // then a sliding window's log; operation, policy (the others
+            // at their defaults are not sent).
             let state = format!("bench-bare:bench:{{{}}}", names[k as usize].as_str());
             let mut inv = script.prepare_invoke();
             inv.key(&state);
-            if !bucket {
-                inv.key(format!("{state}:override"));
-            }
             if window {
                 inv.key(format!("{state}:log"));
             }

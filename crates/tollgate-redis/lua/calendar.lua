@@ -15,7 +15,7 @@
 -- Model: CalendarState::acquire / peek / settle.
 
 local now = now_us()
-local p = policy_in_force()
+local p = policy_in_force(0)
 if p.kind ~= 'q' then
   return { -1, p.kind }
 end

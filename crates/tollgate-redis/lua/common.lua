@@ -19,12 +19,17 @@
 --            x  expiry (µs): from then on the key reads as fresh
 --            (+ the strategy's own fields)
 -- KEYS[2]  key ovr   <prefix>:<limiter>:{<key>}:override   STRING (encoded policy);
---          token_bucket.lua takes it only on a limiter with per-key
---          overrides (see there), the other scripts always
--- KEYS[3]  sliding_window.lua: the log, <prefix>:<limiter>:{<key>}:log (LIST);
---          composite.lua: KEYS[3..6], its parts' logs :log1 .. :log4;
---          concurrency.lua: the slots, :slots (ZSET); token_bucket.lua:
---          none (it takes at most two keys)
+--          sent only on a limiter with per-key overrides (a marker the
+--          client reads with the limiter-wide override, see src/lib.rs):
+--          a limiter without names only keys that live and move together,
+--          which a Redis Cluster slot in migration still serves (a call
+--          naming a key the slot holds and one it does not, as an absent
+--          override, is answered -TRYAGAIN until the migration ends)
+-- then     the script's own further keys, last (OWN of them, see
+--          policy_in_force): sliding_window.lua: the log,
+--          <prefix>:<limiter>:{<key>}:log (LIST); composite.lua: its parts'
+--          logs :log1 .. :log4; concurrency.lua: the slots, :slots (ZSET);
+--          the others none
 -- Every key carries the {<key>} hash tag: one cluster slot. The limiter-wide
 -- override (<prefix>:<limiter>:override) is not a key of any script: the
 -- client reads it (and caches it, RedisBackendBuilder::override_cache_ttl)
@@ -249,11 +254,12 @@ local function decode(enc)
   error('tollgate: unknown strategy in policy encoding')
 end
 
--- The policy in force: the key's override (KEYS[2]), else the one the
+-- The policy in force: the key's override (KEYS[2], when sent: a script
+-- taking `own` further keys was sent more than 1 + own), else the one the
 -- client sent (ARGV[2]: the limiter-wide override it knows, else the
 -- configured policy).
-local function policy_in_force()
-  return decode(redis.call('GET', KEYS[2]) or ARGV[2])
+local function policy_in_force(own)
+  return decode(#KEYS > own + 1 and redis.call('GET', KEYS[2]) or ARGV[2])
 end
 
 -- The fields of the state HASH at KEYS[1] (HMGET). A token bucket's STRING

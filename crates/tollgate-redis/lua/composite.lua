@@ -1,8 +1,8 @@
 -- tollgate: composite, one all-or-nothing decision over up to 4 token
 -- buckets, sliding windows (never penalising) and calendar quotas.
 --
--- KEYS and ARGV: see common.lua; KEYS[3..6] are the parts' logs:
--- KEYS[2 + i]  <prefix>:<limiter>:{<key>}:log<i>, i = 1 .. 4   LIST
+-- KEYS and ARGV: see common.lua; the last four keys are the parts' logs:
+-- KEYS[#KEYS - 4 + i]  <prefix>:<limiter>:{<key>}:log<i>, i = 1 .. 4   LIST
 -- Every key shares the hash tag: one cluster slot.
 -- State, KEYS[1]: HASH { s = 'c', x = expiry, and per part i (from 1)
 -- k<i> = 't' | 'w' | 'q', v<i> = tat (token bucket), total cost in log<i>
@@ -29,7 +29,7 @@
 -- CalendarState::settle (common_calendar.lua's calendar_settle).
 
 local now = now_us()
-local p = policy_in_force()
+local p = policy_in_force(4)
 if p.kind ~= 'c' then
   return { -1, p.kind }
 end
@@ -47,7 +47,7 @@ if #missing > 0 then
 end
 local op, cost, settle = parse_op()
 local function log_key(i)
-  return KEYS[2 + i]
+  return KEYS[#KEYS - 4 + i]
 end
 -- Part i's field names, k<i> v<i> a<i> e<i> b<i> r<i> t<i>, are
 -- FIELDS[7 * i - 6 .. 7 * i], constants: 'k' .. i formats i with sprintf

@@ -1,8 +1,8 @@
 -- tollgate: concurrency, at most max_in_flight slots held at once, each a
 -- lease.
 --
--- KEYS and ARGV: see common.lua; KEYS[3] is the slots:
--- KEYS[3]  <prefix>:<limiter>:{<key>}:slots   ZSET member = slot id,
+-- KEYS and ARGV: see common.lua; the last key is the slots:
+--          <prefix>:<limiter>:{<key>}:slots   ZSET member = slot id,
 --          score = lease expiry (µs)
 -- Every key shares the hash tag: one cluster slot.
 -- State, KEYS[1]: HASH { s = 'n', x = expiry }: x is the latest lease's
@@ -13,7 +13,7 @@
 -- Model: ConcurrencyState::apply.
 
 local now = now_us()
-local p = policy_in_force()
+local p = policy_in_force(1)
 if p.kind ~= 'n' then
   return { -1, p.kind }
 end
@@ -31,7 +31,7 @@ local function parse_slot_op()
 end
 
 local op, id = parse_slot_op()
-local slots = KEYS[3]
+local slots = KEYS[#KEYS]
 
 local st = state_fields('s', 'x')
 local live = st[1] == 'n' and tonumber(st[2]) > now and op ~= 'reset'

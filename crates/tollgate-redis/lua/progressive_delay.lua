@@ -19,7 +19,7 @@
 -- Model: ProgressiveDelayState::acquire / peek / reserve / settle.
 
 local now = now_us()
-local p = policy_in_force()
+local p = policy_in_force(0)
 if p.kind ~= 'p' then
   return { -1, p.kind }
 end

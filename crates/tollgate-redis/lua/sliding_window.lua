@@ -6,7 +6,7 @@
 -- counts as 0), t = when the newest event the bounded log dropped leaves
 -- the window (absent counts as 0): no refund before then }. A reserve appends its mark: born, the timestamp of the
 -- entry holding its units.
--- Log, KEYS[3]: LIST of pairs, oldest first: ts1, cost1, ts2, cost2, ...
+-- Log, the last key (KEYS[3], or KEYS[2] when no override is sent): LIST of pairs, oldest first: ts1, cost1, ts2, cost2, ...
 -- (timestamps non-decreasing; events at one instant are merged). Both keys
 -- share the hash tag and the TTL.
 -- Bounded log: whenever an event is recorded, the oldest events are dropped
@@ -19,7 +19,8 @@
 -- Model: SlidingWindowState::acquire / peek / penalise / settle.
 
 local now = now_us()
-local p = policy_in_force()
+local p = policy_in_force(1)
+local LOG = KEYS[#KEYS]
 if p.kind ~= 'w' then
   return { -1, p.kind }
 end
@@ -33,14 +34,14 @@ if live then
   total = tonumber(st[3])
   born = tonumber(st[4] or '0')
   trimmed_until = tonumber(st[5] or '0')
-elseif (st[1] or redis.pcall('EXISTS', KEYS[3])) ~= 0 then
+elseif (st[1] or redis.pcall('EXISTS', LOG)) ~= 0 then
   -- Fresh: drop an expired log, another strategy's state, or (reset) ours.
   -- Only when there is one: a DEL that finds nothing is still a write, and
   -- once a script has written, a Redis out of memory lets it write on, so a
   -- new key would grow past maxmemory (docs/redis.md, "When Redis
   -- refuses"); the EXISTS costs what that DEL did. A user without +exists
   -- (an ACL from before) gets its error, and the DEL as before.
-  redis.call('DEL', KEYS[1], KEYS[3])
+  redis.call('DEL', KEYS[1], LOG)
 end
 if op == 'reset' then
   op = 'peek'
@@ -50,7 +51,7 @@ end
 local last_ts, last_c = nil, nil
 local clamped = now
 if total > 0 then
-  local tail = redis.call('LRANGE', KEYS[3], -2, -1)
+  local tail = redis.call('LRANGE', LOG, -2, -1)
   if #tail == 2 then
     last_ts, last_c = tonumber(tail[1]), tonumber(tail[2])
     if last_ts > clamped then
@@ -58,7 +59,7 @@ if total > 0 then
     end
   else
     -- A state without its log cannot be trusted: start afresh.
-    redis.call('DEL', KEYS[1], KEYS[3])
+    redis.call('DEL', KEYS[1], LOG)
     total = 0
   end
 end
@@ -66,7 +67,7 @@ end
 -- Drops events from the head of the log while should_drop(ts, cost) holds,
 -- taking their cost off the total.
 local function drop_head(should_drop)
-  local drop = each_event(KEYS[3], function(ts, c)
+  local drop = each_event(LOG, function(ts, c)
     if not should_drop(ts, c) then
       return true
     end
@@ -74,7 +75,7 @@ local function drop_head(should_drop)
     return false
   end)
   if drop > 0 then
-    redis.call('LTRIM', KEYS[3], drop, -1)
+    redis.call('LTRIM', LOG, drop, -1)
   end
 end
 
@@ -84,7 +85,7 @@ end
 -- instructions). A born that is not a number reads the head.
 local trimmed = false
 if total > 0 and (born or 0) + w <= clamped then
-  local head = tonumber(redis.call('LINDEX', KEYS[3], 0))
+  local head = tonumber(redis.call('LINDEX', LOG, 0))
   if head + w <= clamped then
     drop_head(function(ts, _)
       return ts + w <= clamped
@@ -106,9 +107,9 @@ local function record(c)
   end
   if last_ts == clamped then
     last_c = last_c + c
-    redis.call('LSET', KEYS[3], -1, fmt(last_c))
+    redis.call('LSET', LOG, -1, fmt(last_c))
   else
-    redis.call('RPUSH', KEYS[3], fmt(clamped), fmt(c))
+    redis.call('RPUSH', LOG, fmt(clamped), fmt(c))
     last_ts, last_c = clamped, c
   end
   total = total + c
@@ -138,14 +139,14 @@ if settling then
     op, cost = 'peek', 1
     -- Not while an event the log dropped is still in the window.
     if actual < units and m and m.born == born and total > 0 and trimmed_until <= now then
-      local refund = refund_event(KEYS[3], m.at, units - actual)
+      local refund = refund_event(LOG, m.at, units - actual)
       if refund then
         total = total - refund
         -- The newest entry may be gone: now is clamped to the new one.
         last_ts, last_c = nil, nil
         clamped = now
         if total > 0 then
-          local tail = redis.call('LRANGE', KEYS[3], -2, -1)
+          local tail = redis.call('LRANGE', LOG, -2, -1)
           last_ts, last_c = tonumber(tail[1]), tonumber(tail[2])
           if last_ts > clamped then
             clamped = last_ts
@@ -184,7 +185,7 @@ else
     local needed = total + want - limit
     local freed = 0
     retry = w
-    each_event(KEYS[3], function(ts, c)
+    each_event(LOG, function(ts, c)
       freed = freed + c
       if freed >= needed then
         retry = ts + w - clamped
@@ -206,7 +207,7 @@ end
 
 if total == 0 then
   if trimmed or settling then
-    redis.call('DEL', KEYS[1], KEYS[3])
+    redis.call('DEL', KEYS[1], LOG)
   end
 elseif recorded or settling then
   -- A settle is a write either way: the expiry follows the state.
@@ -219,7 +220,7 @@ elseif recorded or settling then
   else
     redis.call('HSET', KEYS[1], 's', 'w', 'x', fmt(expires_at), 'n', fmt(total), 'b', fmt(born))
   end
-  expire(KEYS[1], expires_at, now, KEYS[3])
+  expire(KEYS[1], expires_at, now, LOG)
 elseif trimmed then
   -- Not a write: the expiry stays as the last write set it.
   redis.call('HSET', KEYS[1], 'n', fmt(total))

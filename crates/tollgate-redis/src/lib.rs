@@ -34,8 +34,8 @@
 //!   the client and cached for at most
 //!   [`RedisBackendBuilder::override_cache_ttl`] (default 1 s): the worker
 //!   that sets it sees it at once, the others within that TTL. A per-key
-//!   override is read by the script itself; a token bucket's script reads it
-//!   only on a limiter the client knows to have per-key overrides (a marker
+//!   override is read by the script itself, only on a limiter the client
+//!   knows to have per-key overrides (a marker
 //!   the backend sets with the first one and never removes, read and cached
 //!   with the limiter-wide override). So a limiter's first per-key override
 //!   reaches other workers within that TTL too, and every later per-key
@@ -177,7 +177,7 @@ struct LimiterOverrides {
     /// The limiter-wide override, sent as the policy.
     wide: Option<Wide>,
     /// Whether the limiter has per-key overrides (its marker is set): only
-    /// then does a token bucket's call send the key's override key.
+    /// then does a call send the key's override key.
     keyed: bool,
 }
 
@@ -1247,11 +1247,12 @@ impl Call {
     /// state key (`""` for the state itself): one list, which both the
     /// key count and the keys sent come from.
     fn key_suffixes(&self, strategy: Strategy) -> impl Iterator<Item = &'static str> {
-        // The key's override: a token bucket reads it only when the limiter
-        // has per-key overrides (its one-key call reads one key less); the
-        // other scripts take their further keys at fixed positions, and
-        // always read it.
-        let key_override = (self.keyed || strategy != Strategy::TokenBucket).then_some(":override");
+        // The key's override, only when the limiter has per-key overrides:
+        // a call reads one key less, and names only keys that live and
+        // move together, which a cluster slot in migration still serves
+        // (see lua/common.lua). The scripts find their own further keys
+        // from the end.
+        let key_override = self.keyed.then_some(":override");
         let own: &'static [&'static str] = match strategy {
             Strategy::SlidingWindow => &[":log"],
             // The parts' logs (see lua/composite.lua).

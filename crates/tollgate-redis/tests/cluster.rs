@@ -296,23 +296,33 @@ tollgate_testkit::on_every_server! {
         let moved = limiter("moved", TokenBucket::new(3, 1, 60 * S).unwrap().into());
         assert!(moved.try_acquire(&moving, 1).await.unwrap().is_allowed());
         let from = cluster.start_migration(slot, to);
+        // A key not moved yet: the old master holds its state and its log,
+        // every key the call names (a limiter without per-key overrides
+        // does not name the key's override, which does not exist: a
+        // migrating slot answers -TRYAGAIN to a call naming keys it has
+        // and keys it has not), so it decides, exactly.
+        assert_eq!(window.try_acquire(&moving, 1).await.unwrap().remaining(), 1);
         // A new key: the old master answers -ASK, the client sends ASKING
-        // to the new one, where the bucket lives from now on. (A token
-        // bucket only: the other scripts also name the key's override,
-        // which does not exist, and a migrating slot answers -TRYAGAIN to
-        // a call naming keys it has and keys it has not.)
+        // to the new one, where the bucket lives from now on.
         let bucket = limiter("bucket", TokenBucket::new(2, 1, 60 * S).unwrap().into());
         assert!(bucket.try_acquire(&moving, 1).await.unwrap().is_allowed());
         assert!(bucket.try_acquire(&moving, 1).await.unwrap().is_allowed());
         assert!(bucket.try_acquire(&moving, 1).await.unwrap().is_denied());
+        // A new key of a two-key script: none of its keys is anywhere, and
+        // the new master answers a call naming several keys it lacks with
+        // -TRYAGAIN until the migration ends (docs/redis.md, "Resharding").
+        let fresh = limiter("fresh", SlidingWindow::new(3, 60 * S).unwrap().into());
+        assert!(fresh.try_acquire(&moving, 1).await.is_err());
         // A moved key: -ASK, and its count goes on from the old master's.
         assert_eq!(cluster.migrate_keys(slot, from, to), 3, "window, log, moved");
         assert_eq!(moved.try_acquire(&moving, 1).await.unwrap().remaining(), 1);
+        assert_eq!(window.try_acquire(&moving, 1).await.unwrap().remaining(), 0);
         // The slot is the new master's: -MOVED, and the client reads the
         // topology again (CLUSTER SLOTS).
         cluster.finish_migration(slot, to);
-        assert_eq!(window.try_acquire(&moving, 1).await.unwrap().remaining(), 1);
+        assert!(window.try_acquire(&moving, 1).await.unwrap().is_denied());
         assert!(bucket.try_acquire(&moving, 1).await.unwrap().is_denied());
+        assert_eq!(fresh.try_acquire(&moving, 1).await.unwrap().remaining(), 2);
 
         // A restart: users live in memory (an operator keeps them in an
         // aclfile), so it is created again; decisions resume as this user.
