@@ -20,12 +20,13 @@
 --            (+ the strategy's own fields)
 -- KEYS[2]  key ovr   <prefix>:<limiter>:{<key>}:override   STRING (encoded policy);
 --          sent only on a limiter with per-key overrides (a marker the
---          client reads with the limiter-wide override, see src/lib.rs):
---          a limiter without names only keys that live and move together,
---          which a Redis Cluster slot in migration still serves (a call
---          naming a key the slot holds and one it does not, as an absent
---          override, is answered -TRYAGAIN until the migration ends)
--- then     the script's own further keys, last (OWN of them, see
+--          client reads with the limiter-wide override, see src/lib.rs),
+--          so the call of a limiter without them names only keys that
+--          live and move together, which a Redis Cluster slot in
+--          migration still serves (a call naming a key the slot holds and
+--          one it does not, as an absent override, is answered -TRYAGAIN
+--          until the migration ends)
+-- then     the script's own further keys, last (`own` of them, see
 --          policy_in_force): sliding_window.lua: the log,
 --          <prefix>:<limiter>:{<key>}:log (LIST); composite.lua: its parts'
 --          logs :log1 .. :log4; concurrency.lua: the slots, :slots (ZSET);

@@ -6,8 +6,9 @@
 -- counts as 0), t = when the newest event the bounded log dropped leaves
 -- the window (absent counts as 0): no refund before then }. A reserve appends its mark: born, the timestamp of the
 -- entry holding its units.
--- Log, the last key (KEYS[3], or KEYS[2] when no override is sent): LIST of pairs, oldest first: ts1, cost1, ts2, cost2, ...
--- (timestamps non-decreasing; events at one instant are merged). Both keys
+-- Log, the last key (KEYS[3], or KEYS[2] when no override is sent): LIST
+-- of pairs, oldest first: ts1, cost1, ts2, cost2, ... (timestamps
+-- non-decreasing; events at one instant are merged). Both keys
 -- share the hash tag and the TTL.
 -- Bounded log: whenever an event is recorded, the oldest events are dropped
 -- while the newer ones alone hold at least `limit` units, which changes no
