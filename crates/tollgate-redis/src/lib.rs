@@ -1700,6 +1700,49 @@ mod tests {
     }
 
     #[test]
+    fn a_call_names_the_keys_override_only_on_a_limiter_with_per_key_overrides() {
+        // A cluster slot in migration answers -TRYAGAIN to a call naming a
+        // key it holds and one it does not (an absent override): a limiter
+        // nobody overrides per key names only keys that live together, and
+        // the scripts find their own further keys from the end of KEYS.
+        let mut call = call_of(
+            &Policy::from(TokenBucket::per_second(1, 1).unwrap()),
+            Op::Acquire(1),
+        );
+        let own: [(Strategy, &[&str]); 6] = [
+            (Strategy::TokenBucket, &[]),
+            (Strategy::ProgressiveDelay, &[]),
+            (Strategy::Calendar, &[]),
+            (Strategy::SlidingWindow, &[":log"]),
+            (Strategy::Concurrency, &[":slots"]),
+            (Strategy::Composite, &[":log1", ":log2", ":log3", ":log4"]),
+        ];
+        for keyed in [false, true] {
+            call.keyed = keyed;
+            for (strategy, further) in own {
+                let mut expect = vec![""];
+                if keyed {
+                    expect.push(":override");
+                }
+                expect.extend_from_slice(further);
+                let suffixes: Vec<_> = call.key_suffixes(strategy).collect();
+                assert_eq!(suffixes, expect, "{strategy:?}, keyed {keyed}");
+                // The EVALSHA's key count and the keys sent agree.
+                let cmd = call.command(strategy);
+                let sent: Vec<_> = cmd.args_iter().collect();
+                assert_eq!(
+                    sent[2],
+                    redis::Arg::Simple(expect.len().to_string().as_bytes())
+                );
+                let mut keys = Vec::new();
+                call.each_key(strategy, |k| keys.push(k.to_owned()));
+                let named: Vec<_> = expect.iter().map(|s| format!("s{s}")).collect();
+                assert_eq!(keys, named, "{strategy:?}, keyed {keyed}");
+            }
+        }
+    }
+
+    #[test]
     fn a_decisions_future_is_a_pointer() {
         // A limiter holds and moves the backend's futures inside its own:
         // these stay boxed, so they do not size (and slow) every check.
