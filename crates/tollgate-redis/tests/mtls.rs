@@ -35,8 +35,9 @@ fn read(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The server's client certificate and key, as PEM.
-fn client_pem(s: &RedisServer) -> (Vec<u8>, Vec<u8>) {
+/// The client certificate and key of a TLS server, sentinel set or
+/// cluster, as PEM.
+fn client_pem(s: &impl TlsCerts) -> (Vec<u8>, Vec<u8>) {
     (
         read(&s.client_cert_file().unwrap()),
         read(&s.client_key_file().unwrap()),
@@ -333,8 +334,7 @@ async fn sentinel_with_client_certificates() {
     };
     let url = ha.url();
     let ca = ha.ca_cert_pem().unwrap();
-    let cert = read(&ha.client_cert_file().unwrap());
-    let key = read(&ha.client_key_file().unwrap());
+    let (cert, key) = client_pem(&ha);
 
     let without = refused(
         "sentinels without a client certificate",
@@ -536,8 +536,7 @@ mod cluster {
         .await;
         assert!(without.contains("CertificateRequired"), "{without}");
 
-        let cert = read(&cluster.client_cert_file().unwrap());
-        let key = read(&cluster.client_key_file().unwrap());
+        let (cert, key) = client_pem(&cluster);
         let b = build(
             RedisBackend::cluster_builder(cluster.urls())
                 .tls_root_cert(ca)
@@ -566,13 +565,11 @@ mod cluster {
         let Some(mut cluster) = tls_cluster(true, 1) else {
             return;
         };
+        let (cert, key) = client_pem(&cluster);
         let b = build(
             RedisBackend::cluster_builder(cluster.urls())
                 .tls_root_cert(cluster.ca_cert_pem().unwrap())
-                .tls_client_cert(
-                    read(&cluster.client_cert_file().unwrap()),
-                    read(&cluster.client_key_file().unwrap()),
-                )
+                .tls_client_cert(cert, key)
                 .connect_timeout(Duration::from_millis(250)),
         )
         .await
