@@ -46,8 +46,10 @@ if #missing > 0 then
   return { -2, fmt(now), unpack(missing) }
 end
 local op, cost, settle = parse_op()
+-- The parts' logs are the last four keys (see the head of this file).
+local logs_at = #KEYS - 4
 local function log_key(i)
-  return KEYS[#KEYS - 4 + i]
+  return KEYS[logs_at + i]
 end
 -- Part i's field names, k<i> v<i> a<i> e<i> b<i> r<i> t<i>, are
 -- FIELDS[7 * i - 6 .. 7 * i], constants: 'k' .. i formats i with sprintf
