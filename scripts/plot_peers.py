@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Plots the ratios of docs/benchmarks.md's "Side by side with the peers"
+"""Plots the ratios of docs/benchmarks.md's "Summary"
 table as an SVG bar chart (no dependencies): one bar per run (run 1, run 2)
 for every row whose ratio is in bold, and a line at 1.0x (parity).
 
@@ -10,23 +10,24 @@ import re
 import sys
 from html import escape
 
-ROW = re.compile(r"^\| (?P<what>[^|]+?) \|.*\*\*(?P<a>[\d.]+)x / (?P<b>[\d.]+)x\*\*")
-SECTION = "## Side by side with the peers"
+ROW = re.compile(
+    r"^\| (?P<what>[^|]+?) \| (?P<against>[^|]+?) \|.*\*\*(?P<a>[\d.]+)x / (?P<b>[\d.]+)x\*\*"
+)
+SECTION = "## Summary"
 
 
 def rows(text):
-    """[(label, run 1 ratio, run 2 ratio)] of the section's table."""
+    """[(label, run 1 ratio, run 2 ratio)] of the section's table: the
+    row's subject and its peer ("same" repeats the row above's)."""
     body = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
-    out, last = [], ""
+    out, peer = [], ""
     for line in body.splitlines():
         m = ROW.match(line)
         if not m:
             continue
-        what = m["what"].strip()
-        # "same, <what differs>" continues the row above.
-        label = f"{last}, {what[len('same, '):]}" if what.startswith("same,") else what
-        if not what.startswith("same,"):
-            last = what
+        if m["against"].strip() != "same":
+            peer = m["against"].strip()
+        label = f"{m['what'].strip()}: vs {peer}"
         out.append((label.replace("`", ""), float(m["a"]), float(m["b"])))
     return out
 
