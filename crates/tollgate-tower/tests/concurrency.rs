@@ -65,6 +65,22 @@ fn ok_service()
     })
 }
 
+/// Choosing the responder of a layer that was cloned, or already applied
+/// to a service, gives a layer on the same slots (it panicked).
+#[tokio::test]
+async fn a_shared_layer_can_still_choose_its_responder() {
+    let (l, _clock) = limiter(1);
+    let http = ConcurrencyLimitLayer::new(l.clone(), tenant);
+    let mut first = http.layer(ok_service());
+    let _kept = http.clone();
+    let mut grpc = http.grpc().layer(ok_service());
+    let held = send(&mut first).await;
+    let refused = send(&mut grpc).await;
+    assert_eq!(refused.status(), StatusCode::OK);
+    assert_eq!(refused.headers()["grpc-status"], "8");
+    drop(held);
+}
+
 #[tokio::test]
 async fn a_slot_is_held_until_the_body_ends_then_429_is_lifted() {
     let (l, _clock) = limiter(2);

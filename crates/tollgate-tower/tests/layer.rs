@@ -706,6 +706,45 @@ async fn a_charge_in_flight_survives_the_client_going_away() {
     );
 }
 
+/// Counting by outcome charges after the response; a client that drops
+/// each request once it has passed the check (its work started) and
+/// before the answer must still be charged, or it is never counted.
+#[tokio::test(start_paused = true)]
+async fn a_request_dropped_before_its_response_is_charged() {
+    let limiter = Limiter::new(
+        "api",
+        SlidingWindow::new(1, Duration::from_secs(60)).unwrap(),
+        MemoryBackend::new(),
+    );
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    // Answers after a second of work.
+    let slow = service_fn(move |_req: Request<String>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }
+    });
+    let svc = RateLimitLayer::new(limiter, ApiKey::bearer(KeyHasher::unkeyed()))
+        .classify(|_: &Response<String>| Outcome::Count)
+        .layer(slow);
+    let gone = tokio::time::timeout(
+        Duration::from_millis(100),
+        svc.clone().oneshot(req(Some("k"))),
+    )
+    .await;
+    assert!(gone.is_err(), "the request was answered before the drop");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // The charge runs in a task of its own.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        call(&svc, req(Some("k"))).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
 /// The tokens a call really used, put in the response by the service.
 #[derive(Clone, Copy)]
 struct Used(u64);

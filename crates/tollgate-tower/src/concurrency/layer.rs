@@ -37,14 +37,20 @@ impl<B: Backend, K> ConcurrencyLimitLayer<B, K> {
     }
 }
 
-impl<B: Backend, K, R> ConcurrencyLimitLayer<B, K, R> {
-    /// Answers with `responder` (e.g. [`Grpc`] for tonic services).
+impl<B: Backend, K: Clone, R> ConcurrencyLimitLayer<B, K, R> {
+    /// Answers with `responder` (e.g. [`Grpc`] for tonic services). The
+    /// new layer counts against the same slots as this one; its clones and
+    /// the services already made from it keep their responder.
     pub fn responder<R2>(self, responder: R2) -> ConcurrencyLimitLayer<B, K, R2> {
-        let shared = Arc::into_inner(self.shared).expect("a layer being built is not shared");
+        let (limiter, extractor) = match Arc::try_unwrap(self.shared) {
+            Ok(shared) => (shared.limiter, shared.extractor),
+            // Cloned, or already applied to a service: they keep theirs.
+            Err(shared) => (shared.limiter.clone(), shared.extractor.clone()),
+        };
         ConcurrencyLimitLayer {
             shared: Arc::new(Shared {
-                limiter: shared.limiter,
-                extractor: shared.extractor,
+                limiter,
+                extractor,
                 responder,
             }),
         }

@@ -112,9 +112,12 @@ impl ClientIp {
     }
 
     /// Trusts the forwarding header from peers in these networks (a single
-    /// address is a `/32` or `/128` network).
+    /// address is a `/32` or `/128` network). A network of IPv4-mapped
+    /// addresses (`::ffff:10.0.0.0/104`, as a dual-stack socket shows an
+    /// IPv4 peer) is its IPv4 network (`10.0.0.0/8`), since addresses are
+    /// looked up in that form.
     pub fn trust_proxies(mut self, nets: impl IntoIterator<Item = IpNet>) -> Self {
-        self.trusted = nets.into_iter().map(|n| n.trunc()).collect();
+        self.trusted = nets.into_iter().map(canonical_net).collect();
         self
     }
 
@@ -191,6 +194,20 @@ impl ClientIp {
         }
         current
     }
+}
+
+/// `net` in the form addresses are compared in: every address is
+/// canonicalised (an IPv4-mapped one becomes IPv4) before it is looked up,
+/// so a mapped network left as IPv6 would never match.
+fn canonical_net(net: IpNet) -> IpNet {
+    if let IpNet::V6(v6) = net
+        && let Some(v4) = v6.addr().to_ipv4_mapped()
+        && let Some(len) = v6.prefix_len().checked_sub(96)
+        && let Ok(v4) = ipnet::Ipv4Net::new(v4, len)
+    {
+        return IpNet::V4(v4.trunc());
+    }
+    net.trunc()
 }
 
 fn peer_addr<B>(req: &http::Request<B>) -> Option<SocketAddr> {
@@ -437,6 +454,27 @@ mod tests {
         assert_eq!(key(&proxies(), &r), "192.0.2.1");
         let r = req("[::ffff:192.0.2.9]:1", &[]);
         assert_eq!(key(&proxies(), &r), "192.0.2.9");
+    }
+
+    /// A proxy given as a dual-stack socket shows it (`::ffff:10.0.0.1`)
+    /// is trusted: addresses are looked up in their IPv4 form.
+    #[test]
+    fn a_mapped_proxy_network_is_trusted() {
+        for net in ["::ffff:10.0.0.0/104", "::ffff:10.0.0.1/128"] {
+            let x = ClientIp::new().trust_proxies([net.parse().unwrap()]);
+            for peer in ["[::ffff:10.0.0.1]:1", "10.0.0.1:1"] {
+                let r = req(peer, &[("x-forwarded-for", b"198.51.100.7")]);
+                assert_eq!(key(&x, &r), "198.51.100.7", "{net} {peer}");
+            }
+            // Only that network.
+            let r = req("10.1.0.1:1", &[("x-forwarded-for", b"198.51.100.7")]);
+            let want = if net.ends_with("/104") {
+                "198.51.100.7"
+            } else {
+                "10.1.0.1"
+            };
+            assert_eq!(key(&x, &r), want, "{net}");
+        }
     }
 
     #[test]

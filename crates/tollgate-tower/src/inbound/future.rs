@@ -47,12 +47,37 @@ pin_project! {
     where
         S: Service<Req>,
         R: Respond<S::Response>,
+        B: Backend,
     {
         #[pin]
         state: State<S, Req, B, R::Response>,
         ticket: Option<Ticket<B>>,
         pass: Pass,
         post: Arc<Post<R, V>>,
+        // Charged after its response (peek mode): until that response
+        // comes, dropping the future charges the ticket (see `drop`).
+        charge_if_dropped: bool,
+    }
+
+    impl<S, Req, B, R, V> PinnedDrop for ResponseFuture<S, Req, B, R, V>
+    where
+        S: Service<Req>,
+        R: Respond<S::Response>,
+        B: Backend,
+    {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            // Handed on (only then is the ticket kept) and never answered:
+            // the client went away mid-request. Charged as a counted
+            // response is, or dropping each connection before its answer
+            // would make every request free. Best effort off a runtime.
+            if *this.charge_if_dropped
+                && let Some(ticket) = this.ticket.take()
+                && tokio::runtime::Handle::try_current().is_ok()
+            {
+                drop(settle(&ticket, Outcome::Count));
+            }
+        }
     }
 }
 
@@ -103,6 +128,7 @@ where
             ticket: None,
             pass: Pass::Bare,
             post,
+            charge_if_dropped: mode == Mode::Peek,
         }
     }
 
@@ -123,6 +149,7 @@ where
                 ticket: Some(ticket),
                 pass,
                 post,
+                charge_if_dropped: false,
             },
             Answer::Refuse(response) => Self::rejected(response, post),
         }
@@ -134,6 +161,7 @@ where
             ticket: None,
             pass: Pass::Bare,
             post,
+            charge_if_dropped: false,
         }
     }
 
@@ -145,6 +173,7 @@ where
             ticket: None,
             pass: Pass::Bare,
             post,
+            charge_if_dropped: false,
         }
     }
 }
@@ -264,6 +293,8 @@ where
                 }
                 StateProj::Inner { fut } => {
                     let result = ready!(fut.poll(cx));
+                    // Answered: charged (or not) by the classifier below.
+                    *this.charge_if_dropped = false;
                     // A reserving request holds its reservation (empty if
                     // it passed without the backend) until settled here.
                     let held = this.ticket.as_mut().and_then(|t| t.reservation.take());
@@ -435,6 +466,7 @@ impl<S, Req, B, R, V> fmt::Debug for ResponseFuture<S, Req, B, R, V>
 where
     S: Service<Req>,
     R: Respond<S::Response>,
+    B: Backend,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {

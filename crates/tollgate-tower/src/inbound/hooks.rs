@@ -132,9 +132,12 @@ pub enum Outcome {
 /// one, so concurrent requests of one key may all pass the check before
 /// any is charged: at most the number of requests in flight can exceed
 /// the limit. A response the inner service failed to produce (`Err`) is
-/// not charged. The charge runs as a task of its own (on the tokio
-/// runtime), so it is recorded even if the client goes away while it is
-/// in flight.
+/// not charged. A request handed on whose response never comes (its
+/// future dropped: a client gone mid-request) is charged its cost, as
+/// [`Outcome::Count`]: otherwise a client dropping each connection before
+/// the answer would never be counted. The charge runs as a task of its
+/// own (on the tokio runtime), so it is recorded even if the client goes
+/// away while it is in flight.
 ///
 /// A classifier that [reserves](Self::reserves) avoids the overshoot: the
 /// cost is taken up front, atomically, and the outcome keeps, refunds or
