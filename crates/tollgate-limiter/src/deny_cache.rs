@@ -32,6 +32,9 @@ pub(crate) enum Charge {
     Ask {
         /// Units to carry (0 for none).
         pending: u64,
+        /// The window of the refusal they were refused by (for
+        /// [`DenyCache::carry`]).
+        window: Duration,
     },
 }
 
@@ -64,9 +67,10 @@ impl Expiring for Entry {
 /// pending units are dropped once a window (of the policy that refused)
 /// has passed since the last of them (they would have left the window
 /// anyway), when the key is reset or overridden through this limiter, when
-/// the call carrying them fails (the fail mode then rules that request),
-/// and when a full shard drops the expired entry holding them (memory
-/// stays bounded).
+/// the call carrying them fails (the fail mode then rules that request; a
+/// call dropped before it answered gives them back, for the key's next call
+/// to carry), and when a full shard drops the expired entry holding them
+/// (memory stays bounded).
 ///
 /// An entry answers for at most `max_ttl`, which bounds how late this
 /// worker sees a reset or an override made by another worker. At most
@@ -128,7 +132,10 @@ impl DenyCache {
         let now = Instant::now();
         let mut shard = self.map.shard(key);
         let Some(e) = shard.get_mut(key) else {
-            return Charge::Ask { pending: 0 };
+            return Charge::Ask {
+                pending: 0,
+                window: Duration::ZERO,
+            };
         };
         if now < e.until && cost >= e.cost {
             if pending {
@@ -138,7 +145,8 @@ impl DenyCache {
             return Charge::Refused(aged(e, now));
         }
         // Units refused more than a window ago would have left it.
-        let carried = if now - e.pending_at < e.decision.window() {
+        let window = e.decision.window();
+        let carried = if now - e.pending_at < window {
             std::mem::take(&mut e.pending)
         } else {
             0
@@ -148,7 +156,49 @@ impl DenyCache {
         } else {
             e.pending = 0;
         }
-        Charge::Ask { pending: carried }
+        Charge::Ask {
+            pending: carried,
+            window,
+        }
+    }
+
+    /// Units taken by [`charge`](Self::charge) to carry to the backend:
+    /// given back to the key's entry if the returned [`Carry`] is dropped
+    /// before [`done`](Carry::done), so that a caller that goes away before
+    /// the carrying call answered (it may not have reached the backend)
+    /// leaves them to the key's next call rather than drop the flood's
+    /// penalty. Carried twice, they are recorded twice: stricter, never
+    /// laxer.
+    pub(crate) fn carry<'a>(&'a self, key: &'a Key, units: u64, window: Duration) -> Carry<'a> {
+        Carry {
+            cache: self,
+            key,
+            units,
+            window,
+        }
+    }
+
+    /// Puts `units` back as pending for `key`, refused now under a
+    /// refusal of `window`: in the key's entry, or (it was dropped when it
+    /// expired) in an expired one that refuses nothing.
+    fn restore(&self, key: &Key, units: u64, window: Duration) {
+        let now = Instant::now();
+        let mut shard = self.map.shard(key);
+        if let Some(e) = shard.get_mut(key) {
+            e.pending = e.pending.saturating_add(units);
+            e.pending_at = now;
+            return;
+        }
+        let refused = Decision::denied(0, 0, Duration::ZERO, Duration::ZERO).with_window(window);
+        let entry = Entry {
+            until: now,
+            at: now,
+            cost: u64::MAX,
+            decision: refused,
+            pending: units,
+            pending_at: now,
+        };
+        shard.insert(key, entry, now);
     }
 
     /// Remembers a refusal of a request of `cost`.
@@ -193,6 +243,31 @@ impl DenyCache {
 
     pub(crate) fn clear(&self) {
         self.map.clear();
+    }
+}
+
+/// Pending units on their way to the backend (see [`DenyCache::carry`]).
+#[must_use = "dropped, the units go back to the cache"]
+pub(crate) struct Carry<'a> {
+    cache: &'a DenyCache,
+    key: &'a Key,
+    units: u64,
+    window: Duration,
+}
+
+impl Carry<'_> {
+    /// The carrying call answered, or failed (the units are then dropped:
+    /// the fail mode rules that request).
+    pub(crate) fn done(mut self) {
+        self.units = 0;
+    }
+}
+
+impl Drop for Carry<'_> {
+    fn drop(&mut self) {
+        if self.units > 0 {
+            self.cache.restore(self.key, self.units, self.window);
+        }
     }
 }
 
@@ -280,15 +355,23 @@ mod tests {
         // A peek is answered and adds nothing.
         assert!(c.get(&k, 1).is_some());
         tokio::time::advance(Duration::from_secs(2)).await;
-        assert_eq!(c.charge(&k, 1, true), Charge::Ask { pending: 6 });
-        assert_eq!(c.charge(&k, 1, true), Charge::Ask { pending: 0 });
+        assert_eq!(carried(c.charge(&k, 1, true)), 6);
+        assert_eq!(carried(c.charge(&k, 1, true)), 0);
         // A cheaper request than the refused one carries them too.
         c.insert(&k, 2, &d);
         assert!(matches!(c.charge(&k, 2, true), Charge::Refused(_)));
-        assert_eq!(c.charge(&k, 1, true), Charge::Ask { pending: 2 });
+        assert_eq!(carried(c.charge(&k, 1, true)), 2);
         // Units refused a whole window ago would have left it: dropped.
         assert!(matches!(c.charge(&k, 2, true), Charge::Refused(_)));
         tokio::time::advance(Duration::from_secs(10)).await;
-        assert_eq!(c.charge(&k, 2, true), Charge::Ask { pending: 0 });
+        assert_eq!(carried(c.charge(&k, 2, true)), 0);
+    }
+
+    /// The units a charge asks to carry.
+    fn carried(charge: Charge) -> u64 {
+        match charge {
+            Charge::Ask { pending, .. } => pending,
+            Charge::Refused(d) => panic!("refused: {d:?}"),
+        }
     }
 }

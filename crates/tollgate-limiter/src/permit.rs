@@ -67,12 +67,18 @@ impl<B: Backend> Permit<B> {
     }
 
     /// Gives the slot back now, waiting for the backend; on an error the
-    /// lease frees it.
+    /// lease frees it. Dropped before the backend answered (its caller
+    /// gave up), the permit gives the slot back as a dropped permit does.
     pub async fn release(mut self) -> Result<Decision, Error> {
-        self.armed = false;
-        self.limiter
+        let answer = self
+            .limiter
             .slot_op(&self.key, crate::Op::Release(self.id))
-            .await
+            .await;
+        // Disarmed only now: a release dropped while it waits (for a
+        // pooled connection, an override read, the reply) may not have
+        // reached the backend, and the slot would stay taken for a lease.
+        self.armed = false;
+        answer
     }
 }
 

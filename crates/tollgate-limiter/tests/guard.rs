@@ -360,3 +360,34 @@ async fn a_hold_that_times_out_or_is_dropped_gives_its_slot_back() {
     );
     drop(held);
 }
+
+/// A release whose caller goes away before the backend answered (a
+/// cancelled handler, a timeout around it) may not have reached the
+/// backend: its permit gives the slot back, as a dropped permit does,
+/// rather than leave it taken, and the key refused, until its lease
+/// expires.
+#[tokio::test(start_paused = true)]
+async fn a_release_dropped_before_its_answer_still_gives_the_slot_back() {
+    let backend = MemoryBackend::new();
+    let policy = tollgate_limiter::Concurrency::new(1, Duration::from_secs(600)).unwrap();
+    let l = Limiter::builder("exports", policy, backend.clone())
+        .timeout(TIMEOUT)
+        .build();
+    let k = Key::new("tenant-1");
+    let (v, permit) = l.hold(&k).await;
+    assert!(v.is_allowed(), "{v:?}");
+    let permit = permit.expect("a slot held");
+    // The memory backend decides after its delay: a release dropped
+    // during it never reached the backend.
+    backend.set_delay(Duration::from_secs(3600));
+    {
+        let release = std::pin::pin!(permit.release());
+        assert!(!poll_n(release, 1).await);
+    }
+    backend.clear_faults();
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    let free = l.try_peek(&k, 1).await.unwrap().remaining();
+    assert_eq!(free, 1, "a dropped release kept its slot");
+}

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use tollgate_limiter::{
@@ -163,4 +164,36 @@ async fn local_denials_never_admit_more_than_the_backend_alone() {
             );
         }
     }
+}
+
+/// A request that was to carry a flood's local refusals to the backend,
+/// and whose caller went away before the backend answered, leaves them to
+/// the key's next request: dropped with it, the flood would go unrecorded,
+/// and the cache admit what the backend alone refuses.
+#[tokio::test(start_paused = true)]
+async fn refusals_a_dropped_request_was_carrying_are_carried_by_the_next() {
+    let pair = Pair::new(penalised(1, 10 * S));
+    assert_eq!(pair.request(1).await, (true, true));
+    // t = 1 s: refused (and recorded) by the backend, cached until 11 s;
+    // t = 2..10 s: the cached limiter refuses locally, the plain one
+    // records each.
+    for _ in 1..=10 {
+        pair.advance(S).await;
+        assert_eq!(pair.request(1).await, (false, false));
+    }
+    // t = 11 s: the requests wait for the backend (the memory backend
+    // decides after its delay) and their callers go away.
+    pair.advance(S).await;
+    let backend = &pair.cached.backend().inner;
+    backend.set_delay(Duration::from_secs(3600));
+    let k = Key::new("flooder");
+    for l in [&pair.cached, &pair.plain] {
+        let mut check = std::pin::pin!(l.check(&k));
+        let pending = std::future::poll_fn(|cx| Poll::Ready(check.as_mut().poll(cx).is_pending()));
+        assert!(pending.await);
+    }
+    backend.clear_faults();
+    // Still 11 s: the events the backend saw from the cached limiter (0 s,
+    // 1 s) have left the window; the flood it refused locally had not.
+    assert_eq!(pair.request(1).await, (false, false));
 }
