@@ -32,10 +32,24 @@
 //! Redis Sentinel every new connection first asks the sentinels where the
 //! master is (see [`crate::sentinel`]), so the replacement reaches the
 //! promoted replica. A cluster connection follows the cluster's own
-//! topology changes (redis-rs refreshes its slot map on `MOVED` and on a
-//! dead node); its check asks the masters for a `PING` and needs one
-//! answer, not all: one dead master must not take the other masters' slots
-//! down with it.
+//! topology changes (redis-rs refreshes its slot map on `MOVED`,
+//! `READONLY` and a connection that drops); its check asks the masters for
+//! a `PING` and needs one answer, not all: one dead master must not take
+//! the other masters' slots down with it.
+//!
+//! A cluster master that goes silent instead (a stopped process, a network
+//! that forwards nothing: the sockets stay open, nothing answers) is
+//! different: redis-rs takes a timeout as "retry on the same node", never
+//! as a reason to refresh its slot map, and has no periodic refresh. After
+//! the cluster promotes the replica, the connection would send those
+//! slots to the silent node for ever. So the check also asks whether
+//! *every* master answers; when one does not, the keeper builds a new
+//! connection from the cluster client and swaps it in, the old one serving
+//! meanwhile, at most once per [`REBUILD`]. The new connection learns the
+//! slot map from the nodes that answer and holds no connection to the
+//! silent one (its handshake gets no answer), so redis-rs sends that
+//! node's slots to another node of its shard: the replica, which redirects
+//! them (`MOVED`) until it is promoted and serves them from then on.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -56,6 +70,15 @@ use crate::error::RedisError;
 /// Short, because it adds to the recovery time once Redis is reachable
 /// again; an attempt on a silent path already takes the connect timeout.
 pub(crate) const RETRY: Duration = Duration::from_millis(250);
+
+/// The least time between two rebuilds of one slot's cluster connection
+/// while a master does not answer: until the cluster promotes its replica
+/// each rebuild finds the same slot map, and a flood of timeouts must not
+/// become a flood of reconnections. It bounds how long after the promotion
+/// a connection that still holds the silent master can go on sending its
+/// slots there.
+#[cfg(feature = "cluster")]
+pub(crate) const REBUILD: Duration = Duration::from_secs(1);
 
 /// The timeouts every connection is made with.
 #[derive(Debug, Clone, Copy)]
@@ -261,6 +284,33 @@ async fn answers(link: &mut Link, t: Timeouts) -> Result<(), redis::RedisError> 
     }
 }
 
+/// Whether every master in the cluster link's slot map answers a `PING`
+/// within the timeouts (see the module docs: a silent master).
+#[cfg(feature = "cluster")]
+async fn every_master_answers(
+    c: &mut redis::cluster_async::ClusterConnection,
+    t: Timeouts,
+) -> bool {
+    use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+    let all = RoutingInfo::MultiNode((
+        MultipleNodeRoutingInfo::AllMasters,
+        Some(ResponsePolicy::AllSucceeded),
+    ));
+    let ping = c.route_command(redis::cmd("PING"), all);
+    // The client retries a timeout on the same node: bound the whole.
+    matches!(
+        tokio::time::timeout(t.connect.saturating_add(t.response), ping).await,
+        Ok(Ok(_))
+    )
+}
+
+/// A new connection that answers.
+async fn open(connector: &Connector, t: Timeouts) -> RedisResult<Link> {
+    let mut link = connector.connect().await?;
+    answers(&mut link, t).await?;
+    Ok(link)
+}
+
 /// The role in a `ROLE` reply (`master`, `slave`, `sentinel`).
 pub(crate) fn role_of(reply: &Value) -> Option<String> {
     match reply {
@@ -276,11 +326,19 @@ pub(crate) fn role_of(reply: &Value) -> Option<String> {
 /// A slot's keeper: checks the connection when told to suspect it, and
 /// replaces it when it does not answer. Runs until the backend is dropped.
 async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
+    #[cfg(feature = "cluster")]
+    let mut follow = Follow::default();
     loop {
         slot.suspect.notified().await;
         let error = match slot.get() {
             Some(mut link) => match answers(&mut link, t).await {
-                Ok(()) => continue,
+                Ok(()) => {
+                    #[cfg(feature = "cluster")]
+                    if let Link::Cluster(c) = &mut link {
+                        follow.check(&slot, &connector, c, t).await;
+                    }
+                    continue;
+                }
                 Err(e) => Some(e),
             },
             None => None,
@@ -296,12 +354,7 @@ async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
         let mut failures = 0u32;
         loop {
             let started = Instant::now();
-            let attempt = async {
-                let mut link = connector.connect().await?;
-                answers(&mut link, t).await?;
-                Ok::<_, redis::RedisError>(link)
-            };
-            match attempt.await {
+            match open(&connector, t).await {
                 Ok(link) => {
                     slot.set(Some(link));
                     if error.is_some() || failures > 0 {
@@ -321,6 +374,61 @@ async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
                 }
             }
             tokio::time::sleep_until(started + RETRY).await;
+        }
+    }
+}
+
+/// A cluster keeper's state for a master that stopped answering (see the
+/// module docs).
+#[cfg(feature = "cluster")]
+#[derive(Default)]
+struct Follow {
+    /// When the connection was last rebuilt for it.
+    rebuilt: Option<Instant>,
+    /// Whether one is not answering (logged once, not once per rebuild).
+    silent: bool,
+}
+
+#[cfg(feature = "cluster")]
+impl Follow {
+    /// When a master of `c` (the slot's connection) does not answer,
+    /// replaces the connection with a new one, which learns the slot map
+    /// from the nodes that answer, at most once per [`REBUILD`].
+    async fn check(
+        &mut self,
+        slot: &Slot,
+        connector: &Connector,
+        c: &mut redis::cluster_async::ClusterConnection,
+        t: Timeouts,
+    ) {
+        if every_master_answers(c, t).await {
+            if std::mem::take(&mut self.silent) {
+                tracing::info!("tollgate: every redis cluster master answers again");
+            }
+            return;
+        }
+        if !std::mem::replace(&mut self.silent, true) {
+            tracing::warn!(
+                "tollgate: a redis cluster master does not answer; \
+                 reconnecting to learn the cluster's topology"
+            );
+        }
+        if self.rebuilt.is_some_and(|at| at.elapsed() < REBUILD) {
+            return;
+        }
+        self.rebuilt = Some(Instant::now());
+        // A failed attempt keeps the old connection: the masters that
+        // answer go on serving through it.
+        if let Ok(mut link) = open(connector, t).await {
+            let whole = match &mut link {
+                Link::Cluster(c) => every_master_answers(c, t).await,
+                Link::Single(_) => true,
+            };
+            slot.set(Some(link));
+            if whole {
+                self.silent = false;
+                tracing::info!("tollgate: redis cluster connection rebuilt; its masters answer");
+            }
         }
     }
 }
@@ -396,9 +504,7 @@ impl Conn {
     ) -> Result<Self, RedisError> {
         let mut links = Vec::new();
         for _ in 0..usage.size.max(1) {
-            let mut link = connector.connect().await?;
-            answers(&mut link, t).await?;
-            links.push(Some(link));
+            links.push(Some(open(&connector, t).await?));
         }
         Ok(Self::start(&connector, t, usage, links))
     }

@@ -628,6 +628,74 @@ async fn cluster_failover_under_load() {
     assert!(f.steady_decided > 0, "{f:?}");
 }
 
+/// Cluster: the master of the ledger's slot freezes (`SIGSTOP`: its
+/// sockets stay open, the kernel still acknowledges, nothing answers), so
+/// no connection is reset and the cluster client meets only timeouts. The
+/// cluster promotes its replica; decisions on that slot resume on it
+/// within [`RESUME_WITHIN`] of the promotion, a key on another master is
+/// decided throughout, and they keep being decided once the frozen node
+/// continues (`SIGCONT`) and rejoins as a replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_failover_of_a_frozen_master() {
+    let Some(cluster) = blocking(RedisCluster::start_with_replicas) else {
+        return;
+    };
+    // The default response timeout (50 ms), as a production limiter has.
+    let b = build(RedisBackend::cluster_builder(cluster.urls())).await;
+
+    let ledger_slot = slot("ledger");
+    let (old, steady, owners) = blocking(|| {
+        let old = cluster.master_of(ledger_slot).expect("a master");
+        let steady = (0..)
+            .map(|i| format!("steady{i}"))
+            .find(|k| cluster.master_of(slot(k)) != Some(old))
+            .unwrap();
+        let owners: Vec<Option<usize>> = (0..200)
+            .map(|i| cluster.master_of(slot(&format!("k{i}"))))
+            .collect();
+        (old, steady, owners)
+    });
+    let on_victim = move |k: &str| owners[k[1..].parse::<usize>().unwrap()] == Some(old);
+    let load = Load::start(&b, Key::new("ledger"), Some(Key::new(steady)), on_victim);
+    tokio::time::sleep(S).await;
+
+    cluster.pause_node(old);
+    let paused_at = Instant::now();
+    let before = load.steady_decided();
+    let new = blocking(|| cluster.wait_promoted(ledger_slot, old, RESUME_WITHIN));
+    let new = new.expect("the replica was promoted");
+    let promoted = paused_at.elapsed();
+    let meanwhile = load.steady_decided() - before;
+    assert!(
+        meanwhile > 0,
+        "no decision on another master in {promoted:?}"
+    );
+    let took = promoted + load.resumed(Instant::now()).await;
+    println!(
+        "frozen master :{} paused; :{} promoted after {promoted:?}, decisions on its slots \
+         resumed after {took:?}; meanwhile {meanwhile} decisions on another master",
+        cluster.nodes()[old].port(),
+        cluster.nodes()[new].port()
+    );
+
+    // The frozen node continues: it learns it was failed over and follows
+    // the new master as a replica. Decisions go on.
+    cluster.resume_node(old);
+    let rejoined = blocking(|| wait_synced(&cluster.nodes()[old], 60 * S));
+    assert!(rejoined, "the frozen master did not rejoin as a replica");
+    assert_eq!(blocking(|| cluster.master_of(ledger_slot)), Some(new));
+    let acked = load.tally.acked.load(Ordering::Relaxed);
+    let steady = load.steady_decided();
+    tokio::time::sleep(S).await;
+    load.resumed(Instant::now()).await;
+    assert!(
+        load.tally.acked.load(Ordering::Relaxed) > acked && load.steady_decided() > steady,
+        "decisions stopped once the frozen master rejoined"
+    );
+    let f = load.finish("cluster, frozen master").await;
+    f.check();
+}
+
 /// A Sentinel setup with TLS only (no plain port anywhere,
 /// `tls-replication yes`, one throwaway CA whose certificates name
 /// 127.0.0.1): `rediss+sentinel://` with that CA reaches the master over
