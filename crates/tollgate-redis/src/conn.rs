@@ -43,13 +43,19 @@
 //! as a reason to refresh its slot map, and has no periodic refresh. After
 //! the cluster promotes the replica, the connection would send those
 //! slots to the silent node for ever. So the check also asks whether
-//! *every* master answers; when one does not, the keeper builds a new
-//! connection from the cluster client and swaps it in, the old one serving
-//! meanwhile, at most once per [`REBUILD`]. The new connection learns the
-//! slot map from the nodes that answer and holds no connection to the
-//! silent one (its handshake gets no answer), so redis-rs sends that
-//! node's slots to another node of its shard: the replica, which redirects
-//! them (`MOVED`) until it is promoted and serves them from then on.
+//! *every* master in the connection's slot map answers. When one does not,
+//! it asks a master that answers for the cluster's slot map (`CLUSTER
+//! SLOTS`): while the silent node is still one of the cluster's masters
+//! there is nothing to learn (its slots fail, the others are served); once
+//! every master of the cluster answers through the connection, or is one
+//! it has no connection to, its slot map is stale, and the keeper builds a
+//! new connection from the cluster client and swaps it in, the old one
+//! serving meanwhile, at most once per [`REBUILD`]. The new connection
+//! learns the slot map from the nodes that answer. Not rebuilding earlier
+//! matters: a connection built while the silent node still owns slots
+//! sends them to its replica, which redirects them (`MOVED`) to the silent
+//! node, and each redirection makes redis-rs refresh its slot map, holding
+//! every request while it tries to reconnect to the silent node.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -72,11 +78,8 @@ use crate::error::RedisError;
 pub(crate) const RETRY: Duration = Duration::from_millis(250);
 
 /// The least time between two rebuilds of one slot's cluster connection
-/// while a master does not answer: until the cluster promotes its replica
-/// each rebuild finds the same slot map, and a flood of timeouts must not
-/// become a flood of reconnections. It bounds how long after the promotion
-/// a connection that still holds the silent master can go on sending its
-/// slots there.
+/// (see the module docs): a flood of timeouts must not become a flood of
+/// reconnections.
 #[cfg(feature = "cluster")]
 pub(crate) const REBUILD: Duration = Duration::from_secs(1);
 
@@ -284,24 +287,84 @@ async fn answers(link: &mut Link, t: Timeouts) -> Result<(), redis::RedisError> 
     }
 }
 
-/// Whether every master in the cluster link's slot map answers a `PING`
-/// within the timeouts (see the module docs: a silent master).
+/// What a cluster connection's check found (see the module docs).
 #[cfg(feature = "cluster")]
-async fn every_master_answers(
-    c: &mut redis::cluster_async::ClusterConnection,
-    t: Timeouts,
-) -> bool {
-    use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
-    let all = RoutingInfo::MultiNode((
-        MultipleNodeRoutingInfo::AllMasters,
-        Some(ResponsePolicy::AllSucceeded),
-    ));
-    let ping = c.route_command(redis::cmd("PING"), all);
-    // The client retries a timeout on the same node: bound the whole.
-    matches!(
-        tokio::time::timeout(t.connect.saturating_add(t.response), ping).await,
-        Ok(Ok(_))
-    )
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum View {
+    /// Every master in its slot map answers.
+    Whole,
+    /// A master of the cluster does not answer: nothing to learn until the
+    /// cluster fails it over.
+    Silent,
+    /// A master in its slot map does not answer and is no master of the
+    /// cluster any more: the slot map is stale.
+    Stale,
+}
+
+/// Checks a cluster connection's masters against the cluster's own view.
+#[cfg(feature = "cluster")]
+async fn view(c: &mut redis::cluster_async::ClusterConnection, t: Timeouts) -> View {
+    use redis::cluster_routing::{
+        MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, SingleNodeRoutingInfo,
+    };
+    let masters =
+        |policy| RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, Some(policy)));
+    // The client retries a timeout on the same node: bound each step.
+    let bound = t.connect.saturating_add(t.response);
+    let ping = c.route_command(redis::cmd("PING"), masters(ResponsePolicy::AllSucceeded));
+    if let Ok(Ok(_)) = tokio::time::timeout(bound, ping).await {
+        return View::Whole;
+    }
+    let slots = redis::cmd("CLUSTER").arg("SLOTS").clone();
+    let slots = c.route_command(slots, masters(ResponsePolicy::OneSucceeded));
+    let Ok(Ok(slots)) = tokio::time::timeout(bound, slots).await else {
+        return View::Silent;
+    };
+    for (host, port) in masters_of(&slots) {
+        let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+        match tokio::time::timeout(bound, c.route_command(redis::cmd("PING"), at)).await {
+            Ok(Ok(_)) => {}
+            // A master the connection does not know: stale too.
+            Ok(Err(e)) if e.kind() == ErrorKind::ClusterConnectionNotFound => {}
+            _ => return View::Silent,
+        }
+    }
+    View::Stale
+}
+
+/// The masters (`host`, `port`) of a `CLUSTER SLOTS` reply: the first node
+/// of each slot range, once each, without those whose address is unknown.
+#[cfg(feature = "cluster")]
+fn masters_of(reply: &Value) -> Vec<(String, u16)> {
+    let mut masters = Vec::new();
+    let Value::Array(ranges) = reply else {
+        return masters;
+    };
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            continue;
+        };
+        let Some(Value::Array(node)) = fields.get(2) else {
+            continue;
+        };
+        let host = match node.first() {
+            Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            Some(Value::SimpleString(s)) => s.clone(),
+            _ => continue,
+        };
+        let port = match node.get(1) {
+            Some(Value::Int(p)) => u16::try_from(*p).ok(),
+            _ => None,
+        };
+        if let Some(port) = port
+            && !host.is_empty()
+            && host != "?"
+            && !masters.contains(&(host.clone(), port))
+        {
+            masters.push((host, port));
+        }
+    }
+    masters
 }
 
 /// A new connection that answers.
@@ -381,19 +444,27 @@ async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
 /// A cluster keeper's state for a master that stopped answering (see the
 /// module docs).
 #[cfg(feature = "cluster")]
-#[derive(Default)]
 struct Follow {
-    /// When the connection was last rebuilt for it.
+    /// When the connection was last rebuilt.
     rebuilt: Option<Instant>,
-    /// Whether one is not answering (logged once, not once per rebuild).
-    silent: bool,
+    /// The last check's finding: logged when it changes, not at each check.
+    last: View,
+}
+
+#[cfg(feature = "cluster")]
+impl Default for Follow {
+    fn default() -> Self {
+        Self {
+            rebuilt: None,
+            last: View::Whole,
+        }
+    }
 }
 
 #[cfg(feature = "cluster")]
 impl Follow {
-    /// When a master of `c` (the slot's connection) does not answer,
-    /// replaces the connection with a new one, which learns the slot map
-    /// from the nodes that answer, at most once per [`REBUILD`].
+    /// Replaces the slot's connection `c` when its slot map is stale, at
+    /// most once per [`REBUILD`].
     async fn check(
         &mut self,
         slot: &Slot,
@@ -401,34 +472,31 @@ impl Follow {
         c: &mut redis::cluster_async::ClusterConnection,
         t: Timeouts,
     ) {
-        if every_master_answers(c, t).await {
-            if std::mem::take(&mut self.silent) {
+        let now = view(c, t).await;
+        let last = std::mem::replace(&mut self.last, now);
+        match now {
+            View::Whole if last != View::Whole => {
                 tracing::info!("tollgate: every redis cluster master answers again");
             }
-            return;
-        }
-        if !std::mem::replace(&mut self.silent, true) {
-            tracing::warn!(
+            View::Silent if last == View::Whole => tracing::warn!(
                 "tollgate: a redis cluster master does not answer; \
-                 reconnecting to learn the cluster's topology"
-            );
-        }
-        if self.rebuilt.is_some_and(|at| at.elapsed() < REBUILD) {
-            return;
-        }
-        self.rebuilt = Some(Instant::now());
-        // A failed attempt keeps the old connection: the masters that
-        // answer go on serving through it.
-        if let Ok(mut link) = open(connector, t).await {
-            let whole = match &mut link {
-                Link::Cluster(c) => every_master_answers(c, t).await,
-                Link::Single(_) => true,
-            };
-            slot.set(Some(link));
-            if whole {
-                self.silent = false;
-                tracing::info!("tollgate: redis cluster connection rebuilt; its masters answer");
+                 its slots fail until the cluster fails it over"
+            ),
+            View::Stale if self.rebuilt.is_none_or(|at| at.elapsed() >= REBUILD) => {
+                if last != View::Stale {
+                    tracing::warn!(
+                        "tollgate: a redis cluster master that does not answer was failed \
+                         over; reconnecting to learn the new topology"
+                    );
+                }
+                self.rebuilt = Some(Instant::now());
+                // A failed attempt keeps the old connection: the masters
+                // that answer go on serving through it.
+                if let Ok(link) = open(connector, t).await {
+                    slot.set(Some(link));
+                }
             }
+            _ => {}
         }
     }
 }
@@ -660,4 +728,44 @@ impl Drop for Conn {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(all(test, feature = "cluster"))]
+mod tests {
+    use super::*;
+
+    fn node(host: &str, port: i64) -> Value {
+        Value::Array(vec![
+            Value::BulkString(host.into()),
+            Value::Int(port),
+            Value::BulkString(b"id".to_vec()),
+        ])
+    }
+
+    fn range(start: i64, end: i64, nodes: Vec<Value>) -> Value {
+        let mut fields = vec![Value::Int(start), Value::Int(end)];
+        fields.extend(nodes);
+        Value::Array(fields)
+    }
+
+    #[test]
+    fn masters_of_cluster_slots() {
+        let reply = Value::Array(vec![
+            range(
+                0,
+                5460,
+                vec![node("10.0.0.1", 6379), node("10.0.0.4", 6379)],
+            ),
+            range(5461, 6000, vec![node("10.0.0.2", 6380)]),
+            // A master owning two ranges is listed once.
+            range(6001, 10922, vec![node("10.0.0.2", 6380)]),
+            // An unknown endpoint cannot be asked.
+            range(10923, 16383, vec![node("", 6379)]),
+        ]);
+        assert_eq!(
+            masters_of(&reply),
+            [("10.0.0.1".to_owned(), 6379), ("10.0.0.2".to_owned(), 6380)]
+        );
+        assert!(masters_of(&Value::Nil).is_empty());
+    }
 }
