@@ -58,7 +58,12 @@ fn cycles() -> u32 {
 /// as `docs/redis.md` recommends for HA (a reconnection that reaches a dead
 /// address gives up sooner).
 async fn build(b: tollgate_redis::RedisBackendBuilder) -> RedisBackend {
-    b.prefix(unique_name("failover"))
+    build_with_prefix(b, &unique_name("failover")).await
+}
+
+/// [`build`], with this key prefix.
+async fn build_with_prefix(b: tollgate_redis::RedisBackendBuilder, prefix: &str) -> RedisBackend {
+    b.prefix(prefix)
         .connect_timeout(Duration::from_millis(250))
         .durability(Durability::Report)
         .build()
@@ -635,14 +640,19 @@ async fn cluster_failover_under_load() {
 /// within [`RESUME_WITHIN`] of the promotion, a key on another master is
 /// decided throughout, and they keep being decided once the frozen node
 /// continues (`SIGCONT`) and rejoins as a replica.
+///
+/// The key prefix is chosen so that the steady probe's limiter keeps its
+/// limiter-wide override (`<prefix>:steady:override`, read by the client
+/// once per `override_cache_ttl`, 200 ms here) on the frozen master: a
+/// limiter's decisions on other masters must not wait on that read. So
+/// the probe must be decided from 1 s after the pause (five TTLs; the
+/// cluster cannot fail the master over before `cluster-node-timeout`,
+/// 1 s) until the promotion.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_failover_of_a_frozen_master() {
     let Some(cluster) = blocking(RedisCluster::start_with_replicas) else {
         return;
     };
-    // The default response timeout (50 ms), as a production limiter has.
-    let b = build(RedisBackend::cluster_builder(cluster.urls())).await;
-
     let ledger_slot = slot("ledger");
     let (old, steady, owners) = blocking(|| {
         let old = cluster.master_of(ledger_slot).expect("a master");
@@ -655,12 +665,23 @@ async fn cluster_failover_of_a_frozen_master() {
             .collect();
         (old, steady, owners)
     });
+    let prefix = blocking(|| {
+        let base = unique_name("frozen");
+        (0..)
+            .map(|i| format!("{base}-{i}"))
+            .find(|p| cluster.master_of(slot(&format!("{p}:steady:override"))) == Some(old))
+            .unwrap()
+    });
+    let b = RedisBackend::cluster_builder(cluster.urls())
+        .override_cache_ttl(Duration::from_millis(200));
+    let b = build_with_prefix(b, &prefix).await;
     let on_victim = move |k: &str| owners[k[1..].parse::<usize>().unwrap()] == Some(old);
     let load = Load::start(&b, Key::new("ledger"), Some(Key::new(steady)), on_victim);
     tokio::time::sleep(S).await;
 
     cluster.pause_node(old);
     let paused_at = Instant::now();
+    tokio::time::sleep(S).await;
     let before = load.steady_decided();
     let new = blocking(|| cluster.wait_promoted(ledger_slot, old, RESUME_WITHIN));
     let new = new.expect("the replica was promoted");
@@ -668,7 +689,7 @@ async fn cluster_failover_of_a_frozen_master() {
     let meanwhile = load.steady_decided() - before;
     assert!(
         meanwhile > 0,
-        "no decision on another master in {promoted:?}"
+        "no decision on another master from 1 s after the pause to the promotion ({promoted:?})"
     );
     let took = promoted + load.resumed(Instant::now()).await;
     println!(
@@ -681,8 +702,13 @@ async fn cluster_failover_of_a_frozen_master() {
     // The frozen node continues: it learns it was failed over and follows
     // the new master as a replica. Decisions go on.
     cluster.resume_node(old);
+    let resumed_at = Instant::now();
     let rejoined = blocking(|| wait_synced(&cluster.nodes()[old], 60 * S));
     assert!(rejoined, "the frozen master did not rejoin as a replica");
+    println!(
+        "frozen master continued; in sync as a replica after {:?}",
+        resumed_at.elapsed()
+    );
     assert_eq!(blocking(|| cluster.master_of(ledger_slot)), Some(new));
     let acked = load.tally.acked.load(Ordering::Relaxed);
     let steady = load.steady_decided();
