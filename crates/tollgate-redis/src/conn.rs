@@ -324,7 +324,9 @@ async fn view(c: &mut redis::cluster_async::ClusterConnection, t: Timeouts) -> V
         let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
         match tokio::time::timeout(bound, c.route_command(redis::cmd("PING"), at)).await {
             Ok(Ok(_)) => {}
-            // A master the connection does not know: stale too.
+            // A master the connection does not know: stale too (redis-rs
+            // also starts reconnecting it to the URLs' nodes, which the
+            // rebuild makes moot).
             Ok(Err(e)) if e.kind() == ErrorKind::ClusterConnectionNotFound => {}
             _ => return View::Silent,
         }

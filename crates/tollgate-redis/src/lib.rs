@@ -33,7 +33,8 @@
 //! * **Overrides** are stored in Redis. A limiter-wide override is read by
 //!   the client and cached for at most
 //!   [`RedisBackendBuilder::override_cache_ttl`] (default 1 s): the worker
-//!   that sets it sees it at once, the others within that TTL. A per-key
+//!   that sets it sees it at once, the others within that TTL (while its
+//!   server answers: a failed read decides with what was read last). A per-key
 //!   override is read by the script itself, only on a limiter the client
 //!   knows to have per-key overrides (a marker
 //!   the backend sets with the first one and never removes, read and cached

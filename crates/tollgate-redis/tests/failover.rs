@@ -12,6 +12,11 @@
 //! failover, on the second's answers within bounds derived from its
 //! timeouts.
 //!
+//! `cluster_failover_of_a_frozen_master` freezes a cluster master
+//! (`SIGSTOP`: connections stay open, nothing answers) instead of killing
+//! it: decisions must resume on the promoted replica, and go on once the
+//! frozen node continues and rejoins as a replica.
+//!
 //! `TOLLGATE_FAILOVER_CYCLES` (default 1) repeats the failover: the killed
 //! server is restarted, rejoins as a replica, and the new master is killed
 //! next; `scripts/failover-soak.sh` runs the long form.
@@ -553,6 +558,48 @@ fn slot(key: &str) -> u16 {
     crc % 16384
 }
 
+/// The master of the ledger's slot (the one a cluster test fails), a key
+/// of another master for the steady probe, and whether a load key (`k0`
+/// to `k199`) lives on that master.
+fn victim_of(cluster: &RedisCluster) -> (usize, String, impl Fn(&str) -> bool + use<>) {
+    let (victim, steady, owners) = blocking(|| {
+        let victim = cluster.master_of(slot("ledger")).expect("a master");
+        let steady = (0..)
+            .map(|i| format!("steady{i}"))
+            .find(|k| cluster.master_of(slot(k)) != Some(victim))
+            .unwrap();
+        let owners: Vec<Option<usize>> = (0..200)
+            .map(|i| cluster.master_of(slot(&format!("k{i}"))))
+            .collect();
+        (victim, steady, owners)
+    });
+    let on_victim = move |k: &str| owners[k[1..].parse::<usize>().unwrap()] == Some(victim);
+    (victim, steady, on_victim)
+}
+
+/// Waits until the ledger's slot has a master other than node `old`,
+/// asserting that the steady probe (on another master) is decided from
+/// now until then; the new master, the time from `since`, and how many
+/// steady decisions were made meanwhile.
+fn promotion(
+    cluster: &RedisCluster,
+    load: &Load,
+    old: usize,
+    since: Instant,
+) -> (usize, Duration, u64) {
+    let (before, from) = (load.steady_decided(), since.elapsed());
+    let new = blocking(|| cluster.wait_promoted(slot("ledger"), old, RESUME_WITHIN));
+    let new = new.expect("the replica was promoted");
+    let promoted = since.elapsed();
+    let meanwhile = load.steady_decided() - before;
+    assert!(
+        meanwhile > 0,
+        "no decision on another master from {from:?} after the failure to the promotion \
+         ({promoted:?})"
+    );
+    (new, promoted, meanwhile)
+}
+
 /// Cluster: the master of the ledger's slot is killed; its replica is
 /// promoted; decisions on that slot resume, and a key on another master
 /// is decided throughout.
@@ -572,18 +619,7 @@ async fn cluster_failover_under_load() {
     assert_eq!((masters.count(), replicas.count()), (3, 3), "{report:?}");
 
     let ledger_slot = slot("ledger");
-    let (victim, steady, owners) = blocking(|| {
-        let victim = cluster.master_of(ledger_slot).expect("a master");
-        let steady = (0..)
-            .map(|i| format!("steady{i}"))
-            .find(|k| cluster.master_of(slot(k)) != Some(victim))
-            .unwrap();
-        let owners: Vec<Option<usize>> = (0..200)
-            .map(|i| cluster.master_of(slot(&format!("k{i}"))))
-            .collect();
-        (victim, steady, owners)
-    });
-    let on_victim = move |k: &str| owners[k[1..].parse::<usize>().unwrap()] == Some(victim);
+    let (_, steady, on_victim) = victim_of(&cluster);
     let load = Load::start(&b, Key::new("ledger"), Some(Key::new(steady)), on_victim);
     for cycle in 0..cycles() {
         tokio::time::sleep(S).await;
@@ -593,16 +629,7 @@ async fn cluster_failover_under_load() {
             old
         });
         let killed_at = Instant::now();
-        let before = load.steady_decided();
-        let new = blocking(|| cluster.wait_promoted(ledger_slot, old, RESUME_WITHIN));
-        let new = new.expect("the replica was promoted");
-        let promoted = killed_at.elapsed();
-        // The other masters kept deciding while this one had no master.
-        let meanwhile = load.steady_decided() - before;
-        assert!(
-            meanwhile > 0,
-            "no decision on another master in {promoted:?}"
-        );
+        let (new, promoted, meanwhile) = promotion(&cluster, &load, old, killed_at);
         let took = load.resumed(killed_at).await;
         println!(
             "cluster cycle {cycle}: master :{} killed; :{} promoted after {promoted:?}, \
@@ -654,17 +681,7 @@ async fn cluster_failover_of_a_frozen_master() {
         return;
     };
     let ledger_slot = slot("ledger");
-    let (old, steady, owners) = blocking(|| {
-        let old = cluster.master_of(ledger_slot).expect("a master");
-        let steady = (0..)
-            .map(|i| format!("steady{i}"))
-            .find(|k| cluster.master_of(slot(k)) != Some(old))
-            .unwrap();
-        let owners: Vec<Option<usize>> = (0..200)
-            .map(|i| cluster.master_of(slot(&format!("k{i}"))))
-            .collect();
-        (old, steady, owners)
-    });
+    let (old, steady, on_victim) = victim_of(&cluster);
     let prefix = blocking(|| {
         let base = unique_name("frozen");
         (0..)
@@ -675,22 +692,13 @@ async fn cluster_failover_of_a_frozen_master() {
     let b = RedisBackend::cluster_builder(cluster.urls())
         .override_cache_ttl(Duration::from_millis(200));
     let b = build_with_prefix(b, &prefix).await;
-    let on_victim = move |k: &str| owners[k[1..].parse::<usize>().unwrap()] == Some(old);
     let load = Load::start(&b, Key::new("ledger"), Some(Key::new(steady)), on_victim);
     tokio::time::sleep(S).await;
 
     cluster.pause_node(old);
     let paused_at = Instant::now();
     tokio::time::sleep(S).await;
-    let before = load.steady_decided();
-    let new = blocking(|| cluster.wait_promoted(ledger_slot, old, RESUME_WITHIN));
-    let new = new.expect("the replica was promoted");
-    let promoted = paused_at.elapsed();
-    let meanwhile = load.steady_decided() - before;
-    assert!(
-        meanwhile > 0,
-        "no decision on another master from 1 s after the pause to the promotion ({promoted:?})"
-    );
+    let (new, promoted, meanwhile) = promotion(&cluster, &load, old, paused_at);
     let took = promoted + load.resumed(Instant::now()).await;
     println!(
         "frozen master :{} paused; :{} promoted after {promoted:?}, decisions on its slots \
