@@ -6,6 +6,11 @@
 //! that the other masters keep deciding while one has no master. They measure the gap and what
 //! the failover lost, and print both (`--nocapture`).
 //!
+//! `sentinel_failover_of_a_frozen_master` freezes the master instead
+//! (`SIGSTOP`: its connections stay open and nothing answers), then lets it
+//! continue after the promotion, a stale master until the sentinels demote
+//! it: no decision may land on it.
+//!
 //! The `sentinel_silent_first_sentinel_*` tests put a network that went
 //! silent (a relay that keeps connections and forwards nothing) in front
 //! of the first of two sentinels: the backend must start, and follow a
@@ -412,9 +417,11 @@ async fn sentinel_failover_of_a_frozen_master() {
 
     // A probe of its own from before the frozen process continues until
     // after it is a replica: one acquisition at a time, so that every one
-    // acknowledged is on the new master at the end. One acknowledged by
-    // the old master, as a stale master, is missing there (its data is
-    // replaced when it resyncs as a replica).
+    // acknowledged is on the new master at the end. The sentinels leave the
+    // old master a master for seconds after it continues (they wait out
+    // four 2 s hello periods before demoting it), taking writes from anyone
+    // still connected to it; one it acknowledged is missing on the new
+    // master (its data is replaced when it resyncs as a replica).
     let probe = limiter("probe", FailMode::Closed, LEDGER, &b);
     let probe_key = Key::new("probe");
     let stop = Arc::new(AtomicBool::new(false));
@@ -433,17 +440,22 @@ async fn sentinel_failover_of_a_frozen_master() {
         }
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
-    blocking(|| {
+    let demoted = blocking(|| {
         let s = ha.server(old).expect("ours");
+        let resumed_at = Instant::now();
         s.resume();
         assert!(wait_synced(s, 60 * S), "the old master was not demoted");
+        resumed_at.elapsed()
     });
     tokio::time::sleep(S).await;
     stop.store(true, Ordering::Relaxed);
     let (sent, acked) = task.await.expect("the probe did not panic");
     let d = probe.try_peek(&probe_key, 1).await.expect("decided");
     let recorded = LEDGER - d.remaining();
-    println!("after the resume: probe sent {sent}, acknowledged {acked}, recorded {recorded}");
+    println!(
+        "resumed :{old}, a replica in sync after {demoted:?}; probe sent {sent}, \
+         acknowledged {acked}, recorded {recorded}"
+    );
     assert!(acked > 0, "no decision after the resume");
     assert!(
         acked <= recorded && recorded <= sent,
