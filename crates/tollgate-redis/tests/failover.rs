@@ -6,6 +6,11 @@
 //! that the other masters keep deciding while one has no master. They measure the gap and what
 //! the failover lost, and print both (`--nocapture`).
 //!
+//! `sentinel_failover_of_a_frozen_master` freezes the master instead
+//! (`SIGSTOP`: its connections stay open and nothing answers), then lets it
+//! continue after the promotion, a stale master until the sentinels demote
+//! it: no decision may land on it.
+//!
 //! The `sentinel_silent_first_sentinel_*` tests put a network that went
 //! silent (a relay that keeps connections and forwards nothing) in front
 //! of the first of two sentinels: the backend must start, and follow a
@@ -232,6 +237,12 @@ impl Load {
         }
     }
 
+    /// How many verdicts of the load were failures (no decision) so far.
+    fn failed(&self) -> u64 {
+        let t = &self.tally;
+        t.failed_open.load(Ordering::Relaxed) + t.failed_closed.load(Ordering::Relaxed)
+    }
+
     /// How many verdicts of the steady probe were decisions so far.
     fn steady_decided(&self) -> u64 {
         self.tally.steady_decided.load(Ordering::Relaxed)
@@ -382,6 +393,90 @@ async fn sentinel_failover_under_load() {
     let report = b.check_durability().await.unwrap();
     let now = blocking(|| ha.master_port()).unwrap();
     assert_eq!(report.nodes[0].node, format!("127.0.0.1:{now}"));
+    assert_eq!(report.nodes[0].role, NodeRole::Master);
+}
+
+/// Sentinel: the master freezes (`SIGSTOP`, a hung host: its sockets stay
+/// open, the kernel still acknowledges, nothing answers) and the sentinels
+/// promote the replica. Every call on the connections to the frozen master
+/// times out; decisions must resume on the new master, which the backend
+/// only finds by asking the sentinels again. Then the frozen process
+/// continues (`SIGCONT`), a master in its own eyes until the sentinels
+/// demote it: no decision may be written to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_of_a_frozen_master() {
+    let Some(mut ha) = blocking(RedisSentinel::start) else {
+        return;
+    };
+    let b = build(RedisBackend::builder(ha.url())).await;
+    let load = Load::start(&b, Key::new("ledger"), None, |_| true);
+    tokio::time::sleep(S).await;
+
+    let failed_before = load.failed();
+    let paused_at = Instant::now();
+    let old = blocking(|| ha.pause_master());
+    let new = blocking(|| ha.wait_promoted(old, RESUME_WITHIN));
+    let new = new.expect("the sentinels promoted the replica");
+    let promoted = paused_at.elapsed();
+    let after = load.resumed(Instant::now()).await;
+    let failed = load.failed() - failed_before;
+    println!(
+        "sentinel: master :{old} frozen; :{new} promoted after {promoted:?}, decisions \
+         resumed {after:?} later; {failed} failed verdicts in between"
+    );
+
+    // A probe of its own from before the frozen process continues until
+    // after it is a replica: one acquisition at a time, so that every one
+    // acknowledged is on the new master at the end. The sentinels leave the
+    // old master a master for seconds after it continues (they wait out
+    // four 2 s hello periods before demoting it), taking writes from anyone
+    // still connected to it; one it acknowledged is missing on the new
+    // master (its data is replaced when it resyncs as a replica).
+    let probe = limiter("probe", FailMode::Closed, LEDGER, &b);
+    let probe_key = Key::new("probe");
+    let stop = Arc::new(AtomicBool::new(false));
+    let task = tokio::spawn({
+        let (l, k, stop) = (probe.clone(), probe_key.clone(), stop.clone());
+        async move {
+            let (mut sent, mut acked) = (0u64, 0u64);
+            while !stop.load(Ordering::Relaxed) {
+                sent += 1;
+                if l.check(&k).await.decision().is_some() {
+                    acked += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            (sent, acked)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let demoted = blocking(|| {
+        let s = ha.server(old).expect("ours");
+        let resumed_at = Instant::now();
+        s.resume();
+        assert!(wait_synced(s, 60 * S), "the old master was not demoted");
+        resumed_at.elapsed()
+    });
+    tokio::time::sleep(S).await;
+    stop.store(true, Ordering::Relaxed);
+    let (sent, acked) = task.await.expect("the probe did not panic");
+    let d = probe.try_peek(&probe_key, 1).await.expect("decided");
+    let recorded = LEDGER - d.remaining();
+    println!(
+        "resumed :{old}, a replica in sync after {demoted:?}; probe sent {sent}, \
+         acknowledged {acked}, recorded {recorded}"
+    );
+    assert!(acked > 0, "no decision after the resume");
+    assert!(
+        acked <= recorded && recorded <= sent,
+        "a decision landed on the stale master: sent {sent}, acknowledged {acked}, \
+         recorded {recorded}"
+    );
+
+    let f = load.finish("sentinel, frozen master").await;
+    f.check();
+    let report = b.check_durability().await.unwrap();
+    assert_eq!(report.nodes[0].node, format!("127.0.0.1:{new}"));
     assert_eq!(report.nodes[0].role, NodeRole::Master);
 }
 

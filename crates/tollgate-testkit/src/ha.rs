@@ -284,14 +284,36 @@ impl RedisSentinel {
 
     /// Kills the current master (`SIGKILL`, a crash) and returns its port.
     pub fn kill_master(&mut self) -> u16 {
+        let master = self.master_mut();
+        master.kill();
+        master.port()
+    }
+
+    /// Freezes the current master ([`RedisServer::pause`], `SIGSTOP`: a
+    /// hung host; its sockets stay open, the kernel still accepts and
+    /// acknowledges, nothing answers) and returns its port. The sentinels
+    /// fail it over as they would a dead one. [`server`](Self::server)
+    /// reaches it to [`resume`](RedisServer::resume) it (it comes back
+    /// believing it is the master, until the sentinels demote it); drop
+    /// kills it either way.
+    pub fn pause_master(&mut self) -> u16 {
+        let master = self.master_mut();
+        master.pause();
+        master.port()
+    }
+
+    /// The data server on `port`.
+    pub fn server(&self, port: u16) -> Option<&RedisServer> {
+        self.servers.iter().find(|s| s.port() == port)
+    }
+
+    /// The data server the sentinels name as the master.
+    fn master_mut(&mut self) -> &mut RedisServer {
         let port = self.master_port().expect("the sentinels name a master");
-        let server = self
-            .servers
+        self.servers
             .iter_mut()
             .find(|s| s.port() == port)
-            .expect("the master is one of ours");
-        server.kill();
-        port
+            .expect("the master is one of ours")
     }
 
     /// Waits until the sentinels name a master other than `old` and that
@@ -302,9 +324,7 @@ impl RedisSentinel {
             if let Some(port) = self.master_port()
                 && port != old
                 && self
-                    .servers
-                    .iter()
-                    .find(|s| s.port() == port)
+                    .server(port)
                     .is_some_and(|s| s.cli(&["role"]).starts_with("master"))
             {
                 return Some(port);
