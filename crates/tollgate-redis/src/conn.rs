@@ -32,10 +32,30 @@
 //! Redis Sentinel every new connection first asks the sentinels where the
 //! master is (see [`crate::sentinel`]), so the replacement reaches the
 //! promoted replica. A cluster connection follows the cluster's own
-//! topology changes (redis-rs refreshes its slot map on `MOVED` and on a
-//! dead node); its check asks the masters for a `PING` and needs one
-//! answer, not all: one dead master must not take the other masters' slots
-//! down with it.
+//! topology changes (redis-rs refreshes its slot map on `MOVED`,
+//! `READONLY` and a connection that drops); its check asks the masters for
+//! a `PING` and needs one answer, not all: one dead master must not take
+//! the other masters' slots down with it.
+//!
+//! A cluster master that goes silent instead (a stopped process, a network
+//! that forwards nothing: the sockets stay open, nothing answers) is
+//! different: redis-rs takes a timeout as "retry on the same node", never
+//! as a reason to refresh its slot map, and has no periodic refresh. After
+//! the cluster promotes the replica, the connection would send those
+//! slots to the silent node for ever. So the check also asks whether
+//! *every* master in the connection's slot map answers. When one does not,
+//! it asks a master that answers for the cluster's slot map (`CLUSTER
+//! SLOTS`): while the silent node is still one of the cluster's masters
+//! there is nothing to learn (its slots fail, the others are served); once
+//! every master of the cluster answers through the connection, or is one
+//! it has no connection to, its slot map is stale, and the keeper builds a
+//! new connection from the cluster client and swaps it in, the old one
+//! serving meanwhile, at most once per [`REBUILD`]. The new connection
+//! learns the slot map from the nodes that answer. Not rebuilding earlier
+//! matters: a connection built while the silent node still owns slots
+//! sends them to its replica, which redirects them (`MOVED`) to the silent
+//! node, and each redirection makes redis-rs refresh its slot map, holding
+//! every request while it tries to reconnect to the silent node.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -56,6 +76,12 @@ use crate::error::RedisError;
 /// Short, because it adds to the recovery time once Redis is reachable
 /// again; an attempt on a silent path already takes the connect timeout.
 pub(crate) const RETRY: Duration = Duration::from_millis(250);
+
+/// The least time between two rebuilds of one slot's cluster connection
+/// (see the module docs): a flood of timeouts must not become a flood of
+/// reconnections.
+#[cfg(feature = "cluster")]
+pub(crate) const REBUILD: Duration = Duration::from_secs(1);
 
 /// The timeouts every connection is made with.
 #[derive(Debug, Clone, Copy)]
@@ -261,6 +287,95 @@ async fn answers(link: &mut Link, t: Timeouts) -> Result<(), redis::RedisError> 
     }
 }
 
+/// What a cluster connection's check found (see the module docs).
+#[cfg(feature = "cluster")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum View {
+    /// Every master in its slot map answers.
+    Whole,
+    /// A master of the cluster does not answer: nothing to learn until the
+    /// cluster fails it over.
+    Silent,
+    /// A master in its slot map does not answer and is no master of the
+    /// cluster any more: the slot map is stale.
+    Stale,
+}
+
+/// Checks a cluster connection's masters against the cluster's own view.
+#[cfg(feature = "cluster")]
+async fn view(c: &mut redis::cluster_async::ClusterConnection, t: Timeouts) -> View {
+    use redis::cluster_routing::{
+        MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, SingleNodeRoutingInfo,
+    };
+    let masters =
+        |policy| RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, Some(policy)));
+    // The client retries a timeout on the same node: bound each step.
+    let bound = t.connect.saturating_add(t.response);
+    let ping = c.route_command(redis::cmd("PING"), masters(ResponsePolicy::AllSucceeded));
+    if let Ok(Ok(_)) = tokio::time::timeout(bound, ping).await {
+        return View::Whole;
+    }
+    let slots = redis::cmd("CLUSTER").arg("SLOTS").clone();
+    let slots = c.route_command(slots, masters(ResponsePolicy::OneSucceeded));
+    let Ok(Ok(slots)) = tokio::time::timeout(bound, slots).await else {
+        return View::Silent;
+    };
+    for (host, port) in masters_of(&slots) {
+        let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+        match tokio::time::timeout(bound, c.route_command(redis::cmd("PING"), at)).await {
+            Ok(Ok(_)) => {}
+            // A master the connection does not know: stale too (redis-rs
+            // also starts reconnecting it to the URLs' nodes, which the
+            // rebuild makes moot).
+            Ok(Err(e)) if e.kind() == ErrorKind::ClusterConnectionNotFound => {}
+            _ => return View::Silent,
+        }
+    }
+    View::Stale
+}
+
+/// The masters (`host`, `port`) of a `CLUSTER SLOTS` reply: the first node
+/// of each slot range, once each, without those whose address is unknown.
+#[cfg(feature = "cluster")]
+fn masters_of(reply: &Value) -> Vec<(String, u16)> {
+    let mut masters = Vec::new();
+    let Value::Array(ranges) = reply else {
+        return masters;
+    };
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            continue;
+        };
+        let Some(Value::Array(node)) = fields.get(2) else {
+            continue;
+        };
+        let host = match node.first() {
+            Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            Some(Value::SimpleString(s)) => s.clone(),
+            _ => continue,
+        };
+        let port = match node.get(1) {
+            Some(Value::Int(p)) => u16::try_from(*p).ok(),
+            _ => None,
+        };
+        if let Some(port) = port
+            && !host.is_empty()
+            && host != "?"
+            && !masters.contains(&(host.clone(), port))
+        {
+            masters.push((host, port));
+        }
+    }
+    masters
+}
+
+/// A new connection that answers.
+async fn open(connector: &Connector, t: Timeouts) -> RedisResult<Link> {
+    let mut link = connector.connect().await?;
+    answers(&mut link, t).await?;
+    Ok(link)
+}
+
 /// The role in a `ROLE` reply (`master`, `slave`, `sentinel`).
 pub(crate) fn role_of(reply: &Value) -> Option<String> {
     match reply {
@@ -276,11 +391,19 @@ pub(crate) fn role_of(reply: &Value) -> Option<String> {
 /// A slot's keeper: checks the connection when told to suspect it, and
 /// replaces it when it does not answer. Runs until the backend is dropped.
 async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
+    #[cfg(feature = "cluster")]
+    let mut follow = Follow::default();
     loop {
         slot.suspect.notified().await;
         let error = match slot.get() {
             Some(mut link) => match answers(&mut link, t).await {
-                Ok(()) => continue,
+                Ok(()) => {
+                    #[cfg(feature = "cluster")]
+                    if let Link::Cluster(c) = &mut link {
+                        follow.check(&slot, &connector, c, t).await;
+                    }
+                    continue;
+                }
                 Err(e) => Some(e),
             },
             None => None,
@@ -296,12 +419,7 @@ async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
         let mut failures = 0u32;
         loop {
             let started = Instant::now();
-            let attempt = async {
-                let mut link = connector.connect().await?;
-                answers(&mut link, t).await?;
-                Ok::<_, redis::RedisError>(link)
-            };
-            match attempt.await {
+            match open(&connector, t).await {
                 Ok(link) => {
                     slot.set(Some(link));
                     if error.is_some() || failures > 0 {
@@ -321,6 +439,66 @@ async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
                 }
             }
             tokio::time::sleep_until(started + RETRY).await;
+        }
+    }
+}
+
+/// A cluster keeper's state for a master that stopped answering (see the
+/// module docs).
+#[cfg(feature = "cluster")]
+struct Follow {
+    /// When the connection was last rebuilt.
+    rebuilt: Option<Instant>,
+    /// The last check's finding: logged when it changes, not at each check.
+    last: View,
+}
+
+#[cfg(feature = "cluster")]
+impl Default for Follow {
+    fn default() -> Self {
+        Self {
+            rebuilt: None,
+            last: View::Whole,
+        }
+    }
+}
+
+#[cfg(feature = "cluster")]
+impl Follow {
+    /// Replaces the slot's connection `c` when its slot map is stale, at
+    /// most once per [`REBUILD`].
+    async fn check(
+        &mut self,
+        slot: &Slot,
+        connector: &Connector,
+        c: &mut redis::cluster_async::ClusterConnection,
+        t: Timeouts,
+    ) {
+        let now = view(c, t).await;
+        let last = std::mem::replace(&mut self.last, now);
+        match now {
+            View::Whole if last != View::Whole => {
+                tracing::info!("tollgate: every redis cluster master answers again");
+            }
+            View::Silent if last == View::Whole => tracing::warn!(
+                "tollgate: a redis cluster master does not answer; \
+                 its slots fail until the cluster fails it over"
+            ),
+            View::Stale if self.rebuilt.is_none_or(|at| at.elapsed() >= REBUILD) => {
+                if last != View::Stale {
+                    tracing::warn!(
+                        "tollgate: a redis cluster master that does not answer was failed \
+                         over; reconnecting to learn the new topology"
+                    );
+                }
+                self.rebuilt = Some(Instant::now());
+                // A failed attempt keeps the old connection: the masters
+                // that answer go on serving through it.
+                if let Ok(link) = open(connector, t).await {
+                    slot.set(Some(link));
+                }
+            }
+            _ => {}
         }
     }
 }
@@ -396,9 +574,7 @@ impl Conn {
     ) -> Result<Self, RedisError> {
         let mut links = Vec::new();
         for _ in 0..usage.size.max(1) {
-            let mut link = connector.connect().await?;
-            answers(&mut link, t).await?;
-            links.push(Some(link));
+            links.push(Some(open(&connector, t).await?));
         }
         Ok(Self::start(&connector, t, usage, links))
     }
@@ -554,4 +730,44 @@ impl Drop for Conn {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(all(test, feature = "cluster"))]
+mod tests {
+    use super::*;
+
+    fn node(host: &str, port: i64) -> Value {
+        Value::Array(vec![
+            Value::BulkString(host.into()),
+            Value::Int(port),
+            Value::BulkString(b"id".to_vec()),
+        ])
+    }
+
+    fn range(start: i64, end: i64, nodes: Vec<Value>) -> Value {
+        let mut fields = vec![Value::Int(start), Value::Int(end)];
+        fields.extend(nodes);
+        Value::Array(fields)
+    }
+
+    #[test]
+    fn masters_of_cluster_slots() {
+        let reply = Value::Array(vec![
+            range(
+                0,
+                5460,
+                vec![node("10.0.0.1", 6379), node("10.0.0.4", 6379)],
+            ),
+            range(5461, 6000, vec![node("10.0.0.2", 6380)]),
+            // A master owning two ranges is listed once.
+            range(6001, 10922, vec![node("10.0.0.2", 6380)]),
+            // An unknown endpoint cannot be asked.
+            range(10923, 16383, vec![node("", 6379)]),
+        ]);
+        assert_eq!(
+            masters_of(&reply),
+            [("10.0.0.1".to_owned(), 6379), ("10.0.0.2".to_owned(), 6380)]
+        );
+        assert!(masters_of(&Value::Nil).is_empty());
+    }
 }

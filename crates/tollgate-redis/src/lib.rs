@@ -33,7 +33,8 @@
 //! * **Overrides** are stored in Redis. A limiter-wide override is read by
 //!   the client and cached for at most
 //!   [`RedisBackendBuilder::override_cache_ttl`] (default 1 s): the worker
-//!   that sets it sees it at once, the others within that TTL. A per-key
+//!   that sets it sees it at once, the others within that TTL (while its
+//!   server answers: a failed read decides with what was read last). A per-key
 //!   override is read by the script itself, only on a limiter the client
 //!   knows to have per-key overrides (a marker
 //!   the backend sets with the first one and never removes, read and cached
@@ -868,10 +869,14 @@ impl RedisBackend {
     /// of `policy` when the cache holds it.
     ///
     /// When the entry expires, one caller reads Redis again while the
-    /// others go on with the entry they have, for at most one more TTL: a
-    /// limiter's concurrent decisions do not all wait for the same `MGET`
-    /// once per TTL. A refresh that fails or is dropped (its caller gave
-    /// up) hands the turn to the next caller.
+    /// others go on with the entry they have: a limiter's concurrent
+    /// decisions do not all wait for the same `MGET` once per TTL. A
+    /// refresh that fails or is dropped (its caller gave up) hands the turn
+    /// to the next caller. The others do not wait for it however old the
+    /// entry is, and a caller whose refresh fails decides with the entry,
+    /// which is read again a TTL later: in a cluster the override's master
+    /// may be silent while the key's answers, and nobody can change an
+    /// override its master does not take (the entry is what it last said).
     async fn limiter_overrides(
         &self,
         limiter: &str,
@@ -883,16 +888,17 @@ impl RedisBackend {
                 .as_ref()
                 .and_then(|(p, a)| (p == policy).then(|| Arc::clone(a)))
         };
-        let mut configured = None;
+        let (mut configured, mut stale) = (None, None);
         {
             let mut cache = lock(&self.inner.override_cache);
             if let Some(c) = cache.get_mut(limiter) {
                 let age = c.read_at.elapsed();
-                if age < ttl || (c.refreshing && age < ttl.saturating_mul(2)) {
+                if age < ttl || c.refreshing {
                     return Ok((c.overrides.clone(), arg(c)));
                 }
                 c.refreshing = true;
                 configured = c.configured.clone();
+                stale = Some((c.overrides.clone(), arg(c)));
             }
         }
         // Dropped when this returns, or earlier if the caller gives up;
@@ -903,7 +909,7 @@ impl RedisBackend {
         };
         // Read before the query: the entry is no younger than what it holds.
         let now = Instant::now();
-        let (wide, marker): (Option<String>, Option<String>) = self
+        let read = self
             .inner
             .conn
             .query(
@@ -911,7 +917,20 @@ impl RedisBackend {
                     .arg(self.limiter_override_key(limiter))
                     .arg(self.keyed_marker_key(limiter)),
             )
-            .await?;
+            .await;
+        let (wide, marker): (Option<String>, Option<String>) = match (read, stale) {
+            (Ok(read), _) => read,
+            (Err(_), Some(stale)) => {
+                // Tried again after a TTL, not by the very next decision:
+                // a silent master makes each read wait out the response
+                // timeout.
+                if let Some(c) = lock(&self.inner.override_cache).get_mut(limiter) {
+                    c.read_at = Instant::now();
+                }
+                return Ok(stale);
+            }
+            (Err(e), None) => return Err(e),
+        };
         let v = LimiterOverrides {
             wide: wide.as_deref().map(Wide::new),
             keyed: marker.is_some(),

@@ -17,6 +17,11 @@
 //! failover, on the second's answers within bounds derived from its
 //! timeouts.
 //!
+//! `cluster_failover_of_a_frozen_master` freezes a cluster master
+//! (`SIGSTOP`: connections stay open, nothing answers) instead of killing
+//! it: decisions must resume on the promoted replica, and go on once the
+//! frozen node continues and rejoins as a replica.
+//!
 //! `TOLLGATE_FAILOVER_CYCLES` (default 1) repeats the failover: the killed
 //! server is restarted, rejoins as a replica, and the new master is killed
 //! next; `scripts/failover-soak.sh` runs the long form.
@@ -63,7 +68,12 @@ fn cycles() -> u32 {
 /// as `docs/redis.md` recommends for HA (a reconnection that reaches a dead
 /// address gives up sooner).
 async fn build(b: tollgate_redis::RedisBackendBuilder) -> RedisBackend {
-    b.prefix(unique_name("failover"))
+    build_with_prefix(b, &unique_name("failover")).await
+}
+
+/// [`build`], with this key prefix.
+async fn build_with_prefix(b: tollgate_redis::RedisBackendBuilder, prefix: &str) -> RedisBackend {
+    b.prefix(prefix)
         .connect_timeout(Duration::from_millis(250))
         .durability(Durability::Report)
         .build()
@@ -643,6 +653,48 @@ fn slot(key: &str) -> u16 {
     crc % 16384
 }
 
+/// The master of the ledger's slot (the one a cluster test fails), a key
+/// of another master for the steady probe, and whether a load key (`k0`
+/// to `k199`) lives on that master.
+fn victim_of(cluster: &RedisCluster) -> (usize, String, impl Fn(&str) -> bool + use<>) {
+    let (victim, steady, owners) = blocking(|| {
+        let victim = cluster.master_of(slot("ledger")).expect("a master");
+        let steady = (0..)
+            .map(|i| format!("steady{i}"))
+            .find(|k| cluster.master_of(slot(k)) != Some(victim))
+            .unwrap();
+        let owners: Vec<Option<usize>> = (0..200)
+            .map(|i| cluster.master_of(slot(&format!("k{i}"))))
+            .collect();
+        (victim, steady, owners)
+    });
+    let on_victim = move |k: &str| owners[k[1..].parse::<usize>().unwrap()] == Some(victim);
+    (victim, steady, on_victim)
+}
+
+/// Waits until the ledger's slot has a master other than node `old`,
+/// asserting that the steady probe (on another master) is decided from
+/// now until then; the new master, the time from `since`, and how many
+/// steady decisions were made meanwhile.
+fn promotion(
+    cluster: &RedisCluster,
+    load: &Load,
+    old: usize,
+    since: Instant,
+) -> (usize, Duration, u64) {
+    let (before, from) = (load.steady_decided(), since.elapsed());
+    let new = blocking(|| cluster.wait_promoted(slot("ledger"), old, RESUME_WITHIN));
+    let new = new.expect("the replica was promoted");
+    let promoted = since.elapsed();
+    let meanwhile = load.steady_decided() - before;
+    assert!(
+        meanwhile > 0,
+        "no decision on another master from {from:?} after the failure to the promotion \
+         ({promoted:?})"
+    );
+    (new, promoted, meanwhile)
+}
+
 /// Cluster: the master of the ledger's slot is killed; its replica is
 /// promoted; decisions on that slot resume, and a key on another master
 /// is decided throughout.
@@ -662,18 +714,7 @@ async fn cluster_failover_under_load() {
     assert_eq!((masters.count(), replicas.count()), (3, 3), "{report:?}");
 
     let ledger_slot = slot("ledger");
-    let (victim, steady, owners) = blocking(|| {
-        let victim = cluster.master_of(ledger_slot).expect("a master");
-        let steady = (0..)
-            .map(|i| format!("steady{i}"))
-            .find(|k| cluster.master_of(slot(k)) != Some(victim))
-            .unwrap();
-        let owners: Vec<Option<usize>> = (0..200)
-            .map(|i| cluster.master_of(slot(&format!("k{i}"))))
-            .collect();
-        (victim, steady, owners)
-    });
-    let on_victim = move |k: &str| owners[k[1..].parse::<usize>().unwrap()] == Some(victim);
+    let (_, steady, on_victim) = victim_of(&cluster);
     let load = Load::start(&b, Key::new("ledger"), Some(Key::new(steady)), on_victim);
     for cycle in 0..cycles() {
         tokio::time::sleep(S).await;
@@ -683,16 +724,7 @@ async fn cluster_failover_under_load() {
             old
         });
         let killed_at = Instant::now();
-        let before = load.steady_decided();
-        let new = blocking(|| cluster.wait_promoted(ledger_slot, old, RESUME_WITHIN));
-        let new = new.expect("the replica was promoted");
-        let promoted = killed_at.elapsed();
-        // The other masters kept deciding while this one had no master.
-        let meanwhile = load.steady_decided() - before;
-        assert!(
-            meanwhile > 0,
-            "no decision on another master in {promoted:?}"
-        );
+        let (new, promoted, meanwhile) = promotion(&cluster, &load, old, killed_at);
         let took = load.resumed(killed_at).await;
         println!(
             "cluster cycle {cycle}: master :{} killed; :{} promoted after {promoted:?}, \
@@ -721,6 +753,76 @@ async fn cluster_failover_under_load() {
     // waits past the response timeout fails (docs/redis.md); counted, not
     // asserted.
     assert!(f.steady_decided > 0, "{f:?}");
+}
+
+/// Cluster: the master of the ledger's slot freezes (`SIGSTOP`: its
+/// sockets stay open, the kernel still acknowledges, nothing answers), so
+/// no connection is reset and the cluster client meets only timeouts. The
+/// cluster promotes its replica; decisions on that slot resume on it
+/// within [`RESUME_WITHIN`] of the promotion, a key on another master is
+/// decided throughout, and they keep being decided once the frozen node
+/// continues (`SIGCONT`) and rejoins as a replica.
+///
+/// The key prefix is chosen so that the steady probe's limiter keeps its
+/// limiter-wide override (`<prefix>:steady:override`, read by the client
+/// once per `override_cache_ttl`, 200 ms here) on the frozen master: a
+/// limiter's decisions on other masters must not wait on that read. So
+/// the probe must be decided from 1 s after the pause (five TTLs; the
+/// cluster cannot fail the master over before `cluster-node-timeout`,
+/// 1 s) until the promotion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_failover_of_a_frozen_master() {
+    let Some(cluster) = blocking(RedisCluster::start_with_replicas) else {
+        return;
+    };
+    let ledger_slot = slot("ledger");
+    let (old, steady, on_victim) = victim_of(&cluster);
+    let prefix = blocking(|| {
+        let base = unique_name("frozen");
+        (0..)
+            .map(|i| format!("{base}-{i}"))
+            .find(|p| cluster.master_of(slot(&format!("{p}:steady:override"))) == Some(old))
+            .unwrap()
+    });
+    let b = RedisBackend::cluster_builder(cluster.urls())
+        .override_cache_ttl(Duration::from_millis(200));
+    let b = build_with_prefix(b, &prefix).await;
+    let load = Load::start(&b, Key::new("ledger"), Some(Key::new(steady)), on_victim);
+    tokio::time::sleep(S).await;
+
+    cluster.pause_node(old);
+    let paused_at = Instant::now();
+    tokio::time::sleep(S).await;
+    let (new, promoted, meanwhile) = promotion(&cluster, &load, old, paused_at);
+    let took = promoted + load.resumed(Instant::now()).await;
+    println!(
+        "frozen master :{} paused; :{} promoted after {promoted:?}, decisions on its slots \
+         resumed after {took:?}; meanwhile {meanwhile} decisions on another master",
+        cluster.nodes()[old].port(),
+        cluster.nodes()[new].port()
+    );
+
+    // The frozen node continues: it learns it was failed over and follows
+    // the new master as a replica. Decisions go on.
+    cluster.resume_node(old);
+    let resumed_at = Instant::now();
+    let rejoined = blocking(|| wait_synced(&cluster.nodes()[old], 60 * S));
+    assert!(rejoined, "the frozen master did not rejoin as a replica");
+    println!(
+        "frozen master continued; in sync as a replica after {:?}",
+        resumed_at.elapsed()
+    );
+    assert_eq!(blocking(|| cluster.master_of(ledger_slot)), Some(new));
+    let acked = load.tally.acked.load(Ordering::Relaxed);
+    let steady = load.steady_decided();
+    tokio::time::sleep(S).await;
+    load.resumed(Instant::now()).await;
+    assert!(
+        load.tally.acked.load(Ordering::Relaxed) > acked && load.steady_decided() > steady,
+        "decisions stopped once the frozen master rejoined"
+    );
+    let f = load.finish("cluster, frozen master").await;
+    f.check();
 }
 
 /// A Sentinel setup with TLS only (no plain port anywhere,

@@ -399,7 +399,7 @@ impl RedisCluster {
     }
 
     /// The index in [`nodes`](Self::nodes) of the master serving `slot`,
-    /// as a running node sees it.
+    /// as a running node (not paused) sees it.
     pub fn master_of(&self, slot: u16) -> Option<usize> {
         let nodes = self.ask(&["cluster", "nodes"]);
         let port = nodes.lines().find_map(|line| {
@@ -434,19 +434,34 @@ impl RedisCluster {
         self.nodes[i].restart();
     }
 
+    /// Freezes node `i` (`SIGSTOP`, see [`RedisServer::pause`]): its
+    /// sockets stay open and nothing answers, so the other nodes fail it
+    /// over after `cluster-node-timeout`. The helpers here stop asking it
+    /// until [`resume_node`](Self::resume_node).
+    pub fn pause_node(&self, i: usize) {
+        self.nodes[i].pause();
+    }
+
+    /// Continues node `i` after [`pause_node`](Self::pause_node)
+    /// (`SIGCONT`): it learns the cluster's newer epoch and, if it was
+    /// failed over meanwhile, rejoins as a replica.
+    pub fn resume_node(&self, i: usize) {
+        self.nodes[i].resume();
+    }
+
     /// Waits until a running master other than node `old` serves `slot`
-    /// and every running node says the cluster is ok; its index, or `None`
-    /// after `timeout`.
+    /// and every running node says the cluster is ok (paused nodes are
+    /// not asked); its index, or `None` after `timeout`.
     pub fn wait_promoted(&self, slot: u16, old: usize, timeout: Duration) -> Option<usize> {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Some(i) = self.master_of(slot)
                 && i != old
-                && self.nodes[i].is_running()
+                && answers(&self.nodes[i])
                 && self
                     .nodes
                     .iter()
-                    .filter(|n| n.is_running())
+                    .filter(|n| answers(n))
                     .all(|n| n.cli(&["cluster", "info"]).contains("cluster_state:ok"))
             {
                 return Some(i);
@@ -499,7 +514,7 @@ impl RedisCluster {
         let others = (0..self.nodes.len()).filter(|&i| i != to);
         for i in std::iter::once(to).chain(others) {
             let node = &self.nodes[i];
-            if node.is_running() && node.cli(&["role"]).starts_with("master") {
+            if answers(node) && node.cli(&["role"]).starts_with("master") {
                 let out = node.cli(&["cluster", "setslot", &n, "node", &id]);
                 assert_eq!(out.trim(), "OK", "CLUSTER SETSLOT {n} NODE: {out}");
             }
@@ -516,8 +531,13 @@ impl RedisCluster {
         let node = self
             .nodes
             .iter()
-            .find(|n| n.is_running())
+            .find(|n| answers(n))
             .expect("a running node");
         node.cli(args)
     }
+}
+
+/// Whether `redis-cli` can ask the node: it runs, and is not paused.
+fn answers(node: &RedisServer) -> bool {
+    node.is_running() && !node.is_paused()
 }

@@ -30,7 +30,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -330,6 +330,9 @@ pub(crate) struct Process {
     stdin: Option<ChildStdin>,
     /// The redis-server's own pid.
     pid: u32,
+    /// Stopped by [`RedisServer::pause`]: `redis-cli` would wait on it
+    /// for ever, so the cluster helpers leave it out.
+    paused: AtomicBool,
 }
 
 /// A throwaway `redis-server` on `127.0.0.1`, killed on drop.
@@ -439,11 +442,25 @@ impl RedisServer {
     /// continues it; [`kill`](Self::kill) works on a stopped server too.
     pub fn pause(&self) {
         self.signal("-STOP");
+        if let Some(p) = &self.process {
+            p.paused.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Continues a server stopped by [`pause`](Self::pause) (`SIGCONT`).
     pub fn resume(&self) {
         self.signal("-CONT");
+        if let Some(p) = &self.process {
+            p.paused.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the server is stopped by [`pause`](Self::pause) (it is
+    /// still [running](Self::is_running), and answers nothing).
+    pub fn is_paused(&self) -> bool {
+        self.process
+            .as_ref()
+            .is_some_and(|p| p.paused.load(Ordering::Relaxed))
     }
 
     /// Signals the pid this harness started, and no other.
@@ -516,7 +533,12 @@ impl RedisServer {
             .trim()
             .parse()
             .map_err(|_| format!("bad pid line {line:?}"))?;
-        self.process = Some(Process { guard, stdin, pid });
+        self.process = Some(Process {
+            guard,
+            stdin,
+            pid,
+            paused: AtomicBool::new(false),
+        });
         // Ready, and it is ours: another server may hold the port we were
         // given (then ours exits, and we retry on another port).
         // `INFO` is answered while loading too.
