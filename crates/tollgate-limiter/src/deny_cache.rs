@@ -23,19 +23,12 @@ struct Entry {
 }
 
 /// What the cache answers to a charging request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Charge {
+pub(crate) enum Charge<'a> {
     /// Refused locally, as the backend would refuse it.
     Refused(Decision),
-    /// Ask the backend; first record `pending` units refused locally
-    /// ([`Op::Penalise`]), so that the flood is counted.
-    Ask {
-        /// Units to carry (0 for none).
-        pending: u64,
-        /// The window of the refusal they were refused by (for
-        /// [`DenyCache::carry`]).
-        window: Duration,
-    },
+    /// Ask the backend; first record the [units](Carry::units) refused
+    /// locally ([`Op::Penalise`]), so that the flood is counted.
+    Ask(Carry<'a>),
 }
 
 impl Expiring for Entry {
@@ -127,15 +120,27 @@ impl DenyCache {
     /// The answer to a charging request of `cost` for `key`: a local
     /// refusal (whose cost becomes pending when `pending` counts, for a
     /// sliding window), or the pending units to carry to the backend
-    /// before asking it.
-    pub(crate) fn charge(&self, key: &Key, cost: u64, pending: bool) -> Charge {
+    /// before asking it, taken out of the entry.
+    ///
+    /// Taken, not copied: the returned [`Carry`] gives them back to the
+    /// key's entry if it is dropped before [`done`](Carry::done), so that
+    /// a caller that goes away before the carrying call answered (it may
+    /// not have reached the backend) leaves them to the key's next call
+    /// rather than drop the flood's penalty. Carried twice, they are
+    /// recorded twice: stricter, never laxer.
+    pub(crate) fn charge<'a>(&'a self, key: &'a Key, cost: u64, pending: bool) -> Charge<'a> {
         let now = Instant::now();
         let mut shard = self.map.shard(key);
+        let carry = |units, window| {
+            Charge::Ask(Carry {
+                cache: self,
+                key,
+                units,
+                window,
+            })
+        };
         let Some(e) = shard.get_mut(key) else {
-            return Charge::Ask {
-                pending: 0,
-                window: Duration::ZERO,
-            };
+            return carry(0, Duration::ZERO);
         };
         if now < e.until && cost >= e.cost {
             if pending {
@@ -156,26 +161,7 @@ impl DenyCache {
         } else {
             e.pending = 0;
         }
-        Charge::Ask {
-            pending: carried,
-            window,
-        }
-    }
-
-    /// Units taken by [`charge`](Self::charge) to carry to the backend:
-    /// given back to the key's entry if the returned [`Carry`] is dropped
-    /// before [`done`](Carry::done), so that a caller that goes away before
-    /// the carrying call answered (it may not have reached the backend)
-    /// leaves them to the key's next call rather than drop the flood's
-    /// penalty. Carried twice, they are recorded twice: stricter, never
-    /// laxer.
-    pub(crate) fn carry<'a>(&'a self, key: &'a Key, units: u64, window: Duration) -> Carry<'a> {
-        Carry {
-            cache: self,
-            key,
-            units,
-            window,
-        }
+        carry(carried, window)
     }
 
     /// Puts `units` back as pending for `key`, refused now under a
@@ -246,16 +232,22 @@ impl DenyCache {
     }
 }
 
-/// Pending units on their way to the backend (see [`DenyCache::carry`]).
+/// Pending units on their way to the backend (see [`DenyCache::charge`]).
 #[must_use = "dropped, the units go back to the cache"]
 pub(crate) struct Carry<'a> {
     cache: &'a DenyCache,
     key: &'a Key,
     units: u64,
+    /// The window of the refusal they were refused by (for `restore`).
     window: Duration,
 }
 
 impl Carry<'_> {
+    /// The units to carry (0 for none).
+    pub(crate) fn units(&self) -> u64 {
+        self.units
+    }
+
     /// The carrying call answered, or failed (the units are then dropped:
     /// the fail mode rules that request).
     pub(crate) fn done(mut self) {
@@ -367,10 +359,14 @@ mod tests {
         assert_eq!(carried(c.charge(&k, 2, true)), 0);
     }
 
-    /// The units a charge asks to carry.
-    fn carried(charge: Charge) -> u64 {
+    /// The units a charge asks to carry, carried.
+    fn carried(charge: Charge<'_>) -> u64 {
         match charge {
-            Charge::Ask { pending, .. } => pending,
+            Charge::Ask(carry) => {
+                let units = carry.units();
+                carry.done();
+                units
+            }
             Charge::Refused(d) => panic!("refused: {d:?}"),
         }
     }

@@ -716,17 +716,17 @@ impl<B: Backend> Limiter<B> {
         // A sliding window's local refusals are carried to the backend
         // (penalised windows must record them; see DenyCache).
         let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
-        match cache.map(|c| (c, c.charge(key, cost, window))) {
-            Some((_, Charge::Refused(denied))) => {
+        match cache.map(|c| c.charge(key, cost, window)) {
+            Some(Charge::Refused(denied)) => {
                 self.inner.guard.meter().local_hit(Local::Denial);
                 return self.counted(Call::Check, Verdict::Decided(denied));
             }
-            Some((c, Charge::Ask { pending, window })) if pending > 0 => {
+            Some(Charge::Ask(carry)) if carry.units() > 0 => {
                 // Recorded before this request is decided, as they were
                 // refused before it. A failure here is the next call's to
-                // report; a drop gives them back (see `DenyCache::carry`).
-                let carry = c.carry(key, pending, window);
-                let _ = self.try_op(key, Op::Penalise(pending), &deadline).await;
+                // report; a drop gives them back (see `DenyCache::charge`).
+                let penalise = Op::Penalise(carry.units());
+                let _ = self.try_op(key, penalise, &deadline).await;
                 carry.done();
             }
             _ => {}
@@ -871,16 +871,16 @@ impl<B: Backend> Limiter<B> {
         }
         let cache = self.local_denials(Op::Acquire(cost));
         let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
-        match cache.map(|c| (c, c.charge(key, cost, window))) {
-            Some((_, Charge::Refused(denied))) => {
+        match cache.map(|c| c.charge(key, cost, window)) {
+            Some(Charge::Refused(denied)) => {
                 self.inner.guard.meter().local_hit(Local::Denial);
                 let verdict = Verdict::Decided(denied);
                 return (self.counted(Call::Check, verdict), Reservation::empty());
             }
-            Some((c, Charge::Ask { pending, window })) if pending > 0 => {
+            Some(Charge::Ask(carry)) if carry.units() > 0 => {
                 // As in check_cost: refusals answered locally first.
-                let carry = c.carry(key, pending, window);
-                let _ = self.try_op(key, Op::Penalise(pending), &deadline).await;
+                let penalise = Op::Penalise(carry.units());
+                let _ = self.try_op(key, penalise, &deadline).await;
                 carry.done();
             }
             _ => {}
