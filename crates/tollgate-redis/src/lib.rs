@@ -34,7 +34,9 @@
 //!   the client and cached for at most
 //!   [`RedisBackendBuilder::override_cache_ttl`] (default 1 s): the worker
 //!   that sets it sees it at once, the others within that TTL (while its
-//!   server answers: a failed read decides with what was read last). A per-key
+//!   server answers: a failed read decides with what was read last). Under
+//!   steady traffic the entry is read again before it expires, beside the
+//!   decisions: none waits for that read. A per-key
 //!   override is read by the script itself, only on a limiter the client
 //!   knows to have per-key overrides (a marker
 //!   the backend sets with the first one and never removes, read and cached
@@ -170,6 +172,16 @@ struct Cached {
     /// script form (`encoding::script_arg`): formatted once, not on every
     /// decision.
     configured: Option<(Policy, Arc<str>)>,
+}
+
+impl Cached {
+    /// The script form of `policy`, if it is the configured policy this
+    /// entry keeps.
+    fn configured_arg(&self, policy: &Policy) -> Option<Arc<str>> {
+        self.configured
+            .as_ref()
+            .and_then(|(p, a)| (p == policy).then(|| Arc::clone(a)))
+    }
 }
 
 /// What a client reads of a limiter's overrides, in one `MGET`.
@@ -868,82 +880,63 @@ impl RedisBackend {
     /// [`RedisBackendBuilder::override_cache_ttl`]); with the script form
     /// of `policy` when the cache holds it.
     ///
-    /// When the entry expires, one caller reads Redis again while the
-    /// others go on with the entry they have: a limiter's concurrent
-    /// decisions do not all wait for the same `MGET` once per TTL. A
-    /// refresh that fails or is dropped (its caller gave up) hands the turn
-    /// to the next caller. The others do not wait for it however old the
-    /// entry is, and a caller whose refresh fails decides with the entry,
-    /// which is read again a TTL later: in a cluster the override's master
-    /// may be silent while the key's answers, and nobody can change an
-    /// override its master does not take (the entry is what it last said).
+    /// An entry in the last quarter of its TTL is read again in a task of
+    /// its own, and every decision goes on with it meanwhile: under steady
+    /// traffic no decision waits for the `MGET`, so a decision's latency
+    /// never carries that round trip, nor, in a cluster whose override
+    /// master is silent, the response timeout, which the limiter's own
+    /// timeout (50 ms by default, against 500 ms) cut short, failing the
+    /// decision. An entry found expired (no decision came in that quarter)
+    /// is read again by the caller that found it while the others go on
+    /// with what they have: so the bounds stay the TTL plus one round trip.
+    /// A refresh that is dropped (its caller gave up) hands the turn to the
+    /// next caller; one that fails leaves the entry as it was, read again a
+    /// TTL later: in a cluster the override's master may be silent while
+    /// the key's answers, and nobody can change an override its master does
+    /// not take (the entry is what it last said).
     async fn limiter_overrides(
         &self,
         limiter: &str,
         policy: &Policy,
     ) -> Result<(LimiterOverrides, Option<Arc<str>>), RedisError> {
         let ttl = self.inner.override_cache_ttl;
-        let arg = |c: &Cached| {
-            c.configured
-                .as_ref()
-                .and_then(|(p, a)| (p == policy).then(|| Arc::clone(a)))
-        };
-        let (mut configured, mut stale) = (None, None);
+        let mut expired = None;
         {
             let mut cache = lock(&self.inner.override_cache);
             if let Some(c) = cache.get_mut(limiter) {
                 let age = c.read_at.elapsed();
-                if age < ttl || c.refreshing {
-                    return Ok((c.overrides.clone(), arg(c)));
+                let current = (c.overrides.clone(), c.configured_arg(policy));
+                if age < ttl - ttl / 4 || c.refreshing {
+                    return Ok(current);
                 }
                 c.refreshing = true;
-                configured = c.configured.clone();
-                stale = Some((c.overrides.clone(), arg(c)));
+                let turn = Refresh {
+                    backend: self.clone(),
+                    limiter: limiter.to_owned(),
+                };
+                if age < ttl {
+                    let configured = c.configured.clone();
+                    // The turn moves into the task: a task dropped before it
+                    // ran (a runtime shutting down) gives it back.
+                    let (policy, stale) = (*policy, current.clone());
+                    tokio::spawn(async move {
+                        let _ = turn.read(&policy, configured, Some(stale)).await;
+                    });
+                    return Ok(current);
+                }
+                expired = Some((turn, c.configured.clone(), current));
             }
         }
-        // Dropped when this returns, or earlier if the caller gives up;
-        // once the new entry is in, resetting its flag changes nothing.
-        let _turn = Refresh {
-            backend: self,
-            limiter,
-        };
-        // Read before the query: the entry is no younger than what it holds.
-        let now = Instant::now();
-        let read = self
-            .inner
-            .conn
-            .query(
-                redis::cmd("MGET")
-                    .arg(self.limiter_override_key(limiter))
-                    .arg(self.keyed_marker_key(limiter)),
-            )
-            .await;
-        let (wide, marker): (Option<String>, Option<String>) = match (read, stale) {
-            (Ok(read), _) => read,
-            (Err(_), Some(stale)) => {
-                // Tried again after a TTL, not by the very next decision:
-                // a silent master makes each read wait out the response
-                // timeout.
-                if let Some(c) = lock(&self.inner.override_cache).get_mut(limiter) {
-                    c.read_at = Instant::now();
-                }
-                return Ok(stale);
+        match expired {
+            Some((turn, configured, current)) => turn.read(policy, configured, Some(current)).await,
+            None => {
+                let turn = Refresh {
+                    backend: self.clone(),
+                    limiter: limiter.to_owned(),
+                };
+                turn.read(policy, None, None).await
             }
-            (Err(e), None) => return Err(e),
-        };
-        let v = LimiterOverrides {
-            wide: wide.as_deref().map(Wide::new),
-            keyed: marker.is_some(),
-        };
-        let fresh = Cached {
-            read_at: now,
-            overrides: v.clone(),
-            refreshing: false,
-            configured,
-        };
-        let configured = arg(&fresh);
-        lock(&self.inner.override_cache).insert(limiter.to_owned(), fresh);
-        Ok((v, configured))
+        }
     }
 
     /// The script form of `policy`, the configured policy of `limiter`,
@@ -1153,14 +1146,65 @@ where
 /// A caller's turn to read a limiter's overrides again: dropped before the
 /// read came back (an error, or the caller gave up), it gives the turn to
 /// the next caller, so no entry is left refreshing with nobody at it.
-struct Refresh<'a> {
-    backend: &'a RedisBackend,
-    limiter: &'a str,
+struct Refresh {
+    backend: RedisBackend,
+    limiter: String,
 }
 
-impl Drop for Refresh<'_> {
+impl Refresh {
+    /// Reads the limiter's overrides and stores them as its entry, keeping
+    /// `configured` (the script form of its configured policy) in it. With
+    /// `stale` (the entry there is), a failed read answers it instead of
+    /// the error, and is tried again a TTL later: a silent master makes
+    /// each read wait out the response timeout.
+    async fn read(
+        self,
+        policy: &Policy,
+        configured: Option<(Policy, Arc<str>)>,
+        stale: Option<(LimiterOverrides, Option<Arc<str>>)>,
+    ) -> Result<(LimiterOverrides, Option<Arc<str>>), RedisError> {
+        let backend = &self.backend;
+        let limiter = self.limiter.as_str();
+        // Read before the query: the entry is no younger than what it holds.
+        let now = Instant::now();
+        let read = backend
+            .inner
+            .conn
+            .query(
+                redis::cmd("MGET")
+                    .arg(backend.limiter_override_key(limiter))
+                    .arg(backend.keyed_marker_key(limiter)),
+            )
+            .await;
+        let (wide, marker): (Option<String>, Option<String>) = match (read, stale) {
+            (Ok(read), _) => read,
+            (Err(_), Some(stale)) => {
+                if let Some(c) = lock(&backend.inner.override_cache).get_mut(limiter) {
+                    c.read_at = Instant::now();
+                }
+                return Ok(stale);
+            }
+            (Err(e), None) => return Err(e),
+        };
+        let v = LimiterOverrides {
+            wide: wide.as_deref().map(Wide::new),
+            keyed: marker.is_some(),
+        };
+        let fresh = Cached {
+            read_at: now,
+            overrides: v.clone(),
+            refreshing: false,
+            configured,
+        };
+        let arg = fresh.configured_arg(policy);
+        lock(&backend.inner.override_cache).insert(limiter.to_owned(), fresh);
+        Ok((v, arg))
+    }
+}
+
+impl Drop for Refresh {
     fn drop(&mut self) {
-        if let Some(c) = lock(&self.backend.inner.override_cache).get_mut(self.limiter) {
+        if let Some(c) = lock(&self.backend.inner.override_cache).get_mut(&self.limiter) {
             c.refreshing = false;
         }
     }

@@ -672,6 +672,56 @@ fn victim_of(cluster: &RedisCluster) -> (usize, String, impl Fn(&str) -> bool + 
     (victim, steady, on_victim)
 }
 
+/// Decisions of the steady probe's limiter on `key`, with the default
+/// timeout, one every 5 ms until stopped.
+struct QuickProbe {
+    failed: Arc<AtomicU64>,
+    decided: Arc<AtomicU64>,
+    task: JoinHandle<()>,
+}
+
+fn quick_probe(b: &RedisBackend, key: Key) -> QuickProbe {
+    let policy = TokenBucket::new(LEDGER, 1, LEDGER_DRIP).unwrap();
+    let l = Limiter::builder("steady", policy, b.clone())
+        .fail_mode(FailMode::Closed)
+        .build();
+    let (failed, decided) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (f, d) = (failed.clone(), decided.clone());
+    let task = tokio::spawn(async move {
+        loop {
+            let v = l.check(&key).await;
+            match v.decision() {
+                Some(_) => &d,
+                None => {
+                    println!("quick probe failed: {v:?}");
+                    &f
+                }
+            }
+            .fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    QuickProbe {
+        failed,
+        decided,
+        task,
+    }
+}
+
+impl QuickProbe {
+    /// Failed and decided verdicts so far.
+    fn counts(&self) -> (u64, u64) {
+        (
+            self.failed.load(Ordering::Relaxed),
+            self.decided.load(Ordering::Relaxed),
+        )
+    }
+
+    fn stop(self) {
+        self.task.abort();
+    }
+}
+
 /// Waits until the ledger's slot has a master other than node `old`,
 /// asserting that the steady probe (on another master) is decided from
 /// now until then; the new master, the time from `since`, and how many
@@ -769,7 +819,10 @@ async fn cluster_failover_under_load() {
 /// limiter's decisions on other masters must not wait on that read. So
 /// the probe must be decided from 1 s after the pause (five TTLs; the
 /// cluster cannot fail the master over before `cluster-node-timeout`,
-/// 1 s) until the promotion.
+/// 1 s) until the promotion, and a quick probe of the same limiter on
+/// another worker, with the default timeout (50 ms, a tenth of the
+/// response timeout), must not fail once from 0.3 s to 1 s after the
+/// pause: the read is made beside the decisions, not by one of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_failover_of_a_frozen_master() {
     let Some(cluster) = blocking(RedisCluster::start_with_replicas) else {
@@ -787,12 +840,30 @@ async fn cluster_failover_of_a_frozen_master() {
     let b = RedisBackend::cluster_builder(cluster.urls())
         .override_cache_ttl(Duration::from_millis(200));
     let b = build_with_prefix(b, &prefix).await;
+    // A worker of its own: the patient probe, holding the refresh's turn
+    // for the response timeout, would otherwise spare it the wait.
+    let quick = RedisBackend::cluster_builder(cluster.urls())
+        .override_cache_ttl(Duration::from_millis(200));
+    let quick = quick_probe(
+        &build_with_prefix(quick, &prefix).await,
+        Key::new(steady.clone()),
+    );
     let load = Load::start(&b, Key::new("ledger"), Some(Key::new(steady)), on_victim);
     tokio::time::sleep(S).await;
 
     cluster.pause_node(old);
     let paused_at = Instant::now();
-    tokio::time::sleep(S).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (failed, decided) = quick.counts();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (failed_then, decided_then) = quick.counts();
+    assert!(decided_then > decided, "the quick probe made no decision");
+    assert_eq!(
+        failed_then - failed,
+        0,
+        "a quick decision on another master failed while the override's master was silent"
+    );
+    quick.stop();
     let (new, promoted, meanwhile) = promotion(&cluster, &load, old, paused_at);
     let took = promoted + load.resumed(Instant::now()).await;
     println!(

@@ -456,14 +456,7 @@ tollgate_testkit::on_every_server! {
         let Some(url) = shared_url(server) else { return };
         let prefix = unique_name("workers");
         let ttl = Duration::from_millis(200);
-        let make = || {
-            RedisBackend::builder(&url)
-                .prefix(&prefix)
-                .override_cache_ttl(ttl)
-                .durability(Durability::Skip)
-                .build()
-        };
-        let (a, b) = (make().await.unwrap(), make().await.unwrap());
+        let (a, b) = (worker(&url, &prefix, ttl).await, worker(&url, &prefix, ttl).await);
         tollgate_testkit::conformance::overrides_reach_other_workers(a.clone(), b, ttl).await;
 
         let mut r = raw(&url).await;
@@ -1059,6 +1052,17 @@ async fn composite_keys_share_one_ttl() {
 }
 
 /// How many `MGET`s the server has run (INFO commandstats).
+/// A worker's backend on `url` under `prefix`, caching overrides for `ttl`.
+async fn worker(url: &str, prefix: &str, ttl: Duration) -> RedisBackend {
+    RedisBackend::builder(url)
+        .prefix(prefix)
+        .override_cache_ttl(ttl)
+        .durability(Durability::Skip)
+        .build()
+        .await
+        .unwrap()
+}
+
 async fn mgets(r: &mut redis::aio::MultiplexedConnection) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
@@ -1068,6 +1072,51 @@ async fn mgets(r: &mut redis::aio::MultiplexedConnection) -> u64 {
     info.lines()
         .find_map(|l| l.strip_prefix("cmdstat_mget:calls="))
         .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+tollgate_testkit::on_every_server! {
+    /// A decision in the last quarter of a limiter's override cache entry
+    /// reads the overrides again in a task of its own and decides with
+    /// the entry it has: no decision waits for that read. The decisions
+    /// after it see what was read.
+    #[tokio::test]
+    async fn an_override_entry_near_its_ttl_is_read_again_in_the_background(server: Server) {
+        // Its own server: it counts the server's MGETs.
+        let Some(server) = RedisServer::builder().server(server).start() else {
+            return;
+        };
+        let url = server.url();
+        let prefix = unique_name("ahead");
+        let ttl = 2 * S;
+        let (a, b) = (worker(&url, &prefix, ttl).await, worker(&url, &prefix, ttl).await);
+        let wide = TokenBucket::new(1_000_000, 1_000_000, S).unwrap();
+        let l = Limiter::new("api", wide, a);
+        let k = Key::new("k");
+        let limit = || async { l.check(&k).await.decision().map(|d| d.limit()) };
+        assert_eq!(limit().await, Some(1_000_000));
+        let mut r = raw(&url).await;
+
+        // Another worker sets a limiter-wide override; this one's entry
+        // does not know it yet.
+        let tight = Policy::TokenBucket(TokenBucket::new(7, 7, S).unwrap());
+        b.set_override(Scope::Limiter("api"), Some(&tight))
+            .await
+            .unwrap();
+        tokio::time::sleep(ttl * 4 / 5).await;
+        let before = mgets(&mut r).await;
+        assert_eq!(limit().await, Some(1_000_000), "decided with the entry it had");
+        let mut read = 0;
+        for _ in 0..100 {
+            read = mgets(&mut r).await - before;
+            if read > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(read, 1, "one read, made in the background");
+        assert_eq!(limit().await, Some(7), "the next decision sees what was read");
+        assert_eq!(mgets(&mut r).await - before, 1, "from the fresh entry");
+    }
 }
 
 tollgate_testkit::on_every_server! {
@@ -1086,14 +1135,7 @@ tollgate_testkit::on_every_server! {
         let url = server.url();
         let prefix = unique_name("refresh");
         let ttl = S;
-        let make = || {
-            RedisBackend::builder(&url)
-                .prefix(&prefix)
-                .override_cache_ttl(ttl)
-                .durability(Durability::Skip)
-                .build()
-        };
-        let (a, b) = (make().await.unwrap(), make().await.unwrap());
+        let (a, b) = (worker(&url, &prefix, ttl).await, worker(&url, &prefix, ttl).await);
         let wide = TokenBucket::new(1_000_000, 1_000_000, S).unwrap();
         let limiter = |timeout| {
             Limiter::builder("api", wide, a.clone())
