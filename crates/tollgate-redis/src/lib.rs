@@ -914,12 +914,16 @@ impl RedisBackend {
                     backend: self.clone(),
                     limiter: limiter.to_owned(),
                 };
-                if age < ttl {
+                // A caller polling this outside a runtime (the connections
+                // run on the one they were made on) reads it itself.
+                if age < ttl
+                    && let Ok(runtime) = tokio::runtime::Handle::try_current()
+                {
                     let configured = c.configured.clone();
                     // The turn moves into the task: a task dropped before it
                     // ran (a runtime shutting down) gives it back.
                     let (policy, stale) = (*policy, current.clone());
-                    tokio::spawn(async move {
+                    runtime.spawn(async move {
                         let _ = turn.read(&policy, configured, Some(stale)).await;
                     });
                     return Ok(current);
