@@ -31,13 +31,18 @@
 //! [`LATENCY_BUCKETS`] suits a Redis on the same network, e.g. for
 //! `metrics-exporter-prometheus`:
 //!
-//! ```ignore
+//! ```no_run
+//! use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! PrometheusBuilder::new()
 //!     .set_buckets_for_metric(
 //!         Matcher::Full(tollgate_limiter::metrics::BACKEND_LATENCY.into()),
 //!         tollgate_limiter::metrics::LATENCY_BUCKETS,
 //!     )?
 //!     .install_recorder()?;
+//! # Ok(())
+//! # }
 //! ```
 
 /// Decisions by limiter, operation and outcome (counter).
