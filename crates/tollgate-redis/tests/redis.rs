@@ -1214,9 +1214,17 @@ tollgate_testkit::on_every_server! {
 tollgate_testkit::on_every_server! {
     /// A stored override that no policy constructor accepts (written by
     /// hand with redis-cli, or by another client) is refused like garbage,
-    /// limiter-wide and per key: a fail-closed limiter refuses. It was
-    /// enforced: a zero window (`1:w:5:0:0`, or in a composite's part)
-    /// admitted every request, though `get_override` called it no policy.
+    /// limiter-wide and per key: a fail-closed limiter refuses, and no key
+    /// is left without a TTL. It was enforced: a zero window (`1:w:5:0:0`,
+    /// or in a composite's part) admitted every request, though
+    /// `get_override` called it no policy. So were, per key (the script
+    /// reads those itself), a token bucket whose interval is not its
+    /// refill's (1 µs a token for one an hour), a window of more than 10
+    /// years or written `1e6`, a field too many, a progressive delay whose
+    /// cap is below its first delay, a concurrency limit above a million
+    /// slots, a composite of five parts or holding a penalised window; and
+    /// a composite whose fifth part is a window failed only after it had
+    /// pushed the other parts' logs, which then never expired.
     #[tokio::test]
     async fn a_malformed_override_is_refused_not_enforced(server: Server) {
         let Some(url) = shared_url(server) else { return };
@@ -1225,7 +1233,9 @@ tollgate_testkit::on_every_server! {
         let mut r = raw(&url).await;
         let sw = Policy::from(SlidingWindow::new(2, 3600 * S).unwrap());
         let tb = Policy::from(TokenBucket::new(2, 1, 3600 * S).unwrap());
-        let values = [
+        let five_buckets = format!("1:c{}", "|t:2:1:3600000000:3600000000".repeat(5));
+        let five_windows = format!("1:c{}", "|w:2:3600000000:0".repeat(5));
+        let values: [&str; 17] = [
             "1:w:5:0:0",
             "1:w:0:1000000:0",
             "1:c|w:2:0:0",
@@ -1233,6 +1243,16 @@ tollgate_testkit::on_every_server! {
             "1:t:5:1:1000000:0",
             "1:n:5:0",
             "1:p:0:0:2:0:0",
+            "1:t:5:1:3600000000:1",
+            "1:w:5:315360000000001:0",
+            "1:w:5:1e6:0",
+            "1:w:5:1000000:2",
+            "1:w:5:1000000:0:7",
+            "1:p:0:2000000:2:1000000:60000000",
+            "1:n:1000001:1000000",
+            "1:c|w:2:3600000000:1",
+            &five_buckets,
+            &five_windows,
         ];
         for (i, stored) in values.iter().enumerate() {
             for (j, policy) in [sw, tb].into_iter().enumerate() {
@@ -1262,6 +1282,13 @@ tollgate_testkit::on_every_server! {
                             !v.is_allowed() && v.decision().is_none(),
                             "{stored} over a {policy:?}, per key {per_key}, check {n}: {v:?}"
                         );
+                    }
+                    // Whatever the script wrote before it refused expires.
+                    let pattern = format!("{}*", b.state_key(&name, &k));
+                    let written: Vec<String> = r.keys(pattern).await.unwrap();
+                    for key in written.iter().filter(|key| !key.ends_with(":override")) {
+                        let pttl: i64 = r.pttl(key).await.unwrap();
+                        assert_ne!(pttl, -1, "{stored}: {key} has no TTL");
                     }
                     // Removed, the configured policy rules again.
                     let _: () = r.del(&at).await.unwrap();
