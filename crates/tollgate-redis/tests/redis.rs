@@ -11,8 +11,8 @@ use redis::AsyncCommands;
 use tollgate_limiter::concurrency::Concurrency;
 use tollgate_limiter::model::Model;
 use tollgate_limiter::{
-    Backend, Clock, Composite, Key, Limiter, MockClock, Op, Policy, ProgressiveDelay, Request,
-    Scope, SlidingWindow, Strategy, TokenBucket,
+    Backend, Calendar, Clock, Composite, Key, Limiter, MockClock, Op, Period, Policy,
+    ProgressiveDelay, Request, Scope, SlidingWindow, Strategy, TokenBucket,
 };
 use tollgate_redis::{Durability, RedisBackend, RedisError, Setting};
 use tollgate_testkit::conformance::unique_name;
@@ -1051,7 +1051,6 @@ async fn composite_keys_share_one_ttl() {
     }
 }
 
-/// How many `MGET`s the server has run (INFO commandstats).
 /// A worker's backend on `url` under `prefix`, caching overrides for `ttl`.
 async fn worker(url: &str, prefix: &str, ttl: Duration) -> RedisBackend {
     RedisBackend::builder(url)
@@ -1063,14 +1062,17 @@ async fn worker(url: &str, prefix: &str, ttl: Duration) -> RedisBackend {
         .unwrap()
 }
 
-async fn mgets(r: &mut redis::aio::MultiplexedConnection) -> u64 {
+/// How many times the server has run `command` (lower case; INFO
+/// commandstats).
+async fn calls(r: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(r)
         .await
         .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
     info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_mget:calls="))
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
         .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
 }
 
@@ -1103,11 +1105,11 @@ tollgate_testkit::on_every_server! {
             .await
             .unwrap();
         tokio::time::sleep(ttl * 4 / 5).await;
-        let before = mgets(&mut r).await;
+        let before = calls(&mut r, "mget").await;
         assert_eq!(limit().await, Some(1_000_000), "decided with the entry it had");
         let mut read = 0;
         for _ in 0..100 {
-            read = mgets(&mut r).await - before;
+            read = calls(&mut r, "mget").await - before;
             if read > 0 {
                 break;
             }
@@ -1115,7 +1117,7 @@ tollgate_testkit::on_every_server! {
         }
         assert_eq!(read, 1, "one read, made in the background");
         assert_eq!(limit().await, Some(7), "the next decision sees what was read");
-        assert_eq!(mgets(&mut r).await - before, 1, "from the fresh entry");
+        assert_eq!(calls(&mut r, "mget").await - before, 1, "from the fresh entry");
     }
 }
 
@@ -1148,10 +1150,14 @@ tollgate_testkit::on_every_server! {
         let mut r = raw(&url).await;
 
         tokio::time::sleep(ttl + ttl / 10).await;
-        let before = mgets(&mut r).await;
+        let before = calls(&mut r, "mget").await;
         let verdicts = futures_util::future::join_all((0..50).map(|_| l.check(&k))).await;
         assert!(verdicts.iter().all(|v| v.is_allowed()), "{verdicts:?}");
-        assert_eq!(mgets(&mut r).await - before, 1, "one refresh for 50 decisions");
+        assert_eq!(
+            calls(&mut r, "mget").await - before,
+            1,
+            "one refresh for 50 decisions"
+        );
 
         // Another worker sets a limiter-wide override; this one's entry
         // does not know it until it reads again.
@@ -1166,6 +1172,43 @@ tollgate_testkit::on_every_server! {
         assert!(gave_up.decision().is_none(), "{gave_up:?}");
         let v = l.check(&k).await;
         assert_eq!(v.decision().map(|d| d.limit()), Some(7), "{v:?}");
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// A limiter-wide override that is a calendar quota, or a composite
+    /// holding one, is decided in one round trip: the client sends the
+    /// window bounds of the policy it sends (the override it knows), not
+    /// those of the configured one. It sent the configured policy's, so
+    /// under such an override every decision ran its script twice, the
+    /// first time only to hear which bounds were missing.
+    #[tokio::test]
+    async fn a_calendar_override_is_decided_in_one_round_trip(server: Server) {
+        // Its own server: it counts the server's EVALSHAs.
+        let Some(server) = RedisServer::builder().server(server).start() else {
+            return;
+        };
+        let url = server.url();
+        let b = server_time(&url, &unique_name("calwide")).await;
+        let quota = Policy::from(Calendar::new(1_000, Period::Month, "Europe/Berlin").unwrap());
+        let plan = Policy::from(
+            Composite::new([Policy::from(TokenBucket::new(100, 100, S).unwrap()), quota]).unwrap(),
+        );
+        let mut r = raw(&url).await;
+        for (name, wide) in [("quota", quota), ("plan", plan)] {
+            let l = Limiter::builder(name, SlidingWindow::new(100, 60 * S).unwrap(), b.clone())
+                .timeout(10 * S)
+                .build();
+            b.set_override(Scope::Limiter(name), Some(&wide))
+                .await
+                .unwrap();
+            let k = Key::new("k");
+            let before = calls(&mut r, "evalsha").await;
+            for _ in 0..5 {
+                assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+            }
+            assert_eq!(calls(&mut r, "evalsha").await - before, 5, "{name}");
+        }
     }
 }
 
