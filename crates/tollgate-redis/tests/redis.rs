@@ -41,6 +41,16 @@ async fn server_time(url: &str, prefix: &str) -> RedisBackend {
         .unwrap()
 }
 
+/// A server of this test's own (for a test that counts its commands,
+/// flushes or stops it), its URL, and a server-time backend on it under a
+/// unique prefix; `None` when `server` is not installed.
+async fn own_server(server: Server, prefix: &str) -> Option<(RedisServer, String, RedisBackend)> {
+    let server = RedisServer::builder().server(server).start()?;
+    let url = server.url();
+    let b = server_time(&url, &unique_name(prefix)).await;
+    Some((server, url, b))
+}
+
 /// A backend on `clock` (caller time).
 async fn caller_time(url: &str, prefix: &str, clock: &MockClock) -> RedisBackend {
     RedisBackend::builder(url)
@@ -340,11 +350,9 @@ tollgate_testkit::on_every_server! {
     async fn script_flush_is_invisible(server: Server) {
         // Its own server: a flush on the shared one races the other tests'
         // reload-then-EVALSHA and fails them.
-        let Some(server) = RedisServer::builder().server(server).start() else {
+        let Some((_server, url, b)) = own_server(server, "flush").await else {
             return;
         };
-        let url = server.url();
-        let b = server_time(&url, &unique_name("flush")).await;
         let l = Limiter::new("api", TokenBucket::new(10, 1, 3600 * S).unwrap(), b);
         let mut r = raw(&url).await;
         let k = Key::new("k");
@@ -1185,11 +1193,9 @@ tollgate_testkit::on_every_server! {
     #[tokio::test]
     async fn a_calendar_override_is_decided_in_one_round_trip(server: Server) {
         // Its own server: it counts the server's EVALSHAs.
-        let Some(server) = RedisServer::builder().server(server).start() else {
+        let Some((_server, url, b)) = own_server(server, "calwide").await else {
             return;
         };
-        let url = server.url();
-        let b = server_time(&url, &unique_name("calwide")).await;
         let quota = Policy::from(Calendar::new(1_000, Period::Month, "Europe/Berlin").unwrap());
         let plan = Policy::from(
             Composite::new([Policy::from(TokenBucket::new(100, 100, S).unwrap()), quota]).unwrap(),
