@@ -99,7 +99,9 @@ impl Key {
     }
 
     /// A key made of several parts (e.g. a workspace and a channel), joined
-    /// with `:`; each part is bounded like [`Key::new`].
+    /// with `:`; each part is bounded like [`Key::new`], and a part holding
+    /// `:` is hashed (`#p:<hash>`), so that no two lists of parts make one
+    /// key (`["a:b", "c"]` is not `["a", "b:c"]`).
     pub fn composite<I, S>(parts: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -107,12 +109,18 @@ impl Key {
     {
         let joined = parts
             .into_iter()
-            .map(|p| Self::new(p).0)
+            .map(|p| match p.as_ref() {
+                p if p.contains(':') => Self::hashed("p", &Sha256::digest(p.as_bytes())).0,
+                p => Self::new(p).0,
+            })
             .collect::<Vec<_>>()
             .join(":");
         // Each part is already a key: only the length can still be unsafe.
-        // (A joined key starting with `#` starts with a part hashed by
-        // `Key::new`, `#h:`, so it cannot be taken for a secret's hash.)
+        // Parts split back one way: a kept part holds no `:` and does not
+        // start with `#`, a hashed one is `#h:` or `#p:` and its digest.
+        // (A joined key starting with `#` starts with such a part, so it
+        // cannot be taken for a secret's hash; hashed whole, it holds a
+        // `:`, which a part hashed alone as `#h:` never did.)
         if is_plain(&joined) {
             Self(joined.into())
         } else {
@@ -615,6 +623,34 @@ mod tests {
             let k = Key::ip(IpAddr::V4(ip), 64);
             proptest::prop_assert_eq!(k.as_str(), ip.to_string());
         }
+    }
+
+    /// No two lists of parts make one key: a part holding the separator
+    /// moved a boundary (`["a:b", "c"]` and `["a", "b:c"]` were both
+    /// `a:b:c`, one counter for two clients, and `["a:b"]` was `["a",
+    /// "b"]`), long ones included.
+    #[test]
+    fn composite_parts_never_run_into_each_other() {
+        let long = "x".repeat(100);
+        let long_pair = format!("{long}:{long}");
+        let lists: [&[&str]; 9] = [
+            &["a:b", "c"],
+            &["a", "b:c"],
+            &["a", "b", "c"],
+            &["a:b:c"],
+            &["a:b"],
+            &["a", "b"],
+            &[&long, &long],
+            &[&long_pair],
+            &["2001:db8::/64", "general"],
+        ];
+        for (i, a) in lists.iter().enumerate() {
+            for b in &lists[i + 1..] {
+                assert_ne!(Key::composite(*a), Key::composite(*b), "{a:?} and {b:?}");
+            }
+        }
+        // Parts without the separator keep their form.
+        assert_eq!(Key::composite(["a", "b"]).as_str(), "a:b");
     }
 
     #[test]

@@ -177,6 +177,10 @@ local function now_us()
   return t[1] * 1000000 + t[2]
 end
 
+-- The longest span a policy takes, in µs (policy::MAX_SPAN_MICROS: 10
+-- years).
+local MAX_SPAN = 315360000000000
+
 -- Policy encoding, version 1 (fields joined by ':'):
 --   1:t:<capacity>:<refill>:<period_us>:<interval_us>   token bucket
 --   2:t:<capacity>:<interval_us>:<refill>:<period_us>   the same, as the
@@ -186,42 +190,57 @@ end
 --   1:q:<limit>:<d|w|m>:<zone>                          calendar quota
 --   1:c|<part>|<part>...  composite: each part a t, w or q encoding without '1:'
 --   1:n:<max_in_flight>:<lease_us>                      concurrency
-local function decode(enc)
-  -- The single-strategy shapes in one match each, without the field table
-  -- the general path builds: this runs on every decision. A zero (or a
-  -- leading zero) does not match them: the general path refuses it. What
-  -- they capture is digits: `+ 0` makes them numbers as tonumber would,
-  -- without its call (~1,000 instructions each).
-  local a, b, c = string.match(enc, '^2:t:([1-9]%d*):([1-9]%d*):%d+:%d+$')
-  if not a then
-    a, b = string.match(enc, '^1:t:([1-9]%d*):%d+:%d+:([1-9]%d*)$')
-  end
-  if a then
-    return { kind = 't', capacity = a + 0, interval = b + 0 }
-  end
-  a, b, c = string.match(enc, '^1:w:([1-9]%d*):([1-9]%d*):([01])$')
-  if a then
-    return { kind = 'w', limit = a + 0, window = b + 0, penalise = c == '1' }
+-- Decodes `enc`: the client's (ARGV[2], a policy it built, or decoded and
+-- checked), or, `stored`, a per-key override the script read (KEYS[2]).
+local function decode(enc, stored)
+  -- The client's single-strategy shapes in one match each, without the
+  -- field table the general path builds: this runs on every decision. A
+  -- zero (or a leading zero) does not match them: the general path
+  -- refuses it. What they capture is digits: `+ 0` makes them numbers as
+  -- tonumber would, without its call (~1,000 instructions each).
+  if not stored then
+    local a, b, c = string.match(enc, '^2:t:([1-9]%d*):([1-9]%d*):%d+:%d+$')
+    if not a then
+      a, b = string.match(enc, '^1:t:([1-9]%d*):%d+:%d+:([1-9]%d*)$')
+    end
+    if a then
+      return { kind = 't', capacity = a + 0, interval = b + 0 }
+    end
+    a, b, c = string.match(enc, '^1:w:([1-9]%d*):([1-9]%d*):([01])$')
+    if a then
+      return { kind = 'w', limit = a + 0, window = b + 0, penalise = c == '1' }
+    end
   end
   if string.sub(enc, 1, 4) == '1:c|' then
     local parts = {}
     for part in string.gmatch(string.sub(enc, 5), '[^|]+') do
-      parts[#parts + 1] = decode('1:' .. part)
+      local q = decode('1:' .. part, stored)
+      -- What Composite::new takes: at most 4 parts (a fifth has no log
+      -- key: the script failed after it had pushed the others' logs,
+      -- before their TTL), each a token bucket, a sliding window that
+      -- does not penalise, or a calendar quota.
+      if #parts == 4 or not (q.kind == 't' or q.kind == 'q' or (q.kind == 'w' and not q.penalise)) then
+        error('tollgate: invalid policy encoding')
+      end
+      parts[#parts + 1] = q
     end
     if #parts == 0 then
       error('tollgate: invalid policy encoding')
     end
     return { kind = 'c', parts = parts }
   end
-  -- A field that must be a whole number of at least 1. A stored override
-  -- is written by clients that validate it, but also by hand (redis-cli):
-  -- one no constructor accepts is refused, not enforced (a zero window
-  -- admitted every request). `ge` lowers the bound (a progressive delay's
-  -- free attempts may be 0). Built here, past the shapes matched above:
-  -- a closure costs ~450 instructions per call of the script.
-  local function whole(v, ge)
+  -- A stored override is written by clients that validate it, but also by
+  -- hand (redis-cli): what encoding::decode refuses (no constructor takes
+  -- it) is refused here, not enforced (a zero window admitted every
+  -- request; an interval of 1 µs stored beside a refill of one token an
+  -- hour, much the same). `whole` takes a whole number from `ge` (default
+  -- 1) to `le` (default unbounded), written in digits when stored. Built
+  -- here, past the shapes matched above: a closure costs ~450
+  -- instructions per call of the script.
+  local function whole(v, ge, le)
     local n = tonumber(v)
-    if not n or n < (ge or 1) or n ~= math.floor(n) then
+    if not n or n < (ge or 1) or n ~= math.floor(n) or (le and n > le)
+      or (stored and not string.match(v, '^%d+$')) then
       error('tollgate: invalid policy encoding')
     end
     return n
@@ -230,27 +249,62 @@ local function decode(enc)
   for part in string.gmatch(enc, '[^:]+') do
     f[#f + 1] = part
   end
-  if f[1] ~= '1' then
+  local kind = f[2]
+  if f[1] ~= '1' and not (f[1] == '2' and kind == 't') then
     error('tollgate: unknown policy encoding version')
   end
-  local kind = f[2]
   if kind == 't' then
-    return { kind = kind, capacity = whole(f[3]), interval = whole(f[6]) }
+    if #f ~= 6 then
+      error('tollgate: invalid policy encoding')
+    end
+    local capacity, refill, period, interval
+    if f[1] == '2' then
+      capacity, interval, refill, period = whole(f[3]), whole(f[4]), whole(f[5]), whole(f[6], 1, MAX_SPAN)
+    else
+      capacity, refill, period, interval = whole(f[3]), whole(f[4]), whole(f[5], 1, MAX_SPAN), whole(f[6])
+    end
+    -- TokenBucket::new: at most a token a µs, the interval rounded up
+    -- (exact: both below 2^53), a full refill within MAX_SPAN.
+    local per = math.floor(period / refill)
+    if per * refill < period then
+      per = per + 1
+    end
+    if refill > period or interval ~= per or capacity * interval > MAX_SPAN then
+      error('tollgate: invalid policy encoding')
+    end
+    return { kind = kind, capacity = capacity, interval = interval }
   elseif kind == 'w' then
-    return { kind = kind, limit = whole(f[3]), window = whole(f[4]), penalise = f[5] == '1' }
+    if #f ~= 5 or (f[5] ~= '0' and f[5] ~= '1') then
+      error('tollgate: invalid policy encoding')
+    end
+    return { kind = kind, limit = whole(f[3]), window = whole(f[4], 1, MAX_SPAN), penalise = f[5] == '1' }
   elseif kind == 'q' then
+    if #f ~= 5 or (f[4] ~= 'd' and f[4] ~= 'w' and f[4] ~= 'm') then
+      error('tollgate: invalid policy encoding')
+    end
     return { kind = kind, limit = whole(f[3]), spec = f[4] .. ':' .. f[5] }
   elseif kind == 'p' then
-    return {
+    if #f ~= 7 then
+      error('tollgate: invalid policy encoding')
+    end
+    local p = {
       kind = kind,
       free = whole(f[3], 0),
-      base = whole(f[4]),
+      base = whole(f[4], 1, MAX_SPAN),
       factor = whole(f[5]),
-      max = whole(f[6]),
-      forget = whole(f[7]),
+      max = whole(f[6], 1, MAX_SPAN),
+      forget = whole(f[7], 1, MAX_SPAN),
     }
+    if p.max < p.base then
+      error('tollgate: invalid policy encoding')
+    end
+    return p
   elseif kind == 'n' then
-    return { kind = kind, max = whole(f[3]), lease = whole(f[4]) }
+    if #f ~= 4 then
+      error('tollgate: invalid policy encoding')
+    end
+    -- concurrency::MAX_IN_FLIGHT slots at most.
+    return { kind = kind, max = whole(f[3], 1, 1000000), lease = whole(f[4], 1, MAX_SPAN) }
   end
   error('tollgate: unknown strategy in policy encoding')
 end
@@ -260,7 +314,11 @@ end
 -- client sent (ARGV[2]: the limiter-wide override it knows, else the
 -- configured policy).
 local function policy_in_force(own)
-  return decode(#KEYS > own + 1 and redis.call('GET', KEYS[2]) or ARGV[2])
+  local stored = #KEYS > own + 1 and redis.call('GET', KEYS[2])
+  if stored then
+    return decode(stored, true)
+  end
+  return decode(ARGV[2])
 end
 
 -- The fields of the state HASH at KEYS[1] (HMGET). A token bucket's STRING

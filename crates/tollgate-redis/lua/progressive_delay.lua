@@ -25,12 +25,24 @@ if p.kind ~= 'p' then
 end
 local op, cost, settle = parse_op()
 
+-- The failure count saturates at 2^53 (the model's, a u64, at 2^64 - 1):
+-- a cost is never impossible here, so a client whose requests carry it
+-- adds up to 2^53 failures a call (the client's cap on a cost), and a
+-- count past 2^63 was written by string.format('%d') as a negative
+-- number, which no delay follows. Past any free_attempts (the encoding
+-- keeps them below 2^53), the saturated count blocks as the model's does;
+-- a negative count stored before can only be such a wrapped one.
+local MAX_FAILURES = 2 ^ 53
+
 local st = state_fields('s', 'x', 'f', 'b', 'l', 'o')
 local f, b, l, o = 0, 0, 0, 0
 local existed = st[1]
 if st[1] == 'p' and tonumber(st[2]) > now and op ~= 'reset' then
   f, b, l = tonumber(st[3]), tonumber(st[4]), tonumber(st[5])
   o = tonumber(st[6]) or 0
+  if f < 0 then
+    f = MAX_FAILURES
+  end
 elseif st[1] then
   -- Expired, of another strategy (a token bucket's STRING), or reset: the
   -- key is fresh.
@@ -78,6 +90,9 @@ local function record(n)
     o = now
   end
   f = f + n
+  if f > MAX_FAILURES then
+    f = MAX_FAILURES
+  end
   l = now
   local delay = delay_of(f)
   if delay > 0 and now + delay > b then

@@ -48,7 +48,8 @@ if i then
   local b, r = string.match(state, '^(%d+):?(.*)$', i + 1)
   born, refunds = tonumber(b) or 0, parse_refunds(r)
 end
-local p = decode(enc)
+-- A key's override (keyed) is checked as stored; ARGV[2] is the client's.
+local p = decode(enc, keyed)
 if p.kind ~= 't' then
   return { -1, p.kind }
 end

@@ -80,7 +80,9 @@ fn exact(field: &'static str, v: u64) -> Result<u64, EncodingError> {
 }
 
 /// A capacity or limit: strictly below 2^53, so that any larger cost (sent
-/// as 2^53, see `op_arg`) is above it and answered as impossible.
+/// as 2^53, see `op_arg`) is above it and answered as impossible; and a
+/// progressive delay's free attempts, below the failure count at which
+/// the script saturates (2^53, see `lua/progressive_delay.lua`).
 fn bound(field: &'static str, v: u64) -> Result<u64, EncodingError> {
     if v >= MAX_EXACT {
         return Err(EncodingError::OutOfRange(field));
@@ -109,7 +111,7 @@ pub fn encode(policy: &Policy) -> Result<String, EncodingError> {
         // either way, exact or not.
         Policy::ProgressiveDelay(p) => format!(
             "1:p:{}:{}:{}:{}:{}",
-            exact("free_attempts", p.free_attempts())?,
+            bound("free_attempts", p.free_attempts())?,
             exact("base_delay", p.base_delay_micros())?,
             p.factor(),
             exact("max_delay", p.max_delay_micros())?,

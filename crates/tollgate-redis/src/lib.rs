@@ -1026,13 +1026,16 @@ impl RedisBackend {
         // same instant.
         let now = self.inner.clock.as_ref().map(|c| c.now());
         // Calendar quotas: the window bounds around this client's clock
-        // (the script picks by its own; see lua/common.lua, ARGV[5]).
-        // The clock is read, and the parts listed, only for a policy that
-        // has a calendar quota (`parts()` allocates).
+        // (the script picks by its own; see lua/common.lua, ARGV[5]), for
+        // the policy sent: a limiter-wide override's, not the configured
+        // one's (without them, the script answers with the specs it lacks,
+        // and every decision costs two round trips). The clock is read,
+        // and the parts listed, only for a policy that has a calendar
+        // quota (`parts()` allocates).
         let mut calendars = CalendarBounds::default();
-        if matches!(req.policy, Policy::Calendar(_) | Policy::Composite(_)) {
+        if matches!(sent, Policy::Calendar(_) | Policy::Composite(_)) {
             let client_now = now.unwrap_or_else(|| SystemClock.now());
-            for p in req.policy.parts() {
+            for p in sent.parts() {
                 if let Policy::Calendar(c) = p {
                     calendars.insert(&c, client_now);
                 }

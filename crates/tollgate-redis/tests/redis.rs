@@ -11,8 +11,8 @@ use redis::AsyncCommands;
 use tollgate_limiter::concurrency::Concurrency;
 use tollgate_limiter::model::Model;
 use tollgate_limiter::{
-    Backend, Clock, Composite, Key, Limiter, MockClock, Op, Policy, ProgressiveDelay, Request,
-    Scope, SlidingWindow, Strategy, TokenBucket,
+    Backend, Calendar, Clock, Composite, Key, Limiter, MockClock, Op, Period, Policy,
+    ProgressiveDelay, Request, Scope, SlidingWindow, Strategy, TokenBucket,
 };
 use tollgate_redis::{Durability, RedisBackend, RedisError, Setting};
 use tollgate_testkit::conformance::unique_name;
@@ -39,6 +39,16 @@ async fn server_time(url: &str, prefix: &str) -> RedisBackend {
         .build()
         .await
         .unwrap()
+}
+
+/// A server of this test's own (for a test that counts its commands,
+/// flushes or stops it), its URL, and a server-time backend on it under a
+/// unique prefix; `None` when `server` is not installed.
+async fn own_server(server: Server, prefix: &str) -> Option<(RedisServer, String, RedisBackend)> {
+    let server = RedisServer::builder().server(server).start()?;
+    let url = server.url();
+    let b = server_time(&url, &unique_name(prefix)).await;
+    Some((server, url, b))
 }
 
 /// A backend on `clock` (caller time).
@@ -340,11 +350,9 @@ tollgate_testkit::on_every_server! {
     async fn script_flush_is_invisible(server: Server) {
         // Its own server: a flush on the shared one races the other tests'
         // reload-then-EVALSHA and fails them.
-        let Some(server) = RedisServer::builder().server(server).start() else {
+        let Some((_server, url, b)) = own_server(server, "flush").await else {
             return;
         };
-        let url = server.url();
-        let b = server_time(&url, &unique_name("flush")).await;
         let l = Limiter::new("api", TokenBucket::new(10, 1, 3600 * S).unwrap(), b);
         let mut r = raw(&url).await;
         let k = Key::new("k");
@@ -1051,7 +1059,6 @@ async fn composite_keys_share_one_ttl() {
     }
 }
 
-/// How many `MGET`s the server has run (INFO commandstats).
 /// A worker's backend on `url` under `prefix`, caching overrides for `ttl`.
 async fn worker(url: &str, prefix: &str, ttl: Duration) -> RedisBackend {
     RedisBackend::builder(url)
@@ -1063,14 +1070,17 @@ async fn worker(url: &str, prefix: &str, ttl: Duration) -> RedisBackend {
         .unwrap()
 }
 
-async fn mgets(r: &mut redis::aio::MultiplexedConnection) -> u64 {
+/// How many times the server has run `command` (lower case; INFO
+/// commandstats).
+async fn calls(r: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(r)
         .await
         .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
     info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_mget:calls="))
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
         .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
 }
 
@@ -1103,11 +1113,11 @@ tollgate_testkit::on_every_server! {
             .await
             .unwrap();
         tokio::time::sleep(ttl * 4 / 5).await;
-        let before = mgets(&mut r).await;
+        let before = calls(&mut r, "mget").await;
         assert_eq!(limit().await, Some(1_000_000), "decided with the entry it had");
         let mut read = 0;
         for _ in 0..100 {
-            read = mgets(&mut r).await - before;
+            read = calls(&mut r, "mget").await - before;
             if read > 0 {
                 break;
             }
@@ -1115,7 +1125,7 @@ tollgate_testkit::on_every_server! {
         }
         assert_eq!(read, 1, "one read, made in the background");
         assert_eq!(limit().await, Some(7), "the next decision sees what was read");
-        assert_eq!(mgets(&mut r).await - before, 1, "from the fresh entry");
+        assert_eq!(calls(&mut r, "mget").await - before, 1, "from the fresh entry");
     }
 }
 
@@ -1148,10 +1158,14 @@ tollgate_testkit::on_every_server! {
         let mut r = raw(&url).await;
 
         tokio::time::sleep(ttl + ttl / 10).await;
-        let before = mgets(&mut r).await;
+        let before = calls(&mut r, "mget").await;
         let verdicts = futures_util::future::join_all((0..50).map(|_| l.check(&k))).await;
         assert!(verdicts.iter().all(|v| v.is_allowed()), "{verdicts:?}");
-        assert_eq!(mgets(&mut r).await - before, 1, "one refresh for 50 decisions");
+        assert_eq!(
+            calls(&mut r, "mget").await - before,
+            1,
+            "one refresh for 50 decisions"
+        );
 
         // Another worker sets a limiter-wide override; this one's entry
         // does not know it until it reads again.
@@ -1166,6 +1180,41 @@ tollgate_testkit::on_every_server! {
         assert!(gave_up.decision().is_none(), "{gave_up:?}");
         let v = l.check(&k).await;
         assert_eq!(v.decision().map(|d| d.limit()), Some(7), "{v:?}");
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// A limiter-wide override that is a calendar quota, or a composite
+    /// holding one, is decided in one round trip: the client sends the
+    /// window bounds of the policy it sends (the override it knows), not
+    /// those of the configured one. It sent the configured policy's, so
+    /// under such an override every decision ran its script twice, the
+    /// first time only to hear which bounds were missing.
+    #[tokio::test]
+    async fn a_calendar_override_is_decided_in_one_round_trip(server: Server) {
+        // Its own server: it counts the server's EVALSHAs.
+        let Some((_server, url, b)) = own_server(server, "calwide").await else {
+            return;
+        };
+        let quota = Policy::from(Calendar::new(1_000, Period::Month, "Europe/Berlin").unwrap());
+        let plan = Policy::from(
+            Composite::new([Policy::from(TokenBucket::new(100, 100, S).unwrap()), quota]).unwrap(),
+        );
+        let mut r = raw(&url).await;
+        for (name, wide) in [("quota", quota), ("plan", plan)] {
+            let l = Limiter::builder(name, SlidingWindow::new(100, 60 * S).unwrap(), b.clone())
+                .timeout(10 * S)
+                .build();
+            b.set_override(Scope::Limiter(name), Some(&wide))
+                .await
+                .unwrap();
+            let k = Key::new("k");
+            let before = calls(&mut r, "evalsha").await;
+            for _ in 0..5 {
+                assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+            }
+            assert_eq!(calls(&mut r, "evalsha").await - before, 5, "{name}");
+        }
     }
 }
 
@@ -1214,9 +1263,17 @@ tollgate_testkit::on_every_server! {
 tollgate_testkit::on_every_server! {
     /// A stored override that no policy constructor accepts (written by
     /// hand with redis-cli, or by another client) is refused like garbage,
-    /// limiter-wide and per key: a fail-closed limiter refuses. It was
-    /// enforced: a zero window (`1:w:5:0:0`, or in a composite's part)
-    /// admitted every request, though `get_override` called it no policy.
+    /// limiter-wide and per key: a fail-closed limiter refuses, and no key
+    /// is left without a TTL. It was enforced: a zero window (`1:w:5:0:0`,
+    /// or in a composite's part) admitted every request, though
+    /// `get_override` called it no policy. So were, per key (the script
+    /// reads those itself), a token bucket whose interval is not its
+    /// refill's (1 µs a token for one an hour), a window of more than 10
+    /// years or written `1e6`, a field too many, a progressive delay whose
+    /// cap is below its first delay, a concurrency limit above a million
+    /// slots, a composite of five parts or holding a penalised window; and
+    /// a composite whose fifth part is a window failed only after it had
+    /// pushed the other parts' logs, which then never expired.
     #[tokio::test]
     async fn a_malformed_override_is_refused_not_enforced(server: Server) {
         let Some(url) = shared_url(server) else { return };
@@ -1225,7 +1282,9 @@ tollgate_testkit::on_every_server! {
         let mut r = raw(&url).await;
         let sw = Policy::from(SlidingWindow::new(2, 3600 * S).unwrap());
         let tb = Policy::from(TokenBucket::new(2, 1, 3600 * S).unwrap());
-        let values = [
+        let five_buckets = format!("1:c{}", "|t:2:1:3600000000:3600000000".repeat(5));
+        let five_windows = format!("1:c{}", "|w:2:3600000000:0".repeat(5));
+        let values: [&str; 17] = [
             "1:w:5:0:0",
             "1:w:0:1000000:0",
             "1:c|w:2:0:0",
@@ -1233,6 +1292,16 @@ tollgate_testkit::on_every_server! {
             "1:t:5:1:1000000:0",
             "1:n:5:0",
             "1:p:0:0:2:0:0",
+            "1:t:5:1:3600000000:1",
+            "1:w:5:315360000000001:0",
+            "1:w:5:1e6:0",
+            "1:w:5:1000000:2",
+            "1:w:5:1000000:0:7",
+            "1:p:0:2000000:2:1000000:60000000",
+            "1:n:1000001:1000000",
+            "1:c|w:2:3600000000:1",
+            &five_buckets,
+            &five_windows,
         ];
         for (i, stored) in values.iter().enumerate() {
             for (j, policy) in [sw, tb].into_iter().enumerate() {
@@ -1262,6 +1331,13 @@ tollgate_testkit::on_every_server! {
                             !v.is_allowed() && v.decision().is_none(),
                             "{stored} over a {policy:?}, per key {per_key}, check {n}: {v:?}"
                         );
+                    }
+                    // Whatever the script wrote before it refused expires.
+                    let pattern = format!("{}*", b.state_key(&name, &k));
+                    let written: Vec<String> = r.keys(pattern).await.unwrap();
+                    for key in written.iter().filter(|key| !key.ends_with(":override")) {
+                        let pttl: i64 = r.pttl(key).await.unwrap();
+                        assert_ne!(pttl, -1, "{stored}: {key} has no TTL");
                     }
                     // Removed, the configured policy rules again.
                     let _: () = r.del(&at).await.unwrap();

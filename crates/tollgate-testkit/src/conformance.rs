@@ -284,6 +284,50 @@ pub async fn progressive_delay_reservations<B: Backend + Clone>(backend: B, cloc
     assert_eq!((d.is_allowed(), d.remaining()), (true, 2));
 }
 
+/// A progressive delay records whatever number of failures a call
+/// reports (a cost is never impossible there: a layer whose cost comes
+/// from the request lets the client pick it), and a key stays blocked
+/// however many it adds up: each decision equals the reference model's,
+/// whose count saturates. In the Redis script the count grew by 2^53 a
+/// call (a cost above it is sent as 2^53) and was written with
+/// `string.format('%d')`, which turns a number past 2^63 into a negative
+/// one: from the 1,025th call on, the key reported billions of billions
+/// of free attempts, and once the last delay ran out, no failure blocked
+/// it again.
+pub async fn progressive_delay_failures_saturate<B: Backend>(backend: B, clock: MockClock) {
+    let policy = Policy::from(ProgressiveDelay::new(2, S, 2, 60 * S, 3600 * S).unwrap());
+    let name = unique_name("pd-huge");
+    let k = Key::new("victim@example.com");
+    let mut model = Model::new();
+    for i in 0..1_100 {
+        // A peek now and then, and, past the 1,024th failure report, a
+        // wait for the block to end: a key blocked by the model must stay
+        // so.
+        let op = match i % 100 {
+            99 => Op::PEEK,
+            _ => Op::Acquire(u64::MAX),
+        };
+        if i == 1_050 {
+            clock.advance(61 * S);
+        }
+        let now = clock.now();
+        let req = Request {
+            limiter: &name,
+            key: &k,
+            policy: &policy,
+            op,
+        };
+        let got = backend
+            .decide(req)
+            .await
+            .unwrap_or_else(|e| panic!("call {i}: backend failed: {}", chain(&e)));
+        let want = model.apply(&name, k.as_str(), now, &policy, op);
+        assert_eq!(got, want, "call {i} ({op:?})");
+        assert!(got.is_denied(), "call {i} ({op:?}): {got:?}");
+        clock.advance_micros(1_000);
+    }
+}
+
 /// A peek changes nothing and asks about its own cost; a reset makes the
 /// key fresh.
 pub async fn peek_and_reset<B: Backend>(backend: B, _clock: MockClock) {
@@ -1771,7 +1815,8 @@ macro_rules! conformance_tests {
 
             $crate::conformance_tests!(@each $setup;
                 token_bucket_burst_and_refill, token_bucket_cost, sliding_window_exact,
-                sliding_window_penalise, progressive_delay, peek_and_reset, zero_cost_is_charged,
+                sliding_window_penalise, progressive_delay, progressive_delay_failures_saturate,
+                peek_and_reset, zero_cost_is_charged,
                 cost_under_overrides, isolation, overrides, concurrent_token_bucket,
                 concurrent_sliding_window, concurrent_composite,
                 composite_charges_nothing_on_refusal, calendar_day_across_daylight_saving,
