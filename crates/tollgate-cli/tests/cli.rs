@@ -1039,6 +1039,12 @@ tollgate_testkit::on_every_server! {
                 vec!["login_account", "--max-delay", "1s"],
                 "limiters.login_account.max_delay",
             ),
+            // Beyond the exact integers of the scripts: it passed the
+            // checks, then failed to encode (exit 1, "Redis failing").
+            (
+                vec!["login_ip", "--limit", "9007199254740993"],
+                "limiters.login_ip.limit",
+            ),
         ] {
             let mut full = vec!["-c", c.arg(), "--redis-url", &url, "override", "set"];
             full.extend(args.iter().copied());

@@ -63,7 +63,8 @@
 //! ```
 //!
 //! Everything is validated when loaded: an unknown field, an unknown
-//! strategy, a zero capacity or window, a field that does not belong to the
+//! strategy, a zero capacity or window, a count above 2^53 − 1
+//! ([`MAX_COUNT`](crate::policy::MAX_COUNT)), a field that does not belong to the
 //! strategy, a default cost or a `min_cost` (the least any call is charged,
 //! default 1) that is 0 or that the limit can never grant: each fails with
 //! an error naming the limiter and the field.
@@ -1103,6 +1104,53 @@ mod tests {
         assert!(e.contains("adaptive.crawler.burst"), "{e}");
         let e = err("[adaptive.crawler]\nbrust = 2");
         assert!(e.contains("brust") && e.contains("adaptive.crawler"), "{e}");
+    }
+
+    /// A count the Redis scripts cannot hold exactly (2^53 and above) is
+    /// refused at load, naming the field. It loaded, and then every
+    /// decision of the Redis backend failed (the policy does not encode),
+    /// so the fail mode answered every request.
+    #[test]
+    fn counts_beyond_exact_lua_integers_are_refused_at_load() {
+        let big = "9007199254740992";
+        let pd = "base_delay='1s'\nmax_delay='1m'\nforget_after='1h'";
+        for (toml, field) in [
+            (
+                format!("[limiters.x]\nstrategy='sliding_window'\nlimit={big}\nwindow='1m'"),
+                "limiters.x.limit",
+            ),
+            (
+                format!("[limiters.x]\nstrategy='calendar'\nlimit={big}\nperiod='day'"),
+                "limiters.x.limit",
+            ),
+            (
+                format!("[limiters.x]\nstrategy='progressive_delay'\nfree_attempts={big}\n{pd}"),
+                "limiters.x.free_attempts",
+            ),
+            (
+                format!(
+                    "[limiters.x]\npolicies=[{{strategy='sliding_window',limit={big},window='1m'}}]"
+                ),
+                "limiters.x.policies: policies[0].limit",
+            ),
+        ] {
+            let e = err(&toml);
+            assert!(e.contains(field) && e.contains("2^53"), "{toml}: {e}");
+        }
+        let top =
+            load("[limiters.x]\nstrategy='sliding_window'\nlimit=9007199254740991\nwindow='1m'");
+        assert_eq!(
+            top.unwrap().limiter("x").unwrap().policy.limit(),
+            (1 << 53) - 1
+        );
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("TOLLGATE_LIMITERS__X__STRATEGY", "calendar");
+            jail.set_env("TOLLGATE_LIMITERS__X__PERIOD", "month");
+            jail.set_env("TOLLGATE_LIMITERS__X__LIMIT", u64::MAX.to_string());
+            let e = Config::builder().env().load().unwrap_err().to_string();
+            assert!(e.contains("limiters.x.limit"), "{e}");
+            Ok(())
+        });
     }
 
     #[test]
