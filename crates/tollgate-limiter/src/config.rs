@@ -420,18 +420,40 @@ impl Config {
         }
         let mut limiters = BTreeMap::new();
         for (name, l) in raw.limiters {
-            if name.is_empty() || name.contains(['{', '}', ':']) {
-                return Err(ConfigError::invalid(
-                    &name,
-                    "name",
-                    "limiter names must be non-empty, without '{', '}' or ':'",
-                ));
+            if !valid_name(&name) {
+                return Err(ConfigError::invalid(&name, "name", NAME_RULE));
             }
             let mut cfg = validate(&name, &l, fail_mode, timeout, breaker)?;
             if raw.shadow == Some(true) {
                 cfg.mode = Mode::Shadow;
             }
             limiters.insert(name, cfg);
+        }
+        // Each limiter name in the backend has one owner: an adaptive
+        // limiter keeps its state under several (see `aimd`).
+        let mut owners: BTreeMap<String, String> = limiters
+            .keys()
+            .map(|n| (n.clone(), format!("limiters.{n}")))
+            .collect();
+        for name in raw.adaptive.keys() {
+            let path = format!("adaptive.{name}");
+            let bad = |reason: String| ConfigError::Invalid {
+                path: path.clone(),
+                field: "name",
+                reason,
+            };
+            if !valid_name(name) {
+                return Err(bad(NAME_RULE.into()));
+            }
+            for state in crate::aimd::state_names(name) {
+                if let Some(owner) = owners.insert(state.clone(), path.clone()) {
+                    return Err(bad(format!(
+                        "its state would share the limiter name {state:?} with {owner} (an \
+                         adaptive limiter <name> keeps its state under <name>, <name>-cut, \
+                         <name>-grow, <name>-hold and <name>-seen): rename one of them"
+                    )));
+                }
+            }
         }
         let adaptive = raw
             .adaptive
@@ -446,6 +468,16 @@ impl Config {
             redis,
         })
     }
+}
+
+/// What a limiter name must be ([`valid_name`]).
+pub(crate) const NAME_RULE: &str = "limiter names must be non-empty, without '{', '}' or ':'";
+
+/// Whether `name` can name a limiter in the backend: not empty, without
+/// the hash tag's braces, nor `:` (which separates the key's parts, and
+/// `<name>:candidate` is a candidate's namespace).
+pub(crate) fn valid_name(name: &str) -> bool {
+    !name.is_empty() && !name.contains(['{', '}', ':'])
 }
 
 fn validate(
@@ -1104,6 +1136,30 @@ mod tests {
         assert!(e.contains("adaptive.crawler.burst"), "{e}");
         let e = err("[adaptive.crawler]\nbrust = 2");
         assert!(e.contains("brust") && e.contains("adaptive.crawler"), "{e}");
+    }
+
+    /// An adaptive limiter's name follows the limiters' rule, and none of
+    /// the limiter names it keeps its state under (`<name>`, `<name>-cut`,
+    /// `-grow`, `-hold`, `-seen`) may be another section's: they loaded,
+    /// and the two shared their counters and per-key overrides in the
+    /// backend (the crawler's adapted rate became the plain limiter's).
+    #[test]
+    fn adaptive_names_are_checked_and_never_shared() {
+        for name in ["\"a{b}\"", "\"a:b\"", "\"\""] {
+            let e = err(&format!("[adaptive.{name}]\nmax_rate = '2/s'"));
+            assert!(e.contains(".name"), "{name}: {e}");
+        }
+        let tb = "strategy='token_bucket'\ncapacity=1\nrefill='1/s'";
+        for limiter in ["crawler", "crawler-cut", "crawler-seen"] {
+            let e = err(&format!("[limiters.{limiter}]\n{tb}\n[adaptive.crawler]"));
+            assert!(
+                e.contains("adaptive.crawler.name") && e.contains(&format!("limiters.{limiter}")),
+                "{e}"
+            );
+        }
+        let e = err("[adaptive.crawler]\n[adaptive.crawler-hold]");
+        assert!(e.contains("adaptive.crawler"), "{e}");
+        assert!(load(&format!("[limiters.crawl]\n{tb}\n[adaptive.crawler]")).is_ok());
     }
 
     /// A count the Redis scripts cannot hold exactly (2^53 and above) is
