@@ -402,6 +402,9 @@ impl Config {
         let timeout = opt_duration(d.timeout.as_deref())
             .map_err(|e| dflt("timeout", e))?
             .unwrap_or(DEFAULT_TIMEOUT);
+        if timeout.is_zero() {
+            return Err(dflt("timeout", "must be above zero".into()));
+        }
         let base = BreakerConfig::default();
         let backoff = opt_duration(d.breaker_backoff.as_deref())
             .map_err(|e| dflt("breaker_backoff", e))?
@@ -1115,6 +1118,18 @@ mod tests {
         );
         assert!(e.contains("limiters.x.fail_mode"), "{e}");
         let e = err("[defaults]\ntimeout='forever'");
+        assert!(e.contains("defaults.timeout"), "{e}");
+    }
+
+    /// A zero default timeout is the default's mistake: it was reported
+    /// as the first limiter's (`limiters.api.timeout`, a field that
+    /// limiter does not set), and loaded when no limiter inherited it.
+    #[test]
+    fn a_zero_default_timeout_names_the_default() {
+        let tb = "[limiters.api]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/s'";
+        let e = err(&format!("[defaults]\ntimeout='0s'\n{tb}"));
+        assert!(e.contains("defaults.timeout"), "{e}");
+        let e = err("[defaults]\ntimeout='0s'");
         assert!(e.contains("defaults.timeout"), "{e}");
     }
 
