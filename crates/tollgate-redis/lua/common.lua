@@ -196,32 +196,52 @@ local function decode(enc)
   if not a then
     a, b = string.match(enc, '^1:t:([1-9]%d*):%d+:%d+:([1-9]%d*)$')
   end
+  -- Their digits may be any number of them: a number of 2^53 or more (not
+  -- exact in a double; no constructor makes one) is refused, as below.
   if a then
-    return { kind = 't', capacity = a + 0, interval = b + 0 }
+    a, b = a + 0, b + 0
+    if a >= 9007199254740992 or b >= 9007199254740992 then
+      error('tollgate: invalid policy encoding (beyond 2^53)')
+    end
+    return { kind = 't', capacity = a, interval = b }
   end
   a, b, c = string.match(enc, '^1:w:([1-9]%d*):([1-9]%d*):([01])$')
   if a then
-    return { kind = 'w', limit = a + 0, window = b + 0, penalise = c == '1' }
+    a, b = a + 0, b + 0
+    if a >= 9007199254740992 or b >= 9007199254740992 then
+      error('tollgate: invalid policy encoding (beyond 2^53)')
+    end
+    return { kind = 'w', limit = a, window = b, penalise = c == '1' }
   end
   if string.sub(enc, 1, 4) == '1:c|' then
+    -- 1 to 4 parts, each a token bucket, a sliding window that does not
+    -- penalise refusals, or a calendar quota (Composite::new).
     local parts = {}
     for part in string.gmatch(string.sub(enc, 5), '[^|]+') do
-      parts[#parts + 1] = decode('1:' .. part)
+      local q = decode('1:' .. part)
+      local ok = q.kind == 't' or q.kind == 'q' or (q.kind == 'w' and not q.penalise)
+      if #parts == 4 or not ok then
+        error('tollgate: invalid policy encoding (composite part)')
+      end
+      parts[#parts + 1] = q
     end
     if #parts == 0 then
       error('tollgate: invalid policy encoding')
     end
     return { kind = 'c', parts = parts }
   end
-  -- A field that must be a whole number of at least 1. A stored override
-  -- is written by clients that validate it, but also by hand (redis-cli):
-  -- one no constructor accepts is refused, not enforced (a zero window
-  -- admitted every request). `ge` lowers the bound (a progressive delay's
-  -- free attempts may be 0). Built here, past the shapes matched above:
-  -- a closure costs ~450 instructions per call of the script.
-  local function whole(v, ge)
+  -- A field that must be a whole number of at least 1, below 2^53. A
+  -- stored override is written by clients that validate it, but also by
+  -- hand (redis-cli): one no constructor accepts is refused, not enforced
+  -- (a zero window admitted every request). `ge` lowers the bound (a
+  -- progressive delay's free attempts may be 0); `any` lifts the upper
+  -- one (its factor may be any size: a product beyond the cap is capped).
+  -- Built here, past the shapes matched above: a closure costs ~450
+  -- instructions per call of the script.
+  local function whole(v, ge, any)
     local n = tonumber(v)
-    if not n or n < (ge or 1) or n ~= math.floor(n) then
+    if not n or n < (ge or 1) or n ~= math.floor(n)
+      or (n >= 9007199254740992 and not any) then
       error('tollgate: invalid policy encoding')
     end
     return n
@@ -231,7 +251,7 @@ local function decode(enc)
     f[#f + 1] = part
   end
   if f[1] ~= '1' then
-    error('tollgate: unknown policy encoding version')
+    error('tollgate: invalid policy encoding (unknown version)')
   end
   local kind = f[2]
   if kind == 't' then
@@ -239,20 +259,23 @@ local function decode(enc)
   elseif kind == 'w' then
     return { kind = kind, limit = whole(f[3]), window = whole(f[4]), penalise = f[5] == '1' }
   elseif kind == 'q' then
+    if not f[5] then
+      error('tollgate: invalid policy encoding')
+    end
     return { kind = kind, limit = whole(f[3]), spec = f[4] .. ':' .. f[5] }
   elseif kind == 'p' then
     return {
       kind = kind,
       free = whole(f[3], 0),
       base = whole(f[4]),
-      factor = whole(f[5]),
+      factor = whole(f[5], 1, true),
       max = whole(f[6]),
       forget = whole(f[7]),
     }
   elseif kind == 'n' then
     return { kind = kind, max = whole(f[3]), lease = whole(f[4]) }
   end
-  error('tollgate: unknown strategy in policy encoding')
+  error('tollgate: invalid policy encoding (unknown strategy)')
 end
 
 -- The policy in force: the key's override (KEYS[2], when sent: a script

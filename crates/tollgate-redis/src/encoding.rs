@@ -70,6 +70,10 @@ pub enum EncodingError {
     /// The stored fields do not make a valid policy.
     #[error("invalid stored policy")]
     Invalid(#[source] PolicyError),
+    /// A key's stored override that the script read and refused (the
+    /// script decodes a key's override itself): the script's message.
+    #[error("a stored override the script refused: {0}")]
+    Refused(String),
 }
 
 fn exact(field: &'static str, v: u64) -> Result<u64, EncodingError> {

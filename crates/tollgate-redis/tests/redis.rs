@@ -1175,6 +1175,13 @@ tollgate_testkit::on_every_server! {
     /// limiter-wide and per key: a fail-closed limiter refuses. It was
     /// enforced: a zero window (`1:w:5:0:0`, or in a composite's part)
     /// admitted every request, though `get_override` called it no policy.
+    ///
+    /// And it fails only the decisions it governs: Redis answered, so the
+    /// limiter's breaker does not count them, and the limiter's other keys
+    /// are decided. It did: a client repeating requests on the key with
+    /// the bad override opened the breaker, and every key of the limiter
+    /// was answered from the fail mode (refused) while it kept at it; a
+    /// limiter-wide one kept it open for a back-off after its removal.
     #[tokio::test]
     async fn a_malformed_override_is_refused_not_enforced(server: Server) {
         let Some(url) = shared_url(server) else { return };
@@ -1191,7 +1198,20 @@ tollgate_testkit::on_every_server! {
             "1:t:5:1:1000000:0",
             "1:n:5:0",
             "1:p:0:0:2:0:0",
+            // Another version, a limit beyond 2^53, a part no composite
+            // takes, a calendar quota without a zone or in a zone the
+            // client cannot bound.
+            "9:zz",
+            "1:w:99999999999999999999:1000000:0",
+            "1:c|p:0:1000000:2:2000000:60000000",
+            "1:q:5:d",
+            "1:q:5:d:Mars/Olympus",
         ];
+        let breaker = tollgate_limiter::BreakerConfig {
+            threshold: 2,
+            backoff: 3600 * S,
+            max_backoff: 3600 * S,
+        };
         for (i, stored) in values.iter().enumerate() {
             for (j, policy) in [sw, tb].into_iter().enumerate() {
                 for per_key in [false, true] {
@@ -1199,6 +1219,7 @@ tollgate_testkit::on_every_server! {
                     let l = Limiter::builder(name.clone(), policy, b.clone())
                         .fail_mode(tollgate_limiter::FailMode::Closed)
                         .timeout(S)
+                        .breaker(breaker)
                         .build();
                     let k = Key::new("k");
                     let at = if per_key {
@@ -1220,6 +1241,10 @@ tollgate_testkit::on_every_server! {
                             !v.is_allowed() && v.decision().is_none(),
                             "{stored} over a {policy:?}, per key {per_key}, check {n}: {v:?}"
                         );
+                    }
+                    if per_key {
+                        let v = l.check(&Key::new("other")).await;
+                        assert!(v.is_allowed(), "{stored}: another key {v:?}");
                     }
                     // Removed, the configured policy rules again.
                     let _: () = r.del(&at).await.unwrap();
