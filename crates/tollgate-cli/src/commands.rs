@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use tollgate_limiter::{
     Clock, Config, Decision, Error, FailMode, Key, Limiter, Mode, Policy, RedisConfig, SystemClock,
 };
-use tollgate_redis::{Durability, RedisBackend, Setting};
+use tollgate_redis::{Durability, RedisBackend, RedisError, Setting};
 
 use crate::args::{Cli, Command, ConfigCommand, Global, KeyedArgs, OverrideCommand, ScopeArgs};
 use crate::failure::Failure;
@@ -332,6 +332,13 @@ async fn target(g: &Global, name: &str) -> Result<Target, Failure> {
         mode: lc.mode,
         candidate,
     })
+}
+
+/// Whether `e` says a stored override is no policy (Redis answered, but
+/// what it holds does not decode).
+fn is_no_policy(e: &Error) -> bool {
+    matches!(e, Error::Backend(b)
+        if matches!(b.downcast_ref::<RedisError>(), Some(RedisError::Encoding(_))))
 }
 
 /// Maps a limiter error: a policy problem is the user's, anything else is
@@ -682,11 +689,13 @@ async fn override_clear(g: &Global, s: &ScopeArgs) -> Result<(), Failure> {
     let t = target(g, &s.limiter).await?;
     let k = key.as_ref().map(|k| &k.key);
     let work = async {
-        let before = t
-            .limiter
-            .get_override(k)
-            .await
-            .map_err(|e| limiter_error("reading the override", &e))?;
+        // A stored value that is no policy is what most needs clearing:
+        // cleared all the same, and said.
+        let before = match t.limiter.get_override(k).await {
+            Ok(p) => Ok(p),
+            Err(e) if is_no_policy(&e) => Err(crate::failure::chain(&e)),
+            Err(e) => return Err(limiter_error("reading the override", &e)),
+        };
         t.limiter
             .set_override(k, None)
             .await
@@ -695,21 +704,29 @@ async fn override_clear(g: &Global, s: &ScopeArgs) -> Result<(), Failure> {
     };
     let (before, o) = timed(g, "override clear", work).await?;
     if g.json {
+        let cleared = match &before {
+            Ok(p) => p.as_ref().map_or(Value::Null, policy_json),
+            Err(why) => json!({ "invalid": why }),
+        };
         print_json(&json!({
             "limiter": t.limiter.name(),
             "key": key_json(key.as_ref()),
-            "cleared": before.as_ref().map_or(Value::Null, policy_json),
+            "cleared": cleared,
             "policy": o.json(),
         }));
         return Ok(());
     }
     match before {
-        Some(p) => println!(
+        Ok(Some(p)) => println!(
             "override cleared for {} (was {})",
             scope_name(&t, key.as_ref()),
             describe(&p)
         ),
-        None => println!("no override was set for {}", scope_name(&t, key.as_ref())),
+        Err(why) => println!(
+            "override cleared for {} (was no policy: {why})",
+            scope_name(&t, key.as_ref())
+        ),
+        Ok(None) => println!("no override was set for {}", scope_name(&t, key.as_ref())),
     }
     o.print(key.as_ref());
     Ok(())

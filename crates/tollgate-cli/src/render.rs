@@ -146,7 +146,14 @@ pub(crate) fn describe(p: &Policy) -> String {
 }
 
 /// Fields that configure a limiter but are not part of a runtime override.
-const NOT_OVERRIDABLE: [&str; 5] = ["cost", "min_cost", "fail_mode", "timeout", "mode"];
+const NOT_OVERRIDABLE: [&str; 6] = [
+    "cost",
+    "min_cost",
+    "fail_mode",
+    "timeout",
+    "mode",
+    "candidate",
+];
 
 /// Builds an override of `limiter`'s policy from `snippet` (TOML fields of
 /// one limiter, without a table header): the fields given replace the
@@ -279,6 +286,16 @@ mod tests {
         assert!(err(&l, "refill = \"fast\"").contains("limiters.api.refill"));
         assert!(err(&l, "capacty = 3").contains("capacty"));
         assert!(err(&l, "timeout = \"1s\"").contains("limiters.api.timeout"));
+        // A candidate is configuration, not part of an override: it was
+        // ignored, and the configured policy stored as "the override".
+        let e = err(
+            &l,
+            "candidate = { strategy = 'token_bucket', capacity = 50, refill = '1/s' }",
+        );
+        assert!(
+            e.contains("limiters.api.candidate: not part of a runtime override"),
+            "{e}"
+        );
         assert!(err(&l, "strategy = \"sliding_window\"").contains("limiters.api.strategy"));
         assert!(err(&l, "[limiters.api]\ncapacity = 3").contains("table header"));
         assert!(err(&l, "capacity = ").contains("invalid override"));

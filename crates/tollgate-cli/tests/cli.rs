@@ -1007,6 +1007,35 @@ tollgate_testkit::on_every_server! {
 }
 
 tollgate_testkit::on_every_server! {
+    /// An override stored by hand (or by another tool) that is no policy is
+    /// what an operator most needs to remove: `override clear` removes it,
+    /// and says it was no policy, limiter-wide and per key. It exited 1
+    /// ("reading the override") and left it in place: every decision it
+    /// governs kept failing until someone ran `redis-cli DEL`.
+    #[test]
+    fn override_clear_removes_an_override_that_is_no_policy(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let c = config("t-clearbad");
+        let redis_cli = |args: &[&str]| {
+            let mut full = vec!["-u", &url];
+            full.extend(args);
+            let o = Command::new("redis-cli").args(&full).output().expect("run redis-cli");
+            stdout(&o).trim().to_owned()
+        };
+        let wide = "t-clearbad:api:override";
+        let key = "t-clearbad:api:{acct}:override";
+        for (at, scope) in [(wide, &["api"][..]), (key, &["api", "--key", "acct"][..])] {
+            assert_eq!(redis_cli(&["SET", at, "9:zz"]), "OK");
+            let mut args = vec!["-c", c.arg(), "--redis-url", &url, "override", "clear"];
+            args.extend(scope);
+            let out = expect(&run(&args, &[]), 0);
+            assert!(out.contains("override cleared") && out.contains("9:zz"), "{out}");
+            assert_eq!(redis_cli(&["EXISTS", at]), "0", "{out}");
+        }
+    }
+}
+
+tollgate_testkit::on_every_server! {
     #[test]
     fn invalid_overrides_exit_2_and_never_reach_redis(server: Server) {
         let Some(url) = shared_url(server) else { return };
@@ -1038,6 +1067,12 @@ tollgate_testkit::on_every_server! {
             (
                 vec!["login_account", "--max-delay", "1s"],
                 "limiters.login_account.max_delay",
+            ),
+            // Beyond the exact integers of the scripts: it passed the
+            // checks, then failed to encode (exit 1, "Redis failing").
+            (
+                vec!["login_ip", "--limit", "9007199254740993"],
+                "limiters.login_ip.limit",
             ),
         ] {
             let mut full = vec!["-c", c.arg(), "--redis-url", &url, "override", "set"];

@@ -477,6 +477,20 @@ struct Inner<B> {
     scopes: Mutex<Scopes>,
 }
 
+/// The limiter names adaptive limiter `name` keeps its state under (see
+/// the [module docs](self)): the scope's bucket, the cut and growth gates,
+/// the hold and the last use.
+pub(crate) fn state_names(name: &str) -> [String; 5] {
+    let with = |suffix: &str| format!("{name}{suffix}");
+    [
+        with(""),
+        with("-cut"),
+        with("-grow"),
+        with("-hold"),
+        with("-seen"),
+    ]
+}
+
 struct Names {
     rate: String,
     cut: String,
@@ -557,11 +571,11 @@ impl<B: Backend> AimdLimiter<B> {
     ) -> Result<Self, ConfigError> {
         let name = name.into();
         let path = format!("adaptive.{name}");
-        if name.is_empty() || name.contains(['{', '}', ':']) {
+        if !crate::config::valid_name(&name) {
             return Err(ConfigError::Invalid {
                 path,
                 field: "name",
-                reason: "must be non-empty, without '{', '}' or ':'".into(),
+                reason: crate::config::NAME_RULE.into(),
             });
         }
         config.validate_at(&path)?;
@@ -584,12 +598,15 @@ impl<B: Backend> AimdLimiter<B> {
         meter.rate(config.initial_rate);
         Ok(Self {
             inner: Arc::new(Inner {
-                names: Names {
-                    cut: format!("{name}-cut"),
-                    grow: format!("{name}-grow"),
-                    hold: format!("{name}-hold"),
-                    seen: format!("{name}-seen"),
-                    rate: name,
+                names: {
+                    let [rate, cut, grow, hold, seen] = state_names(&name);
+                    Names {
+                        rate,
+                        cut,
+                        grow,
+                        hold,
+                        seen,
+                    }
                 },
                 base: base.into(),
                 gate: gate.into(),

@@ -63,7 +63,8 @@
 //! ```
 //!
 //! Everything is validated when loaded: an unknown field, an unknown
-//! strategy, a zero capacity or window, a field that does not belong to the
+//! strategy, a zero capacity or window, a count above 2^53 − 1
+//! ([`MAX_COUNT`](crate::policy::MAX_COUNT)), a field that does not belong to the
 //! strategy, a default cost or a `min_cost` (the least any call is charged,
 //! default 1) that is 0 or that the limit can never grant: each fails with
 //! an error naming the limiter and the field.
@@ -401,6 +402,9 @@ impl Config {
         let timeout = opt_duration(d.timeout.as_deref())
             .map_err(|e| dflt("timeout", e))?
             .unwrap_or(DEFAULT_TIMEOUT);
+        if timeout.is_zero() {
+            return Err(dflt("timeout", "must be above zero".into()));
+        }
         let base = BreakerConfig::default();
         let backoff = opt_duration(d.breaker_backoff.as_deref())
             .map_err(|e| dflt("breaker_backoff", e))?
@@ -419,18 +423,40 @@ impl Config {
         }
         let mut limiters = BTreeMap::new();
         for (name, l) in raw.limiters {
-            if name.is_empty() || name.contains(['{', '}', ':']) {
-                return Err(ConfigError::invalid(
-                    &name,
-                    "name",
-                    "limiter names must be non-empty, without '{', '}' or ':'",
-                ));
+            if !valid_name(&name) {
+                return Err(ConfigError::invalid(&name, "name", NAME_RULE));
             }
             let mut cfg = validate(&name, &l, fail_mode, timeout, breaker)?;
             if raw.shadow == Some(true) {
                 cfg.mode = Mode::Shadow;
             }
             limiters.insert(name, cfg);
+        }
+        // Each limiter name in the backend has one owner: an adaptive
+        // limiter keeps its state under several (see `aimd`).
+        let mut owners: BTreeMap<String, String> = limiters
+            .keys()
+            .map(|n| (n.clone(), format!("limiters.{n}")))
+            .collect();
+        for name in raw.adaptive.keys() {
+            let path = format!("adaptive.{name}");
+            let bad = |reason: String| ConfigError::Invalid {
+                path: path.clone(),
+                field: "name",
+                reason,
+            };
+            if !valid_name(name) {
+                return Err(bad(NAME_RULE.into()));
+            }
+            for state in crate::aimd::state_names(name) {
+                if let Some(owner) = owners.insert(state.clone(), path.clone()) {
+                    return Err(bad(format!(
+                        "its state would share the limiter name {state:?} with {owner} (an \
+                         adaptive limiter <name> keeps its state under <name>, <name>-cut, \
+                         <name>-grow, <name>-hold and <name>-seen): rename one of them"
+                    )));
+                }
+            }
         }
         let adaptive = raw
             .adaptive
@@ -445,6 +471,16 @@ impl Config {
             redis,
         })
     }
+}
+
+/// What a limiter name must be ([`valid_name`]).
+pub(crate) const NAME_RULE: &str = "limiter names must be non-empty, without '{', '}' or ':'";
+
+/// Whether `name` can name a limiter in the backend: not empty, without
+/// the hash tag's braces, nor `:` (which separates the key's parts, and
+/// `<name>:candidate` is a candidate's namespace).
+pub(crate) fn valid_name(name: &str) -> bool {
+    !name.is_empty() && !name.contains(['{', '}', ':'])
 }
 
 fn validate(
@@ -1085,6 +1121,18 @@ mod tests {
         assert!(e.contains("defaults.timeout"), "{e}");
     }
 
+    /// A zero default timeout is the default's mistake: it was reported
+    /// as the first limiter's (`limiters.api.timeout`, a field that
+    /// limiter does not set), and loaded when no limiter inherited it.
+    #[test]
+    fn a_zero_default_timeout_names_the_default() {
+        let tb = "[limiters.api]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/s'";
+        let e = err(&format!("[defaults]\ntimeout='0s'\n{tb}"));
+        assert!(e.contains("defaults.timeout"), "{e}");
+        let e = err("[defaults]\ntimeout='0s'");
+        assert!(e.contains("defaults.timeout"), "{e}");
+    }
+
     #[test]
     fn missing_limiter_is_named() {
         let c = load("").unwrap();
@@ -1103,6 +1151,77 @@ mod tests {
         assert!(e.contains("adaptive.crawler.burst"), "{e}");
         let e = err("[adaptive.crawler]\nbrust = 2");
         assert!(e.contains("brust") && e.contains("adaptive.crawler"), "{e}");
+    }
+
+    /// An adaptive limiter's name follows the limiters' rule, and none of
+    /// the limiter names it keeps its state under (`<name>`, `<name>-cut`,
+    /// `-grow`, `-hold`, `-seen`) may be another section's: they loaded,
+    /// and the two shared their counters and per-key overrides in the
+    /// backend (the crawler's adapted rate became the plain limiter's).
+    #[test]
+    fn adaptive_names_are_checked_and_never_shared() {
+        for name in ["\"a{b}\"", "\"a:b\"", "\"\""] {
+            let e = err(&format!("[adaptive.{name}]\nmax_rate = '2/s'"));
+            assert!(e.contains(".name"), "{name}: {e}");
+        }
+        let tb = "strategy='token_bucket'\ncapacity=1\nrefill='1/s'";
+        for limiter in ["crawler", "crawler-cut", "crawler-seen"] {
+            let e = err(&format!("[limiters.{limiter}]\n{tb}\n[adaptive.crawler]"));
+            assert!(
+                e.contains("adaptive.crawler.name") && e.contains(&format!("limiters.{limiter}")),
+                "{e}"
+            );
+        }
+        let e = err("[adaptive.crawler]\n[adaptive.crawler-hold]");
+        assert!(e.contains("adaptive.crawler"), "{e}");
+        assert!(load(&format!("[limiters.crawl]\n{tb}\n[adaptive.crawler]")).is_ok());
+    }
+
+    /// A count the Redis scripts cannot hold exactly (2^53 and above) is
+    /// refused at load, naming the field. It loaded, and then every
+    /// decision of the Redis backend failed (the policy does not encode),
+    /// so the fail mode answered every request.
+    #[test]
+    fn counts_beyond_exact_lua_integers_are_refused_at_load() {
+        let big = "9007199254740992";
+        let pd = "base_delay='1s'\nmax_delay='1m'\nforget_after='1h'";
+        for (toml, field) in [
+            (
+                format!("[limiters.x]\nstrategy='sliding_window'\nlimit={big}\nwindow='1m'"),
+                "limiters.x.limit",
+            ),
+            (
+                format!("[limiters.x]\nstrategy='calendar'\nlimit={big}\nperiod='day'"),
+                "limiters.x.limit",
+            ),
+            (
+                format!("[limiters.x]\nstrategy='progressive_delay'\nfree_attempts={big}\n{pd}"),
+                "limiters.x.free_attempts",
+            ),
+            (
+                format!(
+                    "[limiters.x]\npolicies=[{{strategy='sliding_window',limit={big},window='1m'}}]"
+                ),
+                "limiters.x.policies: policies[0].limit",
+            ),
+        ] {
+            let e = err(&toml);
+            assert!(e.contains(field) && e.contains("2^53"), "{toml}: {e}");
+        }
+        let top =
+            load("[limiters.x]\nstrategy='sliding_window'\nlimit=9007199254740991\nwindow='1m'");
+        assert_eq!(
+            top.unwrap().limiter("x").unwrap().policy.limit(),
+            (1 << 53) - 1
+        );
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("TOLLGATE_LIMITERS__X__STRATEGY", "calendar");
+            jail.set_env("TOLLGATE_LIMITERS__X__PERIOD", "month");
+            jail.set_env("TOLLGATE_LIMITERS__X__LIMIT", u64::MAX.to_string());
+            let e = Config::builder().env().load().unwrap_err().to_string();
+            assert!(e.contains("limiters.x.limit"), "{e}");
+            Ok(())
+        });
     }
 
     #[test]

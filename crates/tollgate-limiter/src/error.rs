@@ -71,7 +71,9 @@ pub trait BackendError: std::error::Error + Send + Sync + 'static {
 /// A small fixed set, never a string from the server, so the number of
 /// series stays bounded. The conditions are a server's refusal to run a
 /// command while it is up and answering; they are named as Redis names
-/// them, but a backend of any kind may report them.
+/// them, but a backend of any kind may report them. All but
+/// [`InvalidPolicy`](Self::InvalidPolicy) count towards the limiter's
+/// circuit breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorReason {
@@ -92,21 +94,29 @@ pub enum ErrorReason {
     /// The server is loading its dataset (a restart) and refuses every
     /// command: `loading`.
     Loading = 5,
+    /// The backend answered, but the policy in force is none it can use
+    /// (a stored override that is no policy: written by hand, or by
+    /// another tool): `invalid_policy`. The fail mode answers the
+    /// decision, and the breaker does not count it, since the backend is
+    /// healthy: the override of one key does not stop the limiter's other
+    /// keys from being decided.
+    InvalidPolicy = 6,
 }
 
 impl ErrorReason {
     /// Every reason, in the order of their discriminants.
-    pub const ALL: [ErrorReason; 6] = [
+    pub const ALL: [ErrorReason; 7] = [
         Self::Error,
         Self::OutOfMemory,
         Self::PersistenceFailed,
         Self::NotEnoughReplicas,
         Self::Busy,
         Self::Loading,
+        Self::InvalidPolicy,
     ];
 
     /// The `reason` label: `error`, `out_of_memory`, `persistence_failed`,
-    /// `not_enough_replicas`, `busy` or `loading`.
+    /// `not_enough_replicas`, `busy`, `loading` or `invalid_policy`.
     pub const fn label(self) -> &'static str {
         match self {
             Self::Error => "error",
@@ -115,6 +125,7 @@ impl ErrorReason {
             Self::NotEnoughReplicas => "not_enough_replicas",
             Self::Busy => "busy",
             Self::Loading => "loading",
+            Self::InvalidPolicy => "invalid_policy",
         }
     }
 }

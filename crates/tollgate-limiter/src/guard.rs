@@ -170,7 +170,17 @@ impl Guard {
         (e, reason): (Error, ErrorReason),
     ) -> Result<T, Error> {
         self.meter.failed_call(admitted.watch, &e, reason);
-        let opened = admitted.permit.failure();
+        let opened = match reason {
+            // The backend answered: a bad stored policy says nothing of its
+            // health (see `ErrorReason::InvalidPolicy`).
+            ErrorReason::InvalidPolicy => {
+                if admitted.permit.success() {
+                    self.recovered();
+                }
+                false
+            }
+            _ => admitted.permit.failure(),
+        };
         self.log.warn(&self.name, &e, opened);
         Err(e)
     }

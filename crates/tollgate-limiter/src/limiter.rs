@@ -999,24 +999,28 @@ impl<B: Backend> Limiter<B> {
     /// limiter's policy, for one key or (`key = None`) for all of them.
     /// Every worker sharing the backend sees it on its next decision.
     ///
-    /// The override must use the limiter's strategy.
+    /// The override must use the limiter's strategy, and be able to grant
+    /// the limiter's [minimum cost](LimiterBuilder::min_cost) (as the
+    /// configuration requires of a limiter's policy).
     pub async fn set_override(
         &self,
         key: Option<&Key>,
         policy: Option<Policy>,
     ) -> Result<(), Error> {
-        if let Some(p) = &policy
-            && p.strategy() != self.inner.policy.strategy()
-        {
-            return Err(Error::from(PolicyError::new(
-                "strategy",
-                format!(
-                    "an override of limiter {:?} must be a {}, not a {}",
-                    self.inner.name,
-                    self.inner.policy.strategy(),
-                    p.strategy()
-                ),
-            )));
+        if let Some(p) = &policy {
+            if p.strategy() != self.inner.policy.strategy() {
+                return Err(Error::from(PolicyError::new(
+                    "strategy",
+                    format!(
+                        "an override of limiter {:?} must be a {}, not a {}",
+                        self.inner.name,
+                        self.inner.policy.strategy(),
+                        p.strategy()
+                    ),
+                )));
+            }
+            p.check_cost(self.inner.min_cost)
+                .map_err(|e| PolicyError::new("min_cost", e.reason))?;
         }
         let scope = self.scope(key);
         let result = self
@@ -1347,6 +1351,26 @@ mod tests {
         assert!(l.check(&Key::new("new")).await.is_allowed());
         assert_eq!(crate::lock(&l.backend().asked).last(), Some(&4));
         assert!(leases.len() <= 1000);
+    }
+
+    /// An override that can never grant the limiter's minimum cost is
+    /// refused, naming the field, as the configuration refuses such a
+    /// policy at start-up: it was stored, and every later request of the
+    /// limiter (or the key) was refused as impossible, whatever the fail
+    /// mode.
+    #[tokio::test]
+    async fn an_override_below_the_minimum_cost_is_refused() {
+        let l = builder(true).min_cost(5).build();
+        let small = Policy::from(TokenBucket::new(4, 1, Duration::from_secs(1)).unwrap());
+        for key in [None, Some(&Key::new("k"))] {
+            let e = l.set_override(key, Some(small)).await.unwrap_err();
+            assert!(
+                matches!(&e, Error::Policy(p) if p.field == "min_cost"),
+                "{e:?}"
+            );
+        }
+        let enough = Policy::from(TokenBucket::new(5, 1, Duration::from_secs(1)).unwrap());
+        l.set_override(None, Some(enough)).await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]

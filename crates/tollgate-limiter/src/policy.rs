@@ -2,7 +2,7 @@
 //!
 //! Every constructor validates its input, so a [`Policy`] value is always
 //! one that can be enforced: no zero capacity, no zero window, no refill
-//! faster than one token per microsecond.
+//! faster than one token per microsecond, no count above [`MAX_COUNT`].
 
 use std::fmt;
 use std::time::Duration;
@@ -21,6 +21,16 @@ pub use crate::strategy::token_bucket::TokenBucket;
 /// Bounding spans keeps every timestamp a limiter stores below 2^53, the
 /// range in which a Lua number is an exact integer.
 pub const MAX_SPAN_MICROS: u64 = 10 * 365 * 24 * 3600 * 1_000_000;
+
+/// The largest count any policy may hold (a window's limit, a calendar
+/// quota, free attempts): 2^53 − 1.
+///
+/// Every count is then an exact integer in a Lua number, so the Redis
+/// scripts compute with it exactly, and a cost above it (which the Redis
+/// backend sends as 2^53) can never fit. A token bucket's capacity is
+/// bounded further by its refill (a full refill within
+/// [`MAX_SPAN_MICROS`]).
+pub const MAX_COUNT: u64 = (1 << 53) - 1;
 
 /// A policy value that cannot be enforced.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,6 +60,19 @@ pub(crate) fn span(field: &'static str, d: Duration) -> Result<u64, PolicyError>
         return Err(PolicyError::new(field, "must be at most 10 years"));
     }
     Ok(us)
+}
+
+/// `n`, or an error naming `field` when it is above [`MAX_COUNT`].
+pub(crate) fn count(field: &'static str, n: u64) -> Result<u64, PolicyError> {
+    if n > MAX_COUNT {
+        return Err(PolicyError::new(
+            field,
+            format!(
+                "must be at most {MAX_COUNT} (2^53 - 1, the exact integers of the Redis scripts)"
+            ),
+        ));
+    }
+    Ok(n)
 }
 
 /// The strategy of a [`Policy`], without its parameters.

@@ -221,13 +221,14 @@ fn backend_errors_are_counted_by_the_reason_the_backend_names() {
         assert_eq!(errors(&got, "not_enough_replicas"), 4);
         assert_eq!(errors(&got, "busy"), 5);
         assert_eq!(errors(&got, "loading"), 6);
+        assert_eq!(errors(&got, "invalid_policy"), 7);
         assert_eq!(errors(&got, "timeout"), 0);
         assert_eq!(errors(&got, "breaker_open"), 0);
-        assert_eq!(decisions(&got, "store", "check", "failed_closed"), 21);
+        assert_eq!(decisions(&got, "store", "check", "failed_closed"), 28);
         // A failed call is timed like any other.
         assert_eq!(
             samples(&got, "tollgate_backend_latency_seconds{limiter=store}").len(),
-            22
+            29
         );
     });
 }

@@ -220,7 +220,7 @@ local function decode(enc, stored)
       -- before their TTL), each a token bucket, a sliding window that
       -- does not penalise, or a calendar quota.
       if #parts == 4 or not (q.kind == 't' or q.kind == 'q' or (q.kind == 'w' and not q.penalise)) then
-        error('tollgate: invalid policy encoding')
+        error('tollgate: invalid policy encoding (composite part)')
       end
       parts[#parts + 1] = q
     end
@@ -234,12 +234,13 @@ local function decode(enc, stored)
   -- it) is refused here, not enforced (a zero window admitted every
   -- request; an interval of 1 µs stored beside a refill of one token an
   -- hour, much the same). `whole` takes a whole number from `ge` (default
-  -- 1) to `le` (default unbounded), written in digits when stored. Built
+  -- 1) to `le` (default 2^53 - 1: a larger one is not exact in a double,
+  -- and no constructor makes one), written in digits when stored. Built
   -- here, past the shapes matched above: a closure costs ~450
   -- instructions per call of the script.
   local function whole(v, ge, le)
     local n = tonumber(v)
-    if not n or n < (ge or 1) or n ~= math.floor(n) or (le and n > le)
+    if not n or n < (ge or 1) or n ~= math.floor(n) or n > (le or 9007199254740991)
       or (stored and not string.match(v, '^%d+$')) then
       error('tollgate: invalid policy encoding')
     end
@@ -251,7 +252,7 @@ local function decode(enc, stored)
   end
   local kind = f[2]
   if f[1] ~= '1' and not (f[1] == '2' and kind == 't') then
-    error('tollgate: unknown policy encoding version')
+    error('tollgate: invalid policy encoding (unknown version)')
   end
   if kind == 't' then
     if #f ~= 6 then
@@ -291,7 +292,8 @@ local function decode(enc, stored)
       kind = kind,
       free = whole(f[3], 0),
       base = whole(f[4], 1, MAX_SPAN),
-      factor = whole(f[5]),
+      -- Any size: a product beyond the cap is capped.
+      factor = whole(f[5], 1, math.huge),
       max = whole(f[6], 1, MAX_SPAN),
       forget = whole(f[7], 1, MAX_SPAN),
     }
@@ -306,7 +308,7 @@ local function decode(enc, stored)
     -- concurrency::MAX_IN_FLIGHT slots at most.
     return { kind = kind, max = whole(f[3], 1, 1000000), lease = whole(f[4], 1, MAX_SPAN) }
   end
-  error('tollgate: unknown strategy in policy encoding')
+  error('tollgate: invalid policy encoding (unknown strategy)')
 end
 
 -- The policy in force: the key's override (KEYS[2], when sent: a script

@@ -70,6 +70,10 @@ pub enum EncodingError {
     /// The stored fields do not make a valid policy.
     #[error("invalid stored policy")]
     Invalid(#[source] PolicyError),
+    /// A key's stored override that the script read and refused (the
+    /// script decodes a key's override itself): the script's message.
+    #[error("a stored override the script refused: {0}")]
+    Refused(String),
 }
 
 fn exact(field: &'static str, v: u64) -> Result<u64, EncodingError> {
@@ -319,11 +323,18 @@ mod tests {
 
     #[test]
     fn refuses_numbers_lua_cannot_hold() {
-        let p = Policy::from(SlidingWindow::new(u64::MAX, Duration::from_secs(1)).unwrap());
-        assert_eq!(encode(&p), Err(EncodingError::OutOfRange("limit")));
-        // A limit of 2^53 would let a cost above 2^53 (sent as 2^53) fit.
-        let p = Policy::from(SlidingWindow::new(MAX_EXACT, Duration::from_secs(1)).unwrap());
-        assert_eq!(encode(&p), Err(EncodingError::OutOfRange("limit")));
+        // No such policy is made (the core's constructors refuse a count
+        // above `MAX_COUNT`), nor read back from a stored override. A limit
+        // of 2^53 would let a cost above 2^53 (sent as 2^53) fit.
+        assert_eq!(tollgate_limiter::policy::MAX_COUNT, MAX_EXACT - 1);
+        for limit in [u64::MAX, MAX_EXACT] {
+            let e = SlidingWindow::new(limit, Duration::from_secs(1)).unwrap_err();
+            assert_eq!(e.field, "limit");
+            assert!(matches!(
+                decode(&format!("1:w:{limit}:1000000:0")),
+                Err(EncodingError::Invalid(_))
+            ));
+        }
     }
 
     proptest! {

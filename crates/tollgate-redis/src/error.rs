@@ -79,18 +79,33 @@ impl RedisError {
 }
 
 /// A refusal is labelled by its condition in the metrics
-/// (`reason="out_of_memory"`, ...), anything else `reason="error"`.
+/// (`reason="out_of_memory"`, ...), a policy that cannot be encoded or a
+/// stored override that is no policy `reason="invalid_policy"` (which the
+/// limiter's breaker does not count: Redis answered), anything else
+/// `reason="error"`.
 impl tollgate_limiter::BackendError for RedisError {
     fn reason(&self) -> ErrorReason {
-        match self.refusal() {
-            Some(r) => r.reason(),
-            None => ErrorReason::Error,
+        match self {
+            Self::Refused(r, _) => r.reason(),
+            Self::Encoding(_) => ErrorReason::InvalidPolicy,
+            _ => ErrorReason::Error,
         }
     }
 }
 
+/// What every script's error starts with when the policy in force (a key's
+/// override, which the script reads itself) is no policy (see
+/// `lua/common.lua`, `decode`).
+const SCRIPT_REFUSED_POLICY: &str = "tollgate: invalid policy encoding";
+
 impl From<redis::RedisError> for RedisError {
     fn from(e: redis::RedisError) -> Self {
+        if let Some(detail) = e.detail()
+            && let Some(at) = detail.find(SCRIPT_REFUSED_POLICY)
+        {
+            let why = detail[at..].split(" script:").next().unwrap_or_default();
+            return Self::Encoding(EncodingError::Refused(why.trim_end().to_owned()));
+        }
         match Refusal::of(&e) {
             Some(r) => Self::Refused(r, e),
             None => Self::Redis(e),

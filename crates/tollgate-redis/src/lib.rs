@@ -198,7 +198,8 @@ struct LimiterOverrides {
 #[derive(Clone)]
 struct Wide {
     /// Decoded, or why it does not decode: then every decision fails (the
-    /// limiter's fail mode answers) until it is fixed or removed, as
+    /// limiter's fail mode answers, and its breaker does not count it:
+    /// `ErrorReason::InvalidPolicy`) until it is fixed or removed, as
     /// [`Backend::get_override`] fails. Sent as stored, a value the script
     /// can read but no constructor accepts (a zero window) was enforced.
     policy: Result<Policy, encoding::EncodingError>,
@@ -1465,9 +1466,14 @@ impl CalendarBounds {
 }
 
 /// The calendar a script's `<period>:<zone>` spec names (the limit plays
-/// no part in the bounds).
+/// no part in the bounds). The client sends only specs it made, so one it
+/// cannot read is a key's stored override's (which the script reads).
 fn calendar_of_spec(spec: &str) -> Result<Calendar, RedisError> {
-    let bad = || RedisError::Protocol(format!("calendar spec {spec:?}"));
+    let bad = || {
+        RedisError::from(encoding::EncodingError::Refused(format!(
+            "a calendar quota of spec {spec:?}"
+        )))
+    };
     let (letter, zone) = spec.split_once(':').ok_or_else(bad)?;
     let mut chars = letter.chars();
     let period = match (chars.next().and_then(Period::from_letter), chars.next()) {

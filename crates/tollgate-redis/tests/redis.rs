@@ -1274,6 +1274,13 @@ tollgate_testkit::on_every_server! {
     /// slots, a composite of five parts or holding a penalised window; and
     /// a composite whose fifth part is a window failed only after it had
     /// pushed the other parts' logs, which then never expired.
+    ///
+    /// And it fails only the decisions it governs: Redis answered, so the
+    /// limiter's breaker does not count them, and the limiter's other keys
+    /// are decided. It did: a client repeating requests on the key with
+    /// the bad override opened the breaker, and every key of the limiter
+    /// was answered from the fail mode (refused) while it kept at it; a
+    /// limiter-wide one kept it open for a back-off after its removal.
     #[tokio::test]
     async fn a_malformed_override_is_refused_not_enforced(server: Server) {
         let Some(url) = shared_url(server) else { return };
@@ -1284,7 +1291,7 @@ tollgate_testkit::on_every_server! {
         let tb = Policy::from(TokenBucket::new(2, 1, 3600 * S).unwrap());
         let five_buckets = format!("1:c{}", "|t:2:1:3600000000:3600000000".repeat(5));
         let five_windows = format!("1:c{}", "|w:2:3600000000:0".repeat(5));
-        let values: [&str; 17] = [
+        let values: [&str; 22] = [
             "1:w:5:0:0",
             "1:w:0:1000000:0",
             "1:c|w:2:0:0",
@@ -1302,7 +1309,20 @@ tollgate_testkit::on_every_server! {
             "1:c|w:2:3600000000:1",
             &five_buckets,
             &five_windows,
+            // Another version, a limit beyond 2^53, a part no composite
+            // takes, a calendar quota without a zone or in a zone the
+            // client cannot bound.
+            "9:zz",
+            "1:w:99999999999999999999:1000000:0",
+            "1:c|p:0:1000000:2:2000000:60000000",
+            "1:q:5:d",
+            "1:q:5:d:Mars/Olympus",
         ];
+        let breaker = tollgate_limiter::BreakerConfig {
+            threshold: 2,
+            backoff: 3600 * S,
+            max_backoff: 3600 * S,
+        };
         for (i, stored) in values.iter().enumerate() {
             for (j, policy) in [sw, tb].into_iter().enumerate() {
                 for per_key in [false, true] {
@@ -1310,6 +1330,7 @@ tollgate_testkit::on_every_server! {
                     let l = Limiter::builder(name.clone(), policy, b.clone())
                         .fail_mode(tollgate_limiter::FailMode::Closed)
                         .timeout(S)
+                        .breaker(breaker)
                         .build();
                     let k = Key::new("k");
                     let at = if per_key {
@@ -1338,6 +1359,10 @@ tollgate_testkit::on_every_server! {
                     for key in written.iter().filter(|key| !key.ends_with(":override")) {
                         let pttl: i64 = r.pttl(key).await.unwrap();
                         assert_ne!(pttl, -1, "{stored}: {key} has no TTL");
+                    }
+                    if per_key {
+                        let v = l.check(&Key::new("other")).await;
+                        assert!(v.is_allowed(), "{stored}: another key {v:?}");
                     }
                     // Removed, the configured policy rules again.
                     let _: () = r.del(&at).await.unwrap();

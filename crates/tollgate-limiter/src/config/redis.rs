@@ -16,6 +16,12 @@ use super::{ConfigError, opt_duration};
 /// The values `redis.durability` accepts.
 pub const DURABILITY_MODES: [&str; 3] = ["report", "strict", "skip"];
 
+/// The largest `redis.pool_size`: far above any useful one (a single
+/// connection is the fastest measured, see `docs/benchmarks.md`), and
+/// below what a server accepts (`maxclients`, 10000 by default) from a few
+/// workers. Every connection is opened at start-up (or a slot made for it).
+const MAX_POOL_SIZE: u32 = 1024;
+
 /// `redis.cluster` as written: `true`/`false`, a list of node URLs, or
 /// one string of comma-separated node URLs (handy in an environment
 /// variable).
@@ -74,7 +80,7 @@ pub struct RedisConfig {
     pub urls: Vec<String>,
     /// Whether [`urls`](Self::urls) are nodes of a Redis Cluster.
     pub cluster: bool,
-    /// The number of multiplexed connections.
+    /// The number of multiplexed connections (1 to 1024).
     pub pool_size: Option<u32>,
     /// Whether a call holds a connection for its whole round trip.
     pub exclusive_checkout: Option<bool>,
@@ -166,8 +172,13 @@ impl RawRedis {
         if cluster && urls.iter().any(String::is_empty) {
             return Err(invalid("cluster", "a node URL is empty"));
         }
-        if matches!(self.pool_size, Some(0)) {
-            return Err(invalid("pool_size", "must be at least 1"));
+        if let Some(n) = self.pool_size
+            && !(1..=MAX_POOL_SIZE).contains(&n)
+        {
+            return Err(invalid(
+                "pool_size",
+                format!("{n}: must be from 1 to {MAX_POOL_SIZE}"),
+            ));
         }
         let positive = |field: &'static str, v: Option<String>| {
             let d = opt_duration(v.as_deref()).map_err(|e| invalid(field, e))?;
@@ -340,6 +351,9 @@ mod tests {
             ("cluster = 3", "redis.cluster"),
             ("pool_size = 0", "redis.pool_size"),
             ("pool_size = -1", "redis.pool_size"),
+            // Loaded: `build` then opened connections until the server
+            // refused, and `build_lazy` allocated 2^32 slots.
+            ("pool_size = 4294967295", "redis.pool_size"),
             ("connect_timeout = '0s'", "redis.connect_timeout"),
             ("response_timeout = 'soon'", "redis.response_timeout"),
             ("response_timeout = 5", "redis.response_timeout"),

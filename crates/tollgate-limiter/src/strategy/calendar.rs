@@ -372,11 +372,13 @@ impl Calendar {
         Self::in_zone(limit, period, Zone::get(time_zone)?)
     }
 
-    /// At most `limit` units per `period` in `zone`.
+    /// At most `limit` units per `period` in `zone` (`limit` from 1 to
+    /// [`MAX_COUNT`](crate::policy::MAX_COUNT)).
     pub fn in_zone(limit: u64, period: Period, zone: Zone) -> Result<Self, PolicyError> {
         if limit == 0 {
             return Err(PolicyError::new("limit", "must be at least 1"));
         }
+        let limit = crate::policy::count("limit", limit)?;
         Ok(Self {
             limit,
             period,

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::decision::Decision;
-use crate::policy::{PolicyError, span};
+use crate::policy::{PolicyError, count, span};
 use crate::strategy::reservation::Mark;
 use crate::time::Timestamp;
 
@@ -27,7 +27,8 @@ impl ProgressiveDelay {
     /// A progressive delay.
     ///
     /// `factor` is a whole number (1 keeps the delay constant, 2 doubles it)
-    /// so that Rust and Lua compute exactly the same delays.
+    /// so that Rust and Lua compute exactly the same delays;
+    /// `free_attempts` is at most [`MAX_COUNT`](crate::policy::MAX_COUNT).
     pub fn new(
         free_attempts: u64,
         base_delay: Duration,
@@ -35,6 +36,7 @@ impl ProgressiveDelay {
         max_delay: Duration,
         forget_after: Duration,
     ) -> Result<Self, PolicyError> {
+        let free_attempts = count("free_attempts", free_attempts)?;
         let base_delay_us = span("base_delay", base_delay)?;
         let max_delay_us = span("max_delay", max_delay)?;
         let forget_after_us = span("forget_after", forget_after)?;

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::decision::Decision;
-use crate::policy::{PolicyError, span};
+use crate::policy::{PolicyError, count, span};
 use crate::strategy::reservation::Mark;
 use crate::time::Timestamp;
 
@@ -24,11 +24,13 @@ pub struct SlidingWindow {
 }
 
 impl SlidingWindow {
-    /// At most `limit` units of cost per `window`.
+    /// At most `limit` units of cost per `window` (`limit` from 1 to
+    /// [`MAX_COUNT`](crate::policy::MAX_COUNT)).
     pub fn new(limit: u64, window: Duration) -> Result<Self, PolicyError> {
         if limit == 0 {
             return Err(PolicyError::new("limit", "must be at least 1"));
         }
+        let limit = count("limit", limit)?;
         let window_us = span("window", window)?;
         Ok(Self {
             limit,
