@@ -1,3 +1,4 @@
+use std::num::IntErrorKind;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::header::{HOST, RETRY_AFTER};
@@ -59,11 +60,16 @@ pub fn classify(status: StatusCode, headers: &HeaderMap) -> Outcome {
 
 /// The `Retry-After` of a response: delay-seconds, or an HTTP-date
 /// (IMF-fixdate) turned into a delay from now (zero if it has passed).
-/// `None` when absent or unreadable.
+/// Delay-seconds too many for a `u64` read as [`Duration::MAX`] (the
+/// limiter caps a hold at its `max_hold`). `None` when absent or
+/// unreadable.
 pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
-    if let Ok(secs) = value.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
+    match value.parse::<u64>() {
+        Ok(secs) => return Some(Duration::from_secs(secs)),
+        // All digits, more than any wait: the longest wait, not none.
+        Err(e) if *e.kind() == IntErrorKind::PosOverflow => return Some(Duration::MAX),
+        Err(_) => {}
     }
     let at = parse_http_date(value)?;
     Some(
@@ -187,6 +193,28 @@ mod tests {
             // Not an IMF-fixdate (its year has four digits): unreadable.
             assert_eq!(got.unwrap(), None, "{date}");
         }
+    }
+
+    /// A remote that asks for more seconds than a `u64` holds (a hostile
+    /// or broken server) asked for the longest wait there is: read as no
+    /// `Retry-After`, its scope would not be held at all.
+    #[test]
+    fn an_overlong_delay_is_the_longest_wait() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            RETRY_AFTER,
+            HeaderValue::from_static("184467440737095516160000"),
+        );
+        assert_eq!(retry_after(&h), Some(Duration::MAX));
+        assert_eq!(
+            classify(StatusCode::TOO_MANY_REQUESTS, &h),
+            Outcome::Refused {
+                retry_after: Some(Duration::MAX)
+            }
+        );
+        // A negative one is no delay-seconds (nor a date).
+        h.insert(RETRY_AFTER, HeaderValue::from_static("-5"));
+        assert_eq!(retry_after(&h), None);
     }
 
     /// The inverse of the parser, for the test only.
