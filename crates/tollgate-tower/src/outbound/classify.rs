@@ -9,7 +9,10 @@ use tollgate_limiter::aimd::Outcome;
 use crate::extract::KeyExtractor;
 
 /// The default scope: the remote's host and port, from the request URI
-/// (or, for a relative URI, the `Host` header), lower-cased.
+/// (or, for a relative URI, the `Host` header), lower-cased. A URI's
+/// port is left out when it is its scheme's default (`http:` 80, `https:`
+/// 443), and so is a trailing dot: one site has one scope however a link
+/// spells it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Host;
 
@@ -18,10 +21,18 @@ impl<B> KeyExtractor<Request<B>> for Host {
         let authority = match req.uri().authority() {
             // Without the user info: it is not part of the site, and may
             // hold a password.
-            Some(a) => match a.port_u16() {
-                Some(port) => format!("{}:{port}", a.host()),
-                None => a.host().to_owned(),
-            },
+            Some(a) => {
+                let host = a.host().strip_suffix('.').unwrap_or(a.host());
+                let default = match req.uri().scheme_str() {
+                    Some("http") => Some(80),
+                    Some("https") => Some(443),
+                    _ => None,
+                };
+                match a.port_u16().filter(|&port| Some(port) != default) {
+                    Some(port) => format!("{host}:{port}"),
+                    None => host.to_owned(),
+                }
+            }
             None => req.headers().get(HOST)?.to_str().ok()?.trim().to_owned(),
         };
         (!authority.is_empty()).then(|| Key::new(authority.to_ascii_lowercase()))
@@ -257,5 +268,29 @@ mod tests {
         assert_eq!(Host.extract(&req), Some(Key::new("example.org")));
         let req = Request::get("/a").body(()).unwrap();
         assert_eq!(Host.extract(&req), None);
+    }
+
+    /// Spelled with its scheme's default port or a trailing dot, a site is
+    /// still the one site: a second scope would give it a second rate (a
+    /// page linking `https://site:443/` beside `https://site/` would have
+    /// the crawler send the site twice what it adapted to).
+    #[test]
+    fn a_default_port_or_a_trailing_dot_is_the_same_site() {
+        let scope = |uri: &str| Host.extract(&Request::get(uri).body(()).unwrap());
+        for uri in [
+            "https://example.org/",
+            "https://example.org:443/a",
+            "https://Example.ORG./",
+            "http://example.org.:80/",
+        ] {
+            assert_eq!(scope(uri), Some(Key::new("example.org")), "{uri}");
+        }
+        // Another port is another site.
+        for (uri, key) in [
+            ("https://example.org:8443/", "example.org:8443"),
+            ("http://example.org:443/", "example.org:443"),
+        ] {
+            assert_eq!(scope(uri), Some(Key::new(key)), "{uri}");
+        }
     }
 }
