@@ -41,7 +41,10 @@ impl Leases {
     pub(crate) fn new(batch: u64, ttl: Duration, capacity: usize) -> Self {
         Self {
             batch,
-            ttl,
+            // A longer ttl ("for ever", `Duration::MAX`) means the same, and
+            // would overflow the lease's end (an `Instant`): a panic on
+            // every batch.
+            ttl: ttl.min(crate::guard::MAX_WAIT),
             map: Sharded::new(capacity),
         }
     }

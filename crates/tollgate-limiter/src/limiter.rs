@@ -1349,6 +1349,19 @@ mod tests {
         assert!(leases.len() <= 1000);
     }
 
+    /// A lease asked to last for ever (`Duration::MAX`) leases like any
+    /// other: its end must not overflow and panic the decision.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_for_ever_does_not_panic() {
+        let l = builder(true).lease(4, Duration::MAX).build();
+        let k = Key::new("k");
+        for _ in 0..4 {
+            assert!(l.check(&k).await.is_allowed());
+        }
+        // One batch, its three other units spent locally.
+        assert_eq!(*crate::lock(&l.backend().asked), [4]);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_capacity_of_zero_turns_the_local_maps_off() {
         let l = builder(false)
