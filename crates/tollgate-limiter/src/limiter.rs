@@ -800,9 +800,10 @@ impl<B: Backend> Limiter<B> {
         if leases.batch > cost && leases.has_room(key) {
             // A batch above what the policy in force (an override) can grant
             // is impossible, not an error of this request: ask for its cost.
+            let asked = leases.asking();
             match self.try_op(key, Op::Acquire(leases.batch), deadline).await {
                 Ok(d) if d.is_allowed() => {
-                    leases.keep(key, leases.batch - cost, &d);
+                    leases.keep(key, leases.batch - cost, &d, asked);
                     return Ok(d);
                 }
                 Ok(_) | Err(Error::Policy(_)) => {}
@@ -969,11 +970,15 @@ impl<B: Backend> Limiter<B> {
         if let Some(cache) = &self.inner.denials {
             cache.forget(key);
         }
+        let result = self
+            .try_op(key, Op::Reset, &self.inner.guard.deadline())
+            .await;
+        // After the reset, as after an override: a batch granted before
+        // it is not kept, even if its answer comes after.
         if let Some(leases) = &self.inner.leases {
             leases.forget(key);
         }
-        self.try_op(key, Op::Reset, &self.inner.guard.deadline())
-            .await
+        result
     }
 
     /// Asks the backend for `cost` units (at least the
