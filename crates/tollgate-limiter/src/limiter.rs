@@ -1002,7 +1002,14 @@ impl<B: Backend> Limiter<B> {
 
     /// Sets (`Some`) or clears (`None`) a runtime override of this
     /// limiter's policy, for one key or (`key = None`) for all of them.
-    /// Every worker sharing the backend sees it on its next decision.
+    /// Every worker sharing the backend sees it on its next decision that
+    /// asks the backend. This worker forgets its local answers for the key
+    /// once the override is written; another worker may still answer from
+    /// its own: a refusal it cached
+    /// ([`local_denials`](LimiterBuilder::local_denials), for at most
+    /// `max_ttl`) or units it leased before
+    /// ([`lease`](LimiterBuilder::lease), at most `batch − 1`, spent
+    /// within `ttl`).
     ///
     /// The override must use the limiter's strategy.
     pub async fn set_override(
