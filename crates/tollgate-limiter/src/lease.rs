@@ -1,5 +1,6 @@
 //! Leases: a batch of units taken in one round trip and spent locally.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -30,20 +31,37 @@ impl Expiring for Lease {
 /// any instant: see [`LimiterBuilder::lease`](crate::LimiterBuilder::lease)
 /// for the bound. At most `capacity` keys hold a lease; when full, a request
 /// asks for its own cost only, as without leases.
+///
+/// A batch asked for before this worker forgets a lease (a reset, an
+/// override) and answered after may have been granted under what was
+/// undone: its rest is not kept, whichever key it is for (see
+/// [`keep`](Self::keep); resets and overrides are rare, a lost batch only
+/// lowers what is admitted).
 #[derive(Debug)]
 pub(crate) struct Leases {
     pub(crate) batch: u64,
     ttl: Duration,
     map: Sharded<Lease>,
+    /// How many times leases were forgotten.
+    forgotten: AtomicU64,
 }
 
 impl Leases {
     pub(crate) fn new(batch: u64, ttl: Duration, capacity: usize) -> Self {
         Self {
             batch,
-            ttl,
+            // A longer ttl ("for ever", `Duration::MAX`) means the same, and
+            // would overflow the lease's end (an `Instant`): a panic on
+            // every batch.
+            ttl: ttl.min(crate::guard::MAX_WAIT),
             map: Sharded::new(capacity),
+            forgotten: AtomicU64::new(0),
         }
+    }
+
+    /// Marks a batch about to be asked for: hand it to [`keep`](Self::keep).
+    pub(crate) fn asking(&self) -> u64 {
+        self.forgotten.load(Ordering::SeqCst)
     }
 
     /// Whether a lease for `key` could be kept now.
@@ -72,20 +90,28 @@ impl Leases {
         )
     }
 
-    /// Keeps `left` units of a batch the backend granted with `decision`
-    /// (dropped if the map filled up since [`has_room`](Self::has_room):
-    /// lost units only lower what is admitted).
-    pub(crate) fn keep(&self, key: &Key, left: u64, decision: &Decision) {
+    /// Keeps `left` units of a batch the backend granted with `decision`,
+    /// asked for at `asked` (from [`asking`](Self::asking)); dropped if
+    /// leases were forgotten since, or if the map filled up since
+    /// [`has_room`](Self::has_room): lost units only lower what is
+    /// admitted.
+    pub(crate) fn keep(&self, key: &Key, left: u64, decision: &Decision, asked: u64) {
         let now = Instant::now();
         let lease = Lease {
             left,
             until: now + self.ttl,
             decision: *decision,
         };
-        self.map.shard(key).insert(key, lease, now);
+        let mut shard = self.map.shard(key);
+        // Read under the shard's lock: a `forget` that counts after this
+        // read removes the lease once this lock is released.
+        if self.forgotten.load(Ordering::SeqCst) == asked {
+            shard.insert(key, lease, now);
+        }
     }
 
     pub(crate) fn forget(&self, key: &Key) {
+        self.forgotten.fetch_add(1, Ordering::SeqCst);
         self.map.forget(key);
     }
 
@@ -96,6 +122,7 @@ impl Leases {
     }
 
     pub(crate) fn clear(&self) {
+        self.forgotten.fetch_add(1, Ordering::SeqCst);
         self.map.clear();
     }
 }

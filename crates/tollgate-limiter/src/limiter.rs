@@ -800,9 +800,10 @@ impl<B: Backend> Limiter<B> {
         if leases.batch > cost && leases.has_room(key) {
             // A batch above what the policy in force (an override) can grant
             // is impossible, not an error of this request: ask for its cost.
+            let asked = leases.asking();
             match self.try_op(key, Op::Acquire(leases.batch), deadline).await {
                 Ok(d) if d.is_allowed() => {
-                    leases.keep(key, leases.batch - cost, &d);
+                    leases.keep(key, leases.batch - cost, &d, asked);
                     return Ok(d);
                 }
                 Ok(_) | Err(Error::Policy(_)) => {}
@@ -969,11 +970,15 @@ impl<B: Backend> Limiter<B> {
         if let Some(cache) = &self.inner.denials {
             cache.forget(key);
         }
+        let result = self
+            .try_op(key, Op::Reset, &self.inner.guard.deadline())
+            .await;
+        // After the reset, as after an override: a batch granted before
+        // it is not kept, even if its answer comes after.
         if let Some(leases) = &self.inner.leases {
             leases.forget(key);
         }
-        self.try_op(key, Op::Reset, &self.inner.guard.deadline())
-            .await
+        result
     }
 
     /// Asks the backend for `cost` units (at least the
@@ -997,7 +1002,14 @@ impl<B: Backend> Limiter<B> {
 
     /// Sets (`Some`) or clears (`None`) a runtime override of this
     /// limiter's policy, for one key or (`key = None`) for all of them.
-    /// Every worker sharing the backend sees it on its next decision.
+    /// Every worker sharing the backend sees it on its next decision that
+    /// asks the backend. This worker forgets its local answers for the key
+    /// once the override is written; another worker may still answer from
+    /// its own: a refusal it cached
+    /// ([`local_denials`](LimiterBuilder::local_denials), for at most
+    /// `max_ttl`) or units it leased before
+    /// ([`lease`](LimiterBuilder::lease), at most `batch − 1`, spent
+    /// within `ttl`).
     ///
     /// The override must use the limiter's strategy, and be able to grant
     /// the limiter's [minimum cost](LimiterBuilder::min_cost) (as the
@@ -1371,6 +1383,19 @@ mod tests {
         }
         let enough = Policy::from(TokenBucket::new(5, 1, Duration::from_secs(1)).unwrap());
         l.set_override(None, Some(enough)).await.unwrap();
+    }
+
+    /// A lease asked to last for ever (`Duration::MAX`) leases like any
+    /// other: its end must not overflow and panic the decision.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_for_ever_does_not_panic() {
+        let l = builder(true).lease(4, Duration::MAX).build();
+        let k = Key::new("k");
+        for _ in 0..4 {
+            assert!(l.check(&k).await.is_allowed());
+        }
+        // One batch, its three other units spent locally.
+        assert_eq!(*crate::lock(&l.backend().asked), [4]);
     }
 
     #[tokio::test(start_paused = true)]

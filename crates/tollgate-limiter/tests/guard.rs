@@ -299,6 +299,49 @@ impl Backend for Late {
     }
 }
 
+/// A batch the backend granted before this worker reset the key (or
+/// overrode its policy), whose answer came after, was granted under what
+/// the reset or the override undid: its rest must not be kept as a lease,
+/// or `batch - 1` more requests pass than the reset or the override allow.
+#[tokio::test(start_paused = true)]
+async fn a_batch_answered_after_a_reset_or_an_override_is_not_kept() {
+    let backend = Late::default();
+    let policy = TokenBucket::new(10, 1, Duration::from_secs(3600)).unwrap();
+    let l = Limiter::builder("api", policy, backend.clone())
+        .fail_mode(FailMode::Open)
+        .lease(5, Duration::from_secs(60))
+        .build();
+    // Two tokens an hour: the five taken leave none for hours.
+    let tighter = TokenBucket::new(2, 1, Duration::from_secs(3600)).unwrap();
+    // A fresh key passes its 10; under the override, none passes.
+    for (i, (undo, passes)) in [("reset", 10), ("override", 0)].into_iter().enumerate() {
+        let k = Key::new(format!("k{i}"));
+        // The batch is taken now; its answer comes 10 ms later.
+        *backend.late.lock().unwrap() = Duration::from_millis(10);
+        let batch = tokio::spawn({
+            let (l, k) = (l.clone(), k.clone());
+            async move { l.check(&k).await }
+        });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        *backend.late.lock().unwrap() = Duration::ZERO;
+        if undo == "reset" {
+            l.reset(&k).await.unwrap();
+        } else {
+            l.set_override(Some(&k), Some(tighter.into()))
+                .await
+                .unwrap();
+        }
+        assert!(batch.await.unwrap().is_allowed());
+        let mut passed = 0;
+        while l.check(&k).await.is_allowed() {
+            passed += 1;
+        }
+        assert_eq!(passed, passes, "after the {undo}");
+    }
+}
+
 /// A concurrency slot taken by a hold whose answer never came back (the
 /// decision timed out, or its caller went away) is given back, as a
 /// dropped permit's is: otherwise it stays taken, and the key refused,

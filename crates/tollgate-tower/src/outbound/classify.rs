@@ -1,3 +1,4 @@
+use std::num::IntErrorKind;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::header::{HOST, RETRY_AFTER};
@@ -8,7 +9,10 @@ use tollgate_limiter::aimd::Outcome;
 use crate::extract::KeyExtractor;
 
 /// The default scope: the remote's host and port, from the request URI
-/// (or, for a relative URI, the `Host` header), lower-cased.
+/// (or, for a relative URI, the `Host` header), lower-cased. A URI's
+/// port is left out when it is its scheme's default (`http:` 80, `https:`
+/// 443), and so is a trailing dot: one site has one scope however a link
+/// spells it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Host;
 
@@ -17,10 +21,18 @@ impl<B> KeyExtractor<Request<B>> for Host {
         let authority = match req.uri().authority() {
             // Without the user info: it is not part of the site, and may
             // hold a password.
-            Some(a) => match a.port_u16() {
-                Some(port) => format!("{}:{port}", a.host()),
-                None => a.host().to_owned(),
-            },
+            Some(a) => {
+                let host = a.host().strip_suffix('.').unwrap_or(a.host());
+                let default = match req.uri().scheme_str() {
+                    Some("http") => Some(80),
+                    Some("https") => Some(443),
+                    _ => None,
+                };
+                match a.port_u16().filter(|&port| Some(port) != default) {
+                    Some(port) => format!("{host}:{port}"),
+                    None => host.to_owned(),
+                }
+            }
             None => req.headers().get(HOST)?.to_str().ok()?.trim().to_owned(),
         };
         (!authority.is_empty()).then(|| Key::new(authority.to_ascii_lowercase()))
@@ -59,11 +71,16 @@ pub fn classify(status: StatusCode, headers: &HeaderMap) -> Outcome {
 
 /// The `Retry-After` of a response: delay-seconds, or an HTTP-date
 /// (IMF-fixdate) turned into a delay from now (zero if it has passed).
-/// `None` when absent or unreadable.
+/// Delay-seconds too many for a `u64` read as [`Duration::MAX`] (the
+/// limiter caps a hold at its `max_hold`). `None` when absent or
+/// unreadable.
 pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
-    if let Ok(secs) = value.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
+    match value.parse::<u64>() {
+        Ok(secs) => return Some(Duration::from_secs(secs)),
+        // All digits, more than any wait: the longest wait, not none.
+        Err(e) if *e.kind() == IntErrorKind::PosOverflow => return Some(Duration::MAX),
+        Err(_) => {}
     }
     let at = parse_http_date(value)?;
     Some(
@@ -189,6 +206,28 @@ mod tests {
         }
     }
 
+    /// A remote that asks for more seconds than a `u64` holds (a hostile
+    /// or broken server) asked for the longest wait there is: read as no
+    /// `Retry-After`, its scope would not be held at all.
+    #[test]
+    fn an_overlong_delay_is_the_longest_wait() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            RETRY_AFTER,
+            HeaderValue::from_static("184467440737095516160000"),
+        );
+        assert_eq!(retry_after(&h), Some(Duration::MAX));
+        assert_eq!(
+            classify(StatusCode::TOO_MANY_REQUESTS, &h),
+            Outcome::Refused {
+                retry_after: Some(Duration::MAX)
+            }
+        );
+        // A negative one is no delay-seconds (nor a date).
+        h.insert(RETRY_AFTER, HeaderValue::from_static("-5"));
+        assert_eq!(retry_after(&h), None);
+    }
+
     /// The inverse of the parser, for the test only.
     fn format_http_date(secs: u64) -> String {
         let days = (secs / 86_400) as i64;
@@ -229,5 +268,29 @@ mod tests {
         assert_eq!(Host.extract(&req), Some(Key::new("example.org")));
         let req = Request::get("/a").body(()).unwrap();
         assert_eq!(Host.extract(&req), None);
+    }
+
+    /// Spelled with its scheme's default port or a trailing dot, a site is
+    /// still the one site: a second scope would give it a second rate (a
+    /// page linking `https://site:443/` beside `https://site/` would have
+    /// the crawler send the site twice what it adapted to).
+    #[test]
+    fn a_default_port_or_a_trailing_dot_is_the_same_site() {
+        let scope = |uri: &str| Host.extract(&Request::get(uri).body(()).unwrap());
+        for uri in [
+            "https://example.org/",
+            "https://example.org:443/a",
+            "https://Example.ORG./",
+            "http://example.org.:80/",
+        ] {
+            assert_eq!(scope(uri), Some(Key::new("example.org")), "{uri}");
+        }
+        // Another port is another site.
+        for (uri, key) in [
+            ("https://example.org:8443/", "example.org:8443"),
+            ("http://example.org:443/", "example.org:443"),
+        ] {
+            assert_eq!(scope(uri), Some(Key::new(key)), "{uri}");
+        }
     }
 }

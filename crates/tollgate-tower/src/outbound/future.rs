@@ -19,7 +19,8 @@ pub(crate) type Report = Box<dyn FnOnce(Outcome) -> BoxFuture<()> + Send>;
 
 pin_project! {
     /// The response future of [`Adaptive`](super::Adaptive): waits for a
-    /// token, calls the inner service, reports the response, returns it.
+    /// token, waits for the inner service to be ready, calls it, reports
+    /// the response, returns it.
     pub struct ResponseFuture<S, Req>
     where
         S: Service<Req>,
@@ -38,6 +39,10 @@ pin_project! {
     {
         Waiting {
             token: BoxFuture<()>,
+            call: Option<(S, Req, Report)>,
+        },
+        // The token is granted: the service is made ready, then called.
+        Ready {
             call: Option<(S, Req, Report)>,
         },
         Inner {
@@ -103,7 +108,15 @@ where
             match this.state.as_mut().project() {
                 StateProj::Waiting { token, call } => {
                     ready!(token.as_mut().poll(cx));
+                    let call = call.take().expect("polled after completion");
+                    this.state.set(State::Ready { call: Some(call) });
+                }
+                StateProj::Ready { call } => {
+                    let (service, _, _) = call.as_mut().expect("polled after completion");
+                    let ready = ready!(service.poll_ready(cx));
                     let (mut service, req, report) = call.take().expect("polled after completion");
+                    // Not sent: it says nothing about the rate.
+                    ready?;
                     let fut = service.call(req);
                     this.state.set(State::Inner {
                         fut,

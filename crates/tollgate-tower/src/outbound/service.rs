@@ -19,10 +19,15 @@ use crate::extract::KeyExtractor;
 /// Unlike an inbound limit, this one waits rather than refuses: slowing
 /// down is what a client of a rate-limited source wants. `poll_ready`
 /// delegates to the inner service; the wait happens in the response
-/// future, once the scope is known. Bound it with a timeout layer if a
-/// caller cannot wait for a long `Retry-After`: the report of a response
-/// runs as a task of its own, so a caller that gives up once the source
-/// has answered does not lose what it said.
+/// future, once the scope is known. What the inner service reserved by
+/// being ready (a slot of a `Buffer`, a permit of a `ConcurrencyLimit`)
+/// is given back for the wait, and the call waits for the inner service
+/// to be ready again once it has its token: a call held by one source's
+/// `Retry-After` never keeps a call to another source from going out.
+/// Bound it with a timeout layer if a caller cannot wait for a long
+/// `Retry-After`: the report of a response runs as a task of its own, so
+/// a caller that gives up once the source has answered does not lose what
+/// it said.
 ///
 /// Made by [`AdaptiveLayer`](super::AdaptiveLayer).
 pub struct Adaptive<S, B, E> {
@@ -106,6 +111,11 @@ where
         let Some(scope) = self.scope.extract(&req) else {
             return ResponseFuture::unlimited(inner.call(req));
         };
+        // The wait for a token may last a whole hold: what the ready
+        // service reserved goes back now, not held away from the calls of
+        // other scopes; a clone is made ready once the token is granted.
+        drop(inner);
+        let inner = self.inner.clone();
         let limiter = self.limiter.clone();
         let waiting = {
             let (limiter, scope) = (limiter.clone(), scope.clone());

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use tokio::time::Instant;
-use tollgate_limiter::aimd::{AimdConfig, AimdLimiter};
+use tollgate_limiter::aimd::{AimdConfig, AimdLimiter, Outcome};
 use tollgate_limiter::time::micros;
 use tollgate_limiter::{Clock, Key, Timestamp};
 use tollgate_memory::MemoryBackend;
@@ -39,6 +39,14 @@ fn limiter(initial_rate: f64) -> AimdLimiter<Backend> {
     };
     let backend = MemoryBackend::with_clock(TokioClock(Instant::now()));
     AimdLimiter::new("harvester", config, backend).unwrap()
+}
+
+/// Reports that `host` refused a call with a `Retry-After` of `secs`.
+async fn refused(limiter: &AimdLimiter<Backend>, host: &str, secs: u64) {
+    let retry_after = Some(Duration::from_secs(secs));
+    limiter
+        .feedback(&Key::new(host), Outcome::Refused { retry_after })
+        .await;
 }
 
 /// A source serving `rate` requests per second (capacity 1) and answering
@@ -165,14 +173,7 @@ async fn other_hosts_and_scopeless_calls_are_not_held() {
     let limiter = limiter(1.0);
     let source = Source::new(1.0);
     let svc = AdaptiveLayer::new(limiter.clone()).layer(client(&source));
-    limiter
-        .feedback(
-            &Key::new("source.test"),
-            tollgate_limiter::aimd::Outcome::Refused {
-                retry_after: Some(Duration::from_secs(30)),
-            },
-        )
-        .await;
+    refused(&limiter, "source.test", 30).await;
     let start = Instant::now();
     let req = Request::get("http://other.test/").body(()).unwrap();
     svc.clone().oneshot(req).await.unwrap();
@@ -255,4 +256,30 @@ async fn a_refusal_is_reported_even_if_the_caller_goes_away() {
         .unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(limiter.rate(&scope), 5.0);
+}
+
+/// What the inner client reserves by being ready (a `ConcurrencyLimit`'s
+/// permit, a `Buffer`'s slot) must not be held while a call waits out its
+/// host's `Retry-After`: a call to another host would wait for it, the
+/// whole crawler stalled behind one host's hold.
+#[tokio::test(start_paused = true)]
+async fn a_held_host_keeps_no_slot_of_the_inner_client() {
+    let limiter = limiter(1.0);
+    let source = Source::new(100.0);
+    let svc = AdaptiveLayer::new(limiter.clone())
+        .layer(tower::limit::ConcurrencyLimit::new(client(&source), 1));
+    refused(&limiter, "held.test", 60).await;
+    let req = Request::get("http://held.test/").body(()).unwrap();
+    let held = tokio::spawn(svc.clone().oneshot(req));
+    // The held call is now waiting for its token.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let req = Request::get("http://other.test/").body(()).unwrap();
+    let other = svc.clone().oneshot(req).await.unwrap();
+    assert_eq!(other.status(), StatusCode::OK);
+    assert!(
+        !held.is_finished(),
+        "the call to another host went out only after the held one"
+    );
+    // The held call goes out once its hold is over.
+    assert_eq!(held.await.unwrap().unwrap().status(), StatusCode::OK);
 }
