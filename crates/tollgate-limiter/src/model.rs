@@ -245,6 +245,37 @@ pub fn records(policy: &Policy, op: Op, decision: &Decision) -> bool {
     }
 }
 
+/// The policy in force for a key of a limiter configured with `configured`,
+/// whose own override is `key` and whose limiter's is `limiter`: the key's
+/// override, else the limiter's, else the configured policy.
+///
+/// `None`, no policy, when either override lies across the concurrency
+/// boundary from the configured policy (a [concurrency](crate::Concurrency)
+/// override of a rate limiter, or a rate override of a concurrency
+/// limiter): its operations are not the configured policy's (a hold under
+/// a token bucket, an acquire under a concurrency limit, only look), so
+/// enforcing it would admit every request. A limiter-wide one is no policy
+/// for every key of the limiter, its own override or not, as a Redis
+/// limiter-wide override that does not decode. A backend fails such a
+/// decision with its "invalid policy" error
+/// ([`ErrorReason::InvalidPolicy`](crate::ErrorReason::InvalidPolicy)): the
+/// limiter's fail mode answers it, and its breaker does not count it.
+/// Overrides from one rate strategy to another (token bucket, sliding
+/// window, calendar quota, composite, progressive delay) are in force.
+#[inline]
+pub fn in_force<'a>(
+    configured: &'a Policy,
+    key: Option<&'a Policy>,
+    limiter: Option<&'a Policy>,
+) -> Option<&'a Policy> {
+    let side = |p: &Policy| matches!(p, Policy::Concurrency(_));
+    let across = |o: Option<&Policy>| o.is_some_and(|o| side(o) != side(configured));
+    if across(key) || across(limiter) {
+        return None;
+    }
+    Some(key.or(limiter).unwrap_or(configured))
+}
+
 /// What [`Slot::apply`] answers to an [`Op::Acquire`] of `cost` under the
 /// token bucket `p`, for a key in the token-bucket state whose arrival time
 /// is `tat` and whose expiry is `tat` (as every admitted charge leaves it),
@@ -385,6 +416,9 @@ impl Model {
 
     /// Applies `op` to `key` of `limiter` at `now`; `policy` is the
     /// limiter's configured policy, which overrides take precedence over.
+    /// `None` when the override in force lies across the concurrency
+    /// boundary (see [`in_force`]): no policy, a backend fails the
+    /// decision, and the key's state is left as it was.
     pub fn apply(
         &mut self,
         limiter: &str,
@@ -392,21 +426,12 @@ impl Model {
         now: Timestamp,
         policy: &Policy,
         op: Op,
-    ) -> Decision {
-        let k = (limiter.to_owned(), key.to_owned());
-        let policy = *self
-            .key_overrides
-            .get(&k)
-            .or_else(|| self.limiter_overrides.get(limiter))
-            .unwrap_or(policy);
-        self.keys
-            .entry(k)
-            .or_insert_with(|| Slot::fresh(&policy))
-            .apply(now, &policy, op)
+    ) -> Option<Decision> {
+        self.with_slot(limiter, key, policy, |slot, p| slot.apply(now, p, op))
     }
 
     /// Reserves `units` on `key` of `limiter` at `now` (see
-    /// [`Slot::reserve`]).
+    /// [`Slot::reserve`]); `None` as [`Model::apply`].
     pub fn reserve(
         &mut self,
         limiter: &str,
@@ -414,17 +439,27 @@ impl Model {
         now: Timestamp,
         policy: &Policy,
         units: u64,
-    ) -> (Decision, Receipt) {
+    ) -> Option<(Decision, Receipt)> {
+        self.with_slot(limiter, key, policy, |slot, p| slot.reserve(now, p, units))
+    }
+
+    /// Runs `f` on the key's slot (a fresh one if new) under the policy in
+    /// force ([`in_force`]); `None`, `f` not run, when there is none.
+    fn with_slot<T>(
+        &mut self,
+        limiter: &str,
+        key: &str,
+        configured: &Policy,
+        f: impl FnOnce(&mut Slot, &Policy) -> T,
+    ) -> Option<T> {
         let k = (limiter.to_owned(), key.to_owned());
-        let policy = *self
-            .key_overrides
-            .get(&k)
-            .or_else(|| self.limiter_overrides.get(limiter))
-            .unwrap_or(policy);
-        self.keys
-            .entry(k)
-            .or_insert_with(|| Slot::fresh(&policy))
-            .reserve(now, &policy, units)
+        let policy = *in_force(
+            configured,
+            self.key_overrides.get(&k),
+            self.limiter_overrides.get(limiter),
+        )?;
+        let slot = self.keys.entry(k).or_insert_with(|| Slot::fresh(&policy));
+        Some(f(slot, &policy))
     }
 
     /// Sets or clears an override for a limiter (`key = None`) or one key.
@@ -545,6 +580,45 @@ mod tests {
         // Forgotten 600s after the last failure.
         assert_eq!(s.peek(601 * S, &p).remaining(), 2);
         assert_eq!(s.failures, 0);
+    }
+
+    #[test]
+    fn an_override_across_the_concurrency_boundary_is_no_policy() {
+        let bucket = Policy::from(TokenBucket::new(2, 1, Duration::from_secs(3600)).unwrap());
+        let window = Policy::from(SlidingWindow::new(1, Duration::from_secs(60)).unwrap());
+        let slots = Policy::from(crate::Concurrency::new(1, Duration::from_secs(60)).unwrap());
+        assert_eq!(in_force(&bucket, None, None), Some(&bucket));
+        assert_eq!(in_force(&bucket, None, Some(&window)), Some(&window));
+        assert_eq!(in_force(&bucket, Some(&window), None), Some(&window));
+        assert_eq!(in_force(&slots, Some(&slots), None), Some(&slots));
+        assert_eq!(in_force(&bucket, Some(&slots), None), None);
+        assert_eq!(in_force(&bucket, None, Some(&slots)), None);
+        assert_eq!(in_force(&slots, Some(&bucket), None), None);
+        assert_eq!(in_force(&slots, None, Some(&bucket)), None);
+        // A limiter-wide one is no policy for a key with its own, too.
+        assert_eq!(in_force(&bucket, Some(&window), Some(&slots)), None);
+        let mut m = Model::new();
+        for scope in [Some("k"), None] {
+            m.set_override("l", scope, Some(slots));
+            assert_eq!(m.apply("l", "k", 0, &bucket, Op::Acquire(1)), None);
+            assert_eq!(m.reserve("l", "k", 0, &bucket, 1), None);
+            m.set_override("l", scope, None);
+            m.set_override("c", scope, Some(bucket));
+            assert_eq!(m.apply("c", "k", 0, &slots, Op::Hold(1)), None);
+            m.set_override("c", scope, None);
+        }
+        // Cleared: the configured policies, nothing charged meanwhile.
+        let steps = [
+            ("l", &bucket, Op::Acquire(1), true),
+            ("l", &bucket, Op::Acquire(1), true),
+            ("l", &bucket, Op::Acquire(1), false),
+            ("c", &slots, Op::Hold(1), true),
+            ("c", &slots, Op::Hold(2), false),
+        ];
+        for (limiter, policy, op, allowed) in steps {
+            let d = m.apply(limiter, "k", 0, policy, op).unwrap();
+            assert_eq!(d.is_allowed(), allowed, "{limiter} {op:?}");
+        }
     }
 
     #[test]

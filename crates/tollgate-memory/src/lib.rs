@@ -59,7 +59,8 @@ use tollgate_limiter::{
 const SHARDS: usize = 64;
 const MIN_SWEEP: usize = 1024;
 
-/// Why the memory backend failed: only ever on purpose.
+/// Why the memory backend failed: on purpose, or under an override that
+/// is no policy.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum MemoryError {
@@ -67,10 +68,27 @@ pub enum MemoryError {
     /// [`MemoryBackend::set_failing`].
     #[error("injected failure")]
     Injected,
+    /// The override in force for the key lies across the concurrency
+    /// boundary from the limiter's configured policy (a concurrency
+    /// override of a rate limiter, or a rate override of a concurrency
+    /// limiter, set through [`Backend::set_override`] directly): no policy
+    /// (see [`tollgate_limiter::model::in_force`]). Only the decisions it
+    /// governs fail, until it is cleared.
+    #[error("the override in force lies across the concurrency boundary: no policy")]
+    InvalidPolicy,
 }
 
-/// Every failure is `reason="error"` in the metrics.
-impl tollgate_limiter::BackendError for MemoryError {}
+/// An injected failure is `reason="error"` in the metrics, an override that
+/// is no policy `reason="invalid_policy"` (which the limiter's breaker does
+/// not count).
+impl tollgate_limiter::BackendError for MemoryError {
+    fn reason(&self) -> tollgate_limiter::ErrorReason {
+        match self {
+            Self::Injected => tollgate_limiter::ErrorReason::Error,
+            Self::InvalidPolicy => tollgate_limiter::ErrorReason::InvalidPolicy,
+        }
+    }
+}
 
 /// The in-memory backend.
 ///
@@ -502,7 +520,7 @@ impl<C: Clock> MemoryBackend<C> {
     }
 
     #[inline]
-    fn decide_at_once(&self, req: &Request<'_>) -> Decision {
+    fn decide_at_once(&self, req: &Request<'_>) -> Result<Decision, MemoryError> {
         self.locate(req, |at, policy| {
             // Matched by reference: an `Op` is large (a settle's receipt).
             if let (Policy::TokenBucket(p), &Op::Acquire(cost)) = (policy, &req.op)
@@ -520,19 +538,25 @@ impl<C: Clock> MemoryBackend<C> {
         &self,
         req: &Request<'_>,
         f: impl FnOnce(&mut Slot, Timestamp, &Policy) -> T,
-    ) -> T {
+    ) -> Result<T, MemoryError> {
         self.locate(req, |at, policy| at.with_slot(policy, f))
     }
 
     /// Runs `f` with where and when `req` is decided, and the policy in
     /// force. A closure, not a returned value: the override (a whole
-    /// `Policy`, rare) stays in this frame instead of being moved.
+    /// `Policy`, rare) stays in this frame instead of being moved. An
+    /// override across the concurrency boundary is no policy
+    /// ([`MemoryError::InvalidPolicy`]): `f` is not run.
     #[inline(always)]
-    fn locate<T>(&self, req: &Request<'_>, f: impl FnOnce(Located<'_>, &Policy) -> T) -> T {
+    fn locate<T>(
+        &self,
+        req: &Request<'_>,
+        f: impl FnOnce(Located<'_>, &Policy) -> T,
+    ) -> Result<T, MemoryError> {
         let now = self.shared.clock.now();
         // The configured policy by reference: an override is the only
         // copy made.
-        let overridden = self.override_of(req, now);
+        let overridden = self.override_of(req, now)?;
         let policy = overridden.as_ref().unwrap_or(req.policy);
         let lookup = Lookup {
             limiter: req.limiter,
@@ -546,7 +570,7 @@ impl<C: Clock> MemoryBackend<C> {
             shard,
             hasher: &self.shared.hasher,
         };
-        f(at, policy)
+        Ok(f(at, policy))
     }
 
     /// The key's hash and its shard.
@@ -561,26 +585,41 @@ impl<C: Clock> MemoryBackend<C> {
     }
 
     /// The override in force for the request's key (its own, else its
-    /// limiter's), if any: `None` means the request's policy rules.
+    /// limiter's), if any: `None` means the request's policy rules. An
+    /// override across the concurrency boundary is no policy
+    /// ([`tollgate_limiter::model::in_force`]): [`MemoryError::InvalidPolicy`].
     #[inline]
-    fn override_of(&self, req: &Request<'_>, now: Timestamp) -> Option<Policy> {
+    fn override_of(
+        &self,
+        req: &Request<'_>,
+        now: Timestamp,
+    ) -> Result<Option<Policy>, MemoryError> {
         if !self.shared.has_overrides.load(Ordering::Acquire) {
-            return None;
+            return Ok(None);
         }
         self.override_slow(req, now)
     }
 
     #[cold]
-    fn override_slow(&self, req: &Request<'_>, now: Timestamp) -> Option<Policy> {
+    fn override_slow(
+        &self,
+        req: &Request<'_>,
+        now: Timestamp,
+    ) -> Result<Option<Policy>, MemoryError> {
         let overrides = self
             .shared
             .overrides
             .read()
             .unwrap_or_else(|e| e.into_inner());
-        overrides.get(req.limiter).and_then(|o| {
-            let get = |s: Option<&Stored>| s.and_then(|s| s.live(now));
-            get(o.keys.get(req.key)).or(get(o.limiter.as_ref()))
-        })
+        let Some(o) = overrides.get(req.limiter) else {
+            return Ok(None);
+        };
+        let get = |s: Option<&Stored>| s.and_then(|s| s.live(now));
+        let (key, wide) = (get(o.keys.get(req.key)), get(o.limiter.as_ref()));
+        match tollgate_limiter::model::in_force(req.policy, key.as_ref(), wide.as_ref()) {
+            Some(_) => Ok(key.or(wide)),
+            None => Err(MemoryError::InvalidPolicy),
+        }
     }
 
     /// Sets or clears the override of exactly `scope`.
@@ -879,7 +918,7 @@ impl<C: Clock> Backend for MemoryBackend<C> {
         if self.shared.faults.armed.load(Ordering::Relaxed) {
             return None;
         }
-        Some(Ok(self.decide_at_once(req)))
+        Some(self.decide_at_once(req))
     }
 
     fn decide(
@@ -890,7 +929,7 @@ impl<C: Clock> Backend for MemoryBackend<C> {
         // common path costs no more than the map lookup, and allocates
         // nothing.
         match self.inject() {
-            Ok(delay) if delay.is_zero() => Decide::Ready(Some(Ok(self.decide_at_once(&req)))),
+            Ok(delay) if delay.is_zero() => Decide::Ready(Some(self.decide_at_once(&req))),
             Err(e) => Decide::Ready(Some(Err(e))),
             Ok(delay) => {
                 let backend = self.clone();
@@ -898,12 +937,12 @@ impl<C: Clock> Backend for MemoryBackend<C> {
                     (req.limiter.to_owned(), req.key.clone(), *req.policy, req.op);
                 Decide::Delayed(Box::pin(async move {
                     tokio::time::sleep(delay).await;
-                    Ok(backend.decide_at_once(&Request {
+                    backend.decide_at_once(&Request {
                         limiter: &limiter,
                         key: &key,
                         policy: &policy,
                         op,
-                    }))
+                    })
                 }))
             }
         }
@@ -918,11 +957,11 @@ impl<C: Clock> Backend for MemoryBackend<C> {
             Op::Acquire(c) => c,
             // Not a reservation: decided as asked, nothing to refund.
             op => {
-                let d = self.decide_at_once(&Request { op, ..req });
+                let d = self.decide_at_once(&Request { op, ..req })?;
                 return Ok((d, Receipt::NONE));
             }
         };
-        Ok(self.with_slot(&req, |slot, now, policy| slot.reserve(now, policy, units)))
+        self.with_slot(&req, |slot, now, policy| slot.reserve(now, policy, units))
     }
 
     async fn set_override(

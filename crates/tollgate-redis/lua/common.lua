@@ -86,7 +86,8 @@
 -- born, at (see each script), and the interval its units were charged at
 -- (a token bucket's; 0 for the other strategies). Or
 -- {-1, strategy} when the policy in force is of another strategy than
--- this script's: the client then runs that strategy's script. (The token
+-- this script's, on the same side of the concurrency boundary (see
+-- policy_in_force): the client then runs that strategy's script. (The token
 -- bucket's plain acquire under the policy sent answers one integer
 -- instead: see token_bucket.lua.)
 --
@@ -314,11 +315,22 @@ end
 -- The policy in force: the key's override (KEYS[2], when sent: a script
 -- taking `own` further keys was sent more than 1 + own), else the one the
 -- client sent (ARGV[2]: the limiter-wide override it knows, else the
--- configured policy).
+-- configured policy). A key's override across the concurrency boundary
+-- from the policy sent (a concurrency override of a rate limiter, or a
+-- rate override of a concurrency limiter: the client refuses a
+-- limiter-wide one, so ARGV[2] is on the configured policy's side) is no
+-- policy, refused like one that does not decode: under it every
+-- operation would only look, and admit every request (model: in_force).
+-- token_bucket_ops.lua makes the same test where it decodes a key's
+-- override.
 local function policy_in_force(own)
   local stored = #KEYS > own + 1 and redis.call('GET', KEYS[2])
   if stored then
-    return decode(stored, true)
+    local p = decode(stored, true)
+    if (p.kind == 'n') ~= (string.sub(ARGV[2], 1, 4) == '1:n:') then
+      error('tollgate: invalid policy encoding (an override across the concurrency boundary)')
+    end
+    return p
   end
   return decode(ARGV[2])
 end

@@ -49,7 +49,12 @@ if i then
   born, refunds = tonumber(b) or 0, parse_refunds(r)
 end
 -- A key's override (keyed) is checked as stored; ARGV[2] is the client's.
+-- A key's override across the concurrency boundary from ARGV[2] is no
+-- policy (common.lua's policy_in_force).
 local p = decode(enc, keyed)
+if keyed and (p.kind == 'n') ~= (string.sub(ARGV[2], 1, 4) == '1:n:') then
+  error('tollgate: invalid policy encoding (an override across the concurrency boundary)')
+end
 if p.kind ~= 't' then
   return { -1, p.kind }
 end

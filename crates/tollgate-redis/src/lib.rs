@@ -977,6 +977,12 @@ impl RedisBackend {
                 .await?;
             match call.reply(reply, strategy)? {
                 Reply::Decision(d, marks) => return Ok((d, marks)),
+                // The scripts refuse a key's override across the
+                // concurrency boundary themselves (lua/common.lua,
+                // policy_in_force); never followed, whatever answered.
+                Reply::Redirect(s) if across_boundary(req.policy.strategy(), s) => {
+                    return Err(across_boundary_error());
+                }
                 Reply::Redirect(s) => strategy = s,
                 Reply::Bounds { now, specs } => {
                     for spec in specs {
@@ -1019,6 +1025,13 @@ impl RedisBackend {
             (true, None) => None,
         };
         let sent = sent.as_ref().unwrap_or(req.policy);
+        // A limiter-wide override across the concurrency boundary from the
+        // configured policy is no policy (model::in_force): the scripts
+        // compare a key's override with the policy sent, which is thus
+        // always on the configured policy's side.
+        if across_boundary(req.policy.strategy(), sent.strategy()) {
+            return Err(across_boundary_error());
+        }
         let mut op = op_arg(req.op);
         if reserve {
             op.to_mut().insert(0, 'r');
@@ -1111,6 +1124,21 @@ impl RedisBackend {
         };
         Ok((enforced, beside))
     }
+}
+
+/// Whether a policy in force of strategy `in_force` lies across the
+/// concurrency boundary from a limiter configured with one of strategy
+/// `configured`: no policy (see `tollgate_limiter::model::in_force`).
+fn across_boundary(configured: Strategy, in_force: Strategy) -> bool {
+    (configured == Strategy::Concurrency) != (in_force == Strategy::Concurrency)
+}
+
+/// The error of a decision under an override across the concurrency
+/// boundary: the scripts' own message (`ErrorReason::InvalidPolicy`).
+fn across_boundary_error() -> RedisError {
+    RedisError::from(encoding::EncodingError::Refused(
+        "tollgate: invalid policy encoding (an override across the concurrency boundary)".into(),
+    ))
 }
 
 /// `s` with the glob characters of `SCAN … MATCH` escaped.

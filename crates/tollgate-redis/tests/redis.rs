@@ -440,12 +440,22 @@ tollgate_testkit::on_every_server! {
                         policy: &configured,
                         op,
                     };
-                    let got = b.decide(req).await.unwrap();
-                    assert_eq!(
-                        got,
-                        model.apply(&limiter, "k", clock.now(), &configured, op),
-                        "{other:?} per key {per_key}, step {i}"
-                    );
+                    // A concurrency override is across the concurrency
+                    // boundary: no policy, the backend's error.
+                    match model.apply(&limiter, "k", clock.now(), &configured, op) {
+                        Some(want) => assert_eq!(
+                            b.decide(req).await.unwrap(),
+                            want,
+                            "{other:?} per key {per_key}, step {i}"
+                        ),
+                        None => assert_eq!(
+                            tollgate_limiter::BackendError::reason(
+                                &b.decide(req).await.unwrap_err()
+                            ),
+                            tollgate_limiter::ErrorReason::InvalidPolicy,
+                            "{other:?} per key {per_key}, step {i}"
+                        ),
+                    }
                     clock.advance_micros(300_000);
                 }
             }

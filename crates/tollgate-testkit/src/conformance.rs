@@ -32,6 +32,7 @@ use tollgate_limiter::model::{Model, Receipt};
 use tollgate_limiter::{
     Backend, Calendar, Clock, Composite, Concurrency, Decision, Key, Limiter, MockClock, Op,
     Period, Policy, ProgressiveDelay, Request, Scope, SlidingWindow, Timestamp, TokenBucket,
+    Verdict,
 };
 
 const S: Duration = Duration::from_secs(1);
@@ -322,7 +323,7 @@ pub async fn progressive_delay_failures_saturate<B: Backend>(backend: B, clock: 
             .await
             .unwrap_or_else(|e| panic!("call {i}: backend failed: {}", chain(&e)));
         let want = model.apply(&name, k.as_str(), now, &policy, op);
-        assert_eq!(got, want, "call {i} ({op:?})");
+        assert_eq!(Some(got), want, "call {i} ({op:?})");
         assert!(got.is_denied(), "call {i} ({op:?}): {got:?}");
         clock.advance_micros(1_000);
     }
@@ -483,7 +484,7 @@ pub async fn penalised_flood<B: Backend>(
             .await
             .unwrap_or_else(|e| panic!("backend failed: {e}"));
         let want = model.apply(&name, key.as_str(), now, &policy, op);
-        assert_eq!(got, want, "request {i} ({op:?})");
+        assert_eq!(Some(got), want, "request {i} ({op:?})");
         clock.advance(Duration::from_millis(1));
     }
     (name, key, limit)
@@ -702,6 +703,108 @@ pub async fn concurrency_slots<B: Backend + Clone>(backend: B, clock: MockClock)
     assert!(p2.renew().await.expect("renewed").is_allowed());
     p2.release().await.expect("released");
     assert_eq!(peek(&l, &k, 1).await.remaining(), 2);
+}
+
+/// An override across the concurrency boundary from the limiter's
+/// configured policy (a concurrency override of a token bucket, a token
+/// bucket override of a concurrency limit), per key and limiter-wide, set
+/// on the backend ([`Limiter::set_override`] refuses a change of
+/// strategy; a stored override may come from another tool or an old
+/// client) is no policy: every decision it governs fails with the
+/// backend's "invalid policy" error, answered by the limiter's fail mode
+/// (fail-closed refuses, fail-open passes), never a look that charges
+/// nothing and admits; the breaker does not count it; cleared, the
+/// configured policy rules again, nothing charged meanwhile.
+pub async fn an_override_across_the_concurrency_boundary_is_no_policy<B: Backend + Clone>(
+    backend: B,
+    _clock: MockClock,
+) {
+    use tollgate_limiter::{BackendError as _, Error, ErrorReason, FailMode};
+    let bucket = Policy::from(TokenBucket::new(2, 2, 3600 * S).unwrap());
+    let slots = Policy::from(Concurrency::new(1, 3600 * S).unwrap());
+    for (configured, across) in [(bucket, slots), (slots, bucket)] {
+        let holds = matches!(configured, Policy::Concurrency(_));
+        for per_key in [true, false] {
+            for mode in [FailMode::Closed, FailMode::Open] {
+                let l = Limiter::builder(unique_name("across"), configured, backend.clone())
+                    .timeout(5 * S)
+                    .fail_mode(mode)
+                    .build();
+                let k = Key::new("k");
+                let scope = match per_key {
+                    true => Scope::Key(l.name(), &k),
+                    false => Scope::Limiter(l.name()),
+                };
+                let what = format!("{configured:?} under {across:?}, per key {per_key}, {mode:?}");
+                backend
+                    .set_override(scope, Some(&across))
+                    .await
+                    .expect("set_override");
+                // More than the breaker's threshold: none opens it.
+                for i in 0..20 {
+                    let v = hold_or_check(&l, &k, holds).await;
+                    assert!(v.decision().is_none(), "{what}, call {i}: decided: {v:?}");
+                    match (mode, &v) {
+                        (FailMode::Closed, Verdict::FailedClosed(Error::Backend(_), _))
+                        | (FailMode::Open, Verdict::FailedOpen(Error::Backend(_))) => {}
+                        _ => panic!("{what}, call {i}: not the fail mode's answer: {v:?}"),
+                    }
+                }
+                // The backend's own answer, to every operation: its
+                // invalid-policy error.
+                let ops = match holds {
+                    true => [Op::Hold(7), Op::Release(7), Op::PEEK],
+                    false => [Op::Acquire(1), Op::PEEK, Op::Reset],
+                };
+                for op in ops {
+                    let req = Request {
+                        limiter: l.name(),
+                        key: &k,
+                        policy: &configured,
+                        op,
+                    };
+                    let e = backend
+                        .decide(req)
+                        .await
+                        .expect_err(&format!("{what}: {op:?} decided"));
+                    assert_eq!(e.reason(), ErrorReason::InvalidPolicy, "{what}: {op:?}");
+                }
+                if !holds {
+                    let req = Request {
+                        limiter: l.name(),
+                        key: &k,
+                        policy: &configured,
+                        op: Op::Acquire(1),
+                    };
+                    let e = backend
+                        .reserve(req)
+                        .await
+                        .expect_err(&format!("{what}: reserve decided"));
+                    assert_eq!(e.reason(), ErrorReason::InvalidPolicy, "{what}: reserve");
+                }
+                // Cleared: the configured policy, from a full key.
+                backend.set_override(scope, None).await.expect("clear");
+                let mut admitted = 0;
+                for _ in 0..5 {
+                    let v = hold_or_check(&l, &k, holds).await;
+                    assert!(v.decision().is_some(), "{what}, cleared: {v:?}");
+                    admitted += u64::from(v.is_allowed());
+                }
+                assert_eq!(admitted, configured.limit(), "{what}, cleared");
+            }
+        }
+    }
+}
+
+/// A hold of `key` (its slot kept: nobody releases) when `holds`, else a
+/// check of one unit.
+async fn hold_or_check<B: Backend>(l: &Limiter<B>, key: &Key, holds: bool) -> Verdict {
+    if !holds {
+        return l.check(key).await;
+    }
+    let (v, permit) = l.hold(key).await;
+    std::mem::forget(permit);
+    v
 }
 
 /// At most `max_in_flight` of many concurrent holders pass at once.
@@ -1346,7 +1449,11 @@ pub fn traces(len: usize) -> impl Strategy<Value = (Policy, Vec<Step>)> {
 
 /// A random trace whose overrides may switch the strategy: like
 /// [`traces`], but an override is any policy, so a key's state meets a
-/// script (a model step) of another strategy, in every operation.
+/// script (a model step) of another strategy, in every operation. An
+/// override across the concurrency boundary is no policy
+/// (`tollgate_limiter::model::in_force`): the model answers `None`, and
+/// the backend must fail the decisions it governs with its
+/// "invalid policy" error.
 pub fn cross_strategy_traces(len: usize) -> impl Strategy<Value = (Policy, Vec<Step>)> {
     traces_overridden_by(len, true)
 }
@@ -1555,19 +1662,11 @@ pub async fn replay_with_candidate<B: Backend>(
                     policy,
                     op: Op::Acquire(*cost),
                 };
-                let got = backend.reserve(req).await.map_err(|e| {
-                    TestCaseError::fail(format!("step {i}: backend failed: {}", chain(&e)))
-                })?;
+                let got = backend.reserve(req).await;
                 let want = model.reserve(&name, keys[*key].as_str(), now, policy, *cost);
-                prop_assert_eq!(
-                    got,
-                    want,
-                    "step {} (reserve {} on k{}) of {:?}",
-                    i,
-                    cost,
-                    key,
-                    steps
-                );
+                let Some(want) = no_policy_agrees(got, want, i, steps)? else {
+                    continue;
+                };
                 receipts.push((*key, want.1));
                 continue;
             }
@@ -1621,40 +1720,62 @@ pub async fn replay_with_candidate<B: Backend>(
                     policy: c,
                     op,
                 };
-                let (got, got_c) = backend
-                    .decide_with_candidate(req, cand)
-                    .await
-                    .map_err(|e| {
-                        TestCaseError::fail(format!("step {i}: backend failed: {}", chain(&e)))
-                    })?;
-                let want_c = model.apply(&beside, keys[key].as_str(), now, c, op);
-                prop_assert_eq!(
-                    got_c,
-                    Some(want_c),
-                    "candidate, step {} ({:?} on k{}) of {:?}",
-                    i,
-                    op,
-                    key,
-                    steps
-                );
-                got
+                match backend.decide_with_candidate(req, cand).await {
+                    Ok((got, got_c)) => {
+                        let want_c = model.apply(&beside, keys[key].as_str(), now, c, op);
+                        prop_assert_eq!(
+                            got_c,
+                            want_c,
+                            "candidate, step {} ({:?} on k{}) of {:?}",
+                            i,
+                            op,
+                            key,
+                            steps
+                        );
+                        Ok(got)
+                    }
+                    Err(e) => Err(e),
+                }
             }
-            _ => backend.decide(req).await.map_err(|e| {
-                TestCaseError::fail(format!("step {i}: backend failed: {}", chain(&e)))
-            })?,
+            _ => backend.decide(req).await,
         };
         let want = model.apply(&name, keys[key].as_str(), now, policy, op);
-        prop_assert_eq!(
-            got,
-            want,
-            "step {} ({:?} on k{}) of {:?}",
-            i,
-            op,
-            key,
-            steps
-        );
+        no_policy_agrees(got, want, i, steps)
+            .map_err(|e| TestCaseError::fail(format!("{e} ({op:?} on k{key})")))?;
     }
     Ok(())
+}
+
+/// A backend's answer `got` to step `i` of `steps`, against the model's
+/// `want`: equal decisions, or, where the model has no policy (an override
+/// across the concurrency boundary, see `tollgate_limiter::model::in_force`),
+/// the backend's "invalid policy" error (`None`).
+fn no_policy_agrees<T, E>(
+    got: Result<T, E>,
+    want: Option<T>,
+    i: usize,
+    steps: &[Step],
+) -> Result<Option<T>, TestCaseError>
+where
+    T: PartialEq + std::fmt::Debug,
+    E: tollgate_limiter::BackendError,
+{
+    match (got, want) {
+        (Ok(got), Some(want)) => {
+            prop_assert_eq!(&got, &want, "step {} of {:?}", i, steps);
+            Ok(Some(want))
+        }
+        (Err(e), None) if e.reason() == tollgate_limiter::ErrorReason::InvalidPolicy => Ok(None),
+        (Err(e), _) => Err(TestCaseError::fail(format!(
+            "step {i}: backend failed: {} (reason {}) of {steps:?}",
+            chain(&e),
+            e.reason()
+        ))),
+        (Ok(got), None) => Err(TestCaseError::fail(format!(
+            "step {i}: backend decided {got:?} under an override across the concurrency \
+             boundary (no policy) of {steps:?}"
+        ))),
+    }
 }
 
 /// Replays `cases` random traces through the backend and the reference
@@ -1826,6 +1947,7 @@ macro_rules! conformance_tests {
                 a_settle_under_a_slower_refill_refunds_only_the_unused,
                 a_refund_never_frees_what_an_excess_trimmed,
                 concurrency_slots, concurrent_holds,
+                an_override_across_the_concurrency_boundary_is_no_policy,
                 candidate_beside_enforced);
 
             #[test]
