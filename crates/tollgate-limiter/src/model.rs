@@ -7,7 +7,7 @@
 //! decision. Read this module to know exactly what a limiter does.
 
 use crate::decision::Decision;
-use crate::policy::Policy;
+use crate::policy::{Policy, Strategy};
 use crate::time::Timestamp;
 
 pub use crate::strategy::calendar::CalendarState;
@@ -268,12 +268,22 @@ pub fn in_force<'a>(
     key: Option<&'a Policy>,
     limiter: Option<&'a Policy>,
 ) -> Option<&'a Policy> {
-    let side = |p: &Policy| matches!(p, Policy::Concurrency(_));
-    let across = |o: Option<&Policy>| o.is_some_and(|o| side(o) != side(configured));
+    let across = |o: Option<&Policy>| {
+        o.is_some_and(|o| across_concurrency_boundary(configured.strategy(), o.strategy()))
+    };
     if across(key) || across(limiter) {
         return None;
     }
     Some(key.or(limiter).unwrap_or(configured))
+}
+
+/// Whether a policy of strategy `in_force` lies across the concurrency
+/// boundary from a limiter configured with one of strategy `configured`:
+/// then it is no policy (see [`in_force`]). For a backend that learns the
+/// strategy in force without the policy (a script's redirect).
+#[inline]
+pub fn across_concurrency_boundary(configured: Strategy, in_force: Strategy) -> bool {
+    (configured == Strategy::Concurrency) != (in_force == Strategy::Concurrency)
 }
 
 /// What [`Slot::apply`] answers to an [`Op::Acquire`] of `cost` under the

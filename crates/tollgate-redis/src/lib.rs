@@ -113,7 +113,7 @@ use std::time::Duration;
 
 use redis::{Cmd, Value};
 use tokio::time::Instant;
-use tollgate_limiter::model::{Mark, Receipt};
+use tollgate_limiter::model::{Mark, Receipt, across_concurrency_boundary};
 use tollgate_limiter::strategy::token_bucket::TokenBucket;
 use tollgate_limiter::{
     Backend, Calendar, Clock, Decision, Key, Op, Period, Policy, Request, Scope, Strategy,
@@ -901,46 +901,51 @@ impl RedisBackend {
         policy: &Policy,
     ) -> Result<(LimiterOverrides, Option<Arc<str>>), RedisError> {
         let ttl = self.inner.override_cache_ttl;
-        let mut expired = None;
-        {
+        let (configured, stale) = {
             let mut cache = lock(&self.inner.override_cache);
-            if let Some(c) = cache.get_mut(limiter) {
-                let age = c.read_at.elapsed();
-                let current = (c.overrides.clone(), c.configured_arg(policy));
-                if age < ttl - ttl / 4 || c.refreshing {
-                    return Ok(current);
+            match cache.get_mut(limiter) {
+                None => (None, None),
+                Some(c) => {
+                    let age = c.read_at.elapsed();
+                    let current = (c.overrides.clone(), c.configured_arg(policy));
+                    if age < ttl - ttl / 4 || c.refreshing {
+                        return Ok(current);
+                    }
+                    c.refreshing = true;
+                    // A caller polling this outside a runtime (the
+                    // connections run on the one they were made on) reads
+                    // it itself.
+                    if age < ttl
+                        && let Ok(runtime) = tokio::runtime::Handle::try_current()
+                    {
+                        // The turn moves into the task: a task dropped
+                        // before it ran (a runtime shutting down) gives it
+                        // back.
+                        let turn = self.refresh_turn(limiter);
+                        let (policy, configured) = (*policy, c.configured.clone());
+                        let stale = current.clone();
+                        runtime.spawn(async move {
+                            let _ = turn.read(&policy, configured, Some(stale)).await;
+                        });
+                        return Ok(current);
+                    }
+                    (c.configured.clone(), Some(current))
                 }
-                c.refreshing = true;
-                let turn = Refresh {
-                    backend: self.clone(),
-                    limiter: limiter.to_owned(),
-                };
-                // A caller polling this outside a runtime (the connections
-                // run on the one they were made on) reads it itself.
-                if age < ttl
-                    && let Ok(runtime) = tokio::runtime::Handle::try_current()
-                {
-                    let configured = c.configured.clone();
-                    // The turn moves into the task: a task dropped before it
-                    // ran (a runtime shutting down) gives it back.
-                    let (policy, stale) = (*policy, current.clone());
-                    runtime.spawn(async move {
-                        let _ = turn.read(&policy, configured, Some(stale)).await;
-                    });
-                    return Ok(current);
-                }
-                expired = Some((turn, c.configured.clone(), current));
             }
-        }
-        match expired {
-            Some((turn, configured, current)) => turn.read(policy, configured, Some(current)).await,
-            None => {
-                let turn = Refresh {
-                    backend: self.clone(),
-                    limiter: limiter.to_owned(),
-                };
-                turn.read(policy, None, None).await
-            }
+        };
+        // No await since the flag was set: the turn is given back however
+        // this ends.
+        self.refresh_turn(limiter)
+            .read(policy, configured, stale)
+            .await
+    }
+
+    /// The turn to refresh `limiter`'s entry, whose `refreshing` flag the
+    /// caller has just set (or which has no entry yet).
+    fn refresh_turn(&self, limiter: &str) -> Refresh {
+        Refresh {
+            backend: self.clone(),
+            limiter: limiter.to_owned(),
         }
     }
 
@@ -980,7 +985,7 @@ impl RedisBackend {
                 // The scripts refuse a key's override across the
                 // concurrency boundary themselves (lua/common.lua,
                 // policy_in_force); never followed, whatever answered.
-                Reply::Redirect(s) if across_boundary(req.policy.strategy(), s) => {
+                Reply::Redirect(s) if across_concurrency_boundary(req.policy.strategy(), s) => {
                     return Err(across_boundary_error());
                 }
                 Reply::Redirect(s) => strategy = s,
@@ -1029,7 +1034,7 @@ impl RedisBackend {
         // configured policy is no policy (model::in_force): the scripts
         // compare a key's override with the policy sent, which is thus
         // always on the configured policy's side.
-        if across_boundary(req.policy.strategy(), sent.strategy()) {
+        if across_concurrency_boundary(req.policy.strategy(), sent.strategy()) {
             return Err(across_boundary_error());
         }
         let mut op = op_arg(req.op);
@@ -1124,13 +1129,6 @@ impl RedisBackend {
         };
         Ok((enforced, beside))
     }
-}
-
-/// Whether a policy in force of strategy `in_force` lies across the
-/// concurrency boundary from a limiter configured with one of strategy
-/// `configured`: no policy (see `tollgate_limiter::model::in_force`).
-fn across_boundary(configured: Strategy, in_force: Strategy) -> bool {
-    (configured == Strategy::Concurrency) != (in_force == Strategy::Concurrency)
 }
 
 /// The error of a decision under an override across the concurrency
