@@ -65,12 +65,17 @@ pub trait Backend: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Decision, Self::Error>> + Send;
 
     /// Decides `req` now, without waiting, if this backend can (an
-    /// in-process one): `Some` is exactly what [`decide`](Self::decide)
-    /// would answer, `None` means ask `decide`. The limiter asks this first
-    /// on its short path, so an in-process backend's answer costs no
+    /// in-process one): `Some` is exactly the decision
+    /// [`decide`](Self::decide) would answer, `None` means ask `decide`,
+    /// which is also how a failure is answered. The limiter asks this
+    /// first on its short path, so an in-process backend's answer costs no
     /// future. The default answers `None`.
+    ///
+    /// A decision, not a `Result`: a failure is left to `decide`, so the
+    /// short path has one kind of answer to handle, and a backend's error
+    /// type never widens it.
     #[inline]
-    fn decide_now(&self, req: &Request<'_>) -> Option<Result<Decision, Self::Error>> {
+    fn decide_now(&self, req: &Request<'_>) -> Option<Decision> {
         let _ = req;
         None
     }
@@ -167,7 +172,7 @@ impl<B: Backend> Backend for Arc<B> {
     }
 
     #[inline]
-    fn decide_now(&self, req: &Request<'_>) -> Option<Result<Decision, Self::Error>> {
+    fn decide_now(&self, req: &Request<'_>) -> Option<Decision> {
         (**self).decide_now(req)
     }
 

@@ -638,7 +638,7 @@ impl<B: Backend> Limiter<B> {
         // once, into the verdict: a possible cost, no candidate to decide
         // beside it, and nothing for shadow mode to turn. Everything else
         // is out of line, so that this path keeps no copy of its own.
-        if let Some(Ok(d)) = &answer
+        if let Some(d) = &answer
             && !d.is_impossible()
             && self.inner.candidate.is_none()
             && (d.is_allowed() || self.inner.mode != Mode::Shadow)
@@ -659,22 +659,19 @@ impl<B: Backend> Limiter<B> {
     fn plain_answer<'a>(
         &'a self,
         req: &Request<'_>,
-        answer: Option<Result<Decision, B::Error>>,
+        answer: Option<Decision>,
         admitted: Admitted<'a>,
         cost: u64,
         pending: impl FnOnce(Admitted<'a>) -> Poll<Verdict>,
     ) -> Poll<Verdict> {
         let guard = &self.inner.guard;
         match answer {
-            Some(Ok(d)) => {
+            Some(d) => {
                 if let Some(c) = &self.inner.candidate {
                     // Beside it, as `decide_with_candidate` would; an
                     // in-process backend that cannot answer it now (a
                     // fault injected in between) counts as its failure.
-                    let cd = match self.inner.backend.decide_now(&c.request(req)) {
-                        Some(Ok(cd)) => Some(cd),
-                        _ => None,
-                    };
+                    let cd = self.inner.backend.decide_now(&c.request(req));
                     c.meter.record(Agreement::of(&d, cd.as_ref()));
                 }
                 if d.is_impossible() {
@@ -684,10 +681,6 @@ impl<B: Backend> Limiter<B> {
                 // An in-process backend decided: no future.
                 guard.succeeded(admitted);
                 Poll::Ready(self.counted(Call::Check, Verdict::Decided(d)))
-            }
-            Some(Err(e)) => {
-                let result = guard.report(admitted, Ok(Err::<Decision, _>(e)));
-                Poll::Ready(self.plain_verdict(result, cost))
             }
             None => pending(admitted),
         }

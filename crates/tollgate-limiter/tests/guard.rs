@@ -275,7 +275,7 @@ impl Backend for Late {
         &self,
         req: Request<'_>,
     ) -> impl Future<Output = Result<Decision, MemoryError>> + Send {
-        let answer = self.inner.decide_now(&req).expect("no fault injected");
+        let answer = Ok(self.inner.decide_now(&req).expect("no fault injected"));
         let late = *self.late.lock().unwrap();
         async move {
             tokio::time::sleep(late).await;
