@@ -295,18 +295,41 @@ impl Bucket {
     }
 }
 
-/// A stored key: the limiter name and the key in one allocation (the
-/// name's length in 8 bytes, the name, the key), so a lookup follows one
-/// pointer and a rehash splits it exactly, whatever bytes either holds.
-struct StoreKey(Box<[u8]>);
+/// Bytes a [`StoreKey`] holds inline: the limiter's name and the key
+/// together (a short name and an IPv4 address or an id), while the stored
+/// key stays 24 bytes.
+const INLINE: usize = 21;
+
+/// A stored key: the limiter's name and the key, kept exactly, so that a
+/// lookup compares them whole and a rehash splits them, whatever bytes
+/// either holds. Inline when they fit, which is most keys: a lookup then
+/// compares bytes next to the bucket's state instead of following a
+/// pointer (a cache miss on large tables), and a new key allocates nothing.
+enum StoreKey {
+    /// `bytes[..name]`, the name; `bytes[name..len]`, the key.
+    Inline {
+        name: u8,
+        len: u8,
+        bytes: [u8; INLINE],
+    },
+    /// The name's length in 8 bytes, the name, the key: one allocation.
+    Heap(Box<[u8]>),
+}
 
 impl StoreKey {
     /// The limiter's name and the key, as bytes.
     fn parts(&self) -> (&[u8], &[u8]) {
-        let (len, rest) = self.0.split_at(8);
-        let len = u64::from_le_bytes(len.try_into().expect("8 bytes"));
-        // A length this process wrote: it fits.
-        rest.split_at(usize::try_from(len).unwrap_or(usize::MAX))
+        match self {
+            Self::Inline { name, len, bytes } => {
+                bytes[..usize::from(*len)].split_at(usize::from(*name))
+            }
+            Self::Heap(stored) => {
+                let (len, rest) = stored.split_at(8);
+                let len = u64::from_le_bytes(len.try_into().expect("8 bytes"));
+                // A length this process wrote: it fits.
+                rest.split_at(usize::try_from(len).unwrap_or(usize::MAX))
+            }
+        }
     }
 }
 
@@ -374,20 +397,43 @@ struct Lookup<'a> {
 impl Lookup<'_> {
     #[inline]
     fn matches(&self, k: &StoreKey) -> bool {
-        let (l, n) = (self.limiter.len(), self.key.len());
-        let stored = &*k.0;
-        stored.len() == 8 + l + n
-            && stored[..8] == (l as u64).to_le_bytes()
-            && same_bytes(&stored[8 + l..], self.key.as_bytes())
-            && same_bytes(&stored[8..8 + l], self.limiter.as_bytes())
+        let (limiter, key) = (self.limiter.as_bytes(), self.key.as_bytes());
+        let (l, n) = (limiter.len(), key.len());
+        match k {
+            StoreKey::Inline { name, len, bytes } => {
+                usize::from(*name) == l
+                    && usize::from(*len) == l + n
+                    && same_bytes(&bytes[l..l + n], key)
+                    && same_bytes(&bytes[..l], limiter)
+            }
+            StoreKey::Heap(stored) => {
+                stored.len() == 8 + l + n
+                    && stored[..8] == (l as u64).to_le_bytes()
+                    && same_bytes(&stored[8 + l..], key)
+                    && same_bytes(&stored[8..8 + l], limiter)
+            }
+        }
     }
 
     fn to_owned(&self) -> StoreKey {
-        let mut s = Vec::with_capacity(8 + self.limiter.len() + self.key.len());
-        s.extend_from_slice(&(self.limiter.len() as u64).to_le_bytes());
-        s.extend_from_slice(self.limiter.as_bytes());
-        s.extend_from_slice(self.key.as_bytes());
-        StoreKey(s.into())
+        let (limiter, key) = (self.limiter.as_bytes(), self.key.as_bytes());
+        let len = limiter.len() + key.len();
+        if len <= INLINE {
+            let mut bytes = [0; INLINE];
+            bytes[..limiter.len()].copy_from_slice(limiter);
+            bytes[limiter.len()..len].copy_from_slice(key);
+            // Both below INLINE: they fit a byte.
+            return StoreKey::Inline {
+                name: limiter.len() as u8,
+                len: len as u8,
+                bytes,
+            };
+        }
+        let mut s = Vec::with_capacity(8 + len);
+        s.extend_from_slice(&(limiter.len() as u64).to_le_bytes());
+        s.extend_from_slice(limiter);
+        s.extend_from_slice(key);
+        StoreKey::Heap(s.into())
     }
 }
 
@@ -1070,14 +1116,26 @@ mod tests {
     }
 
     #[test]
-    fn a_bucket_is_as_small_as_a_governor_entry() {
-        assert_eq!(std::mem::size_of::<Bucket>(), 32);
+    fn a_bucket_is_its_key_and_two_words() {
+        // governor's entry is 32 bytes, and its key's bytes are on the heap.
+        assert_eq!(std::mem::size_of::<Bucket>(), 40);
     }
 
     #[test]
     fn a_stored_key_splits_back_exactly() {
         let hasher = DefaultHashBuilder::default();
-        for (limiter, key) in [("a\0b", "c"), ("a", "\0bc"), ("", "k"), ("bench", "user-1")] {
+        // Inline and on the heap, at the boundary between them.
+        let long = "k".repeat(INLINE);
+        for (limiter, key) in [
+            ("a\0b", "c"),
+            ("a", "\0bc"),
+            ("", "k"),
+            ("bench", "user-1"),
+            ("", &long[..INLINE]),
+            ("a", &long[1..]),
+            ("a", &long[..]),
+            ("", ""),
+        ] {
             let lookup = Lookup { limiter, key };
             let stored = lookup.to_owned();
             assert!(lookup.matches(&stored));
@@ -1102,6 +1160,21 @@ mod tests {
                 .to_owned()
             )
         );
+        // The same bytes split elsewhere, or one byte longer, inline and not.
+        for (a, b) in [
+            (("ab", "c"), ("a", "bc")),
+            (("a", &long[1..]), ("a", &long[2..])),
+            (("a", &long[1..]), ("a", &long[..])),
+            (("a", &long[..]), ("a", &long[1..])),
+            (("a", &long[..]), ("ak", &long[1..])),
+        ] {
+            let (l, k) = a;
+            let stored = Lookup { limiter: l, key: k }.to_owned();
+            let (limiter, key) = b;
+            assert!(!Lookup { limiter, key }.matches(&stored), "{a:?} as {b:?}");
+        }
+        // A bucket is its key and two words: kept small, for the tables.
+        assert_eq!(std::mem::size_of::<StoreKey>(), 24);
     }
 
     #[test]
