@@ -15,7 +15,9 @@
 //! become equal to a fresh key's is dropped when an exclusive operation
 //! touches it, and each shard sweeps its expired keys whenever it has
 //! doubled since the last sweep, so memory stays bounded by the keys that
-//! are live.
+//! are live. A key and its limiter's name of up to 21 bytes together (a
+//! short name and an IPv4 address, say) are kept inline: a million such
+//! live keys take about 86 MB.
 //!
 //! # Examples
 //!
