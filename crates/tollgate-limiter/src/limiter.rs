@@ -706,6 +706,8 @@ impl<B: Backend> Limiter<B> {
             _ => Op::Acquire(cost),
         };
         let cache = self.local_denials(op);
+        // Before the backend is asked (see `DenyCache::insert`).
+        let asked = cache.map_or(0, DenyCache::asking);
         // A sliding window's local refusals are carried to the backend
         // (penalised windows must record them; see DenyCache).
         let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
@@ -728,7 +730,7 @@ impl<B: Backend> Limiter<B> {
             Some(leases) => self.leased(leases, key, cost, &deadline).await,
             None => self.try_op(key, op, &deadline).await,
         };
-        self.counted(Call::Check, self.finish(cache, key, cost, result))
+        self.counted(Call::Check, self.finish(cache, asked, key, cost, result))
     }
 
     /// Takes a [concurrency](crate::Concurrency) slot for `key` in one
@@ -864,6 +866,7 @@ impl<B: Backend> Limiter<B> {
             return (self.counted(Call::Check, verdict), Reservation::empty());
         }
         let cache = self.local_denials(Op::Acquire(cost));
+        let asked = cache.map_or(0, DenyCache::asking);
         let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
         match cache.map(|c| c.charge(key, cost, window)) {
             Some(Charge::Refused(denied)) => {
@@ -881,7 +884,7 @@ impl<B: Backend> Limiter<B> {
         }
         let result = self.try_reserve(key, cost, &deadline).await;
         let receipt = result.as_ref().map_or(Receipt::NONE, |(_, r)| *r);
-        let verdict = self.finish(cache, key, cost, result.map(|(d, _)| d));
+        let verdict = self.finish(cache, asked, key, cost, result.map(|(d, _)| d));
         let held = matches!(&verdict, Verdict::Decided(d) if d.is_allowed()) && receipt.units > 0;
         let reservation = match held {
             true => Reservation::held(self.clone(), key.clone(), receipt),
@@ -953,21 +956,22 @@ impl<B: Backend> Limiter<B> {
             self.inner.guard.meter().local_hit(Local::Denial);
             return self.counted(Call::Peek, Verdict::Decided(denied));
         }
+        let asked = cache.map_or(0, DenyCache::asking);
         let result = self.try_op(key, op, &self.inner.guard.deadline()).await;
-        self.counted(Call::Peek, self.finish(cache, key, cost, result))
+        self.counted(Call::Peek, self.finish(cache, asked, key, cost, result))
     }
 
     /// Forgets `key`: it becomes a fresh key (unblocks a user after a false
     /// positive; a successful login for a progressive delay).
     pub async fn reset(&self, key: &Key) -> Result<Decision, Error> {
-        if let Some(cache) = &self.inner.denials {
-            cache.forget(key);
-        }
         let result = self
             .try_op(key, Op::Reset, &self.inner.guard.deadline())
             .await;
-        // After the reset, as after an override: a batch granted before
-        // it is not kept, even if its answer comes after.
+        // After the reset, as after an override: a refusal or a batch
+        // decided before it is not kept, even if its answer comes after.
+        if let Some(cache) = &self.inner.denials {
+            cache.forget(key);
+        }
         if let Some(leases) = &self.inner.leases {
             leases.forget(key);
         }
@@ -1157,10 +1161,12 @@ impl<B: Backend> Limiter<B> {
         Verdict::Shadowed(Box::new(denied))
     }
 
-    /// Remembers a refusal in `cache`, then settles the verdict.
+    /// Remembers a refusal in `cache` (of a backend call made at `asked`,
+    /// see [`DenyCache::asking`]), then settles the verdict.
     fn finish(
         &self,
         cache: Option<&DenyCache>,
+        asked: u64,
         key: &Key,
         cost: u64,
         result: Result<Decision, Error>,
@@ -1168,7 +1174,7 @@ impl<B: Backend> Limiter<B> {
         if let (Some(cache), Ok(d)) = (cache, &result)
             && d.is_denied()
         {
-            cache.insert(key, cost, d);
+            cache.insert(key, cost, d, asked);
         }
         self.settle(result, cost)
     }
