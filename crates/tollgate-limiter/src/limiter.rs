@@ -258,7 +258,12 @@ impl<B: Backend> LimiterBuilder<B> {
     /// the backend takes to grant `W × (batch − 1)` units again (its refill
     /// or window) keeps the excess from adding up over time. Units leased
     /// and not spent within `ttl` are lost to every worker. Off by default;
-    /// ignored for progressive delays.
+    /// ignored for progressive delays and for sliding windows that
+    /// penalise refusals: there a batch that no longer fits would be
+    /// recorded as a refusal of the client (and refill the window on each
+    /// request near the limit), though the client asked for less. (An
+    /// override that turns the penalty on for a leasing limiter does
+    /// that: keep leases to policies that do not penalise.)
     pub fn lease(mut self, batch: u64, ttl: Duration) -> Self {
         self.lease = (batch > 1).then_some((batch, ttl));
         self
@@ -320,9 +325,12 @@ impl<B: Backend> LimiterBuilder<B> {
         let denials = self
             .local_denials
             .map(|ttl| DenyCache::new(ttl, self.local_capacity));
+        // Not where a batch that no longer fits would be recorded as the
+        // client's refusal (see `lease`).
+        let penalised = matches!(self.policy, Policy::SlidingWindow(w) if w.penalises_refused());
         let leases = self
             .lease
-            .filter(|_| self.policy.max_cost().is_some())
+            .filter(|_| self.policy.max_cost().is_some() && !penalised)
             .map(|(batch, ttl)| {
                 // A batch above what the policy can ever grant would never
                 // be granted.
