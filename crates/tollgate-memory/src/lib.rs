@@ -1177,5 +1177,8 @@ mod tests {
         b.sweep();
         assert_eq!(key_overrides(&b), 0);
         assert!(b.shared.overrides.read().unwrap().is_empty());
+        // None left: decisions no longer look for one (a read of the shared
+        // override map's lock on every decision of every thread).
+        assert!(!b.shared.has_overrides.load(Ordering::SeqCst));
     }
 }
