@@ -695,6 +695,10 @@ impl<C: Clock> MemoryBackend<C> {
             o.limiter = o.limiter.filter(|s| s.live(now).is_some());
         }
         overrides.retain(|_, o| !o.is_empty());
+        // Under the lock, as `store_override` sets it.
+        self.shared
+            .has_overrides
+            .store(!overrides.is_empty(), Ordering::Release);
     }
 
     /// Makes the next `n` calls fail with [`MemoryError::Injected`].
