@@ -135,7 +135,9 @@ async fn a_batch_that_no_longer_fits_a_penalised_window_is_not_a_refusal() {
     let clock = MockClock::new();
     let backend = MemoryBackend::with_clock(clock.clone());
     let minute = Duration::from_secs(60);
-    let window = SlidingWindow::new(7, minute).unwrap().penalise_refused(true);
+    let window = SlidingWindow::new(7, minute)
+        .unwrap()
+        .penalise_refused(true);
     let leased = Limiter::builder("penalised", window, backend.clone())
         .fail_mode(FailMode::Open)
         .lease(5, minute)

@@ -851,7 +851,11 @@ async fn a_penalised_window_records_refusals_when_charging_by_outcome() {
         };
         for _ in 0..if t == 0 { 2 } else { 1 } {
             assert_eq!(call(&upfront, req(Some("k"))).await.status(), want);
-            assert_eq!(call(&by_outcome, req(Some("k"))).await.status(), want, "{t} s");
+            assert_eq!(
+                call(&by_outcome, req(Some("k"))).await.status(),
+                want,
+                "{t} s"
+            );
         }
         clock.advance(Duration::from_secs(1));
     }
