@@ -1150,6 +1150,41 @@ mod tests {
         }
     }
 
+    /// Once every override has expired (an AIMD controller's, after it
+    /// stopped), decisions leave the override path without anyone calling
+    /// `sweep`: on it, every decision of every thread reads the shared
+    /// override map's lock.
+    #[tokio::test]
+    async fn decisions_leave_the_override_path_once_every_override_expired() {
+        let clock = MockClock::new();
+        let b = MemoryBackend::with_clock(clock.clone());
+        let p = Policy::from(TokenBucket::new(5, 1, Duration::from_secs(1)).unwrap());
+        let k = Key::new("k");
+        let ttl = Duration::from_secs(1);
+        b.set_expiring_override(Scope::Limiter("l"), &p, ttl)
+            .await
+            .unwrap();
+        b.set_expiring_override(Scope::Key("l", &k), &p, 2 * ttl)
+            .await
+            .unwrap();
+        let req = Request {
+            limiter: "l",
+            key: &k,
+            policy: &p,
+            op: Op::Acquire(1),
+        };
+        let on_path = || b.shared.has_overrides.load(Ordering::SeqCst);
+        clock.advance(ttl);
+        assert!(b.decide_now(&req).is_some());
+        assert!(on_path(), "the key's override is live");
+        clock.advance(ttl);
+        assert!(b.decide_now(&req).is_some());
+        assert!(!on_path(), "every override has expired");
+        // A new one puts decisions back on the path.
+        b.set_override(Scope::Limiter("l"), Some(&p)).await.unwrap();
+        assert!(on_path());
+    }
+
     #[tokio::test]
     async fn expired_overrides_are_reclaimed() {
         let clock = MockClock::new();
