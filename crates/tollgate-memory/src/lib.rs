@@ -110,6 +110,10 @@ struct Shared<C> {
     hasher: DefaultHashBuilder,
     shards: Box<[Padded<RwLock<Shard>>]>,
     has_overrides: AtomicBool,
+    /// When every override stored since the map was last swept has
+    /// expired (`u64::MAX` once one never does): from then on, the first
+    /// decision to look sweeps them, and decisions leave the override path.
+    overrides_until: AtomicU64,
     overrides: RwLock<std::collections::HashMap<String, Overrides>>,
     faults: Faults,
 }
@@ -509,6 +513,7 @@ impl<C: Clock> MemoryBackend<C> {
                 hasher: DefaultHashBuilder::default(),
                 shards,
                 has_overrides: AtomicBool::new(false),
+                overrides_until: AtomicU64::new(0),
                 overrides: RwLock::new(Default::default()),
                 faults: Faults::default(),
             }),
@@ -611,6 +616,12 @@ impl<C: Clock> MemoryBackend<C> {
         req: &Request<'_>,
         now: Timestamp,
     ) -> Result<Option<Policy>, MemoryError> {
+        if now >= self.shared.overrides_until.load(Ordering::Acquire) {
+            // Every override has expired (an AIMD controller's, once it
+            // stopped): dropped, decisions leave this path, where each
+            // reads the shared map's lock.
+            self.sweep_overrides(now);
+        }
         let overrides = self
             .shared
             .overrides
@@ -640,6 +651,38 @@ impl<C: Clock> MemoryBackend<C> {
         if limiter.is_empty() {
             overrides.remove(scope.limiter());
         }
+        if let Some(s) = stored {
+            let until = s.until.unwrap_or(Timestamp::MAX);
+            self.shared
+                .overrides_until
+                .fetch_max(until, Ordering::AcqRel);
+        }
+        self.shared
+            .has_overrides
+            .store(!overrides.is_empty(), Ordering::Release);
+    }
+
+    /// Drops the expired overrides; decisions leave the override path if
+    /// none is left.
+    fn sweep_overrides(&self, now: Timestamp) {
+        let mut overrides = self
+            .shared
+            .overrides
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        for o in overrides.values_mut() {
+            o.keys.retain(|_, s| s.live(now).is_some());
+            o.limiter = o.limiter.filter(|s| s.live(now).is_some());
+        }
+        overrides.retain(|_, o| !o.is_empty());
+        // Under the lock, as `store_override` sets them.
+        let until = overrides
+            .values()
+            .flat_map(|o| o.limiter.iter().chain(o.keys.values()))
+            .map(|s| s.until.unwrap_or(Timestamp::MAX))
+            .max()
+            .unwrap_or(0);
+        self.shared.overrides_until.store(until, Ordering::Release);
         self.shared
             .has_overrides
             .store(!overrides.is_empty(), Ordering::Release);
@@ -679,26 +722,14 @@ impl<C: Clock> MemoryBackend<C> {
     }
 
     /// Drops every expired key and override now (normally done as shards
-    /// and override maps grow).
+    /// and override maps grow, and by the first decision that finds every
+    /// override expired).
     pub fn sweep(&self) {
         let now = self.shared.clock.now();
         for s in &self.shared.shards {
             write(&s.0).sweep(now);
         }
-        let mut overrides = self
-            .shared
-            .overrides
-            .write()
-            .unwrap_or_else(|e| e.into_inner());
-        for o in overrides.values_mut() {
-            o.keys.retain(|_, s| s.live(now).is_some());
-            o.limiter = o.limiter.filter(|s| s.live(now).is_some());
-        }
-        overrides.retain(|_, o| !o.is_empty());
-        // Under the lock, as `store_override` sets it.
-        self.shared
-            .has_overrides
-            .store(!overrides.is_empty(), Ordering::Release);
+        self.sweep_overrides(now);
     }
 
     /// Makes the next `n` calls fail with [`MemoryError::Injected`].
