@@ -870,3 +870,32 @@ async fn a_penalised_window_records_refusals_when_charging_by_outcome() {
         StatusCode::TOO_MANY_REQUESTS
     );
 }
+
+/// Shadow mode never refuses, and a whole deployment is put in it for a
+/// first rollout in front of a service: a request without a key (an
+/// extractor that does not fit every client yet) passes, as a refusal by
+/// the limit does, with what enforcement would have answered in its
+/// extensions, instead of a 400 from a limiter that was to refuse nothing.
+#[tokio::test]
+async fn shadow_mode_lets_a_request_without_a_key_pass() {
+    let shadow = Limiter::builder(
+        "shadow",
+        bucket(2, Duration::from_secs(60)),
+        MemoryBackend::new(),
+    )
+    .mode(tollgate_limiter::Mode::Shadow)
+    .build();
+    let echo = Echo::default();
+    let svc = RateLimitLayer::new(shadow, ApiKey::bearer(KeyHasher::unkeyed()))
+        .layer(echo.service());
+    let res = call(&svc, req(None)).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let shadowed = res
+        .extensions()
+        .get::<tollgate_tower::respond::ShadowRefusal>()
+        .expect("what enforcement would have answered");
+    assert_eq!(shadowed.limiter, "shadow");
+    assert_eq!(shadowed.decision, None);
+    assert!(header(&res, "ratelimit").is_empty());
+    assert_eq!(echo.calls(), 1);
+}
