@@ -886,8 +886,8 @@ async fn shadow_mode_lets_a_request_without_a_key_pass() {
     .mode(tollgate_limiter::Mode::Shadow)
     .build();
     let echo = Echo::default();
-    let svc = RateLimitLayer::new(shadow, ApiKey::bearer(KeyHasher::unkeyed()))
-        .layer(echo.service());
+    let svc =
+        RateLimitLayer::new(shadow, ApiKey::bearer(KeyHasher::unkeyed())).layer(echo.service());
     let res = call(&svc, req(None)).await;
     assert_eq!(res.status(), StatusCode::OK);
     let shadowed = res

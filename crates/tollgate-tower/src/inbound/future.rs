@@ -155,11 +155,12 @@ where
         }
     }
 
-    pub(crate) fn pass(fut: S::Future, post: Arc<Post<R, V>>) -> Self {
+    /// Handed on without a decision (no key), answered as `pass` says.
+    pub(crate) fn pass(fut: S::Future, pass: Pass, post: Arc<Post<R, V>>) -> Self {
         Self {
             state: State::Inner { fut },
             ticket: None,
-            pass: Pass::Bare,
+            pass,
             post,
             charge_if_dropped: false,
         }

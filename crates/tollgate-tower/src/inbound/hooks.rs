@@ -282,7 +282,11 @@ where
 ///
 /// Whatever the choice, a request without a key never escapes a
 /// fail-closed limiter: [`Allow`](Self::Allow) only applies to fail-open
-/// ones.
+/// ones. A limiter in [shadow mode](tollgate_limiter::shadow), which
+/// refuses nothing, lets it pass uncounted whatever the choice (but
+/// [`Fallback`](Self::Fallback), which counts it), with the
+/// [`ShadowRefusal`](crate::respond::ShadowRefusal) enforcement would
+/// have answered.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MissingKey {
