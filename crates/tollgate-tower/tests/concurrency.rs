@@ -203,6 +203,12 @@ async fn shadow_mode_lets_a_request_without_a_key_pass() {
     let mut svc = ConcurrencyLimitLayer::new(l, keyless).layer(ok_service());
     let res = send(&mut svc).await;
     assert_eq!(res.status(), StatusCode::OK);
-    let shadowed = res.extensions().get::<ShadowRefusal>().expect("the refusal");
-    assert_eq!((shadowed.limiter.as_str(), shadowed.decision), ("exports", None));
+    let shadowed = res
+        .extensions()
+        .get::<ShadowRefusal>()
+        .expect("the refusal");
+    assert_eq!(
+        (shadowed.limiter.as_str(), shadowed.decision),
+        ("exports", None)
+    );
 }

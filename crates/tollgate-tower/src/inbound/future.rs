@@ -421,6 +421,18 @@ pub(crate) enum Pass {
     Shadow(Box<ShadowRefusal>),
 }
 
+impl Pass {
+    /// A request without a key that a limiter in shadow mode lets pass:
+    /// enforcement would have refused it, with no decision to tell.
+    pub(crate) fn shadow_missing_key(limiter: &str) -> Self {
+        Self::Shadow(Box::new(ShadowRefusal {
+            limiter: limiter.to_owned(),
+            retry_after: std::time::Duration::ZERO,
+            decision: None,
+        }))
+    }
+}
+
 /// Turns a limiter's verdict into the layer's answer (shared by
 /// [`RateLimit`](super::RateLimit) and
 /// [`ConcurrencyLimit`](crate::concurrency::ConcurrencyLimit)).

@@ -2,7 +2,6 @@ use std::fmt;
 use std::mem;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use tollgate_limiter::FailMode;
 use tollgate_limiter::Mode as LimiterMode;
@@ -11,7 +10,7 @@ use tower_service::Service;
 use super::future::{Mode, Pass, ResponseFuture, Ticket};
 use super::hooks::{Classify, Cost, MissingKey, SelectLimiter};
 use crate::extract::KeyExtractor;
-use crate::respond::{Refusal, Respond, ShadowRefusal};
+use crate::respond::{Refusal, Respond};
 use crate::telemetry;
 
 /// What the service needs before the request is handed on.
@@ -128,12 +127,7 @@ where
                 // the limit.
                 _ if limiter.mode() == LimiterMode::Shadow => {
                     telemetry::missing_key(limiter.name(), true);
-                    let shadow = ShadowRefusal {
-                        limiter: limiter.name().to_owned(),
-                        retry_after: Duration::ZERO,
-                        decision: None,
-                    };
-                    let pass = Pass::Shadow(Box::new(shadow));
+                    let pass = Pass::shadow_missing_key(limiter.name());
                     let fut = self.inner.call(req);
                     return ResponseFuture::pass(fut, pass, Arc::clone(&self.post));
                 }
