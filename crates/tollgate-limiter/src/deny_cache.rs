@@ -1,5 +1,6 @@
 //! Local answers to a flood: keys known to be refused until an instant.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -66,7 +67,10 @@ impl Expiring for Entry {
 /// (memory stays bounded).
 ///
 /// An entry answers for at most `max_ttl`, which bounds how late this
-/// worker sees a reset or an override made by another worker. At most
+/// worker sees a reset or an override made by another worker. This
+/// worker's own take effect at once: a refusal the backend decided before
+/// one of them and answered after is not kept (see
+/// [`insert`](Self::insert)). At most
 /// `capacity` keys are held: when full, a refusal is not cached unless an
 /// expired entry makes room (it is then answered by the backend, as without
 /// a cache).
@@ -74,6 +78,9 @@ impl Expiring for Entry {
 pub(crate) struct DenyCache {
     max_ttl: Duration,
     map: Sharded<Entry>,
+    /// How many times entries were forgotten (a reset, an override, a
+    /// refund made through this worker).
+    forgotten: AtomicU64,
 }
 
 impl DenyCache {
@@ -81,7 +88,14 @@ impl DenyCache {
         Self {
             max_ttl,
             map: Sharded::new(capacity),
+            forgotten: AtomicU64::new(0),
         }
+    }
+
+    /// Marks a backend call about to be made: hand it to
+    /// [`insert`](Self::insert) with the call's refusal.
+    pub(crate) fn asking(&self) -> u64 {
+        self.forgotten.load(Ordering::SeqCst)
     }
 
     /// Whether refusals of `policy` for `op` can be answered locally (for
@@ -187,8 +201,12 @@ impl DenyCache {
         shard.insert(key, entry, now);
     }
 
-    /// Remembers a refusal of a request of `cost`.
-    pub(crate) fn insert(&self, key: &Key, cost: u64, decision: &Decision) {
+    /// Remembers a refusal of a request of `cost`, from a backend call
+    /// made at `asked` (from [`asking`](Self::asking)): not if entries were
+    /// forgotten since, as the refusal may have been decided before the
+    /// reset or override that made them stale (whichever key it was: they
+    /// are rare, and a refusal not kept costs only a round trip).
+    pub(crate) fn insert(&self, key: &Key, cost: u64, decision: &Decision, asked: u64) {
         let ttl = decision.retry_after().min(self.max_ttl);
         if ttl.is_zero() {
             return;
@@ -203,6 +221,11 @@ impl DenyCache {
             pending_at: at,
         };
         let mut shard = self.map.shard(key);
+        // Read under the shard's lock: a `forget` that counts after this
+        // read removes the entry once this lock is released.
+        if self.forgotten.load(Ordering::SeqCst) != asked {
+            return;
+        }
         let entry = match shard.get(key) {
             // Keep the smallest refused cost: it answers more requests.
             Some(e) if cost > e.cost && e.until > at => return,
@@ -218,6 +241,7 @@ impl DenyCache {
     }
 
     pub(crate) fn forget(&self, key: &Key) {
+        self.forgotten.fetch_add(1, Ordering::SeqCst);
         self.map.forget(key);
     }
 
@@ -228,6 +252,7 @@ impl DenyCache {
     }
 
     pub(crate) fn clear(&self) {
+        self.forgotten.fetch_add(1, Ordering::SeqCst);
         self.map.clear();
     }
 }
@@ -287,7 +312,7 @@ mod tests {
         let c = DenyCache::new(Duration::from_secs(10), 100);
         let k = Key::new("k");
         let d = Decision::denied(5, 0, Duration::from_secs(2), Duration::from_secs(3));
-        c.insert(&k, 2, &d);
+        c.insert(&k, 2, &d, c.asking());
         assert!(c.get(&k, 1).is_none(), "a cheaper request may pass");
         tokio::time::advance(Duration::from_millis(500)).await;
         let aged = c.get(&k, 2).unwrap();
@@ -305,6 +330,7 @@ mod tests {
             &k,
             1,
             &Decision::denied(1, 0, Duration::from_secs(60), Duration::ZERO),
+            c.asking(),
         );
         assert!(c.get(&k, 1).is_some());
         tokio::time::advance(Duration::from_millis(100)).await;
@@ -339,7 +365,7 @@ mod tests {
         let k = Key::new("k");
         let d = Decision::denied(3, 0, Duration::from_secs(2), Duration::from_secs(10))
             .with_window(Duration::from_secs(10));
-        c.insert(&k, 1, &d);
+        c.insert(&k, 1, &d, c.asking());
         for _ in 0..3 {
             assert!(matches!(c.charge(&k, 2, true), Charge::Refused(_)));
         }
@@ -350,7 +376,7 @@ mod tests {
         assert_eq!(carried(c.charge(&k, 1, true)), 6);
         assert_eq!(carried(c.charge(&k, 1, true)), 0);
         // A cheaper request than the refused one carries them too.
-        c.insert(&k, 2, &d);
+        c.insert(&k, 2, &d, c.asking());
         assert!(matches!(c.charge(&k, 2, true), Charge::Refused(_)));
         assert_eq!(carried(c.charge(&k, 1, true)), 2);
         // Units refused a whole window ago would have left it: dropped.

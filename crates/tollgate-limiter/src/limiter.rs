@@ -258,7 +258,12 @@ impl<B: Backend> LimiterBuilder<B> {
     /// the backend takes to grant `W × (batch − 1)` units again (its refill
     /// or window) keeps the excess from adding up over time. Units leased
     /// and not spent within `ttl` are lost to every worker. Off by default;
-    /// ignored for progressive delays.
+    /// ignored for progressive delays and for sliding windows that
+    /// penalise refusals: there a batch that no longer fits would be
+    /// recorded as a refusal of the client (and refill the window on each
+    /// request near the limit), though the client asked for less. (An
+    /// override that turns the penalty on for a leasing limiter does
+    /// that: keep leases to policies that do not penalise.)
     pub fn lease(mut self, batch: u64, ttl: Duration) -> Self {
         self.lease = (batch > 1).then_some((batch, ttl));
         self
@@ -320,9 +325,12 @@ impl<B: Backend> LimiterBuilder<B> {
         let denials = self
             .local_denials
             .map(|ttl| DenyCache::new(ttl, self.local_capacity));
+        // Not where a batch that no longer fits would be recorded as the
+        // client's refusal (see `lease`).
+        let penalised = matches!(self.policy, Policy::SlidingWindow(w) if w.penalises_refused());
         let leases = self
             .lease
-            .filter(|_| self.policy.max_cost().is_some())
+            .filter(|_| self.policy.max_cost().is_some() && !penalised)
             .map(|(batch, ttl)| {
                 // A batch above what the policy can ever grant would never
                 // be granted.
@@ -706,6 +714,8 @@ impl<B: Backend> Limiter<B> {
             _ => Op::Acquire(cost),
         };
         let cache = self.local_denials(op);
+        // Before the backend is asked (see `DenyCache::insert`).
+        let asked = cache.map_or(0, DenyCache::asking);
         // A sliding window's local refusals are carried to the backend
         // (penalised windows must record them; see DenyCache).
         let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
@@ -728,7 +738,7 @@ impl<B: Backend> Limiter<B> {
             Some(leases) => self.leased(leases, key, cost, &deadline).await,
             None => self.try_op(key, op, &deadline).await,
         };
-        self.counted(Call::Check, self.finish(cache, key, cost, result))
+        self.counted(Call::Check, self.finish(cache, asked, key, cost, result))
     }
 
     /// Takes a [concurrency](crate::Concurrency) slot for `key` in one
@@ -864,6 +874,7 @@ impl<B: Backend> Limiter<B> {
             return (self.counted(Call::Check, verdict), Reservation::empty());
         }
         let cache = self.local_denials(Op::Acquire(cost));
+        let asked = cache.map_or(0, DenyCache::asking);
         let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
         match cache.map(|c| c.charge(key, cost, window)) {
             Some(Charge::Refused(denied)) => {
@@ -881,7 +892,7 @@ impl<B: Backend> Limiter<B> {
         }
         let result = self.try_reserve(key, cost, &deadline).await;
         let receipt = result.as_ref().map_or(Receipt::NONE, |(_, r)| *r);
-        let verdict = self.finish(cache, key, cost, result.map(|(d, _)| d));
+        let verdict = self.finish(cache, asked, key, cost, result.map(|(d, _)| d));
         let held = matches!(&verdict, Verdict::Decided(d) if d.is_allowed()) && receipt.units > 0;
         let reservation = match held {
             true => Reservation::held(self.clone(), key.clone(), receipt),
@@ -953,21 +964,22 @@ impl<B: Backend> Limiter<B> {
             self.inner.guard.meter().local_hit(Local::Denial);
             return self.counted(Call::Peek, Verdict::Decided(denied));
         }
+        let asked = cache.map_or(0, DenyCache::asking);
         let result = self.try_op(key, op, &self.inner.guard.deadline()).await;
-        self.counted(Call::Peek, self.finish(cache, key, cost, result))
+        self.counted(Call::Peek, self.finish(cache, asked, key, cost, result))
     }
 
     /// Forgets `key`: it becomes a fresh key (unblocks a user after a false
     /// positive; a successful login for a progressive delay).
     pub async fn reset(&self, key: &Key) -> Result<Decision, Error> {
-        if let Some(cache) = &self.inner.denials {
-            cache.forget(key);
-        }
         let result = self
             .try_op(key, Op::Reset, &self.inner.guard.deadline())
             .await;
-        // After the reset, as after an override: a batch granted before
-        // it is not kept, even if its answer comes after.
+        // After the reset, as after an override: a refusal or a batch
+        // decided before it is not kept, even if its answer comes after.
+        if let Some(cache) = &self.inner.denials {
+            cache.forget(key);
+        }
         if let Some(leases) = &self.inner.leases {
             leases.forget(key);
         }
@@ -1157,10 +1169,12 @@ impl<B: Backend> Limiter<B> {
         Verdict::Shadowed(Box::new(denied))
     }
 
-    /// Remembers a refusal in `cache`, then settles the verdict.
+    /// Remembers a refusal in `cache` (of a backend call made at `asked`,
+    /// see [`DenyCache::asking`]), then settles the verdict.
     fn finish(
         &self,
         cache: Option<&DenyCache>,
+        asked: u64,
         key: &Key,
         cost: u64,
         result: Result<Decision, Error>,
@@ -1168,7 +1182,7 @@ impl<B: Backend> Limiter<B> {
         if let (Some(cache), Ok(d)) = (cache, &result)
             && d.is_denied()
         {
-            cache.insert(key, cost, d);
+            cache.insert(key, cost, d, asked);
         }
         self.settle(result, cost)
     }

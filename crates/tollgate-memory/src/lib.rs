@@ -112,6 +112,10 @@ struct Shared<C> {
     hasher: DefaultHashBuilder,
     shards: Box<[Padded<RwLock<Shard>>]>,
     has_overrides: AtomicBool,
+    /// When every override stored since the map was last swept has
+    /// expired (`u64::MAX` once one never does): from then on, the first
+    /// decision to look sweeps them, and decisions leave the override path.
+    overrides_until: AtomicU64,
     overrides: RwLock<std::collections::HashMap<String, Overrides>>,
     faults: Faults,
 }
@@ -557,6 +561,7 @@ impl<C: Clock> MemoryBackend<C> {
                 hasher: DefaultHashBuilder::default(),
                 shards,
                 has_overrides: AtomicBool::new(false),
+                overrides_until: AtomicU64::new(0),
                 overrides: RwLock::new(Default::default()),
                 faults: Faults::default(),
             }),
@@ -659,6 +664,12 @@ impl<C: Clock> MemoryBackend<C> {
         req: &Request<'_>,
         now: Timestamp,
     ) -> Result<Option<Policy>, MemoryError> {
+        if now >= self.shared.overrides_until.load(Ordering::Acquire) {
+            // Every override has expired (an AIMD controller's, once it
+            // stopped): dropped, decisions leave this path, where each
+            // reads the shared map's lock.
+            self.sweep_overrides(now);
+        }
         let overrides = self
             .shared
             .overrides
@@ -688,6 +699,38 @@ impl<C: Clock> MemoryBackend<C> {
         if limiter.is_empty() {
             overrides.remove(scope.limiter());
         }
+        if let Some(s) = stored {
+            let until = s.until.unwrap_or(Timestamp::MAX);
+            self.shared
+                .overrides_until
+                .fetch_max(until, Ordering::AcqRel);
+        }
+        self.shared
+            .has_overrides
+            .store(!overrides.is_empty(), Ordering::Release);
+    }
+
+    /// Drops the expired overrides; decisions leave the override path if
+    /// none is left.
+    fn sweep_overrides(&self, now: Timestamp) {
+        let mut overrides = self
+            .shared
+            .overrides
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        for o in overrides.values_mut() {
+            o.keys.retain(|_, s| s.live(now).is_some());
+            o.limiter = o.limiter.filter(|s| s.live(now).is_some());
+        }
+        overrides.retain(|_, o| !o.is_empty());
+        // Under the lock, as `store_override` sets them.
+        let until = overrides
+            .values()
+            .flat_map(|o| o.limiter.iter().chain(o.keys.values()))
+            .map(|s| s.until.unwrap_or(Timestamp::MAX))
+            .max()
+            .unwrap_or(0);
+        self.shared.overrides_until.store(until, Ordering::Release);
         self.shared
             .has_overrides
             .store(!overrides.is_empty(), Ordering::Release);
@@ -727,22 +770,14 @@ impl<C: Clock> MemoryBackend<C> {
     }
 
     /// Drops every expired key and override now (normally done as shards
-    /// and override maps grow).
+    /// and override maps grow, and by the first decision that finds every
+    /// override expired).
     pub fn sweep(&self) {
         let now = self.shared.clock.now();
         for s in &self.shared.shards {
             write(&s.0).sweep(now);
         }
-        let mut overrides = self
-            .shared
-            .overrides
-            .write()
-            .unwrap_or_else(|e| e.into_inner());
-        for o in overrides.values_mut() {
-            o.keys.retain(|_, s| s.live(now).is_some());
-            o.limiter = o.limiter.filter(|s| s.live(now).is_some());
-        }
-        overrides.retain(|_, o| !o.is_empty());
+        self.sweep_overrides(now);
     }
 
     /// Makes the next `n` calls fail with [`MemoryError::Injected`].
@@ -1221,6 +1256,41 @@ mod tests {
         }
     }
 
+    /// Once every override has expired (an AIMD controller's, after it
+    /// stopped), decisions leave the override path without anyone calling
+    /// `sweep`: on it, every decision of every thread reads the shared
+    /// override map's lock.
+    #[tokio::test]
+    async fn decisions_leave_the_override_path_once_every_override_expired() {
+        let clock = MockClock::new();
+        let b = MemoryBackend::with_clock(clock.clone());
+        let p = Policy::from(TokenBucket::new(5, 1, Duration::from_secs(1)).unwrap());
+        let k = Key::new("k");
+        let ttl = Duration::from_secs(1);
+        b.set_expiring_override(Scope::Limiter("l"), &p, ttl)
+            .await
+            .unwrap();
+        b.set_expiring_override(Scope::Key("l", &k), &p, 2 * ttl)
+            .await
+            .unwrap();
+        let req = Request {
+            limiter: "l",
+            key: &k,
+            policy: &p,
+            op: Op::Acquire(1),
+        };
+        let on_path = || b.shared.has_overrides.load(Ordering::SeqCst);
+        clock.advance(ttl);
+        assert!(b.decide_now(&req).is_some());
+        assert!(on_path(), "the key's override is live");
+        clock.advance(ttl);
+        assert!(b.decide_now(&req).is_some());
+        assert!(!on_path(), "every override has expired");
+        // A new one puts decisions back on the path.
+        b.set_override(Scope::Limiter("l"), Some(&p)).await.unwrap();
+        assert!(on_path());
+    }
+
     #[tokio::test]
     async fn expired_overrides_are_reclaimed() {
         let clock = MockClock::new();
@@ -1252,5 +1322,8 @@ mod tests {
         b.sweep();
         assert_eq!(key_overrides(&b), 0);
         assert!(b.shared.overrides.read().unwrap().is_empty());
+        // None left: decisions no longer look for one (a read of the shared
+        // override map's lock on every decision of every thread).
+        assert!(!b.shared.has_overrides.load(Ordering::SeqCst));
     }
 }

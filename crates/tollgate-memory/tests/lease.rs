@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tollgate_limiter::{FailMode, Key, Limiter, MockClock, TokenBucket};
+use tollgate_limiter::{FailMode, Key, Limiter, MockClock, SlidingWindow, TokenBucket};
 use tollgate_memory::MemoryBackend;
 
 fn worker(backend: &MemoryBackend<MockClock>, batch: u64) -> Limiter<MemoryBackend<MockClock>> {
@@ -122,4 +122,45 @@ async fn a_burst_across_workers_admits_at_most_capacity_plus_leased_units() {
         clock.advance(Duration::from_secs(1));
     }
     assert_eq!(burst(&workers, &k).await, CAPACITY + W * (BATCH - 1));
+}
+
+/// Near the limit of a sliding window that penalises refusals, a batch
+/// that no longer fits must not be recorded as a refusal: it was the
+/// worker's guess, not the client's request. Recorded, it filled the
+/// window, so the request's own cost was refused too, and every later
+/// request's batch refilled it: a client within its limit was held off
+/// for as long as it kept asking.
+#[tokio::test(start_paused = true)]
+async fn a_batch_that_no_longer_fits_a_penalised_window_is_not_a_refusal() {
+    let clock = MockClock::new();
+    let backend = MemoryBackend::with_clock(clock.clone());
+    let minute = Duration::from_secs(60);
+    let window = SlidingWindow::new(7, minute)
+        .unwrap()
+        .penalise_refused(true);
+    let leased = Limiter::builder("penalised", window, backend.clone())
+        .fail_mode(FailMode::Open)
+        .lease(5, minute)
+        .build();
+    let k = Key::new("key-3");
+    // Seven requests in the window pass, as without leases; the eighth
+    // is refused.
+    for i in 0..7 {
+        let v = leased.check(&k).await;
+        assert!(v.is_allowed(), "request {i}: {v:?}");
+        clock.advance(Duration::from_secs(1));
+    }
+    assert!(!leased.check(&k).await.is_allowed());
+    // A client that then keeps within its limit (one request every nine
+    // seconds, seven a minute at most) is admitted again once the window
+    // has moved on.
+    clock.advance(minute);
+    tokio::time::advance(minute).await;
+    let mut admitted = 0;
+    for _ in 0..7 {
+        admitted += u64::from(leased.check(&k).await.is_allowed());
+        clock.advance(Duration::from_secs(9));
+        tokio::time::advance(Duration::from_secs(9)).await;
+    }
+    assert_eq!(admitted, 7);
 }

@@ -1,24 +1,33 @@
 //! Local denials in front of a sliding window that penalises refusals: a
 //! flood answered locally is still recorded, and the cache never admits
-//! more than the backend alone would.
+//! more than the backend alone would. A refusal decided before this
+//! worker's reset or override and answered after it is not cached.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
+use tokio::sync::oneshot;
 use tollgate_limiter::{
-    Backend, Decision, Key, Limiter, MockClock, Policy, Request, Scope, SlidingWindow,
+    Backend, Decision, Key, Limiter, MockClock, Op, Policy, Request, Scope, SlidingWindow,
+    TokenBucket,
 };
 use tollgate_memory::{MemoryBackend, MemoryError};
 
 const S: Duration = Duration::from_secs(1);
 
-/// A backend counting the decisions it is asked for.
+/// The two ends of a held answer: told when the backend has decided,
+/// then waiting to be let go.
+type Gate = (oneshot::Sender<()>, oneshot::Receiver<()>);
+
+/// A backend counting the decisions it is asked for; the answer of the
+/// next charge can be held (see [`Counting::hold_next`]).
 #[derive(Clone)]
 struct Counting {
     inner: MemoryBackend<MockClock>,
     calls: Arc<AtomicU64>,
+    gate: Arc<Mutex<Option<Gate>>>,
 }
 
 impl Counting {
@@ -26,11 +35,22 @@ impl Counting {
         Self {
             inner: inner.clone(),
             calls: Arc::default(),
+            gate: Arc::default(),
         }
     }
 
     fn calls(&self) -> u64 {
         self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Decides the next charge at once and holds its answer, as a round
+    /// trip whose reply is still on its way: the receiver says it was
+    /// decided, the sender lets the answer go.
+    fn hold_next(&self) -> (oneshot::Receiver<()>, oneshot::Sender<()>) {
+        let (decided_tx, decided_rx) = oneshot::channel();
+        let (release_tx, release_rx) = oneshot::channel();
+        *self.gate.lock().unwrap() = Some((decided_tx, release_rx));
+        (decided_rx, release_tx)
     }
 }
 
@@ -42,7 +62,20 @@ impl Backend for Counting {
         req: Request<'_>,
     ) -> impl Future<Output = Result<Decision, MemoryError>> + Send {
         self.calls.fetch_add(1, Ordering::SeqCst);
-        self.inner.decide(req)
+        let gate = match req.op {
+            Op::Acquire(_) => self.gate.lock().unwrap().take(),
+            _ => None,
+        };
+        // The memory backend decides when asked, not when polled.
+        let decided = self.inner.decide(req);
+        async move {
+            let answer = decided.await;
+            if let Some((decided, release)) = gate {
+                let _ = decided.send(());
+                let _ = release.await;
+            }
+            answer
+        }
     }
 
     fn set_override(
@@ -196,4 +229,43 @@ async fn refusals_a_dropped_request_was_carrying_are_carried_by_the_next() {
     // Still 11 s: the events the backend saw from the cached limiter (0 s,
     // 1 s) have left the window; the flood it refused locally had not.
     assert_eq!(pair.request(1).await, (false, false));
+}
+
+/// A refusal the backend decided before this worker's reset or override,
+/// and whose answer arrives after it, is not cached: the reset or the
+/// override takes effect at once, as `LimiterBuilder::local_denials`
+/// promises for this worker's own calls.
+#[tokio::test]
+async fn a_refusal_answered_after_this_workers_reset_or_override_is_not_cached() {
+    // One token an hour: nothing drips back within the test.
+    let hour = Duration::from_secs(3600);
+    let one = Policy::from(TokenBucket::new(1, 1, hour).unwrap());
+    let two = Policy::from(TokenBucket::new(2, 1, hour).unwrap());
+    for undo in ["reset", "override"] {
+        let backend = Counting::new(&MemoryBackend::with_clock(MockClock::new()));
+        let limiter = Limiter::builder("held", one, backend.clone())
+            .local_denials(Duration::from_secs(60))
+            .timeout(Duration::from_secs(30))
+            .build();
+        let key = Key::new("k");
+        assert!(limiter.check(&key).await.is_allowed());
+        // Refused by the backend; the answer is on its way.
+        let (decided, release) = backend.hold_next();
+        let refused = tokio::spawn({
+            let (limiter, key) = (limiter.clone(), key.clone());
+            async move { limiter.check(&key).await.is_allowed() }
+        });
+        decided.await.unwrap();
+        // This worker unblocks the key meanwhile.
+        match undo {
+            "reset" => drop(limiter.reset(&key).await.unwrap()),
+            _ => limiter.set_override(Some(&key), Some(two)).await.unwrap(),
+        }
+        release.send(()).unwrap();
+        assert!(!refused.await.unwrap(), "{undo}");
+        // The backend would admit the key now: the refusal decided before
+        // must not answer for it.
+        let after = limiter.check(&key).await;
+        assert!(after.is_allowed(), "{undo}: {after:?}");
+    }
 }

@@ -188,3 +188,27 @@ async fn a_shadowed_concurrency_limit_holds_nothing_beyond_its_slots() {
     drop(a);
     assert_eq!(settled_free_slots(&l, 1).await, 1);
 }
+
+/// Shadow mode refuses nothing: a request without a key passes (holding
+/// no slot), with what enforcement would have answered in its extensions,
+/// instead of a 400 from a limiter that was to refuse nothing.
+#[tokio::test]
+async fn shadow_mode_lets_a_request_without_a_key_pass() {
+    let backend = MemoryBackend::new();
+    let policy = Concurrency::new(1, Duration::from_secs(60)).unwrap();
+    let l = Limiter::builder("exports", policy, backend)
+        .mode(Mode::Shadow)
+        .build();
+    let keyless = |_: &Request<String>| None;
+    let mut svc = ConcurrencyLimitLayer::new(l, keyless).layer(ok_service());
+    let res = send(&mut svc).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let shadowed = res
+        .extensions()
+        .get::<ShadowRefusal>()
+        .expect("the refusal");
+    assert_eq!(
+        (shadowed.limiter.as_str(), shadowed.decision),
+        ("exports", None)
+    );
+}

@@ -818,3 +818,84 @@ async fn reserve_then_settle_from_the_response() {
     assert_eq!(call(&svc, ask(1, Some(0))).await.status(), StatusCode::OK);
     assert_eq!(left().await, 1);
 }
+
+/// A window that penalises refusals records every refused request, and a
+/// layer that charges by outcome looks before (a look records nothing):
+/// its refusals must be recorded all the same, or a client hammering a
+/// login endpoint is let in again as soon as its first requests leave the
+/// window, where `penalise_refused` keeps it out while it hammers.
+#[tokio::test]
+async fn a_penalised_window_records_refusals_when_charging_by_outcome() {
+    let clock = MockClock::new();
+    let backend = MemoryBackend::with_clock(clock.clone());
+    let window = SlidingWindow::new(2, Duration::from_secs(10))
+        .unwrap()
+        .penalise_refused(true);
+    let upfront = RateLimitLayer::new(
+        Limiter::new("upfront", window, backend.clone()),
+        ApiKey::bearer(KeyHasher::unkeyed()),
+    )
+    .layer(Echo::default().service());
+    let by_outcome = RateLimitLayer::new(
+        Limiter::new("by_outcome", window, backend),
+        ApiKey::bearer(KeyHasher::unkeyed()),
+    )
+    .classify(|_: &Response<String>| Outcome::Count)
+    .layer(Echo::default().service());
+    // Two pass at 0 s, then one request a second is refused until 9 s.
+    for t in 0..10 {
+        let want = if t == 0 {
+            StatusCode::OK
+        } else {
+            StatusCode::TOO_MANY_REQUESTS
+        };
+        for _ in 0..if t == 0 { 2 } else { 1 } {
+            assert_eq!(call(&upfront, req(Some("k"))).await.status(), want);
+            assert_eq!(
+                call(&by_outcome, req(Some("k"))).await.status(),
+                want,
+                "{t} s"
+            );
+        }
+        clock.advance(Duration::from_secs(1));
+    }
+    // 10 s: the two admitted requests have left the window, the refused
+    // ones have not: still refused, with either layer.
+    assert_eq!(
+        call(&upfront, req(Some("k"))).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        call(&by_outcome, req(Some("k"))).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+/// Shadow mode never refuses, and a whole deployment is put in it for a
+/// first rollout in front of a service: a request without a key (an
+/// extractor that does not fit every client yet) passes, as a refusal by
+/// the limit does, with what enforcement would have answered in its
+/// extensions, instead of a 400 from a limiter that was to refuse nothing.
+#[tokio::test]
+async fn shadow_mode_lets_a_request_without_a_key_pass() {
+    let shadow = Limiter::builder(
+        "shadow",
+        bucket(2, Duration::from_secs(60)),
+        MemoryBackend::new(),
+    )
+    .mode(tollgate_limiter::Mode::Shadow)
+    .build();
+    let echo = Echo::default();
+    let svc =
+        RateLimitLayer::new(shadow, ApiKey::bearer(KeyHasher::unkeyed())).layer(echo.service());
+    let res = call(&svc, req(None)).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let shadowed = res
+        .extensions()
+        .get::<tollgate_tower::respond::ShadowRefusal>()
+        .expect("what enforcement would have answered");
+    assert_eq!(shadowed.limiter, "shadow");
+    assert_eq!(shadowed.decision, None);
+    assert!(header(&res, "ratelimit").is_empty());
+    assert_eq!(echo.calls(), 1);
+}

@@ -99,6 +99,15 @@ where
         }
     }
 
+    /// Handed on holding no slot, answered as `pass` says.
+    pub(crate) fn passed(fut: S::Future, pass: Pass, shared: Arc<Shared<B, K, R>>) -> Self {
+        Self {
+            state: State::Inner { fut, permit: None },
+            shared,
+            pass,
+        }
+    }
+
     pub(crate) fn rejected(response: R::Response, shared: Arc<Shared<B, K, R>>) -> Self {
         Self {
             state: State::Rejected {

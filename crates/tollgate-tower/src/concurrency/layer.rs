@@ -17,7 +17,8 @@ use crate::respond::{Grpc, Http};
 ///
 /// The layer is cheap to clone; every service made from it, and every
 /// clone, counts against the same slots. A request without a key is
-/// refused (400, or `INVALID_ARGUMENT`).
+/// refused (400, or `INVALID_ARGUMENT`); a limiter in shadow mode, which
+/// refuses nothing, lets it pass holding no slot.
 #[must_use]
 pub struct ConcurrencyLimitLayer<B, K, R = Http> {
     shared: Arc<Shared<B, K, R>>,

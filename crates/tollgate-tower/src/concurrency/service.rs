@@ -3,12 +3,13 @@ use std::mem;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tollgate_limiter::{Backend, Limiter};
+use tollgate_limiter::{Backend, Limiter, Mode};
 use tower_service::Service;
 
 use super::body::PermitBody;
 use super::future::ResponseFuture;
 use crate::extract::KeyExtractor;
+use crate::inbound::future::Pass;
 use crate::respond::{Refusal, Respond};
 use crate::telemetry;
 
@@ -88,6 +89,12 @@ where
         let shared = Arc::clone(&self.shared);
         let Some(key) = shared.extractor.extract(&req) else {
             let name = shared.limiter.name();
+            if shared.limiter.mode() == Mode::Shadow {
+                // Shadow mode never refuses (see `RateLimit`).
+                telemetry::missing_key(name, true);
+                let pass = Pass::shadow_missing_key(name);
+                return ResponseFuture::passed(self.inner.call(req), pass, shared);
+            }
             telemetry::missing_key(name, false);
             let response = shared
                 .responder

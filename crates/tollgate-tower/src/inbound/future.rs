@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
-use tollgate_limiter::{Backend, Decision, Key, Limiter, Reservation, Verdict};
+use tollgate_limiter::{Backend, Decision, Key, Limiter, Policy, Reservation, Verdict};
 use tower_service::Service;
 use tracing::Instrument;
 
@@ -155,11 +155,12 @@ where
         }
     }
 
-    pub(crate) fn pass(fut: S::Future, post: Arc<Post<R, V>>) -> Self {
+    /// Handed on without a decision (no key), answered as `pass` says.
+    pub(crate) fn pass(fut: S::Future, pass: Pass, post: Arc<Post<R, V>>) -> Self {
         Self {
             state: State::Inner { fut },
             ticket: None,
-            pass: Pass::Bare,
+            pass,
             post,
             charge_if_dropped: false,
         }
@@ -196,7 +197,23 @@ fn check<B: Backend>(mut ticket: Ticket<B>, mode: Mode) -> BoxFuture<(Verdict, T
             // every check and have every charge refused, unbounded.
             // A cost that can never pass is refused as `check_cost`
             // refuses it.
-            ticket.limiter.peek_cost(&ticket.key, ticket.cost).await
+            let looked = ticket.limiter.peek_cost(&ticket.key, ticket.cost).await;
+            match looked {
+                // A window that penalises refusals records every refused
+                // request, and a look records nothing: the refusal is
+                // charged, as the upfront layer charges it (refused again,
+                // and recorded). Should the charge pass after all, the
+                // request is still refused: stricter, never laxer.
+                Verdict::Decided(d) if d.is_denied() && penalises(ticket.limiter.policy()) => {
+                    match ticket.limiter.check_cost(&ticket.key, ticket.cost).await {
+                        Verdict::Decided(charged) if charged.is_denied() => {
+                            Verdict::Decided(charged)
+                        }
+                        _ => Verdict::Decided(d),
+                    }
+                }
+                looked => looked,
+            }
         };
         (verdict, ticket)
     };
@@ -206,6 +223,14 @@ fn check<B: Backend>(mut ticket: Ticket<B>, mode: Mode) -> BoxFuture<(Verdict, T
     } else {
         Box::pin(check.instrument(span))
     }
+}
+
+/// Whether `policy` records refused requests (a sliding window that
+/// penalises them). The configured policy: an override that turns the
+/// penalty on is recorded only by the requests the backend decides as
+/// charges.
+fn penalises(policy: &Policy) -> bool {
+    matches!(policy, Policy::SlidingWindow(w) if w.penalises_refused())
 }
 
 /// Charges (or forgets) after the response, per the classifier.
@@ -394,6 +419,18 @@ pub(crate) enum Pass {
     /// What enforcement would have refused (boxed: rare, and larger than
     /// a decision).
     Shadow(Box<ShadowRefusal>),
+}
+
+impl Pass {
+    /// A request without a key that a limiter in shadow mode lets pass:
+    /// enforcement would have refused it, with no decision to tell.
+    pub(crate) fn shadow_missing_key(limiter: &str) -> Self {
+        Self::Shadow(Box::new(ShadowRefusal {
+            limiter: limiter.to_owned(),
+            retry_after: std::time::Duration::ZERO,
+            decision: None,
+        }))
+    }
 }
 
 /// Turns a limiter's verdict into the layer's answer (shared by

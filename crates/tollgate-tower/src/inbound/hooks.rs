@@ -126,7 +126,10 @@ pub enum Outcome {
 /// room for it is refused without reaching the service) and *charges
 /// after*, once the response says whether the
 /// request counts; the response is returned once the charge is recorded,
-/// so the client's next request sees it.
+/// so the client's next request sees it. A refusal of a sliding window
+/// that [penalises refusals](tollgate_limiter::SlidingWindow::penalise_refused)
+/// is charged at once (recorded, as an upfront layer records it): the
+/// look alone records nothing.
 ///
 /// Checking and charging are two backend calls rather than one atomic
 /// one, so concurrent requests of one key may all pass the check before
@@ -279,7 +282,11 @@ where
 ///
 /// Whatever the choice, a request without a key never escapes a
 /// fail-closed limiter: [`Allow`](Self::Allow) only applies to fail-open
-/// ones.
+/// ones. A limiter in [shadow mode](tollgate_limiter::shadow), which
+/// refuses nothing, lets it pass uncounted whatever the choice (but
+/// [`Fallback`](Self::Fallback), which counts it), with the
+/// [`ShadowRefusal`](crate::respond::ShadowRefusal) enforcement would
+/// have answered.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MissingKey {

@@ -4,9 +4,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tollgate_limiter::FailMode;
+use tollgate_limiter::Mode as LimiterMode;
 use tower_service::Service;
 
-use super::future::{Mode, ResponseFuture, Ticket};
+use super::future::{Mode, Pass, ResponseFuture, Ticket};
 use super::hooks::{Classify, Cost, MissingKey, SelectLimiter};
 use crate::extract::KeyExtractor;
 use crate::respond::{Refusal, Respond};
@@ -118,7 +119,17 @@ where
                 MissingKey::Allow if limiter.fail_mode() == FailMode::Open => {
                     telemetry::missing_key(limiter.name(), true);
                     // `self.inner` is the service polled ready: call it.
-                    return ResponseFuture::pass(self.inner.call(req), Arc::clone(&self.post));
+                    let fut = self.inner.call(req);
+                    return ResponseFuture::pass(fut, Pass::Bare, Arc::clone(&self.post));
+                }
+                // Shadow mode never refuses: what enforcement would have
+                // answered goes with the response, as for a refusal by
+                // the limit.
+                _ if limiter.mode() == LimiterMode::Shadow => {
+                    telemetry::missing_key(limiter.name(), true);
+                    let pass = Pass::shadow_missing_key(limiter.name());
+                    let fut = self.inner.call(req);
+                    return ResponseFuture::pass(fut, pass, Arc::clone(&self.post));
                 }
                 // Reject, or Allow on a fail-closed limiter: dropping a
                 // header must not switch a security control off.
