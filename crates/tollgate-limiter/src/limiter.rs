@@ -887,7 +887,10 @@ impl<B: Backend> Limiter<B> {
             _ => {}
         }
         let result = self.try_reserve(key, cost, &deadline).await;
-        let receipt = result.as_ref().map_or(Receipt::NONE, |(_, r)| *r);
+        let mut receipt = result.as_ref().map_or(Receipt::NONE, |(_, r)| *r);
+        // Its settle's identity: the key refuses a replay of it (a call
+        // the cluster client re-sent), the same 64 bits.
+        receipt.id = crate::permit::slot_id().max(1);
         let verdict = self.finish(cache, key, cost, result.map(|(d, _)| d));
         let held = matches!(&verdict, Verdict::Decided(d) if d.is_allowed()) && receipt.units > 0;
         let reservation = match held {

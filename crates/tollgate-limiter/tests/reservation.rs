@@ -606,3 +606,31 @@ fn a_composite_settles_its_calendar_part() {
     );
     assert_eq!(d.remaining(), 700);
 }
+
+/// A settle of a receipt id the key remembers changes nothing, until
+/// `SETTLED_FOR` after its last attempt; then the key forgets it, and the
+/// record alone no longer keeps the key.
+#[test]
+fn a_settle_id_is_remembered_for_settled_for() {
+    use tollgate_limiter::model::SETTLED_FOR;
+    let policy = Policy::from(TokenBucket::new(1_000, 1, Duration::from_secs(1)).unwrap());
+    let mut key = Slot::fresh(&policy);
+    let (_, receipt) = key.reserve(START, &policy, 100);
+    let settle = Op::Settle {
+        receipt: Receipt { id: 7, ..receipt },
+        actual: 150,
+    };
+    // The excess, charged once.
+    assert_eq!(key.apply(START, &policy, settle).remaining(), 850);
+    assert_eq!(key.apply(START, &policy, settle).remaining(), 850);
+    // The replay renewed the record; one microsecond before it ends, a
+    // replay is still refused (and renews it again).
+    let late = START + SETTLED_FOR - 1;
+    let full = key.apply(late, &policy, Op::PEEK).remaining();
+    assert_eq!(key.apply(late, &policy, settle).remaining(), full);
+    assert!(key.is_live(late + SETTLED_FOR - 1));
+    // Forgotten: the key holds nothing else, and the settle applies again.
+    let after = late + SETTLED_FOR;
+    assert!(!key.is_live(after));
+    assert_eq!(key.apply(after, &policy, settle).remaining(), 950);
+}

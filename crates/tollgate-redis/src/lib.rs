@@ -1437,6 +1437,11 @@ fn op_arg(op: Op) -> Cow<'static, str> {
                     None => arg.push_str(":-"),
                 }
             }
+            // The settle's identity, which the script remembers to refuse
+            // a replay (none: settled every time).
+            if receipt.id != 0 {
+                arg.push_str(&format!("@{}", receipt.id));
+            }
             arg
         }
         Op::Hold(id) => format!("h{id}"),
@@ -1667,6 +1672,7 @@ impl Backend for RedisBackend {
             true => Receipt {
                 units: units.clamp(1, encoding::MAX_EXACT),
                 marks,
+                id: 0,
             },
             false => Receipt::NONE,
         };
@@ -1985,6 +1991,12 @@ mod tests {
         assert_eq!(
             op_arg(Op::Settle { receipt, actual: 2 }),
             "s9:2:1,2,5:3,4:-:-"
+        );
+        // Every digit of a 64-bit id: the script keeps it a string.
+        receipt.id = u64::MAX;
+        assert_eq!(
+            op_arg(Op::Settle { receipt, actual: 2 }),
+            "s9:2:1,2,5:3,4:-:-@18446744073709551615"
         );
     }
 

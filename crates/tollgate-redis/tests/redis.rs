@@ -266,7 +266,7 @@ tollgate_testkit::on_every_server! {
         let _: () = r.pexpire(&state, 600_000).await.unwrap();
         let (v, reservation) = pd.reserve(&k, 1).await;
         assert_eq!(v.decision().map(|d| d.remaining()), Some(0));
-        let mark = reservation.receipt().unwrap().marks[0].unwrap();
+        let mark = reservation.mark(0).unwrap();
         assert_eq!((mark.born, mark.at), (0, now));
         let o: String = r.hget(&state, "o").await.unwrap();
         assert_eq!(o, "0");

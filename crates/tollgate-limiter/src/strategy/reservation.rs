@@ -117,6 +117,19 @@
 //! beyond its limit: the key is then refused until that window ends, never
 //! longer.
 //!
+//! **Settled once.** A settle carries its receipt's [`Receipt::id`] (drawn
+//! at random by [`Limiter::reserve`](crate::Limiter::reserve)), and the
+//! key remembers it for [`SETTLED_FOR`] (10 minutes) beside its state, not
+//! in it: through a reset, an expiry or a new life. A settle of an id the
+//! key remembers is a replay (a call the Redis Cluster client re-sent
+//! after its connection dropped): it refunds and charges nothing, answers
+//! as a peek of one unit, and is remembered 10 minutes more. Marks cannot
+//! serve: every reservation of a calendar window has the same one, as have
+//! a window's reservations made in the same microsecond. A receipt with
+//! id 0 (one a caller built, or a backend answered, without one) is
+//! settled every time; an application cannot settle one twice anyway:
+//! [`Reservation::settle`](crate::Reservation::settle) consumes it.
+//!
 //! **An unsettled reservation is a plain charge.** Dropped, forgotten, or
 //! its worker crashed: the estimate stays charged, and comes back the way
 //! every charge does (the bucket refills, the entry leaves the window, the
@@ -191,6 +204,14 @@ pub struct Mark {
 /// per part; the first for a single policy).
 ///
 /// A refused reservation took nothing: its receipt is [`Receipt::NONE`].
+///
+/// This is the backends' vocabulary, plain data: an application holds a
+/// [`Reservation`](crate::Reservation), which settles once and never hands
+/// its receipt out. The fields are not checked against anything a
+/// backend stored: code that builds or alters a receipt and settles it
+/// through the [`Backend`](crate::Backend) trait can refund what was never
+/// taken (up to a full bucket or window per settle). Never take one from a
+/// client.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Receipt {
     /// The units taken (0 when nothing was).
@@ -198,6 +219,11 @@ pub struct Receipt {
     /// Per part, where the units sit; `None` where the backend did not say
     /// (nothing of that part can be refunded).
     pub marks: [Option<Mark>; MAX_PARTS],
+    /// Which settle this is, for the key to refuse its replay (see
+    /// the [module docs](self), "Settled once"); 0: none, every settle applies.
+    /// Backends answer 0; [`Limiter::reserve`](crate::Limiter::reserve)
+    /// draws one at random (64 bits) for the reservation it holds.
+    pub id: u64,
 }
 
 impl Receipt {
@@ -205,6 +231,7 @@ impl Receipt {
     pub const NONE: Receipt = Receipt {
         units: 0,
         marks: [None; MAX_PARTS],
+        id: 0,
     };
 
     /// `units` taken, with no marks: settling may charge an excess but
@@ -224,6 +251,43 @@ impl Receipt {
         Self {
             units: self.units,
             marks,
+            id: self.id,
+        }
+    }
+}
+
+/// How long a key remembers a settle's [`Receipt::id`], in microseconds
+/// (10 minutes): a replay within that refunds and charges nothing (see
+/// the [module docs](self), "Settled once").
+pub const SETTLED_FOR: u64 = 600_000_000;
+
+/// A settle a key remembers (see [`Slot::settled`](crate::model::Slot::settled)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settled {
+    /// The settle's [`Receipt::id`].
+    pub id: u64,
+    /// Forgotten from this instant on: [`SETTLED_FOR`] after its last
+    /// attempt.
+    pub until: Timestamp,
+}
+
+/// Whether the settle `id` at `now` is a replay of one in `settled`; it is
+/// remembered (again) until `now +` [`SETTLED_FOR`] either way, and those
+/// past are forgotten. `id` 0 is never one.
+pub(crate) fn replayed(settled: &mut Vec<Settled>, id: u64, now: Timestamp) -> bool {
+    if id == 0 {
+        return false;
+    }
+    settled.retain(|s| s.until > now);
+    let until = now + SETTLED_FOR;
+    match settled.iter_mut().find(|s| s.id == id) {
+        Some(s) => {
+            s.until = until;
+            true
+        }
+        None => {
+            settled.push(Settled { id, until });
+            false
         }
     }
 }
