@@ -322,10 +322,10 @@ pub struct Slot {
     /// The key reads as fresh from this instant on.
     pub expires_at: Timestamp,
     /// The settles (by [`Receipt::id`]) the key refuses to apply again,
-    /// each for [`SETTLED_FOR`] after its last attempt: beside the state,
-    /// kept through its expiry and resets (Redis: a key of their own, see
+    /// each for [`SETTLED_FOR`] after the first: beside the state, kept
+    /// through its expiry and resets (Redis: a key of their own, see
     /// [reservations](crate::strategy::reservation)).
-    pub settled: Vec<Settled>,
+    pub settled: Settled,
 }
 
 impl Slot {
@@ -335,7 +335,7 @@ impl Slot {
         Self {
             state: State::fresh(policy),
             expires_at: 0,
-            settled: Vec::new(),
+            settled: Settled::default(),
         }
     }
 
@@ -362,7 +362,7 @@ impl Slot {
         // A replayed settle (after the common case: it costs a charge
         // nothing).
         if let Op::Settle { receipt, .. } = op
-            && crate::strategy::reservation::replayed(&mut self.settled, receipt.id, now)
+            && self.settled.replayed(receipt.id, now)
         {
             return self.apply(now, policy, Op::PEEK);
         }
@@ -420,7 +420,7 @@ impl Slot {
     /// otherwise).
     #[inline]
     pub fn is_live(&self, now: Timestamp) -> bool {
-        self.expires_at > now || self.settled.iter().any(|s| s.until > now)
+        self.expires_at > now || self.settled.is_live(now)
     }
 }
 

@@ -98,7 +98,7 @@ impl<B: Backend> Reservation<B> {
     /// estimate stays charged, the safe side, and an excess is not charged.
     /// Settling twice is not possible: this consumes the reservation; and
     /// the key refuses a replay of this settle (a call re-sent by the
-    /// Redis Cluster client) for 10 minutes (see
+    /// Redis Cluster client) for 15 minutes (see
     /// [`strategy::reservation`](crate::strategy::reservation), "Settled
     /// once").
     pub async fn settle(self, actual: u64) -> Result<Option<Decision>, Error> {

@@ -608,8 +608,8 @@ fn a_composite_settles_its_calendar_part() {
 }
 
 /// A settle of a receipt id the key remembers changes nothing, until
-/// `SETTLED_FOR` after its last attempt; then the key forgets it, and the
-/// record alone no longer keeps the key.
+/// `SETTLED_FOR` after the first; then the key forgets it, and the record
+/// alone no longer keeps the key.
 #[test]
 fn a_settle_id_is_remembered_for_settled_for() {
     use tollgate_limiter::model::SETTLED_FOR;
@@ -623,14 +623,13 @@ fn a_settle_id_is_remembered_for_settled_for() {
     // The excess, charged once.
     assert_eq!(key.apply(START, &policy, settle).remaining(), 850);
     assert_eq!(key.apply(START, &policy, settle).remaining(), 850);
-    // The replay renewed the record; one microsecond before it ends, a
-    // replay is still refused (and renews it again).
+    // One microsecond before it is forgotten, still a replay.
     let late = START + SETTLED_FOR - 1;
     let full = key.apply(late, &policy, Op::PEEK).remaining();
     assert_eq!(key.apply(late, &policy, settle).remaining(), full);
-    assert!(key.is_live(late + SETTLED_FOR - 1));
+    assert!(key.is_live(late));
     // Forgotten: the key holds nothing else, and the settle applies again.
-    let after = late + SETTLED_FOR;
+    let after = START + SETTLED_FOR;
     assert!(!key.is_live(after));
     assert_eq!(key.apply(after, &policy, settle).remaining(), 950);
 }

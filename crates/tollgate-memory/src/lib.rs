@@ -278,14 +278,14 @@ impl Bucket {
                 ..TokenBucketState::default()
             }),
             expires_at: tat,
-            settled: Vec::new(),
+            settled: Default::default(),
         }
     }
 
     /// `slot`'s `(tat, born)` if a [`Bucket`] can hold it: not once a
     /// refund was made in its life (rare, and the count would cost every
     /// bucket 8 bytes): that life is kept as an [`Other`], until a new one
-    /// begins; nor while it remembers a settle (until a later settle finds
+    /// begins; nor once it remembered a settle (until a later settle finds
     /// them all past, or the key is dropped).
     fn of(slot: &Slot) -> Option<(Timestamp, Timestamp)> {
         match &slot.state {

@@ -50,7 +50,7 @@
 --                    mi is a part's mark '<born>,<at>[,<interval>]', or
 --                    '-' for none; then, when the receipt has one,
 --                    '@<id>': the settle's identity (digits, kept a
---                    string). The key remembers it 10 minutes in
+--                    string). The key remembers it 15 minutes in
 --                    <prefix>:<limiter>:{<key>}:settled:<id> (STRING, when
 --                    it is forgotten in µs, read against now): a settle
 --                    of an id remembered is a replay, answered '?1' with
@@ -121,7 +121,7 @@ local RESERVE = false
 
 -- How long a key remembers a settle's id, in µs (the model's
 -- SETTLED_FOR).
-local SETTLED_FOR = 600000000
+local SETTLED_FOR = 900000000
 
 -- The operation of ARGV[1]: 'acquire' | 'peek' | 'penalise' | 'reset' |
 -- 'settle', and its number (at least 1 except for a penalty; a settle's is
@@ -148,13 +148,15 @@ local function parse_op(now)
   if sigil == 's' then
     local body, id = string.match(a, '^s([^@]*)@?(%d*)$')
     if id and id ~= '' then
-      -- Remembered (again) SETTLED_FOR from now either way, in one call;
-      -- a value at or before now (the caller's clock in the tests, ahead
-      -- of the TTL) is forgotten.
-      local till = now + SETTLED_FOR
-      local old = redis.call('SET', KEYS[1] .. ':settled:' .. id, fmt(till), 'PX', ttl_ms(till, now), 'GET')
-      if old and (tonumber(old) or 0) > now then
-        return 'peek', 1
+      -- Remembered SETTLED_FOR from the first settle: one call unless
+      -- there already. A value at or before now (the caller's clock in
+      -- the tests, ahead of the TTL) is forgotten: written anew.
+      local key, till = KEYS[1] .. ':settled:' .. id, now + SETTLED_FOR
+      if not redis.call('SET', key, fmt(till), 'PX', ttl_ms(till, now), 'NX') then
+        if (tonumber(redis.call('GET', key)) or 0) > now then
+          return 'peek', 1
+        end
+        redis.call('SET', key, fmt(till), 'PX', ttl_ms(till, now))
       end
     end
     local f = {}

@@ -119,11 +119,11 @@
 //!
 //! **Settled once.** A settle carries its receipt's [`Receipt::id`] (drawn
 //! at random by [`Limiter::reserve`](crate::Limiter::reserve)), and the
-//! key remembers it for [`SETTLED_FOR`] (10 minutes) beside its state, not
+//! key remembers it for [`SETTLED_FOR`] (15 minutes) beside its state, not
 //! in it: through a reset, an expiry or a new life. A settle of an id the
 //! key remembers is a replay (a call the Redis Cluster client re-sent
 //! after its connection dropped): it refunds and charges nothing, answers
-//! as a peek of one unit, and is remembered 10 minutes more. Marks cannot
+//! as a peek of one unit. Marks cannot
 //! serve: every reservation of a calendar window has the same one, as have
 //! a window's reservations made in the same microsecond. A receipt with
 //! id 0 (one a caller built, or a backend answered, without one) is
@@ -257,37 +257,62 @@ impl Receipt {
 }
 
 /// How long a key remembers a settle's [`Receipt::id`], in microseconds
-/// (10 minutes): a replay within that refunds and charges nothing (see
-/// the [module docs](self), "Settled once").
-pub const SETTLED_FOR: u64 = 600_000_000;
+/// (15 minutes): a replay within that refunds and charges nothing (see
+/// the [module docs](self), "Settled once"). The Redis Cluster client's
+/// re-sends of one call span at most about 11 minutes (16 retries, each
+/// after at most `10 ms × 2^n`, and at least 1.28 s).
+pub const SETTLED_FOR: u64 = 900_000_000;
 
-/// A settle a key remembers (see [`Slot::settled`](crate::model::Slot::settled)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The settles a key remembers (see [`Slot::settled`](crate::model::Slot::settled)),
+/// each for [`SETTLED_FOR`] after the first: found in constant time, and
+/// forgotten in the order made, so a settle costs the same however many
+/// the key remembers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Settled {
-    /// The settle's [`Receipt::id`].
-    pub id: u64,
-    /// Forgotten from this instant on: [`SETTLED_FOR`] after its last
-    /// attempt.
-    pub until: Timestamp,
+    /// When each id is forgotten.
+    until: std::collections::HashMap<u64, Timestamp>,
+    /// The same, in the order remembered.
+    order: std::collections::VecDeque<(Timestamp, u64)>,
+    /// The latest `until` (a clock stepping back may remember one out of
+    /// order).
+    latest: Timestamp,
 }
 
-/// Whether the settle `id` at `now` is a replay of one in `settled`; it is
-/// remembered (again) until `now +` [`SETTLED_FOR`] either way, and those
-/// past are forgotten. `id` 0 is never one.
-pub(crate) fn replayed(settled: &mut Vec<Settled>, id: u64, now: Timestamp) -> bool {
-    if id == 0 {
-        return false;
+impl Settled {
+    /// Whether the settle `id` at `now` is a replay of one remembered;
+    /// if not, it is remembered until `now +` [`SETTLED_FOR`]. Those
+    /// past are forgotten. `id` 0 is never one.
+    pub fn replayed(&mut self, id: u64, now: Timestamp) -> bool {
+        if id == 0 {
+            return false;
+        }
+        while let Some(&(until, old)) = self.order.front() {
+            if until > now {
+                break;
+            }
+            self.order.pop_front();
+            // Not if remembered again since (after it was past).
+            if self.until.get(&old) == Some(&until) {
+                self.until.remove(&old);
+            }
+        }
+        if self.until.get(&id).is_some_and(|&until| until > now) {
+            return true;
+        }
+        let until = now + SETTLED_FOR;
+        self.until.insert(id, until);
+        self.order.push_back((until, id));
+        self.latest = self.latest.max(until);
+        false
     }
-    settled.retain(|s| s.until > now);
-    let until = now + SETTLED_FOR;
-    match settled.iter_mut().find(|s| s.id == id) {
-        Some(s) => {
-            s.until = until;
-            true
-        }
-        None => {
-            settled.push(Settled { id, until });
-            false
-        }
+
+    /// Whether a settle is remembered at `now` (the key must be kept).
+    pub fn is_live(&self, now: Timestamp) -> bool {
+        self.latest > now
+    }
+
+    /// Whether none is remembered, nor was since the last was forgotten.
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
     }
 }
