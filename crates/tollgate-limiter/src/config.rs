@@ -389,12 +389,7 @@ impl Config {
             reason,
         };
         let prefix = d.prefix.clone().unwrap_or_else(|| "tollgate".into());
-        if prefix.is_empty() || prefix.contains(['{', '}', ':']) {
-            return Err(dflt(
-                "prefix",
-                "must be non-empty, without '{', '}' or ':'".into(),
-            ));
-        }
+        check_prefix(&prefix).map_err(|e| dflt("prefix", e.into()))?;
         let fail_mode = match &d.fail_mode {
             Some(s) => s.parse().map_err(|e| dflt("fail_mode", e))?,
             None => FailMode::default(),
@@ -470,6 +465,25 @@ impl Config {
             adaptive,
             redis,
         })
+    }
+}
+
+/// Whether `prefix` can prefix a backend's keys (`<prefix>:<limiter>:{<key>}`):
+/// not empty, without `{` or `}` (the hash tag) nor `:`, so that one
+/// prefix never reads as another's followed by a limiter name (`a` and
+/// limiter `b:c`, `a:b` and limiter `c`; limiter names have no `:`
+/// either). The error is the rule, for the caller to name its field.
+///
+/// # Examples
+///
+/// ```
+/// assert!(tollgate_limiter::config::check_prefix("tollgate").is_ok());
+/// assert!(tollgate_limiter::config::check_prefix("svc:eu").is_err());
+/// ```
+pub fn check_prefix(prefix: &str) -> Result<(), &'static str> {
+    match prefix.is_empty() || prefix.contains(['{', '}', ':']) {
+        true => Err("must be non-empty, without '{', '}' or ':'"),
+        false => Ok(()),
     }
 }
 
@@ -1167,6 +1181,20 @@ mod tests {
         assert!(e.contains("adaptive.crawler.burst"), "{e}");
         let e = err("[adaptive.crawler]\nbrust = 2");
         assert!(e.contains("brust") && e.contains("adaptive.crawler"), "{e}");
+    }
+
+    /// Keys are `<prefix>:<limiter>:{<key>}`: a ':' in either would let
+    /// prefix `a` with limiter `b:c` and prefix `a:b` with limiter `c`
+    /// share every key, so both are refused at load, naming the field
+    /// (the backend builder and the CLI's `--prefix` take the same rule).
+    #[test]
+    fn neither_prefix_nor_limiter_name_takes_a_colon() {
+        let tb = "strategy='token_bucket'\ncapacity=1\nrefill='1/s'";
+        let e = err(&format!("[defaults]\nprefix='a:b'\n[limiters.c]\n{tb}"));
+        assert!(e.contains("defaults.prefix"), "{e}");
+        let e = err(&format!("[defaults]\nprefix='a'\n[limiters.\"b:c\"]\n{tb}"));
+        assert!(e.contains("limiters.b:c.name"), "{e}");
+        assert!(load(&format!("[defaults]\nprefix='a-b'\n[limiters.b-c]\n{tb}")).is_ok());
     }
 
     /// An adaptive limiter's name follows the limiters' rule, and none of

@@ -340,8 +340,11 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// The first part of every key (default `"tollgate"`). Braces are not
-    /// allowed (they would move the hash tag).
+    /// The first part of every key (default `"tollgate"`): not empty,
+    /// without braces (they would move the hash tag) or `:` (prefix `a`
+    /// with limiter `b:c` would share keys with prefix `a:b` and limiter
+    /// `c`), the configuration's rule for `defaults.prefix`;
+    /// [`build`](Self::build) refuses another, naming that field.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
@@ -516,8 +519,15 @@ impl RedisBackendBuilder {
     }
 
     fn check(&self) -> Result<(), RedisError> {
-        if self.prefix.contains(['{', '}']) {
-            return Err(RedisError::InvalidLimiterName(self.prefix.clone()));
+        // The configuration's rule (`defaults.prefix`): a ':' made prefix
+        // `a` with limiter `b:c` and prefix `a:b` with limiter `c` share
+        // every key.
+        if let Err(rule) = tollgate_limiter::config::check_prefix(&self.prefix) {
+            return Err(RedisError::Config(tollgate_limiter::ConfigError::Invalid {
+                path: "defaults".into(),
+                field: "prefix",
+                reason: format!("{:?} {rule}", self.prefix),
+            }));
         }
         if self.cluster && self.urls.iter().any(|u| sentinel::is_sentinel_url(u)) {
             return Err(RedisError::InvalidUrl(
@@ -1719,6 +1729,23 @@ impl Backend for RedisBackend {
 mod tests {
     use super::*;
     use tollgate_limiter::strategy::token_bucket::TokenBucketState;
+
+    /// A prefix with ':' (`a:b` with limiter `c` and `a` with limiter
+    /// `b:c` share every key), braces, or none is refused before any
+    /// connection, naming the configuration's field. `a:b` was accepted.
+    #[tokio::test]
+    async fn a_prefix_that_could_read_as_another_is_refused() {
+        for prefix in ["a:b", "a{b}", ""] {
+            let e = RedisBackend::builder("redis://127.0.0.1:1")
+                .prefix(prefix)
+                .build_lazy()
+                .unwrap_err();
+            assert!(
+                matches!(e, RedisError::Config(_)) && e.to_string().contains("defaults.prefix"),
+                "{prefix:?}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn builder_debug_hides_credentials() {
