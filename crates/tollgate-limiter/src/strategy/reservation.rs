@@ -266,9 +266,12 @@ pub const SETTLED_FOR: u64 = 900_000_000;
 /// The settles a key remembers (see [`Slot::settled`](crate::model::Slot::settled)),
 /// each for [`SETTLED_FOR`] after the first: found in constant time, and
 /// forgotten in the order made, so a settle costs the same however many
-/// the key remembers.
+/// the key remembers. One pointer while none is (most keys never settle).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Settled {
+pub struct Settled(Option<Box<Remembered>>);
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Remembered {
     /// When each id is forgotten.
     until: std::collections::HashMap<u64, Timestamp>,
     /// The same, in the order remembered.
@@ -286,33 +289,34 @@ impl Settled {
         if id == 0 {
             return false;
         }
-        while let Some(&(until, old)) = self.order.front() {
+        let r = self.0.get_or_insert_default();
+        while let Some(&(until, old)) = r.order.front() {
             if until > now {
                 break;
             }
-            self.order.pop_front();
+            r.order.pop_front();
             // Not if remembered again since (after it was past).
-            if self.until.get(&old) == Some(&until) {
-                self.until.remove(&old);
+            if r.until.get(&old) == Some(&until) {
+                r.until.remove(&old);
             }
         }
-        if self.until.get(&id).is_some_and(|&until| until > now) {
+        if r.until.get(&id).is_some_and(|&until| until > now) {
             return true;
         }
         let until = now + SETTLED_FOR;
-        self.until.insert(id, until);
-        self.order.push_back((until, id));
-        self.latest = self.latest.max(until);
+        r.until.insert(id, until);
+        r.order.push_back((until, id));
+        r.latest = r.latest.max(until);
         false
     }
 
     /// Whether a settle is remembered at `now` (the key must be kept).
     pub fn is_live(&self, now: Timestamp) -> bool {
-        self.latest > now
+        self.0.as_ref().is_some_and(|r| r.latest > now)
     }
 
     /// Whether none is remembered, nor was since the last was forgotten.
     pub fn is_empty(&self) -> bool {
-        self.order.is_empty()
+        self.0.as_ref().is_none_or(|r| r.order.is_empty())
     }
 }
