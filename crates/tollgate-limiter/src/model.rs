@@ -52,7 +52,9 @@ pub enum Op {
     /// afterwards.
     ///
     /// A settle whose [`Receipt::id`] the key remembers is a replay: it
-    /// changes nothing and answers as `Peek(1)` (see [`Slot::settled`]). A
+    /// changes nothing and answers as `Peek(1)` (see [`Slot::settled`]);
+    /// one whose `actual` is its units changes nothing either way, and is
+    /// not remembered. A
     /// receipt with id 0 is settled every time, refunding (or charging)
     /// again within what the state still holds.
     /// [`Reservation::settle`](crate::Reservation::settle) consumes its
@@ -360,8 +362,9 @@ impl Slot {
             return decision.with_window_micros(policy.window_micros());
         }
         // A replayed settle (after the common case: it costs a charge
-        // nothing).
-        if let Op::Settle { receipt, .. } = op
+        // nothing). One at the estimate changes nothing: not remembered.
+        if let Op::Settle { receipt, actual } = op
+            && actual != receipt.units
             && self.settled.replayed(receipt.id, now)
         {
             return self.apply(now, policy, Op::PEEK);

@@ -632,4 +632,14 @@ fn a_settle_id_is_remembered_for_settled_for() {
     let after = START + SETTLED_FOR;
     assert!(!key.is_live(after));
     assert_eq!(key.apply(after, &policy, settle).remaining(), 950);
+
+    // A settle at the estimate changes nothing: not remembered.
+    let mut key = Slot::fresh(&policy);
+    let (_, receipt) = key.reserve(START, &policy, 100);
+    let exact = Op::Settle {
+        receipt: Receipt { id: 8, ..receipt },
+        actual: 100,
+    };
+    assert_eq!(key.apply(START, &policy, exact).remaining(), 900);
+    assert!(key.settled.is_empty());
 }

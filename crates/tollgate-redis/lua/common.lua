@@ -50,7 +50,8 @@
 --                    mi is a part's mark '<born>,<at>[,<interval>]', or
 --                    '-' for none; then, when the receipt has one,
 --                    '@<id>': the settle's identity (digits, kept a
---                    string). The key remembers it 15 minutes in
+--                    string). Unless units = actual (nothing to refund
+--                    or charge), the key remembers it 15 minutes in
 --                    <prefix>:<limiter>:{<key>}:settled:<id> (STRING, when
 --                    it is forgotten in µs, read against now): a settle
 --                    of an id remembered is a replay, answered '?1' with
@@ -147,7 +148,14 @@ local function parse_op(now)
   end
   if sigil == 's' then
     local body, id = string.match(a, '^s([^@]*)@?(%d*)$')
-    if id and id ~= '' then
+    local f = {}
+    for part in string.gmatch(body or '', '[^:]+') do
+      f[#f + 1] = part
+    end
+    -- Not a settle at the estimate (units = actual, both digits as the
+    -- client wrote them): it changes nothing, and a failed login's
+    -- settle leaves no key.
+    if id and id ~= '' and f[1] ~= f[2] then
       -- Remembered SETTLED_FOR from the first settle: one call unless
       -- there already. A value at or before now (the caller's clock in
       -- the tests, ahead of the TTL) is forgotten: written anew.
@@ -158,10 +166,6 @@ local function parse_op(now)
         end
         redis.call('SET', key, fmt(till), 'PX', ttl_ms(till, now))
       end
-    end
-    local f = {}
-    for part in string.gmatch(body or '', '[^:]+') do
-      f[#f + 1] = part
     end
     local marks = {}
     for i = 3, #f do

@@ -123,7 +123,9 @@
 //! in it: through a reset, an expiry or a new life. A settle of an id the
 //! key remembers is a replay (a call the Redis Cluster client re-sent
 //! after its connection dropped): it refunds and charges nothing, answers
-//! as a peek of one unit. Marks cannot
+//! as a peek of one unit. A settle at the estimate (`actual` = its units)
+//! changes nothing, replayed or not, and is not remembered: a login
+//! attempt settled as the failure it was reserved as leaves nothing. Marks cannot
 //! serve: every reservation of a calendar window has the same one, as have
 //! a window's reservations made in the same microsecond. A receipt with
 //! id 0 (one a caller built, or a backend answered, without one) is
