@@ -614,12 +614,14 @@ fn a_composite_settles_its_calendar_part() {
 fn a_settle_id_is_remembered_for_settled_for() {
     use tollgate_limiter::model::SETTLED_FOR;
     let policy = Policy::from(TokenBucket::new(1_000, 1, Duration::from_secs(1)).unwrap());
-    let mut key = Slot::fresh(&policy);
-    let (_, receipt) = key.reserve(START, &policy, 100);
-    let settle = Op::Settle {
-        receipt: Receipt { id: 7, ..receipt },
-        actual: 150,
+    // A key with 100 reserved at START, and the settle of `actual`.
+    let reserved = |id, actual| {
+        let mut key = Slot::fresh(&policy);
+        let (_, receipt) = key.reserve(START, &policy, 100);
+        let receipt = Receipt { id, ..receipt };
+        (key, Op::Settle { receipt, actual })
     };
+    let (mut key, settle) = reserved(7, 150);
     // The excess, charged once.
     assert_eq!(key.apply(START, &policy, settle).remaining(), 850);
     assert_eq!(key.apply(START, &policy, settle).remaining(), 850);
@@ -634,12 +636,7 @@ fn a_settle_id_is_remembered_for_settled_for() {
     assert_eq!(key.apply(after, &policy, settle).remaining(), 950);
 
     // A settle at the estimate changes nothing: not remembered.
-    let mut key = Slot::fresh(&policy);
-    let (_, receipt) = key.reserve(START, &policy, 100);
-    let exact = Op::Settle {
-        receipt: Receipt { id: 8, ..receipt },
-        actual: 100,
-    };
+    let (mut key, exact) = reserved(8, 100);
     assert_eq!(key.apply(START, &policy, exact).remaining(), 900);
     assert!(key.settled.is_empty());
 }
