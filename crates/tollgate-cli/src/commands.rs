@@ -238,10 +238,8 @@ async fn timed<T>(
 /// A backend on the command's Redis, without the start-up durability check.
 async fn connect(g: &Global, prefix: &str) -> Result<RedisBackend, Failure> {
     // The configuration's rule for `defaults.prefix`.
-    if prefix.is_empty() || prefix.contains(['{', '}', ':']) {
-        return Err(Failure::Input(format!(
-            "--prefix {prefix:?}: must be non-empty, without '{{', '}}' or ':'"
-        )));
+    if let Err(rule) = tollgate_limiter::config::check_prefix(prefix) {
+        return Err(Failure::Input(format!("--prefix {prefix:?}: {rule}")));
     }
     if !cfg!(feature = "tls")
         && g.redis_url.iter().any(|u| {

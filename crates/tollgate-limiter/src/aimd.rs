@@ -182,6 +182,8 @@ pub struct AimdConfig {
     pub max_hold: Duration,
     /// A scope unused this long forgets its adapted rate; also the TTL of
     /// the rate stored in the backend, renewed by every cut and step up.
+    /// At least `max_hold`: a worker forgets an idle scope's `Retry-After`
+    /// hold with it, and keeps it alone while the backend is down.
     pub idle_expiry: Duration,
     /// How long one backend call may take before it counts as a failure.
     pub timeout: Duration,
@@ -276,6 +278,18 @@ impl AimdConfig {
         span("max_hold", self.max_hold)?;
         span("idle_expiry", self.idle_expiry)?;
         span("timeout", self.timeout)?;
+        // A worker forgets a scope idle this long, and with it the hold it
+        // keeps alone while the backend is down: a hold must end first.
+        if self.idle_expiry < self.max_hold {
+            return Err(bad(
+                "idle_expiry",
+                format!(
+                    "must be at least max_hold ({}): a scope idle longer is forgotten, \
+                     with the Retry-After hold a worker keeps while the backend is down",
+                    humantime::format_duration(self.max_hold)
+                ),
+            ));
+        }
         if self.idle_expiry <= self.reaction_window {
             return Err(bad(
                 "idle_expiry",
@@ -1067,6 +1081,11 @@ mod tests {
             ("reaction_window = \"soon\"", "aimd.reaction_window"),
             ("burst = 0", "aimd.burst"),
             ("idle_expiry = \"1s\"", "aimd.idle_expiry"),
+            // Shorter than a hold: a worker alone would forget it.
+            (
+                "max_hold = \"2h\"\nidle_expiry = \"1h\"",
+                "aimd.idle_expiry",
+            ),
             ("increase = \"fast\"", "aimd.increase"),
         ] {
             let e = AimdConfig::from_toml(toml).unwrap_err().to_string();

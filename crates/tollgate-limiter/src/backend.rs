@@ -89,6 +89,11 @@ pub trait Backend: Send + Sync + 'static {
     /// The default implementation decides and answers a receipt without
     /// marks: settling it can charge an excess but refunds nothing, the
     /// safe side. tollgate's memory and Redis backends override it.
+    ///
+    /// A settle carries its receipt's [`id`](Receipt::id) (the caller's,
+    /// not the backend's): a backend remembers it, as the model's
+    /// [`Slot::settled`](crate::model::Slot::settled) does, and applies a
+    /// replay of it as a peek.
     fn reserve(
         &self,
         req: Request<'_>,

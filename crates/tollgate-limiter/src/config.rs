@@ -389,12 +389,7 @@ impl Config {
             reason,
         };
         let prefix = d.prefix.clone().unwrap_or_else(|| "tollgate".into());
-        if prefix.is_empty() || prefix.contains(['{', '}', ':']) {
-            return Err(dflt(
-                "prefix",
-                "must be non-empty, without '{', '}' or ':'".into(),
-            ));
-        }
+        check_prefix(&prefix).map_err(|e| dflt("prefix", e.into()))?;
         let fail_mode = match &d.fail_mode {
             Some(s) => s.parse().map_err(|e| dflt("fail_mode", e))?,
             None => FailMode::default(),
@@ -470,6 +465,25 @@ impl Config {
             adaptive,
             redis,
         })
+    }
+}
+
+/// Whether `prefix` can prefix a backend's keys (`<prefix>:<limiter>:{<key>}`):
+/// not empty, without `{` or `}` (the hash tag) nor `:`, so that one
+/// prefix never reads as another's followed by a limiter name (`a` and
+/// limiter `b:c`, `a:b` and limiter `c`; limiter names have no `:`
+/// either). The error is the rule, for the caller to name its field.
+///
+/// # Examples
+///
+/// ```
+/// assert!(tollgate_limiter::config::check_prefix("tollgate").is_ok());
+/// assert!(tollgate_limiter::config::check_prefix("svc:eu").is_err());
+/// ```
+pub fn check_prefix(prefix: &str) -> Result<(), &'static str> {
+    match prefix.is_empty() || prefix.contains(['{', '}', ':']) {
+        true => Err("must be non-empty, without '{', '}' or ':'"),
+        false => Ok(()),
     }
 }
 
@@ -661,9 +675,10 @@ fn single_policy(l: &RawLimiter) -> Result<Policy, FieldError> {
     }
     let req = |field: &'static str, v: Option<u64>| v.ok_or_else(|| err(field, "missing".into()));
     let dur = |field: &'static str, v: &Option<String>| -> Result<Duration, FieldError> {
-        opt_duration(v.as_deref())
+        let d = opt_duration(v.as_deref())
             .map_err(|e| err(field, e))?
-            .ok_or_else(|| err(field, "missing".into()))
+            .ok_or_else(|| err(field, "missing".into()))?;
+        whole_micros(d).map_err(|e| err(field, e))
     };
     Ok(match strategy {
         Strategy::Composite => return Err(err("policies", "missing".into())),
@@ -775,6 +790,19 @@ fn composite_policy(l: &RawLimiter, parts: &[RawLimiter]) -> Result<Policy, Fiel
         .into())
 }
 
+/// `d` if it is a whole number of microseconds, the unit every policy
+/// counts in: a finer one was truncated, silently (`"1/1500ns"` refilled a
+/// token every microsecond).
+fn whole_micros(d: Duration) -> Result<Duration, String> {
+    if !d.subsec_nanos().is_multiple_of(1_000) {
+        return Err(format!(
+            "{} is not a whole number of microseconds (policies count in µs)",
+            humantime::format_duration(d)
+        ));
+    }
+    Ok(d)
+}
+
 fn opt_duration(s: Option<&str>) -> Result<Option<Duration>, String> {
     s.map(|s| {
         humantime::parse_duration(s.trim())
@@ -784,7 +812,8 @@ fn opt_duration(s: Option<&str>) -> Result<Option<Duration>, String> {
 }
 
 /// Parses a rate such as `"60/min"`, `"10/s"` or `"5/15m"` into
-/// (count, period).
+/// (count, period). A period that is not a whole number of microseconds
+/// (`"1/1500ns"`) is refused: policies count in microseconds.
 ///
 /// # Examples
 ///
@@ -809,6 +838,7 @@ pub fn parse_rate(s: &str) -> Result<(u64, Duration), String> {
         humantime::parse_duration(&format!("1{per}"))
     }
     .map_err(|e| format!("{e} in rate {s:?}"))?;
+    let period = whole_micros(period).map_err(|e| format!("its period {e}, in rate {s:?}"))?;
     Ok((count, period))
 }
 
@@ -1153,6 +1183,20 @@ mod tests {
         assert!(e.contains("brust") && e.contains("adaptive.crawler"), "{e}");
     }
 
+    /// Keys are `<prefix>:<limiter>:{<key>}`: a ':' in either would let
+    /// prefix `a` with limiter `b:c` and prefix `a:b` with limiter `c`
+    /// share every key, so both are refused at load, naming the field
+    /// (the backend builder and the CLI's `--prefix` take the same rule).
+    #[test]
+    fn neither_prefix_nor_limiter_name_takes_a_colon() {
+        let tb = "strategy='token_bucket'\ncapacity=1\nrefill='1/s'";
+        let e = err(&format!("[defaults]\nprefix='a:b'\n[limiters.c]\n{tb}"));
+        assert!(e.contains("defaults.prefix"), "{e}");
+        let e = err(&format!("[defaults]\nprefix='a'\n[limiters.\"b:c\"]\n{tb}"));
+        assert!(e.contains("limiters.b:c.name"), "{e}");
+        assert!(load(&format!("[defaults]\nprefix='a-b'\n[limiters.b-c]\n{tb}")).is_ok());
+    }
+
     /// An adaptive limiter's name follows the limiters' rule, and none of
     /// the limiter names it keeps its state under (`<name>`, `<name>-cut`,
     /// `-grow`, `-hold`, `-seen`) may be another section's: they loaded,
@@ -1284,6 +1328,40 @@ mod tests {
         assert!(parse_rate("60").is_err());
         assert!(parse_rate("x/s").is_err());
         assert!(parse_rate("1/fortnight").is_err());
+        assert_eq!(
+            parse_rate("3/2500us").unwrap(),
+            (3, Duration::from_micros(2_500))
+        );
+    }
+
+    /// A rate period or a span finer than a microsecond was truncated at
+    /// load (`"1/1500ns"` refilled every microsecond, `"1500ns"` windows
+    /// lasted one): refused, naming the field.
+    #[test]
+    fn spans_finer_than_a_microsecond_are_refused_at_load() {
+        for (toml, field) in [
+            (
+                "[limiters.x]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/1500ns'",
+                "limiters.x.refill",
+            ),
+            (
+                "[limiters.x]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/1.0000005s'",
+                "limiters.x.refill",
+            ),
+            (
+                "[limiters.x]\nstrategy='sliding_window'\nlimit=1\nwindow='1500ns'",
+                "limiters.x.window",
+            ),
+        ] {
+            let e = err(toml);
+            assert!(
+                e.contains(field) && e.contains("microseconds"),
+                "{toml}: {e}"
+            );
+        }
+        assert!(
+            load("[limiters.x]\nstrategy='token_bucket'\ncapacity=1\nrefill='1/1500us'").is_ok()
+        );
     }
 
     #[test]

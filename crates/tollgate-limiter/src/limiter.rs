@@ -891,7 +891,10 @@ impl<B: Backend> Limiter<B> {
             _ => {}
         }
         let result = self.try_reserve(key, cost, &deadline).await;
-        let receipt = result.as_ref().map_or(Receipt::NONE, |(_, r)| *r);
+        let mut receipt = result.as_ref().map_or(Receipt::NONE, |(_, r)| *r);
+        // Its settle's identity: the key refuses a replay of it (a call
+        // the cluster client re-sent), the same 64 bits.
+        receipt.id = crate::permit::slot_id().max(1);
         let verdict = self.finish(cache, asked, key, cost, result.map(|(d, _)| d));
         let held = matches!(&verdict, Verdict::Decided(d) if d.is_allowed()) && receipt.units > 0;
         let reservation = match held {
@@ -937,12 +940,15 @@ impl<B: Backend> Limiter<B> {
         receipt: Receipt,
         actual: u64,
     ) -> Result<Decision, Error> {
-        // Refunds free units: refusals cached before are stale.
+        let op = Op::Settle { receipt, actual };
+        let result = self.try_op(key, op, &self.inner.guard.deadline()).await;
+        // Refunds free units: refusals cached before are stale. After the
+        // call, as `reset` does: a refusal decided before the refund and
+        // answered after it is not kept either.
         if let Some(cache) = &self.inner.denials {
             cache.forget(key);
         }
-        let op = Op::Settle { receipt, actual };
-        self.try_op(key, op, &self.inner.guard.deadline()).await
+        result
     }
 
     /// Reports whether a request of the

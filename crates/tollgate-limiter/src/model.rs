@@ -14,7 +14,7 @@ pub use crate::strategy::calendar::CalendarState;
 pub use crate::strategy::composite::CompositeState;
 pub use crate::strategy::concurrency::ConcurrencyState;
 pub use crate::strategy::progressive_delay::ProgressiveDelayState;
-pub use crate::strategy::reservation::{Mark, Receipt};
+pub use crate::strategy::reservation::{Mark, Receipt, SETTLED_FOR, Settled};
 pub use crate::strategy::sliding_window::SlidingWindowState;
 pub use crate::strategy::token_bucket::TokenBucketState;
 
@@ -51,10 +51,14 @@ pub enum Op {
     /// [`ProgressiveDelayState::settle`]). Answers as `Peek(1)` would
     /// afterwards.
     ///
-    /// Settle a receipt once: the model does not remember receipts, so a
-    /// second settle of the same one refunds (or charges) again, within
-    /// what the state still holds. [`Reservation::settle`](crate::Reservation::settle)
-    /// consumes its reservation, so a `Limiter` cannot.
+    /// A settle whose [`Receipt::id`] the key remembers is a replay: it
+    /// changes nothing and answers as `Peek(1)` (see [`Slot::settled`]);
+    /// one whose `actual` is its units changes nothing either way, and is
+    /// not remembered. A
+    /// receipt with id 0 is settled every time, refunding (or charging)
+    /// again within what the state still holds.
+    /// [`Reservation::settle`](crate::Reservation::settle) consumes its
+    /// reservation, so a `Limiter` cannot settle one twice.
     Settle {
         /// What the reservation took, as its backend reported it.
         receipt: Receipt,
@@ -319,6 +323,11 @@ pub struct Slot {
     pub state: State,
     /// The key reads as fresh from this instant on.
     pub expires_at: Timestamp,
+    /// The settles (by [`Receipt::id`]) the key refuses to apply again,
+    /// each for [`SETTLED_FOR`] after the first: beside the state, kept
+    /// through its expiry and resets (Redis: a key of their own, see
+    /// [reservations](crate::strategy::reservation)).
+    pub settled: Settled,
 }
 
 impl Slot {
@@ -328,6 +337,7 @@ impl Slot {
         Self {
             state: State::fresh(policy),
             expires_at: 0,
+            settled: Settled::default(),
         }
     }
 
@@ -350,6 +360,14 @@ impl Slot {
                 self.expires_at = s.expires_at();
             }
             return decision.with_window_micros(policy.window_micros());
+        }
+        // A replayed settle (after the common case: it costs a charge
+        // nothing). One at the estimate changes nothing: not remembered.
+        if let Op::Settle { receipt, actual } = op
+            && actual != receipt.units
+            && self.settled.replayed(receipt.id, now)
+        {
+            return self.apply(now, policy, Op::PEEK);
         }
         if self.expires_at <= now {
             self.state = State::fresh(policy);
@@ -395,6 +413,8 @@ impl Slot {
         let receipt = Receipt {
             units: units.max(1),
             marks: self.state.marks(policy),
+            // Backends answer none: the caller draws one.
+            id: 0,
         };
         (decision, receipt)
     }
@@ -403,7 +423,7 @@ impl Slot {
     /// otherwise).
     #[inline]
     pub fn is_live(&self, now: Timestamp) -> bool {
-        self.expires_at > now
+        self.expires_at > now || self.settled.is_live(now)
     }
 }
 

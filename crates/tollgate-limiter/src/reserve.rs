@@ -8,7 +8,7 @@ use crate::decision::Decision;
 use crate::error::Error;
 use crate::key::Key;
 use crate::limiter::Limiter;
-use crate::model::Receipt;
+use crate::model::{Mark, Receipt};
 
 /// An estimate taken by [`Limiter::reserve`]; [`settle`](Self::settle) it
 /// with the real cost once known.
@@ -23,6 +23,18 @@ use crate::model::Receipt;
 /// An *empty* reservation holds nothing: the reservation was refused, or
 /// passed under fail-open while the backend could not answer. Settling it
 /// does nothing.
+///
+/// It settles once: neither `Clone` nor `Copy`, consumed by
+/// [`settle`](Self::settle) and [`refund`](Self::refund).
+///
+/// ```compile_fail
+/// # use tollgate_limiter::{Backend, Reservation};
+/// async fn twice<B: Backend>(r: Reservation<B>) {
+///     let again = r.clone();
+///     let _ = r.settle(1).await;
+///     let _ = again.settle(1).await;
+/// }
+/// ```
 #[must_use = "settle it with the real cost; dropped, it keeps the whole estimate charged"]
 pub struct Reservation<B> {
     held: Option<Held<B>>,
@@ -60,9 +72,14 @@ impl<B> Reservation<B> {
         self.held.is_none()
     }
 
-    /// What the backend reported taking (`None` when empty).
-    pub fn receipt(&self) -> Option<&Receipt> {
-        self.held.as_ref().map(|h| &h.receipt)
+    /// Where the units of part `part` (0 for a single policy) sit, as the
+    /// backend reported (`None` when empty or unmarked). The receipt
+    /// itself is not handed out: settled through the backend as well, it
+    /// would refund twice where the key no longer remembers it.
+    pub fn mark(&self, part: usize) -> Option<Mark> {
+        self.held
+            .as_ref()
+            .and_then(|h| h.receipt.marks.get(part).copied().flatten())
     }
 }
 
@@ -79,7 +96,11 @@ impl<B: Backend> Reservation<B> {
     /// `Err` (the backend failed or timed out, whatever the fail mode: no
     /// request waits on this answer) nothing is known to be refunded: the
     /// estimate stays charged, the safe side, and an excess is not charged.
-    /// Settling twice is not possible: this consumes the reservation.
+    /// Settling twice is not possible: this consumes the reservation; and
+    /// the key refuses a replay of this settle (a call re-sent by the
+    /// Redis Cluster client) for 15 minutes (see
+    /// [`strategy::reservation`](crate::strategy::reservation), "Settled
+    /// once").
     pub async fn settle(self, actual: u64) -> Result<Option<Decision>, Error> {
         match self.held {
             None => Ok(None),

@@ -606,3 +606,37 @@ fn a_composite_settles_its_calendar_part() {
     );
     assert_eq!(d.remaining(), 700);
 }
+
+/// A settle of a receipt id the key remembers changes nothing, until
+/// `SETTLED_FOR` after the first; then the key forgets it, and the record
+/// alone no longer keeps the key.
+#[test]
+fn a_settle_id_is_remembered_for_settled_for() {
+    use tollgate_limiter::model::SETTLED_FOR;
+    let policy = Policy::from(TokenBucket::new(1_000, 1, Duration::from_secs(1)).unwrap());
+    // A key with 100 reserved at START, and the settle of `actual`.
+    let reserved = |id, actual| {
+        let mut key = Slot::fresh(&policy);
+        let (_, receipt) = key.reserve(START, &policy, 100);
+        let receipt = Receipt { id, ..receipt };
+        (key, Op::Settle { receipt, actual })
+    };
+    let (mut key, settle) = reserved(7, 150);
+    // The excess, charged once.
+    assert_eq!(key.apply(START, &policy, settle).remaining(), 850);
+    assert_eq!(key.apply(START, &policy, settle).remaining(), 850);
+    // One microsecond before it is forgotten, still a replay.
+    let late = START + SETTLED_FOR - 1;
+    let full = key.apply(late, &policy, Op::PEEK).remaining();
+    assert_eq!(key.apply(late, &policy, settle).remaining(), full);
+    assert!(key.is_live(late));
+    // Forgotten: the key holds nothing else, and the settle applies again.
+    let after = START + SETTLED_FOR;
+    assert!(!key.is_live(after));
+    assert_eq!(key.apply(after, &policy, settle).remaining(), 950);
+
+    // A settle at the estimate changes nothing: not remembered.
+    let (mut key, exact) = reserved(8, 100);
+    assert_eq!(key.apply(START, &policy, exact).remaining(), 900);
+    assert!(key.settled.is_empty());
+}

@@ -284,16 +284,20 @@ impl Bucket {
                 ..TokenBucketState::default()
             }),
             expires_at: tat,
+            settled: Default::default(),
         }
     }
 
     /// `slot`'s `(tat, born)` if a [`Bucket`] can hold it: not once a
     /// refund was made in its life (rare, and the count would cost every
     /// bucket 8 bytes): that life is kept as an [`Other`], until a new one
-    /// begins.
+    /// begins; nor once it remembered a settle (until a later settle finds
+    /// them all past, or the key is dropped).
     fn of(slot: &Slot) -> Option<(Timestamp, Timestamp)> {
         match &slot.state {
-            State::TokenBucket(s) if slot.expires_at == s.tat && s.refunded == 0 => {
+            State::TokenBucket(s)
+                if slot.expires_at == s.tat && s.refunded == 0 && slot.settled.is_empty() =>
+            {
                 Some((s.tat, s.born))
             }
             _ => None,

@@ -28,6 +28,8 @@ struct Counting {
     inner: MemoryBackend<MockClock>,
     calls: Arc<AtomicU64>,
     gate: Arc<Mutex<Option<Gate>>>,
+    /// Holds the next settle before it is decided.
+    settle_gate: Arc<Mutex<Option<Gate>>>,
 }
 
 impl Counting {
@@ -36,6 +38,7 @@ impl Counting {
             inner: inner.clone(),
             calls: Arc::default(),
             gate: Arc::default(),
+            settle_gate: Arc::default(),
         }
     }
 
@@ -52,6 +55,16 @@ impl Counting {
         *self.gate.lock().unwrap() = Some((decided_tx, release_rx));
         (decided_rx, release_tx)
     }
+
+    /// Holds the next settle before it is decided, as a call still on its
+    /// way to the server: the receiver says it arrived, the sender lets it
+    /// be decided.
+    fn hold_next_settle(&self) -> (oneshot::Receiver<()>, oneshot::Sender<()>) {
+        let (arrived_tx, arrived_rx) = oneshot::channel();
+        let (release_tx, release_rx) = oneshot::channel();
+        *self.settle_gate.lock().unwrap() = Some((arrived_tx, release_rx));
+        (arrived_rx, release_tx)
+    }
 }
 
 impl Backend for Counting {
@@ -66,16 +79,45 @@ impl Backend for Counting {
             Op::Acquire(_) => self.gate.lock().unwrap().take(),
             _ => None,
         };
+        let settle_gate = match req.op {
+            Op::Settle { .. } => self.settle_gate.lock().unwrap().take(),
+            _ => None,
+        };
+        let (inner, held) = (self.inner.clone(), settle_gate.is_some());
+        let owned = (req.limiter.to_owned(), req.key.clone(), *req.policy, req.op);
         // The memory backend decides when asked, not when polled.
-        let decided = self.inner.decide(req);
+        let decided = (!held).then(|| self.inner.decide(req));
         async move {
-            let answer = decided.await;
+            if let Some((arrived, release)) = settle_gate {
+                let _ = arrived.send(());
+                let _ = release.await;
+                let (limiter, key, policy, op) = owned;
+                let req = Request {
+                    limiter: &limiter,
+                    key: &key,
+                    policy: &policy,
+                    op,
+                };
+                return inner.decide(req).await;
+            }
+            let answer = decided.expect("decided when asked").await;
             if let Some((decided, release)) = gate {
                 let _ = decided.send(());
                 let _ = release.await;
             }
             answer
         }
+    }
+
+    // Forwarded, not counted: the trait's default answers a receipt that
+    // refunds nothing.
+    fn reserve(
+        &self,
+        req: Request<'_>,
+    ) -> impl Future<
+        Output = Result<(Decision, tollgate_limiter::strategy::reservation::Receipt), MemoryError>,
+    > + Send {
+        self.inner.reserve(req)
     }
 
     fn set_override(
@@ -231,9 +273,9 @@ async fn refusals_a_dropped_request_was_carrying_are_carried_by_the_next() {
     assert_eq!(pair.request(1).await, (false, false));
 }
 
-/// A refusal the backend decided before this worker's reset or override,
-/// and whose answer arrives after it, is not cached: the reset or the
-/// override takes effect at once, as `LimiterBuilder::local_denials`
+/// A refusal the backend decided before this worker's reset, override or
+/// refund, and whose answer arrives after it, is not cached: each takes
+/// effect at once, as `LimiterBuilder::local_denials`
 /// promises for this worker's own calls.
 #[tokio::test]
 async fn a_refusal_answered_after_this_workers_reset_or_override_is_not_cached() {
@@ -241,14 +283,16 @@ async fn a_refusal_answered_after_this_workers_reset_or_override_is_not_cached()
     let hour = Duration::from_secs(3600);
     let one = Policy::from(TokenBucket::new(1, 1, hour).unwrap());
     let two = Policy::from(TokenBucket::new(2, 1, hour).unwrap());
-    for undo in ["reset", "override"] {
+    for undo in ["reset", "override", "refund"] {
         let backend = Counting::new(&MemoryBackend::with_clock(MockClock::new()));
         let limiter = Limiter::builder("held", one, backend.clone())
             .local_denials(Duration::from_secs(60))
             .timeout(Duration::from_secs(30))
             .build();
         let key = Key::new("k");
-        assert!(limiter.check(&key).await.is_allowed());
+        // The token is taken by a reservation, which "refund" gives back.
+        let (taken, reservation) = limiter.reserve(&key, 1).await;
+        assert!(taken.is_allowed());
         // Refused by the backend; the answer is on its way.
         let (decided, release) = backend.hold_next();
         let refused = tokio::spawn({
@@ -259,7 +303,8 @@ async fn a_refusal_answered_after_this_workers_reset_or_override_is_not_cached()
         // This worker unblocks the key meanwhile.
         match undo {
             "reset" => drop(limiter.reset(&key).await.unwrap()),
-            _ => limiter.set_override(Some(&key), Some(two)).await.unwrap(),
+            "override" => limiter.set_override(Some(&key), Some(two)).await.unwrap(),
+            _ => drop(reservation.refund().await.unwrap()),
         }
         release.send(()).unwrap();
         assert!(!refused.await.unwrap(), "{undo}");
@@ -268,4 +313,42 @@ async fn a_refusal_answered_after_this_workers_reset_or_override_is_not_cached()
         let after = limiter.check(&key).await;
         assert!(after.is_allowed(), "{undo}: {after:?}");
     }
+}
+
+/// A refusal asked after this worker began a refund, decided before the
+/// refund reached the backend and answered after it, is not cached either:
+/// the refund forgets the key once it is answered, as a reset does.
+#[tokio::test]
+async fn a_refusal_decided_while_a_refund_is_on_its_way_is_not_cached() {
+    let hour = Duration::from_secs(3600);
+    let one = Policy::from(TokenBucket::new(1, 1, hour).unwrap());
+    let backend = Counting::new(&MemoryBackend::with_clock(MockClock::new()));
+    let limiter = Limiter::builder("held", one, backend.clone())
+        .local_denials(Duration::from_secs(60))
+        .timeout(Duration::from_secs(30))
+        .build();
+    let key = Key::new("k");
+    let (taken, reservation) = limiter.reserve(&key, 1).await;
+    assert!(taken.is_allowed());
+    // The refund is on its way to the backend.
+    let (arrived, let_settle) = backend.hold_next_settle();
+    let refund = tokio::spawn(async move { reservation.refund().await });
+    arrived.await.unwrap();
+    // Meanwhile a check is refused (the token is still out), its answer
+    // on its way.
+    let (decided, let_answer) = backend.hold_next();
+    let refused = tokio::spawn({
+        let (limiter, key) = (limiter.clone(), key.clone());
+        async move { limiter.check(&key).await.is_allowed() }
+    });
+    decided.await.unwrap();
+    // The refund is decided and answered, then the refusal.
+    let_settle.send(()).unwrap();
+    let refunded = refund.await.unwrap().unwrap().expect("a held reservation");
+    assert!(refunded.is_allowed(), "{refunded:?}");
+    let_answer.send(()).unwrap();
+    assert!(!refused.await.unwrap());
+    // The backend admits the key again: the refusal must not answer for it.
+    let after = limiter.check(&key).await;
+    assert!(after.is_allowed(), "{after:?}");
 }

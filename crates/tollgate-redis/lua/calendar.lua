@@ -22,7 +22,7 @@ end
 if not calendar_window(p, now) then
   return { -2, fmt(now), p.spec }
 end
-local op, cost, settle = parse_op()
+local op, cost, settle = parse_op(now)
 
 local st = state_fields('s', 'x', 'a', 'n', 'b')
 local s = { a = 0, e = 0, n = 0, b = 0 }

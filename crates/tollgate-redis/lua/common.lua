@@ -48,7 +48,14 @@
 --                    <units> that cost <actual>: refund the unused units
 --                    still held, or charge the excess; answers '?1'. Each
 --                    mi is a part's mark '<born>,<at>[,<interval>]', or
---                    '-' for none
+--                    '-' for none; then, when the receipt has one,
+--                    '@<id>': the settle's identity (digits, kept a
+--                    string). Unless units = actual (nothing to refund
+--                    or charge), the key remembers it 15 minutes in
+--                    <prefix>:<limiter>:{<key>}:settled:<id> (STRING, when
+--                    it is forgotten in µs, read against now): a settle
+--                    of an id remembered is a replay, answered '?1' with
+--                    nothing written but that key (parse_op below)
 --                    (model: strategy/reservation.rs)
 --            'h<id>' hold concurrency slot <id> (concurrency.lua); any
 --                    other script answers '?1'
@@ -113,11 +120,18 @@ end
 -- Whether this acquire is a reservation (its reply carries the marks).
 local RESERVE = false
 
+-- How long a key remembers a settle's id, in µs (the model's
+-- SETTLED_FOR).
+local SETTLED_FOR = 900000000
+
 -- The operation of ARGV[1]: 'acquire' | 'peek' | 'penalise' | 'reset' |
 -- 'settle', and its number (at least 1 except for a penalty; a settle's is
 -- the units reserved, and a third value { actual, marks = { [i] = {born,
--- at} or false } }).
-local function parse_op()
+-- at} or false } }). A settle whose id the key remembers is a replay:
+-- 'peek', 1 (the model's Slot::apply). Called once a script knows it
+-- answers (after its redirects: { -1 } and { -2 } are answered again,
+-- with the same id, by the call that follows), at `now`.
+local function parse_op(now)
   local a = ARGV[1]
   -- The common operation first: no string.sub, no tonumber.
   if a == '1' then
@@ -133,9 +147,25 @@ local function parse_op()
     return 'peek', 1
   end
   if sigil == 's' then
+    local body, id = string.match(a, '^s([^@]*)@?(%d*)$')
     local f = {}
-    for part in string.gmatch(string.sub(a, 2), '[^:]+') do
+    for part in string.gmatch(body or '', '[^:]+') do
       f[#f + 1] = part
+    end
+    -- Not a settle at the estimate (units = actual, both digits as the
+    -- client wrote them): it changes nothing, and a failed login's
+    -- settle leaves no key.
+    if id and id ~= '' and f[1] ~= f[2] then
+      -- Remembered SETTLED_FOR from the first settle: one call unless
+      -- there already. A value at or before now (the caller's clock in
+      -- the tests, ahead of the TTL) is forgotten: written anew.
+      local key, till = KEYS[1] .. ':settled:' .. id, now + SETTLED_FOR
+      if not redis.call('SET', key, fmt(till), 'PX', ttl_ms(till, now), 'NX') then
+        if (tonumber(redis.call('GET', key)) or 0) > now then
+          return 'peek', 1
+        end
+        redis.call('SET', key, fmt(till), 'PX', ttl_ms(till, now))
+      end
     end
     local marks = {}
     for i = 3, #f do

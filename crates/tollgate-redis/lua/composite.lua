@@ -45,7 +45,7 @@ end
 if #missing > 0 then
   return { -2, fmt(now), unpack(missing) }
 end
-local op, cost, settle = parse_op()
+local op, cost, settle = parse_op(now)
 -- The parts' logs are the last four keys (see the head of this file).
 local logs_at = #KEYS - 4
 local function log_key(i)

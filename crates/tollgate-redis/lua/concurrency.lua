@@ -27,7 +27,7 @@ local function parse_slot_op()
   elseif sigil == 'x' then
     return 'release', string.sub(ARGV[1], 2)
   end
-  return parse_op()
+  return parse_op(now)
 end
 
 local op, id = parse_slot_op()

@@ -23,7 +23,7 @@ local p = policy_in_force(0)
 if p.kind ~= 'p' then
   return { -1, p.kind }
 end
-local op, cost, settle = parse_op()
+local op, cost, settle = parse_op(now)
 
 -- The failure count saturates at 2^53 (the model's, a u64, at 2^64 - 1):
 -- a cost is never impossible here, so a client whose requests carry it

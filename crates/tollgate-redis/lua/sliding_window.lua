@@ -25,7 +25,7 @@ local LOG = KEYS[#KEYS]
 if p.kind ~= 'w' then
   return { -1, p.kind }
 end
-local op, cost, settle = parse_op()
+local op, cost, settle = parse_op(now)
 local w, limit = p.window, p.limit
 
 local st = state_fields('s', 'x', 'n', 'b', 't')

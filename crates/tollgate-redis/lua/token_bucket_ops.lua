@@ -58,7 +58,7 @@ end
 if p.kind ~= 't' then
   return { -1, p.kind }
 end
-local op, cost, settle = parse_op()
+local op, cost, settle = parse_op(now)
 
 -- Whether something is stored at KEYS[1]; a HASH was read as nil.
 local present = state and true or false

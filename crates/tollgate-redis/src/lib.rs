@@ -340,8 +340,11 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// The first part of every key (default `"tollgate"`). Braces are not
-    /// allowed (they would move the hash tag).
+    /// The first part of every key (default `"tollgate"`): not empty,
+    /// without braces (they would move the hash tag) or `:` (prefix `a`
+    /// with limiter `b:c` would share keys with prefix `a:b` and limiter
+    /// `c`), the configuration's rule for `defaults.prefix`;
+    /// [`build`](Self::build) refuses another, naming that field.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
@@ -516,8 +519,15 @@ impl RedisBackendBuilder {
     }
 
     fn check(&self) -> Result<(), RedisError> {
-        if self.prefix.contains(['{', '}']) {
-            return Err(RedisError::InvalidLimiterName(self.prefix.clone()));
+        // The configuration's rule (`defaults.prefix`): a ':' made prefix
+        // `a` with limiter `b:c` and prefix `a:b` with limiter `c` share
+        // every key.
+        if let Err(rule) = tollgate_limiter::config::check_prefix(&self.prefix) {
+            return Err(RedisError::Config(tollgate_limiter::ConfigError::Invalid {
+                path: "defaults".into(),
+                field: "prefix",
+                reason: format!("{:?} {rule}", self.prefix),
+            }));
         }
         if self.cluster && self.urls.iter().any(|u| sentinel::is_sentinel_url(u)) {
             return Err(RedisError::InvalidUrl(
@@ -1437,6 +1447,11 @@ fn op_arg(op: Op) -> Cow<'static, str> {
                     None => arg.push_str(":-"),
                 }
             }
+            // The settle's identity, which the script remembers to refuse
+            // a replay (none: settled every time).
+            if receipt.id != 0 {
+                arg.push_str(&format!("@{}", receipt.id));
+            }
             arg
         }
         Op::Hold(id) => format!("h{id}"),
@@ -1667,6 +1682,7 @@ impl Backend for RedisBackend {
             true => Receipt {
                 units: units.clamp(1, encoding::MAX_EXACT),
                 marks,
+                id: 0,
             },
             false => Receipt::NONE,
         };
@@ -1713,6 +1729,23 @@ impl Backend for RedisBackend {
 mod tests {
     use super::*;
     use tollgate_limiter::strategy::token_bucket::TokenBucketState;
+
+    /// A prefix with ':' (`a:b` with limiter `c` and `a` with limiter
+    /// `b:c` share every key), braces, or none is refused before any
+    /// connection, naming the configuration's field. `a:b` was accepted.
+    #[tokio::test]
+    async fn a_prefix_that_could_read_as_another_is_refused() {
+        for prefix in ["a:b", "a{b}", ""] {
+            let e = RedisBackend::builder("redis://127.0.0.1:1")
+                .prefix(prefix)
+                .build_lazy()
+                .unwrap_err();
+            assert!(
+                matches!(e, RedisError::Config(_)) && e.to_string().contains("defaults.prefix"),
+                "{prefix:?}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn builder_debug_hides_credentials() {
@@ -1985,6 +2018,12 @@ mod tests {
         assert_eq!(
             op_arg(Op::Settle { receipt, actual: 2 }),
             "s9:2:1,2,5:3,4:-:-"
+        );
+        // Every digit of a 64-bit id: the script keeps it a string.
+        receipt.id = u64::MAX;
+        assert_eq!(
+            op_arg(Op::Settle { receipt, actual: 2 }),
+            "s9:2:1,2,5:3,4:-:-@18446744073709551615"
         );
     }
 

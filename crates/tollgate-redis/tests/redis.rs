@@ -63,6 +63,32 @@ async fn caller_time(url: &str, prefix: &str, clock: &MockClock) -> RedisBackend
 }
 
 tollgate_testkit::on_every_server! {
+    /// A settle that refunds or charges leaves one key, `:settled:<id>`,
+    /// living 15 minutes (server time: its value is when, in the server's
+    /// µs); one at the estimate (a failed login's) leaves none.
+    #[tokio::test]
+    async fn a_settle_leaves_its_id_for_fifteen_minutes(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let prefix = unique_name("settled");
+        let b = server_time(&url, &prefix).await;
+        let l = Limiter::new("llm", TokenBucket::new(100, 1, S).unwrap(), b);
+        let mut r = raw(&url).await;
+        let k = Key::new("tenant");
+        let pattern = format!("{prefix}:llm:{{tenant}}:settled:*");
+        let (_, at_estimate) = l.reserve(&k, 5).await;
+        at_estimate.settle(5).await.unwrap();
+        let keys: Vec<String> = r.keys(&pattern).await.unwrap();
+        assert!(keys.is_empty(), "{keys:?}");
+        let (_, refunding) = l.reserve(&k, 5).await;
+        refunding.settle(2).await.unwrap();
+        let keys: Vec<String> = r.keys(&pattern).await.unwrap();
+        assert_eq!(keys.len(), 1, "{keys:?}");
+        let ttl: i64 = r.pttl(&keys[0]).await.unwrap();
+        assert!((899_000..=900_000).contains(&ttl), "{ttl}");
+    }
+}
+
+tollgate_testkit::on_every_server! {
     /// Server-time mode: a burst of `capacity` passes, then refusals.
     #[tokio::test]
     async fn server_time_token_bucket(server: Server) {
@@ -266,7 +292,7 @@ tollgate_testkit::on_every_server! {
         let _: () = r.pexpire(&state, 600_000).await.unwrap();
         let (v, reservation) = pd.reserve(&k, 1).await;
         assert_eq!(v.decision().map(|d| d.remaining()), Some(0));
-        let mark = reservation.receipt().unwrap().marks[0].unwrap();
+        let mark = reservation.mark(0).unwrap();
         assert_eq!((mark.born, mark.at), (0, now));
         let o: String = r.hget(&state, "o").await.unwrap();
         assert_eq!(o, "0");

@@ -1010,6 +1010,90 @@ pub async fn reserve_and_settle<B: Backend + Clone>(backend: B, clock: MockClock
     }
 }
 
+/// A settle sent again with the same receipt id, as the Redis Cluster
+/// client re-sends a call whose reply its dropped connection lost,
+/// changes nothing: the refund is made once, the excess charged once; on a
+/// token bucket, a sliding window, a calendar quota and a composite. Two
+/// reservations of one instant (a window entry, a calendar count: the same
+/// mark) each still settle, once.
+pub async fn a_replayed_settle_changes_nothing<B: Backend>(backend: B, clock: MockClock) {
+    clock.set(civil("UTC", (2026, 2, 10), (12, 0)));
+    let policies: [Policy; 4] = [
+        TokenBucket::new(1_000, 10, S).unwrap().into(),
+        SlidingWindow::new(1_000, 60 * S).unwrap().into(),
+        Calendar::new(1_000, Period::Day, "UTC").unwrap().into(),
+        Composite::new([
+            TokenBucket::new(1_000, 10, S).unwrap().into(),
+            SlidingWindow::new(5_000, 3600 * S).unwrap().into(),
+        ])
+        .unwrap()
+        .into(),
+    ];
+    let mut next_id = 0;
+    for policy in policies {
+        let name = unique_name("replay");
+        let key = Key::new("tenant");
+        let req = |op| Request {
+            limiter: &name,
+            key: &key,
+            policy: &policy,
+            op,
+        };
+        let mut reserve = async |units| {
+            let (d, mut receipt) = backend.reserve(req(Op::Acquire(units))).await.unwrap();
+            assert!(d.is_allowed(), "{policy:?}");
+            next_id += 1;
+            receipt.id = next_id;
+            receipt
+        };
+        let big = reserve(800).await;
+        let small = reserve(100).await;
+        // Two reservations in one microsecond: one mark, but for a token
+        // bucket's (its arrival time moved).
+        let (a, b) = (reserve(10).await, reserve(10).await);
+        let shared = matches!(policy, Policy::SlidingWindow(_) | Policy::Calendar(_));
+        assert_eq!(a.marks == b.marks, shared, "{policy:?}");
+        clock.advance(Duration::from_millis(1));
+        let remaining = async |op| backend.decide(req(op)).await.unwrap().remaining();
+        let refund = Op::Settle {
+            receipt: big,
+            actual: 300,
+        };
+        let excess = Op::Settle {
+            receipt: small,
+            actual: 250,
+        };
+        let cases = [
+            (refund, 80 + 500),
+            (excess, 580 - 150),
+            (
+                Op::Settle {
+                    receipt: a,
+                    actual: 0,
+                },
+                430 + 10,
+            ),
+            (
+                Op::Settle {
+                    receipt: b,
+                    actual: 0,
+                },
+                440 + 10,
+            ),
+        ];
+        for (op, left) in cases {
+            assert_eq!(remaining(op).await, left, "{op:?} under {policy:?}");
+            for _ in 0..2 {
+                assert_eq!(remaining(op).await, left, "again: {op:?} under {policy:?}");
+            }
+        }
+        // Still remembered through a reset: what was settled is not
+        // settled again in the key's next life.
+        let _ = remaining(Op::Reset).await;
+        assert_eq!(remaining(excess).await, 1_000, "{policy:?}");
+    }
+}
+
 /// Refunds on a token bucket, alone and as a composite's part, when
 /// reservations overlap: a refund of an earlier reservation moves a later
 /// one's units down, so the later one refunds only what is still out (the
@@ -1326,7 +1410,9 @@ pub enum Step {
     /// Settle the receipt of an earlier reservation (number `which`,
     /// modulo the reservations made so far; none made: nothing happens)
     /// with the real cost `actual`. A receipt may be settled more than
-    /// once: the backend must still agree with the model.
+    /// once: the backend must still agree with the model. Every other
+    /// receipt carries an id (a second settle is a replay, which changes
+    /// nothing), the others none (settled again).
     Settle {
         /// Which reservation.
         which: usize,
@@ -1667,7 +1753,14 @@ pub async fn replay_with_candidate<B: Backend>(
                 let Some(want) = no_policy_agrees(got, want, i, steps)? else {
                     continue;
                 };
-                receipts.push((*key, want.1));
+                // Every other one with an id: settled again, a receipt
+                // with one is a replay, one without is settled again.
+                let id = if receipts.len().is_multiple_of(2) {
+                    receipts.len() as u64 + 1
+                } else {
+                    0
+                };
+                receipts.push((*key, Receipt { id, ..want.1 }));
                 continue;
             }
             Step::Settle { which, actual } => {
@@ -1944,6 +2037,7 @@ macro_rules! conformance_tests {
                 calendar_month_in_a_composite, reserve_and_settle,
                 progressive_delay_reservations,
                 reserve_and_settle_a_calendar_quota, overlapping_reservations_refund_what_is_out,
+                a_replayed_settle_changes_nothing,
                 a_settle_under_a_slower_refill_refunds_only_the_unused,
                 a_refund_never_frees_what_an_excess_trimmed,
                 concurrency_slots, concurrent_holds,

@@ -117,6 +117,21 @@
 //! beyond its limit: the key is then refused until that window ends, never
 //! longer.
 //!
+//! **Settled once.** A settle carries its receipt's [`Receipt::id`] (drawn
+//! at random by [`Limiter::reserve`](crate::Limiter::reserve)), and the
+//! key remembers it for [`SETTLED_FOR`] (15 minutes) beside its state, not
+//! in it: through a reset, an expiry or a new life. A settle of an id the
+//! key remembers is a replay (a call the Redis Cluster client re-sent
+//! after its connection dropped): it refunds and charges nothing, answers
+//! as a peek of one unit. A settle at the estimate (`actual` = its units)
+//! changes nothing, replayed or not, and is not remembered: a login
+//! attempt settled as the failure it was reserved as leaves nothing. Marks cannot
+//! serve: every reservation of a calendar window has the same one, as have
+//! a window's reservations made in the same microsecond. A receipt with
+//! id 0 (one a caller built, or a backend answered, without one) is
+//! settled every time; an application cannot settle one twice anyway:
+//! [`Reservation::settle`](crate::Reservation::settle) consumes it.
+//!
 //! **An unsettled reservation is a plain charge.** Dropped, forgotten, or
 //! its worker crashed: the estimate stays charged, and comes back the way
 //! every charge does (the bucket refills, the entry leaves the window, the
@@ -191,6 +206,14 @@ pub struct Mark {
 /// per part; the first for a single policy).
 ///
 /// A refused reservation took nothing: its receipt is [`Receipt::NONE`].
+///
+/// This is the backends' vocabulary, plain data: an application holds a
+/// [`Reservation`](crate::Reservation), which settles once and never hands
+/// its receipt out. The fields are not checked against anything a
+/// backend stored: code that builds or alters a receipt and settles it
+/// through the [`Backend`](crate::Backend) trait can refund what was never
+/// taken (up to a full bucket or window per settle). Never take one from a
+/// client.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Receipt {
     /// The units taken (0 when nothing was).
@@ -198,6 +221,11 @@ pub struct Receipt {
     /// Per part, where the units sit; `None` where the backend did not say
     /// (nothing of that part can be refunded).
     pub marks: [Option<Mark>; MAX_PARTS],
+    /// Which settle this is, for the key to refuse its replay (see
+    /// the [module docs](self), "Settled once"); 0: none, every settle applies.
+    /// Backends answer 0; [`Limiter::reserve`](crate::Limiter::reserve)
+    /// draws one at random (64 bits) for the reservation it holds.
+    pub id: u64,
 }
 
 impl Receipt {
@@ -205,6 +233,7 @@ impl Receipt {
     pub const NONE: Receipt = Receipt {
         units: 0,
         marks: [None; MAX_PARTS],
+        id: 0,
     };
 
     /// `units` taken, with no marks: settling may charge an excess but
@@ -224,6 +253,72 @@ impl Receipt {
         Self {
             units: self.units,
             marks,
+            id: self.id,
         }
+    }
+}
+
+/// How long a key remembers a settle's [`Receipt::id`], in microseconds
+/// (15 minutes): a replay within that refunds and charges nothing (see
+/// the [module docs](self), "Settled once"). The Redis Cluster client's
+/// re-sends of one call span at most about 11 minutes (16 retries, each
+/// after at most `10 ms × 2^n`, and at least 1.28 s).
+pub const SETTLED_FOR: u64 = 900_000_000;
+
+/// The settles a key remembers (see [`Slot::settled`](crate::model::Slot::settled)),
+/// each for [`SETTLED_FOR`] after the first: found in constant time, and
+/// forgotten in the order made, so a settle costs the same however many
+/// the key remembers. One pointer while none is (most keys never settle).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settled(Option<Box<Remembered>>);
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Remembered {
+    /// When each id is forgotten.
+    until: std::collections::HashMap<u64, Timestamp>,
+    /// The same, in the order remembered.
+    order: std::collections::VecDeque<(Timestamp, u64)>,
+    /// The latest `until` (a clock stepping back may remember one out of
+    /// order).
+    latest: Timestamp,
+}
+
+impl Settled {
+    /// Whether the settle `id` at `now` is a replay of one remembered;
+    /// if not, it is remembered until `now +` [`SETTLED_FOR`]. Those
+    /// past are forgotten. `id` 0 is never one.
+    pub fn replayed(&mut self, id: u64, now: Timestamp) -> bool {
+        if id == 0 {
+            return false;
+        }
+        let r = self.0.get_or_insert_default();
+        while let Some(&(until, old)) = r.order.front() {
+            if until > now {
+                break;
+            }
+            r.order.pop_front();
+            // Not if remembered again since (after it was past).
+            if r.until.get(&old) == Some(&until) {
+                r.until.remove(&old);
+            }
+        }
+        if r.until.get(&id).is_some_and(|&until| until > now) {
+            return true;
+        }
+        let until = now + SETTLED_FOR;
+        r.until.insert(id, until);
+        r.order.push_back((until, id));
+        r.latest = r.latest.max(until);
+        false
+    }
+
+    /// Whether a settle is remembered at `now` (the key must be kept).
+    pub fn is_live(&self, now: Timestamp) -> bool {
+        self.0.as_ref().is_some_and(|r| r.latest > now)
+    }
+
+    /// Whether none is remembered, nor was since the last was forgotten.
+    pub fn is_empty(&self) -> bool {
+        self.0.as_ref().is_none_or(|r| r.order.is_empty())
     }
 }

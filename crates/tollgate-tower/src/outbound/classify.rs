@@ -1,5 +1,5 @@
 use std::num::IntErrorKind;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use http::header::{HOST, RETRY_AFTER};
 use http::{HeaderMap, Request, StatusCode};
@@ -69,8 +69,13 @@ pub fn classify(status: StatusCode, headers: &HeaderMap) -> Outcome {
     }
 }
 
-/// The `Retry-After` of a response: delay-seconds, or an HTTP-date
-/// (IMF-fixdate) turned into a delay from now (zero if it has passed).
+/// The `Retry-After` of a response: delay-seconds, or an HTTP-date turned
+/// into a delay from now (zero if it has passed), in any of the three
+/// forms RFC 9110 has recipients read: IMF-fixdate
+/// (`Sun, 06 Nov 1994 08:49:37 GMT`), and the obsolete RFC 850
+/// (`Sunday, 06-Nov-94 08:49:37 GMT`) and asctime
+/// (`Sun Nov  6 08:49:37 1994`) forms; a date whose weekday is not its
+/// day's is unreadable.
 /// Delay-seconds too many for a `u64` read as [`Duration::MAX`] (the
 /// limiter caps a hold at its `max_hold`). `None` when absent or
 /// unreadable.
@@ -82,57 +87,13 @@ pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
         Err(e) if *e.kind() == IntErrorKind::PosOverflow => return Some(Duration::MAX),
         Err(_) => {}
     }
-    let at = parse_http_date(value)?;
+    // Years 1970 to 9999 only: a hostile remote's larger one is no date,
+    // never an overflow.
+    let at = httpdate::parse_http_date(value).ok()?;
     Some(
         at.duration_since(SystemTime::now())
             .unwrap_or(Duration::ZERO),
     )
-}
-
-/// Parses an IMF-fixdate, `Sun, 06 Nov 1994 08:49:37 GMT`, the form
-/// RFC 9110 requires senders to use.
-fn parse_http_date(s: &str) -> Option<SystemTime> {
-    let mut parts = s.split_ascii_whitespace();
-    let _weekday = parts.next()?.strip_suffix(',')?;
-    let day: u32 = parts.next()?.parse().ok()?;
-    let month = match parts.next()? {
-        "Jan" => 1,
-        "Feb" => 2,
-        "Mar" => 3,
-        "Apr" => 4,
-        "May" => 5,
-        "Jun" => 6,
-        "Jul" => 7,
-        "Aug" => 8,
-        "Sep" => 9,
-        "Oct" => 10,
-        "Nov" => 11,
-        "Dec" => 12,
-        _ => return None,
-    };
-    let year: i64 = parts.next()?.parse().ok()?;
-    let mut hms = parts.next()?.split(':').map(|p| p.parse::<u64>().ok());
-    let (h, m, sec) = (hms.next()??, hms.next()??, hms.next()??);
-    if parts.next()? != "GMT" || parts.next().is_some() || hms.next().is_some() {
-        return None;
-    }
-    // IMF-fixdate's year is four digits: a larger one (a hostile remote's
-    // `Retry-After`) would overflow the arithmetic below and `SystemTime`.
-    if !(1..=31).contains(&day) || h > 23 || m > 59 || sec > 60 || !(1970..=9999).contains(&year) {
-        return None;
-    }
-    // Days from the civil date (H. Hinnant's algorithm).
-    let (y, mo) = if month <= 2 {
-        (year - 1, month + 9)
-    } else {
-        (year, month - 3)
-    };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * mo + 2) / 5 + i64::from(day) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = u64::try_from(era * 146_097 + doe - 719_468).ok()?;
-    UNIX_EPOCH.checked_add(Duration::from_secs(days * 86_400 + h * 3600 + m * 60 + sec))
 }
 
 #[cfg(test)]
@@ -140,23 +101,65 @@ mod tests {
     use super::*;
     use http::HeaderValue;
 
-    #[test]
-    fn http_dates_parse() {
-        let t = parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
-        assert_eq!(t.duration_since(UNIX_EPOCH).unwrap().as_secs(), 784_111_777);
-        let t = parse_http_date("Tue, 29 Feb 2028 00:00:00 GMT").unwrap();
-        assert_eq!(
-            t.duration_since(UNIX_EPOCH).unwrap().as_secs(),
-            1_835_395_200
+    /// A date in the obsolete forms of RFC 9110 (5.6.7), made from
+    /// its IMF-fixdate: RFC 850 and asctime.
+    fn obsolete_forms(imf: &str) -> [String; 2] {
+        let f: Vec<&str> = imf.split([' ', ',']).filter(|p| !p.is_empty()).collect();
+        let (wday, day, mon, year, time) = (f[0], f[1], f[2], f[3], f[4]);
+        let long = [
+            "Monday",
+            "Tuesday",
+            "Wednesday",
+            "Thursday",
+            "Friday",
+            "Saturday",
+            "Sunday",
+        ]
+        .into_iter()
+        .find(|l| l.starts_with(wday))
+        .unwrap();
+        let rfc850 = format!("{long}, {day}-{mon}-{} {time} GMT", &year[2..]);
+        let asctime = format!(
+            "{wday} {mon} {:>2} {time} {year}",
+            day.trim_start_matches('0')
         );
+        [rfc850, asctime]
+    }
+
+    #[test]
+    fn each_http_date_form_is_read() {
+        let imf = "Sun, 06 Nov 1994 08:49:37 GMT";
+        let [rfc850, asctime] = obsolete_forms(imf);
+        assert_eq!(rfc850, "Sunday, 06-Nov-94 08:49:37 GMT");
+        assert_eq!(asctime, "Sun Nov  6 08:49:37 1994");
+        // Passed: no wait, in every form.
+        for date in [imf, &rfc850, &asctime] {
+            let mut h = HeaderMap::new();
+            h.insert(RETRY_AFTER, HeaderValue::from_str(date).unwrap());
+            assert_eq!(retry_after(&h), Some(Duration::ZERO), "{date}");
+        }
+        // An hour ahead, in every form, is about an hour away.
+        let later = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(3600));
+        let [rfc850, asctime] = obsolete_forms(&later);
+        for date in [&later, &rfc850, &asctime] {
+            let mut h = HeaderMap::new();
+            h.insert(RETRY_AFTER, HeaderValue::from_str(date).unwrap());
+            let wait = retry_after(&h).unwrap_or_else(|| panic!("{date} unread"));
+            assert!(
+                wait > Duration::from_secs(3590) && wait <= Duration::from_secs(3600),
+                "{date}: {wait:?}"
+            );
+        }
         for bad in [
-            "",
             "Sun, 06 Nov 1994 08:49:37",
-            "Sunday, 06-Nov-94 08:49:37 GMT",
             "Sun, 06 Foo 1994 08:49:37 GMT",
             "Sun, 06 Nov 1994 25:49:37 GMT",
+            // The weekday is not the date's.
+            "Mon, 06 Nov 1994 08:49:37 GMT",
         ] {
-            assert_eq!(parse_http_date(bad), None, "{bad}");
+            let mut h = HeaderMap::new();
+            h.insert(RETRY_AFTER, HeaderValue::from_static(bad));
+            assert_eq!(retry_after(&h), None, "{bad}");
         }
     }
 
@@ -173,16 +176,6 @@ mod tests {
         assert_eq!(retry_after(&h), Some(Duration::ZERO));
         h.insert(RETRY_AFTER, HeaderValue::from_static("soon"));
         assert_eq!(retry_after(&h), None);
-        // A date an hour ahead is about an hour away.
-        let later = SystemTime::now() + Duration::from_secs(3600);
-        let secs = later.duration_since(UNIX_EPOCH).unwrap().as_secs();
-        let date = format_http_date(secs);
-        h.insert(RETRY_AFTER, HeaderValue::from_str(&date).unwrap());
-        let wait = retry_after(&h).unwrap();
-        assert!(
-            wait > Duration::from_secs(3590) && wait <= Duration::from_secs(3600),
-            "{date}: {wait:?}"
-        );
     }
 
     /// A remote controls its `Retry-After`: a date far in the future (a
@@ -201,7 +194,7 @@ mod tests {
             h.insert(RETRY_AFTER, HeaderValue::from_str(&date).unwrap());
             let got = std::panic::catch_unwind(|| retry_after(&h));
             assert!(got.is_ok(), "{date} panicked");
-            // Not an IMF-fixdate (its year has four digits): unreadable.
+            // No HTTP-date (its year has four digits): unreadable.
             assert_eq!(got.unwrap(), None, "{date}");
         }
     }
@@ -226,31 +219,6 @@ mod tests {
         // A negative one is no delay-seconds (nor a date).
         h.insert(RETRY_AFTER, HeaderValue::from_static("-5"));
         assert_eq!(retry_after(&h), None);
-    }
-
-    /// The inverse of the parser, for the test only.
-    fn format_http_date(secs: u64) -> String {
-        let days = (secs / 86_400) as i64;
-        let rem = secs % 86_400;
-        let z = days + 719_468;
-        let era = z.div_euclid(146_097);
-        let doe = z - era * 146_097;
-        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-        let mp = (5 * doy + 2) / 153;
-        let d = doy - (153 * mp + 2) / 5 + 1;
-        let m = if mp < 10 { mp + 3 } else { mp - 9 };
-        let y = yoe + era * 400 + i64::from(m <= 2);
-        const MONTHS: [&str; 12] = [
-            "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-        ];
-        format!(
-            "Mon, {d:02} {} {y} {:02}:{:02}:{:02} GMT",
-            MONTHS[(m - 1) as usize],
-            rem / 3600,
-            rem / 60 % 60,
-            rem % 60
-        )
     }
 
     #[test]
