@@ -1,7 +1,7 @@
 //! A circuit breaker that keeps callers from waiting on a dead backend.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -99,8 +99,11 @@ pub(crate) struct Breaker {
     /// (threshold 0) records no failure, so it stays true.
     healthy: AtomicBool,
     state: Mutex<(State, u64)>,
-    /// Reports each state change (under the lock, so in order).
-    meter: BreakerMeter,
+    /// Reports each state change (under the lock, so in order), shared by
+    /// the limiter's breakers of every failure domain.
+    meter: Arc<BreakerMeter>,
+    /// This breaker's failure domain (see `Backend::failure_domains`).
+    domain: usize,
 }
 
 /// Leave to call the backend, given by [`Breaker::admit`].
@@ -116,7 +119,13 @@ pub(crate) struct Permit<'a> {
     probe: Option<u64>,
 }
 
-impl Permit<'_> {
+impl<'a> Permit<'a> {
+    /// The breaker that gave it.
+    #[inline(always)]
+    pub(crate) fn breaker(&self) -> &'a Breaker {
+        self.breaker
+    }
+
     /// Whether this call is the probe after a back-off.
     #[cfg(test)]
     pub(crate) fn is_probe(&self) -> bool {
@@ -148,8 +157,14 @@ impl Drop for Permit<'_> {
 }
 
 impl Breaker {
-    /// A closed breaker, reporting its state changes to `meter`.
-    pub(crate) fn new(config: BreakerConfig, probe_timeout: Duration, meter: BreakerMeter) -> Self {
+    /// A closed breaker for failure domain `domain`, reporting its state
+    /// changes to `meter`.
+    pub(crate) fn new(
+        config: BreakerConfig,
+        probe_timeout: Duration,
+        meter: Arc<BreakerMeter>,
+        domain: usize,
+    ) -> Self {
         // Bounded, so that `Instant::now() + backoff` and `backoff * 2`
         // cannot overflow (and panic a decision) whatever was configured.
         let bounded = |d: Duration| d.min(crate::guard::MAX_WAIT);
@@ -164,7 +179,13 @@ impl Breaker {
             healthy: AtomicBool::new(true),
             state: Mutex::new((State::Closed { failures: 0 }, 0)),
             meter,
+            domain,
         }
+    }
+
+    /// Its failure domain (see `Backend::failure_domains`).
+    pub(crate) fn domain(&self) -> usize {
+        self.domain
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, (State, u64)> {
@@ -212,7 +233,7 @@ impl Breaker {
             since: now,
             backoff,
         };
-        self.meter.transition(BreakerState::HalfOpen);
+        self.meter.transition(self.domain, BreakerState::HalfOpen);
         Ok(permit(Some(*next_id)))
     }
 
@@ -236,7 +257,7 @@ impl Breaker {
         let mut guard = self.lock();
         let was_open = !matches!(guard.0, State::Closed { .. });
         if was_open {
-            self.meter.transition(BreakerState::Closed);
+            self.meter.transition(self.domain, BreakerState::Closed);
         }
         guard.0 = State::Closed { failures: 0 };
         self.healthy.store(true, Ordering::Release);
@@ -270,7 +291,7 @@ impl Breaker {
             until: Instant::now() + backoff,
             backoff,
         };
-        self.meter.transition(BreakerState::Open);
+        self.meter.transition(self.domain, BreakerState::Open);
         true
     }
 
@@ -290,7 +311,7 @@ impl Breaker {
                 until: Instant::now(),
                 backoff,
             };
-            self.meter.transition(BreakerState::Open);
+            self.meter.transition(self.domain, BreakerState::Open);
         }
     }
 
@@ -315,7 +336,8 @@ mod tests {
                 max_backoff: Duration::from_secs(3),
             },
             TIMEOUT,
-            BreakerMeter::new("test"),
+            Arc::new(BreakerMeter::new("test", 1)),
+            0,
         )
     }
 
