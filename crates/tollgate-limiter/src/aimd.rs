@@ -1003,11 +1003,9 @@ impl<B: Backend> AimdLimiter<B> {
         let policy = Policy::from(try_bucket(self.inner.config.burst, rate)?);
         let scope = Scope::Key(&self.inner.names.rate, scope);
         self.guard(scope, || {
-            self.inner.backend.set_expiring_override(
-                scope,
-                &policy,
-                self.inner.config.idle_expiry,
-            )
+            self.inner
+                .backend
+                .set_expiring_override(scope, &policy, self.inner.config.idle_expiry)
         })
         .await
     }

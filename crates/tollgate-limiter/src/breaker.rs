@@ -19,6 +19,13 @@ use crate::metrics::{BreakerMeter, BreakerState};
 /// probe to the next caller at once; a probe that neither answers nor is
 /// dropped counts as failed after the per-decision timeout. No caller can
 /// leave the breaker waiting for a report that never comes.
+///
+/// A limiter keeps one breaker with these settings per failure domain of
+/// its backend ([`Backend::failure_domains`](crate::Backend::failure_domains):
+/// the slot ranges of a Redis Cluster, one for a single server or the
+/// memory backend). Each counts only its own domain's failures, and opens,
+/// backs off and probes on its own: a dead cluster master answers its own
+/// keys from the fail mode, not the limiter's keys on the other masters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BreakerConfig {
     /// Consecutive failures that open the breaker; 0 disables it.

@@ -126,7 +126,9 @@ async fn failures_in_one_domain_open_its_breaker_only() {
     // The other domains keep deciding, through the short path and the
     // general one, and their limiter-wide override is reachable.
     assert_eq!(check(&l, "b1").await, Ok(()));
-    let now = l.check_cost_now(&Key::new("b2"), 1).expect("decided at once");
+    let now = l
+        .check_cost_now(&Key::new("b2"), 1)
+        .expect("decided at once");
     assert!(matches!(now, Verdict::Decided(_)), "{now:?}");
     assert!(l.try_peek(&Key::new("b1"), 1).await.is_ok());
     assert!(l.get_override(None).await.is_ok());
@@ -199,11 +201,18 @@ async fn the_limiter_wide_override_fails_in_its_own_domain() {
         let e = l.set_override(None, Some(policy)).await.unwrap_err();
         assert!(matches!(e, Error::Backend(_)), "{e:?}");
     }
-    assert!(matches!(l.get_override(None).await, Err(Error::BreakerOpen)));
+    assert!(matches!(
+        l.get_override(None).await,
+        Err(Error::BreakerOpen)
+    ));
     // The keys' domains were not charged with its failures.
     assert_eq!(check(&l, "a1").await, Ok(()));
     assert_eq!(check(&l, "b1").await, Ok(()));
-    assert!(l.set_override(Some(&Key::new("a1")), Some(policy)).await.is_ok());
+    assert!(
+        l.set_override(Some(&Key::new("a1")), Some(policy))
+            .await
+            .is_ok()
+    );
 }
 
 /// The breaker-state gauge is the worst state over the domains.

@@ -59,6 +59,10 @@
 //!   `READONLY` reply) is replaced like a dead one; with Sentinel the new
 //!   one goes to the master the sentinels name. What a failover costs and
 //!   can lose is measured in `docs/redis.md`.
+//! * **Failure domains**: a cluster backend has [`CLUSTER_DOMAINS`] ranges
+//!   of hash slots ([`Backend::failure_domains`]), and a limiter keeps a
+//!   circuit breaker per range: a master that fails answers its own keys
+//!   from the fail mode, not the limiter's keys on the other masters.
 //! * **Health** is the backend's job, not its callers': connects and
 //!   replies are bounded ([`RedisBackendBuilder::connect_timeout`],
 //!   [`RedisBackendBuilder::response_timeout`]), and a connection that stops
@@ -1733,8 +1737,10 @@ impl Backend for RedisBackend {
         }
     }
 
-    /// In a cluster, the range of [`CLUSTER_DOMAINS`] contiguous hash slots
-    /// that holds the scope's keys (see [`cluster_domain`]).
+    /// In a cluster, the one of the [`CLUSTER_DOMAINS`] ranges of
+    /// contiguous hash slots that holds the scope's keys: a key's hash tag,
+    /// or the limiter-wide override's key, hashed as the cluster client
+    /// routes it, without building the key.
     #[inline]
     fn failure_domain(&self, scope: Scope<'_>) -> usize {
         if !self.inner.conn.is_cluster() {
@@ -1813,6 +1819,25 @@ mod tests {
             assert!(
                 matches!(e, RedisError::Config(_)) && e.to_string().contains("defaults.prefix"),
                 "{prefix:?}: {e}"
+            );
+        }
+    }
+
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn a_cluster_domain_is_the_range_of_the_slot_redis_computes() {
+        let key = |k: &str| cluster_domain("p", Scope::Key("l", &Key::new(k)));
+        // `CLUSTER KEYSLOT foo` is 12182, `bar` 5061, `hello` 866: ranges
+        // of 1024 slots.
+        assert_eq!([key("foo"), key("bar"), key("hello")], [11, 4, 0]);
+        // The limiter-wide override's key, hashed whole in parts, lands
+        // where the same bytes as one key do.
+        for (prefix, limiter) in [("p", "l"), ("tollgate", "login"), ("t", "api-keys")] {
+            let whole = format!("{prefix}:{limiter}:override");
+            assert_eq!(
+                cluster_domain(prefix, Scope::Limiter(limiter)),
+                cluster_domain("other", Scope::Key("x", &Key::new(&whole))),
+                "{whole}"
             );
         }
     }

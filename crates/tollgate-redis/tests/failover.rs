@@ -725,13 +725,10 @@ fn victim_of(cluster: &RedisCluster) -> (usize, String, impl Fn(&str) -> Place +
     });
     let place = move |k: &str| {
         let s = slot(k);
-        let shares = |o: &[Option<usize>]| o.iter().any(|&m| m == Some(victim));
+        let range = owners.chunks(16384 / CLUSTER_DOMAINS).nth(domain(s));
         Place {
             on_victim: owners[usize::from(s)] == Some(victim),
-            apart: !owners
-                .chunks(16384 / CLUSTER_DOMAINS)
-                .nth(domain(s))
-                .is_some_and(shares),
+            apart: !range.is_some_and(|r| r.contains(&Some(victim))),
         }
     };
     (victim, steady, place)
