@@ -52,7 +52,7 @@ impl Backend for Masters {
     }
 
     // The limiter's short path asks this first: domains must hold there too.
-    fn decide_now(&self, req: &Request<'_>) -> Option<Result<Decision, MemoryError>> {
+    fn decide_now(&self, req: &Request<'_>) -> Option<Decision> {
         self.of(req).decide_now(req)
     }
 
