@@ -607,7 +607,12 @@ impl<B: Backend> AimdLimiter<B> {
             .map_err(|e| invalid("max_hold", e))?;
         let seen = ProgressiveDelay::new(SEEN_FREE, second, 1, second, config.idle_expiry)
             .map_err(|e| invalid("idle_expiry", e))?;
-        let guard = Guard::new(name.clone(), config.timeout, config.breaker);
+        let guard = Guard::new(
+            name.clone(),
+            config.timeout,
+            config.breaker,
+            backend.failure_domains(),
+        );
         let meter = AimdMeter::new(&name);
         meter.rate(config.initial_rate);
         Ok(Self {
@@ -770,12 +775,9 @@ impl<B: Backend> AimdLimiter<B> {
     /// the initial rate.
     pub async fn forget(&self, scope: &Key) -> Result<(), Error> {
         self.scopes().map.remove(scope);
-        self.guard(|| {
-            self.inner
-                .backend
-                .set_override(Scope::Key(&self.inner.names.rate, scope), None)
-        })
-        .await
+        let scope = Scope::Key(&self.inner.names.rate, scope);
+        self.guard(scope, || self.inner.backend.set_override(scope, None))
+            .await
     }
 
     fn scopes(&self) -> MutexGuard<'_, Scopes> {
@@ -841,7 +843,7 @@ impl<B: Backend> AimdLimiter<B> {
             // One failure recorded on a fresh key: nobody used the scope
             // within idle_expiry (or ever).
             Ok(d) if d.remaining() == SEEN_FREE - 1 => self
-                .guard(|| {
+                .guard(Scope::Key(&names.rate, scope), || {
                     self.inner
                         .backend
                         .set_override(Scope::Key(&names.rate, scope), None)
@@ -985,12 +987,9 @@ impl<B: Backend> AimdLimiter<B> {
     }
 
     async fn read_rate(&self, scope: &Key) -> Result<f64, Error> {
+        let scope = Scope::Key(&self.inner.names.rate, scope);
         let rate = match self
-            .guard(|| {
-                self.inner
-                    .backend
-                    .get_override(Scope::Key(&self.inner.names.rate, scope))
-            })
+            .guard(scope, || self.inner.backend.get_override(scope))
             .await?
         {
             Some(Policy::TokenBucket(tb)) => rate_of(&tb),
@@ -1002,12 +1001,11 @@ impl<B: Backend> AimdLimiter<B> {
     /// Stores the scope's rate, expiring `idle_expiry` after this write.
     async fn write_rate(&self, scope: &Key, rate: f64) -> Result<(), Error> {
         let policy = Policy::from(try_bucket(self.inner.config.burst, rate)?);
-        self.guard(|| {
-            self.inner.backend.set_expiring_override(
-                Scope::Key(&self.inner.names.rate, scope),
-                &policy,
-                self.inner.config.idle_expiry,
-            )
+        let scope = Scope::Key(&self.inner.names.rate, scope);
+        self.guard(scope, || {
+            self.inner
+                .backend
+                .set_expiring_override(scope, &policy, self.inner.config.idle_expiry)
         })
         .await
     }
@@ -1019,7 +1017,7 @@ impl<B: Backend> AimdLimiter<B> {
         policy: &Policy,
         op: Op,
     ) -> Result<Decision, Error> {
-        self.guard(|| {
+        self.guard(Scope::Key(limiter, key), || {
             self.inner.backend.decide(Request {
                 limiter,
                 key,
@@ -1030,15 +1028,17 @@ impl<B: Backend> AimdLimiter<B> {
         .await
     }
 
-    /// Runs one backend call through the shared guard: each call of an
+    /// Runs one backend call on the data of `scope` through the shared
+    /// guard, under the breaker of its failure domain: each call of an
     /// adaptive limiter has its own deadline.
-    async fn guard<T, F, Fut>(&self, call: F) -> Result<T, Error>
+    async fn guard<T, F, Fut>(&self, scope: Scope<'_>, call: F) -> Result<T, Error>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, B::Error>>,
     {
         let guard = &self.inner.guard;
-        guard.run(&guard.deadline(), call).await
+        let domain = self.inner.backend.failure_domain(scope);
+        guard.run(domain, &guard.deadline(), call).await
     }
 }
 

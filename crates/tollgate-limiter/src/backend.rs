@@ -164,6 +164,27 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         scope: Scope<'_>,
     ) -> impl Future<Output = Result<Option<Policy>, Self::Error>> + Send;
+
+    /// How many failure domains this backend has: parts that fail apart
+    /// (the masters of a Redis Cluster), each given a circuit breaker of its
+    /// own by every limiter, so that one part's failures do not answer the
+    /// others' keys from the fail mode. Asked once, when a limiter is
+    /// built; the default is one domain, the whole backend.
+    fn failure_domains(&self) -> usize {
+        1
+    }
+
+    /// The failure domain (below [`failure_domains`](Self::failure_domains))
+    /// of the data `scope` names: a [`Scope::Key`] for the calls on a key
+    /// (decisions, reservations, the key's override), a [`Scope::Limiter`]
+    /// for the limiter-wide override. Asked on every decision's path, so it
+    /// must be cheap and must not allocate; a domain out of range counts as
+    /// domain 0. The default is domain 0.
+    #[inline]
+    fn failure_domain(&self, scope: Scope<'_>) -> usize {
+        let _ = scope;
+        0
+    }
 }
 
 impl<B: Backend> Backend for Arc<B> {
@@ -218,5 +239,14 @@ impl<B: Backend> Backend for Arc<B> {
         scope: Scope<'_>,
     ) -> impl Future<Output = Result<Option<Policy>, Self::Error>> + Send {
         (**self).get_override(scope)
+    }
+
+    fn failure_domains(&self) -> usize {
+        (**self).failure_domains()
+    }
+
+    #[inline]
+    fn failure_domain(&self, scope: Scope<'_>) -> usize {
+        (**self).failure_domain(scope)
     }
 }

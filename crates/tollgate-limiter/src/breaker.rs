@@ -1,7 +1,7 @@
 //! A circuit breaker that keeps callers from waiting on a dead backend.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -19,6 +19,13 @@ use crate::metrics::{BreakerMeter, BreakerState};
 /// probe to the next caller at once; a probe that neither answers nor is
 /// dropped counts as failed after the per-decision timeout. No caller can
 /// leave the breaker waiting for a report that never comes.
+///
+/// A limiter keeps one breaker with these settings per failure domain of
+/// its backend ([`Backend::failure_domains`](crate::Backend::failure_domains):
+/// the slot ranges of a Redis Cluster, one for a single server or the
+/// memory backend). Each counts only its own domain's failures, and opens,
+/// backs off and probes on its own: a dead cluster master answers its own
+/// keys from the fail mode, not the limiter's keys on the other masters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BreakerConfig {
     /// Consecutive failures that open the breaker; 0 disables it.
@@ -99,8 +106,11 @@ pub(crate) struct Breaker {
     /// (threshold 0) records no failure, so it stays true.
     healthy: AtomicBool,
     state: Mutex<(State, u64)>,
-    /// Reports each state change (under the lock, so in order).
-    meter: BreakerMeter,
+    /// Reports each state change (under the lock, so in order), shared by
+    /// the limiter's breakers of every failure domain.
+    meter: Arc<BreakerMeter>,
+    /// This breaker's failure domain (see `Backend::failure_domains`).
+    domain: usize,
 }
 
 /// Leave to call the backend, given by [`Breaker::admit`].
@@ -116,7 +126,13 @@ pub(crate) struct Permit<'a> {
     probe: Option<u64>,
 }
 
-impl Permit<'_> {
+impl<'a> Permit<'a> {
+    /// The breaker that gave it.
+    #[inline(always)]
+    pub(crate) fn breaker(&self) -> &'a Breaker {
+        self.breaker
+    }
+
     /// Whether this call is the probe after a back-off.
     #[cfg(test)]
     pub(crate) fn is_probe(&self) -> bool {
@@ -148,8 +164,14 @@ impl Drop for Permit<'_> {
 }
 
 impl Breaker {
-    /// A closed breaker, reporting its state changes to `meter`.
-    pub(crate) fn new(config: BreakerConfig, probe_timeout: Duration, meter: BreakerMeter) -> Self {
+    /// A closed breaker for failure domain `domain`, reporting its state
+    /// changes to `meter`.
+    pub(crate) fn new(
+        config: BreakerConfig,
+        probe_timeout: Duration,
+        meter: Arc<BreakerMeter>,
+        domain: usize,
+    ) -> Self {
         // Bounded, so that `Instant::now() + backoff` and `backoff * 2`
         // cannot overflow (and panic a decision) whatever was configured.
         let bounded = |d: Duration| d.min(crate::guard::MAX_WAIT);
@@ -164,7 +186,13 @@ impl Breaker {
             healthy: AtomicBool::new(true),
             state: Mutex::new((State::Closed { failures: 0 }, 0)),
             meter,
+            domain,
         }
+    }
+
+    /// Its failure domain (see `Backend::failure_domains`).
+    pub(crate) fn domain(&self) -> usize {
+        self.domain
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, (State, u64)> {
@@ -212,7 +240,7 @@ impl Breaker {
             since: now,
             backoff,
         };
-        self.meter.transition(BreakerState::HalfOpen);
+        self.meter.transition(self.domain, BreakerState::HalfOpen);
         Ok(permit(Some(*next_id)))
     }
 
@@ -236,7 +264,7 @@ impl Breaker {
         let mut guard = self.lock();
         let was_open = !matches!(guard.0, State::Closed { .. });
         if was_open {
-            self.meter.transition(BreakerState::Closed);
+            self.meter.transition(self.domain, BreakerState::Closed);
         }
         guard.0 = State::Closed { failures: 0 };
         self.healthy.store(true, Ordering::Release);
@@ -270,7 +298,7 @@ impl Breaker {
             until: Instant::now() + backoff,
             backoff,
         };
-        self.meter.transition(BreakerState::Open);
+        self.meter.transition(self.domain, BreakerState::Open);
         true
     }
 
@@ -290,7 +318,7 @@ impl Breaker {
                 until: Instant::now(),
                 backoff,
             };
-            self.meter.transition(BreakerState::Open);
+            self.meter.transition(self.domain, BreakerState::Open);
         }
     }
 
@@ -315,7 +343,8 @@ mod tests {
                 max_backoff: Duration::from_secs(3),
             },
             TIMEOUT,
-            BreakerMeter::new("test"),
+            Arc::new(BreakerMeter::new("test", 1)),
+            0,
         )
     }
 

@@ -3,7 +3,7 @@
 //! [`Limiter`](crate::Limiter) and [`AimdLimiter`](crate::AimdLimiter).
 
 use std::future::Future;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -14,12 +14,23 @@ use crate::error::{BackendError, Error, ErrorReason};
 use crate::metrics::{BreakerMeter, Meter, Stopwatch};
 
 /// Runs backend calls under a deadline and a breaker, and logs failures.
+///
+/// One breaker per failure domain of the backend
+/// ([`Backend::failure_domains`](crate::Backend::failure_domains)): a call is
+/// admitted by, and reports to, its domain's breaker only, so a Redis
+/// Cluster master's failures open the breaker of its slots and not the
+/// limiter's keys on the other masters.
 #[derive(Debug)]
 pub(crate) struct Guard {
     /// The limiter's name, for the logs.
     name: String,
     timeout: Duration,
+    /// Domain 0's breaker, inline: with one domain (a memory or a single
+    /// Redis backend) a decision reads it as it did before domains, with no
+    /// slice to index.
     breaker: Breaker,
+    /// The breakers of domains 1 and up.
+    more: Box<[Breaker]>,
     log: LogThrottle,
     meter: Meter,
 }
@@ -31,12 +42,23 @@ pub(crate) struct Guard {
 pub(crate) const MAX_WAIT: Duration = Duration::from_secs(86_400 * 365 * 30);
 
 impl Guard {
-    pub(crate) fn new(name: String, timeout: Duration, breaker: BreakerConfig) -> Self {
+    /// A guard with one breaker for each of `domains` failure domains (at
+    /// least one).
+    pub(crate) fn new(
+        name: String,
+        timeout: Duration,
+        breaker: BreakerConfig,
+        domains: usize,
+    ) -> Self {
         let timeout = timeout.min(MAX_WAIT);
+        let domains = domains.max(1);
+        let breaker_meter = Arc::new(BreakerMeter::new(&name, domains));
+        // A probe silent for longer than any call may take has failed.
+        let new = |domain| Breaker::new(breaker, timeout, Arc::clone(&breaker_meter), domain);
         Self {
             timeout,
-            // A probe silent for longer than any call may take has failed.
-            breaker: Breaker::new(breaker, timeout, BreakerMeter::new(&name)),
+            breaker: new(0),
+            more: (1..domains).map(new).collect(),
             log: LogThrottle::new(Duration::from_secs(10)),
             meter: Meter::new(&name),
             name,
@@ -53,6 +75,16 @@ impl Guard {
         self.timeout
     }
 
+    /// The breaker of failure domain `domain`; domain 0's for one out of
+    /// range (a backend's mistake must not panic a decision).
+    #[inline(always)]
+    fn breaker(&self, domain: usize) -> &Breaker {
+        if domain == 0 {
+            return &self.breaker;
+        }
+        self.more.get(domain - 1).unwrap_or(&self.breaker)
+    }
+
     /// The deadline of a decision starting now: every backend call of the
     /// decision shares it.
     pub(crate) fn deadline(&self) -> Deadline {
@@ -62,29 +94,36 @@ impl Guard {
         }
     }
 
-    /// Runs one backend call, to be answered by `deadline`.
+    /// Runs one backend call on failure domain `domain`, to be answered by
+    /// `deadline`.
     ///
-    /// The call is made only once the breaker admits it: a backend may start
-    /// its work when the future is created. Dropping the returned future at
-    /// any point (or a panic in the backend) cannot leave the breaker
-    /// waiting for a probe's report: see [`Permit`](crate::breaker::Permit).
-    pub(crate) async fn run<T, E, F, Fut>(&self, deadline: &Deadline, call: F) -> Result<T, Error>
+    /// The call is made only once the domain's breaker admits it: a backend
+    /// may start its work when the future is created. Dropping the returned
+    /// future at any point (or a panic in the backend) cannot leave the
+    /// breaker waiting for a probe's report: see
+    /// [`Permit`](crate::breaker::Permit).
+    pub(crate) async fn run<T, E, F, Fut>(
+        &self,
+        domain: usize,
+        deadline: &Deadline,
+        call: F,
+    ) -> Result<T, Error>
     where
         E: BackendError,
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let admitted = self.admit()?;
+        let admitted = self.admit(domain)?;
         self.wait(admitted, deadline, call()).await
     }
 
-    /// The breaker's leave for one backend call (counted as refused when
-    /// it is open): hand it to [`report`](Self::report) with the call's
-    /// answer, or to [`wait`](Self::wait) with the call's future. The call
-    /// is made only once admitted.
+    /// The leave of `domain`'s breaker for one backend call (counted as
+    /// refused when it is open): hand it to [`report`](Self::report) with
+    /// the call's answer, or to [`wait`](Self::wait) with the call's
+    /// future. The call is made only once admitted.
     #[inline]
-    pub(crate) fn admit(&self) -> Result<Admitted<'_>, Error> {
-        Ok(self.admit_at_once()?.waiting(&self.meter))
+    pub(crate) fn admit(&self, domain: usize) -> Result<Admitted<'_>, Error> {
+        Ok(self.admit_at_once(domain)?.waiting(&self.meter))
     }
 
     /// [`admit`](Self::admit) for a call an in-process backend may answer
@@ -93,8 +132,8 @@ impl Guard {
     /// ([`Admitted::waiting`]); an answer at once is recorded as taking no
     /// time (see the metrics' `Meter::unstarted`).
     #[inline]
-    pub(crate) fn admit_at_once(&self) -> Result<Admitted<'_>, Error> {
-        let Ok(permit) = self.breaker.admit() else {
+    pub(crate) fn admit_at_once(&self, domain: usize) -> Result<Admitted<'_>, Error> {
+        let Ok(permit) = self.breaker(domain).admit() else {
             self.meter.breaker_open();
             return Err(Error::BreakerOpen);
         };
@@ -170,18 +209,19 @@ impl Guard {
         (e, reason): (Error, ErrorReason),
     ) -> Result<T, Error> {
         self.meter.failed_call(admitted.watch, &e, reason);
+        let breaker = admitted.permit.breaker();
         let opened = match reason {
             // The backend answered: a bad stored policy says nothing of its
             // health (see `ErrorReason::InvalidPolicy`).
             ErrorReason::InvalidPolicy => {
                 if admitted.permit.success() {
-                    self.recovered();
+                    self.recovered(breaker);
                 }
                 false
             }
             _ => admitted.permit.failure(),
         };
-        self.log.warn(&self.name, &e, opened);
+        self.log.warn(&self.name, breaker.domain(), &e, opened);
         Err(e)
     }
 
@@ -190,8 +230,10 @@ impl Guard {
     #[inline(always)]
     pub(crate) fn succeeded(&self, admitted: Admitted<'_>) {
         self.meter.answered(admitted.watch);
+        // The reference, not the domain: the healthy path reads nothing.
+        let breaker = admitted.permit.breaker();
         if admitted.permit.success() {
-            self.recovered();
+            self.recovered(breaker);
         }
     }
 
@@ -200,8 +242,12 @@ impl Guard {
     /// instructions of a call where its healthy case needs a load).
     #[cold]
     #[inline(never)]
-    fn recovered(&self) {
-        tracing::info!(limiter = %self.name, "rate-limit backend recovered");
+    fn recovered(&self, breaker: &Breaker) {
+        tracing::info!(
+            limiter = %self.name,
+            domain = breaker.domain(),
+            "rate-limit backend recovered"
+        );
     }
 }
 
@@ -276,13 +322,16 @@ impl LogThrottle {
         Some(std::mem::take(&mut state.1))
     }
 
-    fn warn(&self, limiter: &str, error: &Error, opened: bool) {
+    /// A backend failure on failure domain `domain`; `opened`: the
+    /// failure opened the domain's breaker.
+    fn warn(&self, limiter: &str, domain: usize, error: &Error, opened: bool) {
         let Some(suppressed) = self.due(opened) else {
             return;
         };
         let error: &dyn std::error::Error = error;
         tracing::warn!(
             limiter,
+            domain,
             error,
             suppressed,
             breaker_opened = opened,

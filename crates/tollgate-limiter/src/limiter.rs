@@ -341,7 +341,12 @@ impl<B: Backend> LimiterBuilder<B> {
             denials.is_none() && leases.is_none() && !matches!(self.policy, Policy::Concurrency(_));
         Limiter {
             inner: Arc::new(Inner {
-                guard: Guard::new(self.name.clone(), self.timeout, self.breaker),
+                guard: Guard::new(
+                    self.name.clone(),
+                    self.timeout,
+                    self.breaker,
+                    self.backend.failure_domains(),
+                ),
                 name: self.name,
                 policy: self.policy,
                 backend: self.backend,
@@ -637,7 +642,7 @@ impl<B: Backend> Limiter<B> {
         pending: impl FnOnce(Admitted<'a>) -> Poll<Verdict>,
     ) -> Poll<Verdict> {
         let guard = &self.inner.guard;
-        let admitted = match guard.admit_at_once() {
+        let admitted = match guard.admit_at_once(self.domain(req.key)) {
             Ok(admitted) => admitted,
             Err(e) => return Poll::Ready(self.plain_verdict(Err(e), cost)),
         };
@@ -915,7 +920,7 @@ impl<B: Backend> Limiter<B> {
         let (d, receipt) = self
             .inner
             .guard
-            .run(deadline, || {
+            .run(self.domain(key), deadline, || {
                 self.inner
                     .backend
                     .reserve(self.request(key, Op::Acquire(cost)))
@@ -1046,10 +1051,11 @@ impl<B: Backend> Limiter<B> {
                 .map_err(|e| PolicyError::new("min_cost", e.reason))?;
         }
         let scope = self.scope(key);
+        let domain = self.inner.backend.failure_domain(scope);
         let result = self
             .inner
             .guard
-            .run(&self.inner.guard.deadline(), || {
+            .run(domain, &self.inner.guard.deadline(), || {
                 self.inner.backend.set_override(scope, policy.as_ref())
             })
             .await;
@@ -1073,9 +1079,12 @@ impl<B: Backend> Limiter<B> {
     /// limiter-wide one).
     pub async fn get_override(&self, key: Option<&Key>) -> Result<Option<Policy>, Error> {
         let scope = self.scope(key);
+        let domain = self.inner.backend.failure_domain(scope);
         let guard = &self.inner.guard;
         guard
-            .run(&guard.deadline(), || self.inner.backend.get_override(scope))
+            .run(domain, &guard.deadline(), || {
+                self.inner.backend.get_override(scope)
+            })
             .await
     }
 
@@ -1094,12 +1103,23 @@ impl<B: Backend> Limiter<B> {
         let d = self
             .inner
             .guard
-            .run(deadline, || self.decide_op(req))
+            .run(self.domain(key), deadline, || self.decide_op(req))
             .await?;
         if d.is_impossible() {
             return Err(impossible(op, &d));
         }
         Ok(d)
+    }
+
+    /// The backend's failure domain of `key`: the breaker its calls go
+    /// through. A constant 0 for a backend of one domain (the default
+    /// [`Backend::failure_domain`], inlined), so the memory backend's path
+    /// reads nothing more than before domains.
+    #[inline(always)]
+    fn domain(&self, key: &Key) -> usize {
+        self.inner
+            .backend
+            .failure_domain(Scope::Key(&self.inner.name, key))
     }
 
     /// This limiter's request for `op` on `key`, under its configured policy.

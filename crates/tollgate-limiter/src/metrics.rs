@@ -13,8 +13,8 @@
 //! | [`tollgate_decisions_total`](DECISIONS) | counter | `limiter`, `op`, `outcome` | verdicts: `op` is `check` (a charge: [`check`](crate::Limiter::check), [`check_cost`](crate::Limiter::check_cost), [`reserve`](crate::Limiter::reserve), an adaptive [`try_acquire`](crate::AimdLimiter::try_acquire), each attempt of [`acquire`](crate::AimdLimiter::acquire)) or `peek` ([`peek`](crate::Limiter::peek), [`peek_cost`](crate::Limiter::peek_cost)); a limiter's [`try_acquire`](crate::Limiter::try_acquire) and [`try_peek`](crate::Limiter::try_peek) apply no fail mode and are not counted; `outcome` is `allowed`, `refused` (by the limit, or a cost the policy can never grant), `failed_open` or `failed_closed` (the backend failed and the [`FailMode`](crate::FailMode) answered), or `shadow` (a limiter in [shadow mode](crate::shadow) let through what it would have refused or failed closed on); a [`hold`](crate::Limiter::hold) counts as a `check` |
 //! | [`tollgate_backend_latency_seconds`](BACKEND_LATENCY) | histogram | `limiter` | the time of each backend call (a round trip to Redis), failed or not; answers given locally are not timed |
 //! | [`tollgate_backend_errors_total`](BACKEND_ERRORS) | counter | `limiter`, `reason` | backend calls that gave no answer: `reason` is `timeout`, `breaker_open` (not attempted), a condition the backend's error names ([`ErrorReason`] through [`reason`](crate::BackendError::reason): `out_of_memory`, `persistence_failed`, `not_enough_replicas`, `busy`, `loading`, the refusals of a running Redis; `invalid_policy`, a stored override that is no policy), or `error` (any other failure); a fixed set, all registered with the limiter |
-//! | [`tollgate_breaker_transitions_total`](BREAKER_TRANSITIONS) | counter | `limiter`, `to` | circuit-breaker state changes, by the state entered: `open`, `half_open` (a probe goes through), `closed` |
-//! | [`tollgate_breaker_state`](BREAKER_STATE) | gauge | `limiter` | `0` closed, `1` half-open, `2` open |
+//! | [`tollgate_breaker_transitions_total`](BREAKER_TRANSITIONS) | counter | `limiter`, `to` | circuit-breaker state changes, by the state entered: `open`, `half_open` (a probe goes through), `closed`; summed over the limiter's breakers (one per failure domain) |
+//! | [`tollgate_breaker_state`](BREAKER_STATE) | gauge | `limiter` | `0` closed, `1` half-open, `2` open; the worst over the limiter's breakers, one per [failure domain](crate::Backend::failure_domains) of its backend (a Redis Cluster's slot ranges): `2` while any of them is open, so a part of the keys may still be decided |
 //! | [`tollgate_local_hits_total`](LOCAL_HITS) | counter | `limiter`, `kind` | decisions answered without a round trip: `denial` (a key known to be over its limit, [`local_denials`](crate::LimiterBuilder::local_denials), or an adaptive scope on hold), `lease` (a unit of a [lease](crate::LimiterBuilder::lease)) |
 //! | [`tollgate_candidate_decisions_total`](CANDIDATE_DECISIONS) | counter | `limiter`, `verdict` | a limiter's [candidate policy](crate::LimiterBuilder::candidate) beside the enforced one, per backend decision: `verdict` is `both_allowed`, `both_refused`, `candidate_refuses` (enforced allows, the candidate would refuse), `candidate_allows` (enforced refuses, the candidate would allow) or `candidate_failed` (no candidate decision); registered only for limiters with a candidate |
 //! | [`tollgate_aimd_rate_changes_total`](AIMD_RATE_CHANGES) | counter | `limiter`, `change` | adaptive rate changes made by this worker: `cut` (after a refusal), `step` (up, after successes) |
@@ -53,7 +53,8 @@ pub const BACKEND_LATENCY: &str = "tollgate_backend_latency_seconds";
 pub const BACKEND_ERRORS: &str = "tollgate_backend_errors_total";
 /// Circuit-breaker state changes, by the state entered (counter).
 pub const BREAKER_TRANSITIONS: &str = "tollgate_breaker_transitions_total";
-/// The circuit breaker's state: 0 closed, 1 half-open, 2 open (gauge).
+/// The circuit breaker's state: 0 closed, 1 half-open, 2 open, the worst
+/// over the limiter's failure domains (gauge).
 pub const BREAKER_STATE: &str = "tollgate_breaker_state";
 /// Decisions answered without a round trip, by kind (counter).
 pub const LOCAL_HITS: &str = "tollgate_local_hits_total";
@@ -159,7 +160,8 @@ pub(crate) enum Local {
     Lease = 1,
 }
 
-/// A circuit-breaker state (the `to` label; the gauge's value).
+/// A circuit-breaker state (the `to` label; the gauge's value): ordered
+/// from the best to the worst.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum BreakerState {
     Closed = 0,
@@ -303,15 +305,19 @@ mod on {
         }
     }
 
-    /// A breaker's handles.
+    /// The handles of a limiter's breakers, one per failure domain.
     #[derive(Debug)]
     pub(crate) struct BreakerMeter {
         transitions: [Counter; 3],
         state: Gauge,
+        /// Each domain's state: the gauge is the worst of them, set under
+        /// this lock so that two domains changing at once cannot leave it
+        /// at the one that computed first.
+        domains: std::sync::Mutex<Box<[BreakerState]>>,
     }
 
     impl BreakerMeter {
-        pub(crate) fn new(name: &str) -> Self {
+        pub(crate) fn new(name: &str, domains: usize) -> Self {
             let state = gauge!(BREAKER_STATE, "limiter" => name.to_owned());
             state.set(f64::from(BreakerState::Closed as u8));
             Self {
@@ -319,12 +325,21 @@ mod on {
                     |to| counter!(BREAKER_TRANSITIONS, "limiter" => name.to_owned(), "to" => to),
                 ),
                 state,
+                domains: std::sync::Mutex::new(
+                    vec![BreakerState::Closed; domains.max(1)].into_boxed_slice(),
+                ),
             }
         }
 
-        pub(crate) fn transition(&self, to: BreakerState) {
+        /// `domain`'s breaker entered `to` (rare: off the decisions' path).
+        pub(crate) fn transition(&self, domain: usize, to: BreakerState) {
             self.transitions[to as usize].increment(1);
-            self.state.set(f64::from(to as u8));
+            let mut states = crate::lock(&self.domains);
+            if let Some(s) = states.get_mut(domain) {
+                *s = to;
+            }
+            let worst = states.iter().map(|&s| s as u8).max().unwrap_or(0);
+            self.state.set(f64::from(worst));
         }
     }
 
@@ -407,7 +422,7 @@ mod on {
         );
         describe_gauge!(
             BREAKER_STATE,
-            "Circuit-breaker state: 0 closed, 1 half-open, 2 open"
+            "Circuit-breaker state, the worst over the failure domains: 0 closed, 1 half-open, 2 open"
         );
         describe_counter!(
             LOCAL_HITS,
@@ -463,11 +478,11 @@ mod off {
     pub(crate) struct BreakerMeter;
 
     impl BreakerMeter {
-        pub(crate) fn new(_: &str) -> Self {
+        pub(crate) fn new(_: &str, _: usize) -> Self {
             Self
         }
         #[inline(always)]
-        pub(crate) fn transition(&self, _: BreakerState) {}
+        pub(crate) fn transition(&self, _: usize, _: BreakerState) {}
     }
 
     #[derive(Debug)]

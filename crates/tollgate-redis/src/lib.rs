@@ -59,6 +59,10 @@
 //!   `READONLY` reply) is replaced like a dead one; with Sentinel the new
 //!   one goes to the master the sentinels name. What a failover costs and
 //!   can lose is measured in `docs/redis.md`.
+//! * **Failure domains**: a cluster backend has [`CLUSTER_DOMAINS`] ranges
+//!   of hash slots ([`Backend::failure_domains`]), and a limiter keeps a
+//!   circuit breaker per range: a master that fails answers its own keys
+//!   from the fail mode, not the limiter's keys on the other masters.
 //! * **Health** is the backend's job, not its callers': connects and
 //!   replies are bounded ([`RedisBackendBuilder::connect_timeout`],
 //!   [`RedisBackendBuilder::response_timeout`]), and a connection that stops
@@ -1723,6 +1727,78 @@ impl Backend for RedisBackend {
         let v: Option<String> = self.inner.conn.query(redis::cmd("GET").arg(&key)).await?;
         Ok(v.as_deref().map(encoding::decode).transpose()?)
     }
+
+    /// [`CLUSTER_DOMAINS`] for a cluster; one for a single server or
+    /// Sentinel (one master: it fails as a whole).
+    fn failure_domains(&self) -> usize {
+        match self.inner.conn.is_cluster() {
+            true => CLUSTER_DOMAINS,
+            false => 1,
+        }
+    }
+
+    /// In a cluster, the one of the [`CLUSTER_DOMAINS`] ranges of
+    /// contiguous hash slots that holds the scope's keys: a key's hash tag,
+    /// or the limiter-wide override's key, hashed as the cluster client
+    /// routes it, without building the key.
+    #[inline]
+    fn failure_domain(&self, scope: Scope<'_>) -> usize {
+        if !self.inner.conn.is_cluster() {
+            return 0;
+        }
+        cluster_domain(&self.inner.prefix, scope)
+    }
+}
+
+/// A cluster backend's failure domains: the 16 384 hash slots in 16
+/// contiguous ranges of 1 024, each with a circuit breaker of its own in
+/// every limiter.
+///
+/// Contiguous, because a cluster gives each master contiguous ranges
+/// (`redis-cli --cluster create` splits the slots evenly, in order, and
+/// a failover hands a master's ranges to its replica unchanged): a range
+/// lies on one master, except the few that hold a boundary between two
+/// (at most two ranges per master, so when one master fails at most 2 of
+/// 16 ranges, an eighth of the keys, share its breaker from another
+/// master). Fixed, because a breaker must stay with its keys when the
+/// slot map changes. Not more: each open range probes on its own (about
+/// `CLUSTER_DOMAINS / masters` probes per back-off for a dead master, and
+/// as many for a dead cluster) and needs its own run of failures to open.
+pub const CLUSTER_DOMAINS: usize = 16;
+
+/// The Redis Cluster hash slots.
+const SLOTS: u16 = 16_384;
+
+/// The failure domain of `scope`'s keys in a cluster: the range of its
+/// hash slot, computed as the cluster client routes (CRC16/XMODEM of the
+/// hash tag) without building the key.
+fn cluster_domain(prefix: &str, scope: Scope<'_>) -> usize {
+    let slot = match scope {
+        // `<prefix>:<limiter>:{<key>}` and every key beside it: the hash
+        // tag is the key, never empty and brace-free (`Key`'s invariant;
+        // prefix and limiter names hold no brace).
+        Scope::Key(_, key) => hash_slot(&[key.as_str()]),
+        // `<prefix>:<limiter>:override`, braces nowhere: the whole key.
+        Scope::Limiter(limiter) => hash_slot(&[prefix, ":", limiter, ":override"]),
+    };
+    usize::from(slot) * CLUSTER_DOMAINS / usize::from(SLOTS)
+}
+
+/// The hash slot of the key `parts` concatenate, which has no hash tag
+/// (or is one).
+#[cfg(feature = "cluster")]
+fn hash_slot(parts: &[&str]) -> u16 {
+    let mut crc = crc16::State::<crc16::XMODEM>::new();
+    for p in parts {
+        crc.update(p.as_bytes());
+    }
+    crc.get() % SLOTS
+}
+
+/// Without the feature there is no cluster: never asked.
+#[cfg(not(feature = "cluster"))]
+fn hash_slot(_: &[&str]) -> u16 {
+    0
 }
 
 #[cfg(test)]
@@ -1743,6 +1819,25 @@ mod tests {
             assert!(
                 matches!(e, RedisError::Config(_)) && e.to_string().contains("defaults.prefix"),
                 "{prefix:?}: {e}"
+            );
+        }
+    }
+
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn a_cluster_domain_is_the_range_of_the_slot_redis_computes() {
+        let key = |k: &str| cluster_domain("p", Scope::Key("l", &Key::new(k)));
+        // `CLUSTER KEYSLOT foo` is 12182, `bar` 5061, `hello` 866: ranges
+        // of 1024 slots.
+        assert_eq!([key("foo"), key("bar"), key("hello")], [11, 4, 0]);
+        // The limiter-wide override's key, hashed whole in parts, lands
+        // where the same bytes as one key do.
+        for (prefix, limiter) in [("p", "l"), ("tollgate", "login"), ("t", "api-keys")] {
+            let whole = format!("{prefix}:{limiter}:override");
+            assert_eq!(
+                cluster_domain(prefix, Scope::Limiter(limiter)),
+                cluster_domain("other", Scope::Key("x", &Key::new(&whole))),
+                "{whole}"
             );
         }
     }

@@ -33,10 +33,12 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tollgate_limiter::{
-    Backend, BreakerConfig, Decision, FailMode, Key, Limiter, Op, Policy, Request, TokenBucket,
-    Verdict,
+    Backend, BreakerConfig, Decision, Error, FailMode, Key, Limiter, Op, Policy, Request, Scope,
+    TokenBucket, Verdict,
 };
-use tollgate_redis::{Durability, NodeRole, RedisBackend, RedisBackendBuilder, RedisError};
+use tollgate_redis::{
+    CLUSTER_DOMAINS, Durability, NodeRole, RedisBackend, RedisBackendBuilder, RedisError,
+};
 use tollgate_testkit::conformance::{assert_fail_mode_held, unique_name};
 use tollgate_testkit::ha::{RedisSentinel, wait_synced};
 use tollgate_testkit::redis_server::{RedisCluster, TlsCerts};
@@ -98,9 +100,18 @@ struct Tally {
     decided: AtomicU64,
     failed_open: AtomicU64,
     failed_closed: AtomicU64,
-    /// Failed verdicts on keys whose master was not killed (cluster; the
-    /// limiter's breaker is shared by all its keys).
+    /// Failed verdicts on keys whose master was not killed (cluster).
     failed_elsewhere: AtomicU64,
+    /// Failed verdicts on keys of a failure domain apart from the failed
+    /// master (see [`Place`]), and those of them its breaker answered.
+    failed_apart: AtomicU64,
+    breaker_apart: AtomicU64,
+    /// Set while the failed master is the only node that fails (a frozen
+    /// master's first second, before the cluster can fail it over), and
+    /// what the load saw meanwhile on keys apart from it.
+    only_victim: AtomicBool,
+    failed_apart_alone: AtomicU64,
+    breaker_apart_alone: AtomicU64,
     /// Ledger acquisitions sent, and admitted by Redis.
     attempted: AtomicU64,
     acked: AtomicU64,
@@ -112,6 +123,17 @@ struct Tally {
     steady_decided: AtomicU64,
     /// The steady probe's longest wait for a verdict, in µs.
     steady_max_us: AtomicU64,
+}
+
+/// Where a load key lives, seen from the master a test fails.
+#[derive(Clone, Copy)]
+struct Place {
+    /// On the failed master.
+    on_victim: bool,
+    /// In a failure domain (a range of [`CLUSTER_DOMAINS`] slots) that
+    /// holds no slot of the failed master: the failed master's failures
+    /// never reach the breaker its limiter keeps for the key.
+    apart: bool,
 }
 
 /// Load on one backend: a ledger task (acquisitions of 1 on one key, in the
@@ -126,12 +148,12 @@ struct Load {
 }
 
 impl Load {
-    /// `victim(key)`: whether the key lives on the master that is killed.
+    /// `place(key)`: where the key lives, seen from the master that fails.
     fn start(
         b: &RedisBackend,
         ledger_key: Key,
         steady_key: Option<Key>,
-        victim: impl Fn(&str) -> bool,
+        place: impl Fn(&str) -> Place,
     ) -> Self {
         let tally = Arc::new(Tally::default());
         let stop = Arc::new(AtomicBool::new(false));
@@ -193,12 +215,12 @@ impl Load {
         // Small buckets, so real refusals happen too.
         let open = limiter("open", FailMode::Open, 20, b);
         let closed = limiter("closed", FailMode::Closed, 20, b);
-        let keys: Arc<Vec<(Key, bool)>> = Arc::new(
+        let keys: Arc<Vec<(Key, Place)>> = Arc::new(
             (0..200)
                 .map(|i| {
                     let name = format!("k{i}");
-                    let v = victim(&name);
-                    (Key::new(name), v)
+                    let p = place(&name);
+                    (Key::new(name), p)
                 })
                 .collect(),
         );
@@ -211,7 +233,7 @@ impl Load {
                     i = i
                         .wrapping_mul(6364136223846793005)
                         .wrapping_add(1442695040888963407);
-                    let (k, on_victim) = &keys[((i >> 33) % 200) as usize];
+                    let (k, place) = &keys[((i >> 33) % 200) as usize];
                     let l = if i & 1 == 0 { &open } else { &closed };
                     let v = l.check(k).await;
                     match &v {
@@ -220,8 +242,22 @@ impl Load {
                         Verdict::FailedClosed(..) => &tally.failed_closed,
                     }
                     .fetch_add(1, Ordering::Relaxed);
-                    if v.decision().is_none() && !on_victim {
+                    if v.decision().is_none() && !place.on_victim {
                         tally.failed_elsewhere.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if v.decision().is_none() && place.apart {
+                        let alone = tally.only_victim.load(Ordering::Relaxed);
+                        let breaker = matches!(v.error(), Some(Error::BreakerOpen));
+                        for (count, counted) in [
+                            (&tally.failed_apart, true),
+                            (&tally.breaker_apart, breaker),
+                            (&tally.failed_apart_alone, alone),
+                            (&tally.breaker_apart_alone, alone && breaker),
+                        ] {
+                            if counted {
+                                count.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
                     }
                     assert_fail_mode_held(l.fail_mode(), &v);
                     tokio::time::sleep(Duration::from_millis(2)).await;
@@ -284,6 +320,8 @@ impl Load {
             failed_open: get(&t.failed_open),
             failed_closed: get(&t.failed_closed),
             failed_elsewhere: get(&t.failed_elsewhere),
+            failed_apart: get(&t.failed_apart),
+            breaker_apart: get(&t.breaker_apart),
             steady_decided: get(&t.steady_decided),
             steady_failed: get(&t.steady_failed),
             steady_max: Duration::from_micros(get(&t.steady_max_us)),
@@ -291,7 +329,8 @@ impl Load {
         println!(
             "{what}: ledger acked {} (sent {}), recorded after the failover {}, lost {}; \
              longest gap {:?}; load {} decided, {} failed open, {} failed closed \
-             ({} on other masters' keys); steady probe {} decided, {} failed, longest wait {:?}",
+             ({} on other masters' keys, {} in failure domains apart from the failed master, \
+             {} of them by the breaker); steady probe {} decided, {} failed, longest wait {:?}",
             f.acked,
             f.attempted,
             f.recorded,
@@ -301,6 +340,8 @@ impl Load {
             f.failed_open,
             f.failed_closed,
             f.failed_elsewhere,
+            f.failed_apart,
+            f.breaker_apart,
             f.steady_decided,
             f.steady_failed,
             f.steady_max,
@@ -319,6 +360,8 @@ struct Figures {
     failed_open: u64,
     failed_closed: u64,
     failed_elsewhere: u64,
+    failed_apart: u64,
+    breaker_apart: u64,
     steady_decided: u64,
     steady_failed: u64,
     steady_max: Duration,
@@ -361,7 +404,11 @@ async fn sentinel_failover_under_load() {
     let master = blocking(|| ha.master_port()).unwrap();
     assert_eq!(report.nodes[0].node, format!("127.0.0.1:{master}"));
 
-    let load = Load::start(&b, Key::new("ledger"), None, |_| true);
+    let one_master = |_: &str| Place {
+        on_victim: true,
+        apart: false,
+    };
+    let load = Load::start(&b, Key::new("ledger"), None, one_master);
     for cycle in 0..cycles() {
         tokio::time::sleep(S).await;
         let killed_at = Instant::now();
@@ -409,7 +456,11 @@ async fn sentinel_failover_of_a_frozen_master() {
         return;
     };
     let b = build(RedisBackend::builder(ha.url())).await;
-    let load = Load::start(&b, Key::new("ledger"), None, |_| true);
+    let one_master = |_: &str| Place {
+        on_victim: true,
+        apart: false,
+    };
+    let load = Load::start(&b, Key::new("ledger"), None, one_master);
     tokio::time::sleep(S).await;
 
     let failed_before = load.failed();
@@ -653,23 +704,34 @@ fn slot(key: &str) -> u16 {
     crc % 16384
 }
 
+/// The failure domain of a key's slot in a cluster backend: its range of
+/// [`CLUSTER_DOMAINS`] contiguous slots.
+fn domain(slot: u16) -> usize {
+    usize::from(slot) * CLUSTER_DOMAINS / 16384
+}
+
 /// The master of the ledger's slot (the one a cluster test fails), a key
-/// of another master for the steady probe, and whether a load key (`k0`
-/// to `k199`) lives on that master.
-fn victim_of(cluster: &RedisCluster) -> (usize, String, impl Fn(&str) -> bool + use<>) {
+/// of another master for the steady probe, and where a load key (`k0` to
+/// `k199`) lives, seen from that master.
+fn victim_of(cluster: &RedisCluster) -> (usize, String, impl Fn(&str) -> Place + use<>) {
     let (victim, steady, owners) = blocking(|| {
-        let victim = cluster.master_of(slot("ledger")).expect("a master");
+        let owners = cluster.masters_of(0..=16383);
+        let victim = owners[usize::from(slot("ledger"))].expect("a master");
         let steady = (0..)
             .map(|i| format!("steady{i}"))
-            .find(|k| cluster.master_of(slot(k)) != Some(victim))
+            .find(|k| owners[usize::from(slot(k))] != Some(victim))
             .unwrap();
-        let owners: Vec<Option<usize>> = (0..200)
-            .map(|i| cluster.master_of(slot(&format!("k{i}"))))
-            .collect();
         (victim, steady, owners)
     });
-    let on_victim = move |k: &str| owners[k[1..].parse::<usize>().unwrap()] == Some(victim);
-    (victim, steady, on_victim)
+    let place = move |k: &str| {
+        let s = slot(k);
+        let range = owners.chunks(16384 / CLUSTER_DOMAINS).nth(domain(s));
+        Place {
+            on_victim: owners[usize::from(s)] == Some(victim),
+            apart: !range.is_some_and(|r| r.contains(&Some(victim))),
+        }
+    };
+    (victim, steady, place)
 }
 
 /// Decisions of the steady probe's limiter on `key`, with the default
@@ -764,8 +826,8 @@ async fn cluster_failover_under_load() {
     assert_eq!((masters.count(), replicas.count()), (3, 3), "{report:?}");
 
     let ledger_slot = slot("ledger");
-    let (_, steady, on_victim) = victim_of(&cluster);
-    let load = Load::start(&b, Key::new("ledger"), Some(Key::new(steady)), on_victim);
+    let (_, steady, place) = victim_of(&cluster);
+    let load = Load::start(&b, Key::new("ledger"), Some(Key::new(steady)), place);
     for cycle in 0..cycles() {
         tokio::time::sleep(S).await;
         let old = blocking(|| {
@@ -829,7 +891,7 @@ async fn cluster_failover_of_a_frozen_master() {
         return;
     };
     let ledger_slot = slot("ledger");
-    let (old, steady, on_victim) = victim_of(&cluster);
+    let (old, steady, place) = victim_of(&cluster);
     let prefix = blocking(|| {
         let base = unique_name("frozen");
         (0..)
@@ -848,15 +910,50 @@ async fn cluster_failover_of_a_frozen_master() {
         &build_with_prefix(quick, &prefix).await,
         Key::new(steady.clone()),
     );
-    let load = Load::start(&b, Key::new("ledger"), Some(Key::new(steady)), on_victim);
+    // The backend's failure domains are the test's, on the cluster's own
+    // slots (`CLUSTER KEYSLOT`).
+    let keys: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
+    for k in &keys[..8] {
+        let ours = b.failure_domain(Scope::Key("open", &Key::new(k)));
+        assert_eq!(ours, domain(blocking(|| cluster.keyslot(k))), "{k}");
+    }
+    let apart = keys.iter().filter(|k| place(k).apart).count();
+    let elsewhere = keys.iter().filter(|k| !place(k).on_victim).count();
+    println!(
+        "load keys: {elsewhere} of 200 on other masters, {apart} of them in failure domains \
+         apart from the frozen master"
+    );
+    assert!(apart > 0, "no load key apart from the frozen master");
+    let load = Load::start(&b, Key::new("ledger"), Some(Key::new(steady)), place);
     tokio::time::sleep(S).await;
 
     cluster.pause_node(old);
     let paused_at = Instant::now();
+    load.tally.only_victim.store(true, Ordering::Relaxed);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (failed, decided) = quick.counts();
     tokio::time::sleep(Duration::from_millis(700)).await;
     let (failed_then, decided_then) = quick.counts();
+    load.tally.only_victim.store(false, Ordering::Relaxed);
+    // Every call on the frozen master's slots timed out meanwhile, and the
+    // limiters keep a breaker per failure domain: those failures opened
+    // the breakers of its domains only, never one that answers a key of a
+    // domain apart from it. (Later, the cluster client can stall every
+    // request while it follows the failover: a domain apart may then fail
+    // on its own, counted below, not asserted.)
+    let t = &load.tally;
+    let (failed_alone, breaker_alone) = (
+        t.failed_apart_alone.load(Ordering::Relaxed),
+        t.breaker_apart_alone.load(Ordering::Relaxed),
+    );
+    println!(
+        "first second of the freeze: {failed_alone} failed verdicts on keys apart from the \
+         frozen master, {breaker_alone} of them by the breaker"
+    );
+    assert_eq!(
+        breaker_alone, 0,
+        "keys apart from the frozen master were answered by a breaker opened by its failures"
+    );
     assert!(decided_then > decided, "the quick probe made no decision");
     assert_eq!(
         failed_then - failed,

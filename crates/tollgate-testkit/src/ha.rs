@@ -401,25 +401,41 @@ impl RedisCluster {
     /// The index in [`nodes`](Self::nodes) of the master serving `slot`,
     /// as a running node (not paused) sees it.
     pub fn master_of(&self, slot: u16) -> Option<usize> {
+        self.masters_of(slot..=slot)[0]
+    }
+
+    /// [`master_of`](Self::master_of) for each slot of `slots`, read at
+    /// once (one `CLUSTER NODES`).
+    pub fn masters_of(&self, slots: std::ops::RangeInclusive<u16>) -> Vec<Option<usize>> {
         let nodes = self.ask(&["cluster", "nodes"]);
-        let port = nodes.lines().find_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let flags = f.get(2)?;
-            if !flags.contains("master") || flags.contains("fail") {
-                return None;
-            }
-            let serves = f.iter().skip(8).any(|range| {
-                let mut ends = range.split('-').map(|n| n.parse::<u16>().ok());
-                match (ends.next().flatten(), ends.next()) {
-                    (Some(a), None) => a == slot,
-                    (Some(a), Some(Some(b))) => (a..=b).contains(&slot),
-                    _ => false,
+        let masters: Vec<(usize, Vec<(u16, u16)>)> = nodes
+            .lines()
+            .filter_map(|line| {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                let flags = f.get(2)?;
+                if !flags.contains("master") || flags.contains("fail") {
+                    return None;
                 }
-            });
-            let addr = f.get(1)?.split('@').next()?;
-            serves.then(|| addr.rsplit(':').next()?.parse::<u16>().ok())?
-        })?;
-        self.nodes.iter().position(|n| n.port() == port)
+                let ranges = f.iter().skip(8).filter_map(|range| {
+                    let mut ends = range.split('-').map(|n| n.parse::<u16>().ok());
+                    match (ends.next().flatten(), ends.next()) {
+                        (Some(a), None) => Some((a, a)),
+                        (Some(a), Some(Some(b))) => Some((a, b)),
+                        _ => None,
+                    }
+                });
+                let addr = f.get(1)?.split('@').next()?;
+                let port = addr.rsplit(':').next()?.parse::<u16>().ok()?;
+                let i = self.nodes.iter().position(|n| n.port() == port)?;
+                Some((i, ranges.collect()))
+            })
+            .collect();
+        slots
+            .map(|slot| {
+                let serves = |r: &Vec<(u16, u16)>| r.iter().any(|&(a, b)| (a..=b).contains(&slot));
+                masters.iter().find(|(_, r)| serves(r)).map(|&(i, _)| i)
+            })
+            .collect()
     }
 
     /// Kills node `i` (`SIGKILL`, a crash).
