@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tollgate_limiter::{
-    Backend, Decision, Key, Limiter, MockClock, Op, Policy, Request, Scope, SlidingWindow,
-    TokenBucket,
+    Backend, Decision, Key, Limiter, MockClock, Op, Policy, Request, Reservation, Scope,
+    SlidingWindow, TokenBucket,
 };
 use tollgate_memory::{MemoryBackend, MemoryError};
 
@@ -273,26 +273,34 @@ async fn refusals_a_dropped_request_was_carrying_are_carried_by_the_next() {
     assert_eq!(pair.request(1).await, (false, false));
 }
 
+/// One token an hour: nothing drips back within a test.
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// A limiter of one token an hour with local denials over a [`Counting`]
+/// backend, its token taken by the returned reservation.
+async fn one_token_reserved() -> (Counting, Limiter<Counting>, Key, Reservation<Counting>) {
+    let one = Policy::from(TokenBucket::new(1, 1, HOUR).unwrap());
+    let backend = Counting::new(&MemoryBackend::with_clock(MockClock::new()));
+    let limiter = Limiter::builder("held", one, backend.clone())
+        .local_denials(Duration::from_secs(60))
+        .timeout(Duration::from_secs(30))
+        .build();
+    let key = Key::new("k");
+    let (taken, reservation) = limiter.reserve(&key, 1).await;
+    assert!(taken.is_allowed());
+    (backend, limiter, key, reservation)
+}
+
 /// A refusal the backend decided before this worker's reset, override or
 /// refund, and whose answer arrives after it, is not cached: each takes
 /// effect at once, as `LimiterBuilder::local_denials`
 /// promises for this worker's own calls.
 #[tokio::test]
 async fn a_refusal_answered_after_this_workers_reset_or_override_is_not_cached() {
-    // One token an hour: nothing drips back within the test.
-    let hour = Duration::from_secs(3600);
-    let one = Policy::from(TokenBucket::new(1, 1, hour).unwrap());
-    let two = Policy::from(TokenBucket::new(2, 1, hour).unwrap());
+    let two = Policy::from(TokenBucket::new(2, 1, HOUR).unwrap());
     for undo in ["reset", "override", "refund"] {
-        let backend = Counting::new(&MemoryBackend::with_clock(MockClock::new()));
-        let limiter = Limiter::builder("held", one, backend.clone())
-            .local_denials(Duration::from_secs(60))
-            .timeout(Duration::from_secs(30))
-            .build();
-        let key = Key::new("k");
         // The token is taken by a reservation, which "refund" gives back.
-        let (taken, reservation) = limiter.reserve(&key, 1).await;
-        assert!(taken.is_allowed());
+        let (backend, limiter, key, reservation) = one_token_reserved().await;
         // Refused by the backend; the answer is on its way.
         let (decided, release) = backend.hold_next();
         let refused = tokio::spawn({
@@ -320,16 +328,7 @@ async fn a_refusal_answered_after_this_workers_reset_or_override_is_not_cached()
 /// the refund forgets the key once it is answered, as a reset does.
 #[tokio::test]
 async fn a_refusal_decided_while_a_refund_is_on_its_way_is_not_cached() {
-    let hour = Duration::from_secs(3600);
-    let one = Policy::from(TokenBucket::new(1, 1, hour).unwrap());
-    let backend = Counting::new(&MemoryBackend::with_clock(MockClock::new()));
-    let limiter = Limiter::builder("held", one, backend.clone())
-        .local_denials(Duration::from_secs(60))
-        .timeout(Duration::from_secs(30))
-        .build();
-    let key = Key::new("k");
-    let (taken, reservation) = limiter.reserve(&key, 1).await;
-    assert!(taken.is_allowed());
+    let (backend, limiter, key, reservation) = one_token_reserved().await;
     // The refund is on its way to the backend.
     let (arrived, let_settle) = backend.hold_next_settle();
     let refund = tokio::spawn(async move { reservation.refund().await });
