@@ -89,6 +89,33 @@ tollgate_testkit::on_every_server! {
 }
 
 tollgate_testkit::on_every_server! {
+    /// A client whose every reservation is refunded settles as fast as it
+    /// asks: the ids its key remembers stay bounded (the latest kept), not
+    /// a key of their own per settle for 15 minutes on a `noeviction`
+    /// server.
+    #[tokio::test]
+    async fn a_key_remembers_a_bounded_number_of_settles(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let prefix = unique_name("bounded");
+        let b = server_time(&url, &prefix).await;
+        let l = Limiter::new("llm", TokenBucket::new(10, 1, S).unwrap(), b);
+        let mut r = raw(&url).await;
+        let k = Key::new("tenant");
+        for _ in 0..1_100 {
+            let (_, reservation) = l.reserve(&k, 5).await;
+            reservation.refund().await.unwrap();
+        }
+        let pattern = format!("{prefix}:llm:{{tenant}}:settled*");
+        let keys: Vec<String> = r.keys(&pattern).await.unwrap();
+        assert!(keys.len() <= 1, "{} keys", keys.len());
+        let held: usize = r.zcard(&keys[0]).await.unwrap();
+        assert_eq!(held, 1_024);
+        let ttl: i64 = r.pttl(&keys[0]).await.unwrap();
+        assert!((899_000..=900_000).contains(&ttl), "{ttl}");
+    }
+}
+
+tollgate_testkit::on_every_server! {
     /// Server-time mode: a burst of `capacity` passes, then refusals.
     #[tokio::test]
     async fn server_time_token_bucket(server: Server) {

@@ -322,3 +322,31 @@ impl Settled {
         self.0.as_ref().is_none_or(|r| r.order.is_empty())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// How many ids `s` holds.
+    fn held(s: &Settled) -> usize {
+        s.0.as_ref().map_or(0, |r| r.until.len().max(r.order.len()))
+    }
+
+    /// A client whose every reservation is refunded (a layer that ignores
+    /// its successes, an LLM call that used nothing) settles as fast as it
+    /// asks: the key's record must stay bounded by a constant, not grow
+    /// with the requests made in 15 minutes (each a Redis key of its own
+    /// on a `noeviction` server).
+    #[test]
+    fn a_key_remembers_a_bounded_number_of_settles() {
+        let mut s = Settled::default();
+        let n = 5_000u64;
+        for id in 1..=n {
+            assert!(!s.replayed(id, id));
+        }
+        assert!(held(&s) <= 1024, "{} ids held", held(&s));
+        // The latest are the ones kept: a re-send follows its call.
+        assert!(s.replayed(n, n + 1));
+        assert!(s.replayed(n - 1000, n + 1));
+    }
+}
