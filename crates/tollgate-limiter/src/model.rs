@@ -14,7 +14,7 @@ pub use crate::strategy::calendar::CalendarState;
 pub use crate::strategy::composite::CompositeState;
 pub use crate::strategy::concurrency::ConcurrencyState;
 pub use crate::strategy::progressive_delay::ProgressiveDelayState;
-pub use crate::strategy::reservation::{Mark, Receipt, SETTLED_FOR, Settled};
+pub use crate::strategy::reservation::{Mark, Receipt, SETTLED_FOR, SETTLED_MAX, Settled};
 pub use crate::strategy::sliding_window::SlidingWindowState;
 pub use crate::strategy::token_bucket::TokenBucketState;
 

@@ -63,9 +63,10 @@ async fn caller_time(url: &str, prefix: &str, clock: &MockClock) -> RedisBackend
 }
 
 tollgate_testkit::on_every_server! {
-    /// A settle that refunds or charges leaves one key, `:settled:<id>`,
-    /// living 15 minutes (server time: its value is when, in the server's
-    /// µs); one at the estimate (a failed login's) leaves none.
+    /// A settle that refunds or charges leaves its id in the key's
+    /// `:settled` set for 15 minutes (server time: its score is when, in
+    /// the server's µs); one at the estimate (a failed login's) leaves
+    /// none.
     #[tokio::test]
     async fn a_settle_leaves_its_id_for_fifteen_minutes(server: Server) {
         let Some(url) = shared_url(server) else { return };
@@ -74,7 +75,7 @@ tollgate_testkit::on_every_server! {
         let l = Limiter::new("llm", TokenBucket::new(100, 1, S).unwrap(), b);
         let mut r = raw(&url).await;
         let k = Key::new("tenant");
-        let pattern = format!("{prefix}:llm:{{tenant}}:settled:*");
+        let pattern = format!("{prefix}:llm:{{tenant}}:settled*");
         let (_, at_estimate) = l.reserve(&k, 5).await;
         at_estimate.settle(5).await.unwrap();
         let keys: Vec<String> = r.keys(&pattern).await.unwrap();
@@ -82,7 +83,9 @@ tollgate_testkit::on_every_server! {
         let (_, refunding) = l.reserve(&k, 5).await;
         refunding.settle(2).await.unwrap();
         let keys: Vec<String> = r.keys(&pattern).await.unwrap();
-        assert_eq!(keys.len(), 1, "{keys:?}");
+        assert_eq!(keys, [format!("{prefix}:llm:{{tenant}}:settled")]);
+        let held: usize = r.zcard(&keys[0]).await.unwrap();
+        assert_eq!(held, 1);
         let ttl: i64 = r.pttl(&keys[0]).await.unwrap();
         assert!((899_000..=900_000).contains(&ttl), "{ttl}");
     }
@@ -109,7 +112,7 @@ tollgate_testkit::on_every_server! {
         let keys: Vec<String> = r.keys(&pattern).await.unwrap();
         assert!(keys.len() <= 1, "{} keys", keys.len());
         let held: usize = r.zcard(&keys[0]).await.unwrap();
-        assert_eq!(held, 1_024);
+        assert_eq!(held, tollgate_limiter::model::SETTLED_MAX);
         let ttl: i64 = r.pttl(&keys[0]).await.unwrap();
         assert!((899_000..=900_000).contains(&ttl), "{ttl}");
     }
