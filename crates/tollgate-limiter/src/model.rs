@@ -324,7 +324,8 @@ pub struct Slot {
     /// The key reads as fresh from this instant on.
     pub expires_at: Timestamp,
     /// The settles (by [`Receipt::id`]) the key refuses to apply again,
-    /// each for [`SETTLED_FOR`] after the first: beside the state, kept
+    /// each for [`SETTLED_FOR`] after the first, the latest
+    /// [`SETTLED_MAX`] at most: beside the state, kept
     /// through its expiry and resets (Redis: a key of their own, see
     /// [reservations](crate::strategy::reservation)).
     pub settled: Settled,
