@@ -14,7 +14,7 @@ pub use crate::strategy::calendar::CalendarState;
 pub use crate::strategy::composite::CompositeState;
 pub use crate::strategy::concurrency::ConcurrencyState;
 pub use crate::strategy::progressive_delay::ProgressiveDelayState;
-pub use crate::strategy::reservation::{Mark, Receipt, SETTLED_FOR, Settled};
+pub use crate::strategy::reservation::{Mark, Receipt, SETTLED_FOR, SETTLED_MAX, Settled};
 pub use crate::strategy::sliding_window::SlidingWindowState;
 pub use crate::strategy::token_bucket::TokenBucketState;
 
@@ -324,7 +324,8 @@ pub struct Slot {
     /// The key reads as fresh from this instant on.
     pub expires_at: Timestamp,
     /// The settles (by [`Receipt::id`]) the key refuses to apply again,
-    /// each for [`SETTLED_FOR`] after the first: beside the state, kept
+    /// each for [`SETTLED_FOR`] after the first, the latest
+    /// [`SETTLED_MAX`] at most: beside the state, kept
     /// through its expiry and resets (Redis: a key of their own, see
     /// [reservations](crate::strategy::reservation)).
     pub settled: Settled,

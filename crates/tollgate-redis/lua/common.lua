@@ -52,10 +52,12 @@
 --                    '@<id>': the settle's identity (digits, kept a
 --                    string). Unless units = actual (nothing to refund
 --                    or charge), the key remembers it 15 minutes in
---                    <prefix>:<limiter>:{<key>}:settled:<id> (STRING, when
---                    it is forgotten in µs, read against now): a settle
---                    of an id remembered is a replay, answered '?1' with
---                    nothing written but that key (parse_op below)
+--                    <prefix>:<limiter>:{<key>}:settled (ZSET, member
+--                    the id in 20 digits, score when it is forgotten in
+--                    µs, read against now; the latest 1024 kept): a
+--                    settle of an id remembered is a replay, answered
+--                    '?1' with nothing written but that key (parse_op
+--                    below)
 --                    (model: strategy/reservation.rs)
 --            'h<id>' hold concurrency slot <id> (concurrency.lua); any
 --                    other script answers '?1'
@@ -123,6 +125,8 @@ local RESERVE = false
 -- How long a key remembers a settle's id, in µs (the model's
 -- SETTLED_FOR).
 local SETTLED_FOR = 900000000
+-- The most settles a key remembers at once (the model's SETTLED_MAX).
+local SETTLED_MAX = 1024
 
 -- The operation of ARGV[1]: 'acquire' | 'peek' | 'penalise' | 'reset' |
 -- 'settle', and its number (at least 1 except for a penalty; a settle's is
@@ -156,16 +160,27 @@ local function parse_op(now)
     -- client wrote them): it changes nothing, and a failed login's
     -- settle leaves no key.
     if id and id ~= '' and f[1] ~= f[2] then
-      -- Remembered SETTLED_FOR from the first settle: one call unless
-      -- there already. A value at or before now (the caller's clock in
-      -- the tests, ahead of the TTL) is forgotten: written anew.
-      local key, till = KEYS[1] .. ':settled:' .. id, now + SETTLED_FOR
-      if not redis.call('SET', key, fmt(till), 'PX', ttl_ms(till, now), 'NX') then
-        if (tonumber(redis.call('GET', key)) or 0) > now then
-          return 'peek', 1
-        end
-        redis.call('SET', key, fmt(till), 'PX', ttl_ms(till, now))
+      -- One sorted set a key: member the id in 20 digits (so that ties
+      -- go by the number, as the model's), score when it is forgotten.
+      -- Those at or before now are forgotten first (the caller's clock
+      -- in the tests, ahead of the TTL); then, at most SETTLED_MAX kept,
+      -- the earliest go: the work and the memory are bounded however
+      -- fast a refunded client settles (the model's Settled::replayed).
+      local set, till = KEYS[1] .. ':settled', now + SETTLED_FOR
+      local member = string.rep('0', 20 - #id) .. id
+      redis.call('ZREMRANGEBYSCORE', set, '-inf', fmt(now))
+      if redis.call('ZSCORE', set, member) then
+        return 'peek', 1
       end
+      redis.call('ZADD', set, fmt(till), member)
+      if redis.call('ZCARD', set) > SETTLED_MAX then
+        -- ZPOPMIN's work, with the commands the documented ACL grants.
+        redis.call('ZREM', set, redis.call('ZRANGE', set, 0, 0)[1])
+      end
+      -- Kept until the latest is forgotten (a clock stepping back may
+      -- have remembered one out of order).
+      local last = redis.call('ZRANGE', set, -1, -1, 'WITHSCORES')
+      redis.call('PEXPIRE', set, ttl_ms(tonumber(last[2]), now))
     end
     local marks = {}
     for i = 3, #f do

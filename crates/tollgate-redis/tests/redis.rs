@@ -63,9 +63,13 @@ async fn caller_time(url: &str, prefix: &str, clock: &MockClock) -> RedisBackend
 }
 
 tollgate_testkit::on_every_server! {
-    /// A settle that refunds or charges leaves one key, `:settled:<id>`,
-    /// living 15 minutes (server time: its value is when, in the server's
-    /// µs); one at the estimate (a failed login's) leaves none.
+    /// A settle that refunds or charges leaves its id in the key's
+    /// `:settled` set for 15 minutes (server time: its score is when, in
+    /// the server's µs); one at the estimate (a failed login's) leaves
+    /// none. A client whose every reservation is refunded settles as fast
+    /// as it asks: the set keeps the latest `SETTLED_MAX` (1 100 refunds
+    /// left 1 100 keys of their own, 15 minutes each, on a `noeviction`
+    /// server).
     #[tokio::test]
     async fn a_settle_leaves_its_id_for_fifteen_minutes(server: Server) {
         let Some(url) = shared_url(server) else { return };
@@ -74,17 +78,25 @@ tollgate_testkit::on_every_server! {
         let l = Limiter::new("llm", TokenBucket::new(100, 1, S).unwrap(), b);
         let mut r = raw(&url).await;
         let k = Key::new("tenant");
-        let pattern = format!("{prefix}:llm:{{tenant}}:settled:*");
+        let set = format!("{prefix}:llm:{{tenant}}:settled");
+        let pattern = format!("{set}*");
         let (_, at_estimate) = l.reserve(&k, 5).await;
         at_estimate.settle(5).await.unwrap();
         let keys: Vec<String> = r.keys(&pattern).await.unwrap();
         assert!(keys.is_empty(), "{keys:?}");
-        let (_, refunding) = l.reserve(&k, 5).await;
-        refunding.settle(2).await.unwrap();
-        let keys: Vec<String> = r.keys(&pattern).await.unwrap();
-        assert_eq!(keys.len(), 1, "{keys:?}");
-        let ttl: i64 = r.pttl(&keys[0]).await.unwrap();
-        assert!((899_000..=900_000).contains(&ttl), "{ttl}");
+        for (settles, held) in [(1, 1), (1_100, tollgate_limiter::model::SETTLED_MAX)] {
+            for _ in 0..settles {
+                let (_, refunding) = l.reserve(&k, 5).await;
+                refunding.refund().await.unwrap();
+            }
+            let keys: Vec<String> = r.keys(&pattern).await.unwrap();
+            assert_eq!(keys.len(), 1, "{} keys", keys.len());
+            assert_eq!(keys[0], set);
+            let n: usize = r.zcard(&set).await.unwrap();
+            assert_eq!(n, held);
+            let ttl: i64 = r.pttl(&set).await.unwrap();
+            assert!((899_000..=900_000).contains(&ttl), "{ttl}");
+        }
     }
 }
 

@@ -1094,6 +1094,68 @@ pub async fn a_replayed_settle_changes_nothing<B: Backend>(backend: B, clock: Mo
     }
 }
 
+/// A key remembers at most [`SETTLED_MAX`](tollgate_limiter::model::SETTLED_MAX)
+/// settles, the latest: a refunded client settles as fast as it asks.
+/// The backend forgets the same ones as the model, in the same order
+/// (the earliest to be forgotten first, the smaller id first among those
+/// of one microsecond: ids 9 and 10 settled together, 9 forgotten, which
+/// a Redis sorted set of plain decimal members would not do), and each
+/// settle and replay answers as the model's.
+pub async fn a_key_remembers_the_latest_settles<B: Backend>(backend: B, clock: MockClock) {
+    use tollgate_limiter::model::SETTLED_MAX;
+    let policy: Policy = TokenBucket::new(10_000, 10, S).unwrap().into();
+    let name = unique_name("latest");
+    let key = Key::new("tenant");
+    let mut model = Model::new();
+    let n = SETTLED_MAX as u64 + 9;
+    let mut receipts = Vec::new();
+    for id in 1..=n {
+        let req = Request {
+            limiter: &name,
+            key: &key,
+            policy: &policy,
+            op: Op::Acquire(2),
+        };
+        let (d, mut got) = backend.reserve(req).await.unwrap();
+        let (want_d, want) = model
+            .reserve(&name, key.as_str(), clock.now(), &policy, 2)
+            .unwrap();
+        assert_eq!((d, got), (want_d, want), "reserve {id}");
+        got.id = id;
+        receipts.push(got);
+        clock.advance(Duration::from_micros(1));
+    }
+    let settle = async |model: &mut Model, receipt: Receipt, what: &str| {
+        // An excess: applied again, it charges again (a refund may find
+        // nothing left to give back).
+        let op = Op::Settle { receipt, actual: 3 };
+        let req = Request {
+            limiter: &name,
+            key: &key,
+            policy: &policy,
+            op,
+        };
+        let d = backend.decide(req).await.unwrap();
+        let want = model
+            .apply(&name, key.as_str(), clock.now(), &policy, op)
+            .unwrap();
+        assert_eq!(d, want, "{what} {}", receipt.id);
+    };
+    // Four settles a microsecond: 9 to 12 together.
+    for chunk in receipts.chunks(4) {
+        for &r in chunk {
+            settle(&mut model, r, "settle").await;
+        }
+        clock.advance(Duration::from_micros(1));
+    }
+    // 10 kept, 9 forgotten (applied again, as the model does), the
+    // latest kept; then the earliest, each remembered again in turn.
+    let order = [9, 8, n as usize - 1, n as usize - 2, 0, 1, 2];
+    for i in order {
+        settle(&mut model, receipts[i], "replay").await;
+    }
+}
+
 /// Refunds on a token bucket, alone and as a composite's part, when
 /// reservations overlap: a refund of an earlier reservation moves a later
 /// one's units down, so the later one refunds only what is still out (the
@@ -2037,7 +2099,7 @@ macro_rules! conformance_tests {
                 calendar_month_in_a_composite, reserve_and_settle,
                 progressive_delay_reservations,
                 reserve_and_settle_a_calendar_quota, overlapping_reservations_refund_what_is_out,
-                a_replayed_settle_changes_nothing,
+                a_replayed_settle_changes_nothing, a_key_remembers_the_latest_settles,
                 a_settle_under_a_slower_refill_refunds_only_the_unused,
                 a_refund_never_frees_what_an_excess_trimmed,
                 concurrency_slots, concurrent_holds,

@@ -1032,6 +1032,7 @@ pub const ACL_RULES: [&str; 30] = [
 /// asserting each answer, so that an ACL test fails when one is missing:
 /// a window's reservation settled below its estimate (`LSET`) and above it
 /// (the log dropping what newer events make redundant: `LTRIM`); a
+/// key's settles past the most it remembers (the earliest dropped); a
 /// composite refusing (`HGETALL`), then overridden by one with fewer parts
 /// (`HDEL`), then reset; a concurrency slot held, refused, released and
 /// taken again (the sorted-set commands). A refund that empties an event
@@ -1052,6 +1053,14 @@ where
     let (v, r) = window.reserve(&Key::new("over"), 2).await;
     assert!(v.is_allowed(), "{v:?}");
     assert!(r.settle(4).await.unwrap().is_some());
+    // Past the settles a key remembers: the earliest is forgotten.
+    let bucket = limiter("settles", TokenBucket::new(2, 1, minute).unwrap().into());
+    for _ in 0..=tollgate_limiter::model::SETTLED_MAX {
+        let (v, r) = bucket.reserve(k, 2).await;
+        assert!(v.is_allowed(), "{v:?}");
+        assert!(r.settle(1).await.unwrap().is_some());
+        bucket.reset(k).await.unwrap();
+    }
     let plan = limiter(
         "plan",
         Composite::new([

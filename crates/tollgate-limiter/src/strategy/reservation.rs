@@ -120,7 +120,10 @@
 //! **Settled once.** A settle carries its receipt's [`Receipt::id`] (drawn
 //! at random by [`Limiter::reserve`](crate::Limiter::reserve)), and the
 //! key remembers it for [`SETTLED_FOR`] (15 minutes) beside its state, not
-//! in it: through a reset, an expiry or a new life. A settle of an id the
+//! in it: through a reset, an expiry or a new life; at most the latest
+//! [`SETTLED_MAX`] (1 024) at once, so that a client whose reservations
+//! are all refunded, and who can settle as fast as it asks, cannot grow
+//! the record beyond that. A settle of an id the
 //! key remembers is a replay (a call the Redis Cluster client re-sent
 //! after its connection dropped): it refunds and charges nothing, answers
 //! as a peek of one unit. A settle at the estimate (`actual` = its units)
@@ -265,10 +268,21 @@ impl Receipt {
 /// after at most `10 ms × 2^n`, and at least 1.28 s).
 pub const SETTLED_FOR: u64 = 900_000_000;
 
+/// The most settles a key remembers at once (see [`Settled`]): the
+/// latest are kept. A key whose every reservation is refunded (a layer
+/// that ignores its successes, a call that used nothing) settles as fast
+/// as its client asks, so the record is bounded by this, not by the
+/// requests of 15 minutes. A re-send follows its call within the cluster
+/// client's back-off, so an id forgotten this way is one that more than
+/// this many settles of the same key have followed since.
+pub const SETTLED_MAX: usize = 1024;
+
 /// The settles a key remembers (see [`Slot::settled`](crate::model::Slot::settled)),
-/// each for [`SETTLED_FOR`] after the first: found in constant time, and
-/// forgotten in the order made, so a settle costs the same however many
-/// the key remembers. One pointer while none is (most keys never settle).
+/// each for [`SETTLED_FOR`] after the first, at most [`SETTLED_MAX`] of
+/// them (the earliest to be forgotten go first, the smallest id first
+/// among those forgotten in the same microsecond: a Redis sorted set's
+/// order, its members the ids in 20 digits): found in constant time, and
+/// forgotten in order. One pointer while none is (most keys never settle).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Settled(Option<Box<Remembered>>);
 
@@ -276,8 +290,8 @@ pub struct Settled(Option<Box<Remembered>>);
 struct Remembered {
     /// When each id is forgotten.
     until: std::collections::HashMap<u64, Timestamp>,
-    /// The same, in the order remembered.
-    order: std::collections::VecDeque<(Timestamp, u64)>,
+    /// The same, in the order forgotten (as a sorted set scores them).
+    order: std::collections::BTreeSet<(Timestamp, u64)>,
     /// The latest `until` (a clock stepping back may remember one out of
     /// order).
     latest: Timestamp,
@@ -286,29 +300,33 @@ struct Remembered {
 impl Settled {
     /// Whether the settle `id` at `now` is a replay of one remembered;
     /// if not, it is remembered until `now +` [`SETTLED_FOR`]. Those
-    /// past are forgotten. `id` 0 is never one.
+    /// past are forgotten first, and the earliest beyond [`SETTLED_MAX`]
+    /// after. `id` 0 is never one.
     pub fn replayed(&mut self, id: u64, now: Timestamp) -> bool {
         if id == 0 {
             return false;
         }
         let r = self.0.get_or_insert_default();
-        while let Some(&(until, old)) = r.order.front() {
+        while let Some(&(until, old)) = r.order.first() {
             if until > now {
                 break;
             }
-            r.order.pop_front();
-            // Not if remembered again since (after it was past).
-            if r.until.get(&old) == Some(&until) {
-                r.until.remove(&old);
-            }
+            r.order.pop_first();
+            r.until.remove(&old);
         }
-        if r.until.get(&id).is_some_and(|&until| until > now) {
+        // Every id left is remembered past now.
+        if r.until.contains_key(&id) {
             return true;
         }
         let until = now + SETTLED_FOR;
         r.until.insert(id, until);
-        r.order.push_back((until, id));
+        r.order.insert((until, id));
         r.latest = r.latest.max(until);
+        if r.order.len() > SETTLED_MAX
+            && let Some((_, old)) = r.order.pop_first()
+        {
+            r.until.remove(&old);
+        }
         false
     }
 
@@ -320,5 +338,33 @@ impl Settled {
     /// Whether none is remembered, nor was since the last was forgotten.
     pub fn is_empty(&self) -> bool {
         self.0.as_ref().is_none_or(|r| r.order.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// How many ids `s` holds.
+    fn held(s: &Settled) -> usize {
+        s.0.as_ref().map_or(0, |r| r.until.len().max(r.order.len()))
+    }
+
+    /// A client whose every reservation is refunded (a layer that ignores
+    /// its successes, an LLM call that used nothing) settles as fast as it
+    /// asks: the key's record must stay bounded by a constant, not grow
+    /// with the requests made in 15 minutes (each a Redis key of its own
+    /// on a `noeviction` server).
+    #[test]
+    fn a_key_remembers_a_bounded_number_of_settles() {
+        let mut s = Settled::default();
+        let n = 5_000u64;
+        for id in 1..=n {
+            assert!(!s.replayed(id, id));
+        }
+        assert_eq!(held(&s), SETTLED_MAX, "ids held");
+        // The latest are the ones kept: a re-send follows its call.
+        assert!(s.replayed(n, n + 1));
+        assert!(s.replayed(n - 1000, n + 1));
     }
 }
