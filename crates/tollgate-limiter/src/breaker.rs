@@ -134,7 +134,7 @@ impl<'a> Permit<'a> {
     }
 
     /// Whether this call is the probe after a back-off.
-    #[cfg(test)]
+    #[inline]
     pub(crate) fn is_probe(&self) -> bool {
         self.probe.is_some()
     }

@@ -210,6 +210,12 @@ impl Guard {
     ) -> Result<T, Error> {
         self.meter.failed_call(admitted.watch, &e, reason);
         let breaker = admitted.permit.breaker();
+        // A failed probe opens its breaker again: the outage goes on, which
+        // the throttle's count says. Only a breaker that opens from closed
+        // is news worth a line past the throttle: with a breaker per
+        // failure domain, forcing every failed probe's line logged one per
+        // domain per back-off (16 a second for a whole cluster's outage).
+        let probe = admitted.permit.is_probe();
         let opened = match reason {
             // The backend answered: a bad stored policy says nothing of its
             // health (see `ErrorReason::InvalidPolicy`).
@@ -221,7 +227,8 @@ impl Guard {
             }
             _ => admitted.permit.failure(),
         };
-        self.log.warn(&self.name, breaker.domain(), &e, opened);
+        self.log
+            .warn(&self.name, breaker.domain(), &e, opened, opened && !probe);
         Err(e)
     }
 
@@ -323,9 +330,11 @@ impl LogThrottle {
     }
 
     /// A backend failure on failure domain `domain`; `opened`: the
-    /// failure opened the domain's breaker.
-    fn warn(&self, limiter: &str, domain: usize, error: &Error, opened: bool) {
-        let Some(suppressed) = self.due(opened) else {
+    /// failure opened the domain's breaker (or, a probe's, opened it
+    /// again); `force`: logged whatever the throttle says (the breaker
+    /// opened from closed).
+    fn warn(&self, limiter: &str, domain: usize, error: &Error, opened: bool, force: bool) {
+        let Some(suppressed) = self.due(force) else {
             return;
         };
         let error: &dyn std::error::Error = error;
