@@ -263,3 +263,68 @@ fn the_breaker_gauge_is_the_worst_domain() {
         });
     });
 }
+
+/// The short path a tower layer asks first (`check_cost_now`) never takes
+/// a probe it would give back: a backend that cannot answer at once (a
+/// Redis one; here, a failing master) left it to `check_cost`, which
+/// probed again, and each probe counted two `half_open` transitions and a
+/// spurious `open` in between, and the gauge flickered.
+#[test]
+fn the_short_path_leaves_a_due_probe_to_the_decision_that_waits() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let transitions = |to: &str| -> u64 {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(k, ..)| {
+                k.key().name() == "tollgate_breaker_transitions_total"
+                    && k.key().labels().any(|l| l.key() == "to" && l.value() == to)
+            })
+            .map(|(.., v)| match v {
+                DebugValue::Counter(c) => c,
+                other => panic!("{other:?}"),
+            })
+            .sum()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let backend = Masters::default();
+            let l = limiter(&backend);
+            open(&backend, &l, 0, "a1").await;
+            // A snapshot resets the counters: each count below is since.
+            assert_eq!(transitions("open"), 1);
+            // Open: the short path answers from the fail mode at once.
+            let a1 = Key::new("a1");
+            let now = l.check_cost_now(&a1, 1).expect("answered at once");
+            assert!(
+                matches!(now, Verdict::FailedClosed(Error::BreakerOpen, _)),
+                "{now:?}"
+            );
+            tokio::time::advance(BACKOFF).await;
+            // A probe is due: the layer's short path leaves it to
+            // `check`, which probes once (and fails: the master is down).
+            assert!(l.check_cost_now(&a1, 1).is_none(), "no answer at once");
+            assert_eq!(check(&l, "a1").await, Err("backend".into()));
+            assert_eq!(transitions("half_open"), 1, "one probe");
+            assert_eq!(transitions("open"), 1, "its failure reopened");
+            // A probe due on a master that answers at once is left to
+            // the waiting path too, and closes the breaker there.
+            backend.0[0].clear_faults();
+            tokio::time::advance(2 * BACKOFF).await;
+            assert!(l.check_cost_now(&a1, 1).is_none());
+            assert_eq!(check(&l, "a1").await, Ok(()));
+            assert_eq!(transitions("half_open"), 1);
+            assert_eq!(transitions("open"), 0);
+            assert_eq!(transitions("closed"), 1);
+            let now = l.check_cost_now(&a1, 1).expect("closed: decided at once");
+            assert!(matches!(now, Verdict::Decided(_)), "{now:?}");
+        });
+    });
+}
