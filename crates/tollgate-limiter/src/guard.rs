@@ -133,7 +133,23 @@ impl Guard {
     /// time (see the metrics' `Meter::unstarted`).
     #[inline]
     pub(crate) fn admit_at_once(&self, domain: usize) -> Result<Admitted<'_>, Error> {
-        let Ok(permit) = self.breaker(domain).admit() else {
+        self.admitted(self.breaker(domain).admit())
+    }
+
+    /// [`admit_at_once`](Self::admit_at_once) for a caller that answers
+    /// only what it can at once, and gives the leave back otherwise
+    /// ([`Limiter::check_cost_now`](crate::Limiter::check_cost_now)):
+    /// `None` when the call would be the domain's probe, which is left to
+    /// the caller that waits (see [`Breaker::admit_unless_probe`]).
+    #[inline]
+    pub(crate) fn admit_unless_probe(&self, domain: usize) -> Option<Result<Admitted<'_>, Error>> {
+        Some(self.admitted(self.breaker(domain).admit_unless_probe()?))
+    }
+
+    /// The breaker's answer as the guard's.
+    #[inline(always)]
+    fn admitted<'a>(&'a self, leave: Result<Permit<'a>, Duration>) -> Result<Admitted<'a>, Error> {
+        let Ok(permit) = leave else {
             self.meter.breaker_open();
             return Err(Error::BreakerOpen);
         };
