@@ -134,7 +134,7 @@ impl<'a> Permit<'a> {
     }
 
     /// Whether this call is the probe after a back-off.
-    #[cfg(test)]
+    #[inline]
     pub(crate) fn is_probe(&self) -> bool {
         self.probe.is_some()
     }
@@ -211,12 +211,30 @@ impl Breaker {
                 probe: None,
             });
         }
-        self.admit_unhealthy()
+        // Asked to probe, it always answers.
+        self.admit_unhealthy(true).unwrap_or(Err(Duration::ZERO))
     }
 
-    /// [`admit`](Self::admit) after a failure: under the lock.
+    /// [`admit`](Self::admit) for a caller that would give a probe back
+    /// unused (one that answers only what it can at once): `None` when
+    /// this call would be the probe, which is left to a caller that waits
+    /// for the backend. Taken and given back, a probe would count a
+    /// `half_open` and an `open` transition for nothing.
+    #[inline]
+    pub(crate) fn admit_unless_probe(&self) -> Option<Result<Permit<'_>, Duration>> {
+        if self.healthy.load(Ordering::Acquire) {
+            return Some(Ok(Permit {
+                breaker: self,
+                probe: None,
+            }));
+        }
+        self.admit_unhealthy(false)
+    }
+
+    /// [`admit`](Self::admit) after a failure: under the lock. `None`
+    /// when a probe is due and `probe` is false.
     #[cold]
-    fn admit_unhealthy(&self) -> Result<Permit<'_>, Duration> {
+    fn admit_unhealthy(&self, probe: bool) -> Option<Result<Permit<'_>, Duration>> {
         let permit = |probe| Permit {
             breaker: self,
             probe,
@@ -225,11 +243,12 @@ impl Breaker {
         let (state, next_id) = &mut *guard;
         let now = Instant::now();
         let backoff = match *state {
-            State::Closed { .. } => return Ok(permit(None)),
-            State::Open { until, .. } if now < until => return Err(until - now),
+            State::Closed { .. } => return Some(Ok(permit(None))),
+            State::Open { until, .. } if now < until => return Some(Err(until - now)),
             State::Probing { since, .. } if now < since + self.probe_timeout => {
-                return Err(since + self.probe_timeout - now);
+                return Some(Err(since + self.probe_timeout - now));
             }
+            _ if !probe => return None,
             State::Open { backoff, .. } => backoff,
             // The probe never reported: it failed, and a new one may go.
             State::Probing { backoff, .. } => self.next_backoff(backoff),
@@ -241,7 +260,7 @@ impl Breaker {
             backoff,
         };
         self.meter.transition(self.domain, BreakerState::HalfOpen);
-        Ok(permit(Some(*next_id)))
+        Some(Ok(permit(Some(*next_id))))
     }
 
     fn next_backoff(&self, backoff: Duration) -> Duration {

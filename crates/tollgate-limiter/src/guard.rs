@@ -133,7 +133,23 @@ impl Guard {
     /// time (see the metrics' `Meter::unstarted`).
     #[inline]
     pub(crate) fn admit_at_once(&self, domain: usize) -> Result<Admitted<'_>, Error> {
-        let Ok(permit) = self.breaker(domain).admit() else {
+        self.admitted(self.breaker(domain).admit())
+    }
+
+    /// [`admit_at_once`](Self::admit_at_once) for a caller that answers
+    /// only what it can at once, and gives the leave back otherwise
+    /// ([`Limiter::check_cost_now`](crate::Limiter::check_cost_now)):
+    /// `None` when the call would be the domain's probe, which is left to
+    /// the caller that waits (see [`Breaker::admit_unless_probe`]).
+    #[inline]
+    pub(crate) fn admit_unless_probe(&self, domain: usize) -> Option<Result<Admitted<'_>, Error>> {
+        Some(self.admitted(self.breaker(domain).admit_unless_probe()?))
+    }
+
+    /// The breaker's answer as the guard's.
+    #[inline(always)]
+    fn admitted<'a>(&'a self, leave: Result<Permit<'a>, Duration>) -> Result<Admitted<'a>, Error> {
+        let Ok(permit) = leave else {
             self.meter.breaker_open();
             return Err(Error::BreakerOpen);
         };
@@ -210,6 +226,12 @@ impl Guard {
     ) -> Result<T, Error> {
         self.meter.failed_call(admitted.watch, &e, reason);
         let breaker = admitted.permit.breaker();
+        // A failed probe opens its breaker again: the outage goes on, which
+        // the throttle's count says. Only a breaker that opens from closed
+        // is news worth a line past the throttle: with a breaker per
+        // failure domain, forcing every failed probe's line logged one per
+        // domain per back-off (16 a second for a whole cluster's outage).
+        let probe = admitted.permit.is_probe();
         let opened = match reason {
             // The backend answered: a bad stored policy says nothing of its
             // health (see `ErrorReason::InvalidPolicy`).
@@ -221,7 +243,8 @@ impl Guard {
             }
             _ => admitted.permit.failure(),
         };
-        self.log.warn(&self.name, breaker.domain(), &e, opened);
+        self.log
+            .warn(&self.name, breaker.domain(), &e, opened, opened && !probe);
         Err(e)
     }
 
@@ -323,9 +346,11 @@ impl LogThrottle {
     }
 
     /// A backend failure on failure domain `domain`; `opened`: the
-    /// failure opened the domain's breaker.
-    fn warn(&self, limiter: &str, domain: usize, error: &Error, opened: bool) {
-        let Some(suppressed) = self.due(opened) else {
+    /// failure opened the domain's breaker (or, a probe's, opened it
+    /// again); `force`: logged whatever the throttle says (the breaker
+    /// opened from closed).
+    fn warn(&self, limiter: &str, domain: usize, error: &Error, opened: bool, force: bool) {
+        let Some(suppressed) = self.due(force) else {
             return;
         };
         let error: &dyn std::error::Error = error;

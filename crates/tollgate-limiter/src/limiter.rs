@@ -592,7 +592,8 @@ impl<B: Backend> Limiter<B> {
         // The closure holds `req` by reference: built on every call, it
         // would otherwise copy the request in, to use it only when waiting.
         let req = &req;
-        self.plain_now(req, cost, move |admitted| {
+        let admitted = self.inner.guard.admit_at_once(self.domain(req.key));
+        self.plain_now(req, cost, admitted, move |admitted| {
             let admitted = admitted.waiting(self.inner.guard.meter());
             let req = *req;
             let rest = wait.insert(Box::pin(async move {
@@ -611,7 +612,8 @@ impl<B: Backend> Limiter<B> {
     ///
     /// It answers when the limiter has no local map and is not a
     /// concurrency limit, and the backend decides in-process
-    /// ([`Backend::decide_now`]), or when its breaker is open. A tower
+    /// ([`Backend::decide_now`]), or when its breaker is open; not when
+    /// the breaker's probe is due, which `check_cost` makes. A tower
     /// layer asks this first: an in-process decision then costs no future,
     /// and the inner service is called at once.
     #[inline]
@@ -621,28 +623,33 @@ impl<B: Backend> Limiter<B> {
         }
         let cost = cost.max(self.inner.min_cost);
         let req = self.request(key, Op::Acquire(cost));
+        // A probe due is left to `check_cost`: taken here and given back
+        // when the backend cannot answer at once (a Redis backend, always),
+        // it would count a `half_open` and an `open` transition for
+        // nothing before `check_cost` probed.
+        let admitted = self.inner.guard.admit_unless_probe(self.domain(key))?;
         // Nothing was asked when it is pending: dropping the breaker's
-        // leave gives a probe back at once (see `Breaker::abandon`), for
-        // `check_cost`.
-        match self.plain_now(&req, cost, |_| Poll::Pending) {
+        // leave (never a probe) changes nothing.
+        match self.plain_now(&req, cost, admitted, |_| Poll::Pending) {
             Poll::Ready(verdict) => Some(verdict),
             Poll::Pending => None,
         }
     }
 
     /// The short path up to the backend's answer: decided, when the
-    /// breaker refused or the backend answered at once; else what
-    /// `pending` makes of the breaker's leave, to wait for
-    /// [`Backend::decide`].
+    /// breaker refused (`admitted`, its answer for the key's domain) or the
+    /// backend answered at once; else what `pending` makes of the
+    /// breaker's leave, to wait for [`Backend::decide`].
     #[inline]
     fn plain_now<'a>(
         &'a self,
         req: &Request<'_>,
         cost: u64,
+        admitted: Result<Admitted<'a>, Error>,
         pending: impl FnOnce(Admitted<'a>) -> Poll<Verdict>,
     ) -> Poll<Verdict> {
         let guard = &self.inner.guard;
-        let admitted = match guard.admit_at_once(self.domain(req.key)) {
+        let admitted = match admitted {
             Ok(admitted) => admitted,
             Err(e) => return Poll::Ready(self.plain_verdict(Err(e), cost)),
         };

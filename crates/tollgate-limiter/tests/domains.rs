@@ -10,12 +10,15 @@ use std::pin::pin;
 use std::task::Poll;
 use std::time::Duration;
 
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::DebugValue;
 use tollgate_limiter::{
     Backend, BreakerConfig, Decision, Error, FailMode, Key, Limiter, Policy, Request, Scope,
     TokenBucket, Verdict,
 };
 use tollgate_memory::{MemoryBackend, MemoryError};
+
+mod support;
+use support::recorded;
 
 const BACKOFF: Duration = Duration::from_secs(1);
 
@@ -218,48 +221,96 @@ async fn the_limiter_wide_override_fails_in_its_own_domain() {
 /// The breaker-state gauge is the worst state over the domains.
 #[test]
 fn the_breaker_gauge_is_the_worst_domain() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let gauge = || {
-        let values = snapshotter.snapshot().into_vec();
-        let (.., value) = values
-            .into_iter()
-            .find(|(k, ..)| k.key().name() == "tollgate_breaker_state")
-            .expect("registered");
-        match value {
-            DebugValue::Gauge(g) => g.0,
-            other => panic!("{other:?}"),
-        }
-    };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
-    metrics::with_local_recorder(&recorder, || {
-        rt.block_on(async {
-            let backend = Masters::default();
-            let l = limiter(&backend);
-            assert_eq!(gauge(), 0.0);
-            open(&backend, &l, 0, "a1").await;
-            assert_eq!(gauge(), 2.0);
-            open(&backend, &l, 1, "b1").await;
-            // Domain 0 closes; domain 1 is still open.
-            backend.0[0].clear_faults();
-            tokio::time::advance(BACKOFF).await;
-            assert_eq!(check(&l, "a1").await, Ok(()));
-            assert_eq!(gauge(), 2.0, "domain 1 is still open");
-            // Domain 1 probes (half-open while it waits), then closes.
-            backend.0[1].clear_faults();
-            backend.0[1].set_delay(Duration::from_millis(10));
-            let b1 = Key::new("b1");
-            let mut probe = pin!(l.check(&b1));
-            let first =
-                std::future::poll_fn(|cx| Poll::Ready(probe.as_mut().poll(cx).is_pending()));
-            assert!(first.await);
-            assert_eq!(gauge(), 1.0, "the worst is now a probe");
-            assert!(matches!(probe.await, Verdict::Decided(_)));
-            assert_eq!(gauge(), 0.0);
-        });
+    recorded(|snapshotter| async move {
+        let gauge = || {
+            let values = snapshotter.snapshot().into_vec();
+            let (.., value) = values
+                .into_iter()
+                .find(|(k, ..)| k.key().name() == "tollgate_breaker_state")
+                .expect("registered");
+            match value {
+                DebugValue::Gauge(g) => g.0,
+                other => panic!("{other:?}"),
+            }
+        };
+        let backend = Masters::default();
+        let l = limiter(&backend);
+        assert_eq!(gauge(), 0.0);
+        open(&backend, &l, 0, "a1").await;
+        assert_eq!(gauge(), 2.0);
+        open(&backend, &l, 1, "b1").await;
+        // Domain 0 closes; domain 1 is still open.
+        backend.0[0].clear_faults();
+        tokio::time::advance(BACKOFF).await;
+        assert_eq!(check(&l, "a1").await, Ok(()));
+        assert_eq!(gauge(), 2.0, "domain 1 is still open");
+        // Domain 1 probes (half-open while it waits), then closes.
+        backend.0[1].clear_faults();
+        backend.0[1].set_delay(Duration::from_millis(10));
+        let b1 = Key::new("b1");
+        let mut probe = pin!(l.check(&b1));
+        let first = std::future::poll_fn(|cx| Poll::Ready(probe.as_mut().poll(cx).is_pending()));
+        assert!(first.await);
+        assert_eq!(gauge(), 1.0, "the worst is now a probe");
+        assert!(matches!(probe.await, Verdict::Decided(_)));
+        assert_eq!(gauge(), 0.0);
+    });
+}
+
+/// The short path a tower layer asks first (`check_cost_now`) never takes
+/// a probe it would give back: a backend that cannot answer at once (a
+/// Redis one; here, a failing master) left it to `check_cost`, which
+/// probed again, and each probe counted two `half_open` transitions and a
+/// spurious `open` in between, and the gauge flickered.
+#[test]
+fn the_short_path_leaves_a_due_probe_to_the_decision_that_waits() {
+    recorded(|snapshotter| async move {
+        // The transitions since the last call (a snapshot resets them), by
+        // the state entered: [open, half_open, closed].
+        let transitions = || -> [u64; 3] {
+            let mut by = [0; 3];
+            for (k, .., v) in snapshotter.snapshot().into_vec() {
+                if k.key().name() != "tollgate_breaker_transitions_total" {
+                    continue;
+                }
+                let to = k.key().labels().find(|l| l.key() == "to").unwrap();
+                let i = ["open", "half_open", "closed"]
+                    .iter()
+                    .position(|s| *s == to.value())
+                    .unwrap();
+                by[i] += match v {
+                    DebugValue::Counter(c) => c,
+                    other => panic!("{other:?}"),
+                };
+            }
+            by
+        };
+        let backend = Masters::default();
+        let l = limiter(&backend);
+        open(&backend, &l, 0, "a1").await;
+        assert_eq!(transitions(), [1, 0, 0]);
+        // Open: the short path answers from the fail mode at once.
+        let a1 = Key::new("a1");
+        let now = l.check_cost_now(&a1, 1).expect("answered at once");
+        assert!(
+            matches!(now, Verdict::FailedClosed(Error::BreakerOpen, _)),
+            "{now:?}"
+        );
+        tokio::time::advance(BACKOFF).await;
+        // A probe is due: the layer's short path leaves it to
+        // `check`, which probes once (and fails: the master is down).
+        assert!(l.check_cost_now(&a1, 1).is_none(), "no answer at once");
+        assert_eq!(check(&l, "a1").await, Err("backend".into()));
+        // One probe, whose failure opened the breaker again.
+        assert_eq!(transitions(), [1, 1, 0]);
+        // A probe due on a master that answers at once is left to
+        // the waiting path too, and closes the breaker there.
+        backend.0[0].clear_faults();
+        tokio::time::advance(2 * BACKOFF).await;
+        assert!(l.check_cost_now(&a1, 1).is_none());
+        assert_eq!(check(&l, "a1").await, Ok(()));
+        assert_eq!(transitions(), [0, 1, 1]);
+        let now = l.check_cost_now(&a1, 1).expect("closed: decided at once");
+        assert!(matches!(now, Verdict::Decided(_)), "{now:?}");
     });
 }

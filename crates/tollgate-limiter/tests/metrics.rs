@@ -3,10 +3,9 @@
 //! dashboard under docs/ queries only metrics the limiters emit.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::time::Duration;
 
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::{DebugValue, Snapshotter};
 use tollgate_limiter::aimd::{AimdConfig, AimdLimiter, Outcome};
 use tollgate_limiter::{
     Backend, BackendError, BreakerConfig, Decision, ErrorReason, FailMode, Key, Limiter, MockClock,
@@ -14,22 +13,11 @@ use tollgate_limiter::{
 };
 use tollgate_memory::MemoryBackend;
 
+mod support;
+use support::recorded;
+
 /// A snapshot by `name{label=value,...}` (labels sorted).
 type Values = BTreeMap<String, DebugValue>;
-
-/// Runs `test` on a paused current-thread runtime with a recording
-/// recorder (limiters must be built inside: they register their handles
-/// when built), handing it the snapshotter.
-fn recorded<F: Future<Output = ()>>(test: impl FnOnce(Snapshotter) -> F) {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
-    ::metrics::with_local_recorder(&recorder, || rt.block_on(test(snapshotter)));
-}
 
 /// The values recorded since the last snapshot (a snapshot resets them).
 fn take(snapshotter: &Snapshotter) -> Values {
