@@ -993,15 +993,27 @@ impl<B: Backend> Limiter<B> {
         let result = self
             .try_op(key, Op::Reset, &self.inner.guard.deadline())
             .await;
-        // After the reset, as after an override: a refusal or a batch
-        // decided before it is not kept, even if its answer comes after.
+        self.forget_local(Some(key));
+        result
+    }
+
+    /// Forgets what this worker keeps of `key` (of every key, with
+    /// `None`): its cached refusals and its lease batches. Called after a
+    /// reset or an override is answered, so that a refusal or a batch
+    /// decided before it is not kept, even if its answer comes after.
+    fn forget_local(&self, key: Option<&Key>) {
         if let Some(cache) = &self.inner.denials {
-            cache.forget(key);
+            match key {
+                Some(k) => cache.forget(k),
+                None => cache.clear(),
+            }
         }
         if let Some(leases) = &self.inner.leases {
-            leases.forget(key);
+            match key {
+                Some(k) => leases.forget(k),
+                None => leases.clear(),
+            }
         }
-        result
     }
 
     /// Asks the backend for `cost` units (at least the
@@ -1066,19 +1078,8 @@ impl<B: Backend> Limiter<B> {
                 self.inner.backend.set_override(scope, policy.as_ref())
             })
             .await;
-        // Cached refusals were decided under the old policy.
-        if let Some(cache) = &self.inner.denials {
-            match key {
-                Some(k) => cache.forget(k),
-                None => cache.clear(),
-            }
-        }
-        if let Some(leases) = &self.inner.leases {
-            match key {
-                Some(k) => leases.forget(k),
-                None => leases.clear(),
-            }
-        }
+        // Refusals and batches were decided under the old policy.
+        self.forget_local(key);
         result
     }
 
