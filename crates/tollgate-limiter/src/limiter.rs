@@ -528,6 +528,12 @@ impl<B: Backend> Limiter<B> {
     }
 
     /// A fail-closed limiter with the default timeout and breaker.
+    ///
+    /// # Panics
+    ///
+    /// When `name` is empty or holds `{`, `}` or `:`; see
+    /// [`LimiterBuilder::try_build`] for the fallible form.
+    #[track_caller]
     pub fn new(name: impl Into<String>, policy: impl Into<Policy>, backend: B) -> Self {
         Self::builder(name, policy, backend).build()
     }
