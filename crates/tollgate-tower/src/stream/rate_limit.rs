@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures_core::Stream;
 use pin_project_lite::pin_project;
-use tollgate_limiter::{Backend, FailMode, Key, Limiter, Verdict};
+use tollgate_limiter::{Backend, FailMode, Key, Limiter, Mode as LimiterMode, Verdict};
 
 use crate::extract::KeyExtractor;
 use crate::inbound::{Cost, MissingKey};
@@ -248,6 +248,12 @@ where
                 None => match &*this.missing {
                     MissingKey::Fallback(key) => key.clone(),
                     MissingKey::Allow if this.limiter.fail_mode() == FailMode::Open => {
+                        telemetry::missing_key(this.limiter.name(), true);
+                        StreamStats::bump(&counters.passed);
+                        return Poll::Ready(Some(item));
+                    }
+                    // Shadow mode never refuses (as in `RateLimit`).
+                    _ if this.limiter.mode() == LimiterMode::Shadow => {
                         telemetry::missing_key(this.limiter.name(), true);
                         StreamStats::bump(&counters.passed);
                         return Poll::Ready(Some(item));
@@ -498,6 +504,28 @@ mod tests {
         let out: Vec<u32> = fresh.map(|e| e.1).collect().await;
         assert_eq!(out, [5, 6]);
         assert_eq!((stats.limited(), stats.unavailable()), (1, 0));
+    }
+
+    /// Shadow mode never refuses: an event without a key passes a limiter
+    /// in shadow mode whatever the `MissingKey` policy, as a request
+    /// without a key passes the HTTP layer. (A listener rolled out behind
+    /// a shadow limiter lost every keyless event.)
+    #[tokio::test]
+    async fn shadow_mode_lets_an_event_without_a_key_pass() {
+        let shadow = Limiter::builder(
+            "shadow",
+            SlidingWindow::new(10, Duration::from_secs(60)).unwrap(),
+            MemoryBackend::with_clock(MockClock::new()),
+        )
+        .mode(tollgate_limiter::Mode::Shadow)
+        .build();
+        let key = |e: &(&str, u32)| (!e.0.is_empty()).then(|| Key::new(e.0));
+        let limited =
+            stream::iter([("", 1), ("a", 2), ("", 3)]).rate_limit(shadow, key, Excess::Drop);
+        let stats = limited.stats();
+        let out: Vec<u32> = limited.map(|e| e.1).collect().await;
+        assert_eq!(out, [1, 2, 3]);
+        assert_eq!((stats.passed(), stats.dropped()), (3, 0));
     }
 
     /// `MissingKey::Allow` lets keyless events through a fail-open limiter
