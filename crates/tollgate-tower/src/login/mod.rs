@@ -11,7 +11,8 @@
 //!    one `408`, neither reaches the handler) and finds the email (JSON or
 //!    form field, trimmed, lower-cased, hashed with a keyed hash: the
 //!    backend never holds an address, and a reader of it cannot confirm a
-//!    guessed one). A body that gives the field twice names no account
+//!    guessed one). A body that gives the field twice, or comes with a
+//!    `Content-Encoding` (decompress outside the layer), names no account
 //!    (see [`Email`](crate::buffer_body::Email)), and a request without
 //!    an account is refused `400`;
 //! 3. a `RateLimitLayer` per account, over a
