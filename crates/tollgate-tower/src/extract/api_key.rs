@@ -15,7 +15,12 @@ pub const DEFAULT_MAX_CREDENTIAL_LEN: usize = 8 * 1024;
 ///
 /// A value that is empty, longer than [`max_len`](Self::max_len) (default
 /// [8 KiB](DEFAULT_MAX_CREDENTIAL_LEN)), not visible ASCII, or (for
-/// `Authorization`) not a bearer token is no credential. An invalid header
+/// `Authorization`) not a bearer token is no credential. Nor is one that
+/// holds a space, a tab or a comma inside it (`Bearer real junk`, or two
+/// `X-Api-Key` lines a proxy merged into `junk, real`): it reads as
+/// several credentials, and a service that takes one word of it would
+/// authenticate one key while the limiter counted another, fresh on every
+/// request. (A bearer token has none of them: RFC 6750.) An invalid header
 /// does not hide a valid source behind it: with
 /// [`or_bearer`](Self::or_bearer), a bad `X-Api-Key` falls through to the
 /// bearer token, so a client cannot turn its own request keyless by
@@ -127,7 +132,9 @@ impl ApiKey {
     }
 
     fn valid<'s>(&self, s: &'s str) -> Option<&'s str> {
-        (!s.is_empty() && s.len() <= self.max_len).then_some(s)
+        // Several words read as several credentials: see the type's docs.
+        let one_word = !s.bytes().any(|b| matches!(b, b' ' | b'\t' | b','));
+        (!s.is_empty() && s.len() <= self.max_len && one_word).then_some(s)
     }
 }
 
@@ -251,6 +258,33 @@ mod tests {
         let only_header = ApiKey::header(HeaderName::from_static("x-api-key"), hasher());
         let r = with(&[("x-api-key", b"real"), ("authorization", b"Bearer junk1")]);
         assert_eq!(only_header.extract(&r), Some(secret("real")));
+    }
+
+    /// A value that reads as several credentials (`Bearer real junk1`, or
+    /// `junk1, real`, two `X-Api-Key` lines a proxy merged into one) is no
+    /// credential: a service that takes one word of it (`Bearer` and the
+    /// next word, as `split_whitespace().nth(1)` reads it) authenticates
+    /// the real key, while the limiter, keying the whole value, would
+    /// count each request under a fresh key.
+    #[test]
+    fn a_value_of_several_words_is_no_credential() {
+        let x = ApiKey::header(HeaderName::from_static("x-api-key"), hasher()).or_bearer();
+        for (name, value) in [
+            ("authorization", &b"Bearer real junk1"[..]),
+            ("authorization", b"Bearer real\tjunk1"),
+            ("authorization", b"Bearer real,junk1"),
+            ("x-api-key", b"junk1, real"),
+            ("x-api-key", b"real junk1"),
+        ] {
+            let shown = String::from_utf8_lossy(value);
+            assert_eq!(x.extract(&req(name, value)), None, "{name}: {shown}");
+        }
+        // Beside a valid bearer token, such a header hides nothing.
+        let r = with(&[
+            ("x-api-key", b"junk1, real"),
+            ("authorization", b"Bearer real"),
+        ]);
+        assert_eq!(x.extract(&r), Some(secret("real")));
     }
 
     /// Real JWTs run past 4 KiB: the default takes 8 KiB, and the bound is
