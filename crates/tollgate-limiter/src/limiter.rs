@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use crate::backend::{Backend, Request, Scope};
 use crate::breaker::BreakerConfig;
+use crate::config::ConfigError;
 use crate::decision::Decision;
 use crate::deny_cache::{Charge, DenyCache};
 use crate::error::Error;
@@ -187,7 +188,7 @@ impl<B: Backend> LimiterBuilder<B> {
     /// before enforcing it.
     ///
     /// The candidate keeps its own state under the limiter name
-    /// `<name>:candidate` (configured limiter names cannot hold `:`), as if
+    /// `<name>:candidate` (limiter names cannot hold `:`), as if
     /// it alone were enforced on every request: it is charged when it
     /// would pass. Overrides of the limiter do not apply to it. Requests
     /// answered locally ([`local_denials`](Self::local_denials),
@@ -310,7 +311,50 @@ impl<B: Backend> LimiterBuilder<B> {
     }
 
     /// The limiter.
+    ///
+    /// # Panics
+    ///
+    /// On a setting [`try_build`](Self::try_build) refuses, with its
+    /// message. Settings written in code are wrong on every start, so the
+    /// first start says so; settings read at run time belong in
+    /// [`try_build`](Self::try_build) or [`Config`](crate::Config).
+    #[track_caller]
     pub fn build(self) -> Limiter<B> {
+        match self.try_build() {
+            Ok(limiter) => limiter,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// The limiter, or the setting that cannot work, named as
+    /// configuration names it (`limiters.<name>.<field>`), as
+    /// [`Config`](crate::Config) refuses it:
+    ///
+    /// * `name`: empty, or holding `{`, `}` or `:`. `:` separates a key's
+    ///   parts and `<name>:candidate` is a candidate's namespace, so
+    ///   `api:candidate` would count in `api`'s candidate; the braces are
+    ///   the cluster hash tag;
+    /// * `timeout`: zero (every decision would fail);
+    /// * `breaker_backoff` of zero, or `breaker_max_backoff` below it.
+    pub fn try_build(self) -> Result<Limiter<B>, ConfigError> {
+        let invalid = |field, reason: String| ConfigError::Invalid {
+            path: format!("limiters.{}", self.name),
+            field,
+            reason,
+        };
+        if !crate::config::valid_name(&self.name) {
+            return Err(invalid("name", crate::config::NAME_RULE.into()));
+        }
+        if self.timeout.is_zero() {
+            return Err(invalid("timeout", "must be above zero".into()));
+        }
+        if let Some((field, reason)) = self.breaker.misread() {
+            return Err(invalid(field, reason));
+        }
+        Ok(self.assemble())
+    }
+
+    fn assemble(self) -> Limiter<B> {
         let candidate = self
             .candidate
             .filter(|c| {
@@ -484,6 +528,12 @@ impl<B: Backend> Limiter<B> {
     }
 
     /// A fail-closed limiter with the default timeout and breaker.
+    ///
+    /// # Panics
+    ///
+    /// When `name` is empty or holds `{`, `}` or `:`; see
+    /// [`LimiterBuilder::try_build`] for the fallible form.
+    #[track_caller]
     pub fn new(name: impl Into<String>, policy: impl Into<Policy>, backend: B) -> Self {
         Self::builder(name, policy, backend).build()
     }
@@ -1359,6 +1409,54 @@ mod tests {
             },
         )
         .local_capacity(1000)
+    }
+
+    /// What configuration refuses, the builder refuses too, naming the
+    /// field: a limiter named `api:candidate` in code would otherwise count
+    /// in the keys of `api`'s candidate.
+    #[test]
+    fn the_builder_refuses_what_configuration_refuses() {
+        let refused = |b: LimiterBuilder<Fixed>| match b.try_build() {
+            Err(ConfigError::Invalid { path, field, .. }) => (path, field),
+            other => panic!("built: {other:?}"),
+        };
+        let policy = TokenBucket::new(100, 1, Duration::from_secs(1)).unwrap();
+        let named = |name: &str| Limiter::builder(name, policy, Fixed::default());
+        for name in ["api:candidate", "", "{api}", "a}b"] {
+            assert_eq!(refused(named(name)).1, "name", "{name:?}");
+        }
+        assert_eq!(
+            refused(builder(true).timeout(Duration::ZERO)),
+            ("limiters.flood".to_string(), "timeout")
+        );
+        let breaker = |backoff, max_backoff| BreakerConfig {
+            threshold: 3,
+            backoff,
+            max_backoff,
+        };
+        let second = Duration::from_secs(1);
+        assert_eq!(
+            refused(builder(true).breaker(breaker(Duration::ZERO, second))).1,
+            "breaker_backoff"
+        );
+        assert_eq!(
+            refused(builder(true).breaker(breaker(second, second / 2))).1,
+            "breaker_max_backoff"
+        );
+        // A threshold of 0 (no breaker) is a setting, not a mistake.
+        let off = BreakerConfig {
+            threshold: 0,
+            ..BreakerConfig::default()
+        };
+        assert!(builder(true).breaker(off).try_build().is_ok());
+        assert_eq!(named("api").try_build().unwrap().name(), "api");
+    }
+
+    #[test]
+    #[should_panic(expected = "limiters.api:candidate.name")]
+    fn build_panics_on_what_try_build_refuses() {
+        let policy = TokenBucket::new(100, 1, Duration::from_secs(1)).unwrap();
+        let _ = Limiter::builder("api:candidate", policy, Fixed::default()).build();
     }
 
     #[tokio::test(start_paused = true)]
