@@ -43,6 +43,13 @@
 //!   same `429` with the same `Retry-After`. The handler must do its part:
 //!   one `401` body for "no such user" and "wrong password", and the same
 //!   work (hash a dummy password) for both.
+//! * **An account's counter is not told to whoever names it.** An answered
+//!   login carries the per-IP `RateLimit` fields (the caller's own quota)
+//!   but not the account's: anyone may send any email, and the fields
+//!   would tell them how many free attempts the account has left and when
+//!   its failures are forgotten (its owner's recent failed logins, or
+//!   another guesser's). A delayed account's `429` says when to retry, as
+//!   it must.
 //! * **One account, one key.** The email is trimmed and lower-cased
 //!   before it is hashed, so `Alice@Example.com ` is `alice@example.com`.
 //!   An address written in a form some application would fold into
