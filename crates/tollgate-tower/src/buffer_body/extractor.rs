@@ -1,7 +1,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use http::header::CONTENT_TYPE;
+use http::header::{CONTENT_ENCODING, CONTENT_TYPE};
 use http::request::Parts;
 use icu_normalizer::ComposingNormalizerBorrowed;
 use icu_properties::CodePointSetData;
@@ -55,6 +55,13 @@ where
 /// `Content-Type` says, as axum's `Json` and `Form` do: a handler that
 /// parses a form whatever the type would find a field that a JSON body
 /// hides in one of its strings, where this extractor reads the JSON.
+///
+/// A body sent with a `Content-Encoding` (`gzip`, `br`, anything but
+/// `identity`) is no key either: its `Content-Type` names the decoded
+/// body, not the bytes that came, which may name another account (a gzip
+/// header's comment is no part of the content). Decompress request bodies
+/// outside the [`BufferBodyLayer`](crate::BufferBodyLayer), so that it
+/// reads what the handler reads.
 #[derive(Debug, Clone)]
 pub struct Email {
     field: Arc<str>,
@@ -146,8 +153,25 @@ impl<'de> Visitor<'de> for Fields<'_> {
     }
 }
 
+/// Whether `parts` say the body was sent with a content coding (`gzip`,
+/// `br`, ...) other than `identity`: its bytes are then not the form or
+/// JSON its `Content-Type` names.
+fn is_encoded(parts: &Parts) -> bool {
+    parts
+        .headers
+        .get_all(CONTENT_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .any(|coding| !coding.is_empty() && !coding.eq_ignore_ascii_case(b"identity"))
+}
+
 impl BodyExtractor for Email {
     fn extract(&self, parts: &Parts, body: &[u8]) -> Option<Key> {
+        // Encoded: see the type's docs.
+        if is_encoded(parts) {
+            return None;
+        }
         let ct = parts
             .headers
             .get(CONTENT_TYPE)
@@ -307,6 +331,38 @@ mod tests {
         );
         assert_eq!(e.extract(&form, b"%65mail=victim%40x%2Eio"), want);
         assert_eq!(e.extract(&parts(None), br#"{"email":"victim@x.io"}"#), want);
+    }
+
+    /// A body sent with a `Content-Encoding` is not the form or JSON its
+    /// `Content-Type` names: that is the decoded body, which a
+    /// decompression layer nearer the handler would hand it. Read as it
+    /// came, this gzip body's header comment (no part of the content)
+    /// names a decoy, while it decodes to `email=victim%40x.io&...`: each
+    /// guess at the victim could name a fresh decoy to the limiter.
+    #[test]
+    fn an_encoded_body_is_no_key() {
+        const GZIP: &[u8] = b"\x1f\x8b\x08\x10\x00\x00\x00\x00\x00\xff&email=decoy%40x.io&\x00\
+            \x4b\xcd\x4d\xcc\xcc\xb1\x2d\xcb\x4c\x2e\xc9\xcc\x55\x35\x31\xa8\xd0\xcb\xcc\
+            \x57\x2b\x48\x2c\x2e\x2e\xcf\x2f\x4a\xb1\x4d\x2f\x4d\x2d\x2e\x06\x00\x2e\xd3\
+            \x75\x5c\x22\x00\x00\x00";
+        let e = Email::field("email", hasher());
+        let encoded = |coding: &'static str| {
+            let mut p = parts(Some("application/x-www-form-urlencoded"));
+            p.headers.append(
+                http::header::CONTENT_ENCODING,
+                http::HeaderValue::from_static(coding),
+            );
+            p
+        };
+        for coding in ["gzip", "GZIP", "identity, gzip", "br"] {
+            assert_eq!(e.extract(&encoded(coding), GZIP), None, "{coding}");
+        }
+        // `identity` is no coding: the body is read as it came.
+        let form = b"email=victim%40x.io&password=guess";
+        assert_eq!(
+            e.extract(&encoded("identity"), form),
+            Some(hasher().email("victim@x.io"))
+        );
     }
 
     /// What a JSON body says of the field `email`, for

@@ -10,6 +10,13 @@
 //! mid-stream). An inner service that fails, or panics (the unwinding drops
 //! the response future), gives the slot back too.
 //!
+//! A response that upgrades the connection (a WebSocket's `101 Switching
+//! Protocols`) ends at once: its slot is given back as the socket opens,
+//! and the open socket holds none. To limit open sockets per key, hold a
+//! [`Permit`](tollgate_limiter::Permit) from
+//! [`Limiter::hold`](tollgate_limiter::Limiter::hold) in the socket's
+//! task, renewing it within its lease.
+//!
 //! Giving back is a release spawned on the tokio runtime, best effort: on a
 //! runtime that is shutting down, or a backend that fails, it is lost, and
 //! the slot's lease frees it (see [`Permit`](tollgate_limiter::Permit)).

@@ -15,7 +15,12 @@ pub const DEFAULT_MAX_CREDENTIAL_LEN: usize = 8 * 1024;
 ///
 /// A value that is empty, longer than [`max_len`](Self::max_len) (default
 /// [8 KiB](DEFAULT_MAX_CREDENTIAL_LEN)), not visible ASCII, or (for
-/// `Authorization`) not a bearer token is no credential. An invalid header
+/// `Authorization`) not a bearer token is no credential. Nor is a bearer
+/// token that holds a space, a tab or a comma (`Bearer real junk`; RFC
+/// 6750's tokens have none): it reads as several credentials, and a
+/// service that takes its first word would authenticate one key while the
+/// limiter counted another, fresh on every request. (A header's value is
+/// the credential whole.) An invalid header
 /// does not hide a valid source behind it: with
 /// [`or_bearer`](Self::or_bearer), a bad `X-Api-Key` falls through to the
 /// bearer token, so a client cannot turn its own request keyless by
@@ -134,8 +139,12 @@ impl ApiKey {
     /// The valid token of an `Authorization: Bearer <token>` line.
     fn bearer_token<'s>(&self, line: &'s str) -> Option<&'s str> {
         let (scheme, token) = line.trim().split_once(' ')?;
-        if scheme.eq_ignore_ascii_case("bearer") {
-            self.valid(token.trim())
+        // One word (RFC 6750's b64token has no space, tab or comma):
+        // several read as several credentials, see the type's docs.
+        let token = token.trim();
+        let one_word = !token.bytes().any(|b| matches!(b, b' ' | b'\t' | b','));
+        if scheme.eq_ignore_ascii_case("bearer") && one_word {
+            self.valid(token)
         } else {
             None
         }
@@ -266,6 +275,42 @@ mod tests {
         let only_header = ApiKey::header(HeaderName::from_static("x-api-key"), hasher());
         let r = with(&[("x-api-key", b"real"), ("authorization", b"Bearer junk1")]);
         assert_eq!(only_header.extract(&r), Some(secret("real")));
+    }
+
+    /// A bearer token that reads as several credentials (`Bearer real
+    /// junk1`) is no credential: a service that takes its first word
+    /// (`Bearer` and the next word, as `split_whitespace().nth(1)` reads
+    /// it) authenticates the real key, while the limiter, keying the whole
+    /// value, would count each request under a fresh key.
+    #[test]
+    fn a_bearer_token_of_several_words_is_no_credential() {
+        let x = ApiKey::header(HeaderName::from_static("x-api-key"), hasher()).or_bearer();
+        for value in [
+            &b"Bearer real junk1"[..],
+            b"Bearer real\tjunk1",
+            b"Bearer real,junk1",
+        ] {
+            let shown = String::from_utf8_lossy(value);
+            assert_eq!(x.extract(&req("authorization", value)), None, "{shown}");
+        }
+        // Beside a valid header, such a token hides nothing.
+        let r = with(&[
+            ("x-api-key", b"real"),
+            ("authorization", b"Bearer real junk1"),
+        ]);
+        assert_eq!(x.extract(&r), Some(secret("real")));
+    }
+
+    /// A header's value is the credential whole: `ApiKey::header` on
+    /// `Authorization` itself keys `Token abc` (another scheme than
+    /// bearer) as it always did. Only a bearer token is one word.
+    #[test]
+    fn a_header_value_is_keyed_whole() {
+        let x = ApiKey::header(AUTHORIZATION, hasher());
+        for value in ["Token abc", "Basic dXNlcjpw"] {
+            let r = req("authorization", value.as_bytes());
+            assert_eq!(x.extract(&r), Some(secret(value)), "{value}");
+        }
     }
 
     /// Real JWTs run past 4 KiB: the default takes 8 KiB, and the bound is

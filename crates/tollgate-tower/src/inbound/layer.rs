@@ -44,8 +44,14 @@ impl<F, B: Backend, K> RateLimitLayer<PerRequest<F, B>, K> {
     /// request by `resolver` (per-role quotas: one configured limiter per
     /// role).
     ///
+    /// Choose from what the service knows of the key (its role in your
+    /// records), never from what the client sends beside it (a plan
+    /// header): any client would pick the largest quota, and, counters
+    /// being kept per limiter, get every quota's budget by switching.
+    ///
     /// ```
     /// # use std::time::Duration;
+    /// use std::collections::HashSet;
     /// # use tollgate_limiter::{Limiter, TokenBucket};
     /// # use tollgate_memory::MemoryBackend;
     /// use tollgate_tower::{RateLimitLayer, extract::{ApiKey, KeyHasher}};
@@ -55,12 +61,16 @@ impl<F, B: Backend, K> RateLimitLayer<PerRequest<F, B>, K> {
     /// let free = Limiter::new("api_free", TokenBucket::per_second(10, 1)?, backend.clone());
     /// let pro = Limiter::new("api_pro", TokenBucket::per_second(100, 10)?, backend);
     ///
+    /// let api_key = ApiKey::bearer(KeyHasher::new("the fleet's secret, 16+ bytes")?);
+    /// // The keys on the pro plan, from the service's own records.
+    /// let pro_keys: HashSet<String> = HashSet::from(["sk_pro_1".to_owned()]);
+    /// let plan_of = api_key.clone();
     /// let layer = RateLimitLayer::per_request(
     ///     move |req: &http::Request<()>| {
-    ///         let is_pro = req.headers().get("x-plan").is_some_and(|v| v == "pro");
+    ///         let is_pro = plan_of.credential(req).is_some_and(|k| pro_keys.contains(k));
     ///         if is_pro { pro.clone() } else { free.clone() }
     ///     },
-    ///     ApiKey::bearer(KeyHasher::new("the fleet's secret, 16+ bytes")?),
+    ///     api_key,
     /// );
     /// # Ok(())
     /// # }

@@ -142,7 +142,10 @@ impl<S, B: Backend> Layer<S> for LoginLayer<B> {
     type Service = Login<S, B>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        // No account fields on an answered login: the account's counter
+        // is not the caller's quota (see the module docs).
         let per_account = RateLimitLayer::new(self.per_account.clone(), FromBody)
+            .responder(Http::new().headers_on_allowed(false))
             .classify(self.classify)
             .layer(inner);
         let buffered = BufferBodyLayer::new(
@@ -420,6 +423,34 @@ mod tests {
         // An oversized body never reaches the handler nor the account.
         let long = "x".repeat(100);
         assert_eq!(status(form("email", "c%40x.io", &long)).await, 413);
+    }
+
+    /// An account's counter is not the caller's quota: anyone may name
+    /// any email, so a login answered (a 401, a 2xx) must not tell how
+    /// many free attempts the account has left, or when its failures are
+    /// forgotten. One guess at a victim's address would otherwise read the
+    /// victim's own recent failed logins (or another guesser's) in the
+    /// `RateLimit` fields. The per-IP fields, the caller's own, stay.
+    #[tokio::test]
+    async fn an_answered_login_does_not_tell_the_accounts_counter() {
+        let clock = MockClock::new();
+        let (ip, account) = limiters(&clock);
+        let layer = LoginLayer::new(ip, account, ClientIp::new(), hasher());
+        let svc = layer.layer(service_fn(move |req| handler(req, false)));
+        for password in ["no", "right"] {
+            let res = svc
+                .clone()
+                .oneshot(form("email", "v%40x.io", password))
+                .await
+                .unwrap();
+            assert_ne!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+            for name in ["ratelimit", "ratelimit-policy"] {
+                let fields: Vec<_> = res.headers().get_all(name).iter().collect();
+                let shown = format!("{fields:?}");
+                assert!(!shown.contains("login_account"), "{name}: {shown}");
+                assert!(shown.contains("login_ip"), "{name}: {shown}");
+            }
+        }
     }
 
     /// A handler that fails (`Err`, no response) made no failed login:

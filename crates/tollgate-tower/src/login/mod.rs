@@ -11,7 +11,8 @@
 //!    one `408`, neither reaches the handler) and finds the email (JSON or
 //!    form field, trimmed, lower-cased, hashed with a keyed hash: the
 //!    backend never holds an address, and a reader of it cannot confirm a
-//!    guessed one). A body that gives the field twice names no account
+//!    guessed one). A body that gives the field twice, or comes with a
+//!    `Content-Encoding` (decompress outside the layer), names no account
 //!    (see [`Email`](crate::buffer_body::Email)), and a request without
 //!    an account is refused `400`;
 //! 3. a `RateLimitLayer` per account, over a
@@ -42,6 +43,13 @@
 //!   same `429` with the same `Retry-After`. The handler must do its part:
 //!   one `401` body for "no such user" and "wrong password", and the same
 //!   work (hash a dummy password) for both.
+//! * **An account's counter is not told to whoever names it.** An answered
+//!   login carries the per-IP `RateLimit` fields (the caller's own quota)
+//!   but not the account's: anyone may send any email, and the fields
+//!   would tell them how many free attempts the account has left and when
+//!   its failures are forgotten (its owner's recent failed logins, or
+//!   another guesser's). A delayed account's `429` says when to retry, as
+//!   it must.
 //! * **One account, one key.** The email is trimmed and lower-cased
 //!   before it is hashed, so `Alice@Example.com ` is `alice@example.com`.
 //!   An address written in a form some application would fold into

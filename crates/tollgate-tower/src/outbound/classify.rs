@@ -2,6 +2,7 @@ use std::num::IntErrorKind;
 use std::time::{Duration, SystemTime};
 
 use http::header::{HOST, RETRY_AFTER};
+use http::uri::Authority;
 use http::{HeaderMap, Request, StatusCode};
 use tollgate_limiter::Key;
 use tollgate_limiter::aimd::Outcome;
@@ -11,31 +12,43 @@ use crate::extract::KeyExtractor;
 /// The default scope: the remote's host and port, from the request URI
 /// (or, for a relative URI, the `Host` header), lower-cased. A URI's
 /// port is left out when it is its scheme's default (`http:` 80, `https:`
-/// 443), and so is a trailing dot: one site has one scope however a link
-/// spells it.
+/// 443), and so is a trailing dot (of the `Host` header's too): one site
+/// has one scope however a link spells it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Host;
 
 impl<B> KeyExtractor<Request<B>> for Host {
     fn extract(&self, req: &Request<B>) -> Option<Key> {
         let authority = match req.uri().authority() {
-            // Without the user info: it is not part of the site, and may
-            // hold a password.
             Some(a) => {
-                let host = a.host().strip_suffix('.').unwrap_or(a.host());
                 let default = match req.uri().scheme_str() {
                     Some("http") => Some(80),
                     Some("https") => Some(443),
                     _ => None,
                 };
-                match a.port_u16().filter(|&port| Some(port) != default) {
-                    Some(port) => format!("{host}:{port}"),
-                    None => host.to_owned(),
+                site(a, default)
+            }
+            // Origin form: the same site in the `Host` header (no scheme,
+            // so its port is kept), as it is if it does not parse.
+            None => {
+                let host = req.headers().get(HOST)?.to_str().ok()?.trim();
+                match host.parse::<Authority>() {
+                    Ok(a) => site(&a, None),
+                    Err(_) => host.to_owned(),
                 }
             }
-            None => req.headers().get(HOST)?.to_str().ok()?.trim().to_owned(),
         };
         (!authority.is_empty()).then(|| Key::new(authority.to_ascii_lowercase()))
+    }
+}
+
+/// `host[:port]` of `a`, without a trailing dot, its user info (not part
+/// of the site, and it may hold a password) and the `default` port.
+fn site(a: &Authority, default: Option<u16>) -> String {
+    let host = a.host().strip_suffix('.').unwrap_or(a.host());
+    match a.port_u16().filter(|&port| Some(port) != default) {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_owned(),
     }
 }
 
@@ -236,6 +249,27 @@ mod tests {
         assert_eq!(Host.extract(&req), Some(Key::new("example.org")));
         let req = Request::get("/a").body(()).unwrap();
         assert_eq!(Host.extract(&req), None);
+    }
+
+    /// A request in origin form (a relative URI, the site in its `Host`
+    /// header, as a client on hyper's connection API sends it) is scoped
+    /// like one with the site in its URI: a trailing dot, or a letter's
+    /// case, does not make it another site with a rate of its own.
+    #[test]
+    fn the_host_header_names_the_site_as_a_uri_does() {
+        let scope = |host: &str| {
+            let req = Request::get("/a").header(HOST, host).body(()).unwrap();
+            Host.extract(&req)
+        };
+        for host in ["example.org", "Example.ORG.", " example.org. "] {
+            assert_eq!(scope(host), Some(Key::new("example.org")), "{host:?}");
+        }
+        for (host, key) in [
+            ("example.org.:8080", "example.org:8080"),
+            ("[2001:DB8::1]:8080", "[2001:db8::1]:8080"),
+        ] {
+            assert_eq!(scope(host), Some(Key::new(key)), "{host:?}");
+        }
     }
 
     /// Spelled with its scheme's default port or a trailing dot, a site is

@@ -25,7 +25,9 @@
 //! never grant is dropped (counted as limited), whatever the choice:
 //! waiting would not help. An event without a key follows the
 //! [`MissingKey`](crate::MissingKey) policy, as in the HTTP layer: with
-//! `Reject` (the default) it is dropped and counted.
+//! `Reject` (the default) it is dropped and counted; a limiter in
+//! [shadow mode](tollgate_limiter::shadow), which refuses nothing, lets it
+//! pass (counted as passed) whatever the policy.
 //!
 //! Limit a stream with a rate (token bucket, sliding window, calendar
 //! quota, or a composite of them). A

@@ -8,13 +8,17 @@ use std::time::Duration;
 
 use futures_core::Stream;
 use pin_project_lite::pin_project;
-use tollgate_limiter::{Backend, FailMode, Key, Limiter, Verdict};
+use tollgate_limiter::{Backend, FailMode, Key, Limiter, Mode as LimiterMode, Verdict};
 
 use crate::extract::KeyExtractor;
 use crate::inbound::{Cost, MissingKey};
 use crate::telemetry;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Events one poll drops at most before it yields (tokio's own budget per
+/// task turn).
+const DROPS_PER_POLL: usize = 128;
 
 /// What becomes of an event over the limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -87,7 +91,9 @@ pin_project! {
     /// Each event is checked once it is pulled from the inner stream; the
     /// next one is not pulled before the check is answered (and, with
     /// [`Excess::Delay`], before the wait is over), so events keep their
-    /// order and the limiter sees them one at a time.
+    /// order and the limiter sees them one at a time. A poll drops at most
+    /// 128 events before it yields (woken to go on), so a flood refused at
+    /// once, from a source that is always ready, does not hold its task.
     #[must_use = "streams do nothing unless polled"]
     pub struct RateLimitStream<St, B, K, C = u64>
     where
@@ -180,6 +186,7 @@ where
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let mut this = self.project();
         let counters = &this.stats.counters;
+        let mut pulled = 0;
         loop {
             if let Some(sleep) = this.sleep.as_mut() {
                 ready!(sleep.as_mut().poll(cx));
@@ -240,6 +247,15 @@ where
                 }
                 continue;
             }
+            // Every event pulled before in this poll was dropped (one that
+            // passes or waits ends the poll): a flood of them, refused at
+            // once from a source that is always ready, must not hold the
+            // task. Give it back, woken to go on.
+            if pulled == DROPS_PER_POLL {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            pulled += 1;
             let Some(item) = ready!(this.stream.as_mut().poll_next(cx)) else {
                 return Poll::Ready(None);
             };
@@ -248,6 +264,12 @@ where
                 None => match &*this.missing {
                     MissingKey::Fallback(key) => key.clone(),
                     MissingKey::Allow if this.limiter.fail_mode() == FailMode::Open => {
+                        telemetry::missing_key(this.limiter.name(), true);
+                        StreamStats::bump(&counters.passed);
+                        return Poll::Ready(Some(item));
+                    }
+                    // Shadow mode never refuses (as in `RateLimit`).
+                    _ if this.limiter.mode() == LimiterMode::Shadow => {
                         telemetry::missing_key(this.limiter.name(), true);
                         StreamStats::bump(&counters.passed);
                         return Poll::Ready(Some(item));
@@ -498,6 +520,69 @@ mod tests {
         let out: Vec<u32> = fresh.map(|e| e.1).collect().await;
         assert_eq!(out, [5, 6]);
         assert_eq!((stats.limited(), stats.unavailable()), (1, 0));
+    }
+
+    /// A flood of events that are all dropped (over the limit, here
+    /// refused locally by the memory backend, or without a key) from a
+    /// source that is always ready (an in-memory batch, a futures channel:
+    /// nothing that spends tokio's budget) must not hold its task: a poll
+    /// drops a bounded number of events, then yields, so the task's other
+    /// work (a shutdown signal beside the stream in a `select!`) is seen.
+    #[tokio::test]
+    async fn a_flood_of_dropped_events_yields_between_polls() {
+        use std::sync::atomic::AtomicUsize;
+
+        const FLOOD: usize = 100_000;
+        let backend = MemoryBackend::with_clock(MockClock::new());
+        let pulled = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&pulled);
+        let events = stream::iter(0..FLOOD).map(move |i| {
+            counted.fetch_add(1, Ordering::Relaxed);
+            // Every third event has no key; the others are one channel's.
+            (if i % 3 == 0 { "" } else { "a" }, i as u32)
+        });
+        let key = |e: &(&str, u32)| (!e.0.is_empty()).then(|| Key::new(e.0));
+        let limited = events.rate_limit(window(1, backend), key, Excess::Drop);
+        let stats = limited.stats();
+        let mut limited = Box::pin(limited);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        // The first keyed event passes.
+        assert!(matches!(
+            limited.as_mut().poll_next(&mut cx),
+            Poll::Ready(Some(("a", 1)))
+        ));
+        // Then every event is dropped: the poll gives the task back.
+        assert!(limited.as_mut().poll_next(&mut cx).is_pending());
+        let pulled_in_one_poll = pulled.load(Ordering::Relaxed);
+        assert!(
+            pulled_in_one_poll < FLOOD,
+            "one poll pulled all {pulled_in_one_poll} events"
+        );
+        // And the stream still goes through all of them.
+        assert_eq!(limited.count().await, 0);
+        assert_eq!(stats.dropped(), (FLOOD - 1) as u64);
+    }
+
+    /// Shadow mode never refuses: an event without a key passes a limiter
+    /// in shadow mode whatever the `MissingKey` policy, as a request
+    /// without a key passes the HTTP layer. (A listener rolled out behind
+    /// a shadow limiter lost every keyless event.)
+    #[tokio::test]
+    async fn shadow_mode_lets_an_event_without_a_key_pass() {
+        let shadow = Limiter::builder(
+            "shadow",
+            SlidingWindow::new(10, Duration::from_secs(60)).unwrap(),
+            MemoryBackend::with_clock(MockClock::new()),
+        )
+        .mode(tollgate_limiter::Mode::Shadow)
+        .build();
+        let key = |e: &(&str, u32)| (!e.0.is_empty()).then(|| Key::new(e.0));
+        let limited =
+            stream::iter([("", 1), ("a", 2), ("", 3)]).rate_limit(shadow, key, Excess::Drop);
+        let stats = limited.stats();
+        let out: Vec<u32> = limited.map(|e| e.1).collect().await;
+        assert_eq!(out, [1, 2, 3]);
+        assert_eq!((stats.passed(), stats.dropped()), (3, 0));
     }
 
     /// `MissingKey::Allow` lets keyless events through a fail-open limiter
