@@ -26,7 +26,8 @@
 //!
 //! Failovers. A one-server connection must reach a master: the keeper's
 //! check is `ROLE`, not `PING`, and a `READONLY` reply (a write that
-//! reached a replica) makes the keeper check too. So a connection that
+//! reached a replica) makes the keeper check too; where an ACL denies
+//! `ROLE`, that reply is what tells, and fails the check. So a connection that
 //! followed an address to a demoted master (a restart behind the same
 //! address, a DNS or virtual-IP failover) is replaced like a dead one. With
 //! Redis Sentinel every new connection first asks the sentinels where the
@@ -57,7 +58,7 @@
 //! node, and each redirection makes redis-rs refresh its slot map, holding
 //! every request while it tries to reconnect to the silent node.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -218,6 +219,9 @@ impl ConnectionLike for Link {
 struct Slot {
     link: Mutex<Option<Link>>,
     suspect: Notify,
+    /// A call was answered `READONLY` since the keeper's last check: the
+    /// connection reached a replica, which tells when `ROLE` is denied.
+    readonly: AtomicBool,
 }
 
 impl Slot {
@@ -251,12 +255,23 @@ fn timed_out() -> redis::RedisError {
 /// one-server link's `ROLE` must say `master`; a cluster link needs one
 /// master to answer a `PING` (the cluster client tracks each node itself).
 /// A reply that is a server error (`LOADING`, `ROLE` denied by an ACL)
-/// still proves the connection alive.
-async fn answers(link: &mut Link, t: Timeouts) -> Result<(), redis::RedisError> {
+/// still proves the connection alive; but with `ROLE` denied, a one-server
+/// link that was answered `READONLY` since the last check (`readonly`)
+/// reached a replica, and fails the check.
+async fn answers(link: &mut Link, t: Timeouts, readonly: bool) -> Result<(), redis::RedisError> {
     let check = async {
         match link {
             Link::Single(c) => {
-                let role = redis::cmd("ROLE").query_async::<Value>(c).await?;
+                let role = match redis::cmd("ROLE").query_async::<Value>(c).await {
+                    Ok(role) => role,
+                    Err(e) if readonly && !breaks(&e) => {
+                        return Err(std::io::Error::other(format!(
+                            "connected to a replica (a READONLY reply; ROLE: {e})"
+                        ))
+                        .into());
+                    }
+                    Err(e) => return Err(e),
+                };
                 match role_of(&role) {
                     Some(r) if r != "master" => Err(std::io::Error::other(format!(
                         "connected to a {r}, not a master (a failover?)"
@@ -372,7 +387,7 @@ fn masters_of(reply: &Value) -> Vec<(String, u16)> {
 /// A new connection that answers.
 async fn open(connector: &Connector, t: Timeouts) -> RedisResult<Link> {
     let mut link = connector.connect().await?;
-    answers(&mut link, t).await?;
+    answers(&mut link, t, false).await?;
     Ok(link)
 }
 
@@ -393,10 +408,15 @@ pub(crate) fn role_of(reply: &Value) -> Option<String> {
 async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
     #[cfg(feature = "cluster")]
     let mut follow = Follow::default();
+    // When the last connection attempt started: attempts start at most
+    // every RETRY, across replacements too (a `READONLY` reply with `ROLE`
+    // denied replaces a connection that may reach the replica again).
+    let mut attempted: Option<Instant> = None;
     loop {
         slot.suspect.notified().await;
+        let readonly = slot.readonly.swap(false, Ordering::Relaxed);
         let error = match slot.get() {
-            Some(mut link) => match answers(&mut link, t).await {
+            Some(mut link) => match answers(&mut link, t, readonly).await {
                 Ok(()) => {
                     #[cfg(feature = "cluster")]
                     if let Link::Cluster(c) = &mut link {
@@ -418,7 +438,11 @@ async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
         slot.set(None);
         let mut failures = 0u32;
         loop {
+            if let Some(at) = attempted {
+                tokio::time::sleep_until(at + RETRY).await;
+            }
             let started = Instant::now();
+            attempted = Some(started);
             match open(&connector, t).await {
                 Ok(link) => {
                     slot.set(Some(link));
@@ -438,7 +462,6 @@ async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
                     failures += 1;
                 }
             }
-            tokio::time::sleep_until(started + RETRY).await;
         }
     }
 }
@@ -519,6 +542,9 @@ impl Watch<'_> {
         if let Err(e) = r
             && breaks(e)
         {
+            if e.code() == Some("READONLY") {
+                self.slot.readonly.store(true, Ordering::Relaxed);
+            }
             self.slot.suspect.notify_one();
         }
     }
@@ -666,7 +692,7 @@ impl Conn {
         };
         let mut link = slot.get().ok_or(RedisError::Disconnected)?;
         if self.ping_on_checkout
-            && let Err(e) = answers(&mut link, self.timeouts).await
+            && let Err(e) = answers(&mut link, self.timeouts, false).await
         {
             watch.settle::<()>(&Err(e));
             return Err(RedisError::Disconnected);

@@ -26,7 +26,7 @@ use tollgate_limiter::{
 };
 use tollgate_redis::{Durability, RedisBackend, RedisError, Refusal};
 use tollgate_testkit::conformance::{assert_fail_mode_held, unique_name};
-use tollgate_testkit::redis_server::{RedisServer, Server};
+use tollgate_testkit::redis_server::{ACL_RULES, RedisServer, Server};
 use tollgate_testkit::relay::Relay;
 
 const S: Duration = Duration::from_secs(1);
@@ -194,6 +194,92 @@ tollgate_testkit::on_every_server! {
         let took = resumes(&l, &k).await;
         println!("resumed {took:?} after the restart");
         assert!(took <= RESUME_WITHIN, "resumed {took:?} after the restart");
+    }
+}
+
+/// A failover behind one address (a virtual IP, a DNS name, a proxy): new
+/// connections to the relay reach server `new`, a master, and `old`, which
+/// the backend's open connection still reaches, is demoted in place
+/// (`REPLICAOF`), so that connection stays open and every write on it is
+/// answered `READONLY`. Decisions must resume on `new` within 2 s, `url`
+/// (the relay's, with the user's credentials) the backend's.
+async fn demoted_behind_one_address(
+    old: &RedisServer,
+    new: &RedisServer,
+    relay: &Relay,
+    url: &str,
+) {
+    // The default prefix, which the ACL's key pattern names.
+    let b = RedisBackend::builder(url)
+        .durability(Durability::Skip)
+        .build()
+        .await
+        .expect("connect");
+    let l = limiter("api", FailMode::Closed, 100, b);
+    let k = Key::new("k");
+    assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+    relay.retarget(new.addr());
+    let port = new.port().to_string();
+    let demoted = old.cli(&["replicaof", "127.0.0.1", &port]);
+    assert_eq!(demoted.trim(), "OK");
+    let start = Instant::now();
+    let mut last = String::new();
+    let d = loop {
+        match l.try_acquire(&k, 1).await {
+            Ok(d) => break d,
+            Err(e) if start.elapsed() > RESUME_WITHIN => panic!(
+                "no decision {:?} after the master was demoted behind its address: {} \
+                 (the last backend error: {last})",
+                start.elapsed(),
+                chain(&e)
+            ),
+            Err(e) => {
+                if !matches!(e, tollgate_limiter::Error::BreakerOpen) {
+                    last = chain(&e);
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    println!("resumed {:?} after the demotion", start.elapsed());
+    // Decided by `new`: the key is fresh there.
+    assert_eq!(d.remaining(), 99, "{d:?}");
+}
+
+tollgate_testkit::on_every_server! {
+    /// A master demoted in place behind its address, which now leads to the
+    /// new master: the `READONLY` replies replace the connection, and
+    /// decisions resume on the new master.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn master_demoted_behind_its_address(server: Server) {
+        let start = || RedisServer::builder().server(server).start();
+        let (Some(old), Some(new)) = (start(), start()) else {
+            return;
+        };
+        let relay = Relay::start(old.addr());
+        demoted_behind_one_address(&old, &new, &relay, &relay.url()).await;
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// The same with an ACL user denied `ROLE` (docs/redis.md: "denied, ... a
+    /// connection that followed its address to a demoted master is then only
+    /// replaced on a `READONLY` reply"): the keeper cannot ask the role, but a
+    /// `READONLY` reply is proof enough that the connection reaches a replica.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn master_demoted_behind_its_address_role_denied(server: Server) {
+        let start = || RedisServer::builder().server(server).start();
+        let (Some(old), Some(new)) = (start(), start()) else {
+            return;
+        };
+        for s in [&old, &new] {
+            let mut acl = vec!["ACL", "SETUSER", "limiter", "on", ">s3cret"];
+            acl.extend(ACL_RULES.iter().filter(|r| **r != "+role"));
+            assert_eq!(s.cli(&acl).trim(), "OK");
+        }
+        let relay = Relay::start(old.addr());
+        let url = format!("redis://limiter:s3cret@{}", relay.addr());
+        demoted_behind_one_address(&old, &new, &relay, &url).await;
     }
 }
 
