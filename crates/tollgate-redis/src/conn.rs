@@ -735,9 +735,23 @@ impl Conn {
         pipe: &redis::Pipeline,
     ) -> Result<T, RedisError> {
         let (mut link, watch) = self.checkout().await?;
-        let r = pipe.query_async(&mut link).await;
-        watch.settle(&r);
-        Ok(r?)
+        let r = pipe.query_async::<Value>(&mut link).await;
+        // A pipeline that ignores errors answers each command's error as
+        // its item: a `READONLY` among them says what it says of a call.
+        let readonly = match &r {
+            Ok(Value::Array(items)) => items.iter().find_map(|v| match v {
+                Value::ServerError(e) if e.code() == "READONLY" => {
+                    Some(redis::RedisError::from(e.clone()))
+                }
+                _ => None,
+            }),
+            _ => None,
+        };
+        match readonly {
+            Some(e) => watch.settle::<()>(&Err(e)),
+            None => watch.settle(&r),
+        }
+        Ok(redis::from_redis_value(r?).map_err(redis::RedisError::from)?)
     }
 
     /// A connection for the durability check.

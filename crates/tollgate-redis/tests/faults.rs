@@ -202,12 +202,14 @@ tollgate_testkit::on_every_server! {
 /// the backend's open connection still reaches, is demoted in place
 /// (`REPLICAOF`), so that connection stays open and every write on it is
 /// answered `READONLY`. Decisions must resume on `new` within 2 s, `url`
-/// (the relay's, with the user's credentials) the backend's.
+/// (the relay's, with the user's credentials) the backend's; with
+/// `candidate`, the limiter evaluates it beside its policy.
 async fn demoted_behind_one_address(
     old: &RedisServer,
     new: &RedisServer,
     relay: &Relay,
     url: &str,
+    candidate: Option<Policy>,
 ) {
     // The default prefix, which the ACL's key pattern names.
     let b = RedisBackend::builder(url)
@@ -215,7 +217,12 @@ async fn demoted_behind_one_address(
         .build()
         .await
         .expect("connect");
-    let l = limiter("api", FailMode::Closed, 100, b);
+    let policy = TokenBucket::new(100, 1, 3600 * S).unwrap();
+    let mut l = Limiter::builder("api", policy, b).fail_mode(FailMode::Closed);
+    if let Some(c) = candidate {
+        l = l.candidate(c);
+    }
+    let l = l.build();
     let k = Key::new("k");
     assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
     relay.retarget(new.addr());
@@ -257,7 +264,23 @@ tollgate_testkit::on_every_server! {
             return;
         };
         let relay = Relay::start(old.addr());
-        demoted_behind_one_address(&old, &new, &relay, &relay.url()).await;
+        demoted_behind_one_address(&old, &new, &relay, &relay.url(), None).await;
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// The same for a limiter with a candidate policy, whose decisions are
+    /// one pipeline of two scripts, each answered on its own: their
+    /// `READONLY` replies replace the connection too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn master_demoted_behind_its_address_with_a_candidate(server: Server) {
+        let start = || RedisServer::builder().server(server).start();
+        let (Some(old), Some(new)) = (start(), start()) else {
+            return;
+        };
+        let relay = Relay::start(old.addr());
+        let candidate = Policy::from(SlidingWindow::new(100, 3600 * S).unwrap());
+        demoted_behind_one_address(&old, &new, &relay, &relay.url(), Some(candidate)).await;
     }
 }
 
@@ -279,7 +302,7 @@ tollgate_testkit::on_every_server! {
         }
         let relay = Relay::start(old.addr());
         let url = format!("redis://limiter:s3cret@{}", relay.addr());
-        demoted_behind_one_address(&old, &new, &relay, &url).await;
+        demoted_behind_one_address(&old, &new, &relay, &url, None).await;
     }
 }
 
