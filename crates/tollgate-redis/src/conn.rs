@@ -25,9 +25,11 @@
 //! [`RETRY`], until a new connection answers.
 //!
 //! Failovers. A one-server connection must reach a master: the keeper's
-//! check is `ROLE`, not `PING`, and a `READONLY` reply (a write that
-//! reached a replica) makes the keeper check too; where an ACL denies
-//! `ROLE`, that reply is what tells, and fails the check. So a connection that
+//! check is `ROLE`, not `PING`, and a reply only a replica gives
+//! (`READONLY`: a write that reached a replica; `MASTERDOWN`: a replica
+//! cut off from its master that serves no stale data) makes the keeper
+//! check too; where an ACL denies `ROLE`, that reply is what tells, and
+//! fails the check. So a connection that
 //! followed an address to a demoted master (a restart behind the same
 //! address, a DNS or virtual-IP failover) is replaced like a dead one. With
 //! Redis Sentinel every new connection first asks the sentinels where the
@@ -219,9 +221,10 @@ impl ConnectionLike for Link {
 struct Slot {
     link: Mutex<Option<Link>>,
     suspect: Notify,
-    /// A call was answered `READONLY` since the keeper's last check: the
-    /// connection reached a replica, which tells when `ROLE` is denied.
-    readonly: AtomicBool,
+    /// A call was answered as only a replica answers (`READONLY`,
+    /// `MASTERDOWN`) since the keeper's last check: the connection reached
+    /// a replica, which tells when `ROLE` is denied.
+    replica: AtomicBool,
 }
 
 impl Slot {
@@ -235,7 +238,7 @@ impl Slot {
 }
 
 /// Whether an error means the connection itself failed (it is gone, or it
-/// did not answer in time) or reached a replica (`READONLY`: a failover
+/// did not answer in time) or reached a replica (see [`from_replica`]: a failover
 /// happened behind it), as opposed to a command error on a healthy
 /// connection.
 fn breaks(e: &redis::RedisError) -> bool {
@@ -244,7 +247,14 @@ fn breaks(e: &redis::RedisError) -> bool {
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_unrecoverable_error()
-        || e.code() == Some("READONLY")
+        || e.code().is_some_and(from_replica)
+}
+
+/// Whether an error reply's `code` is one only a replica gives: `READONLY`
+/// (a write), `MASTERDOWN` (any command, on a replica cut off from its
+/// master with `replica-serve-stale-data no`).
+fn from_replica(code: &str) -> bool {
+    matches!(code, "READONLY" | "MASTERDOWN")
 }
 
 fn timed_out() -> redis::RedisError {
@@ -256,17 +266,17 @@ fn timed_out() -> redis::RedisError {
 /// master to answer a `PING` (the cluster client tracks each node itself).
 /// A reply that is a server error (`LOADING`, `ROLE` denied by an ACL)
 /// still proves the connection alive; but with `ROLE` denied, a one-server
-/// link that was answered `READONLY` since the last check (`readonly`)
+/// link answered as only a replica answers since the last check (`replica`)
 /// reached a replica, and fails the check.
-async fn answers(link: &mut Link, t: Timeouts, readonly: bool) -> Result<(), redis::RedisError> {
+async fn answers(link: &mut Link, t: Timeouts, replica: bool) -> Result<(), redis::RedisError> {
     let check = async {
         match link {
             Link::Single(c) => {
                 let role = match redis::cmd("ROLE").query_async::<Value>(c).await {
                     Ok(role) => role,
-                    Err(e) if readonly && !breaks(&e) => {
+                    Err(e) if replica && !breaks(&e) => {
                         return Err(std::io::Error::other(format!(
-                            "connected to a replica (a READONLY reply; ROLE: {e})"
+                            "connected to a replica (a replica's reply; ROLE: {e})"
                         ))
                         .into());
                     }
@@ -409,14 +419,14 @@ async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
     #[cfg(feature = "cluster")]
     let mut follow = Follow::default();
     // When the last connection attempt started: attempts start at most
-    // every RETRY, across replacements too (a `READONLY` reply with `ROLE`
+    // every RETRY, across replacements too (a replica's reply with `ROLE`
     // denied replaces a connection that may reach the replica again).
     let mut attempted: Option<Instant> = None;
     loop {
         slot.suspect.notified().await;
-        let readonly = slot.readonly.swap(false, Ordering::Relaxed);
+        let replica = slot.replica.swap(false, Ordering::Relaxed);
         let error = match slot.get() {
-            Some(mut link) => match answers(&mut link, t, readonly).await {
+            Some(mut link) => match answers(&mut link, t, replica).await {
                 Ok(()) => {
                     #[cfg(feature = "cluster")]
                     if let Link::Cluster(c) = &mut link {
@@ -542,8 +552,8 @@ impl Watch<'_> {
         if let Err(e) = r
             && breaks(e)
         {
-            if e.code() == Some("READONLY") {
-                self.slot.readonly.store(true, Ordering::Relaxed);
+            if e.code().is_some_and(from_replica) {
+                self.slot.replica.store(true, Ordering::Relaxed);
             }
             self.slot.suspect.notify_one();
         }
@@ -737,17 +747,18 @@ impl Conn {
         let (mut link, watch) = self.checkout().await?;
         let r = pipe.query_async::<Value>(&mut link).await;
         // A pipeline that ignores errors answers each command's error as
-        // its item: a `READONLY` among them says what it says of a call.
-        let readonly = match &r {
+        // its item: a replica's reply among them says what it says of a
+        // call.
+        let replica = match &r {
             Ok(Value::Array(items)) => items.iter().find_map(|v| match v {
-                Value::ServerError(e) if e.code() == "READONLY" => {
+                Value::ServerError(e) if from_replica(e.code()) => {
                     Some(redis::RedisError::from(e.clone()))
                 }
                 _ => None,
             }),
             _ => None,
         };
-        match readonly {
+        match replica {
             Some(e) => watch.settle::<()>(&Err(e)),
             None => watch.settle(&r),
         }

@@ -203,13 +203,15 @@ tollgate_testkit::on_every_server! {
 /// (`REPLICAOF`), so that connection stays open and every write on it is
 /// answered `READONLY`. Decisions must resume on `new` within 2 s, `url`
 /// (the relay's, with the user's credentials) the backend's; with
-/// `candidate`, the limiter evaluates it beside its policy.
+/// `candidate`, the limiter evaluates it beside its policy. `old`
+/// replicates from `upstream` (`new`'s address, or a path to it).
 async fn demoted_behind_one_address(
     old: &RedisServer,
     new: &RedisServer,
     relay: &Relay,
     url: &str,
     candidate: Option<Policy>,
+    upstream: std::net::SocketAddr,
 ) {
     // The default prefix, which the ACL's key pattern names.
     let b = RedisBackend::builder(url)
@@ -226,7 +228,7 @@ async fn demoted_behind_one_address(
     let k = Key::new("k");
     assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
     relay.retarget(new.addr());
-    let port = new.port().to_string();
+    let port = upstream.port().to_string();
     let demoted = old.cli(&["replicaof", "127.0.0.1", &port]);
     assert_eq!(demoted.trim(), "OK");
     let start = Instant::now();
@@ -264,7 +266,7 @@ tollgate_testkit::on_every_server! {
             return;
         };
         let relay = Relay::start(old.addr());
-        demoted_behind_one_address(&old, &new, &relay, &relay.url(), None).await;
+        demoted_behind_one_address(&old, &new, &relay, &relay.url(), None, new.addr()).await;
     }
 }
 
@@ -280,7 +282,30 @@ tollgate_testkit::on_every_server! {
         };
         let relay = Relay::start(old.addr());
         let candidate = Policy::from(SlidingWindow::new(100, 3600 * S).unwrap());
-        demoted_behind_one_address(&old, &new, &relay, &relay.url(), Some(candidate)).await;
+        let url = relay.url();
+        demoted_behind_one_address(&old, &new, &relay, &url, Some(candidate), new.addr()).await;
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// The same, but the demoted master cannot reach the new one (its
+    /// replication goes through a relay gone silent) and does not serve
+    /// stale data (`replica-serve-stale-data no`): every command on the open
+    /// connection is answered `MASTERDOWN`, a reply only a replica gives,
+    /// which replaces the connection as `READONLY` does.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn master_demoted_behind_its_address_cut_off(server: Server) {
+        let start = || RedisServer::builder().server(server).start();
+        let (Some(old), Some(new)) = (start(), start()) else {
+            return;
+        };
+        let stale = old.cli(&["config", "set", "replica-serve-stale-data", "no"]);
+        assert_eq!(stale.trim(), "OK");
+        let cut = Relay::start(new.addr());
+        cut.silence();
+        let relay = Relay::start(old.addr());
+        let url = relay.url();
+        demoted_behind_one_address(&old, &new, &relay, &url, None, cut.addr()).await;
     }
 }
 
@@ -302,7 +327,7 @@ tollgate_testkit::on_every_server! {
         }
         let relay = Relay::start(old.addr());
         let url = format!("redis://limiter:s3cret@{}", relay.addr());
-        demoted_behind_one_address(&old, &new, &relay, &url, None).await;
+        demoted_behind_one_address(&old, &new, &relay, &url, None, new.addr()).await;
     }
 }
 
