@@ -331,6 +331,61 @@ tollgate_testkit::on_every_server! {
     }
 }
 
+tollgate_testkit::on_every_server! {
+    /// Callers that give up mid-decision never leave a shared connection out
+    /// of step: 32 tasks ask 16 limiters (sliding windows, each of its own
+    /// limit, whose reply carries it) over one connection, each call given
+    /// up after 0 to 500 µs, so many are dropped before, while and after
+    /// their command is written. Every answer that arrives is the answer to
+    /// its own call: its limit is its limiter's, and its remaining within it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dropped_calls_leave_no_reply_to_another_caller(server: Server) {
+        let Some(server) = RedisServer::builder().server(server).start() else {
+            return;
+        };
+        let b = backend(&server.url()).await;
+        let policies: Vec<Policy> = (0..16)
+            .map(|i| Policy::from(SlidingWindow::new(1_000_000 + i, 3600 * S).unwrap()))
+            .collect();
+        let policies = Arc::new(policies);
+        let (answered, dropped) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let tasks = (0..32u64).map(|t| {
+            let (b, policies) = (b.clone(), policies.clone());
+            let (answered, dropped) = (answered.clone(), dropped.clone());
+            tokio::spawn(async move {
+                for n in 0..300u64 {
+                    let i = usize::try_from((t + n) % 16).unwrap();
+                    let name = format!("l{i}");
+                    let k = Key::new(format!("k{i}"));
+                    let req = Request {
+                        limiter: &name,
+                        key: &k,
+                        policy: &policies[i],
+                        op: Op::Acquire(1),
+                    };
+                    let wait = Duration::from_micros((t * 131 + n * 37) % 500);
+                    match tokio::time::timeout(wait, b.decide(req)).await {
+                        Err(_) => dropped.fetch_add(1, Ordering::Relaxed),
+                        Ok(d) => {
+                            let d = d.expect("decided");
+                            let limit = 1_000_000 + i as u64;
+                            assert_eq!(d.limit(), limit, "limiter {name} read another's reply");
+                            assert!(d.remaining() < limit, "{name}: {d:?}");
+                            answered.fetch_add(1, Ordering::Relaxed)
+                        }
+                    };
+                }
+            })
+        });
+        for t in join_all(tasks).await {
+            t.unwrap();
+        }
+        let (answered, dropped) = (answered.load(Ordering::Relaxed), dropped.load(Ordering::Relaxed));
+        println!("{answered} answered, {dropped} given up");
+        assert!(answered > 0 && dropped > 0, "{answered} answered, {dropped} given up");
+    }
+}
+
 /// What the soak saw.
 #[derive(Default)]
 struct Tally {
