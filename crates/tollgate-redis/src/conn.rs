@@ -34,7 +34,10 @@
 //! address, a DNS or virtual-IP failover) is replaced like a dead one. With
 //! Redis Sentinel every new connection first asks the sentinels where the
 //! master is (see [`crate::sentinel`]), so the replacement reaches the
-//! promoted replica. A cluster connection follows the cluster's own
+//! promoted replica; and a connection a call found closed is taken out at
+//! once and replaced, not checked: its manager would reconnect by itself to
+//! the address it had, where the old master, restarted after a failover,
+//! says `master` until the sentinels demote it. A cluster connection follows the cluster's own
 //! topology changes (redis-rs refreshes its slot map on `MOVED`,
 //! `READONLY` and a connection that drops); its check asks the masters for
 //! a `PING` and needs one answer, not all: one dead master must not take
@@ -219,21 +222,45 @@ impl ConnectionLike for Link {
 /// keeper's doorbell.
 #[derive(Default)]
 struct Slot {
-    link: Mutex<Option<Link>>,
+    /// The connection, and how many times it was set (so that a call can
+    /// take out the connection it used, not its replacement).
+    link: Mutex<(Option<Link>, u64)>,
     suspect: Notify,
     /// A call was answered as only a replica answers (`READONLY`,
     /// `MASTERDOWN`) since the keeper's last check: the connection reached
     /// a replica, which tells when `ROLE` is denied.
     replica: AtomicBool,
+    /// Whether the connection is to the master the sentinels name.
+    sentinel: bool,
+    /// A call found such a connection closed, and took it out of the slot:
+    /// its manager would reconnect by itself, to the address it had, where
+    /// the old master, restarted after a failover, says `master` until the
+    /// sentinels demote it.
+    closed: AtomicBool,
 }
 
 impl Slot {
     fn get(&self) -> Option<Link> {
-        lock(&self.link).clone()
+        lock(&self.link).0.clone()
+    }
+
+    /// The connection, with its generation (for [`close`](Self::close)).
+    fn checkout(&self) -> Option<(Link, u64)> {
+        let link = lock(&self.link);
+        Some((link.0.clone()?, link.1))
     }
 
     fn set(&self, link: Option<Link>) {
-        *lock(&self.link) = link;
+        let mut slot = lock(&self.link);
+        *slot = (link, slot.1.wrapping_add(1));
+    }
+
+    /// Takes out the connection of `generation`, unless it was replaced.
+    fn close(&self, generation: u64) {
+        let mut slot = lock(&self.link);
+        if slot.1 == generation {
+            *slot = (None, generation.wrapping_add(1));
+        }
     }
 }
 
@@ -426,6 +453,9 @@ async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
         slot.suspect.notified().await;
         let replica = slot.replica.swap(false, Ordering::Relaxed);
         let error = match slot.get() {
+            None if slot.closed.swap(false, Ordering::Relaxed) => Some(
+                std::io::Error::other("the connection closed; asking the sentinels again").into(),
+            ),
             Some(mut link) => match answers(&mut link, t, replica).await {
                 Ok(()) => {
                     #[cfg(feature = "cluster")]
@@ -541,6 +571,8 @@ impl Follow {
 /// the keeper to check the connection.
 struct Watch<'a> {
     slot: &'a Slot,
+    /// The generation of the slot's connection the call used.
+    generation: u64,
     armed: bool,
     /// Exclusive mode: the slot's index, returned to the idle list.
     exclusive: Option<(&'a Exclusive, usize)>,
@@ -554,6 +586,10 @@ impl Watch<'_> {
         {
             if e.code().is_some_and(from_replica) {
                 self.slot.replica.store(true, Ordering::Relaxed);
+            }
+            if e.is_connection_dropped() && self.slot.sentinel {
+                self.slot.closed.store(true, Ordering::Relaxed);
+                self.slot.close(self.generation);
             }
             self.slot.suspect.notify_one();
         }
@@ -631,7 +667,10 @@ impl Conn {
         let slots: Box<[Arc<Slot>]> = links
             .into_iter()
             .map(|link| {
-                let slot = Arc::new(Slot::default());
+                let slot = Arc::new(Slot {
+                    sentinel: matches!(connector, Connector::Sentinel { .. }),
+                    ..Slot::default()
+                });
                 if link.is_none() {
                     // Connect now, without waiting for a caller.
                     slot.suspect.notify_one();
@@ -695,12 +734,14 @@ impl Conn {
             }
         };
         let slot = &self.slots[i];
-        let watch = Watch {
+        let mut watch = Watch {
             slot,
+            generation: 0,
             armed: true,
             exclusive,
         };
-        let mut link = slot.get().ok_or(RedisError::Disconnected)?;
+        let (mut link, generation) = slot.checkout().ok_or(RedisError::Disconnected)?;
+        watch.generation = generation;
         if self.ping_on_checkout
             && let Err(e) = answers(&mut link, self.timeouts, false).await
         {
