@@ -89,6 +89,15 @@ pub(crate) const RETRY: Duration = Duration::from_millis(250);
 #[cfg(feature = "cluster")]
 pub(crate) const REBUILD: Duration = Duration::from_secs(1);
 
+/// How often a keeper of a Sentinel master's connection asks the
+/// sentinels whether they still name that master, with no call failing: a
+/// master frozen while this worker was idle, failed over, then continued
+/// answers as a master until the sentinels demote it (8 s later).
+pub(crate) const MASTER_CHECK: Duration = Duration::from_secs(1);
+
+/// A Sentinel master's address (`host`, `port`).
+type Master = (String, u16);
+
 /// The timeouts every connection is made with.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Timeouts {
@@ -131,21 +140,31 @@ impl Connector {
     }
 
     /// A connection that may not have connected yet (a manager connects on
-    /// first use); the keeper's `PING` tells.
-    async fn connect(&self) -> RedisResult<Link> {
+    /// first use); the keeper's `PING` tells. With Sentinel, the master's
+    /// address too.
+    async fn connect(&self) -> RedisResult<(Link, Option<Master>)> {
         match self {
-            Self::Single { client, config } => Ok(Link::Single(
-                ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?,
+            Self::Single { client, config } => Ok((
+                Link::Single(ConnectionManager::new_lazy_with_config(
+                    client.clone(),
+                    config.clone(),
+                )?),
+                None,
             )),
             Self::Sentinel { sentinel, config } => {
                 // A manager follows its address on reconnection; after a
                 // failover that address is a replica, and the keeper's
                 // `ROLE` check sends us back here.
                 let client = sentinel.master().await?;
-                Ok(Link::Single(ConnectionManager::new_lazy_with_config(
-                    client,
-                    config.clone(),
-                )?))
+                let master = match client.get_connection_info().addr() {
+                    redis::ConnectionAddr::Tcp(host, port)
+                    | redis::ConnectionAddr::TcpTls { host, port, .. } => {
+                        Some((host.clone(), *port))
+                    }
+                    _ => None,
+                };
+                let link = ConnectionManager::new_lazy_with_config(client, config.clone())?;
+                Ok((Link::Single(link), master))
             }
             #[cfg(feature = "cluster")]
             Self::Cluster {
@@ -161,7 +180,7 @@ impl Connector {
                 )
                 .await
                 {
-                    Ok(c) => Ok(Link::Cluster(c?)),
+                    Ok(c) => Ok((Link::Cluster(c?), None)),
                     Err(_) => Err(timed_out()),
                 }
             }
@@ -232,6 +251,8 @@ struct Slot {
     replica: AtomicBool,
     /// Whether the connection is to the master the sentinels name.
     sentinel: bool,
+    /// That master's address, when the connection was made.
+    master: Mutex<Option<Master>>,
     /// A call found such a connection closed, and took it out of the slot:
     /// its manager would reconnect by itself, to the address it had, where
     /// the old master, restarted after a failover, says `master` until the
@@ -421,11 +442,43 @@ fn masters_of(reply: &Value) -> Vec<(String, u16)> {
     masters
 }
 
-/// A new connection that answers.
-async fn open(connector: &Connector, t: Timeouts) -> RedisResult<Link> {
-    let mut link = connector.connect().await?;
+/// A new connection that answers (with Sentinel, and the master's
+/// address).
+async fn open(connector: &Connector, t: Timeouts) -> RedisResult<(Link, Option<Master>)> {
+    let (mut link, master) = connector.connect().await?;
     answers(&mut link, t, false).await?;
-    Ok(link)
+    Ok((link, master))
+}
+
+/// Waits until the keeper is told to suspect the slot's connection
+/// (`true`), or, for a Sentinel master's, at most [`MASTER_CHECK`]
+/// (`false`).
+async fn rung(slot: &Slot) -> bool {
+    if slot.sentinel {
+        tokio::time::timeout(MASTER_CHECK, slot.suspect.notified())
+            .await
+            .is_ok()
+    } else {
+        slot.suspect.notified().await;
+        true
+    }
+}
+
+/// Why the slot's connection is to a master the sentinels no longer name,
+/// if it is (`None` too when they cannot be asked).
+async fn moved(slot: &Slot, connector: &Connector) -> Option<redis::RedisError> {
+    let Connector::Sentinel { sentinel, .. } = connector else {
+        return None;
+    };
+    let at = lock(&slot.master).clone()?;
+    let named = sentinel.master_addr().await.ok()?;
+    (named != at).then(|| {
+        std::io::Error::other(format!(
+            "the sentinels name {}:{} the master, not {}:{}",
+            named.0, named.1, at.0, at.1
+        ))
+        .into()
+    })
 }
 
 /// The role in a `ROLE` reply (`master`, `slave`, `sentinel`).
@@ -450,9 +503,18 @@ async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
     // denied replaces a connection that may reach the replica again).
     let mut attempted: Option<Instant> = None;
     loop {
-        slot.suspect.notified().await;
+        // Not told to suspect it: a Sentinel master's connection, whose
+        // master the sentinels may no longer name.
+        let elsewhere = match rung(&slot).await {
+            true => None,
+            false => match moved(&slot, &connector).await {
+                Some(e) => Some(e),
+                None => continue,
+            },
+        };
         let replica = slot.replica.swap(false, Ordering::Relaxed);
         let error = match slot.get() {
+            Some(_) if elsewhere.is_some() => elsewhere,
             None if slot.closed.swap(false, Ordering::Relaxed) => Some(
                 std::io::Error::other("the connection closed; asking the sentinels again").into(),
             ),
@@ -484,7 +546,8 @@ async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
             let started = Instant::now();
             attempted = Some(started);
             match open(&connector, t).await {
-                Ok(link) => {
+                Ok((link, master)) => {
+                    *lock(&slot.master) = master;
                     slot.set(Some(link));
                     if error.is_some() || failures > 0 {
                         tracing::info!(failures, "tollgate: redis connection restored");
@@ -557,7 +620,7 @@ impl Follow {
                 self.rebuilt = Some(Instant::now());
                 // A failed attempt keeps the old connection: the masters
                 // that answer go on serving through it.
-                if let Ok(link) = open(connector, t).await {
+                if let Ok((link, _)) = open(connector, t).await {
                     slot.set(Some(link));
                 }
             }
@@ -658,7 +721,12 @@ impl Conn {
         Self::start(connector, t, usage, links)
     }
 
-    fn start(connector: &Connector, t: Timeouts, usage: Usage, links: Vec<Option<Link>>) -> Self {
+    fn start(
+        connector: &Connector,
+        t: Timeouts,
+        usage: Usage,
+        links: Vec<Option<(Link, Option<Master>)>>,
+    ) -> Self {
         let cluster = match connector {
             Connector::Single { .. } | Connector::Sentinel { .. } => false,
             #[cfg(feature = "cluster")]
@@ -671,11 +739,14 @@ impl Conn {
                     sentinel: matches!(connector, Connector::Sentinel { .. }),
                     ..Slot::default()
                 });
-                if link.is_none() {
+                match link {
+                    Some((link, master)) => {
+                        *lock(&slot.master) = master;
+                        slot.set(Some(link));
+                    }
                     // Connect now, without waiting for a caller.
-                    slot.suspect.notify_one();
+                    None => slot.suspect.notify_one(),
                 }
-                slot.set(link);
                 slot
             })
             .collect();
