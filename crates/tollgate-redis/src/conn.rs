@@ -29,17 +29,21 @@
 //! (`READONLY`: a write that reached a replica; `MASTERDOWN`: a replica
 //! cut off from its master that serves no stale data) makes the keeper
 //! check too; where an ACL denies `ROLE`, that reply is what tells, and
-//! fails the check. So a connection that
-//! followed an address to a demoted master (a restart behind the same
-//! address, a DNS or virtual-IP failover) is replaced like a dead one. With
+//! fails the check. So a connection that followed an address to a demoted
+//! master (a restart behind the same address, a DNS or virtual-IP
+//! failover) is replaced like a dead one. With
 //! Redis Sentinel every new connection first asks the sentinels where the
 //! master is (see [`crate::sentinel`]), so the replacement reaches the
-//! promoted replica; and a connection a call found closed is taken out at
+//! promoted replica; a connection a call found closed is taken out at
 //! once and replaced, not checked: its manager would reconnect by itself to
 //! the address it had, where the old master, restarted after a failover,
-//! says `master` until the sentinels demote it. A cluster connection follows the cluster's own
-//! topology changes (redis-rs refreshes its slot map on `MOVED`,
-//! `READONLY` and a connection that drops); its check asks the masters for
+//! says `master` until the sentinels demote it; and when no call has rung
+//! the keeper for [`MASTER_CHECK`], it asks the sentinels whether they
+//! still name the connection's master (a frozen master that continued
+//! after its failover, while this worker was idle, says `master` too).
+//! A cluster connection follows the cluster's own topology changes
+//! (redis-rs refreshes its slot map on `MOVED`, `READONLY` and a
+//! connection that drops); its check asks the masters for
 //! a `PING` and needs one answer, not all: one dead master must not take
 //! the other masters' slots down with it.
 //!
@@ -286,9 +290,9 @@ impl Slot {
 }
 
 /// Whether an error means the connection itself failed (it is gone, or it
-/// did not answer in time) or reached a replica (see [`from_replica`]: a failover
-/// happened behind it), as opposed to a command error on a healthy
-/// connection.
+/// did not answer in time) or reached a replica (see [`from_replica`]: a
+/// failover happened behind it), as opposed to a command error on a
+/// healthy connection.
 fn breaks(e: &redis::RedisError) -> bool {
     e.is_io_error()
         || e.is_timeout()
