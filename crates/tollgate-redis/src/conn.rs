@@ -25,15 +25,25 @@
 //! [`RETRY`], until a new connection answers.
 //!
 //! Failovers. A one-server connection must reach a master: the keeper's
-//! check is `ROLE`, not `PING`, and a `READONLY` reply (a write that
-//! reached a replica) makes the keeper check too. So a connection that
-//! followed an address to a demoted master (a restart behind the same
-//! address, a DNS or virtual-IP failover) is replaced like a dead one. With
+//! check is `ROLE`, not `PING`, and a reply only a replica gives
+//! (`READONLY`: a write that reached a replica; `MASTERDOWN`: a replica
+//! cut off from its master that serves no stale data) makes the keeper
+//! check too; where an ACL denies `ROLE`, that reply is what tells, and
+//! fails the check. So a connection that followed an address to a demoted
+//! master (a restart behind the same address, a DNS or virtual-IP
+//! failover) is replaced like a dead one. With
 //! Redis Sentinel every new connection first asks the sentinels where the
 //! master is (see [`crate::sentinel`]), so the replacement reaches the
-//! promoted replica. A cluster connection follows the cluster's own
-//! topology changes (redis-rs refreshes its slot map on `MOVED`,
-//! `READONLY` and a connection that drops); its check asks the masters for
+//! promoted replica; a connection a call found closed is taken out at
+//! once and replaced, not checked: its manager would reconnect by itself to
+//! the address it had, where the old master, restarted after a failover,
+//! says `master` until the sentinels demote it; and when no call has rung
+//! the keeper for [`MASTER_CHECK`], it asks the sentinels whether they
+//! still name the connection's master (a frozen master that continued
+//! after its failover, while this worker was idle, says `master` too).
+//! A cluster connection follows the cluster's own topology changes
+//! (redis-rs refreshes its slot map on `MOVED`, `READONLY` and a
+//! connection that drops); its check asks the masters for
 //! a `PING` and needs one answer, not all: one dead master must not take
 //! the other masters' slots down with it.
 //!
@@ -57,7 +67,7 @@
 //! node, and each redirection makes redis-rs refresh its slot map, holding
 //! every request while it tries to reconnect to the silent node.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -82,6 +92,15 @@ pub(crate) const RETRY: Duration = Duration::from_millis(250);
 /// reconnections.
 #[cfg(feature = "cluster")]
 pub(crate) const REBUILD: Duration = Duration::from_secs(1);
+
+/// How often a keeper of a Sentinel master's connection asks the
+/// sentinels whether they still name that master, with no call failing: a
+/// master frozen while this worker was idle, failed over, then continued
+/// answers as a master until the sentinels demote it (8 s later).
+pub(crate) const MASTER_CHECK: Duration = Duration::from_secs(1);
+
+/// A Sentinel master's address (`host`, `port`).
+type Master = (String, u16);
 
 /// The timeouts every connection is made with.
 #[derive(Debug, Clone, Copy)]
@@ -125,21 +144,31 @@ impl Connector {
     }
 
     /// A connection that may not have connected yet (a manager connects on
-    /// first use); the keeper's `PING` tells.
-    async fn connect(&self) -> RedisResult<Link> {
+    /// first use); the keeper's `PING` tells. With Sentinel, the master's
+    /// address too.
+    async fn connect(&self) -> RedisResult<(Link, Option<Master>)> {
         match self {
-            Self::Single { client, config } => Ok(Link::Single(
-                ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?,
+            Self::Single { client, config } => Ok((
+                Link::Single(ConnectionManager::new_lazy_with_config(
+                    client.clone(),
+                    config.clone(),
+                )?),
+                None,
             )),
             Self::Sentinel { sentinel, config } => {
                 // A manager follows its address on reconnection; after a
                 // failover that address is a replica, and the keeper's
                 // `ROLE` check sends us back here.
                 let client = sentinel.master().await?;
-                Ok(Link::Single(ConnectionManager::new_lazy_with_config(
-                    client,
-                    config.clone(),
-                )?))
+                let master = match client.get_connection_info().addr() {
+                    redis::ConnectionAddr::Tcp(host, port)
+                    | redis::ConnectionAddr::TcpTls { host, port, .. } => {
+                        Some((host.clone(), *port))
+                    }
+                    _ => None,
+                };
+                let link = ConnectionManager::new_lazy_with_config(client, config.clone())?;
+                Ok((Link::Single(link), master))
             }
             #[cfg(feature = "cluster")]
             Self::Cluster {
@@ -155,7 +184,7 @@ impl Connector {
                 )
                 .await
                 {
-                    Ok(c) => Ok(Link::Cluster(c?)),
+                    Ok(c) => Ok((Link::Cluster(c?), None)),
                     Err(_) => Err(timed_out()),
                 }
             }
@@ -216,31 +245,68 @@ impl ConnectionLike for Link {
 /// keeper's doorbell.
 #[derive(Default)]
 struct Slot {
-    link: Mutex<Option<Link>>,
+    /// The connection, and how many times it was set (so that a call can
+    /// take out the connection it used, not its replacement).
+    link: Mutex<(Option<Link>, u64)>,
     suspect: Notify,
+    /// A call was answered as only a replica answers (`READONLY`,
+    /// `MASTERDOWN`) since the keeper's last check: the connection reached
+    /// a replica, which tells when `ROLE` is denied.
+    replica: AtomicBool,
+    /// Whether the connection is to the master the sentinels name.
+    sentinel: bool,
+    /// That master's address, when the connection was made.
+    master: Mutex<Option<Master>>,
+    /// A call found such a connection closed, and took it out of the slot:
+    /// its manager would reconnect by itself, to the address it had, where
+    /// the old master, restarted after a failover, says `master` until the
+    /// sentinels demote it.
+    closed: AtomicBool,
 }
 
 impl Slot {
     fn get(&self) -> Option<Link> {
-        lock(&self.link).clone()
+        lock(&self.link).0.clone()
+    }
+
+    /// The connection, with its generation (for [`close`](Self::close)).
+    fn checkout(&self) -> Option<(Link, u64)> {
+        let link = lock(&self.link);
+        Some((link.0.clone()?, link.1))
     }
 
     fn set(&self, link: Option<Link>) {
-        *lock(&self.link) = link;
+        let mut slot = lock(&self.link);
+        *slot = (link, slot.1.wrapping_add(1));
+    }
+
+    /// Takes out the connection of `generation`, unless it was replaced.
+    fn close(&self, generation: u64) {
+        let mut slot = lock(&self.link);
+        if slot.1 == generation {
+            *slot = (None, generation.wrapping_add(1));
+        }
     }
 }
 
 /// Whether an error means the connection itself failed (it is gone, or it
-/// did not answer in time) or reached a replica (`READONLY`: a failover
-/// happened behind it), as opposed to a command error on a healthy
-/// connection.
+/// did not answer in time) or reached a replica (see [`from_replica`]: a
+/// failover happened behind it), as opposed to a command error on a
+/// healthy connection.
 fn breaks(e: &redis::RedisError) -> bool {
     e.is_io_error()
         || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_unrecoverable_error()
-        || e.code() == Some("READONLY")
+        || e.code().is_some_and(from_replica)
+}
+
+/// Whether an error reply's `code` is one only a replica gives: `READONLY`
+/// (a write), `MASTERDOWN` (any command, on a replica cut off from its
+/// master with `replica-serve-stale-data no`).
+fn from_replica(code: &str) -> bool {
+    matches!(code, "READONLY" | "MASTERDOWN")
 }
 
 fn timed_out() -> redis::RedisError {
@@ -251,12 +317,23 @@ fn timed_out() -> redis::RedisError {
 /// one-server link's `ROLE` must say `master`; a cluster link needs one
 /// master to answer a `PING` (the cluster client tracks each node itself).
 /// A reply that is a server error (`LOADING`, `ROLE` denied by an ACL)
-/// still proves the connection alive.
-async fn answers(link: &mut Link, t: Timeouts) -> Result<(), redis::RedisError> {
+/// still proves the connection alive; but with `ROLE` denied, a one-server
+/// link answered as only a replica answers since the last check (`replica`)
+/// reached a replica, and fails the check.
+async fn answers(link: &mut Link, t: Timeouts, replica: bool) -> Result<(), redis::RedisError> {
     let check = async {
         match link {
             Link::Single(c) => {
-                let role = redis::cmd("ROLE").query_async::<Value>(c).await?;
+                let role = match redis::cmd("ROLE").query_async::<Value>(c).await {
+                    Ok(role) => role,
+                    Err(e) if replica && !breaks(&e) => {
+                        return Err(std::io::Error::other(format!(
+                            "connected to a replica (a replica's reply; ROLE: {e})"
+                        ))
+                        .into());
+                    }
+                    Err(e) => return Err(e),
+                };
                 match role_of(&role) {
                     Some(r) if r != "master" => Err(std::io::Error::other(format!(
                         "connected to a {r}, not a master (a failover?)"
@@ -369,11 +446,43 @@ fn masters_of(reply: &Value) -> Vec<(String, u16)> {
     masters
 }
 
-/// A new connection that answers.
-async fn open(connector: &Connector, t: Timeouts) -> RedisResult<Link> {
-    let mut link = connector.connect().await?;
-    answers(&mut link, t).await?;
-    Ok(link)
+/// A new connection that answers (with Sentinel, and the master's
+/// address).
+async fn open(connector: &Connector, t: Timeouts) -> RedisResult<(Link, Option<Master>)> {
+    let (mut link, master) = connector.connect().await?;
+    answers(&mut link, t, false).await?;
+    Ok((link, master))
+}
+
+/// Waits until the keeper is told to suspect the slot's connection
+/// (`true`), or, for a Sentinel master's, at most [`MASTER_CHECK`]
+/// (`false`).
+async fn rung(slot: &Slot) -> bool {
+    if slot.sentinel {
+        tokio::time::timeout(MASTER_CHECK, slot.suspect.notified())
+            .await
+            .is_ok()
+    } else {
+        slot.suspect.notified().await;
+        true
+    }
+}
+
+/// Why the slot's connection is to a master the sentinels no longer name,
+/// if it is (`None` too when they cannot be asked).
+async fn moved(slot: &Slot, connector: &Connector) -> Option<redis::RedisError> {
+    let Connector::Sentinel { sentinel, .. } = connector else {
+        return None;
+    };
+    let at = lock(&slot.master).clone()?;
+    let named = sentinel.master_addr().await.ok()?;
+    (named != at).then(|| {
+        std::io::Error::other(format!(
+            "the sentinels name {}:{} the master, not {}:{}",
+            named.0, named.1, at.0, at.1
+        ))
+        .into()
+    })
 }
 
 /// The role in a `ROLE` reply (`master`, `slave`, `sentinel`).
@@ -393,10 +502,27 @@ pub(crate) fn role_of(reply: &Value) -> Option<String> {
 async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
     #[cfg(feature = "cluster")]
     let mut follow = Follow::default();
+    // When the last connection attempt started: attempts start at most
+    // every RETRY, across replacements too (a replica's reply with `ROLE`
+    // denied replaces a connection that may reach the replica again).
+    let mut attempted: Option<Instant> = None;
     loop {
-        slot.suspect.notified().await;
+        // Not told to suspect it: a Sentinel master's connection, whose
+        // master the sentinels may no longer name.
+        let elsewhere = match rung(&slot).await {
+            true => None,
+            false => match moved(&slot, &connector).await {
+                Some(e) => Some(e),
+                None => continue,
+            },
+        };
+        let replica = slot.replica.swap(false, Ordering::Relaxed);
         let error = match slot.get() {
-            Some(mut link) => match answers(&mut link, t).await {
+            Some(_) if elsewhere.is_some() => elsewhere,
+            None if slot.closed.swap(false, Ordering::Relaxed) => Some(
+                std::io::Error::other("the connection closed; asking the sentinels again").into(),
+            ),
+            Some(mut link) => match answers(&mut link, t, replica).await {
                 Ok(()) => {
                     #[cfg(feature = "cluster")]
                     if let Link::Cluster(c) = &mut link {
@@ -418,9 +544,14 @@ async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
         slot.set(None);
         let mut failures = 0u32;
         loop {
+            if let Some(at) = attempted {
+                tokio::time::sleep_until(at + RETRY).await;
+            }
             let started = Instant::now();
+            attempted = Some(started);
             match open(&connector, t).await {
-                Ok(link) => {
+                Ok((link, master)) => {
+                    *lock(&slot.master) = master;
                     slot.set(Some(link));
                     if error.is_some() || failures > 0 {
                         tracing::info!(failures, "tollgate: redis connection restored");
@@ -438,7 +569,6 @@ async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
                     failures += 1;
                 }
             }
-            tokio::time::sleep_until(started + RETRY).await;
         }
     }
 }
@@ -494,7 +624,7 @@ impl Follow {
                 self.rebuilt = Some(Instant::now());
                 // A failed attempt keeps the old connection: the masters
                 // that answer go on serving through it.
-                if let Ok(link) = open(connector, t).await {
+                if let Ok((link, _)) = open(connector, t).await {
                     slot.set(Some(link));
                 }
             }
@@ -508,6 +638,8 @@ impl Follow {
 /// the keeper to check the connection.
 struct Watch<'a> {
     slot: &'a Slot,
+    /// The generation of the slot's connection the call used.
+    generation: u64,
     armed: bool,
     /// Exclusive mode: the slot's index, returned to the idle list.
     exclusive: Option<(&'a Exclusive, usize)>,
@@ -519,6 +651,13 @@ impl Watch<'_> {
         if let Err(e) = r
             && breaks(e)
         {
+            if e.code().is_some_and(from_replica) {
+                self.slot.replica.store(true, Ordering::Relaxed);
+            }
+            if e.is_connection_dropped() && self.slot.sentinel {
+                self.slot.closed.store(true, Ordering::Relaxed);
+                self.slot.close(self.generation);
+            }
             self.slot.suspect.notify_one();
         }
     }
@@ -586,7 +725,12 @@ impl Conn {
         Self::start(connector, t, usage, links)
     }
 
-    fn start(connector: &Connector, t: Timeouts, usage: Usage, links: Vec<Option<Link>>) -> Self {
+    fn start(
+        connector: &Connector,
+        t: Timeouts,
+        usage: Usage,
+        links: Vec<Option<(Link, Option<Master>)>>,
+    ) -> Self {
         let cluster = match connector {
             Connector::Single { .. } | Connector::Sentinel { .. } => false,
             #[cfg(feature = "cluster")]
@@ -595,12 +739,18 @@ impl Conn {
         let slots: Box<[Arc<Slot>]> = links
             .into_iter()
             .map(|link| {
-                let slot = Arc::new(Slot::default());
-                if link.is_none() {
+                let slot = Arc::new(Slot {
+                    sentinel: matches!(connector, Connector::Sentinel { .. }),
+                    ..Slot::default()
+                });
+                match link {
+                    Some((link, master)) => {
+                        *lock(&slot.master) = master;
+                        slot.set(Some(link));
+                    }
                     // Connect now, without waiting for a caller.
-                    slot.suspect.notify_one();
+                    None => slot.suspect.notify_one(),
                 }
-                slot.set(link);
                 slot
             })
             .collect();
@@ -659,14 +809,16 @@ impl Conn {
             }
         };
         let slot = &self.slots[i];
-        let watch = Watch {
+        let mut watch = Watch {
             slot,
+            generation: 0,
             armed: true,
             exclusive,
         };
-        let mut link = slot.get().ok_or(RedisError::Disconnected)?;
+        let (mut link, generation) = slot.checkout().ok_or(RedisError::Disconnected)?;
+        watch.generation = generation;
         if self.ping_on_checkout
-            && let Err(e) = answers(&mut link, self.timeouts).await
+            && let Err(e) = answers(&mut link, self.timeouts, false).await
         {
             watch.settle::<()>(&Err(e));
             return Err(RedisError::Disconnected);
@@ -709,9 +861,24 @@ impl Conn {
         pipe: &redis::Pipeline,
     ) -> Result<T, RedisError> {
         let (mut link, watch) = self.checkout().await?;
-        let r = pipe.query_async(&mut link).await;
-        watch.settle(&r);
-        Ok(r?)
+        let r = pipe.query_async::<Value>(&mut link).await;
+        // A pipeline that ignores errors answers each command's error as
+        // its item: a replica's reply among them says what it says of a
+        // call.
+        let replica = match &r {
+            Ok(Value::Array(items)) => items.iter().find_map(|v| match v {
+                Value::ServerError(e) if from_replica(e.code()) => {
+                    Some(redis::RedisError::from(e.clone()))
+                }
+                _ => None,
+            }),
+            _ => None,
+        };
+        match replica {
+            Some(e) => watch.settle::<()>(&Err(e)),
+            None => watch.settle(&r),
+        }
+        Ok(redis::from_redis_value(r?).map_err(redis::RedisError::from)?)
     }
 
     /// A connection for the durability check.

@@ -334,6 +334,24 @@ impl Sentinels {
         self.ask(|s, _| Box::pin(s.async_get_client())).await
     }
 
+    /// The master's address as the sentinels name it now
+    /// (`SENTINEL GET-MASTER-ADDR-BY-NAME`, no connection to the master).
+    pub(crate) async fn master_addr(&self) -> redis::RedisResult<(String, u16)> {
+        self.ask(|s, me| {
+            Box::pin(async move {
+                let sentinel = s.async_get_sentinel_client().await?;
+                let mut conn = sentinel.get_multiplexed_async_connection().await?;
+                let (host, port): (String, u16) = redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(&me.target.url.master)
+                    .query_async(&mut conn)
+                    .await?;
+                Ok((host, port))
+            })
+        })
+        .await
+    }
+
     /// Clients for the replicas the sentinels know and do not mark down
     /// (`SENTINEL SLAVES`), reached as the master is (credentials, TLS):
     /// the servers that can become the master. None is not an error (a

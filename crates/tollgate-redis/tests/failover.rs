@@ -1091,3 +1091,130 @@ async fn sentinel_tls_untrusted_ca_is_refused() {
     println!("refused after {:?}: {shown}", started.elapsed());
     assert!(shown.to_lowercase().contains("certificate"), "{shown}");
 }
+
+/// Sentinel: the master is killed while this worker makes no call, the
+/// sentinels promote the replica, and the killed server restarts on its
+/// port, a master in its own eyes (its configuration names no master)
+/// until the sentinels demote it. The worker's connection (a connection
+/// manager, which reconnects by itself to the address it had) must not
+/// make its next decisions on that stale master: every one is written to
+/// the new master, whose count says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_idle_worker_after_the_old_master_restarts() {
+    let Some(mut ha) = blocking(RedisSentinel::start) else {
+        return;
+    };
+    let prefix = unique_name("idle");
+    let b = build_with_prefix(RedisBackend::builder(ha.url()), &prefix).await;
+    // One token a minute: a key lives as long as the test.
+    let policy = Policy::from(TokenBucket::new(1_000, 1, 60 * S).unwrap());
+    let (before, after) = (Key::new("before"), Key::new("after"));
+    let req = |key, op| Request {
+        limiter: "idle",
+        key,
+        policy: &policy,
+        op,
+    };
+    b.decide(req(&before, Op::Acquire(1)))
+        .await
+        .expect("decided");
+    let old = blocking(|| ha.kill_master());
+    let new = blocking(|| ha.wait_promoted(old, RESUME_WITHIN));
+    let new = new.expect("the sentinels promoted the replica");
+    let stale = blocking(|| {
+        let s = ha.servers_mut().iter_mut().find(|s| s.port() == old);
+        let s = s.expect("ours");
+        s.restart();
+        s.cli(&["role"]).starts_with("master")
+    });
+    println!("the old master :{old} restarted, a master in its own eyes: {stale}");
+    let start = Instant::now();
+    let mut decided = 0u64;
+    while start.elapsed() < 2 * S {
+        if b.decide(req(&after, Op::Acquire(1))).await.is_ok() {
+            decided += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let on_new = build_with_prefix(
+        RedisBackend::builder(format!("redis://127.0.0.1:{new}")),
+        &prefix,
+    )
+    .await;
+    let peek = on_new
+        .decide(req(&after, Op::Peek(1)))
+        .await
+        .expect("peeked");
+    let counted = 1_000 - peek.remaining();
+    println!("{decided} decided in 2 s; :{new} counts {counted}");
+    assert!(decided > 0, "no decision in the 2 s after the restart");
+    assert_eq!(
+        counted, decided,
+        "decisions were written to the stale master :{old}, not to :{new}"
+    );
+}
+
+/// Sentinel: the master freezes (`SIGSTOP`) while this worker makes no
+/// call, the sentinels promote the replica, and, the worker still idle 2 s
+/// later, the frozen process continues (`SIGCONT`), a master in its own
+/// eyes until the sentinels demote it (8 s). No call of the worker ever
+/// failed on its connection to it: the keeper's own question to the
+/// sentinels (every second) must have replaced it, and the worker's next
+/// decisions must be written to the new master, whose count says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_idle_worker_after_the_old_master_continues() {
+    let Some(mut ha) = blocking(RedisSentinel::start) else {
+        return;
+    };
+    let prefix = unique_name("idle");
+    let b = build_with_prefix(RedisBackend::builder(ha.url()), &prefix).await;
+    // One token a minute: a key lives as long as the test.
+    let policy = Policy::from(TokenBucket::new(1_000, 1, 60 * S).unwrap());
+    let (before, after) = (Key::new("before"), Key::new("after"));
+    let req = |key, op| Request {
+        limiter: "idle",
+        key,
+        policy: &policy,
+        op,
+    };
+    b.decide(req(&before, Op::Acquire(1)))
+        .await
+        .expect("decided");
+    let old = blocking(|| ha.pause_master());
+    let new = blocking(|| ha.wait_promoted(old, RESUME_WITHIN));
+    let new = new.expect("the sentinels promoted the replica");
+    tokio::time::sleep(2 * S).await;
+    let stale = blocking(|| {
+        let s = ha.server(old).expect("ours");
+        s.resume();
+        s.cli(&["role"]).starts_with("master")
+    });
+    println!("the old master :{old} continued, a master in its own eyes: {stale}");
+    let start = Instant::now();
+    let mut decided = 0u64;
+    while start.elapsed() < 2 * S {
+        if b.decide(req(&after, Op::Acquire(1))).await.is_ok() {
+            decided += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let on_new = build_with_prefix(
+        RedisBackend::builder(format!("redis://127.0.0.1:{new}")),
+        &prefix,
+    )
+    .await;
+    let peek = on_new
+        .decide(req(&after, Op::Peek(1)))
+        .await
+        .expect("peeked");
+    let counted = 1_000 - peek.remaining();
+    println!("{decided} decided in 2 s; :{new} counts {counted}");
+    assert!(
+        decided > 0,
+        "no decision in the 2 s after the old master continued"
+    );
+    assert_eq!(
+        counted, decided,
+        "decisions were written to the stale master :{old}, not to :{new}"
+    );
+}

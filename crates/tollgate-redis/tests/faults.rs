@@ -26,7 +26,7 @@ use tollgate_limiter::{
 };
 use tollgate_redis::{Durability, RedisBackend, RedisError, Refusal};
 use tollgate_testkit::conformance::{assert_fail_mode_held, unique_name};
-use tollgate_testkit::redis_server::{RedisServer, Server};
+use tollgate_testkit::redis_server::{ACL_RULES, RedisServer, Server};
 use tollgate_testkit::relay::Relay;
 
 const S: Duration = Duration::from_secs(1);
@@ -194,6 +194,195 @@ tollgate_testkit::on_every_server! {
         let took = resumes(&l, &k).await;
         println!("resumed {took:?} after the restart");
         assert!(took <= RESUME_WITHIN, "resumed {took:?} after the restart");
+    }
+}
+
+/// A failover behind one address (a virtual IP, a DNS name, a proxy): new
+/// connections to the relay reach server `new`, a master, and `old`, which
+/// the backend's open connection still reaches, is demoted in place
+/// (`REPLICAOF`), so that connection stays open and every write on it is
+/// answered `READONLY`. Decisions must resume on `new` within 2 s, `url`
+/// (the relay's, with the user's credentials) the backend's; with
+/// `candidate`, the limiter evaluates it beside its policy. `old`
+/// replicates from `upstream` (`new`'s address, or a path to it).
+async fn demoted_behind_one_address(
+    old: &RedisServer,
+    new: &RedisServer,
+    relay: &Relay,
+    url: &str,
+    candidate: Option<Policy>,
+    upstream: std::net::SocketAddr,
+) {
+    // The default prefix, which the ACL's key pattern names.
+    let b = RedisBackend::builder(url)
+        .durability(Durability::Skip)
+        .build()
+        .await
+        .expect("connect");
+    let policy = TokenBucket::new(100, 1, 3600 * S).unwrap();
+    let mut l = Limiter::builder("api", policy, b).fail_mode(FailMode::Closed);
+    if let Some(c) = candidate {
+        l = l.candidate(c);
+    }
+    let l = l.build();
+    let k = Key::new("k");
+    assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+    relay.retarget(new.addr());
+    let port = upstream.port().to_string();
+    let demoted = old.cli(&["replicaof", "127.0.0.1", &port]);
+    assert_eq!(demoted.trim(), "OK");
+    let start = Instant::now();
+    let mut last = String::new();
+    let d = loop {
+        match l.try_acquire(&k, 1).await {
+            Ok(d) => break d,
+            Err(e) if start.elapsed() > RESUME_WITHIN => panic!(
+                "no decision {:?} after the master was demoted behind its address: {} \
+                 (the last backend error: {last})",
+                start.elapsed(),
+                chain(&e)
+            ),
+            Err(e) => {
+                if !matches!(e, tollgate_limiter::Error::BreakerOpen) {
+                    last = chain(&e);
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    println!("resumed {:?} after the demotion", start.elapsed());
+    // Decided by `new`: the key is fresh there.
+    assert_eq!(d.remaining(), 99, "{d:?}");
+}
+
+tollgate_testkit::on_every_server! {
+    /// A master demoted in place behind its address, which now leads to the
+    /// new master: the `READONLY` replies replace the connection, and
+    /// decisions resume on the new master.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn master_demoted_behind_its_address(server: Server) {
+        let start = || RedisServer::builder().server(server).start();
+        let (Some(old), Some(new)) = (start(), start()) else {
+            return;
+        };
+        let relay = Relay::start(old.addr());
+        demoted_behind_one_address(&old, &new, &relay, &relay.url(), None, new.addr()).await;
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// The same for a limiter with a candidate policy, whose decisions are
+    /// one pipeline of two scripts, each answered on its own: their
+    /// `READONLY` replies replace the connection too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn master_demoted_behind_its_address_with_a_candidate(server: Server) {
+        let start = || RedisServer::builder().server(server).start();
+        let (Some(old), Some(new)) = (start(), start()) else {
+            return;
+        };
+        let relay = Relay::start(old.addr());
+        let candidate = Policy::from(SlidingWindow::new(100, 3600 * S).unwrap());
+        let url = relay.url();
+        demoted_behind_one_address(&old, &new, &relay, &url, Some(candidate), new.addr()).await;
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// The same, but the demoted master cannot reach the new one (its
+    /// replication goes through a relay gone silent) and does not serve
+    /// stale data (`replica-serve-stale-data no`): every command on the open
+    /// connection is answered `MASTERDOWN`, a reply only a replica gives,
+    /// which replaces the connection as `READONLY` does.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn master_demoted_behind_its_address_cut_off(server: Server) {
+        let start = || RedisServer::builder().server(server).start();
+        let (Some(old), Some(new)) = (start(), start()) else {
+            return;
+        };
+        let stale = old.cli(&["config", "set", "replica-serve-stale-data", "no"]);
+        assert_eq!(stale.trim(), "OK");
+        let cut = Relay::start(new.addr());
+        cut.silence();
+        let relay = Relay::start(old.addr());
+        let url = relay.url();
+        demoted_behind_one_address(&old, &new, &relay, &url, None, cut.addr()).await;
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// The same with an ACL user denied `ROLE` (docs/redis.md: "denied, ... a
+    /// connection that followed its address to a demoted master is then only
+    /// replaced on a `READONLY` reply"): the keeper cannot ask the role, but a
+    /// `READONLY` reply is proof enough that the connection reaches a replica.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn master_demoted_behind_its_address_role_denied(server: Server) {
+        let start = || RedisServer::builder().server(server).start();
+        let (Some(old), Some(new)) = (start(), start()) else {
+            return;
+        };
+        for s in [&old, &new] {
+            let mut acl = vec!["ACL", "SETUSER", "limiter", "on", ">s3cret"];
+            acl.extend(ACL_RULES.iter().filter(|r| **r != "+role"));
+            assert_eq!(s.cli(&acl).trim(), "OK");
+        }
+        let relay = Relay::start(old.addr());
+        let url = format!("redis://limiter:s3cret@{}", relay.addr());
+        demoted_behind_one_address(&old, &new, &relay, &url, None, new.addr()).await;
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// Callers that give up mid-decision never leave a shared connection out
+    /// of step: 32 tasks ask 16 limiters (sliding windows, each of its own
+    /// limit, whose reply carries it) over one connection, each call given
+    /// up after 0 to 500 µs, so many are dropped before, while and after
+    /// their command is written. Every answer that arrives is the answer to
+    /// its own call: its limit is its limiter's, and its remaining within it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dropped_calls_leave_no_reply_to_another_caller(server: Server) {
+        let Some(server) = RedisServer::builder().server(server).start() else {
+            return;
+        };
+        let b = backend(&server.url()).await;
+        let policies: Vec<Policy> = (0..16)
+            .map(|i| Policy::from(SlidingWindow::new(1_000_000 + i, 3600 * S).unwrap()))
+            .collect();
+        let policies = Arc::new(policies);
+        let (answered, dropped) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let tasks = (0..32u64).map(|t| {
+            let (b, policies) = (b.clone(), policies.clone());
+            let (answered, dropped) = (answered.clone(), dropped.clone());
+            tokio::spawn(async move {
+                for n in 0..300u64 {
+                    let i = usize::try_from((t + n) % 16).unwrap();
+                    let name = format!("l{i}");
+                    let k = Key::new(format!("k{i}"));
+                    let req = Request {
+                        limiter: &name,
+                        key: &k,
+                        policy: &policies[i],
+                        op: Op::Acquire(1),
+                    };
+                    let wait = Duration::from_micros((t * 131 + n * 37) % 500);
+                    match tokio::time::timeout(wait, b.decide(req)).await {
+                        Err(_) => dropped.fetch_add(1, Ordering::Relaxed),
+                        Ok(d) => {
+                            let d = d.expect("decided");
+                            let limit = 1_000_000 + i as u64;
+                            assert_eq!(d.limit(), limit, "limiter {name} read another's reply");
+                            assert!(d.remaining() < limit, "{name}: {d:?}");
+                            answered.fetch_add(1, Ordering::Relaxed)
+                        }
+                    };
+                }
+            })
+        });
+        for t in join_all(tasks).await {
+            t.unwrap();
+        }
+        let (answered, dropped) = (answered.load(Ordering::Relaxed), dropped.load(Ordering::Relaxed));
+        println!("{answered} answered, {dropped} given up");
+        assert!(answered > 0 && dropped > 0, "{answered} answered, {dropped} given up");
     }
 }
 
