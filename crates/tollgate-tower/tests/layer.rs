@@ -899,3 +899,34 @@ async fn shadow_mode_lets_a_request_without_a_key_pass() {
     assert!(header(&res, "ratelimit").is_empty());
     assert_eq!(echo.calls(), 1);
 }
+
+/// A layer that charges by outcome charges an `Err` of the inner service
+/// (a timeout layer inside it) as `Classify::on_error` says, by default as
+/// a counted response: otherwise every request a client makes slow enough
+/// to time out is free.
+#[tokio::test]
+async fn an_inner_error_is_charged_when_charging_by_outcome() {
+    let limiter = Limiter::new(
+        "errs",
+        bucket(2, Duration::from_secs(60)),
+        MemoryBackend::new(),
+    );
+    let timed_out =
+        service_fn(|_: Request<String>| async { Err::<Response<String>, _>("timed out") });
+    let svc = RateLimitLayer::new(limiter.clone(), ApiKey::bearer(KeyHasher::unkeyed()))
+        .classify(|_: &Response<String>| Outcome::Ignore)
+        .layer(timed_out);
+    for _ in 0..2 {
+        assert!(svc.clone().oneshot(req(Some("k"))).await.is_err());
+    }
+    // Charged in tasks of their own: let them run.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    let key = KeyHasher::unkeyed().secret("k");
+    let left = limiter.peek(&key).await;
+    assert!(!left.is_allowed(), "{left:?}");
+    // A third request is refused before it reaches the service.
+    let res = svc.clone().oneshot(req(Some("k"))).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+}

@@ -326,12 +326,20 @@ where
                     let response = match result {
                         Ok(response) => response,
                         Err(e) => {
-                            if let Some(reservation) = held
-                                && this.post.classify.on_error() == Outcome::Ignore
-                            {
-                                // Recorded even though the error is
-                                // answered at once.
-                                drop(refund_reservation(reservation));
+                            if let Some(reservation) = held {
+                                if this.post.classify.on_error() == Outcome::Ignore {
+                                    // Recorded even though the error is
+                                    // answered at once.
+                                    drop(refund_reservation(reservation));
+                                }
+                            } else if !V::UPFRONT {
+                                // Charged by outcome: an `Err` (a timeout
+                                // layer inside this one) is an outcome
+                                // too, or every request an attacker makes
+                                // slow enough to time out goes uncounted.
+                                // In a task of its own (see `settle`).
+                                let outcome = this.post.classify.on_error();
+                                drop(this.ticket.as_ref().and_then(|t| settle(t, outcome)));
                             }
                             return Poll::Ready(Err(e));
                         }

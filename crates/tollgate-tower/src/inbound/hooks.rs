@@ -172,12 +172,14 @@ pub trait Classify<Res> {
         Self::RESERVE
     }
 
-    /// What the inner service failing (`Err`, no response) does to a
-    /// reservation (see [`reserves`](Self::reserves)): [`Outcome::Count`]
-    /// (the default) keeps it, [`Outcome::Ignore`] refunds it (in a task of
-    /// its own: the error is answered without waiting for the refund). Not
-    /// asked of a classifier that does not reserve: there an `Err` is not
-    /// charged.
+    /// What the inner service failing (`Err`, no response: a timeout or
+    /// load-shedding layer inside this one) does to the count:
+    /// [`Outcome::Count`] (the default) charges it, as a response
+    /// classified `Count` is (a reservation is kept), [`Outcome::Ignore`]
+    /// does not (a reservation is refunded), [`Outcome::Reset`] forgets
+    /// the key (a reservation is kept, as with `Count`). In a task of its own: the error is
+    /// answered without waiting. Counted by default so that a request made
+    /// to fail (slow enough to time out) is not free.
     fn on_error(&self) -> Outcome {
         Outcome::Count
     }
