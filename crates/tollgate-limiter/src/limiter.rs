@@ -764,11 +764,7 @@ impl<B: Backend> Limiter<B> {
     async fn check_general(&self, key: &Key, cost: u64) -> Verdict {
         let deadline = self.inner.guard.deadline();
         let cost = cost.max(self.inner.min_cost);
-        let op = match self.inner.policy {
-            // A slot nobody releases: its lease frees it (see `hold`).
-            Policy::Concurrency(_) => Op::Hold(crate::permit::slot_id()),
-            _ => Op::Acquire(cost),
-        };
+        let op = self.charge(cost);
         let cache = self.local_denials(op);
         // Before the backend is asked (see `DenyCache::insert`).
         let asked = cache.map_or(0, DenyCache::asking);
@@ -1062,11 +1058,22 @@ impl<B: Backend> Limiter<B> {
 
     /// Asks the backend for `cost` units (at least the
     /// [minimum cost](LimiterBuilder::min_cost)), with timeout and breaker
-    /// but without applying the fail mode.
+    /// but without applying the fail mode. For a
+    /// [concurrency](crate::Concurrency) limit, takes a slot that only its
+    /// lease frees, as [`check_cost`](Self::check_cost) does.
     pub async fn try_acquire(&self, key: &Key, cost: u64) -> Result<Decision, Error> {
-        let cost = cost.max(self.inner.min_cost);
-        self.try_op(key, Op::Acquire(cost), &self.inner.guard.deadline())
-            .await
+        let op = self.charge(cost.max(self.inner.min_cost));
+        self.try_op(key, op, &self.inner.guard.deadline()).await
+    }
+
+    /// The operation charging `cost` under the configured policy: a
+    /// concurrency limit's is a slot nobody releases, its lease frees it
+    /// (see [`hold`](Self::hold)); an acquire, where a slot only looks.
+    fn charge(&self, cost: u64) -> Op {
+        match self.inner.policy {
+            Policy::Concurrency(_) => Op::Hold(crate::permit::slot_id()),
+            _ => Op::Acquire(cost),
+        }
     }
 
     /// Asks the backend whether `cost` units (at least the
