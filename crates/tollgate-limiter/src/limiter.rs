@@ -258,7 +258,8 @@ impl<B: Backend> LimiterBuilder<B> {
     /// Leases expire after `ttl`, so choosing `ttl` shorter than the time
     /// the backend takes to grant `W × (batch − 1)` units again (its refill
     /// or window) keeps the excess from adding up over time. Units leased
-    /// and not spent within `ttl` are lost to every worker. Off by default;
+    /// and not spent within `ttl` are lost to every worker; a zero `ttl`
+    /// keeps none, and [`try_build`](Self::try_build) refuses it. Off by default;
     /// ignored for progressive delays and for sliding windows that
     /// penalise refusals: there a batch that no longer fits would be
     /// recorded as a refusal of the client (and refill the window on each
@@ -335,7 +336,8 @@ impl<B: Backend> LimiterBuilder<B> {
     ///   `api:candidate` would count in `api`'s candidate; the braces are
     ///   the cluster hash tag;
     /// * `timeout`: zero (every decision would fail);
-    /// * `breaker_backoff` of zero, or `breaker_max_backoff` below it.
+    /// * `breaker_backoff` of zero, or `breaker_max_backoff` below it;
+    /// * `lease`: a [lease](Self::lease) of a zero `ttl`.
     pub fn try_build(self) -> Result<Limiter<B>, ConfigError> {
         let invalid = |field, reason: String| ConfigError::Invalid {
             path: format!("limiters.{}", self.name),
@@ -350,6 +352,14 @@ impl<B: Backend> LimiterBuilder<B> {
         }
         if let Some((field, reason)) = self.breaker.misread() {
             return Err(invalid(field, reason));
+        }
+        if self.lease.is_some_and(|(_, ttl)| ttl.is_zero()) {
+            return Err(invalid(
+                "lease",
+                "a ttl of zero keeps nothing: every request would take a whole batch and \
+                 lose the rest"
+                    .into(),
+            ));
         }
         Ok(self.assemble())
     }
@@ -1451,6 +1461,32 @@ mod tests {
         };
         assert!(builder(true).breaker(off).try_build().is_ok());
         assert_eq!(named("api").try_build().unwrap().name(), "api");
+    }
+
+    /// A lease that lives no time keeps none of its batch: every request
+    /// took a whole batch from the backend and lost the rest, so a key
+    /// got `capacity / batch` requests where its policy grants
+    /// `capacity`. Refused, naming the setting.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_that_keeps_nothing_is_refused() {
+        let l = builder(true).lease(4, Duration::ZERO).try_build();
+        let Err(ConfigError::Invalid { field, .. }) = l else {
+            let l = l.unwrap();
+            let k = Key::new("k");
+            for _ in 0..4 {
+                let _ = l.check(&k).await;
+            }
+            let asked = crate::lock(&l.backend().asked).clone();
+            panic!("built; four requests asked the backend for {asked:?}");
+        };
+        assert_eq!(field, "lease");
+        // Any time at all keeps the batch's rest.
+        let l = builder(true).lease(4, Duration::from_micros(1)).build();
+        let k = Key::new("k");
+        for _ in 0..4 {
+            assert!(l.check(&k).await.is_allowed());
+        }
+        assert_eq!(*crate::lock(&l.backend().asked), [4]);
     }
 
     #[test]
