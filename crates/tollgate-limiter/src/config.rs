@@ -66,8 +66,8 @@
 //! strategy, a zero capacity or window, a count above 2^53 − 1
 //! ([`MAX_COUNT`](crate::policy::MAX_COUNT)), a field that does not belong to the
 //! strategy, a default cost or a `min_cost` (the least any call is charged,
-//! default 1) that is 0 or that the limit can never grant: each fails with
-//! an error naming the limiter and the field.
+//! default 1) that is 0 or that the limit (or the candidate's) can never
+//! grant: each fails with an error naming the limiter and the field.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -524,6 +524,13 @@ fn validate(
     policy
         .check_cost(min_cost)
         .map_err(|e| err("min_cost", e.reason))?;
+    // The candidate is measured for enforcement: the same costs must fit.
+    for (setting, n) in [("cost", cost), ("min_cost", min_cost)] {
+        if let Some(Err(e)) = candidate.map(|c| c.check_cost(n)) {
+            let reason = format!("candidate.cost: {} (the limiter's {setting})", e.reason);
+            return Err(err("candidate", reason));
+        }
+    }
     let fail_mode = match &l.fail_mode {
         Some(s) => s.parse().map_err(|e| err("fail_mode", e))?,
         None => fail_mode,
@@ -1500,5 +1507,26 @@ mod tests {
         ));
         assert!(e.contains("concurrency"), "{e}");
         assert_eq!(load(base).unwrap().limiter("api").unwrap().candidate, None);
+    }
+
+    /// A candidate that can never grant the limiter's cost (or its
+    /// minimum cost) is refused at start-up, as the enforced policy is: it
+    /// loaded, and counted every request as one it would refuse, so the
+    /// rollout it measures for would refuse them all once enforced.
+    #[test]
+    fn a_candidate_that_can_never_grant_the_cost_is_refused() {
+        let base = "[limiters.api]\nstrategy='token_bucket'\ncapacity=10\nrefill='1/s'\n";
+        let small = "[limiters.api.candidate]\nstrategy='token_bucket'\ncapacity=4\nrefill='1/s'";
+        for setting in ["cost=5", "min_cost=5"] {
+            let e = load(&format!("{base}{setting}\n{small}"))
+                .map(|c| format!("loaded: {:?}", c.limiter("api").unwrap().candidate))
+                .unwrap_or_else(|e| e.to_string());
+            assert!(
+                e.contains("limiters.api.candidate: candidate.cost"),
+                "{setting}: {e}"
+            );
+        }
+        // A cost the candidate can grant loads.
+        assert!(load(&format!("{base}cost=4\n{small}")).is_ok());
     }
 }
