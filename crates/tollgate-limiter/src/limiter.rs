@@ -337,6 +337,8 @@ impl<B: Backend> LimiterBuilder<B> {
     ///   the cluster hash tag;
     /// * `timeout`: zero (every decision would fail);
     /// * `breaker_backoff` of zero, or `breaker_max_backoff` below it;
+    /// * `min_cost` (or `candidate`): a [minimum cost](Self::min_cost)
+    ///   the policy (or the [candidate](Self::candidate)) can never grant;
     /// * `lease`: a [lease](Self::lease) of a zero `ttl`.
     pub fn try_build(self) -> Result<Limiter<B>, ConfigError> {
         let invalid = |field, reason: String| ConfigError::Invalid {
@@ -352,6 +354,15 @@ impl<B: Backend> LimiterBuilder<B> {
         }
         if let Some((field, reason)) = self.breaker.misread() {
             return Err(invalid(field, reason));
+        }
+        if let Err(e) = self.policy.check_cost(self.min_cost) {
+            return Err(invalid("min_cost", e.reason));
+        }
+        if let Some(Err(e)) = self.candidate.map(|c| c.check_cost(self.min_cost)) {
+            return Err(invalid(
+                "candidate",
+                format!("candidate.cost: {}", e.reason),
+            ));
         }
         if self.lease.is_some_and(|(_, ttl)| ttl.is_zero()) {
             return Err(invalid(
@@ -1487,6 +1498,24 @@ mod tests {
             assert!(l.check(&k).await.is_allowed());
         }
         assert_eq!(*crate::lock(&l.backend().asked), [4]);
+    }
+
+    /// A minimum cost the policy (or the candidate) can never grant is
+    /// refused, naming the field, as configuration refuses it: built, it
+    /// refused every request as impossible, whatever the fail mode.
+    #[test]
+    fn a_min_cost_the_policy_can_never_grant_is_refused() {
+        let four = TokenBucket::new(4, 1, Duration::from_secs(1)).unwrap();
+        let field = |b: LimiterBuilder<Fixed>| match b.try_build() {
+            Err(ConfigError::Invalid { field, .. }) => field,
+            Ok(l) => panic!("built: {l:?}"),
+            Err(e) => panic!("{e}"),
+        };
+        let b = |policy: TokenBucket| Limiter::builder("api", policy, Fixed::default());
+        assert_eq!(field(b(four).min_cost(5)), "min_cost");
+        let ten = TokenBucket::new(10, 1, Duration::from_secs(1)).unwrap();
+        assert_eq!(field(b(ten).min_cost(5).candidate(four)), "candidate");
+        assert!(b(ten).min_cost(4).candidate(four).try_build().is_ok());
     }
 
     #[test]
