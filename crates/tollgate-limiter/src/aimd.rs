@@ -911,12 +911,16 @@ impl<B: Backend> AimdLimiter<B> {
             Ok(_) => true,
             Err(_) => false,
         };
-        let known = self.rate(scope);
-        let current = if shared {
-            self.read_rate(scope).await.unwrap_or(known)
-        } else {
-            known
+        // Cut from the stored rate only: this worker's may be far above
+        // it (others cut it since), and written, a cut of it would raise
+        // the rate of every worker. Unread, the cut is this worker's own,
+        // as when the gate cannot be asked.
+        let stored = match shared {
+            true => self.read_rate(scope).await.ok(),
+            false => None,
         };
+        let shared = stored.is_some();
+        let current = stored.unwrap_or_else(|| self.rate(scope));
         let rate = (current * self.inner.config.decrease).max(self.inner.config.min_rate);
         if shared {
             let _ = self.write_rate(scope, rate).await;
