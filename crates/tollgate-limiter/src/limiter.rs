@@ -788,7 +788,7 @@ impl<B: Backend> Limiter<B> {
         let op = self.charge(cost);
         let cache = self.local_denials(op);
         // Before the backend is asked (see `DenyCache::insert`).
-        let asked = cache.map_or(0, DenyCache::asking);
+        let asked = cache.map_or(0, |c| c.asking(key));
         // A sliding window's local refusals are carried to the backend
         // (penalised windows must record them; see DenyCache).
         let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
@@ -947,7 +947,7 @@ impl<B: Backend> Limiter<B> {
             return (self.counted(Call::Check, verdict), Reservation::empty());
         }
         let cache = self.local_denials(Op::Acquire(cost));
-        let asked = cache.map_or(0, DenyCache::asking);
+        let asked = cache.map_or(0, |c| c.asking(key));
         let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
         match cache.map(|c| c.charge(key, cost, window)) {
             Some(Charge::Refused(denied)) => {
@@ -1043,7 +1043,7 @@ impl<B: Backend> Limiter<B> {
             self.inner.guard.meter().local_hit(Local::Denial);
             return self.counted(Call::Peek, Verdict::Decided(denied));
         }
-        let asked = cache.map_or(0, DenyCache::asking);
+        let asked = cache.map_or(0, |c| c.asking(key));
         let result = self.try_op(key, op, &self.inner.guard.deadline()).await;
         self.counted(Call::Peek, self.finish(cache, asked, key, cost, result))
     }
