@@ -61,8 +61,11 @@
 //! in-process token bucket per scope. It still honours `Retry-After` and
 //! cuts its own rate on refusals, but does not ramp up until it can
 //! coordinate again (N uncoordinated workers ramping would overshoot N
-//! times). Note that N workers each running at the shared rate offer the
-//! source N times that rate until its refusals cut them down.
+//! times). A cut is written only from the shared rate just read: when
+//! that read fails, the cut is the worker's own (its last known rate may
+//! be far above the shared one, and written, would raise it). Note that
+//! N workers each running at the shared rate offer the source N times
+//! that rate until its refusals cut them down.
 //!
 //! # Examples
 //!
