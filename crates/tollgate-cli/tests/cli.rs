@@ -184,7 +184,7 @@ strategy = "progressive_delay"
 free_attempts = 2
 base_delay = "10m"
 max_delay = "1h"
-forget_after = "1h"
+forget_after = "2h"
 "#;
 
 fn config(prefix: &str) -> ConfigFile {

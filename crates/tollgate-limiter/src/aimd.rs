@@ -61,8 +61,11 @@
 //! in-process token bucket per scope. It still honours `Retry-After` and
 //! cuts its own rate on refusals, but does not ramp up until it can
 //! coordinate again (N uncoordinated workers ramping would overshoot N
-//! times). Note that N workers each running at the shared rate offer the
-//! source N times that rate until its refusals cut them down.
+//! times). A cut is written only from the shared rate just read: when
+//! that read fails, the cut is the worker's own (its last known rate may
+//! be far above the shared one, and written, would raise it). Note that
+//! N workers each running at the shared rate offer the source N times
+//! that rate until its refusals cut them down.
 //!
 //! # Examples
 //!
@@ -911,12 +914,16 @@ impl<B: Backend> AimdLimiter<B> {
             Ok(_) => true,
             Err(_) => false,
         };
-        let known = self.rate(scope);
-        let current = if shared {
-            self.read_rate(scope).await.unwrap_or(known)
-        } else {
-            known
+        // Cut from the stored rate only: this worker's may be far above
+        // it (others cut it since), and written, a cut of it would raise
+        // the rate of every worker. Unread, the cut is this worker's own,
+        // as when the gate cannot be asked.
+        let stored = match shared {
+            true => self.read_rate(scope).await.ok(),
+            false => None,
         };
+        let shared = stored.is_some();
+        let current = stored.unwrap_or_else(|| self.rate(scope));
         let rate = (current * self.inner.config.decrease).max(self.inner.config.min_rate);
         if shared {
             let _ = self.write_rate(scope, rate).await;

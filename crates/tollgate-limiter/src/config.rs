@@ -65,9 +65,11 @@
 //! Everything is validated when loaded: an unknown field, an unknown
 //! strategy, a zero capacity or window, a count above 2^53 − 1
 //! ([`MAX_COUNT`](crate::policy::MAX_COUNT)), a field that does not belong to the
-//! strategy, a default cost or a `min_cost` (the least any call is charged,
-//! default 1) that is 0 or that the limit can never grant: each fails with
-//! an error naming the limiter and the field.
+//! strategy, a progressive delay's `forget_after` no longer than its
+//! longest delay (each such block would end with the free attempts back),
+//! a default cost or a `min_cost` (the least any call is charged,
+//! default 1) that is 0 or that the limit (or the candidate's) can never
+//! grant: each fails with an error naming the limiter and the field.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -524,6 +526,13 @@ fn validate(
     policy
         .check_cost(min_cost)
         .map_err(|e| err("min_cost", e.reason))?;
+    // The candidate is measured for enforcement: the same costs must fit.
+    for (setting, n) in [("cost", cost), ("min_cost", min_cost)] {
+        if let Some(Err(e)) = candidate.map(|c| c.check_cost(n)) {
+            let reason = format!("candidate.cost: {} (the limiter's {setting})", e.reason);
+            return Err(err("candidate", reason));
+        }
+    }
     let fail_mode = match &l.fail_mode {
         Some(s) => s.parse().map_err(|e| err("fail_mode", e))?,
         None => fail_mode,
@@ -715,15 +724,30 @@ fn single_policy(l: &RawLimiter) -> Result<Policy, FieldError> {
                 .map_err(|e| (e.field, e.reason))?
                 .into()
         }
-        Strategy::ProgressiveDelay => ProgressiveDelay::new(
-            req("free_attempts", l.free_attempts)?,
-            dur("base_delay", &l.base_delay)?,
-            l.factor.unwrap_or(2),
-            dur("max_delay", &l.max_delay)?,
-            dur("forget_after", &l.forget_after)?,
-        )
-        .map_err(|e| (e.field, e.reason))?
-        .into(),
+        Strategy::ProgressiveDelay => {
+            let p = ProgressiveDelay::new(
+                req("free_attempts", l.free_attempts)?,
+                dur("base_delay", &l.base_delay)?,
+                l.factor.unwrap_or(2),
+                dur("max_delay", &l.max_delay)?,
+                dur("forget_after", &l.forget_after)?,
+            )
+            .map_err(|e| (e.field, e.reason))?;
+            // A block at least this long ends with the failures forgotten:
+            // the free attempts come back, and no longer delay ever holds.
+            let longest = p.delay_micros(u64::MAX);
+            if p.forget_after_micros() <= longest {
+                return Err(err(
+                    "forget_after",
+                    format!(
+                        "must be longer than the longest delay ({}): a block ending when \
+                         the failures are forgotten gives the free attempts back",
+                        humantime::format_duration(Duration::from_micros(longest))
+                    ),
+                ));
+            }
+            p.into()
+        }
         Strategy::Concurrency => Concurrency::new(
             req("max_in_flight", l.max_in_flight)?,
             dur("lease", &l.lease)?,
@@ -1500,5 +1524,48 @@ mod tests {
         ));
         assert!(e.contains("concurrency"), "{e}");
         assert_eq!(load(base).unwrap().limiter("api").unwrap().candidate, None);
+    }
+
+    /// A progressive delay whose failures are forgotten no later than its
+    /// longest block ends is refused: such a block ended with the account
+    /// fresh, its free attempts back, so `max_delay` never held. With the
+    /// login flow (a blocked account records nothing), 5 free attempts,
+    /// 1 s doubling to 15 min: 127 guesses in 4 hours with `forget_after`
+    /// of 10 or 15 min, 30 with 1 h.
+    #[test]
+    fn a_delay_forgotten_before_its_longest_block_ends_is_refused() {
+        let pd = "[limiters.login]\nstrategy='progressive_delay'\nfree_attempts=5\n\
+                  base_delay='1s'\nmax_delay='15m'\n";
+        for forget_after in ["1s", "10m", "15m"] {
+            let e = load(&format!("{pd}forget_after='{forget_after}'"))
+                .map(|c| format!("loaded: {:?}", c.limiter("login").unwrap().policy))
+                .unwrap_or_else(|e| e.to_string());
+            assert!(
+                e.contains("limiters.login.forget_after"),
+                "{forget_after}: {e}"
+            );
+        }
+        assert!(load(&format!("{pd}forget_after='16m'")).is_ok());
+    }
+
+    /// A candidate that can never grant the limiter's cost (or its
+    /// minimum cost) is refused at start-up, as the enforced policy is: it
+    /// loaded, and counted every request as one it would refuse, so the
+    /// rollout it measures for would refuse them all once enforced.
+    #[test]
+    fn a_candidate_that_can_never_grant_the_cost_is_refused() {
+        let base = "[limiters.api]\nstrategy='token_bucket'\ncapacity=10\nrefill='1/s'\n";
+        let small = "[limiters.api.candidate]\nstrategy='token_bucket'\ncapacity=4\nrefill='1/s'";
+        for setting in ["cost=5", "min_cost=5"] {
+            let e = load(&format!("{base}{setting}\n{small}"))
+                .map(|c| format!("loaded: {:?}", c.limiter("api").unwrap().candidate))
+                .unwrap_or_else(|e| e.to_string());
+            assert!(
+                e.contains("limiters.api.candidate: candidate.cost"),
+                "{setting}: {e}"
+            );
+        }
+        // A cost the candidate can grant loads.
+        assert!(load(&format!("{base}cost=4\n{small}")).is_ok());
     }
 }

@@ -1,5 +1,6 @@
 //! Local answers to a flood: keys known to be refused until an instant.
 
+use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -79,23 +80,39 @@ pub(crate) struct DenyCache {
     max_ttl: Duration,
     map: Sharded<Entry>,
     /// How many times entries were forgotten (a reset, an override, a
-    /// refund made through this worker).
-    forgotten: AtomicU64,
+    /// refund made through this worker), by the keys' hash: a forget
+    /// counts on its key's counter, a clear on all of them. Keys that
+    /// share a counter share forgets (their refusals in flight are not
+    /// kept: the safe side); keys that do not, do not, so that the settle
+    /// of every request (a layer charging by the real cost) does not keep
+    /// a flood's refusals on another key from being cached.
+    forgotten: Box<[AtomicU64]>,
+    hasher: RandomState,
 }
+
+/// How many forget counters a cache keeps.
+const FORGET_COUNTERS: usize = 64;
 
 impl DenyCache {
     pub(crate) fn new(max_ttl: Duration, capacity: usize) -> Self {
         Self {
             max_ttl,
             map: Sharded::new(capacity),
-            forgotten: AtomicU64::new(0),
+            forgotten: (0..FORGET_COUNTERS).map(|_| AtomicU64::new(0)).collect(),
+            hasher: RandomState::new(),
         }
     }
 
-    /// Marks a backend call about to be made: hand it to
+    /// Marks a backend call for `key` about to be made: hand it to
     /// [`insert`](Self::insert) with the call's refusal.
-    pub(crate) fn asking(&self) -> u64 {
-        self.forgotten.load(Ordering::SeqCst)
+    pub(crate) fn asking(&self, key: &Key) -> u64 {
+        self.forgotten(key).load(Ordering::SeqCst)
+    }
+
+    /// The forget counter of `key`.
+    fn forgotten(&self, key: &Key) -> &AtomicU64 {
+        let h = self.hasher.hash_one(key);
+        &self.forgotten[h as usize % self.forgotten.len()]
     }
 
     /// Whether refusals of `policy` for `op` can be answered locally (for
@@ -202,10 +219,11 @@ impl DenyCache {
     }
 
     /// Remembers a refusal of a request of `cost`, from a backend call
-    /// made at `asked` (from [`asking`](Self::asking)): not if entries were
-    /// forgotten since, as the refusal may have been decided before the
-    /// reset or override that made them stale (whichever key it was: they
-    /// are rare, and a refusal not kept costs only a round trip).
+    /// made at `asked` (from [`asking`](Self::asking)): not if the key's
+    /// entries were forgotten since, as the refusal may have been decided
+    /// before the reset, override or refund that made it stale (or
+    /// another key's sharing its counter: a refusal not kept costs only a
+    /// round trip).
     pub(crate) fn insert(&self, key: &Key, cost: u64, decision: &Decision, asked: u64) {
         let ttl = decision.retry_after().min(self.max_ttl);
         if ttl.is_zero() {
@@ -223,7 +241,7 @@ impl DenyCache {
         let mut shard = self.map.shard(key);
         // Read under the shard's lock: a `forget` that counts after this
         // read removes the entry once this lock is released.
-        if self.forgotten.load(Ordering::SeqCst) != asked {
+        if self.asking(key) != asked {
             return;
         }
         let entry = match shard.get(key) {
@@ -241,7 +259,7 @@ impl DenyCache {
     }
 
     pub(crate) fn forget(&self, key: &Key) {
-        self.forgotten.fetch_add(1, Ordering::SeqCst);
+        self.forgotten(key).fetch_add(1, Ordering::SeqCst);
         self.map.forget(key);
     }
 
@@ -251,8 +269,12 @@ impl DenyCache {
         self.map.len()
     }
 
+    /// Forgets every key: each counter counts it before any shard is
+    /// cleared (see [`insert`](Self::insert)).
     pub(crate) fn clear(&self) {
-        self.forgotten.fetch_add(1, Ordering::SeqCst);
+        for counter in &self.forgotten {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }
         self.map.clear();
     }
 }
@@ -312,7 +334,7 @@ mod tests {
         let c = DenyCache::new(Duration::from_secs(10), 100);
         let k = Key::new("k");
         let d = Decision::denied(5, 0, Duration::from_secs(2), Duration::from_secs(3));
-        c.insert(&k, 2, &d, c.asking());
+        c.insert(&k, 2, &d, c.asking(&k));
         assert!(c.get(&k, 1).is_none(), "a cheaper request may pass");
         tokio::time::advance(Duration::from_millis(500)).await;
         let aged = c.get(&k, 2).unwrap();
@@ -330,7 +352,7 @@ mod tests {
             &k,
             1,
             &Decision::denied(1, 0, Duration::from_secs(60), Duration::ZERO),
-            c.asking(),
+            c.asking(&k),
         );
         assert!(c.get(&k, 1).is_some());
         tokio::time::advance(Duration::from_millis(100)).await;
@@ -365,7 +387,7 @@ mod tests {
         let k = Key::new("k");
         let d = Decision::denied(3, 0, Duration::from_secs(2), Duration::from_secs(10))
             .with_window(Duration::from_secs(10));
-        c.insert(&k, 1, &d, c.asking());
+        c.insert(&k, 1, &d, c.asking(&k));
         for _ in 0..3 {
             assert!(matches!(c.charge(&k, 2, true), Charge::Refused(_)));
         }
@@ -376,7 +398,7 @@ mod tests {
         assert_eq!(carried(c.charge(&k, 1, true)), 6);
         assert_eq!(carried(c.charge(&k, 1, true)), 0);
         // A cheaper request than the refused one carries them too.
-        c.insert(&k, 2, &d, c.asking());
+        c.insert(&k, 2, &d, c.asking(&k));
         assert!(matches!(c.charge(&k, 2, true), Charge::Refused(_)));
         assert_eq!(carried(c.charge(&k, 1, true)), 2);
         // Units refused a whole window ago would have left it: dropped.

@@ -258,7 +258,8 @@ impl<B: Backend> LimiterBuilder<B> {
     /// Leases expire after `ttl`, so choosing `ttl` shorter than the time
     /// the backend takes to grant `W × (batch − 1)` units again (its refill
     /// or window) keeps the excess from adding up over time. Units leased
-    /// and not spent within `ttl` are lost to every worker. Off by default;
+    /// and not spent within `ttl` are lost to every worker; a zero `ttl`
+    /// keeps none, and [`try_build`](Self::try_build) refuses it. Off by default;
     /// ignored for progressive delays and for sliding windows that
     /// penalise refusals: there a batch that no longer fits would be
     /// recorded as a refusal of the client (and refill the window on each
@@ -335,7 +336,10 @@ impl<B: Backend> LimiterBuilder<B> {
     ///   `api:candidate` would count in `api`'s candidate; the braces are
     ///   the cluster hash tag;
     /// * `timeout`: zero (every decision would fail);
-    /// * `breaker_backoff` of zero, or `breaker_max_backoff` below it.
+    /// * `breaker_backoff` of zero, or `breaker_max_backoff` below it;
+    /// * `min_cost` (or `candidate`): a [minimum cost](Self::min_cost)
+    ///   the policy (or the [candidate](Self::candidate)) can never grant;
+    /// * `lease`: a [lease](Self::lease) of a zero `ttl`.
     pub fn try_build(self) -> Result<Limiter<B>, ConfigError> {
         let invalid = |field, reason: String| ConfigError::Invalid {
             path: format!("limiters.{}", self.name),
@@ -350,6 +354,23 @@ impl<B: Backend> LimiterBuilder<B> {
         }
         if let Some((field, reason)) = self.breaker.misread() {
             return Err(invalid(field, reason));
+        }
+        if let Err(e) = self.policy.check_cost(self.min_cost) {
+            return Err(invalid("min_cost", e.reason));
+        }
+        if let Some(Err(e)) = self.candidate.map(|c| c.check_cost(self.min_cost)) {
+            return Err(invalid(
+                "candidate",
+                format!("candidate.cost: {}", e.reason),
+            ));
+        }
+        if self.lease.is_some_and(|(_, ttl)| ttl.is_zero()) {
+            return Err(invalid(
+                "lease",
+                "a ttl of zero keeps nothing: every request would take a whole batch and \
+                 lose the rest"
+                    .into(),
+            ));
         }
         Ok(self.assemble())
     }
@@ -770,14 +791,10 @@ impl<B: Backend> Limiter<B> {
     async fn check_general(&self, key: &Key, cost: u64) -> Verdict {
         let deadline = self.inner.guard.deadline();
         let cost = cost.max(self.inner.min_cost);
-        let op = match self.inner.policy {
-            // A slot nobody releases: its lease frees it (see `hold`).
-            Policy::Concurrency(_) => Op::Hold(crate::permit::slot_id()),
-            _ => Op::Acquire(cost),
-        };
+        let op = self.charge(cost);
         let cache = self.local_denials(op);
         // Before the backend is asked (see `DenyCache::insert`).
-        let asked = cache.map_or(0, DenyCache::asking);
+        let asked = cache.map_or(0, |c| c.asking(key));
         // A sliding window's local refusals are carried to the backend
         // (penalised windows must record them; see DenyCache).
         let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
@@ -936,7 +953,7 @@ impl<B: Backend> Limiter<B> {
             return (self.counted(Call::Check, verdict), Reservation::empty());
         }
         let cache = self.local_denials(Op::Acquire(cost));
-        let asked = cache.map_or(0, DenyCache::asking);
+        let asked = cache.map_or(0, |c| c.asking(key));
         let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
         match cache.map(|c| c.charge(key, cost, window)) {
             Some(Charge::Refused(denied)) => {
@@ -1032,7 +1049,7 @@ impl<B: Backend> Limiter<B> {
             self.inner.guard.meter().local_hit(Local::Denial);
             return self.counted(Call::Peek, Verdict::Decided(denied));
         }
-        let asked = cache.map_or(0, DenyCache::asking);
+        let asked = cache.map_or(0, |c| c.asking(key));
         let result = self.try_op(key, op, &self.inner.guard.deadline()).await;
         self.counted(Call::Peek, self.finish(cache, asked, key, cost, result))
     }
@@ -1068,11 +1085,22 @@ impl<B: Backend> Limiter<B> {
 
     /// Asks the backend for `cost` units (at least the
     /// [minimum cost](LimiterBuilder::min_cost)), with timeout and breaker
-    /// but without applying the fail mode.
+    /// but without applying the fail mode. For a
+    /// [concurrency](crate::Concurrency) limit, takes a slot that only its
+    /// lease frees, as [`check_cost`](Self::check_cost) does.
     pub async fn try_acquire(&self, key: &Key, cost: u64) -> Result<Decision, Error> {
-        let cost = cost.max(self.inner.min_cost);
-        self.try_op(key, Op::Acquire(cost), &self.inner.guard.deadline())
-            .await
+        let op = self.charge(cost.max(self.inner.min_cost));
+        self.try_op(key, op, &self.inner.guard.deadline()).await
+    }
+
+    /// The operation charging `cost` under the configured policy: a
+    /// concurrency limit's is a slot nobody releases, its lease frees it
+    /// (see [`hold`](Self::hold)); an acquire, where a slot only looks.
+    fn charge(&self, cost: u64) -> Op {
+        match self.inner.policy {
+            Policy::Concurrency(_) => Op::Hold(crate::permit::slot_id()),
+            _ => Op::Acquire(cost),
+        }
     }
 
     /// Asks the backend whether `cost` units (at least the
@@ -1450,6 +1478,50 @@ mod tests {
         };
         assert!(builder(true).breaker(off).try_build().is_ok());
         assert_eq!(named("api").try_build().unwrap().name(), "api");
+    }
+
+    /// A lease that lives no time keeps none of its batch: every request
+    /// took a whole batch from the backend and lost the rest, so a key
+    /// got `capacity / batch` requests where its policy grants
+    /// `capacity`. Refused, naming the setting.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_that_keeps_nothing_is_refused() {
+        let l = builder(true).lease(4, Duration::ZERO).try_build();
+        let Err(ConfigError::Invalid { field, .. }) = l else {
+            let l = l.unwrap();
+            let k = Key::new("k");
+            for _ in 0..4 {
+                let _ = l.check(&k).await;
+            }
+            let asked = crate::lock(&l.backend().asked).clone();
+            panic!("built; four requests asked the backend for {asked:?}");
+        };
+        assert_eq!(field, "lease");
+        // Any time at all keeps the batch's rest.
+        let l = builder(true).lease(4, Duration::from_micros(1)).build();
+        let k = Key::new("k");
+        for _ in 0..4 {
+            assert!(l.check(&k).await.is_allowed());
+        }
+        assert_eq!(*crate::lock(&l.backend().asked), [4]);
+    }
+
+    /// A minimum cost the policy (or the candidate) can never grant is
+    /// refused, naming the field, as configuration refuses it: built, it
+    /// refused every request as impossible, whatever the fail mode.
+    #[test]
+    fn a_min_cost_the_policy_can_never_grant_is_refused() {
+        let four = TokenBucket::new(4, 1, Duration::from_secs(1)).unwrap();
+        let field = |b: LimiterBuilder<Fixed>| match b.try_build() {
+            Err(ConfigError::Invalid { field, .. }) => field,
+            Ok(l) => panic!("built: {l:?}"),
+            Err(e) => panic!("{e}"),
+        };
+        let b = |policy: TokenBucket| Limiter::builder("api", policy, Fixed::default());
+        assert_eq!(field(b(four).min_cost(5)), "min_cost");
+        let ten = TokenBucket::new(10, 1, Duration::from_secs(1)).unwrap();
+        assert_eq!(field(b(ten).min_cost(5).candidate(four)), "candidate");
+        assert!(b(ten).min_cost(4).candidate(four).try_build().is_ok());
     }
 
     #[test]

@@ -514,6 +514,90 @@ async fn the_stored_rate_expires_after_idle_expiry() {
     assert_eq!(stored(&limiter).await, None);
 }
 
+/// The memory backend, whose override reads fail while `fail_reads` is
+/// set (every other call answers).
+#[derive(Debug, Clone)]
+struct FlakyReads {
+    inner: Backend,
+    fail_reads: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl tollgate_limiter::Backend for FlakyReads {
+    type Error = tollgate_memory::MemoryError;
+
+    fn decide(
+        &self,
+        req: tollgate_limiter::Request<'_>,
+    ) -> impl Future<Output = Result<tollgate_limiter::Decision, Self::Error>> + Send {
+        self.inner.decide(req)
+    }
+
+    fn set_override(
+        &self,
+        scope: tollgate_limiter::Scope<'_>,
+        policy: Option<&tollgate_limiter::Policy>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.set_override(scope, policy)
+    }
+
+    fn set_expiring_override(
+        &self,
+        scope: tollgate_limiter::Scope<'_>,
+        policy: &tollgate_limiter::Policy,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.set_expiring_override(scope, policy, ttl)
+    }
+
+    async fn get_override(
+        &self,
+        scope: tollgate_limiter::Scope<'_>,
+    ) -> Result<Option<tollgate_limiter::Policy>, Self::Error> {
+        if self.fail_reads.load(Ordering::SeqCst) {
+            return Err(tollgate_memory::MemoryError::Injected);
+        }
+        self.inner.get_override(scope).await
+    }
+}
+
+/// A cut never raises the shared rate. When the stored rate could not be
+/// read, a worker cut from the rate it last knew, which may be far above
+/// the shared one (other workers cut it since), and wrote that: a refusal
+/// from the source raised the rate every worker sends at (1 -> 4 req/s
+/// below). It cuts its own rate only, as when the gate cannot be asked.
+#[tokio::test(start_paused = true)]
+async fn a_cut_whose_rate_read_fails_never_raises_the_shared_rate() {
+    let backend = FlakyReads {
+        inner: backend(),
+        fail_reads: Arc::default(),
+    };
+    let config = AimdConfig {
+        initial_rate: 8.0,
+        decrease: 0.5,
+        ..config()
+    };
+    let a = AimdLimiter::new("harvester", config.clone(), backend.clone()).unwrap();
+    let b = AimdLimiter::new("harvester", config, backend.clone()).unwrap();
+    let scope = Key::new("example.org");
+    // b learns the rate, then a cuts it three times: 8 -> 1.
+    b.acquire(&scope).await;
+    assert_eq!(b.rate(&scope), 8.0);
+    for _ in 0..3 {
+        a.feedback(&scope, Outcome::Refused { retry_after: None })
+            .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(a.shared_rate(&scope).await.unwrap(), 1.0);
+    // b is refused while the rate cannot be read.
+    backend.fail_reads.store(true, Ordering::SeqCst);
+    b.feedback(&scope, Outcome::Refused { retry_after: None })
+        .await;
+    backend.fail_reads.store(false, Ordering::SeqCst);
+    let shared = a.shared_rate(&scope).await.unwrap();
+    assert!(shared <= 1.0, "a cut raised the shared rate to {shared}");
+    assert_eq!(b.rate(&scope), 4.0, "b cuts its own rate");
+}
+
 fn limiter_on(other: &AimdLimiter<Backend>) -> AimdLimiter<Backend> {
     limiter(other.config().clone(), other.backend().clone())
 }

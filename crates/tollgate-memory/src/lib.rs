@@ -841,7 +841,11 @@ impl<C: Clock> MemoryBackend<C> {
         let took = f
             .fail_next
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-        if took.is_ok() {
+        if let Ok(n) = took {
+            // The last one spent: no fault may be left set.
+            if n == 1 {
+                self.rearm();
+            }
             return Err(MemoryError::Injected);
         }
         Ok(delay)

@@ -51,6 +51,32 @@ async fn a_backend_that_must_wait_is_left_to_check_cost_and_charged_nothing() {
     assert_eq!(limiter.try_peek(&key, 1).await.unwrap().remaining(), 2);
 }
 
+/// Once the failures `fail_next` injected are spent, no fault is set: the
+/// backend answers in process again, and its calls are no longer counted
+/// as faulty. It stayed armed: every later decision took the future path,
+/// and `faulty_calls` counted each, so a test reading it to see that a
+/// breaker left the backend alone saw calls that no fault governed.
+#[tokio::test]
+async fn spent_injected_failures_leave_no_fault_set() {
+    let backend = MemoryBackend::new();
+    let limiter = Limiter::builder("now", bucket(10), backend.clone())
+        .fail_mode(FailMode::Open)
+        .build();
+    let key = Key::new("k");
+    backend.fail_next(1);
+    assert!(matches!(
+        limiter.check(&key).await,
+        Verdict::FailedOpen(Error::Backend(_))
+    ));
+    assert_eq!(backend.faulty_calls(), 1);
+    for _ in 0..3 {
+        let v = limiter.check_cost_now(&key, 1);
+        assert!(matches!(v, Some(Verdict::Decided(_))), "{v:?}");
+        assert!(limiter.check(&key).await.is_allowed());
+    }
+    assert_eq!(backend.faulty_calls(), 1);
+}
+
 #[tokio::test]
 async fn limiters_with_local_maps_always_take_the_future_path() {
     let limiter = Limiter::builder("now", bucket(3), MemoryBackend::new())

@@ -351,3 +351,37 @@ async fn a_refusal_decided_while_a_refund_is_on_its_way_is_not_cached() {
     let after = limiter.check(&key).await;
     assert!(after.is_allowed(), "{after:?}");
 }
+
+/// A settle forgets the refusals cached for its own key, not those of
+/// every key: a refusal answered while another client's reservation was
+/// settled is cached all the same. Behind a layer that settles every
+/// request (charging LLM calls by their real cost), a settle overlapped
+/// nearly every refusal's round trip, so a flood's refusals were never
+/// cached and each asked the backend: the storm the cache is for.
+#[tokio::test]
+async fn a_settle_of_another_key_leaves_a_refusal_cached() {
+    let (backend, limiter, key, _) = one_token_reserved().await;
+    let other = Key::new("other");
+    let (taken, reservation) = limiter.reserve(&other, 1).await;
+    assert!(taken.is_allowed());
+    // The flooder's refusal is on its way while the other key settles.
+    let (decided, release) = backend.hold_next();
+    let refused = tokio::spawn({
+        let (limiter, key) = (limiter.clone(), key.clone());
+        async move { limiter.check(&key).await.is_allowed() }
+    });
+    decided.await.unwrap();
+    assert!(reservation.settle(1).await.unwrap().is_some());
+    release.send(()).unwrap();
+    assert!(!refused.await.unwrap());
+    // The flood goes on: answered locally, the backend left alone.
+    let calls = backend.calls();
+    for _ in 0..10 {
+        assert!(!limiter.check(&key).await.is_allowed());
+    }
+    assert_eq!(
+        backend.calls() - calls,
+        0,
+        "refusals that asked the backend"
+    );
+}
