@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use serde_json::{Value, json};
 use tollgate_limiter::{
-    Clock, Config, Decision, Error, FailMode, Key, Limiter, Mode, Policy, RedisConfig, SystemClock,
+    Backend, Clock, Config, Decision, Error, FailMode, Key, Limiter, Mode, Op, Policy, RedisConfig,
+    Request, SystemClock,
 };
 use tollgate_redis::{Durability, RedisBackend, RedisError, Setting};
 
@@ -301,8 +302,10 @@ struct Target {
     /// The configured mode (the CLI's own limiter always enforces: it
     /// only looks).
     mode: Mode,
-    /// The configured candidate policy, read under `<name>:candidate`.
-    candidate: Option<Limiter<RedisBackend>>,
+    /// The configured candidate policy, and the limiter name its state is
+    /// kept under (`<name>:candidate`: read from the backend itself, as no
+    /// limiter may be named so).
+    candidate: Option<(String, Policy)>,
 }
 
 async fn target(g: &Global, name: &str) -> Result<Target, Failure> {
@@ -316,11 +319,7 @@ async fn target(g: &Global, name: &str) -> Result<Target, Failure> {
         .clone()
         .unwrap_or_else(|| config.prefix().to_owned());
     let backend = connect(g, &prefix).await?;
-    let candidate = lc.candidate.map(|p| {
-        Limiter::builder(format!("{}:candidate", lc.name), p, backend.clone())
-            .timeout(g.timeout)
-            .build()
-    });
+    let candidate = lc.candidate.map(|p| (format!("{}:candidate", lc.name), p));
     let limiter = Limiter::builder(lc.name, lc.policy, backend)
         .fail_mode(FailMode::Closed)
         .timeout(g.timeout)
@@ -447,11 +446,21 @@ async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
             .map_err(|e| limiter_error("inspect", &e))?;
         let o = Overrides::read(&t, Some(&key.key)).await?;
         let c = match &t.candidate {
-            Some(c) => Some(
-                c.try_peek(&key.key, 1)
-                    .await
-                    .map_err(|e| limiter_error("inspect", &e))?,
-            ),
+            Some((name, policy)) => {
+                let req = Request {
+                    limiter: name,
+                    key: &key.key,
+                    policy,
+                    op: Op::PEEK,
+                };
+                Some(
+                    t.limiter
+                        .backend()
+                        .decide(req)
+                        .await
+                        .map_err(|e| Failure::backend("inspect", &e))?,
+                )
+            }
             None => None,
         };
         Ok((d, o, c))
@@ -481,10 +490,10 @@ async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
             "decision": decision_json(&d),
             "calendar_window": window.as_ref().map_or(Value::Null, CalendarWindow::json),
         });
-        if let (Some(cl), Some(cd)) = (&t.candidate, &c) {
+        if let (Some((name, policy)), Some(cd)) = (&t.candidate, &c) {
             doc["candidate"] = json!({
-                "limiter": cl.name(),
-                "policy": policy_json(cl.policy()),
+                "limiter": name,
+                "policy": policy_json(policy),
                 "decision": decision_json(cd),
             });
         }
@@ -512,11 +521,11 @@ async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
         );
     }
     print_decision(&d);
-    if let (Some(cl), Some(cd)) = (&t.candidate, &c) {
+    if let (Some((name, policy)), Some(cd)) = (&t.candidate, &c) {
         println!(
             "candidate    {} (state under {}): {}, {} of {} remaining",
-            describe(cl.policy()),
-            cl.name(),
+            describe(policy),
+            name,
             if cd.is_allowed() {
                 "would allow"
             } else {
