@@ -841,13 +841,13 @@ impl<B: Backend> Limiter<B> {
         // the way back, this future dropped while waiting). Such a slot is
         // given back as a dropped permit's is, rather than left taken, and
         // the key refused, until its lease expires.
-        let pending = Permit::new(self.clone(), key.clone(), id);
+        let pending = Permit::in_flight(self.clone(), key.clone(), id);
         let result = self
             .try_op(key, Op::Hold(id), &self.inner.guard.deadline())
             .await;
         let held = matches!(&result, Ok(d) if d.is_allowed());
         let permit = match &result {
-            Ok(_) if held => Some(pending),
+            Ok(_) if held => Some(pending.landed()),
             // Refused, or never sent: no slot was taken.
             Ok(_) | Err(Error::BreakerOpen | Error::Policy(_)) => {
                 pending.disarm();
@@ -858,6 +858,11 @@ impl<B: Backend> Limiter<B> {
         };
         let verdict = self.counted(Call::Check, self.settle(result, 1));
         (verdict, permit)
+    }
+
+    /// How long one decision may wait for the backend (for [`Permit`]).
+    pub(crate) fn decision_timeout(&self) -> Duration {
+        self.inner.guard.timeout()
     }
 
     /// Renews or gives back a slot (for [`Permit`]).

@@ -29,16 +29,30 @@ pub struct Permit<B: Backend> {
     key: Key,
     id: u64,
     armed: bool,
+    /// Made before its hold was answered, and not answered yet (see
+    /// [`Limiter::hold`](crate::Limiter::hold)).
+    in_flight: bool,
 }
 
 impl<B: Backend> Permit<B> {
-    pub(crate) fn new(limiter: Limiter<B>, key: Key, id: u64) -> Self {
+    /// The permit of a hold about to be sent: dropped before the hold is
+    /// answered, it releases the slot as any dropped permit does, and once
+    /// more after the limiter's timeout, in case the hold reached the
+    /// backend after that release (see `Drop`).
+    pub(crate) fn in_flight(limiter: Limiter<B>, key: Key, id: u64) -> Self {
         Self {
             limiter,
             key,
             id,
             armed: true,
+            in_flight: true,
         }
+    }
+
+    /// The hold was answered: the slot is taken.
+    pub(crate) fn landed(mut self) -> Self {
+        self.in_flight = false;
+        self
     }
 
     /// The slot's id (unique at random: 64 bits drawn per request).
@@ -92,8 +106,18 @@ impl<B: Backend> Drop for Permit<B> {
             let limiter = self.limiter.clone();
             let key = self.key.clone();
             let id = self.id;
+            // A hold given up before its answer may still be on its way,
+            // queued on one pooled connection while this release goes
+            // through another, and take the slot after the release found
+            // none: released again once the hold has had a decision's time
+            // (a release of a slot not held changes nothing).
+            let again = self.in_flight.then(|| limiter.decision_timeout());
             rt.spawn(async move {
                 let _ = limiter.slot_op(&key, crate::Op::Release(id)).await;
+                if let Some(after) = again {
+                    tokio::time::sleep(after).await;
+                    let _ = limiter.slot_op(&key, crate::Op::Release(id)).await;
+                }
             });
         }
     }

@@ -1,10 +1,13 @@
 //! A concurrency limit through every charging call of the limiter: each
 //! one that passes takes a slot.
 
+use std::future::Future;
 use std::time::Duration;
 
-use tollgate_limiter::{Concurrency, Key, Limiter, MockClock};
-use tollgate_memory::MemoryBackend;
+use tollgate_limiter::{
+    Backend, Concurrency, Decision, Key, Limiter, MockClock, Op, Policy, Request, Scope,
+};
+use tollgate_memory::{MemoryBackend, MemoryError};
 
 /// `try_acquire` is `check_cost` without the fail mode: on a concurrency
 /// limit it takes a slot, as `check` does. It only looked: every call
@@ -23,4 +26,77 @@ async fn try_acquire_takes_a_slot_as_check_does() {
     // And the slots taken are the ones `check` and `hold` count.
     assert!(!l.check(&k).await.is_allowed());
     assert!(l.hold(&k).await.1.is_none());
+}
+
+/// The memory backend behind a busy connection for holds only: a hold is
+/// applied `HOLD_LATE` after it was sent, whether or not its caller still
+/// waits (it is on its way), while any other call is applied at once, as
+/// a second pooled connection would carry it.
+#[derive(Clone)]
+struct LateHolds(MemoryBackend);
+
+const HOLD_LATE: Duration = Duration::from_millis(30);
+
+impl Backend for LateHolds {
+    type Error = MemoryError;
+
+    fn decide(
+        &self,
+        req: Request<'_>,
+    ) -> impl Future<Output = Result<Decision, MemoryError>> + Send {
+        let late = matches!(req.op, Op::Hold(_));
+        let inner = self.0.clone();
+        let (limiter, key, policy, op) =
+            (req.limiter.to_owned(), req.key.clone(), *req.policy, req.op);
+        let sent = tokio::spawn(async move {
+            if late {
+                tokio::time::sleep(HOLD_LATE).await;
+            }
+            let req = Request {
+                limiter: &limiter,
+                key: &key,
+                policy: &policy,
+                op,
+            };
+            inner.decide(req).await
+        });
+        async move { sent.await.expect("the call's task") }
+    }
+
+    fn set_override(
+        &self,
+        scope: Scope<'_>,
+        policy: Option<&Policy>,
+    ) -> impl Future<Output = Result<(), MemoryError>> + Send {
+        self.0.set_override(scope, policy)
+    }
+
+    fn get_override(
+        &self,
+        scope: Scope<'_>,
+    ) -> impl Future<Output = Result<Option<Policy>, MemoryError>> + Send {
+        self.0.get_override(scope)
+    }
+}
+
+/// A hold whose caller gave up (its timeout) before the answer may reach
+/// the backend after the release the dropped permit sent (another pooled
+/// connection): the slot was then taken by nobody until its lease ran out
+/// (a minute here). The permit releases it once more after a decision's
+/// time.
+#[tokio::test(start_paused = true)]
+async fn a_hold_that_lands_after_its_release_is_released_again() {
+    let backend = LateHolds(MemoryBackend::new());
+    let policy = Concurrency::new(2, Duration::from_secs(60)).unwrap();
+    let l = Limiter::builder("exports", policy, backend)
+        .timeout(Duration::from_millis(20))
+        .build();
+    let k = Key::new("tenant-1");
+    let (verdict, permit) = l.hold(&k).await;
+    assert!(verdict.error().is_some(), "timed out: {verdict:?}");
+    assert!(permit.is_none());
+    // The hold lands at 30 ms, after the first release (at 20 ms).
+    tokio::time::sleep(HOLD_LATE + Duration::from_millis(100)).await;
+    let d = l.try_peek(&k, 1).await.unwrap();
+    assert_eq!(d.remaining(), 2, "a slot is still taken: {d:?}");
 }
