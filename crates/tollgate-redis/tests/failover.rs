@@ -1218,3 +1218,59 @@ async fn sentinel_idle_worker_after_the_old_master_continues() {
         "decisions were written to the stale master :{old}, not to :{new}"
     );
 }
+
+/// Sentinel: the sentinels go silent (relays that keep every connection
+/// and forward nothing) while the master stays healthy, and the master
+/// closes the backend's connection (`CLIENT KILL`, as an idle `timeout`, a
+/// proxy's reset or `maxclients` would). With no sentinel to ask where the
+/// master is, the connection's own address, still a master, is kept:
+/// decisions resume on it, and do not wait for the sentinels to return.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_silent_sentinels_keep_a_closed_connection_to_a_master() {
+    let Some(ha) = blocking(RedisSentinel::start) else {
+        return;
+    };
+    let relays = [0, 1].map(|i| Relay::start(ha.sentinels()[i].addr()));
+    let url = format!(
+        "redis+sentinel://{},{}/{}",
+        relays[0].addr(),
+        relays[1].addr(),
+        ha.master_name()
+    );
+    let b = RedisBackend::builder(url)
+        .prefix(unique_name("silent-sentinels"))
+        .connect_timeout(CONNECT)
+        .response_timeout(RESPONSE)
+        .build()
+        .await
+        .expect("connect");
+    decide(&b).await.expect("decided on the master");
+    for r in &relays {
+        r.silence();
+    }
+    let master = blocking(|| ha.master_port()).expect("a master");
+    let killed = blocking(|| {
+        let s = ha.server(master).expect("ours");
+        s.cli(&["client", "kill", "type", "normal", "skipme", "yes"])
+    });
+    println!("closed {} connection(s) on :{master}", killed.trim());
+    // A few lookups of every sentinel: "did not wait for them", not a speed.
+    let bound = 6 * lookup_bound(2) + RETRY;
+    let start = Instant::now();
+    let mut last = None;
+    while start.elapsed() < bound {
+        match decide(&b).await {
+            Ok(d) => {
+                println!("resumed {:?} after the connection closed", start.elapsed());
+                assert!(d.is_allowed(), "{d:?}");
+                return;
+            }
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!(
+        "no decision {bound:?} after the master closed the connection, the master healthy and \
+         the sentinels silent: {last:?}"
+    );
+}
