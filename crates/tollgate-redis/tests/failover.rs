@@ -1274,3 +1274,33 @@ async fn sentinel_silent_sentinels_keep_a_closed_connection_to_a_master() {
          the sentinels silent: {last:?}"
     );
 }
+
+/// Sentinel: the keepers' check of an idle pool (`MASTER_CHECK`: every
+/// second, each slot asks the sentinels for the master's address) reuses
+/// one connection to the sentinel, rather than dialling it for every
+/// question: four idle slots for 3 s are 12 questions, on the connection
+/// the first one opened (a sentinel that every worker's every slot dials
+/// each second spends itself accepting and closing them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_master_checks_reuse_a_connection() {
+    let Some(ha) = blocking(RedisSentinel::start) else {
+        return;
+    };
+    let relay = Relay::start(ha.sentinels()[0].addr());
+    let b = behind_relay(&ha, &relay)
+        .pool_size(4)
+        .build()
+        .await
+        .expect("connect");
+    decide(&b).await.expect("decided on the master");
+    let before = relay.accepted();
+    tokio::time::sleep(3 * S).await;
+    let dialled = relay.accepted() - before;
+    println!("the sentinel accepted {dialled} connection(s) in 3 s of four idle slots");
+    // The first check may open the connection the others reuse.
+    assert!(
+        dialled <= 1,
+        "the master checks dialled the sentinel {dialled} times"
+    );
+    decide(&b).await.expect("decided on the master");
+}
