@@ -476,20 +476,26 @@ async fn rung(slot: &Slot) -> bool {
 }
 
 /// Why the slot's connection is to a master the sentinels no longer name,
-/// if it is (`None` too when they cannot be asked).
+/// if it is (`None` too when they cannot be asked). The server they name
+/// instead must say it is a master, as a lookup checks: a sentinel that
+/// names a replica (stale, misconfigured) does not take away a connection
+/// that no lookup would replace.
 async fn moved(slot: &Slot, connector: &Connector) -> Option<redis::RedisError> {
     let Connector::Sentinel { sentinel, .. } = connector else {
         return None;
     };
     let at = lock(&slot.master).clone()?;
     let named = sentinel.master_addr().await.ok()?;
-    (named != at).then(|| {
+    if named == at || !sentinel.says_master(named.0.clone(), named.1).await {
+        return None;
+    }
+    Some(
         std::io::Error::other(format!(
             "the sentinels name {}:{} the master, not {}:{}",
             named.0, named.1, at.0, at.1
         ))
-        .into()
-    })
+        .into(),
+    )
 }
 
 /// The role in a `ROLE` reply (`master`, `slave`, `sentinel`).

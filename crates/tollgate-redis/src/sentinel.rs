@@ -384,6 +384,33 @@ impl Sentinels {
         .await
     }
 
+    /// Whether the server at `host:port`, which a sentinel named the
+    /// master, says it is one (`ROLE`), as a lookup checks what a sentinel
+    /// names: not when it says another role or does not answer in time;
+    /// when it answers but may not be asked (`ROLE` denied by an ACL), the
+    /// sentinel is believed.
+    pub(crate) async fn says_master(&self, host: String, port: u16) -> bool {
+        let bound = self.per_sentinel;
+        let ask = async {
+            let config = redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(bound))
+                .set_response_timeout(Some(bound));
+            let mut conn = self
+                .target
+                .server(host, port)?
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            redis::cmd("ROLE")
+                .query_async::<redis::Value>(&mut conn)
+                .await
+        };
+        match tokio::time::timeout(bound, ask).await {
+            Ok(Ok(role)) => crate::conn::role_of(&role).as_deref() == Some("master"),
+            Ok(Err(e)) => e.code().is_some(),
+            Err(_) => false,
+        }
+    }
+
     /// Clients for the replicas the sentinels know and do not mark down
     /// (`SENTINEL SLAVES`), reached as the master is (credentials, TLS):
     /// the servers that can become the master. None is not an error (a

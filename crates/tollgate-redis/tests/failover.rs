@@ -1304,3 +1304,58 @@ async fn sentinel_master_checks_reuse_a_connection() {
     );
     decide(&b).await.expect("decided on the master");
 }
+
+/// Sentinel: one sentinel names a server that is no master (a replica: a
+/// stale or misconfigured sentinel, here one told to monitor the replica
+/// under the master's name), and the sentinel that named the real master
+/// goes silent. The keepers' master check hears only the wrong sentinel;
+/// the server it names says it is a replica, so the connection to the
+/// healthy master is kept: every decision goes on (a lookup, which checks
+/// the `ROLE` of what a sentinel names, would not have followed it either).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_naming_a_replica_does_not_take_the_master_away() {
+    let Some(ha) = blocking(RedisSentinel::start) else {
+        return;
+    };
+    let master = blocking(|| ha.master_port()).expect("a master");
+    let replica = ha
+        .servers()
+        .iter()
+        .map(tollgate_testkit::redis_server::RedisServer::port)
+        .find(|&p| p != master)
+        .expect("a replica");
+    let (wrong, name) = (&ha.sentinels()[0], ha.master_name());
+    let replica_port = replica.to_string();
+    blocking(|| {
+        assert_eq!(wrong.cli(&["sentinel", "remove", name]).trim(), "OK");
+        let monitor = ["sentinel", "monitor", name, "127.0.0.1", &replica_port, "2"];
+        assert_eq!(wrong.cli(&monitor).trim(), "OK");
+    });
+    assert_eq!(blocking(|| named_by(&ha, 0)), Some(replica));
+    let relay = Relay::start(ha.sentinels()[1].addr());
+    let url = format!("redis+sentinel://{},{}/{name}", relay.addr(), wrong.addr());
+    let b = RedisBackend::builder(url)
+        .prefix(unique_name("wrong-sentinel"))
+        .connect_timeout(CONNECT)
+        .response_timeout(RESPONSE)
+        .build()
+        .await
+        .expect("connect");
+    decide(&b).await.expect("decided on the master");
+    relay.silence();
+    // Several master checks, each of which hears the wrong sentinel.
+    let start = Instant::now();
+    let mut decided = 0u64;
+    while start.elapsed() < 3 * S {
+        if let Err(e) = decide(&b).await {
+            panic!(
+                "a decision failed {:?} after the right sentinel went silent ({decided} \
+                 before): {e}",
+                start.elapsed()
+            );
+        }
+        decided += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("{decided} decided in 3 s; the wrong sentinel names :{replica}");
+}
