@@ -40,10 +40,10 @@
 //! says `master` until the sentinels demote it (it is put back only when no
 //! sentinel answers and its address still says `master`: the sentinels
 //! down must not leave a healthy master with no connection); and when no
-//! call has rung
-//! the keeper for [`MASTER_CHECK`], it asks the sentinels whether they
-//! still name the connection's master (a frozen master that continued
-//! after its failover, while this worker was idle, says `master` too).
+//! call has rung the keeper for [`MASTER_CHECK`], it asks the sentinels
+//! whether they still name the connection's master (a frozen master that
+//! continued after its failover, while this worker was idle, says `master`
+//! too), and follows them to a server that says it is one.
 //! A cluster connection follows the cluster's own topology changes
 //! (redis-rs refreshes its slot map on `MOVED`, `READONLY` and a
 //! connection that drops); its check asks the masters for
