@@ -486,7 +486,11 @@ async fn moved(slot: &Slot, connector: &Connector) -> Option<redis::RedisError> 
     };
     let at = lock(&slot.master).clone()?;
     let named = sentinel.master_addr().await.ok()?;
-    if named == at || !sentinel.says_master(named.0.clone(), named.1).await {
+    if named == at {
+        return None;
+    }
+    if !sentinel.says_master(named.0.clone(), named.1).await {
+        sentinel.pass_over_first().await;
         return None;
     }
     Some(

@@ -384,6 +384,16 @@ impl Sentinels {
         .await
     }
 
+    /// A sentinel named a master that is none
+    /// ([`says_master`](Self::says_master)): the one asked first (the one
+    /// that answered last: that one) gives its place to the next in the
+    /// URL's order, so that a stale sentinel does not answer every check
+    /// while a right one answers.
+    pub(crate) async fn pass_over_first(&self) {
+        let mut state = self.state.lock().await;
+        state.first = (state.first + 1) % state.clients.len();
+    }
+
     /// Whether the server at `host:port`, which a sentinel named the
     /// master, says it is one (`ROLE`), as a lookup checks what a sentinel
     /// names: not when it says another role or does not answer in time;

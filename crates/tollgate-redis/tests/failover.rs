@@ -1358,4 +1358,27 @@ async fn sentinel_naming_a_replica_does_not_take_the_master_away() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     println!("{decided} decided in 3 s; the wrong sentinel names :{replica}");
+    // The right sentinel answers again: the checks ask it first, not the
+    // wrong one (whose every answer dials the replica to hear its role).
+    relay.resume();
+    let server = ha.server(replica).expect("ours");
+    let dials = || -> u64 {
+        let stats = server.cli(&["info", "stats"]);
+        let line = stats
+            .lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"));
+        line.expect("a count").trim().parse().expect("a number")
+    };
+    tokio::time::sleep(S).await;
+    let before = blocking(dials);
+    tokio::time::sleep(3 * S).await;
+    // This count's own connection, and a check that still asked the wrong
+    // sentinel first.
+    let dialled = blocking(dials) - before;
+    assert!(
+        dialled <= 2,
+        "the checks dialled the replica {dialled} times in 3 s after the right sentinel answered \
+         again"
+    );
+    decide(&b).await.expect("decided on the master");
 }
