@@ -37,10 +37,13 @@
 //! promoted replica; a connection a call found closed is taken out at
 //! once and replaced, not checked: its manager would reconnect by itself to
 //! the address it had, where the old master, restarted after a failover,
-//! says `master` until the sentinels demote it; and when no call has rung
-//! the keeper for [`MASTER_CHECK`], it asks the sentinels whether they
-//! still name the connection's master (a frozen master that continued
-//! after its failover, while this worker was idle, says `master` too).
+//! says `master` until the sentinels demote it (it is put back only when no
+//! sentinel answers and its address still says `master`: the sentinels
+//! down must not leave a healthy master with no connection); and when no
+//! call has rung the keeper for [`MASTER_CHECK`], it asks the sentinels
+//! whether they still name the connection's master (a frozen master that
+//! continued after its failover, while this worker was idle, says `master`
+//! too), and follows them to a server that says it is one.
 //! A cluster connection follows the cluster's own topology changes
 //! (redis-rs refreshes its slot map on `MOVED`, `READONLY` and a
 //! connection that drops); its check asks the masters for
@@ -260,8 +263,10 @@ struct Slot {
     /// A call found such a connection closed, and took it out of the slot:
     /// its manager would reconnect by itself, to the address it had, where
     /// the old master, restarted after a failover, says `master` until the
-    /// sentinels demote it.
-    closed: AtomicBool,
+    /// sentinels demote it. Kept for the keeper, which puts it back only
+    /// when no sentinel names another master (none answers: silent, down)
+    /// and its address still says `master`.
+    closed: Mutex<Option<Link>>,
 }
 
 impl Slot {
@@ -284,7 +289,9 @@ impl Slot {
     fn close(&self, generation: u64) {
         let mut slot = lock(&self.link);
         if slot.1 == generation {
-            *slot = (None, generation.wrapping_add(1));
+            let link = slot.0.take();
+            slot.1 = generation.wrapping_add(1);
+            *lock(&self.closed) = link;
         }
     }
 }
@@ -469,20 +476,30 @@ async fn rung(slot: &Slot) -> bool {
 }
 
 /// Why the slot's connection is to a master the sentinels no longer name,
-/// if it is (`None` too when they cannot be asked).
+/// if it is (`None` too when they cannot be asked). The server they name
+/// instead must say it is a master, as a lookup checks: a sentinel that
+/// names a replica (stale, misconfigured) does not take away a connection
+/// that no lookup would replace.
 async fn moved(slot: &Slot, connector: &Connector) -> Option<redis::RedisError> {
     let Connector::Sentinel { sentinel, .. } = connector else {
         return None;
     };
     let at = lock(&slot.master).clone()?;
     let named = sentinel.master_addr().await.ok()?;
-    (named != at).then(|| {
+    if named == at {
+        return None;
+    }
+    if !sentinel.says_master(named.0.clone(), named.1).await {
+        sentinel.pass_over_first().await;
+        return None;
+    }
+    Some(
         std::io::Error::other(format!(
             "the sentinels name {}:{} the master, not {}:{}",
             named.0, named.1, at.0, at.1
         ))
-        .into()
-    })
+        .into(),
+    )
 }
 
 /// The role in a `ROLE` reply (`master`, `slave`, `sentinel`).
@@ -517,9 +534,10 @@ async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
             },
         };
         let replica = slot.replica.swap(false, Ordering::Relaxed);
+        let mut closed = lock(&slot.closed).take();
         let error = match slot.get() {
             Some(_) if elsewhere.is_some() => elsewhere,
-            None if slot.closed.swap(false, Ordering::Relaxed) => Some(
+            None if closed.is_some() => Some(
                 std::io::Error::other("the connection closed; asking the sentinels again").into(),
             ),
             Some(mut link) => match answers(&mut link, t, replica).await {
@@ -559,6 +577,22 @@ async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
                     break;
                 }
                 Err(e) => {
+                    // A closed connection the sentinels cannot replace:
+                    // kept when none names another master (none answers)
+                    // and its address still says `master`, rather than
+                    // no connection until the sentinels return.
+                    if let Some(link) = &mut closed
+                        && moved(&slot, &connector).await.is_none()
+                        && answers(link, t, false).await.is_ok()
+                    {
+                        slot.set(closed.take());
+                        tracing::info!(
+                            error = &e as &dyn std::error::Error,
+                            "tollgate: no sentinel names another redis master; \
+                             keeping the connection to its master"
+                        );
+                        break;
+                    }
                     // One line when the outage starts, not one per attempt.
                     if failures == 0 && error.is_none() {
                         tracing::warn!(
@@ -655,7 +689,6 @@ impl Watch<'_> {
                 self.slot.replica.store(true, Ordering::Relaxed);
             }
             if e.is_connection_dropped() && self.slot.sentinel {
-                self.slot.closed.store(true, Ordering::Relaxed);
                 self.slot.close(self.generation);
             }
             self.slot.suspect.notify_one();

@@ -41,6 +41,7 @@ use std::time::Duration;
 
 use std::collections::HashMap;
 
+use redis::aio::MultiplexedConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo, TlsMode};
 use tokio::sync::Mutex;
@@ -243,6 +244,11 @@ struct State {
     /// One client per sentinel, in the URL's order (each caches its
     /// connection).
     clients: Vec<SentinelClient>,
+    /// Per sentinel, the connection the keepers' master checks ask on
+    /// ([`master_addr`](Sentinels::master_addr), every second per slot):
+    /// kept, not dialled for each question; dropped with its client, or
+    /// when the connection fails.
+    asked: Vec<Option<MultiplexedConnection>>,
     /// The sentinel that answered last: the next lookup asks it first, and
     /// then the others in the URL's order.
     first: usize,
@@ -290,7 +296,11 @@ impl Sentinels {
             .map(|i| target.client(i))
             .collect::<redis::RedisResult<Vec<_>>>()?;
         Ok(Self {
-            state: Arc::new(Mutex::new(State { clients, first: 0 })),
+            state: Arc::new(Mutex::new(State {
+                asked: clients.iter().map(|_| None).collect(),
+                clients,
+                first: 0,
+            })),
             target: Arc::new(target),
             per_sentinel,
         })
@@ -304,13 +314,18 @@ impl Sentinels {
     /// the sentinel that answered it.
     async fn ask<T>(
         &self,
-        query: for<'a> fn(&'a mut SentinelClient, &'a Self) -> redis::RedisFuture<'a, T>,
+        query: for<'a> fn(
+            &'a mut SentinelClient,
+            &'a mut Option<MultiplexedConnection>,
+            &'a Self,
+        ) -> redis::RedisFuture<'a, T>,
     ) -> redis::RedisResult<T> {
         let mut state = self.state.lock().await;
+        let state = &mut *state;
         let mut error = None;
         for i in state.order() {
-            match tokio::time::timeout(self.per_sentinel, query(&mut state.clients[i], self)).await
-            {
+            let asked = query(&mut state.clients[i], &mut state.asked[i], self);
+            match tokio::time::timeout(self.per_sentinel, asked).await {
                 Ok(Ok(answer)) => {
                     state.first = i;
                     return Ok(answer);
@@ -318,6 +333,7 @@ impl Sentinels {
                 Ok(Err(e)) => error = Some(e),
                 Err(_) => {
                     state.clients[i] = self.target.client(i)?;
+                    state.asked[i] = None;
                     // A sentinel's answer (a master not found, a server
                     // that is not a master) says more than another's
                     // silence.
@@ -331,25 +347,78 @@ impl Sentinels {
     /// A client for the master the sentinels name now (checked with
     /// `ROLE`).
     pub(crate) async fn master(&self) -> redis::RedisResult<redis::Client> {
-        self.ask(|s, _| Box::pin(s.async_get_client())).await
+        self.ask(|s, _, _| Box::pin(s.async_get_client())).await
     }
 
     /// The master's address as the sentinels name it now
-    /// (`SENTINEL GET-MASTER-ADDR-BY-NAME`, no connection to the master).
+    /// (`SENTINEL GET-MASTER-ADDR-BY-NAME`, no connection to the master),
+    /// asked on the sentinel's kept connection (see [`State::asked`]).
     pub(crate) async fn master_addr(&self) -> redis::RedisResult<(String, u16)> {
-        self.ask(|s, me| {
+        self.ask(|s, asked, me| {
             Box::pin(async move {
-                let sentinel = s.async_get_sentinel_client().await?;
-                let mut conn = sentinel.get_multiplexed_async_connection().await?;
-                let (host, port): (String, u16) = redis::cmd("SENTINEL")
+                let mut conn = match asked.take() {
+                    Some(conn) => conn,
+                    None => {
+                        let sentinel = s.async_get_sentinel_client().await?;
+                        sentinel.get_multiplexed_async_connection().await?
+                    }
+                };
+                let named = redis::cmd("SENTINEL")
                     .arg("GET-MASTER-ADDR-BY-NAME")
                     .arg(&me.target.url.master)
-                    .query_async(&mut conn)
-                    .await?;
-                Ok((host, port))
+                    .query_async::<(String, u16)>(&mut conn)
+                    .await;
+                // Kept unless the connection failed: a reply (an ACL's
+                // refusal too) leaves it usable.
+                if !named.as_ref().is_err_and(|e| {
+                    e.is_io_error()
+                        || e.is_connection_dropped()
+                        || e.is_timeout()
+                        || e.is_unrecoverable_error()
+                }) {
+                    *asked = Some(conn);
+                }
+                named
             })
         })
         .await
+    }
+
+    /// A sentinel named a master that is none
+    /// ([`says_master`](Self::says_master)): the one asked first (the one
+    /// that answered last: that one) gives its place to the next in the
+    /// URL's order, so that a stale sentinel does not answer every check
+    /// while a right one answers.
+    pub(crate) async fn pass_over_first(&self) {
+        let mut state = self.state.lock().await;
+        state.first = (state.first + 1) % state.clients.len();
+    }
+
+    /// Whether the server at `host:port`, which a sentinel named the
+    /// master, says it is one (`ROLE`), as a lookup checks what a sentinel
+    /// names: not when it says another role or does not answer in time;
+    /// when it answers but may not be asked (`ROLE` denied by an ACL), the
+    /// sentinel is believed.
+    pub(crate) async fn says_master(&self, host: String, port: u16) -> bool {
+        let bound = self.per_sentinel;
+        let ask = async {
+            let config = redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(bound))
+                .set_response_timeout(Some(bound));
+            let mut conn = self
+                .target
+                .server(host, port)?
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            redis::cmd("ROLE")
+                .query_async::<redis::Value>(&mut conn)
+                .await
+        };
+        match tokio::time::timeout(bound, ask).await {
+            Ok(Ok(role)) => crate::conn::role_of(&role).as_deref() == Some("master"),
+            Ok(Err(e)) => e.code().is_some(),
+            Err(_) => false,
+        }
     }
 
     /// Clients for the replicas the sentinels know and do not mark down
@@ -359,7 +428,7 @@ impl Sentinels {
     /// is not checked here: the durability check that asks for them
     /// reports a replica it cannot reach.
     pub(crate) async fn replicas(&self) -> redis::RedisResult<Vec<redis::Client>> {
-        self.ask(|s, me| {
+        self.ask(|s, _, me| {
             Box::pin(async move {
                 let sentinel = s.async_get_sentinel_client().await?;
                 let mut conn = sentinel.get_multiplexed_async_connection().await?;

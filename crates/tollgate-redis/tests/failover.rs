@@ -1218,3 +1218,167 @@ async fn sentinel_idle_worker_after_the_old_master_continues() {
         "decisions were written to the stale master :{old}, not to :{new}"
     );
 }
+
+/// Sentinel: the sentinels go silent (relays that keep every connection
+/// and forward nothing) while the master stays healthy, and the master
+/// closes the backend's connection (`CLIENT KILL`, as an idle `timeout`, a
+/// proxy's reset or `maxclients` would). With no sentinel to ask where the
+/// master is, the connection's own address, still a master, is kept:
+/// decisions resume on it, and do not wait for the sentinels to return.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_silent_sentinels_keep_a_closed_connection_to_a_master() {
+    let Some(ha) = blocking(RedisSentinel::start) else {
+        return;
+    };
+    let relays = [0, 1].map(|i| Relay::start(ha.sentinels()[i].addr()));
+    let url = format!(
+        "redis+sentinel://{},{}/{}",
+        relays[0].addr(),
+        relays[1].addr(),
+        ha.master_name()
+    );
+    let b = RedisBackend::builder(url)
+        .prefix(unique_name("silent-sentinels"))
+        .connect_timeout(CONNECT)
+        .response_timeout(RESPONSE)
+        .build()
+        .await
+        .expect("connect");
+    decide(&b).await.expect("decided on the master");
+    for r in &relays {
+        r.silence();
+    }
+    let master = blocking(|| ha.master_port()).expect("a master");
+    let killed = blocking(|| {
+        let s = ha.server(master).expect("ours");
+        s.cli(&["client", "kill", "type", "normal", "skipme", "yes"])
+    });
+    println!("closed {} connection(s) on :{master}", killed.trim());
+    // A few lookups of every sentinel: "did not wait for them", not a speed.
+    let bound = 6 * lookup_bound(2) + RETRY;
+    let start = Instant::now();
+    let mut last = None;
+    while start.elapsed() < bound {
+        match decide(&b).await {
+            Ok(d) => {
+                println!("resumed {:?} after the connection closed", start.elapsed());
+                assert!(d.is_allowed(), "{d:?}");
+                return;
+            }
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!(
+        "no decision {bound:?} after the master closed the connection, the master healthy and \
+         the sentinels silent: {last:?}"
+    );
+}
+
+/// Sentinel: the keepers' check of an idle pool (`MASTER_CHECK`: every
+/// second, each slot asks the sentinels for the master's address) reuses
+/// one connection to the sentinel, rather than dialling it for every
+/// question: four idle slots for 3 s are 12 questions, on the connection
+/// the first one opened (a sentinel that every worker's every slot dials
+/// each second spends itself accepting and closing them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_master_checks_reuse_a_connection() {
+    let Some(ha) = blocking(RedisSentinel::start) else {
+        return;
+    };
+    let relay = Relay::start(ha.sentinels()[0].addr());
+    let b = behind_relay(&ha, &relay)
+        .pool_size(4)
+        .build()
+        .await
+        .expect("connect");
+    decide(&b).await.expect("decided on the master");
+    let before = relay.accepted();
+    tokio::time::sleep(3 * S).await;
+    let dialled = relay.accepted() - before;
+    println!("the sentinel accepted {dialled} connection(s) in 3 s of four idle slots");
+    // The first check may open the connection the others reuse.
+    assert!(
+        dialled <= 1,
+        "the master checks dialled the sentinel {dialled} times"
+    );
+    decide(&b).await.expect("decided on the master");
+}
+
+/// Sentinel: one sentinel names a server that is no master (a replica: a
+/// stale or misconfigured sentinel, here one told to monitor the replica
+/// under the master's name), and the sentinel that named the real master
+/// goes silent. The keepers' master check hears only the wrong sentinel;
+/// the server it names says it is a replica, so the connection to the
+/// healthy master is kept: every decision goes on (a lookup, which checks
+/// the `ROLE` of what a sentinel names, would not have followed it either).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_naming_a_replica_does_not_take_the_master_away() {
+    let Some(ha) = blocking(RedisSentinel::start) else {
+        return;
+    };
+    let master = blocking(|| ha.master_port()).expect("a master");
+    let replica = ha
+        .servers()
+        .iter()
+        .map(tollgate_testkit::redis_server::RedisServer::port)
+        .find(|&p| p != master)
+        .expect("a replica");
+    let (wrong, name) = (&ha.sentinels()[0], ha.master_name());
+    let replica_port = replica.to_string();
+    blocking(|| {
+        assert_eq!(wrong.cli(&["sentinel", "remove", name]).trim(), "OK");
+        let monitor = ["sentinel", "monitor", name, "127.0.0.1", &replica_port, "2"];
+        assert_eq!(wrong.cli(&monitor).trim(), "OK");
+    });
+    assert_eq!(blocking(|| named_by(&ha, 0)), Some(replica));
+    let relay = Relay::start(ha.sentinels()[1].addr());
+    let url = format!("redis+sentinel://{},{}/{name}", relay.addr(), wrong.addr());
+    let b = RedisBackend::builder(url)
+        .prefix(unique_name("wrong-sentinel"))
+        .connect_timeout(CONNECT)
+        .response_timeout(RESPONSE)
+        .build()
+        .await
+        .expect("connect");
+    decide(&b).await.expect("decided on the master");
+    relay.silence();
+    // Several master checks, each of which hears the wrong sentinel.
+    let start = Instant::now();
+    let mut decided = 0u64;
+    while start.elapsed() < 3 * S {
+        if let Err(e) = decide(&b).await {
+            panic!(
+                "a decision failed {:?} after the right sentinel went silent ({decided} \
+                 before): {e}",
+                start.elapsed()
+            );
+        }
+        decided += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("{decided} decided in 3 s; the wrong sentinel names :{replica}");
+    // The right sentinel answers again: the checks ask it first, not the
+    // wrong one (whose every answer dials the replica to hear its role).
+    relay.resume();
+    let server = ha.server(replica).expect("ours");
+    let dials = || -> u64 {
+        let stats = server.cli(&["info", "stats"]);
+        let line = stats
+            .lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"));
+        line.expect("a count").trim().parse().expect("a number")
+    };
+    tokio::time::sleep(S).await;
+    let before = blocking(dials);
+    tokio::time::sleep(3 * S).await;
+    // This count's own connection, and a check that still asked the wrong
+    // sentinel first.
+    let dialled = blocking(dials) - before;
+    assert!(
+        dialled <= 2,
+        "the checks dialled the replica {dialled} times in 3 s after the right sentinel answered \
+         again"
+    );
+    decide(&b).await.expect("decided on the master");
+}
