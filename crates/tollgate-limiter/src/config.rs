@@ -733,10 +733,8 @@ fn single_policy(l: &RawLimiter) -> Result<Policy, FieldError> {
                 dur("forget_after", &l.forget_after)?,
             )
             .map_err(|e| (e.field, e.reason))?;
-            // A block at least this long ends with the failures forgotten:
-            // the free attempts come back, and no longer delay ever holds.
-            let longest = p.delay_micros(u64::MAX);
-            if p.forget_after_micros() <= longest {
+            if p.forgets_by_its_longest_block() {
+                let longest = p.delay_micros(u64::MAX);
                 return Err(err(
                     "forget_after",
                     format!(

@@ -113,6 +113,15 @@ impl ProgressiveDelay {
     pub fn forget_after_micros(&self) -> u64 {
         self.forget_after_us
     }
+
+    /// Whether a block at its longest ends with the failures forgotten
+    /// (`forget_after` no longer than the longest delay): each such block
+    /// then gives the free attempts back, and no longer delay ever holds.
+    /// Login protection needs the opposite (configuration and
+    /// `LoginLayer` refuse it); a one-block hold wants exactly this.
+    pub fn forgets_by_its_longest_block(&self) -> bool {
+        self.forget_after_us <= self.delay_micros(u64::MAX)
+    }
 }
 
 /// State of one progressive-delay key.

@@ -2,7 +2,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_limiter::{Backend, KeyHasher, Limiter};
+use tollgate_limiter::{Backend, KeyHasher, Limiter, Policy};
 use tower_layer::Layer;
 
 use super::classify::FailedLogins;
@@ -51,12 +51,32 @@ impl<B: Backend> LoginLayer<B> {
     /// [`KeyHasher::from_env`](tollgate_limiter::KeyHasher::from_env), so a
     /// service without its secret does not start), counted by response
     /// status ([`FailedLogins::by_status`]).
+    ///
+    /// # Panics
+    ///
+    /// When `per_account` is a progressive delay that forgets the failures
+    /// by the end of its longest block (`forget_after` no longer than its
+    /// longest delay, as configuration refuses it): each such block would
+    /// give a guesser its free attempts back.
+    #[track_caller]
     pub fn new(
         per_ip: Limiter<B>,
         per_account: Limiter<B>,
         client_ip: ClientIp,
         hasher: KeyHasher,
     ) -> Self {
+        if let Policy::ProgressiveDelay(p) = per_account.policy()
+            && p.forgets_by_its_longest_block()
+        {
+            panic!(
+                "LoginLayer: limiter {:?}: forget_after ({:?}) must be longer than the longest \
+                 delay ({:?}): a block ending when the failures are forgotten gives a guesser \
+                 the free attempts back",
+                per_account.name(),
+                p.forget_after(),
+                Duration::from_micros(p.delay_micros(u64::MAX)),
+            );
+        }
         Self {
             per_ip,
             per_account,
@@ -182,6 +202,21 @@ mod tests {
 
     fn limiters(clock: &MockClock) -> (Limiter<Backend>, Limiter<Backend>) {
         limiters_on(MemoryBackend::with_clock(clock.clone()))
+    }
+
+    /// A per-account delay that forgets the failures by the end of its
+    /// longest block gives a guesser the free attempts back after each
+    /// one: refused in code as configuration refuses it (1 free attempt,
+    /// at most 60 s, forgotten after 60 s: a guess a minute, for ever).
+    #[test]
+    #[should_panic(expected = "forget_after (60s) must be longer than the longest delay (60s)")]
+    fn a_delay_forgotten_by_its_longest_block_is_refused() {
+        let backend = MemoryBackend::with_clock(MockClock::new());
+        let (ip, _) = limiters_on(backend.clone());
+        let minute = Duration::from_secs(60);
+        let policy = ProgressiveDelay::new(1, Duration::from_secs(10), 2, minute, minute).unwrap();
+        let account = Limiter::new("login_account", policy, backend);
+        let _ = LoginLayer::new(ip, account, ClientIp::new(), hasher());
     }
 
     fn limiters_on(backend: Backend) -> (Limiter<Backend>, Limiter<Backend>) {
