@@ -334,6 +334,27 @@ impl RedisSentinel {
         None
     }
 
+    /// Waits until every sentinel names `port` the master (after a
+    /// failover, the sentinels that did not lead it learn of it from the
+    /// leader's hello messages, every 2 s: until then a client asking one
+    /// of them is sent to the old master); `false` after `timeout`.
+    pub fn wait_sentinels_agree(&self, port: u16, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            let named = |s: &RedisServer| {
+                let out = s.cli(&["sentinel", "get-master-addr-by-name", &self.master_name]);
+                out.lines()
+                    .nth(1)
+                    .and_then(|l| l.trim().parse::<u16>().ok())
+            };
+            if self.sentinels.iter().all(|s| named(s) == Some(port)) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
     /// Whether every sentinel knows the two others and the replica.
     fn settled(&self) -> bool {
         self.sentinels.iter().all(|s| {
