@@ -124,7 +124,7 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    fn invalid(limiter: &str, field: &'static str, reason: impl Into<String>) -> Self {
+    pub(crate) fn invalid(limiter: &str, field: &'static str, reason: impl Into<String>) -> Self {
         Self::Invalid {
             path: format!("limiters.{limiter}"),
             field,

@@ -341,11 +341,7 @@ impl<B: Backend> LimiterBuilder<B> {
     ///   the policy (or the [candidate](Self::candidate)) can never grant;
     /// * `lease`: a [lease](Self::lease) of a zero `ttl`.
     pub fn try_build(self) -> Result<Limiter<B>, ConfigError> {
-        let invalid = |field, reason: String| ConfigError::Invalid {
-            path: format!("limiters.{}", self.name),
-            field,
-            reason,
-        };
+        let invalid = |field, reason: String| ConfigError::invalid(&self.name, field, reason);
         if !crate::config::valid_name(&self.name) {
             return Err(invalid("name", crate::config::NAME_RULE.into()));
         }
