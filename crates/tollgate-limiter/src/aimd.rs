@@ -588,11 +588,11 @@ impl<B: Backend> AimdLimiter<B> {
     ) -> Result<Self, ConfigError> {
         let name = name.into();
         let path = format!("adaptive.{name}");
-        if !crate::config::valid_name(&name) {
+        if let Err((field, reason)) = crate::config::check_name(&name) {
             return Err(ConfigError::Invalid {
                 path,
-                field: "name",
-                reason: crate::config::NAME_RULE.into(),
+                field,
+                reason,
             });
         }
         config.validate_at(&path)?;
