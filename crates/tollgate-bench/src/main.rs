@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use redis::aio::MultiplexedConnection;
 use tollgate_limiter::{
-    Backend, Key, Limiter, Op, Policy, Request, SlidingWindow, Strategy, TokenBucket,
+    Backend, ConfigError, Key, Limiter, Op, Policy, Request, SlidingWindow, Strategy, TokenBucket,
 };
 use tollgate_memory::MemoryBackend;
 use tollgate_redis::{Durability, RedisBackend, encoding, scripts};
@@ -134,8 +134,9 @@ struct Args {
     /// (refused) until its retry time, at most this long, e.g. `1s`.
     #[arg(long, value_parser = parse_duration)]
     local_denials: Option<Duration>,
-    /// The limiter's per-decision timeout (default: the library's, 50 ms).
-    #[arg(long, value_parser = parse_duration)]
+    /// The limiter's per-decision timeout (default: the library's, 50 ms;
+    /// above zero, at most 60 s).
+    #[arg(long, value_parser = parse_timeout)]
     timeout: Option<Duration>,
     /// Tokio worker threads.
     #[arg(long, default_value_t = 2)]
@@ -147,6 +148,16 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     // Runs stay bounded.
     if d.is_zero() || d > Duration::from_secs(60) {
         return Err("duration must be between 1ms and 60s".into());
+    }
+    Ok(d)
+}
+
+/// A `--timeout`: bounded like a run; whether the limiter takes it
+/// (above zero) is the limiter's rule, checked by `try_build`.
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} in {s:?}"))?;
+    if d > Duration::from_secs(60) {
+        return Err("must be at most 60s".into());
     }
     Ok(d)
 }
@@ -314,11 +325,15 @@ fn key_names(keys: u64) -> Arc<Vec<Key>> {
     )
 }
 
-async fn library<B: Backend + Clone>(args: &Args, backend: B, duration: Duration) -> Stats {
+async fn library<B: Backend + Clone>(
+    args: &Args,
+    backend: B,
+    duration: Duration,
+) -> Result<Stats, String> {
     let names = key_names(args.keys);
     if args.path == PathKind::Backend {
         let policy = policy(args.strategy);
-        return drive(args.concurrency, args.keys, duration, move |k| {
+        return Ok(drive(args.concurrency, args.keys, duration, move |k| {
             let backend = backend.clone();
             let names = Arc::clone(&names);
             async move {
@@ -331,10 +346,23 @@ async fn library<B: Backend + Clone>(args: &Args, backend: B, duration: Duration
                 backend.decide(req).await.is_ok()
             }
         })
-        .await;
+        .await);
     }
-    // What a user calls: `check`, default settings (timeout, breaker,
-    // fail-closed); a verdict without a decision is a backend failure.
+    // What a user calls: `check`; a verdict without a decision is a
+    // backend failure.
+    let limiter = limiter(args, backend)?;
+    Ok(drive(args.concurrency, args.keys, duration, move |k| {
+        let limiter = limiter.clone();
+        let names = Arc::clone(&names);
+        async move { limiter.check(&names[k as usize]).await.decision().is_some() }
+    })
+    .await)
+}
+
+/// The limiter of the library path over `backend`: default settings
+/// (breaker, fail-closed) but for the flags; a flag the limiter refuses is
+/// an error naming the flag.
+fn limiter<B: Backend>(args: &Args, backend: B) -> Result<Limiter<B>, String> {
     let mut builder = Limiter::builder("bench", policy(args.strategy), backend);
     if args.lease > 1 {
         builder = builder.lease(args.lease, Duration::from_secs(1));
@@ -345,13 +373,17 @@ async fn library<B: Backend + Clone>(args: &Args, backend: B, duration: Duration
     if let Some(timeout) = args.timeout {
         builder = builder.timeout(timeout);
     }
-    let limiter = builder.build();
-    drive(args.concurrency, args.keys, duration, move |k| {
-        let limiter = limiter.clone();
-        let names = Arc::clone(&names);
-        async move { limiter.check(&names[k as usize]).await.decision().is_some() }
+    builder.try_build().map_err(|e| match e {
+        ConfigError::Invalid { field, reason, .. } => {
+            let flag = match field {
+                "lease" => "--lease",
+                "timeout" => "--timeout",
+                _ => field,
+            };
+            format!("{flag}: {reason}")
+        }
+        e => e.to_string(),
     })
-    .await
 }
 
 /// The same EVALSHA a decision sends (same keys, same arguments, built the
@@ -473,6 +505,11 @@ async fn run(args: Args) {
         args.peers.clone()
     };
     peers.dedup();
+    // Flags the limiter refuses are refused before a server is started
+    // (an exit leaves no destructor to stop it).
+    if let Err(e) = limiter(&args, MemoryBackend::new()) {
+        refuse(&e);
+    }
     if peers.contains(&Peer::Gcra) && args.strategy != StrategyKind::TokenBucket {
         eprintln!("--peers gcra: the minimal script is a token bucket (--strategy token-bucket)");
         std::process::exit(2);
@@ -484,7 +521,7 @@ async fn run(args: Args) {
     if args.backend == BackendKind::Memory {
         let mut s = Stats::default();
         for _ in 0..args.rounds.max(1) {
-            s.merge(library(&args, MemoryBackend::new(), slice).await);
+            s.merge(library_or_exit(&args, MemoryBackend::new(), slice).await);
         }
         println!("{}", s.line("library"));
         return;
@@ -536,7 +573,7 @@ async fn run(args: Args) {
         .await
         .expect("connect the CPU probe");
     // Warm up every path (connections, script cache).
-    let _ = library(&args, backend.clone(), Duration::from_millis(200)).await;
+    let _ = library_or_exit(&args, backend.clone(), Duration::from_millis(200)).await;
     for &peer in &peers {
         let _ = measure_peer(&args, peer, conn.clone(), Duration::from_millis(200)).await;
     }
@@ -544,13 +581,13 @@ async fn run(args: Args) {
     let mut raw: Vec<Stats> = peers.iter().map(|_| Stats::default()).collect();
     for _ in 0..args.rounds.max(1) {
         if !args.peers_first {
-            lib.merge(round(&mut probe, library(&args, backend.clone(), slice)).await);
+            lib.merge(round(&mut probe, library_or_exit(&args, backend.clone(), slice)).await);
         }
         for (i, &peer) in peers.iter().enumerate() {
             raw[i].merge(round(&mut probe, measure_peer(&args, peer, conn.clone(), slice)).await);
         }
         if args.peers_first {
-            lib.merge(round(&mut probe, library(&args, backend.clone(), slice)).await);
+            lib.merge(round(&mut probe, library_or_exit(&args, backend.clone(), slice)).await);
         }
     }
     println!("{}", lib.line("library"));
@@ -570,6 +607,19 @@ async fn run(args: Args) {
     for (stats, peer) in raw.iter().zip(&peers) {
         println!("{}", stats.result(peer.name()));
     }
+}
+
+/// [`library`], exiting on a flag the limiter refuses.
+async fn library_or_exit<B: Backend + Clone>(args: &Args, backend: B, duration: Duration) -> Stats {
+    library(args, backend, duration)
+        .await
+        .unwrap_or_else(|e| refuse(&e))
+}
+
+/// Reports a refused flag, as clap reports a usage error (exit 2).
+fn refuse(e: &str) -> ! {
+    eprintln!("error: {e}");
+    std::process::exit(2)
 }
 
 /// One round of one path, with the server and client CPU it cost.

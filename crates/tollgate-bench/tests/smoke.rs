@@ -131,3 +131,18 @@ fn refuses_targets_off_loopback() {
     let out = bench(&["--backend", "memory", "--duration", "2m"]);
     assert!(!out.status.success(), "runs are bounded");
 }
+
+/// A flag the limiter refuses is a usage error naming the flag (exit 2),
+/// checked before a server is started: never a panic.
+#[test]
+fn a_zero_timeout_is_refused_naming_the_flag() {
+    for backend in ["memory", "redis"] {
+        let out = bench(&["--backend", backend, "--spawn-server", "--timeout", "0ms"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{backend}: {stderr}");
+        assert!(
+            stderr.contains("error: --timeout: must be above zero") && !stderr.contains("panicked"),
+            "{backend}: {stderr}"
+        );
+    }
+}

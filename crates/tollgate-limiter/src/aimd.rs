@@ -61,9 +61,11 @@
 //! in-process token bucket per scope. It still honours `Retry-After` and
 //! cuts its own rate on refusals, but does not ramp up until it can
 //! coordinate again (N uncoordinated workers ramping would overshoot N
-//! times). A cut is written only from the shared rate just read: when
-//! that read fails, the cut is the worker's own (its last known rate may
-//! be far above the shared one, and written, would raise it). Note that
+//! times). A cut is written only from the shared rate just read, before
+//! the cut gate is taken: when that read fails, the cut is the worker's
+//! own (its last known rate may be far above the shared one, and written,
+//! would raise it), and the gate stays open for a worker that can read.
+//! Note that
 //! N workers each running at the shared rate offer the source N times
 //! that rate until its refusals cut them down.
 //!
@@ -588,11 +590,11 @@ impl<B: Backend> AimdLimiter<B> {
     ) -> Result<Self, ConfigError> {
         let name = name.into();
         let path = format!("adaptive.{name}");
-        if !crate::config::valid_name(&name) {
+        if let Err((field, reason)) = crate::config::check_name(&name) {
             return Err(ConfigError::Invalid {
                 path,
-                field: "name",
-                reason: crate::config::NAME_RULE.into(),
+                field,
+                reason,
             });
         }
         config.validate_at(&path)?;
@@ -900,27 +902,30 @@ impl<B: Backend> AimdLimiter<B> {
             return;
         }
         let names = &self.inner.names;
-        let shared = match self
-            .decide(&names.cut, scope, &self.inner.gate, Op::Acquire(1))
-            .await
-        {
-            Ok(d) if d.is_denied() => {
-                // Another refusal of this burst already cut the rate.
-                self.with_local(scope, |l| {
-                    l.cut_after = Some(Instant::now() + d.retry_after())
-                });
-                return;
-            }
-            Ok(_) => true,
-            Err(_) => false,
+        // Read the stored rate before taking the gate: a cut whose read
+        // fails is this worker's own, and leaves the gate to the next
+        // refusal of the window, on a worker that can read (taken, the
+        // fleet skipped that cut). A look at the gate first keeps the
+        // read off the refusals of a window already cut; each worker asks
+        // at most once per window (`cut_after` above), and the breaker
+        // stops asking a failing backend.
+        let stored = match self.ask_cut_gate(scope, Op::PEEK).await {
+            Some(true) => self.read_rate(scope).await.ok(),
+            Some(false) => return,
+            None => None,
         };
         // Cut from the stored rate only: this worker's may be far above
         // it (others cut it since), and written, a cut of it would raise
         // the rate of every worker. Unread, the cut is this worker's own,
         // as when the gate cannot be asked.
-        let stored = match shared {
-            true => self.read_rate(scope).await.ok(),
-            false => None,
+        let stored = match stored {
+            Some(rate) => match self.ask_cut_gate(scope, Op::Acquire(1)).await {
+                Some(true) => Some(rate),
+                // Another refusal of this window took it since the look.
+                Some(false) => return,
+                None => None,
+            },
+            None => None,
         };
         let shared = stored.is_some();
         let current = stored.unwrap_or_else(|| self.rate(scope));
@@ -931,6 +936,26 @@ impl<B: Backend> AimdLimiter<B> {
         tracing::debug!(limiter = %names.rate, %scope, from = current, to = rate, shared, "aimd cut");
         self.changed(Change::Cut, current, rate);
         self.with_local(scope, |l| l.rate = rate);
+    }
+
+    /// Asks the cut gate (`op`: a look or the take): `Some(true)` when it
+    /// is (or was) open, `Some(false)` when another refusal cut within the
+    /// window (this worker then waits until the gate reopens), `None` when
+    /// the backend cannot answer.
+    async fn ask_cut_gate(&self, scope: &Key, op: Op) -> Option<bool> {
+        match self
+            .decide(&self.inner.names.cut, scope, &self.inner.gate, op)
+            .await
+        {
+            Ok(d) if d.is_denied() => {
+                self.with_local(scope, |l| {
+                    l.cut_after = Some(Instant::now() + d.retry_after())
+                });
+                Some(false)
+            }
+            Ok(_) => Some(true),
+            Err(_) => None,
+        }
     }
 
     async fn grow(&self, scope: &Key) {

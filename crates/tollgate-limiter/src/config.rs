@@ -83,7 +83,9 @@ use crate::aimd::AimdConfig;
 use crate::backend::Backend;
 use crate::breaker::BreakerConfig;
 use crate::composite::Composite;
-use crate::limiter::{DEFAULT_TIMEOUT, FailMode, Limiter};
+use crate::limiter::{
+    DEFAULT_TIMEOUT, FailMode, Limiter, LimiterBuilder, check_cost, check_timeout,
+};
 use crate::policy::{
     Calendar, Concurrency, Period, Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy,
     TokenBucket, Zone,
@@ -130,10 +132,6 @@ impl ConfigError {
             field,
             reason: reason.into(),
         }
-    }
-
-    fn from_policy(limiter: &str, e: PolicyError) -> Self {
-        Self::invalid(limiter, e.field, e.reason)
     }
 }
 
@@ -300,16 +298,28 @@ pub struct LimiterConfig {
 
 impl LimiterConfig {
     /// A limiter built from this configuration.
+    ///
+    /// # Panics
+    ///
+    /// If a field was changed since loading to a setting
+    /// [`LimiterBuilder::try_build`] refuses; as loaded, it builds.
+    #[track_caller]
     pub fn build<B: Backend>(&self, backend: B) -> Limiter<B> {
-        let b = Limiter::builder(self.name.clone(), self.policy, backend)
+        self.builder(backend).build()
+    }
+
+    /// The builder of [`build`](Self::build); loading checks it, with `()`
+    /// for a backend.
+    fn builder<B>(&self, backend: B) -> LimiterBuilder<B> {
+        let b = LimiterBuilder::new(self.name.clone(), self.policy, backend)
             .fail_mode(self.fail_mode)
             .timeout(self.timeout)
             .breaker(self.breaker)
             .min_cost(self.min_cost)
             .mode(self.mode);
         match self.candidate {
-            Some(c) => b.candidate(c).build(),
-            None => b.build(),
+            Some(c) => b.candidate(c),
+            None => b,
         }
     }
 }
@@ -399,9 +409,7 @@ impl Config {
         let timeout = opt_duration(d.timeout.as_deref())
             .map_err(|e| dflt("timeout", e))?
             .unwrap_or(DEFAULT_TIMEOUT);
-        if timeout.is_zero() {
-            return Err(dflt("timeout", "must be above zero".into()));
-        }
+        check_timeout(timeout).map_err(|(f, r)| dflt(f, r))?;
         let base = BreakerConfig::default();
         let backoff = opt_duration(d.breaker_backoff.as_deref())
             .map_err(|e| dflt("breaker_backoff", e))?
@@ -420,9 +428,6 @@ impl Config {
         }
         let mut limiters = BTreeMap::new();
         for (name, l) in raw.limiters {
-            if !valid_name(&name) {
-                return Err(ConfigError::invalid(&name, "name", NAME_RULE));
-            }
             let mut cfg = validate(&name, &l, fail_mode, timeout, breaker)?;
             if raw.shadow == Some(true) {
                 cfg.mode = Mode::Shadow;
@@ -442,9 +447,7 @@ impl Config {
                 field: "name",
                 reason,
             };
-            if !valid_name(name) {
-                return Err(bad(NAME_RULE.into()));
-            }
+            check_name(name).map_err(|(_, rule)| bad(rule))?;
             for state in crate::aimd::state_names(name) {
                 if let Some(owner) = owners.insert(state.clone(), path.clone()) {
                     return Err(bad(format!(
@@ -489,14 +492,18 @@ pub fn check_prefix(prefix: &str) -> Result<(), &'static str> {
     }
 }
 
-/// What a limiter name must be ([`valid_name`]).
-pub(crate) const NAME_RULE: &str = "limiter names must be non-empty, without '{', '}' or ':'";
-
 /// Whether `name` can name a limiter in the backend: not empty, without
 /// the hash tag's braces, nor `:` (which separates the key's parts, and
-/// `<name>:candidate` is a candidate's namespace).
-pub(crate) fn valid_name(name: &str) -> bool {
-    !name.is_empty() && !name.contains(['{', '}', ':'])
+/// `<name>:candidate` is a candidate's namespace). The one rule for
+/// limiters, built or configured, and adaptive limiters.
+pub(crate) fn check_name(name: &str) -> Result<(), FieldError> {
+    match name.is_empty() || name.contains(['{', '}', ':']) {
+        true => Err((
+            "name",
+            "limiter names must be non-empty, without '{', '}' or ':'".into(),
+        )),
+        false => Ok(()),
+    }
 }
 
 fn validate(
@@ -509,30 +516,13 @@ fn validate(
     let err = |field, reason: String| ConfigError::invalid(name, field, reason);
     let policy = limiter_policy(l).map_err(|(f, r)| err(f, r))?;
     let candidate = match &l.candidate {
-        Some(c) => Some(candidate_policy(c, &policy).map_err(|(f, r)| err(f, r))?),
+        Some(c) => Some(candidate_policy(c).map_err(|(f, r)| err(f, r))?),
         None => None,
     };
+    // `cost` is configuration's alone (a consumer's default, not a
+    // builder setting), checked by the rule of `min_cost`.
     let cost = l.cost.unwrap_or(1);
-    if cost == 0 {
-        return Err(err("cost", "must be at least 1".into()));
-    }
-    policy
-        .check_cost(cost)
-        .map_err(|e| ConfigError::from_policy(name, e))?;
-    let min_cost = l.min_cost.unwrap_or(1);
-    if min_cost == 0 {
-        return Err(err("min_cost", "must be at least 1".into()));
-    }
-    policy
-        .check_cost(min_cost)
-        .map_err(|e| err("min_cost", e.reason))?;
-    // The candidate is measured for enforcement: the same costs must fit.
-    for (setting, n) in [("cost", cost), ("min_cost", min_cost)] {
-        if let Some(Err(e)) = candidate.map(|c| c.check_cost(n)) {
-            let reason = format!("candidate.cost: {} (the limiter's {setting})", e.reason);
-            return Err(err("candidate", reason));
-        }
-    }
+    check_cost("cost", cost, &policy, candidate.as_ref()).map_err(|(f, r)| err(f, r))?;
     let fail_mode = match &l.fail_mode {
         Some(s) => s.parse().map_err(|e| err("fail_mode", e))?,
         None => fail_mode,
@@ -540,29 +530,32 @@ fn validate(
     let timeout = opt_duration(l.timeout.as_deref())
         .map_err(|e| err("timeout", e))?
         .unwrap_or(timeout);
-    if timeout.is_zero() {
-        return Err(err("timeout", "must be above zero".into()));
-    }
     let mode = match &l.mode {
         Some(s) => s.parse().map_err(|e| err("mode", e))?,
         None => Mode::default(),
     };
-    Ok(LimiterConfig {
+    let config = LimiterConfig {
         name: name.to_owned(),
         policy,
         cost,
-        min_cost,
+        min_cost: l.min_cost.unwrap_or(1),
         fail_mode,
         timeout,
         breaker,
         mode,
         candidate,
-    })
+    };
+    // Every other rule is the builder's: checked on the builder that
+    // `LimiterConfig::build` uses, so configuration loads exactly what
+    // builds.
+    config.builder(()).check().map_err(|(f, r)| err(f, r))?;
+    Ok(config)
 }
 
-/// A candidate's policy: policy fields only, and neither side a
-/// concurrency limit; errors name the field under `candidate`.
-fn candidate_policy(c: &RawLimiter, enforced: &Policy) -> Result<Policy, FieldError> {
+/// A candidate's policy: policy fields only; errors name the field under
+/// `candidate`. (That neither side is a concurrency limit is the
+/// builder's rule.)
+fn candidate_policy(c: &RawLimiter) -> Result<Policy, FieldError> {
     let nested = [
         ("cost", c.cost.is_some()),
         ("min_cost", c.min_cost.is_some()),
@@ -577,15 +570,7 @@ fn candidate_policy(c: &RawLimiter, enforced: &Policy) -> Result<Policy, FieldEr
             format!("candidate.{field}: set it on the limiter, not on its candidate"),
         ));
     }
-    let policy =
-        limiter_policy(c).map_err(|(f, r)| ("candidate", format!("candidate.{f}: {r}")))?;
-    if matches!(policy, Policy::Concurrency(_)) || matches!(enforced, Policy::Concurrency(_)) {
-        return Err((
-            "candidate",
-            "a concurrency limit neither takes nor is a candidate".into(),
-        ));
-    }
-    Ok(policy)
+    limiter_policy(c).map_err(|(f, r)| ("candidate", format!("candidate.{f}: {r}")))
 }
 
 /// A limiter's (or a candidate's) policy: a composite or a single one.
@@ -610,7 +595,7 @@ fn limiter_policy(l: &RawLimiter) -> Result<Policy, FieldError> {
 }
 
 /// A policy error: the field, as spelled in configuration, and why.
-type FieldError = (&'static str, String);
+pub(crate) type FieldError = (&'static str, String);
 
 /// The policy of a limiter (or a composite's part) with one strategy.
 fn single_policy(l: &RawLimiter) -> Result<Policy, FieldError> {

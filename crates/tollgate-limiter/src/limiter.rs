@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::backend::{Backend, Request, Scope};
 use crate::breaker::BreakerConfig;
-use crate::config::ConfigError;
+use crate::config::{ConfigError, FieldError, check_name};
 use crate::decision::Decision;
 use crate::deny_cache::{Charge, DenyCache};
 use crate::error::Error;
@@ -57,6 +57,37 @@ impl fmt::Display for FailMode {
 
 /// The default per-decision timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// A per-decision timeout must be above zero: at zero every decision
+/// would fail. The rule of [`LimiterBuilder::try_build`] and of
+/// configuration's `timeout`, a limiter's or the defaults'.
+pub(crate) fn check_timeout(timeout: Duration) -> Result<(), FieldError> {
+    match timeout.is_zero() {
+        true => Err(("timeout", "must be above zero".into())),
+        false => Ok(()),
+    }
+}
+
+/// A cost setting (`field`: the limiter's `min_cost`, or configuration's
+/// default `cost`) must be at least 1 and grantable by the policy and by
+/// the candidate measured for enforcement: otherwise every request is
+/// refused as impossible, whatever the fail mode.
+pub(crate) fn check_cost(
+    field: &'static str,
+    cost: u64,
+    policy: &Policy,
+    candidate: Option<&Policy>,
+) -> Result<(), FieldError> {
+    if cost == 0 {
+        return Err((field, "must be at least 1".into()));
+    }
+    policy.check_cost(cost).map_err(|e| (field, e.reason))?;
+    if let Some(Err(e)) = candidate.map(|c| c.check_cost(cost)) {
+        let reason = format!("candidate.cost: {} (the limiter's {field})", e.reason);
+        return Err(("candidate", reason));
+    }
+    Ok(())
+}
 
 /// The default bound of each of a limiter's local maps (cached refusals,
 /// leases), in keys; see [`LimiterBuilder::local_capacity`].
@@ -178,7 +209,27 @@ pub struct LimiterBuilder<B> {
     candidate: Option<Policy>,
 }
 
-impl<B: Backend> LimiterBuilder<B> {
+impl<B> LimiterBuilder<B> {
+    /// A builder with the defaults; [`Limiter::builder`] for a backend,
+    /// and [`LimiterConfig`](crate::LimiterConfig) with none, to check its
+    /// settings.
+    pub(crate) fn new(name: String, policy: Policy, backend: B) -> Self {
+        Self {
+            name,
+            policy,
+            backend,
+            fail_mode: FailMode::default(),
+            timeout: DEFAULT_TIMEOUT,
+            breaker: BreakerConfig::default(),
+            local_denials: None,
+            lease: None,
+            local_capacity: DEFAULT_LOCAL_CAPACITY,
+            min_cost: 1,
+            mode: Mode::default(),
+            candidate: None,
+        }
+    }
+
     /// Evaluates `policy` beside the enforced one on every charge and peek
     /// the backend decides, in the same round trip (see
     /// [`Backend::decide_with_candidate`]), and counts where the two
@@ -194,8 +245,8 @@ impl<B: Backend> LimiterBuilder<B> {
     /// answered locally ([`local_denials`](Self::local_denials),
     /// [`lease`](Self::lease)) are not shown to it, and a lease's batch is
     /// charged to it as one request of that cost: it is exact without
-    /// them. A concurrency limit takes no candidate (nor is one): the
-    /// candidate is ignored there.
+    /// them. A concurrency limit takes no candidate (nor is one):
+    /// [`try_build`](Self::try_build) refuses the pair.
     pub fn candidate(mut self, policy: impl Into<Policy>) -> Self {
         self.candidate = Some(policy.into());
         self
@@ -211,9 +262,10 @@ impl<B: Backend> LimiterBuilder<B> {
     /// The least cost any charging call takes (default 1): a request
     /// asking for less (a cost function answering 0) is charged this much,
     /// so no request passes uncounted. Peeks ask whether at least this much
-    /// fits. A value of 0 counts as 1.
+    /// fits. [`try_build`](Self::try_build) refuses 0, as configuration
+    /// does.
     pub fn min_cost(mut self, min_cost: u64) -> Self {
-        self.min_cost = min_cost.max(1);
+        self.min_cost = min_cost;
         self
     }
 
@@ -311,6 +363,46 @@ impl<B: Backend> LimiterBuilder<B> {
         self
     }
 
+    /// Every rule [`try_build`](Self::try_build) checks, in one place:
+    /// configuration runs it too, on the builder its limiter is built
+    /// with, so that the two refuse the same settings. The field is named
+    /// as configuration spells it.
+    pub(crate) fn check(&self) -> Result<(), FieldError> {
+        check_name(&self.name)?;
+        check_timeout(self.timeout)?;
+        if let Some(misread) = self.breaker.misread() {
+            return Err(misread);
+        }
+        check_cost(
+            "min_cost",
+            self.min_cost,
+            &self.policy,
+            self.candidate.as_ref(),
+        )?;
+        let concurrency = |p: &Policy| matches!(p, Policy::Concurrency(_));
+        if self
+            .candidate
+            .as_ref()
+            .is_some_and(|c| concurrency(c) || concurrency(&self.policy))
+        {
+            return Err((
+                "candidate",
+                "a concurrency limit neither takes nor is a candidate".into(),
+            ));
+        }
+        if self.lease.is_some_and(|(_, ttl)| ttl.is_zero()) {
+            return Err((
+                "lease",
+                "a ttl of zero keeps nothing: every request would take a whole batch and \
+                 lose the rest"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl<B: Backend> LimiterBuilder<B> {
     /// The limiter.
     ///
     /// # Panics
@@ -328,8 +420,8 @@ impl<B: Backend> LimiterBuilder<B> {
     }
 
     /// The limiter, or the setting that cannot work, named as
-    /// configuration names it (`limiters.<name>.<field>`), as
-    /// [`Config`](crate::Config) refuses it:
+    /// configuration names it (`limiters.<name>.<field>`). These are the
+    /// rules [`Config`](crate::Config) checks, by the same code:
     ///
     /// * `name`: empty, or holding `{`, `}` or `:`. `:` separates a key's
     ///   parts and `<name>:candidate` is a candidate's namespace, so
@@ -337,52 +429,32 @@ impl<B: Backend> LimiterBuilder<B> {
     ///   the cluster hash tag;
     /// * `timeout`: zero (every decision would fail);
     /// * `breaker_backoff` of zero, or `breaker_max_backoff` below it;
-    /// * `min_cost` (or `candidate`): a [minimum cost](Self::min_cost)
-    ///   the policy (or the [candidate](Self::candidate)) can never grant;
+    /// * `min_cost`: 0, or a [minimum cost](Self::min_cost) the policy
+    ///   can never grant (`candidate`: that the
+    ///   [candidate](Self::candidate) can never grant);
+    /// * `candidate`: beside a concurrency limit, or one itself;
     /// * `lease`: a [lease](Self::lease) of a zero `ttl`.
+    ///
+    /// Configuration checks one rule more, on purpose not here: a
+    /// progressive delay that forgets its failures by the end of its
+    /// longest block
+    /// ([`ProgressiveDelay::forgets_by_its_longest_block`](crate::ProgressiveDelay::forgets_by_its_longest_block)),
+    /// which gives a login's free attempts back. Code may build one: the
+    /// adaptive limiter's hold is such a delay, a block that must end
+    /// when it is forgotten.
     pub fn try_build(self) -> Result<Limiter<B>, ConfigError> {
-        let invalid = |field, reason: String| ConfigError::invalid(&self.name, field, reason);
-        if !crate::config::valid_name(&self.name) {
-            return Err(invalid("name", crate::config::NAME_RULE.into()));
+        match self.check() {
+            Ok(()) => Ok(self.assemble()),
+            Err((field, reason)) => Err(ConfigError::invalid(&self.name, field, reason)),
         }
-        if self.timeout.is_zero() {
-            return Err(invalid("timeout", "must be above zero".into()));
-        }
-        if let Some((field, reason)) = self.breaker.misread() {
-            return Err(invalid(field, reason));
-        }
-        if let Err(e) = self.policy.check_cost(self.min_cost) {
-            return Err(invalid("min_cost", e.reason));
-        }
-        if let Some(Err(e)) = self.candidate.map(|c| c.check_cost(self.min_cost)) {
-            return Err(invalid(
-                "candidate",
-                format!("candidate.cost: {}", e.reason),
-            ));
-        }
-        if self.lease.is_some_and(|(_, ttl)| ttl.is_zero()) {
-            return Err(invalid(
-                "lease",
-                "a ttl of zero keeps nothing: every request would take a whole batch and \
-                 lose the rest"
-                    .into(),
-            ));
-        }
-        Ok(self.assemble())
     }
 
     fn assemble(self) -> Limiter<B> {
-        let candidate = self
-            .candidate
-            .filter(|c| {
-                !matches!(c, Policy::Concurrency(_))
-                    && !matches!(self.policy, Policy::Concurrency(_))
-            })
-            .map(|c| Candidate {
-                name: format!("{}:candidate", self.name),
-                meter: CandidateMeter::new(&self.name),
-                policy: c,
-            });
+        let candidate = self.candidate.map(|c| Candidate {
+            name: format!("{}:candidate", self.name),
+            meter: CandidateMeter::new(&self.name),
+            policy: c,
+        });
         let denials = self
             .local_denials
             .map(|ttl| DenyCache::new(ttl, self.local_capacity));
@@ -528,20 +600,7 @@ impl<B: Backend> Limiter<B> {
         policy: impl Into<Policy>,
         backend: B,
     ) -> LimiterBuilder<B> {
-        LimiterBuilder {
-            name: name.into(),
-            policy: policy.into(),
-            backend,
-            fail_mode: FailMode::default(),
-            timeout: DEFAULT_TIMEOUT,
-            breaker: BreakerConfig::default(),
-            local_denials: None,
-            lease: None,
-            local_capacity: DEFAULT_LOCAL_CAPACITY,
-            min_cost: 1,
-            mode: Mode::default(),
-            candidate: None,
-        }
+        LimiterBuilder::new(name.into(), policy.into(), backend)
     }
 
     /// A fail-closed limiter with the default timeout and breaker.
@@ -1478,6 +1537,14 @@ mod tests {
             ..BreakerConfig::default()
         };
         assert!(builder(true).breaker(off).try_build().is_ok());
+        // A minimum cost of 0 (it counted as 1 here, and was refused
+        // there), and a concurrency limit beside a candidate (ignored here,
+        // refused there).
+        assert_eq!(refused(builder(true).min_cost(0)).1, "min_cost");
+        let slots = crate::Concurrency::new(1, second).unwrap();
+        assert_eq!(refused(builder(true).candidate(slots)).1, "candidate");
+        let limit = Limiter::builder("api", slots, Fixed::default());
+        assert_eq!(refused(limit.candidate(policy)).1, "candidate");
         assert_eq!(named("api").try_build().unwrap().name(), "api");
     }
 

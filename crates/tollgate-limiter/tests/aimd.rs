@@ -560,13 +560,9 @@ impl tollgate_limiter::Backend for FlakyReads {
     }
 }
 
-/// A cut never raises the shared rate. When the stored rate could not be
-/// read, a worker cut from the rate it last knew, which may be far above
-/// the shared one (other workers cut it since), and wrote that: a refusal
-/// from the source raised the rate every worker sends at (1 -> 4 req/s
-/// below). It cuts its own rate only, as when the gate cannot be asked.
-#[tokio::test(start_paused = true)]
-async fn a_cut_whose_rate_read_fails_never_raises_the_shared_rate() {
+/// Three workers of one adaptive limiter (8 req/s, cuts halve it) on a
+/// backend whose override reads fail on demand.
+fn flaky_workers() -> (FlakyReads, [AimdLimiter<FlakyReads>; 3]) {
     let backend = FlakyReads {
         inner: backend(),
         fail_reads: Arc::default(),
@@ -576,8 +572,19 @@ async fn a_cut_whose_rate_read_fails_never_raises_the_shared_rate() {
         decrease: 0.5,
         ..config()
     };
-    let a = AimdLimiter::new("harvester", config.clone(), backend.clone()).unwrap();
-    let b = AimdLimiter::new("harvester", config, backend.clone()).unwrap();
+    let worker = || AimdLimiter::new("harvester", config.clone(), backend.clone()).unwrap();
+    let workers = [worker(), worker(), worker()];
+    (backend, workers)
+}
+
+/// A cut never raises the shared rate. When the stored rate could not be
+/// read, a worker cut from the rate it last knew, which may be far above
+/// the shared one (other workers cut it since), and wrote that: a refusal
+/// from the source raised the rate every worker sends at (1 -> 4 req/s
+/// below). It cuts its own rate only, as when the gate cannot be asked.
+#[tokio::test(start_paused = true)]
+async fn a_cut_whose_rate_read_fails_never_raises_the_shared_rate() {
+    let (backend, [a, b, _]) = flaky_workers();
     let scope = Key::new("example.org");
     // b learns the rate, then a cuts it three times: 8 -> 1.
     b.acquire(&scope).await;
@@ -596,6 +603,39 @@ async fn a_cut_whose_rate_read_fails_never_raises_the_shared_rate() {
     let shared = a.shared_rate(&scope).await.unwrap();
     assert!(shared <= 1.0, "a cut raised the shared rate to {shared}");
     assert_eq!(b.rate(&scope), 4.0, "b cuts its own rate");
+}
+
+/// A cut whose read of the shared rate fails leaves the cut gate to the
+/// fleet: it took the gate, so the next refusal of the window, seen by a
+/// worker that can read, found it empty and the shared rate was not cut
+/// at all (8 req/s below, for every worker, after a refusal).
+#[tokio::test(start_paused = true)]
+async fn a_cut_whose_rate_read_fails_leaves_the_gate_to_the_fleet() {
+    let (backend, [a, b, c]) = flaky_workers();
+    let scope = Key::new("example.org");
+    a.acquire(&scope).await;
+    b.acquire(&scope).await;
+    // b is refused while the rate cannot be read: its own cut only.
+    backend.fail_reads.store(true, Ordering::SeqCst);
+    b.feedback(&scope, Outcome::Refused { retry_after: None })
+        .await;
+    backend.fail_reads.store(false, Ordering::SeqCst);
+    assert_eq!(b.rate(&scope), 4.0, "b cuts its own rate");
+    assert_eq!(a.shared_rate(&scope).await.unwrap(), 8.0);
+    // a is refused in the same reaction window, and can read: it cuts the
+    // shared rate.
+    a.feedback(&scope, Outcome::Refused { retry_after: None })
+        .await;
+    assert_eq!(a.shared_rate(&scope).await.unwrap(), 4.0, "no shared cut");
+    assert_eq!(a.rate(&scope), 4.0);
+    // Still one cut per window: a third refusal in it changes nothing.
+    c.feedback(&scope, Outcome::Refused { retry_after: None })
+        .await;
+    assert_eq!(
+        a.shared_rate(&scope).await.unwrap(),
+        4.0,
+        "two cuts in a window"
+    );
 }
 
 fn limiter_on(other: &AimdLimiter<Backend>) -> AimdLimiter<Backend> {

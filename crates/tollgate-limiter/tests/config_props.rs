@@ -250,3 +250,147 @@ fn a_huge_duration_never_panics_a_decision() {
         3,
     );
 }
+
+/// One limiter's settings, written both ways: as configuration and as
+/// builder calls.
+#[derive(Debug, Clone)]
+struct Settings {
+    name: &'static str,
+    /// `None`: a concurrency limit of one slot; `Some(n)`: a token bucket
+    /// of capacity `n`.
+    capacity: Option<u64>,
+    candidate: Option<Option<u64>>,
+    min_cost: Option<u64>,
+    timeout_ms: Option<u64>,
+    /// First and longest back-off, in ms.
+    breaker: Option<(u64, u64)>,
+}
+
+fn policy_of(capacity: Option<u64>) -> Policy {
+    let second = std::time::Duration::from_secs(1);
+    match capacity {
+        Some(n) => tollgate_limiter::TokenBucket::new(n, 1, second)
+            .unwrap()
+            .into(),
+        None => tollgate_limiter::Concurrency::new(1, second)
+            .unwrap()
+            .into(),
+    }
+}
+
+fn toml_policy(capacity: Option<u64>) -> String {
+    match capacity {
+        Some(n) => format!("strategy = 'token_bucket'\ncapacity = {n}\nrefill = '1/s'\n"),
+        None => "strategy = 'concurrency'\nmax_in_flight = 1\nlease = '1s'\n".into(),
+    }
+}
+
+impl Settings {
+    fn toml(&self) -> String {
+        let mut toml = String::from("[defaults]\n");
+        if let Some((backoff, max)) = self.breaker {
+            toml.push_str(&format!(
+                "breaker_backoff = '{backoff}ms'\nbreaker_max_backoff = '{max}ms'\n"
+            ));
+        }
+        toml.push_str(&format!("[limiters.{}]\n", toml_string(self.name)));
+        toml.push_str(&toml_policy(self.capacity));
+        if let Some(n) = self.min_cost {
+            toml.push_str(&format!("min_cost = {n}\n"));
+        }
+        if let Some(ms) = self.timeout_ms {
+            toml.push_str(&format!("timeout = '{ms}ms'\n"));
+        }
+        if let Some(c) = self.candidate {
+            toml.push_str(&format!(
+                "[limiters.{}.candidate]\n{}",
+                toml_string(self.name),
+                toml_policy(c)
+            ));
+        }
+        toml
+    }
+
+    fn try_build(&self) -> Result<(), tollgate_limiter::ConfigError> {
+        let ms = std::time::Duration::from_millis;
+        let backend = MemoryBackend::with_clock(MockClock::new());
+        let mut b =
+            tollgate_limiter::Limiter::builder(self.name, policy_of(self.capacity), backend);
+        if let Some(n) = self.min_cost {
+            b = b.min_cost(n);
+        }
+        if let Some(t) = self.timeout_ms {
+            b = b.timeout(ms(t));
+        }
+        if let Some((backoff, max)) = self.breaker {
+            b = b.breaker(tollgate_limiter::BreakerConfig {
+                backoff: ms(backoff),
+                max_backoff: ms(max),
+                ..tollgate_limiter::BreakerConfig::default()
+            });
+        }
+        if let Some(c) = self.candidate {
+            b = b.candidate(policy_of(c));
+        }
+        b.try_build().map(drop)
+    }
+}
+
+fn settings() -> impl Strategy<Value = Settings> {
+    (
+        proptest::sample::select(&["api", "", "a:b", "{api}", "a}b"][..]),
+        proptest::option::of(1u64..6),
+        proptest::option::of(proptest::option::of(1u64..6)),
+        proptest::option::of(0u64..7),
+        proptest::option::of(0u64..3),
+        proptest::option::of((0u64..3, 0u64..3)),
+    )
+        .prop_map(
+            |(name, capacity, candidate, min_cost, timeout_ms, breaker)| Settings {
+                name,
+                capacity,
+                candidate,
+                min_cost,
+                timeout_ms,
+                breaker,
+            },
+        )
+}
+
+/// The field an error names, or `None` for a setting that builds.
+fn refused_field(r: Result<(), tollgate_limiter::ConfigError>) -> Option<&'static str> {
+    match r {
+        Ok(()) => None,
+        Err(tollgate_limiter::ConfigError::Invalid { field, .. }) => Some(field),
+        Err(e) => panic!("not a refused field: {e}"),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Configuration and the builder check one set of rules: for any
+    /// settings both can express, configuration loads them iff
+    /// `LimiterBuilder::try_build` builds them, and a setting with one
+    /// fault is refused by both under the same field.
+    #[test]
+    fn configuration_loads_what_the_builder_builds(s in settings()) {
+        let toml = s.toml();
+        let loaded = Config::builder().toml_str(&toml).load().map(drop);
+        let config = refused_field(loaded);
+        let builder = refused_field(s.try_build());
+        prop_assert_eq!(config.is_none(), builder.is_none(), "configuration {:?}, builder {:?}\n{}", config, builder, toml);
+        let faults = [
+            !["api"].contains(&s.name),
+            s.timeout_ms == Some(0),
+            s.breaker.is_some_and(|(b, m)| b == 0 || m < b),
+            s.capacity.is_none() && s.candidate.is_some(),
+            s.candidate == Some(None),
+            s.min_cost.is_some_and(|n| n == 0 || s.capacity.is_some_and(|c| n > c)),
+            s.min_cost.is_some_and(|n| matches!(s.candidate, Some(Some(c)) if n > c)),
+        ];
+        if faults.iter().filter(|f| **f).count() == 1 {
+            prop_assert_eq!(config, builder, "{}", toml);
+        }
+    }
+}
