@@ -147,7 +147,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| format!("{e} in {s:?}"))?;
     // Runs stay bounded.
     if d.is_zero() || d > Duration::from_secs(60) {
-        return Err("duration must be between 1ms and 60s".into());
+        return Err("must be above zero and at most 60s".into());
     }
     Ok(d)
 }
@@ -494,10 +494,15 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    rt.block_on(run(args));
+    // Reported after the runtime has returned: a spawned redis-server is
+    // stopped by its destructor first.
+    if let Err(e) = rt.block_on(run(args)) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
 }
 
-async fn run(args: Args) {
+async fn run(args: Args) -> Result<(), String> {
     let slice = args.duration / args.rounds.max(1);
     let mut peers = if args.no_bare {
         Vec::new()
@@ -524,12 +529,12 @@ async fn run(args: Args) {
             s.merge(library_or_exit(&args, MemoryBackend::new(), slice).await);
         }
         println!("{}", s.line("library"));
-        return;
+        return Ok(());
     }
 
     let _server;
     let url = if args.spawn_server {
-        let server = RedisServer::start().expect("redis-server is not installed");
+        let server = RedisServer::start().ok_or("--spawn-server: redis-server is not installed")?;
         let url = server.url();
         _server = server;
         url
@@ -561,17 +566,17 @@ async fn run(args: Args) {
         .durability(Durability::Skip)
         .build()
         .await
-        .expect("connect the backend");
-    let client = redis::Client::open(url.as_str()).expect("url");
-    let conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect the bare client");
+        .map_err(|e| format!("connect the library's backend to {url}: {e}"))?;
+    let client = redis::Client::open(url.as_str()).map_err(|e| format!("--url {url}: {e}"))?;
+    let connect = || async {
+        client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| format!("connect a bare client to {url}: {e}"))
+    };
+    let conn = connect().await?;
     // Its own connection: reading the server's CPU is not measured.
-    let mut probe = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect the CPU probe");
+    let mut probe = connect().await?;
     // Warm up every path (connections, script cache).
     let _ = library_or_exit(&args, backend.clone(), Duration::from_millis(200)).await;
     for &peer in &peers {
@@ -607,6 +612,7 @@ async fn run(args: Args) {
     for (stats, peer) in raw.iter().zip(&peers) {
         println!("{}", stats.result(peer.name()));
     }
+    Ok(())
 }
 
 /// [`library`], exiting on a flag the limiter refuses.
