@@ -75,7 +75,7 @@ pub(crate) struct Global {
     /// How long to wait for Redis (connecting, then each command), e.g. `5s`,
     /// `500ms`.
     #[arg(long, value_name = "DURATION", default_value = "5s",
-          value_parser = humantime::parse_duration, global = true)]
+          value_parser = wait, global = true)]
     pub(crate) timeout: Duration,
     /// Print the result as one JSON document (errors stay text on standard
     /// error; the exit code is the same).
@@ -347,6 +347,15 @@ impl Global {
     }
 }
 
+/// `--timeout`: a wait of zero would fail every connection and command
+/// before it is sent.
+fn wait(s: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(s).map_err(|e| e.to_string())? {
+        d if d.is_zero() => Err("must be above zero".into()),
+        d => Ok(d),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -389,6 +398,34 @@ mod tests {
             "capacity = 5",
         ]);
         assert!(r.is_err());
+    }
+
+    #[test]
+    fn a_zero_timeout_is_refused() {
+        let Err(e) = Cli::try_parse_from([
+            "tollgate",
+            "--timeout",
+            "0s",
+            "inspect",
+            "api",
+            "--key",
+            "x",
+        ]) else {
+            panic!("a zero timeout was accepted");
+        };
+        assert!(e.to_string().contains("must be above zero"), "{e}");
+        assert!(
+            Cli::try_parse_from([
+                "tollgate",
+                "--timeout",
+                "1ms",
+                "inspect",
+                "api",
+                "--key",
+                "x"
+            ])
+            .is_ok()
+        );
     }
 
     #[test]
