@@ -62,3 +62,9 @@ pub mod redis {
 pub mod tower {
     pub use tollgate_tower::*;
 }
+
+// The README's Rust blocks, compiled (and run) as doctests: they are the
+// first code a user copies, and markdown outside a crate is never compiled.
+#[cfg(all(doctest, feature = "axum", feature = "redis"))]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
