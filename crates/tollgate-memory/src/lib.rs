@@ -3,7 +3,10 @@
 //!
 //! It is the embedded default (a single process needs no Redis) and the test
 //! double: an application written against the Redis backend switches to
-//! [`MemoryBackend`] in its unit tests by changing one constructor. It runs
+//! [`MemoryBackend`] in its unit tests by changing one constructor, once
+//! the code that builds its limiters is generic over the backend
+//! (`fn app<B: Backend + Clone>(.., backend: B)`, as in the `tollgate`
+//! README; there is no type-erased backend). It runs
 //! the core's [reference model](tollgate_limiter::model) directly, passes the
 //! same conformance suite as the Redis backend, takes a [`MockClock`] for
 //! tests, and can inject failures and delays to exercise fail modes.

@@ -2,9 +2,10 @@
 //! one atomic Lua script in Redis.
 //!
 //! [`RedisBackend`] implements [`tollgate_limiter::Backend`]. Each decision is a
-//! single `EVALSHA` of the strategy's script (`lua/token_bucket.lua`,
-//! `lua/sliding_window.lua`, `lua/progressive_delay.lua`, reloaded
-//! transparently after a `SCRIPT FLUSH` or a restart): it reads the key's
+//! single `EVALSHA` of the strategy's script (`lua/<strategy>.lua`: token
+//! bucket, sliding window, progressive delay, calendar, composite,
+//! concurrency; reloaded transparently after a `SCRIPT FLUSH` or a
+//! restart): it reads the key's
 //! state, applies the policy in force, writes the new state and answers the
 //! verdict. No read-modify-write crosses the network, so any number of
 //! workers share one exact counter.

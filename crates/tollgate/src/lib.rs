@@ -18,6 +18,17 @@
 //! | `tonic` | client IP from tonic's `TcpConnectInfo` (the gRPC responder, `RESOURCE_EXHAUSTED`, comes with `tower`) |
 //! | `metrics` | every limiter's decisions, backend latency and breaker through the `metrics` crate ([`metrics`]) |
 //!
+//! The re-exported items keep their own docs, whose examples (like the
+//! guides in the repository's `docs/` and its `examples/`) name the member
+//! crates: there, `tollgate_limiter::X` is `tollgate::X`,
+//! `tollgate_memory::X` is `tollgate::memory::X`, `tollgate_redis::X` is
+//! `tollgate::redis::X` and `tollgate_tower::X` is `tollgate::tower::X`.
+//!
+//! For an axum or tonic service, start from the README's Usage (the
+//! crate's page on crates.io: a router generic over the backend, a layer
+//! per client IP and per API key, limits from [`Config`]) and the `tower`
+//! module.
+//!
 //! # Examples
 //!
 //! ```
@@ -62,3 +73,9 @@ pub mod redis {
 pub mod tower {
     pub use tollgate_tower::*;
 }
+
+// The README's Rust blocks, compiled (and run) as doctests: they are the
+// first code a user copies, and markdown outside a crate is never compiled.
+#[cfg(all(doctest, feature = "axum", feature = "redis"))]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;

@@ -39,7 +39,10 @@ pub enum ProxyHeader {
 /// extensions: axum's `ConnectInfo<SocketAddr>` (feature `axum`; serve with
 /// `into_make_service_with_connect_info::<SocketAddr>()`), tonic's
 /// `TcpConnectInfo`, plain or inside `TlsConnectInfo` on a TLS server
-/// (feature `tonic`), or a [`PeerAddr`].
+/// (feature `tonic`), or a [`PeerAddr`]. A request with none of them has
+/// no key, and the layer's [`MissingKey`](crate::MissingKey) decides: by
+/// default every such request is refused `400`, which is what an axum app
+/// served without connect info sees for all of them.
 ///
 /// When the peer is one of the [trusted proxies](Self::trust_proxies), the
 /// forwarding header is walked **right to left**: each entry was appended by
