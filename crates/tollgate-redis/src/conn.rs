@@ -39,11 +39,18 @@
 //! the address it had, where the old master, restarted after a failover,
 //! says `master` until the sentinels demote it (it is put back only when no
 //! sentinel answers and its address still says `master`: the sentinels
-//! down must not leave a healthy master with no connection); and when no
-//! call has rung the keeper for [`MASTER_CHECK`], it asks the sentinels
-//! whether they still name the connection's master (a frozen master that
-//! continued after its failover, while this worker was idle, says `master`
-//! too), and follows them to a server that says it is one.
+//! down must not leave a healthy master with no connection). And every
+//! [`MASTER_CHECK`], one task per backend asks the sentinels which master
+//! they name (a frozen master that continued after its failover, while
+//! this worker was idle, says `master` too, and no call fails on it): when
+//! they name another that says it is one, it rings the keeper of every
+//! slot whose connection is to another master, which replaces it. One
+//! check per backend, not per slot: the answer is the same for every
+//! slot. It asks on sentinel clients and connections of its own, and runs
+//! beside the keepers, not in them: a keeper with a suspicion (a failed
+//! call, a replica's reply) never waits behind a check stuck on a silent
+//! sentinel, and its lookup of the master does not queue behind one (it
+//! may meet that sentinel's silence itself, as lookups do).
 //! A cluster connection follows the cluster's own topology changes
 //! (redis-rs refreshes its slot map on `MOVED`, `READONLY` and a
 //! connection that drops); its check asks the masters for
@@ -96,10 +103,10 @@ pub(crate) const RETRY: Duration = Duration::from_millis(250);
 #[cfg(feature = "cluster")]
 pub(crate) const REBUILD: Duration = Duration::from_secs(1);
 
-/// How often a keeper of a Sentinel master's connection asks the
-/// sentinels whether they still name that master, with no call failing: a
-/// master frozen while this worker was idle, failed over, then continued
-/// answers as a master until the sentinels demote it (8 s later).
+/// How often a Sentinel backend asks the sentinels whether they still name
+/// its connections' master, with no call failing: a master frozen while
+/// this worker was idle, failed over, then continued answers as a master
+/// until the sentinels demote it (8 s later).
 pub(crate) const MASTER_CHECK: Duration = Duration::from_secs(1);
 
 /// A Sentinel master's address (`host`, `port`).
@@ -260,6 +267,9 @@ struct Slot {
     sentinel: bool,
     /// That master's address, when the connection was made.
     master: Mutex<Option<Master>>,
+    /// The master the sentinels named instead, when the backend's master
+    /// check found it (with a ring of the keeper).
+    named: Mutex<Option<Master>>,
     /// A call found such a connection closed, and took it out of the slot:
     /// its manager would reconnect by itself, to the address it had, where
     /// the old master, restarted after a failover, says `master` until the
@@ -461,45 +471,61 @@ async fn open(connector: &Connector, t: Timeouts) -> RedisResult<(Link, Option<M
     Ok((link, master))
 }
 
-/// Waits until the keeper is told to suspect the slot's connection
-/// (`true`), or, for a Sentinel master's, at most [`MASTER_CHECK`]
-/// (`false`).
-async fn rung(slot: &Slot) -> bool {
-    if slot.sentinel {
-        tokio::time::timeout(MASTER_CHECK, slot.suspect.notified())
-            .await
-            .is_ok()
-    } else {
-        slot.suspect.notified().await;
-        true
+/// Whether the sentinels name another master than the slot's connection's
+/// (`false` too when they cannot be asked): a lookup, for a keeper.
+async fn moved(slot: &Slot, connector: &Connector) -> bool {
+    let Connector::Sentinel { sentinel, .. } = connector else {
+        return false;
+    };
+    let Some(at) = lock(&slot.master).clone() else {
+        return false;
+    };
+    match sentinel.master_addr().await {
+        Ok(named) if named != at => trusted(sentinel, &named).await,
+        _ => false,
     }
 }
 
-/// Why the slot's connection is to a master the sentinels no longer name,
-/// if it is (`None` too when they cannot be asked). The server they name
-/// instead must say it is a master, as a lookup checks: a sentinel that
-/// names a replica (stale, misconfigured) does not take away a connection
-/// that no lookup would replace.
-async fn moved(slot: &Slot, connector: &Connector) -> Option<redis::RedisError> {
-    let Connector::Sentinel { sentinel, .. } = connector else {
-        return None;
-    };
-    let at = lock(&slot.master).clone()?;
-    let named = sentinel.master_addr().await.ok()?;
-    if named == at {
-        return None;
+/// Whether `named`, which a sentinel names the master instead of a
+/// connection's, says it is one, as a lookup checks: a sentinel that names
+/// a replica (stale, misconfigured) does not take away a connection that
+/// no lookup would replace, and gives its place as the one asked first.
+async fn trusted(sentinel: &crate::sentinel::Sentinels, named: &Master) -> bool {
+    let master = sentinel.says_master(named.0.clone(), named.1).await;
+    if !master {
+        sentinel.pass_over_first();
     }
-    if !sentinel.says_master(named.0.clone(), named.1).await {
-        sentinel.pass_over_first().await;
-        return None;
+    master
+}
+
+/// A Sentinel backend's master check (see the module docs): every
+/// [`MASTER_CHECK`], asks the sentinels which master they name, and rings
+/// the keeper of every slot whose connection is to another one.
+async fn check_master(slots: Box<[Arc<Slot>]>, sentinel: crate::sentinel::Sentinels) {
+    loop {
+        tokio::time::sleep(MASTER_CHECK).await;
+        let masters: Vec<Option<Master>> = slots
+            .iter()
+            .map(|s| s.get().and(lock(&s.master).clone()))
+            .collect();
+        // No connection to compare (all being replaced): nothing to ask.
+        if masters.iter().all(Option::is_none) {
+            continue;
+        }
+        let Some(Ok(named)) = sentinel.check_master_addr().await else {
+            continue;
+        };
+        let elsewhere = |m: &Option<Master>| m.as_ref().is_some_and(|m| *m != named);
+        if !masters.iter().any(elsewhere) || !trusted(&sentinel, &named).await {
+            continue;
+        }
+        for (slot, master) in slots.iter().zip(&masters) {
+            if elsewhere(master) {
+                *lock(&slot.named) = Some(named.clone());
+                slot.suspect.notify_one();
+            }
+        }
     }
-    Some(
-        std::io::Error::other(format!(
-            "the sentinels name {}:{} the master, not {}:{}",
-            named.0, named.1, at.0, at.1
-        ))
-        .into(),
-    )
 }
 
 /// The role in a `ROLE` reply (`master`, `slave`, `sentinel`).
@@ -524,14 +550,20 @@ async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
     // denied replaces a connection that may reach the replica again).
     let mut attempted: Option<Instant> = None;
     loop {
-        // Not told to suspect it: a Sentinel master's connection, whose
-        // master the sentinels may no longer name.
-        let elsewhere = match rung(&slot).await {
-            true => None,
-            false => match moved(&slot, &connector).await {
-                Some(e) => Some(e),
-                None => continue,
-            },
+        slot.suspect.notified().await;
+        // The master check found the sentinels naming another master than
+        // the connection's (unless it was replaced since).
+        let named = lock(&slot.named).take();
+        let at = lock(&slot.master).clone();
+        let elsewhere = match (named, at) {
+            (Some(named), Some(at)) if named != at => Some(
+                std::io::Error::other(format!(
+                    "the sentinels name {}:{} the master, not {}:{}",
+                    named.0, named.1, at.0, at.1
+                ))
+                .into(),
+            ),
+            _ => None,
         };
         let replica = slot.replica.swap(false, Ordering::Relaxed);
         let mut closed = lock(&slot.closed).take();
@@ -582,7 +614,7 @@ async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
                     // and its address still says `master`, rather than
                     // no connection until the sentinels return.
                     if let Some(link) = &mut closed
-                        && moved(&slot, &connector).await.is_none()
+                        && !moved(&slot, &connector).await
                         && answers(link, t, false).await.is_ok()
                     {
                         slot.set(closed.take());
@@ -723,6 +755,7 @@ pub(crate) struct Conn {
     ping_on_checkout: bool,
     timeouts: Timeouts,
     cluster: bool,
+    /// The slots' keepers, and a Sentinel backend's master check.
     keepers: Vec<AbortHandle>,
     connector: Connector,
 }
@@ -787,10 +820,14 @@ impl Conn {
                 slot
             })
             .collect();
-        let keepers = slots
+        let mut keepers: Vec<AbortHandle> = slots
             .iter()
             .map(|s| tokio::spawn(keep(s.clone(), connector.clone(), t)).abort_handle())
             .collect();
+        if let Connector::Sentinel { sentinel, .. } = connector {
+            let check = check_master(slots.clone(), sentinel.clone());
+            keepers.push(tokio::spawn(check).abort_handle());
+        }
         let exclusive = usage.exclusive.map(|wait| Exclusive {
             permits: Semaphore::new(slots.len()),
             idle: Mutex::new((0..slots.len()).collect()),

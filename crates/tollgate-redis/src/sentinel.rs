@@ -34,9 +34,12 @@
 //! address through the redis crate's [`SentinelClient`], which checks the
 //! `ROLE` of the server it returns. The sentinels are asked one at a time,
 //! each within a bound derived from the backend's timeouts; the one that
-//! answered is asked first next time (see [`Sentinels`]).
+//! answered is asked first next time (see [`Sentinels`]). The backend's
+//! periodic master check (see [`crate::conn`]) asks them on clients and
+//! connections of its own, so that no lookup waits behind it.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use std::collections::HashMap;
@@ -227,38 +230,69 @@ fn decode(s: &str) -> Option<String> {
 /// about a second (1.5 s on a connection it had open), and made every
 /// lookup fail when the backend's timeouts bounded the lookup to less.
 ///
+/// Lookups take turns (one lock); the periodic master check
+/// ([`check_master_addr`](Self::check_master_addr)) has clients and a lock
+/// of its own, so that a check waiting on a silent sentinel never holds up
+/// a lookup for a connection that failed. Both learn from each other which
+/// sentinel answered last.
+///
 /// A [`SentinelClient`] rather than a bare `Sentinel`: only its builder
 /// hands the CA to the connections to the servers the sentinels name (a
 /// bare `Sentinel` checks their `ROLE` against the default roots only).
 #[derive(Clone)]
 pub(crate) struct Sentinels {
-    state: Arc<Mutex<State>>,
+    /// The lookups' clients: [`master`](Self::master),
+    /// [`replicas`](Self::replicas), [`master_addr`](Self::master_addr).
+    lookups: Arc<Mutex<State>>,
+    /// The periodic master check's clients.
+    checks: Arc<Mutex<State>>,
+    /// The sentinel that answered last: the next lookup or check asks it
+    /// first, and then the others in the URL's order.
+    first: Arc<AtomicUsize>,
     target: Arc<Target>,
     /// Bounds one sentinel's part of a lookup (a connection and its
     /// replies to the sentinel, then to the server it names).
     per_sentinel: Duration,
 }
 
-/// The sentinels' clients, and which one to ask first.
+/// The sentinels' clients.
 struct State {
     /// One client per sentinel, in the URL's order (each caches its
     /// connection).
     clients: Vec<SentinelClient>,
-    /// Per sentinel, the connection the keepers' master checks ask on
-    /// ([`master_addr`](Sentinels::master_addr), every second per slot):
-    /// kept, not dialled for each question; dropped with its client, or
-    /// when the connection fails.
-    asked: Vec<Option<MultiplexedConnection>>,
-    /// The sentinel that answered last: the next lookup asks it first, and
-    /// then the others in the URL's order.
-    first: usize,
+    /// Per sentinel, where `SENTINEL GET-MASTER-ADDR-BY-NAME` is asked
+    /// (the master check's question, every second).
+    asked: Vec<Asked>,
+}
+
+/// One sentinel, for `SENTINEL GET-MASTER-ADDR-BY-NAME`.
+struct Asked {
+    /// The sentinel alone: dialled directly, not through its
+    /// [`SentinelClient`], which would first check its `ROLE` on a
+    /// connection of its own.
+    sentinel: redis::Client,
+    /// Kept, not dialled for each question; dropped when it fails or runs
+    /// out of time.
+    conn: Option<MultiplexedConnection>,
 }
 
 impl State {
-    /// The order in which to ask the sentinels.
-    fn order(&self) -> impl Iterator<Item = usize> + use<> {
-        let (first, n) = (self.first, self.clients.len());
-        std::iter::once(first).chain((0..n).filter(move |&i| i != first))
+    fn new(target: &Target) -> redis::RedisResult<Self> {
+        let n = target.url.sentinels.len();
+        Ok(Self {
+            clients: (0..n)
+                .map(|i| target.client(i))
+                .collect::<redis::RedisResult<_>>()?,
+            asked: (0..n)
+                .map(|i| {
+                    let sentinel = target.sentinel(i)?;
+                    Ok(Asked {
+                        sentinel,
+                        conn: None,
+                    })
+                })
+                .collect::<redis::RedisResult<_>>()?,
+        })
     }
 }
 
@@ -292,48 +326,45 @@ impl Sentinels {
             url: url.clone(),
             tls,
         };
-        let clients = (0..url.sentinels.len())
-            .map(|i| target.client(i))
-            .collect::<redis::RedisResult<Vec<_>>>()?;
         Ok(Self {
-            state: Arc::new(Mutex::new(State {
-                asked: clients.iter().map(|_| None).collect(),
-                clients,
-                first: 0,
-            })),
+            lookups: Arc::new(Mutex::new(State::new(&target)?)),
+            checks: Arc::new(Mutex::new(State::new(&target)?)),
+            first: Arc::new(AtomicUsize::new(0)),
             target: Arc::new(target),
             per_sentinel,
         })
     }
 
-    /// Asks the sentinels one at a time, each within `per_sentinel`, until
-    /// one answers; that one is asked first next time. A sentinel that ran
-    /// out of time loses its client (and the connection it holds, which
-    /// may be the silent one): the next time it is asked, it is connected
-    /// afresh. Lookups take turns: one that waits for another starts with
-    /// the sentinel that answered it.
+    /// Asks the sentinels one at a time through `state`'s clients, each
+    /// within `per_sentinel`, until one answers; that one is asked first
+    /// next time. A sentinel that ran out of time loses its client (and
+    /// the connection it holds, which may be the silent one): the next
+    /// time it is asked, it is connected afresh. Lookups take turns (the
+    /// caller holds `state`'s lock): one that waits for another starts
+    /// with the sentinel that answered it.
     async fn ask<T>(
         &self,
+        state: &mut State,
         query: for<'a> fn(
             &'a mut SentinelClient,
-            &'a mut Option<MultiplexedConnection>,
+            &'a mut Asked,
             &'a Self,
         ) -> redis::RedisFuture<'a, T>,
     ) -> redis::RedisResult<T> {
-        let mut state = self.state.lock().await;
-        let state = &mut *state;
+        let (first, n) = (self.first.load(Ordering::Relaxed), state.clients.len());
+        let order = std::iter::once(first).chain((0..n).filter(|&i| i != first));
         let mut error = None;
-        for i in state.order() {
+        for i in order {
             let asked = query(&mut state.clients[i], &mut state.asked[i], self);
             match tokio::time::timeout(self.per_sentinel, asked).await {
                 Ok(Ok(answer)) => {
-                    state.first = i;
+                    self.first.store(i, Ordering::Relaxed);
                     return Ok(answer);
                 }
                 Ok(Err(e)) => error = Some(e),
                 Err(_) => {
                     state.clients[i] = self.target.client(i)?;
-                    state.asked[i] = None;
+                    state.asked[i].conn = None;
                     // A sentinel's answer (a master not found, a server
                     // that is not a master) says more than another's
                     // silence.
@@ -347,41 +378,56 @@ impl Sentinels {
     /// A client for the master the sentinels name now (checked with
     /// `ROLE`).
     pub(crate) async fn master(&self) -> redis::RedisResult<redis::Client> {
-        self.ask(|s, _, _| Box::pin(s.async_get_client())).await
+        let mut state = self.lookups.lock().await;
+        self.ask(&mut state, |s, _, _| Box::pin(s.async_get_client()))
+            .await
     }
 
     /// The master's address as the sentinels name it now
-    /// (`SENTINEL GET-MASTER-ADDR-BY-NAME`, no connection to the master),
-    /// asked on the sentinel's kept connection (see [`State::asked`]).
+    /// (`SENTINEL GET-MASTER-ADDR-BY-NAME`, no connection to the master):
+    /// a lookup, taking its turn with the others.
     pub(crate) async fn master_addr(&self) -> redis::RedisResult<(String, u16)> {
-        self.ask(|s, asked, me| {
-            Box::pin(async move {
-                let mut conn = match asked.take() {
-                    Some(conn) => conn,
-                    None => {
-                        let sentinel = s.async_get_sentinel_client().await?;
-                        sentinel.get_multiplexed_async_connection().await?
-                    }
-                };
-                let named = redis::cmd("SENTINEL")
-                    .arg("GET-MASTER-ADDR-BY-NAME")
-                    .arg(&me.target.url.master)
-                    .query_async::<(String, u16)>(&mut conn)
-                    .await;
-                // Kept unless the connection failed: a reply (an ACL's
-                // refusal too) leaves it usable.
-                if !named.as_ref().is_err_and(|e| {
-                    e.is_io_error()
-                        || e.is_connection_dropped()
-                        || e.is_timeout()
-                        || e.is_unrecoverable_error()
-                }) {
-                    *asked = Some(conn);
-                }
-                named
-            })
+        let mut state = self.lookups.lock().await;
+        self.ask(&mut state, Self::named).await
+    }
+
+    /// [`master_addr`](Self::master_addr) for the periodic master check,
+    /// on its own clients: it never waits for a lookup, nor a lookup for
+    /// it. `None` when a check is already under way (skipped, not queued).
+    pub(crate) async fn check_master_addr(&self) -> Option<redis::RedisResult<(String, u16)>> {
+        let mut state = self.checks.try_lock().ok()?;
+        Some(self.ask(&mut state, Self::named).await)
+    }
+
+    /// Asks a sentinel for the master's address on its kept connection
+    /// (see [`Asked`]).
+    fn named<'a>(
+        _: &'a mut SentinelClient,
+        asked: &'a mut Asked,
+        me: &'a Self,
+    ) -> redis::RedisFuture<'a, (String, u16)> {
+        Box::pin(async move {
+            let mut conn = match asked.conn.take() {
+                Some(conn) => conn,
+                None => asked.sentinel.get_multiplexed_async_connection().await?,
+            };
+            let named = redis::cmd("SENTINEL")
+                .arg("GET-MASTER-ADDR-BY-NAME")
+                .arg(&me.target.url.master)
+                .query_async::<(String, u16)>(&mut conn)
+                .await;
+            // Kept unless the connection failed: a reply (an ACL's
+            // refusal too) leaves it usable.
+            if !named.as_ref().is_err_and(|e| {
+                e.is_io_error()
+                    || e.is_connection_dropped()
+                    || e.is_timeout()
+                    || e.is_unrecoverable_error()
+            }) {
+                asked.conn = Some(conn);
+            }
+            named
         })
-        .await
     }
 
     /// A sentinel named a master that is none
@@ -389,9 +435,13 @@ impl Sentinels {
     /// that answered last: that one) gives its place to the next in the
     /// URL's order, so that a stale sentinel does not answer every check
     /// while a right one answers.
-    pub(crate) async fn pass_over_first(&self) {
-        let mut state = self.state.lock().await;
-        state.first = (state.first + 1) % state.clients.len();
+    pub(crate) fn pass_over_first(&self) {
+        let n = self.target.url.sentinels.len();
+        let next = |first| Some((first + 1) % n);
+        // Always `Ok`: `next` never refuses.
+        let _ = self
+            .first
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, next);
     }
 
     /// Whether the server at `host:port`, which a sentinel named the
@@ -428,7 +478,8 @@ impl Sentinels {
     /// is not checked here: the durability check that asks for them
     /// reports a replica it cannot reach.
     pub(crate) async fn replicas(&self) -> redis::RedisResult<Vec<redis::Client>> {
-        self.ask(|s, _, me| {
+        let mut state = self.lookups.lock().await;
+        self.ask(&mut state, |s, _, me| {
             Box::pin(async move {
                 let sentinel = s.async_get_sentinel_client().await?;
                 let mut conn = sentinel.get_multiplexed_async_connection().await?;
@@ -499,14 +550,31 @@ impl Target {
     /// verified the same way.
     fn server(&self, host: String, port: u16) -> redis::RedisResult<redis::Client> {
         let url = &self.url;
-        let mut redis = RedisConnectionInfo::default().set_db(url.db);
-        if let Some(u) = &url.username {
-            redis = redis.set_username(u);
-        }
-        if let Some(p) = &url.password {
-            redis = redis.set_password(p);
-        }
-        if !url.tls {
+        let redis = credentials(url.username.as_deref(), url.password.as_deref()).set_db(url.db);
+        self.reach(host, port, redis)
+    }
+
+    /// A client for sentinel `i` alone, as [`client`](Self::client) reaches
+    /// it: the sentinels' credentials, and TLS verified the same way.
+    fn sentinel(&self, i: usize) -> redis::RedisResult<redis::Client> {
+        let url = &self.url;
+        let (host, port) = url.sentinels[i].clone();
+        let redis = credentials(
+            url.sentinel_username.as_deref(),
+            url.sentinel_password.as_deref(),
+        );
+        self.reach(host, port, redis)
+    }
+
+    /// A client for `host:port` with `redis`'s settings, with TLS verified
+    /// (with the given CA and client certificate) for a TLS URL.
+    fn reach(
+        &self,
+        host: String,
+        port: u16,
+        redis: RedisConnectionInfo,
+    ) -> redis::RedisResult<redis::Client> {
+        if !self.url.tls {
             return redis::Client::open(
                 ConnectionAddr::Tcp(host, port)
                     .into_connection_info()?
@@ -527,6 +595,18 @@ impl Target {
         }
         redis::Client::open(info)
     }
+}
+
+/// Connection settings with these credentials.
+fn credentials(username: Option<&str>, password: Option<&str>) -> RedisConnectionInfo {
+    let mut redis = RedisConnectionInfo::default();
+    if let Some(u) = username {
+        redis = redis.set_username(u);
+    }
+    if let Some(p) = password {
+        redis = redis.set_password(p);
+    }
+    redis
 }
 
 /// A replica's address, unless the sentinel marks it down or disconnected

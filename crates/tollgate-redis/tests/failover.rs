@@ -17,6 +17,11 @@
 //! failover, on the second's answers within bounds derived from its
 //! timeouts.
 //!
+//! `sentinel_master_check_is_one_per_backend` counts the backend's
+//! questions to the sentinels while it is idle;
+//! `sentinel_suspicion_is_not_held_up_by_a_stuck_master_check` has a
+//! keeper check its connection while that question waits on silence.
+//!
 //! `cluster_failover_of_a_frozen_master` freezes a cluster master
 //! (`SIGSTOP`: connections stay open, nothing answers) instead of killing
 //! it: decisions must resume on the promoted replica, and go on once the
@@ -559,6 +564,23 @@ fn behind_relay(ha: &RedisSentinel, relay: &Relay) -> RedisBackendBuilder {
         .prefix(unique_name("silent-sentinel"))
         .connect_timeout(CONNECT)
         .response_timeout(RESPONSE)
+}
+
+/// Relays in front of the topology's first two sentinels (to silence
+/// them), and a backend that knows the sentinels only through them.
+fn behind_relays(ha: &RedisSentinel, prefix: &str) -> ([Relay; 2], RedisBackendBuilder) {
+    let relays = [0, 1].map(|i| Relay::start(ha.sentinels()[i].addr()));
+    let url = format!(
+        "redis+sentinel://{},{}/{}",
+        relays[0].addr(),
+        relays[1].addr(),
+        ha.master_name()
+    );
+    let b = RedisBackend::builder(url)
+        .prefix(unique_name(prefix))
+        .connect_timeout(CONNECT)
+        .response_timeout(RESPONSE);
+    (relays, b)
 }
 
 /// One decision straight from the backend (no limiter: no breaker, no
@@ -1243,20 +1265,8 @@ async fn sentinel_silent_sentinels_keep_a_closed_connection_to_a_master() {
     let Some(ha) = blocking(RedisSentinel::start) else {
         return;
     };
-    let relays = [0, 1].map(|i| Relay::start(ha.sentinels()[i].addr()));
-    let url = format!(
-        "redis+sentinel://{},{}/{}",
-        relays[0].addr(),
-        relays[1].addr(),
-        ha.master_name()
-    );
-    let b = RedisBackend::builder(url)
-        .prefix(unique_name("silent-sentinels"))
-        .connect_timeout(CONNECT)
-        .response_timeout(RESPONSE)
-        .build()
-        .await
-        .expect("connect");
+    let (relays, b) = behind_relays(&ha, "silent-sentinels");
+    let b = b.build().await.expect("connect");
     decide(&b).await.expect("decided on the master");
     for r in &relays {
         r.silence();
@@ -1286,36 +1296,6 @@ async fn sentinel_silent_sentinels_keep_a_closed_connection_to_a_master() {
         "no decision {bound:?} after the master closed the connection, the master healthy and \
          the sentinels silent: {last:?}"
     );
-}
-
-/// Sentinel: the keepers' check of an idle pool (`MASTER_CHECK`: every
-/// second, each slot asks the sentinels for the master's address) reuses
-/// one connection to the sentinel, rather than dialling it for every
-/// question: four idle slots for 3 s are 12 questions, on the connection
-/// the first one opened (a sentinel that every worker's every slot dials
-/// each second spends itself accepting and closing them).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sentinel_master_checks_reuse_a_connection() {
-    let Some(ha) = blocking(RedisSentinel::start) else {
-        return;
-    };
-    let relay = Relay::start(ha.sentinels()[0].addr());
-    let b = behind_relay(&ha, &relay)
-        .pool_size(4)
-        .build()
-        .await
-        .expect("connect");
-    decide(&b).await.expect("decided on the master");
-    let before = relay.accepted();
-    tokio::time::sleep(3 * S).await;
-    let dialled = relay.accepted() - before;
-    println!("the sentinel accepted {dialled} connection(s) in 3 s of four idle slots");
-    // The first check may open the connection the others reuse.
-    assert!(
-        dialled <= 1,
-        "the master checks dialled the sentinel {dialled} times"
-    );
-    decide(&b).await.expect("decided on the master");
 }
 
 /// Sentinel: one sentinel names a server that is no master (a replica: a
@@ -1392,6 +1372,131 @@ async fn sentinel_naming_a_replica_does_not_take_the_master_away() {
         dialled <= 2,
         "the checks dialled the replica {dialled} times in 3 s after the right sentinel answered \
          again"
+    );
+    decide(&b).await.expect("decided on the master");
+}
+
+/// The `calls=` of `stat` in `server`'s `INFO commandstats` (0 before the
+/// first call).
+fn calls(server: &tollgate_testkit::redis_server::RedisServer, stat: &str) -> u64 {
+    let stats = server.cli(&["info", "commandstats"]);
+    let line = stats
+        .lines()
+        .find_map(|l| l.strip_prefix(stat)?.strip_prefix(":calls="));
+    line.map_or(0, |l| {
+        let n = l.split(',').next().expect("a count");
+        n.parse().expect("a number")
+    })
+}
+
+/// Sentinel: the master check of an idle pool (`MASTER_CHECK`: every
+/// second) is one per backend, not one per slot (the answer is the same
+/// for every slot), and reuses one connection to the sentinel rather than
+/// dialling it for every question: four idle slots for 4 s ask the
+/// sentinels about four times (counted by relays in front of them: a
+/// sentinel keeps no `INFO commandstats`), on the connection the first
+/// check opened (a sentinel that every worker dials each second spends
+/// itself accepting and closing them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_master_check_is_one_per_backend() {
+    let Some(ha) = blocking(RedisSentinel::start) else {
+        return;
+    };
+    let (relays, b) = behind_relays(&ha, "one-check");
+    let b = b
+        .pool_size(4)
+        .durability(Durability::Skip)
+        .build()
+        .await
+        .expect("connect");
+    decide(&b).await.expect("decided on the master");
+    let accepted = || relays.iter().map(Relay::accepted).sum::<usize>();
+    let before = accepted();
+    for r in &relays {
+        r.count(b"GET-MASTER-ADDR-BY-NAME");
+    }
+    tokio::time::sleep(4 * S).await;
+    let asked = relays.iter().map(Relay::counted).sum::<usize>();
+    let dialled = accepted() - before;
+    println!(
+        "the sentinels were asked for the master {asked} times, and dialled {dialled} times, \
+         in 4 s of four idle slots"
+    );
+    // One a second, and one more for a check at either edge.
+    assert!(
+        asked <= 5,
+        "{asked} master checks in 4 s: one per slot, not one per backend"
+    );
+    assert!(asked >= 2, "{asked} master checks in 4 s: none any more?");
+    // The first check may open the connection the others reuse; on a
+    // loaded machine, a check out of time on it moves to the other
+    // sentinel.
+    assert!(
+        dialled <= 2,
+        "the master checks dialled the sentinels {dialled} times"
+    );
+    decide(&b).await.expect("decided on the master");
+}
+
+/// Sentinel: the sentinels go silent (relays that keep every connection
+/// and forward nothing), so the periodic master check waits on each for
+/// its bound; then a call on every slot is given up. Each slot's keeper
+/// checks its connection (`ROLE` on the master) at once, not after the
+/// stuck check: within one sentinel's bound, every slot's `ROLE` has
+/// reached the master. (Before, each keeper ran the periodic check itself,
+/// and they queued on the sentinels' lookup lock behind the one waiting on
+/// silence: a keeper rung there checked seconds later.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_suspicion_is_not_held_up_by_a_stuck_master_check() {
+    // One sentinel's bound, 2 x (connect + response): long beside a `ROLE`
+    // on loopback, so "within it" is an order of events, not a speed.
+    const CONNECT: Duration = Duration::from_millis(250);
+    const RESPONSE: Duration = Duration::from_millis(250);
+    let per_sentinel = (CONNECT + RESPONSE) * 2;
+    let Some(ha) = blocking(RedisSentinel::start) else {
+        return;
+    };
+    let (relays, b) = behind_relays(&ha, "stuck-check");
+    let b = b
+        .connect_timeout(CONNECT)
+        .response_timeout(RESPONSE)
+        .pool_size(4)
+        // The limiter's overrides read once: a call's first poll sends its
+        // script, with no read of them first.
+        .override_cache_ttl(60 * S)
+        .durability(Durability::Skip)
+        .build()
+        .await
+        .expect("connect");
+    decide(&b).await.expect("decided on the master");
+    for r in &relays {
+        r.silence();
+    }
+    // Several checks' worth of silence: each asks both sentinels.
+    tokio::time::sleep(3 * per_sentinel).await;
+    let master = blocking(|| ha.master_port()).expect("a master");
+    let server = ha.server(master).expect("ours");
+    let before = blocking(|| calls(server, "cmdstat_role"));
+    // Round robin: a call given up on each slot before its reply (one
+    // poll sends it; on a loaded machine its reply may be in by then, and
+    // that slot is tried again four calls later).
+    let mut given_up = [false; 4];
+    for i in 0..40 {
+        let mut call = std::pin::pin!(decide(&b));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        given_up[i % 4] |= call.as_mut().poll(&mut cx).is_pending();
+        if given_up.iter().all(|&g| g) {
+            break;
+        }
+    }
+    assert_eq!(given_up, [true; 4], "every call was answered at once");
+    let within = per_sentinel / 2;
+    tokio::time::sleep(within).await;
+    let checked = blocking(|| calls(server, "cmdstat_role")) - before;
+    println!("{checked} slot(s) of 4 checked their connection within {within:?}");
+    assert!(
+        checked >= 4,
+        "{checked} of 4 keepers checked their connection within {within:?}, the sentinels silent"
     );
     decide(&b).await.expect("decided on the master");
 }

@@ -13,6 +13,9 @@
 //!   and forward; the connections already open keep their state (silent
 //!   ones stay silent): the old path is still dead, the new one works.
 //! * [`resume`](Relay::resume): every connection forwards again.
+//! * [`count`](Relay::count): counts what clients send that contains a
+//!   pattern (a command's name: a server that keeps no count of it, a
+//!   sentinel, is asked through the relay).
 //!
 //! Plain tokio; dropping the relay closes the listener and every
 //! connection. It needs a Tokio runtime.
@@ -62,6 +65,10 @@ struct Control {
     generations: Mutex<Vec<watch::Sender<bool>>>,
     /// Connections accepted so far.
     accepted: AtomicUsize,
+    /// What [`Relay::count`] looks for in what clients send.
+    needle: Mutex<Option<Vec<u8>>>,
+    /// How many times it was seen.
+    seen: AtomicUsize,
 }
 
 impl Control {
@@ -70,6 +77,14 @@ impl Control {
             .last()
             .expect("there is always a generation")
             .subscribe()
+    }
+
+    /// Counts the needle in bytes a client sent.
+    fn tap(&self, bytes: &[u8]) {
+        if let Some(needle) = &*lock(&self.needle) {
+            let n = bytes.windows(needle.len()).filter(|w| w == needle).count();
+            self.seen.fetch_add(n, Ordering::Relaxed);
+        }
     }
 }
 
@@ -90,6 +105,8 @@ impl Relay {
             target: Mutex::new(target),
             generations: Mutex::new(vec![watch::channel(false).0]),
             accepted: AtomicUsize::new(0),
+            needle: Mutex::new(None),
+            seen: AtomicUsize::new(0),
         });
         let task = tokio::spawn(accept(listener, control.clone())).abort_handle();
         Self {
@@ -113,6 +130,26 @@ impl Relay {
     /// often a client dialled this address.
     pub fn accepted(&self) -> usize {
         self.control.accepted.load(Ordering::Relaxed)
+    }
+
+    /// From now on, counts the times clients send `needle` (a command's
+    /// name, as it is on the wire: `b"GET-MASTER-ADDR-BY-NAME"`), on every
+    /// connection; [`counted`](Self::counted) says how many so far. One
+    /// split across two reads is missed: a client sends a small command in
+    /// one write.
+    ///
+    /// # Panics
+    ///
+    /// With an empty `needle`.
+    pub fn count(&self, needle: &[u8]) {
+        assert!(!needle.is_empty(), "an empty needle");
+        *lock(&self.control.needle) = Some(needle.to_vec());
+        self.control.seen.store(0, Ordering::Relaxed);
+    }
+
+    /// How many times clients sent what [`count`](Self::count) looks for.
+    pub fn counted(&self) -> usize {
+        self.control.seen.load(Ordering::Relaxed)
     }
 
     /// Every open connection, and every new one until the next
@@ -155,6 +192,7 @@ async fn accept(listener: tokio::net::TcpListener, control: Arc<Control>) {
         control.accepted.fetch_add(1, Ordering::Relaxed);
         let target = *lock(&control.target);
         let silent = control.current();
+        let tap = control.clone();
         connections.spawn(async move {
             let Ok(server) = TcpStream::connect(target).await else {
                 return; // dropping `client` closes it, like a refused connect
@@ -164,8 +202,8 @@ async fn accept(listener: tokio::net::TcpListener, control: Arc<Control>) {
             let (client_rx, client_tx) = client.into_split();
             let (server_rx, server_tx) = server.into_split();
             tokio::join!(
-                pipe(client_rx, server_tx, silent.clone()),
-                pipe(server_rx, client_tx, silent),
+                pipe(client_rx, server_tx, silent.clone(), Some(&tap)),
+                pipe(server_rx, client_tx, silent, None),
             );
         });
         // Reap finished connections so the set does not grow.
@@ -173,8 +211,14 @@ async fn accept(listener: tokio::net::TcpListener, control: Arc<Control>) {
     }
 }
 
-/// Copies `from` to `to`, holding the bytes while the switch says silent.
-async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut silent: watch::Receiver<bool>) {
+/// Copies `from` to `to`, holding the bytes while the switch says silent;
+/// `tap` counts what a client sends (see [`Relay::count`]).
+async fn pipe(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    mut silent: watch::Receiver<bool>,
+    tap: Option<&Control>,
+) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         if silent.wait_for(|s| !s).await.is_err() {
@@ -187,6 +231,9 @@ async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut silent: watch
             }
             Ok(n) => n,
         };
+        if let Some(tap) = tap {
+            tap.tap(&buf[..n]);
+        }
         // Silenced while reading: the bytes wait for the network to heal.
         if silent.wait_for(|s| !s).await.is_err() {
             return;
