@@ -1682,9 +1682,13 @@ impl Backend for RedisBackend {
             return Ok((self.decide_inner(req).await?, Receipt::NONE));
         };
         let (d, marks) = self.run(req, true).await?;
+        // The units asked for, as the model's receipt has them: a cost
+        // above 2^53 travels as 2^53 (`op_arg`), and its settle sends the
+        // units the same way, so only what `Reservation::units` reports
+        // differed between the backends.
         let receipt = match d.is_allowed() {
             true => Receipt {
-                units: units.clamp(1, encoding::MAX_EXACT),
+                units: units.max(1),
                 marks,
                 id: 0,
             },
