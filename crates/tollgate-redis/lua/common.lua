@@ -223,6 +223,11 @@ local function now_us()
   return t[1] * 1000000 + t[2]
 end
 
+-- The largest count a key holds (policy::MAX_COUNT, 2^53 - 1): a window's
+-- total and a calendar quota's count saturate at it, so that they and the
+-- sums computed with them stay exact integers in a Lua number.
+local MAX_COUNT = 9007199254740991
+
 -- The longest span a policy takes, in µs (policy::MAX_SPAN_MICROS: 10
 -- years).
 local MAX_SPAN = 315360000000000

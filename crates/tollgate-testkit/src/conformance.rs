@@ -2178,6 +2178,79 @@ pub async fn extreme_values_agree_with_model<B: Backend>(backend: B, clock: Mock
             ],
         ),
         (
+            // An excess past 2^53: a Lua number rounds the total (2 +
+            // 2^53 - 1), and a refusal then waited for other events.
+            "a sliding window of MAX_COUNT overdrawn past 2^53",
+            SlidingWindow::new(max, 10 * S).unwrap().into(),
+            vec![
+                Step::Acquire { key: 1, cost: 0 },
+                Step::Reserve { key: 1, cost: 0 },
+                Step::Advance(1),
+                Step::Settle {
+                    which: 0,
+                    actual: 1 << 53,
+                },
+                Step::Peek { key: 1, cost: 1 },
+                Step::Advance(9_999_999),
+                Step::Peek { key: 1, cost: 1 },
+            ],
+        ),
+        (
+            // An odd count past 2^53 (MAX_COUNT + 2^52), then a refund.
+            "a calendar quota of MAX_COUNT overdrawn past 2^53",
+            Calendar::new(max, Period::Day, "UTC").unwrap().into(),
+            vec![
+                Step::Reserve {
+                    key: 0,
+                    cost: max - 1,
+                },
+                Step::Reserve { key: 0, cost: 1 },
+                Step::Settle {
+                    which: 1,
+                    actual: (1 << 52) + 1,
+                },
+                Step::Settle {
+                    which: 0,
+                    actual: 0,
+                },
+                Step::Peek { key: 0, cost: 1 },
+            ],
+        ),
+        (
+            "a composite of MAX_COUNT parts overdrawn past 2^53",
+            Composite::new([
+                Policy::from(SlidingWindow::new(max, 10 * S).unwrap()),
+                Policy::from(Calendar::new(max, Period::Day, "UTC").unwrap()),
+            ])
+            .unwrap()
+            .into(),
+            vec![
+                Step::Reserve {
+                    key: 0,
+                    cost: max - 1,
+                },
+                Step::Reserve { key: 0, cost: 1 },
+                Step::Advance(1),
+                Step::Settle {
+                    which: 1,
+                    actual: (1 << 52) + 1,
+                },
+                Step::Settle {
+                    which: 0,
+                    actual: 0,
+                },
+                Step::Peek { key: 0, cost: 1 },
+                Step::Acquire { key: 1, cost: 0 },
+                Step::Reserve { key: 1, cost: 0 },
+                Step::Advance(1),
+                Step::Settle {
+                    which: 2,
+                    actual: 1 << 53,
+                },
+                Step::Peek { key: 1, cost: 1 },
+            ],
+        ),
+        (
             "a token bucket refilled once in ten years",
             TokenBucket::new(1, 1, ten_years).unwrap().into(),
             vec![
