@@ -46,7 +46,10 @@
 --                    units sit (see RESERVE below)
 --            's<units>:<actual>:<m1>:..:<mk>'  settle a reservation of
 --                    <units> that cost <actual>: refund the unused units
---                    still held, or charge the excess; answers '?1'. Each
+--                    still held, or charge the excess; answers '?1'.
+--                    Both at most 2^53; with an excess, only actual -
+--                    units is read, and the client sends it exactly (at
+--                    most 2^53 - 1, lowering <units> if it must). Each
 --                    mi is a part's mark '<born>,<at>[,<interval>]', or
 --                    '-' for none; then, when the receipt has one,
 --                    '@<id>': the settle's identity (digits, kept a

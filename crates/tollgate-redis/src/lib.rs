@@ -1438,7 +1438,8 @@ fn op_arg(op: Op) -> Cow<'static, str> {
         Op::Penalise(c) => format!("!{}", n(c)),
         Op::Reset => "-1".to_owned(),
         Op::Settle { receipt, actual } => {
-            let mut arg = format!("s{}:{}", n(receipt.units), n(actual));
+            let (units, actual) = settle_pair(receipt.units, actual);
+            let mut arg = format!("s{units}:{actual}");
             for mark in receipt.marks {
                 match mark {
                     // The interval only where there is one: a receipt
@@ -1461,6 +1462,24 @@ fn op_arg(op: Op) -> Cow<'static, str> {
         Op::Hold(id) => format!("h{id}"),
         Op::Release(id) => format!("x{id}"),
     })
+}
+
+/// A settle's units and actual cost as the scripts are sent them, both
+/// at most 2^53 (exact Lua numbers). With an excess (`actual > units`)
+/// the scripts read only `actual - units`, so that is what is kept exact:
+/// the excess, at most `MAX_COUNT` (above every limit), the units lowered
+/// where `units + excess` would pass 2^53. Clamping `actual` to 2^53
+/// alone cut the excess of a usage figure above 2^53 to `2^53 - units`,
+/// below a limit near `MAX_COUNT`, where the model charges the limit.
+/// Otherwise (a refund, or none) both are sent as they are, at most 2^53.
+fn settle_pair(units: u64, actual: u64) -> (u64, u64) {
+    let n = |c: u64| c.min(encoding::MAX_EXACT);
+    if actual <= units {
+        return (n(units), n(actual));
+    }
+    let excess = (actual - units).min(tollgate_limiter::policy::MAX_COUNT);
+    let units = n(units).min(encoding::MAX_EXACT - excess);
+    (units, units + excess)
 }
 
 /// Where a reservation's units sit, per part (see `lua/common.lua`).
@@ -1809,6 +1828,26 @@ fn hash_slot(_: &[&str]) -> u16 {
 mod tests {
     use super::*;
     use tollgate_limiter::strategy::token_bucket::TokenBucketState;
+
+    /// A settle's numbers stay exact Lua integers, and an excess is sent
+    /// exactly (at most MAX_COUNT), however large the usage figure.
+    #[test]
+    fn a_settle_sends_its_excess_exactly() {
+        let max = tollgate_limiter::policy::MAX_COUNT;
+        let exact = encoding::MAX_EXACT;
+        assert_eq!(settle_pair(5, 3), (5, 3));
+        assert_eq!(settle_pair(5, 9), (5, 9));
+        assert_eq!(settle_pair(u64::MAX, 0), (exact, 0));
+        assert_eq!(settle_pair(2, u64::MAX), (1, exact));
+        assert_eq!(settle_pair(2, exact + 1), (1, exact));
+        assert_eq!(settle_pair(2, exact), (2, exact));
+        assert_eq!(settle_pair(1 << 52, (1 << 52) + max), (1, exact));
+        for (units, actual) in [(2, u64::MAX), (7, 1 << 53), (1 << 52, u64::MAX)] {
+            let (u, a) = settle_pair(units, actual);
+            assert!(u >= 1 && a <= exact && a > u);
+            assert_eq!(a - u, (actual - units).min(max));
+        }
+    }
 
     /// A prefix with ':' (`a:b` with limiter `c` and `a` with limiter
     /// `b:c` share every key), braces, or none is refused before any

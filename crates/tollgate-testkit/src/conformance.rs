@@ -2251,6 +2251,28 @@ pub async fn extreme_values_agree_with_model<B: Backend>(backend: B, clock: Mock
             ],
         ),
         (
+            // A usage figure above 2^53: its excess over the units is
+            // above the limit, so a whole limit is charged (the Redis
+            // backend sent the figure as 2^53, an excess of MAX_COUNT - 1).
+            "a sliding window of MAX_COUNT settled with u64::MAX",
+            SlidingWindow::new(max, 10 * S).unwrap().into(),
+            vec![
+                Step::Reserve { key: 0, cost: 2 },
+                Step::Advance(10_000_000),
+                Step::Settle {
+                    which: 0,
+                    actual: u64::MAX,
+                },
+                Step::Peek { key: 0, cost: 1 },
+                Step::Reserve { key: 1, cost: 2 },
+                Step::Settle {
+                    which: 1,
+                    actual: u64::MAX,
+                },
+                Step::Peek { key: 1, cost: 1 },
+            ],
+        ),
+        (
             "a token bucket refilled once in ten years",
             TokenBucket::new(1, 1, ten_years).unwrap().into(),
             vec![
