@@ -47,9 +47,10 @@
 --            's<units>:<actual>:<m1>:..:<mk>'  settle a reservation of
 --                    <units> that cost <actual>: refund the unused units
 --                    still held, or charge the excess; answers '?1'.
---                    Both at most 2^53; with an excess, only actual -
---                    units is read, and the client sends it exactly (at
---                    most 2^53 - 1, lowering <units> if it must). Each
+--                    Both at most 2^53; only their difference is read,
+--                    and the client sends it exactly (an excess at most
+--                    2^53 - 1, a refund at most 2^53), moving the other
+--                    number if it must. Each
 --                    mi is a part's mark '<born>,<at>[,<interval>]', or
 --                    '-' for none; then, when the receipt has one,
 --                    '@<id>': the settle's identity (digits, kept a

@@ -1465,21 +1465,25 @@ fn op_arg(op: Op) -> Cow<'static, str> {
 }
 
 /// A settle's units and actual cost as the scripts are sent them, both
-/// at most 2^53 (exact Lua numbers). With an excess (`actual > units`)
-/// the scripts read only `actual - units`, so that is what is kept exact:
-/// the excess, at most `MAX_COUNT` (above every limit), the units lowered
-/// where `units + excess` would pass 2^53. Clamping `actual` to 2^53
-/// alone cut the excess of a usage figure above 2^53 to `2^53 - units`,
-/// below a limit near `MAX_COUNT`, where the model charges the limit.
-/// Otherwise (a refund, or none) both are sent as they are, at most 2^53.
+/// at most 2^53 (exact Lua numbers). The scripts read only their
+/// difference, so that is what is kept exact: an excess (`actual >
+/// units`) at most `MAX_COUNT` (above every limit), a refund at most 2^53
+/// (what any count holds), the other number moved where the pair would
+/// pass 2^53. Clamping each to 2^53 alone cut the excess of a usage
+/// figure above 2^53 to `2^53 - units`, below a limit near `MAX_COUNT`
+/// (where the model charges the limit), and the refund of a reservation
+/// of more than 2^53 failures to `2^53 - actual`.
 fn settle_pair(units: u64, actual: u64) -> (u64, u64) {
-    let n = |c: u64| c.min(encoding::MAX_EXACT);
-    if actual <= units {
-        return (n(units), n(actual));
+    let exact = encoding::MAX_EXACT;
+    if actual > units {
+        let excess = (actual - units).min(tollgate_limiter::policy::MAX_COUNT);
+        let units = units.min(exact - excess);
+        (units, units + excess)
+    } else {
+        let refund = (units - actual).min(exact);
+        let actual = actual.min(exact - refund);
+        (actual + refund, actual)
     }
-    let excess = (actual - units).min(tollgate_limiter::policy::MAX_COUNT);
-    let units = n(units).min(encoding::MAX_EXACT - excess);
-    (units, units + excess)
 }
 
 /// Where a reservation's units sit, per part (see `lua/common.lua`).
@@ -1838,6 +1842,10 @@ mod tests {
         assert_eq!(settle_pair(5, 3), (5, 3));
         assert_eq!(settle_pair(5, 9), (5, 9));
         assert_eq!(settle_pair(u64::MAX, 0), (exact, 0));
+        assert_eq!(settle_pair(u64::MAX, 5), (exact, 0));
+        assert_eq!(settle_pair(exact + 3, exact), (exact, exact - 3));
+        assert_eq!(settle_pair(7, 7), (7, 7));
+        assert_eq!(settle_pair(u64::MAX, u64::MAX), (exact, exact));
         assert_eq!(settle_pair(2, u64::MAX), (1, exact));
         assert_eq!(settle_pair(2, exact + 1), (1, exact));
         assert_eq!(settle_pair(2, exact), (2, exact));
@@ -1846,6 +1854,11 @@ mod tests {
             let (u, a) = settle_pair(units, actual);
             assert!(u >= 1 && a <= exact && a > u);
             assert_eq!(a - u, (actual - units).min(max));
+        }
+        for (units, actual) in [(u64::MAX, 5), (exact + 9, 1), (1 << 52, 3)] {
+            let (u, a) = settle_pair(units, actual);
+            assert!(u <= exact && a < u);
+            assert_eq!(u - a, (units - actual).min(exact));
         }
     }
 

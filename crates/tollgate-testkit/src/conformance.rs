@@ -2273,6 +2273,36 @@ pub async fn extreme_values_agree_with_model<B: Backend>(backend: B, clock: Mock
             ],
         ),
         (
+            // A count saturated by a reservation of 2^53 failures, then
+            // refunded: the script's count stops at 2^53, the model's
+            // went on.
+            "a progressive delay refunded after its count saturated",
+            ProgressiveDelay::new(0, S, 2, 10 * S, 100 * S)
+                .unwrap()
+                .into(),
+            vec![
+                Step::Reserve {
+                    key: 0,
+                    cost: 1 << 53,
+                },
+                Step::Acquire { key: 0, cost: 1 },
+                Step::Settle {
+                    which: 0,
+                    actual: 0,
+                },
+                Step::Peek { key: 0, cost: 1 },
+                Step::Reserve {
+                    key: 1,
+                    cost: u64::MAX,
+                },
+                Step::Settle {
+                    which: 1,
+                    actual: 5,
+                },
+                Step::Peek { key: 1, cost: 1 },
+            ],
+        ),
+        (
             "a token bucket refilled once in ten years",
             TokenBucket::new(1, 1, ten_years).unwrap().into(),
             vec![
