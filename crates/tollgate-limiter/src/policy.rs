@@ -27,7 +27,10 @@ pub const MAX_SPAN_MICROS: u64 = 10 * 365 * 24 * 3600 * 1_000_000;
 ///
 /// Every count is then an exact integer in a Lua number, so the Redis
 /// scripts compute with it exactly, and a cost above it (which the Redis
-/// backend sends as 2^53) can never fit. A token bucket's capacity is
+/// backend sends as 2^53) can never fit. What a key counts saturates at
+/// it too: a sliding window's total and a calendar quota's count, which
+/// settled excesses (and a penalised window's refusals) can carry beyond
+/// the limit, stop at 2^53 − 1. A token bucket's capacity is
 /// bounded further by its refill (a full refill within
 /// [`MAX_SPAN_MICROS`]).
 pub const MAX_COUNT: u64 = (1 << 53) - 1;

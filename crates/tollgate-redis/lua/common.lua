@@ -46,7 +46,11 @@
 --                    units sit (see RESERVE below)
 --            's<units>:<actual>:<m1>:..:<mk>'  settle a reservation of
 --                    <units> that cost <actual>: refund the unused units
---                    still held, or charge the excess; answers '?1'. Each
+--                    still held, or charge the excess; answers '?1'.
+--                    Both at most 2^53; only their difference is read,
+--                    and the client sends it exactly (an excess at most
+--                    2^53 - 1, a refund at most 2^53), moving the other
+--                    number if it must. Each
 --                    mi is a part's mark '<born>,<at>[,<interval>]', or
 --                    '-' for none; then, when the receipt has one,
 --                    '@<id>': the settle's identity (digits, kept a
@@ -222,6 +226,11 @@ local function now_us()
   local t = redis.call('TIME')
   return t[1] * 1000000 + t[2]
 end
+
+-- The largest count a key holds (policy::MAX_COUNT, 2^53 - 1): a window's
+-- total and a calendar quota's count saturate at it, so that they and the
+-- sums computed with them stay exact integers in a Lua number.
+local MAX_COUNT = 9007199254740991
 
 -- The longest span a policy takes, in µs (policy::MAX_SPAN_MICROS: 10
 -- years).

@@ -101,6 +101,12 @@ local function calendar_settle(q, s, now, units, actual, m)
     if used == 0 then
       s.b = now
     end
-    s.a, s.e, s.n = start, stop, used + excess
+    -- At most MAX_COUNT (the model's charge): the sum may pass 2^53 and
+    -- round, but then above MAX_COUNT.
+    local n = used + excess
+    if n > MAX_COUNT then
+      n = MAX_COUNT
+    end
+    s.a, s.e, s.n = start, stop, n
   end
 end

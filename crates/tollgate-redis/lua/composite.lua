@@ -186,10 +186,16 @@ if settling then
         if c > limit then
           c = limit
         end
-        if total == 0 then
+        -- The total saturates at MAX_COUNT (the model's record).
+        if c > MAX_COUNT - total then
+          c = MAX_COUNT - total
+        end
+        if c > 0 and total == 0 then
           born = clamped
         end
-        if last_ts == clamped then
+        if c <= 0 then
+          -- Nothing recorded.
+        elseif last_ts == clamped then
           local merged = tonumber(redis.call('LINDEX', key, -1)) + c
           redis.call('LSET', key, -1, fmt(merged))
         else
@@ -321,7 +327,8 @@ for i = 1, n do
     elseif total + cost <= limit then
       s.r = { 1, limit, remaining, 0, reset, w }
     else
-      local needed = total + cost - limit
+      -- total - limit first: total + cost may pass 2^53, and round.
+      local needed = (total - limit) + cost
       local freed = 0
       local retry = w
       each_event(key, function(ts, c)

@@ -25,7 +25,7 @@ if p.kind ~= 'p' then
 end
 local op, cost, settle = parse_op(now)
 
--- The failure count saturates at 2^53 (the model's, a u64, at 2^64 - 1):
+-- The failure count saturates at 2^53 (as the model's does, MAX_FAILURES):
 -- a cost is never impossible here, so a client whose requests carry it
 -- adds up to 2^53 failures a call (the client's cap on a cost), and a
 -- count past 2^63 was written by string.format('%d') as a negative

@@ -103,6 +103,13 @@ end
 -- dropped unless total > limit; the newest event is never dropped).
 local recorded = false
 local function record(c)
+  -- The total saturates at MAX_COUNT (the model's record).
+  if c > MAX_COUNT - total then
+    c = MAX_COUNT - total
+  end
+  if c <= 0 then
+    return
+  end
   if total == 0 then
     born = clamped
   end
@@ -183,7 +190,8 @@ else
   else
     -- Retry-after: when the oldest events that block this request leave
     -- (inside the kept events: at most `limit` of them are read).
-    local needed = total + want - limit
+    -- total - limit first: total + want may pass 2^53, and round.
+    local needed = (total - limit) + want
     local freed = 0
     retry = w
     each_event(LOG, function(ts, c)

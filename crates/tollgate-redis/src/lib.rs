@@ -1439,7 +1439,8 @@ fn op_arg(op: Op) -> Cow<'static, str> {
         Op::Penalise(c) => format!("!{}", n(c)),
         Op::Reset => "-1".to_owned(),
         Op::Settle { receipt, actual } => {
-            let mut arg = format!("s{}:{}", n(receipt.units), n(actual));
+            let (units, actual) = settle_pair(receipt.units, actual);
+            let mut arg = format!("s{units}:{actual}");
             for mark in receipt.marks {
                 match mark {
                     // The interval only where there is one: a receipt
@@ -1462,6 +1463,28 @@ fn op_arg(op: Op) -> Cow<'static, str> {
         Op::Hold(id) => format!("h{id}"),
         Op::Release(id) => format!("x{id}"),
     })
+}
+
+/// A settle's units and actual cost as the scripts are sent them, both
+/// at most 2^53 (exact Lua numbers). The scripts read only their
+/// difference, so that is what is kept exact: an excess (`actual >
+/// units`) at most `MAX_COUNT` (above every limit), a refund at most 2^53
+/// (what any count holds), the other number moved where the pair would
+/// pass 2^53. Clamping each to 2^53 alone cut the excess of a usage
+/// figure above 2^53 to `2^53 - units`, below a limit near `MAX_COUNT`
+/// (where the model charges the limit), and the refund of a reservation
+/// of more than 2^53 failures to `2^53 - actual`.
+fn settle_pair(units: u64, actual: u64) -> (u64, u64) {
+    let exact = encoding::MAX_EXACT;
+    if actual > units {
+        let excess = (actual - units).min(tollgate_limiter::policy::MAX_COUNT);
+        let units = units.min(exact - excess);
+        (units, units + excess)
+    } else {
+        let refund = (units - actual).min(exact);
+        let actual = actual.min(exact - refund);
+        (actual + refund, actual)
+    }
 }
 
 /// Where a reservation's units sit, per part (see `lua/common.lua`).
@@ -1683,9 +1706,13 @@ impl Backend for RedisBackend {
             return Ok((self.decide_inner(req).await?, Receipt::NONE));
         };
         let (d, marks) = self.run(req, true).await?;
+        // The units asked for, as the model's receipt has them: a cost
+        // above 2^53 travels as 2^53 (`op_arg`), and its settle sends the
+        // units the same way, so only what `Reservation::units` reports
+        // differed between the backends.
         let receipt = match d.is_allowed() {
             true => Receipt {
-                units: units.clamp(1, encoding::MAX_EXACT),
+                units: units.max(1),
                 marks,
                 id: 0,
             },
@@ -1806,6 +1833,35 @@ fn hash_slot(_: &[&str]) -> u16 {
 mod tests {
     use super::*;
     use tollgate_limiter::strategy::token_bucket::TokenBucketState;
+
+    /// A settle's numbers stay exact Lua integers, and an excess is sent
+    /// exactly (at most MAX_COUNT), however large the usage figure.
+    #[test]
+    fn a_settle_sends_its_excess_exactly() {
+        let max = tollgate_limiter::policy::MAX_COUNT;
+        let exact = encoding::MAX_EXACT;
+        assert_eq!(settle_pair(5, 3), (5, 3));
+        assert_eq!(settle_pair(5, 9), (5, 9));
+        assert_eq!(settle_pair(u64::MAX, 0), (exact, 0));
+        assert_eq!(settle_pair(u64::MAX, 5), (exact, 0));
+        assert_eq!(settle_pair(exact + 3, exact), (exact, exact - 3));
+        assert_eq!(settle_pair(7, 7), (7, 7));
+        assert_eq!(settle_pair(u64::MAX, u64::MAX), (exact, exact));
+        assert_eq!(settle_pair(2, u64::MAX), (1, exact));
+        assert_eq!(settle_pair(2, exact + 1), (1, exact));
+        assert_eq!(settle_pair(2, exact), (2, exact));
+        assert_eq!(settle_pair(1 << 52, (1 << 52) + max), (1, exact));
+        for (units, actual) in [(2, u64::MAX), (7, 1 << 53), (1 << 52, u64::MAX)] {
+            let (u, a) = settle_pair(units, actual);
+            assert!(u >= 1 && a <= exact && a > u);
+            assert_eq!(a - u, (actual - units).min(max));
+        }
+        for (units, actual) in [(u64::MAX, 5), (exact + 9, 1), (1 << 52, 3)] {
+            let (u, a) = settle_pair(units, actual);
+            assert!(u <= exact && a < u);
+            assert_eq!(u - a, (units - actual).min(exact));
+        }
+    }
 
     /// A prefix with ':' (`a:b` with limiter `c` and `a` with limiter
     /// `b:c` share every key), braces, or none is refused before any

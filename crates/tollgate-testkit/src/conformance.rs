@@ -2088,6 +2088,324 @@ async fn looked<B: Backend>(backend: &B, limiter: &str, policy: &Policy, key: &K
         .unwrap_or_else(|e| panic!("backend failed: {e:?}"))
 }
 
+/// Fixed traces at the edges of the numbers a backend is sent, replayed
+/// against the model decision by decision: limits at
+/// [`MAX_COUNT`](tollgate_limiter::policy::MAX_COUNT), costs and settled
+/// amounts of 0 and `u64::MAX` (the Redis backend sends at most 2^53),
+/// a token bucket refilled once in ten years, a progressive delay with a
+/// factor of `u64::MAX`, and concurrency slot ids above 2^53 (a Lua
+/// number would merge 2^53 and 2^53 + 1).
+pub async fn extreme_values_agree_with_model<B: Backend>(backend: B, clock: MockClock) {
+    use tollgate_limiter::policy::MAX_COUNT;
+    let max = MAX_COUNT;
+    let ten_years = Duration::from_secs(10 * 365 * 86_400);
+    let traces: Vec<(&str, Policy, Vec<Step>)> = vec![
+        (
+            "a calendar quota of MAX_COUNT",
+            Calendar::new(max, Period::Day, "UTC").unwrap().into(),
+            vec![
+                Step::Reserve { key: 0, cost: 5 },
+                Step::Settle {
+                    which: 0,
+                    actual: u64::MAX,
+                },
+                Step::Peek { key: 0, cost: 1 },
+                Step::Reserve { key: 1, cost: max },
+                Step::Settle {
+                    which: 1,
+                    actual: 0,
+                },
+                Step::Peek { key: 1, cost: max },
+                Step::Acquire {
+                    key: 1,
+                    cost: u64::MAX,
+                },
+                Step::Acquire {
+                    key: 2,
+                    cost: max - 1,
+                },
+                Step::Acquire { key: 2, cost: 1 },
+                Step::Acquire { key: 2, cost: 1 },
+            ],
+        ),
+        (
+            "a sliding window of MAX_COUNT",
+            SlidingWindow::new(max, 10 * S).unwrap().into(),
+            vec![
+                Step::Reserve { key: 0, cost: 5 },
+                Step::Settle {
+                    which: 0,
+                    actual: u64::MAX,
+                },
+                Step::Peek { key: 0, cost: 1 },
+                Step::Advance(10_000_000),
+                Step::Peek { key: 0, cost: 1 },
+                Step::Reserve { key: 1, cost: max },
+                Step::Settle {
+                    which: 1,
+                    actual: 0,
+                },
+                Step::Peek { key: 1, cost: max },
+                Step::Acquire {
+                    key: 2,
+                    cost: max - 1,
+                },
+                Step::Acquire { key: 2, cost: 1 },
+                Step::Acquire { key: 2, cost: 1 },
+            ],
+        ),
+        (
+            "a composite of MAX_COUNT parts",
+            Composite::new([
+                Policy::from(Calendar::new(max, Period::Month, "Europe/Berlin").unwrap()),
+                Policy::from(SlidingWindow::new(max, 10 * S).unwrap()),
+            ])
+            .unwrap()
+            .into(),
+            vec![
+                Step::Reserve { key: 0, cost: 5 },
+                Step::Settle {
+                    which: 0,
+                    actual: u64::MAX,
+                },
+                Step::Peek { key: 0, cost: 1 },
+                Step::Reserve { key: 1, cost: max },
+                Step::Settle {
+                    which: 1,
+                    actual: 0,
+                },
+                Step::Peek { key: 1, cost: max },
+            ],
+        ),
+        (
+            // An excess past 2^53: a Lua number rounds the total (2 +
+            // 2^53 - 1), and a refusal then waited for other events.
+            "a sliding window of MAX_COUNT overdrawn past 2^53",
+            SlidingWindow::new(max, 10 * S).unwrap().into(),
+            vec![
+                Step::Acquire { key: 1, cost: 0 },
+                Step::Reserve { key: 1, cost: 0 },
+                Step::Advance(1),
+                Step::Settle {
+                    which: 0,
+                    actual: 1 << 53,
+                },
+                Step::Peek { key: 1, cost: 1 },
+                Step::Advance(9_999_999),
+                Step::Peek { key: 1, cost: 1 },
+            ],
+        ),
+        (
+            // An odd count past 2^53 (MAX_COUNT + 2^52), then a refund.
+            "a calendar quota of MAX_COUNT overdrawn past 2^53",
+            Calendar::new(max, Period::Day, "UTC").unwrap().into(),
+            vec![
+                Step::Reserve {
+                    key: 0,
+                    cost: max - 1,
+                },
+                Step::Reserve { key: 0, cost: 1 },
+                Step::Settle {
+                    which: 1,
+                    actual: (1 << 52) + 1,
+                },
+                Step::Settle {
+                    which: 0,
+                    actual: 0,
+                },
+                Step::Peek { key: 0, cost: 1 },
+            ],
+        ),
+        (
+            "a composite of MAX_COUNT parts overdrawn past 2^53",
+            Composite::new([
+                Policy::from(SlidingWindow::new(max, 10 * S).unwrap()),
+                Policy::from(Calendar::new(max, Period::Day, "UTC").unwrap()),
+            ])
+            .unwrap()
+            .into(),
+            vec![
+                Step::Reserve {
+                    key: 0,
+                    cost: max - 1,
+                },
+                Step::Reserve { key: 0, cost: 1 },
+                Step::Advance(1),
+                Step::Settle {
+                    which: 1,
+                    actual: (1 << 52) + 1,
+                },
+                Step::Settle {
+                    which: 0,
+                    actual: 0,
+                },
+                Step::Peek { key: 0, cost: 1 },
+                Step::Acquire { key: 1, cost: 0 },
+                Step::Reserve { key: 1, cost: 0 },
+                Step::Advance(1),
+                Step::Settle {
+                    which: 2,
+                    actual: 1 << 53,
+                },
+                Step::Peek { key: 1, cost: 1 },
+            ],
+        ),
+        (
+            // A usage figure above 2^53: its excess over the units is
+            // above the limit, so a whole limit is charged (the Redis
+            // backend sent the figure as 2^53, an excess of MAX_COUNT - 1).
+            "a sliding window of MAX_COUNT settled with u64::MAX",
+            SlidingWindow::new(max, 10 * S).unwrap().into(),
+            vec![
+                Step::Reserve { key: 0, cost: 2 },
+                Step::Advance(10_000_000),
+                Step::Settle {
+                    which: 0,
+                    actual: u64::MAX,
+                },
+                Step::Peek { key: 0, cost: 1 },
+                Step::Reserve { key: 1, cost: 2 },
+                Step::Settle {
+                    which: 1,
+                    actual: u64::MAX,
+                },
+                Step::Peek { key: 1, cost: 1 },
+            ],
+        ),
+        (
+            // A count saturated by a reservation of 2^53 failures, then
+            // refunded: the script's count stops at 2^53, the model's
+            // went on.
+            "a progressive delay refunded after its count saturated",
+            ProgressiveDelay::new(0, S, 2, 10 * S, 100 * S)
+                .unwrap()
+                .into(),
+            vec![
+                Step::Reserve {
+                    key: 0,
+                    cost: 1 << 53,
+                },
+                Step::Acquire { key: 0, cost: 1 },
+                Step::Settle {
+                    which: 0,
+                    actual: 0,
+                },
+                Step::Peek { key: 0, cost: 1 },
+                Step::Reserve {
+                    key: 1,
+                    cost: u64::MAX,
+                },
+                Step::Settle {
+                    which: 1,
+                    actual: 5,
+                },
+                Step::Peek { key: 1, cost: 1 },
+            ],
+        ),
+        (
+            "a token bucket refilled once in ten years",
+            TokenBucket::new(1, 1, ten_years).unwrap().into(),
+            vec![
+                Step::Reserve { key: 0, cost: 1 },
+                Step::Settle {
+                    which: 0,
+                    actual: u64::MAX,
+                },
+                Step::Peek { key: 0, cost: 1 },
+                Step::Settle {
+                    which: 0,
+                    actual: 0,
+                },
+                Step::Peek { key: 0, cost: 1 },
+            ],
+        ),
+        (
+            "zero costs and zero settles",
+            SlidingWindow::new(3, 10 * S).unwrap().into(),
+            vec![
+                Step::Acquire { key: 0, cost: 0 },
+                Step::Reserve { key: 0, cost: 0 },
+                Step::Settle {
+                    which: 0,
+                    actual: 0,
+                },
+                Step::Penalise { key: 0, units: 0 },
+                Step::Peek { key: 0, cost: 0 },
+                Step::Reserve { key: 1, cost: 0 },
+                Step::Settle {
+                    which: 1,
+                    actual: 1,
+                },
+                Step::Peek { key: 1, cost: 0 },
+            ],
+        ),
+        (
+            "concurrency slot ids above 2^53",
+            Concurrency::new(2, 10 * S).unwrap().into(),
+            vec![
+                Step::Hold {
+                    key: 0,
+                    id: u64::MAX,
+                },
+                Step::Hold {
+                    key: 0,
+                    id: u64::MAX - 1,
+                },
+                Step::Hold { key: 0, id: 0 },
+                Step::Release {
+                    key: 0,
+                    id: u64::MAX,
+                },
+                Step::Hold {
+                    key: 0,
+                    id: (1 << 53) + 1,
+                },
+                Step::Hold {
+                    key: 0,
+                    id: 1 << 53,
+                },
+                Step::Release {
+                    key: 0,
+                    id: 1 << 53,
+                },
+                Step::Peek { key: 0, cost: 1 },
+            ],
+        ),
+        (
+            "a progressive delay charged u64::MAX failures",
+            ProgressiveDelay::new(0, S, u64::MAX, 100 * S, 1000 * S)
+                .unwrap()
+                .into(),
+            vec![
+                Step::Acquire { key: 0, cost: 1 },
+                Step::Acquire {
+                    key: 0,
+                    cost: u64::MAX,
+                },
+                Step::Peek { key: 0, cost: 1 },
+                Step::Advance(200_000_000),
+                Step::Peek { key: 0, cost: 1 },
+                Step::Reserve {
+                    key: 1,
+                    cost: u64::MAX,
+                },
+                Step::Settle {
+                    which: 0,
+                    actual: 0,
+                },
+                Step::Peek { key: 1, cost: 1 },
+            ],
+        ),
+    ];
+    let mut failed = Vec::new();
+    for (what, policy, steps) in traces {
+        if let Err(e) = replay(&backend, &clock, &policy, &steps).await {
+            failed.push(format!("{what}: {e}"));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
 /// Generates the whole suite as `#[tokio::test]`s in a module named
 /// `conformance`.
 ///
@@ -2119,7 +2437,7 @@ macro_rules! conformance_tests {
                 a_refund_never_frees_what_an_excess_trimmed,
                 concurrency_slots, concurrent_holds,
                 an_override_across_the_concurrency_boundary_is_no_policy,
-                candidate_beside_enforced);
+                candidate_beside_enforced, extreme_values_agree_with_model);
 
             #[test]
             fn agrees_with_model() {

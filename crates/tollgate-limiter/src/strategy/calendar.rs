@@ -126,7 +126,7 @@ use jiff::civil::Date;
 use jiff::tz::{TimeZone, TimeZoneDatabase};
 
 use crate::decision::Decision;
-use crate::policy::PolicyError;
+use crate::policy::{MAX_COUNT, PolicyError};
 use crate::strategy::reservation::Mark;
 use crate::time::Timestamp;
 
@@ -540,7 +540,9 @@ impl CalendarState {
         *self = Self {
             start,
             end,
-            used: used.saturating_add(units),
+            // At most MAX_COUNT: an excess beyond it is not counted, so
+            // the Redis script's count stays an exact Lua integer.
+            used: used.saturating_add(units).min(MAX_COUNT),
             born,
         };
     }

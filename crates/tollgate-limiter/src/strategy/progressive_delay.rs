@@ -7,6 +7,12 @@ use crate::policy::{PolicyError, count, span};
 use crate::strategy::reservation::Mark;
 use crate::time::Timestamp;
 
+/// Where a key's failure count saturates: 2^53, above any
+/// `free_attempts` ([`MAX_COUNT`](crate::policy::MAX_COUNT)), so a
+/// saturated count blocks; and an exact integer in a Lua number, so the
+/// Redis script counts (and refunds) the same.
+pub const MAX_FAILURES: u64 = 1 << 53;
+
 /// Progressive delay: failures are recorded; once a key has more than
 /// `free_attempts`, each further failure blocks it for
 /// `base_delay * factor^(n - free_attempts - 1)`, capped at `max_delay`.
@@ -248,7 +254,9 @@ impl ProgressiveDelayState {
                 // A new life: its first failure.
                 self.born = now;
             }
-            self.failures = self.failures.saturating_add(failures);
+            // Saturated at 2^53, as the Redis script's count is (an exact
+            // Lua number): a refund after it then agrees.
+            self.failures = self.failures.saturating_add(failures).min(MAX_FAILURES);
             self.last_failure = now;
             let delay = p.delay_micros(self.failures);
             if delay > 0 {

@@ -115,7 +115,10 @@
 //! calendar quota counts the excess in the current window (the one holding
 //! the settle's instant, whichever the reservation was made in), even
 //! beyond its limit: the key is then refused until that window ends, never
-//! longer.
+//! longer. A window's total and a calendar quota's count never exceed
+//! [`MAX_COUNT`](crate::policy::MAX_COUNT) (2^53 − 1): an excess beyond
+//! it is not counted (a key that holds it is refused anyway), so that the
+//! Redis scripts count it exactly.
 //!
 //! **Settled once.** A settle carries its receipt's [`Receipt::id`] (drawn
 //! at random by [`Limiter::reserve`](crate::Limiter::reserve)), and the

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::decision::Decision;
-use crate::policy::{PolicyError, count, span};
+use crate::policy::{MAX_COUNT, PolicyError, count, span};
 use crate::strategy::reservation::Mark;
 use crate::time::Timestamp;
 
@@ -159,6 +159,13 @@ impl SlidingWindowState {
         }
         let limit = p.limit();
         let record = |s: &mut Self, cost: u64| {
+            // The count saturates at MAX_COUNT (an overdraft or a flood's
+            // penalties beyond it are not recorded): every number the
+            // Redis script computes then stays an exact Lua integer.
+            let cost = cost.min(MAX_COUNT.saturating_sub(s.total));
+            if cost == 0 {
+                return;
+            }
             if s.total == 0 {
                 s.born = now;
             }
