@@ -83,9 +83,7 @@ use crate::aimd::AimdConfig;
 use crate::backend::Backend;
 use crate::breaker::BreakerConfig;
 use crate::composite::Composite;
-use crate::limiter::{
-    DEFAULT_TIMEOUT, FailMode, Limiter, LimiterBuilder, check_cost, check_timeout,
-};
+use crate::limiter::{DEFAULT_TIMEOUT, FailMode, Limiter, LimiterBuilder, check_timeout};
 use crate::policy::{
     Calendar, Concurrency, Period, Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy,
     TokenBucket, Zone,
@@ -276,7 +274,8 @@ pub struct LimiterConfig {
     pub name: String,
     /// Its policy.
     pub policy: Policy,
-    /// The cost of one request unless the consumer says otherwise.
+    /// The cost of one request unless the consumer says otherwise (see
+    /// [`LimiterBuilder::cost`](crate::LimiterBuilder::cost)).
     pub cost: u64,
     /// The least cost any charging call takes (see
     /// [`LimiterBuilder::min_cost`](crate::LimiterBuilder::min_cost)).
@@ -315,6 +314,7 @@ impl LimiterConfig {
             .fail_mode(self.fail_mode)
             .timeout(self.timeout)
             .breaker(self.breaker)
+            .cost(self.cost)
             .min_cost(self.min_cost)
             .mode(self.mode);
         match self.candidate {
@@ -519,10 +519,8 @@ fn validate(
         Some(c) => Some(candidate_policy(c).map_err(|(f, r)| err(f, r))?),
         None => None,
     };
-    // `cost` is configuration's alone (a consumer's default, not a
-    // builder setting), checked by the rule of `min_cost`.
+    // Checked with the builder's other rules, below.
     let cost = l.cost.unwrap_or(1);
-    check_cost("cost", cost, &policy, candidate.as_ref()).map_err(|(f, r)| err(f, r))?;
     let fail_mode = match &l.fail_mode {
         Some(s) => s.parse().map_err(|e| err("fail_mode", e))?,
         None => fail_mode,

@@ -204,6 +204,7 @@ pub struct LimiterBuilder<B> {
     local_denials: Option<Duration>,
     lease: Option<(u64, Duration)>,
     local_capacity: usize,
+    cost: u64,
     min_cost: u64,
     mode: Mode,
     candidate: Option<Policy>,
@@ -224,6 +225,7 @@ impl<B> LimiterBuilder<B> {
             local_denials: None,
             lease: None,
             local_capacity: DEFAULT_LOCAL_CAPACITY,
+            cost: 1,
             min_cost: 1,
             mode: Mode::default(),
             candidate: None,
@@ -256,6 +258,16 @@ impl<B> LimiterBuilder<B> {
     /// record, but let every request pass.
     pub fn mode(mut self, mode: Mode) -> Self {
         self.mode = mode;
+        self
+    }
+
+    /// The cost of a request whose caller names none (default 1):
+    /// what [`Limiter::check`] charges and [`Limiter::peek`] asks about,
+    /// and what a tower layer without a cost function charges; `cost` in
+    /// configuration. [`try_build`](Self::try_build) refuses 0 and a cost
+    /// the policy (or the candidate) can never grant.
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.cost = cost;
         self
     }
 
@@ -373,6 +385,7 @@ impl<B> LimiterBuilder<B> {
         if let Some(misread) = self.breaker.misread() {
             return Err(misread);
         }
+        check_cost("cost", self.cost, &self.policy, self.candidate.as_ref())?;
         check_cost(
             "min_cost",
             self.min_cost,
@@ -429,9 +442,10 @@ impl<B: Backend> LimiterBuilder<B> {
     ///   the cluster hash tag;
     /// * `timeout`: zero (every decision would fail);
     /// * `breaker_backoff` of zero, or `breaker_max_backoff` below it;
-    /// * `min_cost`: 0, or a [minimum cost](Self::min_cost) the policy
-    ///   can never grant (`candidate`: that the
-    ///   [candidate](Self::candidate) can never grant);
+    /// * `cost` and `min_cost`: 0, or a [cost](Self::cost) or
+    ///   [minimum cost](Self::min_cost) the policy can never grant
+    ///   (`candidate`: that the [candidate](Self::candidate) can never
+    ///   grant);
     /// * `candidate`: beside a concurrency limit, or one itself;
     /// * `lease`: a [lease](Self::lease) of a zero `ttl`.
     ///
@@ -484,6 +498,7 @@ impl<B: Backend> LimiterBuilder<B> {
                 policy: self.policy,
                 backend: self.backend,
                 fail_mode: self.fail_mode,
+                cost: self.cost,
                 min_cost: self.min_cost,
                 mode: self.mode,
                 shadow_log: LogThrottle::new(SHADOW_LOG_PERIOD),
@@ -535,6 +550,7 @@ struct Inner<B> {
     policy: Policy,
     backend: B,
     fail_mode: FailMode,
+    cost: u64,
     min_cost: u64,
     mode: Mode,
     shadow_log: LogThrottle,
@@ -624,6 +640,12 @@ impl<B: Backend> Limiter<B> {
         &self.inner.policy
     }
 
+    /// The cost of a request whose caller names none (see
+    /// [`LimiterBuilder::cost`]).
+    pub fn cost(&self) -> u64 {
+        self.inner.cost
+    }
+
     /// The least cost a request is charged (see
     /// [`LimiterBuilder::min_cost`]).
     pub fn min_cost(&self) -> u64 {
@@ -654,11 +676,12 @@ impl<B: Backend> Limiter<B> {
         &self.inner.backend
     }
 
-    /// Asks for one unit (at least the [minimum cost](LimiterBuilder::min_cost))
-    /// for `key`.
+    /// Asks for the limiter's [cost](LimiterBuilder::cost) of a request
+    /// (one unit unless configured otherwise; at least the
+    /// [minimum cost](LimiterBuilder::min_cost)) for `key`.
     pub fn check<'a>(&'a self, key: &'a Key) -> impl Future<Output = Verdict> + Send + 'a {
         // Not an `async fn`: a layer of future less on the hot path.
-        self.check_cost(key, 1)
+        self.check_cost(key, self.inner.cost)
     }
 
     /// Asks for `cost` units for `key` (for a progressive delay: records
@@ -1090,11 +1113,12 @@ impl<B: Backend> Limiter<B> {
         result
     }
 
-    /// Reports whether a request of the
-    /// [minimum cost](LimiterBuilder::min_cost) would pass now, consuming
+    /// Reports whether a request of the limiter's
+    /// [cost](LimiterBuilder::cost) (at least the
+    /// [minimum cost](LimiterBuilder::min_cost)) would pass now, consuming
     /// nothing (for a progressive delay: whether the key is blocked).
     pub async fn peek(&self, key: &Key) -> Verdict {
-        self.peek_cost(key, self.inner.min_cost).await
+        self.peek_cost(key, self.inner.cost).await
     }
 
     /// Reports whether a request of `cost` (at least the
@@ -1185,8 +1209,9 @@ impl<B: Backend> Limiter<B> {
     /// within `ttl`).
     ///
     /// The override must use the limiter's strategy, and be able to grant
-    /// the limiter's [minimum cost](LimiterBuilder::min_cost) (as the
-    /// configuration requires of a limiter's policy).
+    /// the limiter's [minimum cost](LimiterBuilder::min_cost) and
+    /// [cost](LimiterBuilder::cost) (as the configuration requires of a
+    /// limiter's policy).
     pub async fn set_override(
         &self,
         key: Option<&Key>,
@@ -1204,8 +1229,10 @@ impl<B: Backend> Limiter<B> {
                     ),
                 )));
             }
-            p.check_cost(self.inner.min_cost)
-                .map_err(|e| PolicyError::new("min_cost", e.reason))?;
+            for (field, cost) in [("min_cost", self.inner.min_cost), ("cost", self.inner.cost)] {
+                p.check_cost(cost)
+                    .map_err(|e| PolicyError::new(field, e.reason))?;
+            }
         }
         let scope = self.scope(key);
         let domain = self.inner.backend.failure_domain(scope);
@@ -1454,6 +1481,7 @@ mod tests {
     struct Fixed {
         allow: bool,
         asked: Mutex<Vec<u64>>,
+        peeked: Mutex<Vec<u64>>,
     }
 
     #[derive(Debug, thiserror::Error)]
@@ -1466,8 +1494,10 @@ mod tests {
         type Error = Never;
 
         async fn decide(&self, req: Request<'_>) -> Result<Decision, Never> {
-            if let Op::Acquire(cost) = req.op {
-                crate::lock(&self.asked).push(cost);
+            match req.op {
+                Op::Acquire(cost) => crate::lock(&self.asked).push(cost),
+                Op::Peek(cost) => crate::lock(&self.peeked).push(cost),
+                _ => {}
             }
             let minute = Duration::from_secs(60);
             Ok(if self.allow {
@@ -1546,6 +1576,31 @@ mod tests {
         let limit = Limiter::builder("api", slots, Fixed::default());
         assert_eq!(refused(limit.candidate(policy)).1, "candidate");
         assert_eq!(named("api").try_build().unwrap().name(), "api");
+    }
+
+    /// A request's cost, when its caller names none, is the limiter's:
+    /// `check` charges it and `peek` asks about it; a cost of 0 or one the
+    /// policy can never grant is refused, naming `cost`.
+    #[tokio::test]
+    async fn check_and_peek_take_the_limiters_cost() {
+        let l = builder(true).cost(7).build();
+        assert_eq!(l.cost(), 7);
+        let k = Key::new("k");
+        assert!(l.check(&k).await.is_allowed());
+        assert!(l.peek(&k).await.is_allowed());
+        assert_eq!(*crate::lock(&l.backend().asked), [7]);
+        assert_eq!(*crate::lock(&l.backend().peeked), [7]);
+        // At least the minimum cost.
+        let l = builder(true).cost(2).min_cost(3).build();
+        assert!(l.check(&k).await.is_allowed());
+        assert_eq!(*crate::lock(&l.backend().asked), [3]);
+        let refused = |b: LimiterBuilder<Fixed>| match b.try_build() {
+            Err(ConfigError::Invalid { field, .. }) => field,
+            Ok(_) => panic!("built"),
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(refused(builder(true).cost(0)), "cost");
+        assert_eq!(refused(builder(true).cost(101)), "cost");
     }
 
     /// A lease that lives no time keeps none of its batch: every request
@@ -1660,6 +1715,18 @@ mod tests {
                 "{e:?}"
             );
         }
+        let enough = Policy::from(TokenBucket::new(5, 1, Duration::from_secs(1)).unwrap());
+        l.set_override(None, Some(enough)).await.unwrap();
+    }
+
+    /// As for the minimum cost, so for the limiter's cost: an override
+    /// under which `check` could never pass is refused, naming `cost`.
+    #[tokio::test]
+    async fn an_override_below_the_limiters_cost_is_refused() {
+        let l = builder(true).cost(5).build();
+        let small = Policy::from(TokenBucket::new(4, 1, Duration::from_secs(1)).unwrap());
+        let e = l.set_override(None, Some(small)).await.unwrap_err();
+        assert!(matches!(&e, Error::Policy(p) if p.field == "cost"), "{e:?}");
         let enough = Policy::from(TokenBucket::new(5, 1, Duration::from_secs(1)).unwrap());
         l.set_override(None, Some(enough)).await.unwrap();
     }

@@ -387,6 +387,33 @@ async fn missing_key_policies() {
     assert_eq!(echo.calls(), 5 + 3);
 }
 
+/// Without a cost of its own, the layer charges the limiter's: `cost` in
+/// configuration (it charged 1 a request, whatever was configured).
+#[tokio::test]
+async fn the_configured_cost_is_charged() {
+    let config = tollgate_limiter::Config::builder()
+        .toml_str(
+            "[limiters.export]\nstrategy = \"token_bucket\"\ncapacity = 10\nrefill = \"10/m\"\ncost = 4",
+        )
+        .load()
+        .unwrap();
+    let limiter = config
+        .limiter("export")
+        .unwrap()
+        .build(MemoryBackend::new());
+    assert_eq!(limiter.cost(), 4);
+    let svc = RateLimitLayer::new(limiter, ApiKey::bearer(KeyHasher::unkeyed()))
+        .layer(Echo::default().service());
+    let res = call(&svc, req(Some("k"))).await;
+    assert_eq!(header(&res, "ratelimit"), ["\"export\";r=6;t=24"]);
+    assert_eq!(call(&svc, req(Some("k"))).await.status(), StatusCode::OK);
+    // 2 left: a request of 4 waits.
+    assert_eq!(
+        call(&svc, req(Some("k"))).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
 #[tokio::test]
 async fn cost_from_a_closure() {
     let limiter = Limiter::new(

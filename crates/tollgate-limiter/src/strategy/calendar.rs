@@ -373,7 +373,7 @@ impl Calendar {
     }
 
     /// At most `limit` units per `period` in `zone` (`limit` from 1 to
-    /// [`MAX_COUNT`](crate::policy::MAX_COUNT)).
+    /// [`MAX_COUNT`]).
     pub fn in_zone(limit: u64, period: Period, zone: Zone) -> Result<Self, PolicyError> {
         if limit == 0 {
             return Err(PolicyError::new("limit", "must be at least 1"));

@@ -25,7 +25,7 @@ pub struct SlidingWindow {
 
 impl SlidingWindow {
     /// At most `limit` units of cost per `window` (`limit` from 1 to
-    /// [`MAX_COUNT`](crate::policy::MAX_COUNT)).
+    /// [`MAX_COUNT`]).
     pub fn new(limit: u64, window: Duration) -> Result<Self, PolicyError> {
         if limit == 0 {
             return Err(PolicyError::new("limit", "must be at least 1"));

@@ -73,8 +73,10 @@ where
     }
 }
 
-/// The cost of a request: a fixed `u64` (1 by default) or a closure
-/// `Fn(&Req) -> u64` (weighted endpoints, LLM calls charged by tokens).
+/// The cost of a request: by default the limiter's own
+/// ([`LimiterCost`]: `cost` in configuration, 1 unless set), or a fixed
+/// `u64`, or a closure `Fn(&Req) -> u64` (weighted endpoints, LLM calls
+/// charged by tokens).
 ///
 /// A cost the policy in force (an override, if one is set) can never grant
 /// is refused with `413 Payload Too Large` (fail-closed, whatever the fail
@@ -84,12 +86,25 @@ where
 /// function answering 0) is charged the minimum: no request passes
 /// uncounted.
 pub trait Cost<Req> {
-    /// The units `req` takes.
-    fn cost(&self, req: &Req) -> u64;
+    /// The units `req` takes, under a limiter whose own cost
+    /// ([`Limiter::cost`](tollgate_limiter::Limiter::cost)) is `limiter`.
+    fn cost(&self, req: &Req, limiter: u64) -> u64;
+}
+
+/// The limiter's own cost of a request
+/// ([`LimiterBuilder::cost`](tollgate_limiter::LimiterBuilder::cost),
+/// `cost` in configuration; 1 unless set): the layers' default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LimiterCost;
+
+impl<Req> Cost<Req> for LimiterCost {
+    fn cost(&self, _: &Req, limiter: u64) -> u64 {
+        limiter
+    }
 }
 
 impl<Req> Cost<Req> for u64 {
-    fn cost(&self, _: &Req) -> u64 {
+    fn cost(&self, _: &Req, _: u64) -> u64 {
         *self
     }
 }
@@ -98,7 +113,7 @@ impl<F, Req> Cost<Req> for F
 where
     F: Fn(&Req) -> u64,
 {
-    fn cost(&self, req: &Req) -> u64 {
+    fn cost(&self, req: &Req, _: u64) -> u64 {
         self(req)
     }
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use tollgate_limiter::{Backend, Limiter};
 use tower_layer::Layer;
 
-use super::hooks::{MissingKey, PerRequest, Upfront};
+use super::hooks::{LimiterCost, MissingKey, PerRequest, Upfront};
 use super::service::{Post, RateLimit, Shared};
 use crate::respond::{Grpc, Http};
 
@@ -22,7 +22,7 @@ use crate::respond::{Grpc, Http};
 ///
 /// See the [module docs](super) for an example.
 #[must_use]
-pub struct RateLimitLayer<L, K, R = Http, C = u64, V = Upfront> {
+pub struct RateLimitLayer<L, K, R = Http, C = LimiterCost, V = Upfront> {
     limiter: L,
     extractor: K,
     responder: R,
@@ -89,7 +89,7 @@ impl<L, K> RateLimitLayer<L, K> {
             limiter,
             extractor,
             responder: Http::new(),
-            cost: 1,
+            cost: LimiterCost,
             classify: Upfront,
             missing: MissingKey::Reject,
         }

@@ -93,7 +93,8 @@ mod layer;
 mod service;
 
 pub use hooks::{
-    Classify, Cost, MissingKey, Outcome, PerRequest, SelectLimiter, SettleWith, Upfront,
+    Classify, Cost, LimiterCost, MissingKey, Outcome, PerRequest, SelectLimiter, SettleWith,
+    Upfront,
 };
 pub use layer::RateLimitLayer;
 pub use service::RateLimit;

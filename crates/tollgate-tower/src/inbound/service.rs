@@ -143,7 +143,7 @@ where
                 }
             },
         };
-        let cost = shared.cost.cost(&req);
+        let cost = shared.cost.cost(&req, limiter.cost());
         let mode = match (self.post.classify.reserves(), V::UPFRONT) {
             (true, _) => Mode::Reserve,
             (false, true) => Mode::Upfront,

@@ -8,7 +8,7 @@ use tower_layer::Layer;
 use super::classify::FailedLogins;
 use crate::buffer_body::{BufferBody, DEFAULT_READ_TIMEOUT, Email, FromBody};
 use crate::extract::ClientIp;
-use crate::inbound::{RateLimit, Upfront};
+use crate::inbound::{LimiterCost, RateLimit, Upfront};
 use crate::respond::Http;
 use crate::{BufferBodyLayer, RateLimitLayer};
 
@@ -18,11 +18,11 @@ pub const DEFAULT_BODY_LIMIT: usize = 16 * 1024;
 /// The service [`LoginLayer`] makes: per-IP limit, then body buffering,
 /// then per-account delay, then the login handler `S`.
 pub type Login<S, B> = RateLimit<
-    BufferBody<RateLimit<S, Limiter<B>, FromBody, Http, u64, FailedLogins>, Email>,
+    BufferBody<RateLimit<S, Limiter<B>, FromBody, Http, LimiterCost, FailedLogins>, Email>,
     Limiter<B>,
     ClientIp,
     Http,
-    u64,
+    LimiterCost,
     Upfront,
 >;
 

@@ -11,7 +11,7 @@ use pin_project_lite::pin_project;
 use tollgate_limiter::{Backend, FailMode, Key, Limiter, Mode as LimiterMode, Verdict};
 
 use crate::extract::KeyExtractor;
-use crate::inbound::{Cost, MissingKey};
+use crate::inbound::{Cost, LimiterCost, MissingKey};
 use crate::telemetry;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -95,7 +95,7 @@ pin_project! {
     /// 128 events before it yields (woken to go on), so a flood refused at
     /// once, from a source that is always ready, does not hold its task.
     #[must_use = "streams do nothing unless polled"]
-    pub struct RateLimitStream<St, B, K, C = u64>
+    pub struct RateLimitStream<St, B, K, C = LimiterCost>
     where
         St: Stream,
     {
@@ -123,7 +123,7 @@ impl<St: Stream, B: Backend, K> RateLimitStream<St, B, K> {
             stream,
             limiter,
             extractor,
-            cost: 1,
+            cost: LimiterCost,
             excess,
             missing: MissingKey::Reject,
             stats: StreamStats::default(),
@@ -283,7 +283,7 @@ where
                     }
                 },
             };
-            let cost = this.cost.cost(&item);
+            let cost = this.cost.cost(&item, this.limiter.cost());
             *this.check = Some(check(this.limiter.clone(), key.clone(), cost));
             *this.current = Some((item, key, cost));
         }
