@@ -325,6 +325,8 @@ async fn target(g: &Global, name: &str) -> Result<Target, Failure> {
     let limiter = Limiter::builder(lc.name, lc.policy, backend)
         .fail_mode(FailMode::Closed)
         .timeout(g.timeout)
+        .cost(lc.cost)
+        .min_cost(lc.min_cost)
         .try_build()
         .map_err(|e| match e {
             ConfigError::Invalid {
@@ -419,12 +421,12 @@ impl Overrides {
     }
 }
 
-fn print_decision(d: &Decision) {
+fn print_decision(d: &Decision, cost: u64) {
     if d.is_allowed() {
-        println!("verdict      allowed: a request of cost 1 would pass now");
+        println!("verdict      allowed: a request of cost {cost} would pass now");
     } else {
         println!(
-            "verdict      REFUSED: a request of cost 1 would be refused for {}; Retry-After: {}",
+            "verdict      REFUSED: a request of cost {cost} would be refused for {}; Retry-After: {}",
             human_duration(d.retry_after()),
             d.retry_after_secs()
         );
@@ -451,7 +453,8 @@ async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
     let work = async {
         let d = t
             .limiter
-            .try_peek(&key.key, 1)
+            // Whether a request of the limiter's cost would pass now.
+            .try_peek(&key.key, t.limiter.cost())
             .await
             .map_err(|e| limiter_error("inspect", &e))?;
         let o = Overrides::read(&t, Some(&key.key)).await?;
@@ -530,7 +533,7 @@ async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
             human_duration(d.reset_after())
         );
     }
-    print_decision(&d);
+    print_decision(&d, t.limiter.cost().max(t.limiter.min_cost()));
     if let (Some((name, policy)), Some(cd)) = (&t.candidate, &c) {
         println!(
             "candidate    {} (state under {}): {}, {} of {} remaining",

@@ -520,6 +520,32 @@ fn config_validate_checks_the_redis_section() {
 // ---------------------------------------------------------------- inspect
 
 tollgate_testkit::on_every_server! {
+    /// A limiter's configured cost is what `inspect` asks about: with 2
+    /// of 10 left, a request of `cost = 4` would be refused (it answered
+    /// "a request of cost 1 would pass now").
+    #[test]
+    fn inspect_asks_about_the_configured_cost(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let c = config("t-inspect-cost");
+        let service = c.limiter(&url, "costly");
+        let key = Key::new("acct-7");
+        for _ in 0..2 {
+            assert!(block_on(service.check(&key)).is_allowed());
+        }
+        let o = run(
+            &["-c", c.arg(), "inspect", "costly", "--key", "acct-7"],
+            &[("REDIS_URL", &url)],
+        );
+        let out = expect(&o, 0);
+        assert_eq!(field(&out, "remaining"), "2", "{out}");
+        assert!(
+            field(&out, "verdict").starts_with("REFUSED: a request of cost 4 would be refused"),
+            "{out}"
+        );
+    }
+}
+
+tollgate_testkit::on_every_server! {
     #[test]
     fn inspect_shows_the_slots_held_and_the_mode(server: Server) {
         let Some(url) = shared_url(server) else { return };
