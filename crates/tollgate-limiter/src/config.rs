@@ -307,9 +307,31 @@ impl LimiterConfig {
         self.builder(backend).build()
     }
 
-    /// The builder of [`build`](Self::build); loading checks it, with `()`
-    /// for a backend.
-    fn builder<B>(&self, backend: B) -> LimiterBuilder<B> {
+    /// The builder [`build`](Self::build) builds with, every configured
+    /// setting applied: for the settings only code gives
+    /// ([`local_denials`](LimiterBuilder::local_denials),
+    /// [`lease`](LimiterBuilder::lease),
+    /// [`local_capacity`](LimiterBuilder::local_capacity)), then
+    /// [`try_build`](LimiterBuilder::try_build). Loading checked it, with
+    /// `()` for a backend.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_limiter::Config;
+    /// use tollgate_memory::MemoryBackend;
+    ///
+    /// let config = Config::builder()
+    ///     .toml_str("[limiters.api]\nstrategy = \"token_bucket\"\ncapacity = 100\nrefill = \"10/s\"")
+    ///     .load()?;
+    /// let api = config
+    ///     .limiter("api")?
+    ///     .builder(MemoryBackend::new())
+    ///     .local_denials(Duration::from_secs(1))
+    ///     .try_build()?;
+    /// assert_eq!(api.name(), "api");
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn builder<B>(&self, backend: B) -> LimiterBuilder<B> {
         let b = LimiterBuilder::new(self.name.clone(), self.policy, backend)
             .fail_mode(self.fail_mode)
             .timeout(self.timeout)
