@@ -150,7 +150,7 @@ const MIN_HOLD: Duration = Duration::from_millis(1);
 /// initial_rate = "1/s"       # a new scope's rate
 /// min_rate = "1/min"         # never slower
 /// max_rate = "100/s"         # never faster
-/// increase = "1/s"           # added per reaction window of success
+/// increase = "1/s"           # added per reaction window of success (≥ 0.001/s)
 /// decrease = 0.75            # factor applied by a cut, in (0, 1)
 /// reaction_window = "1s"     # one cut, one step up at most per window
 /// burst = 1                  # the bucket's capacity
@@ -175,7 +175,8 @@ pub struct AimdConfig {
     /// The highest rate growth can reach, in requests per second.
     pub max_rate: f64,
     /// Requests per second added to the rate per reaction window in which
-    /// requests succeed.
+    /// requests succeed (at least 0.001, the precision rates are stored
+    /// to: a finer step would never move the rate).
     pub increase: f64,
     /// The factor a cut multiplies the rate by, strictly between 0 and 1.
     pub decrease: f64,
@@ -262,9 +263,9 @@ impl AimdConfig {
                 "must be within [min_rate, max_rate]".into(),
             ));
         }
-        if !(self.increase.is_finite() && self.increase > 0.0) {
-            return Err(bad("increase", "must be a positive rate".into()));
-        }
+        // Rates are stored to MIN_RATE: a finer step rounds back to the
+        // rate it started from, and the scope never grows again.
+        rate("increase", self.increase)?;
         if !(self.decrease > 0.0 && self.decrease < 1.0) {
             return Err(bad(
                 "decrease",
@@ -1125,6 +1126,36 @@ mod tests {
         }
         let e = AimdConfig::from_toml("rate = 3").unwrap_err().to_string();
         assert!(e.contains("rate"), "{e}");
+    }
+
+    /// Rates are stored to 0.001 request/s: an `increase` finer than
+    /// that was accepted, and a step up rounded back to the rate it
+    /// started from, so after one cut the scope never grew again
+    /// (`increase = "1/h"`, 0.00028/s). Refused, naming the field, as a
+    /// `min_rate` below the resolution is.
+    #[test]
+    fn an_increase_finer_than_the_rate_resolution_is_refused() {
+        for increase in ["\"1/h\"", "0.0004", "1e-9"] {
+            let e = AimdConfig::from_toml(&format!("increase = {increase}"))
+                .map(|c| format!("loaded: increase {}", c.increase))
+                .unwrap_or_else(|e| e.to_string());
+            assert!(
+                e.contains("aimd.increase") && e.contains("0.001"),
+                "{increase}: {e}"
+            );
+        }
+        // A step of "1/h" from a cut rate left it where it was.
+        let cut = 0.75;
+        let stepped = rate_of(&try_bucket(1, cut + 1.0 / 3600.0).unwrap());
+        assert_eq!(stepped, cut);
+        // The resolution itself is a step.
+        let c = AimdConfig::from_toml("increase = \"1/1000s\"").unwrap();
+        assert_eq!(c.increase, MIN_RATE);
+        assert!(rate_of(&try_bucket(1, cut + c.increase).unwrap()) > cut);
+        let e = AimdConfig::from_toml("increase = 1e300")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("aimd.increase"), "{e}");
     }
 
     #[test]
