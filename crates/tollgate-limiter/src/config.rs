@@ -99,6 +99,22 @@ pub use redis::{DURABILITY_MODES, RedisConfig};
 /// The environment prefix.
 pub const ENV_PREFIX: &str = "TOLLGATE_";
 
+/// The `TOLLGATE_` variables of this workspace that are not configuration,
+/// lower-cased and without the prefix: [`ConfigBuilder::env`] skips them.
+/// `TOLLGATE_KEY_SECRET` is the key hasher's secret; the others are the
+/// test kit's (`TOLLGATE_REDIS_SERVER`, `TOLLGATE_VALKEY_SERVER`: the
+/// server binaries, exported on a developer's machine) and its soak
+/// tests'. Loaded as configuration, each failed the load as an unknown
+/// field.
+pub const NOT_CONFIGURATION: [&str; 6] = [
+    "key_secret",
+    "redis_server",
+    "valkey_server",
+    "redis_child",
+    "failover_cycles",
+    "soak_cycles",
+];
+
 /// A configuration that cannot be used.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -234,11 +250,14 @@ impl ConfigBuilder {
         self
     }
 
-    /// Adds the `TOLLGATE_*` environment variables (but not
-    /// `TOLLGATE_KEY_SECRET`, which is [`KeyHasher`](crate::KeyHasher)'s,
-    /// not a configuration field).
+    /// Adds the `TOLLGATE_*` environment variables, except the
+    /// workspace's own variables that are not configuration fields
+    /// ([`NOT_CONFIGURATION`]: `TOLLGATE_KEY_SECRET`, which is
+    /// [`KeyHasher`](crate::KeyHasher)'s, and the test kit's). Any other
+    /// `TOLLGATE_` variable is configuration: one that names no field
+    /// (`TOLLGATE_LIMITER__API__CAPACITY`) fails the load.
     pub fn env(mut self) -> Self {
-        let env = Env::prefixed(ENV_PREFIX).ignore(&["key_secret"]);
+        let env = Env::prefixed(ENV_PREFIX).ignore(&NOT_CONFIGURATION);
         self.figment = self.figment.merge(env.split("__"));
         self
     }
@@ -1391,6 +1410,41 @@ mod tests {
             assert_eq!(api.policy.limit(), 75);
             assert_eq!(api.timeout, Duration::from_millis(30));
             assert_eq!(api.fail_mode, FailMode::Open);
+            Ok(())
+        });
+    }
+
+    /// The workspace's own `TOLLGATE_` variables that are not
+    /// configuration (the testkit's server binaries, which
+    /// `scripts/install-test-deps.sh` asks to export, and the soak tests'
+    /// cycle counts) are skipped like `TOLLGATE_KEY_SECRET`: with one
+    /// exported, every `.env()` load (the CLI, each example) failed with
+    /// `unknown field: found \`valkey_server\``. A misspelt section is
+    /// still an error.
+    #[test]
+    fn the_workspace_s_other_variables_are_not_configuration() {
+        figment::Jail::expect_with(|jail| {
+            for var in [
+                "TOLLGATE_REDIS_SERVER",
+                "TOLLGATE_VALKEY_SERVER",
+                "TOLLGATE_FAILOVER_CYCLES",
+                "TOLLGATE_SOAK_CYCLES",
+                "TOLLGATE_REDIS_CHILD",
+            ] {
+                jail.set_env(var, "/usr/local/bin/x");
+            }
+            let c = Config::builder()
+                .toml_str("[limiters.api]\nstrategy='token_bucket'\ncapacity=10\nrefill='1/s'")
+                .env()
+                .load()
+                .map_err(|e| e.to_string())?;
+            assert_eq!(
+                c.limiter("api").map_err(|e| e.to_string())?.policy.limit(),
+                10
+            );
+            jail.set_env("TOLLGATE_LIMITER__API__CAPACITY", "5");
+            let e = Config::builder().env().load().unwrap_err().to_string();
+            assert!(e.contains("limiter"), "{e}");
             Ok(())
         });
     }
