@@ -63,13 +63,41 @@
 //! ```
 //!
 //! Everything is validated when loaded: an unknown field, an unknown
-//! strategy, a zero capacity or window, a count above 2^53 − 1
+//! strategy, a section name the environment cannot reach (see below), a
+//! zero capacity or window, a count above 2^53 − 1
 //! ([`MAX_COUNT`](crate::policy::MAX_COUNT)), a field that does not belong to the
 //! strategy, a progressive delay's `forget_after` no longer than its
 //! longest delay (each such block would end with the free attempts back),
 //! a default cost or a `min_cost` (the least any call is charged,
 //! default 1) that is 0 or that the limit (or the candidate's) can never
 //! grant: each fails with an error naming the limiter and the field.
+//!
+//! # What the loader decides, and why
+//!
+//! A rate limit that does not say what the operator thinks is a silent
+//! outage of protection, so the loader refuses rather than guesses:
+//!
+//! * **Unknown fields are errors**, in every section and at every depth
+//!   (a composite's parts, a candidate, `[adaptive.*]`, `[redis]`): a
+//!   `capcity` or a `TOLLGATE_LIMITERS__API__CAPACTY` fails the load,
+//!   naming the key, instead of leaving the capacity unset.
+//! * **Every `TOLLGATE_` variable is configuration**, except the
+//!   workspace's own others ([`NOT_CONFIGURATION`]): a misspelt section
+//!   (`TOLLGATE_LIMITER__…`) fails the load.
+//! * **Names the environment can reach.** Variables are read lower-cased
+//!   and split at `.`, so a limiter or adaptive name holding an upper-case
+//!   letter or a `.` is refused: `TOLLGATE_ADAPTIVE__CRAWLER__…` beside
+//!   `[adaptive.Crawler]` loaded as a second section. (Code may name a
+//!   limiter as it likes; this is a rule of configuration.)
+//! * **Values are typed, not coerced.** A number given as a string
+//!   (`capacity = "10"`) or a string given as a number is an error; values
+//!   from the environment are read as TOML values, so
+//!   `TOLLGATE_DEFAULTS__PREFIX=2024` is a number: quote it
+//!   (`TOLLGATE_DEFAULTS__PREFIX='"2024"'`). Durations and the period of a
+//!   rate are humantime's: `m` is a minute and `M` a month.
+//! * **A layer changes fields, not a limiter's kind.** A later layer that
+//!   sets another `strategy` keeps the earlier layers' fields of the old
+//!   one, which are then refused (`capacity: belongs to token_bucket`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -445,6 +473,21 @@ impl Config {
         if let Some((field, reason)) = breaker.misread() {
             return Err(dflt(field, reason));
         }
+        for (section, names) in [
+            ("limiters", raw.limiters.keys().collect::<Vec<_>>()),
+            ("adaptive", raw.adaptive.keys().collect()),
+        ] {
+            if let Some((name, reason)) = names
+                .into_iter()
+                .find_map(|n| reachable_from_env(section, n).err().map(|r| (n, r)))
+            {
+                return Err(ConfigError::Invalid {
+                    path: format!("{section}.{name}"),
+                    field: "name",
+                    reason,
+                });
+            }
+        }
         let mut limiters = BTreeMap::new();
         for (name, l) in raw.limiters {
             let mut cfg = validate(&name, &l, fail_mode, timeout, breaker)?;
@@ -523,6 +566,32 @@ pub(crate) fn check_name(name: &str) -> Result<(), FieldError> {
         )),
         false => Ok(()),
     }
+}
+
+/// Whether the environment can address section `<section>.<name>`:
+/// `TOLLGATE_` variables are read lower-cased and split at `.`, so a name
+/// with an upper-case letter or a dot would be a section no variable can
+/// override, and `TOLLGATE_<SECTION>__<NAME>__…` would configure another
+/// one, silently (an adaptive section needs no field). A rule of
+/// configuration only: code may name a limiter as it likes.
+fn reachable_from_env(section: &str, name: &str) -> Result<(), String> {
+    if name.contains('.') {
+        return Err(
+            "must not hold '.': TOLLGATE_ variables are split at '.', so none could \
+             override this section"
+                .into(),
+        );
+    }
+    if name.bytes().any(|b| b.is_ascii_uppercase()) {
+        let lower = name.to_ascii_lowercase();
+        return Err(format!(
+            "must be lower-case: TOLLGATE_ variables are read lower-cased, so \
+             TOLLGATE_{}__{}__… would configure another section, {section}.{lower}",
+            section.to_ascii_uppercase(),
+            name.to_ascii_uppercase(),
+        ));
+    }
+    Ok(())
 }
 
 fn validate(
@@ -1447,6 +1516,51 @@ mod tests {
             assert!(e.contains("limiter"), "{e}");
             Ok(())
         });
+    }
+
+    /// `TOLLGATE_` variables are read lower-cased and split at `.`, so
+    /// the environment cannot reach a section named with an upper-case
+    /// letter or a dot: `TOLLGATE_ADAPTIVE__CRAWLER__MAX_RATE` beside
+    /// `[adaptive.Crawler]` loaded as a second section, `crawler`, and the
+    /// override the operator set was silently not `Crawler`'s. Such names
+    /// are refused at load, naming the section.
+    #[test]
+    fn a_section_the_environment_cannot_reach_is_refused() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("TOLLGATE_ADAPTIVE__CRAWLER__MAX_RATE", "50");
+            let e = Config::builder()
+                .toml_str("[adaptive.Crawler]\nmax_rate = 20")
+                .env()
+                .load()
+                .map(|c| {
+                    format!(
+                        "loaded: Crawler {:?}, crawler {:?}",
+                        c.adaptive("Crawler").map(|a| a.max_rate).ok(),
+                        c.adaptive("crawler").map(|a| a.max_rate).ok()
+                    )
+                })
+                .unwrap_or_else(|e| e.to_string());
+            assert!(e.contains("adaptive.Crawler.name"), "{e}");
+            Ok(())
+        });
+        let tb = "strategy='token_bucket'\ncapacity=1\nrefill='1/s'";
+        for name in ["loginIP", "API", "\"a.b\""] {
+            let e = err(&format!("[limiters.{name}]\n{tb}"));
+            let shown = name.trim_matches('"');
+            assert!(
+                e.contains(&format!("limiters.{shown}.name")) && e.contains("TOLLGATE_"),
+                "{name}: {e}"
+            );
+            let e = err(&format!("[adaptive.{name}]"));
+            assert!(e.contains(&format!("adaptive.{shown}.name")), "{name}: {e}");
+        }
+        // What the environment can reach loads, from a file or from it.
+        assert!(
+            load(&format!(
+                "[limiters.login_ip-2]\n{tb}\n[adaptive.crawler_1]"
+            ))
+            .is_ok()
+        );
     }
 
     #[test]
