@@ -110,7 +110,7 @@ use std::time::Duration;
 
 use figment::Figment;
 use figment::providers::{Format, Toml};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Request, Scope};
@@ -222,7 +222,7 @@ impl AimdConfig {
     /// To keep it in a larger file, deserialize the type from that file's
     /// table with any serde format; validation runs as part of it.
     pub fn from_toml(toml: &str) -> Result<Self, ConfigError> {
-        Figment::from(Toml::string(toml))
+        Figment::from(crate::config::Keys::file(Toml::string(toml)))
             .extract()
             .map_err(|e| ConfigError::Parse(Box::new(e)))
     }
@@ -313,9 +313,9 @@ impl AimdConfig {
 }
 
 /// [`AimdConfig`] as written: every field optional.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawAimdConfig {
+pub(crate) struct RawAimdConfig {
     initial_rate: Option<RawRate>,
     min_rate: Option<RawRate>,
     max_rate: Option<RawRate>,
@@ -331,7 +331,7 @@ struct RawAimdConfig {
     breaker_max_backoff: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(untagged)]
 enum RawRate {
     PerSecond(f64),
@@ -346,26 +346,9 @@ impl TryFrom<RawAimdConfig> for AimdConfig {
     }
 }
 
-impl AimdConfig {
-    /// Reads `[adaptive.<name>]` of a layered [`Config`](crate::Config):
-    /// errors name `adaptive.<name>` and the field.
-    pub(crate) fn from_value(
-        name: &str,
-        value: figment::value::Value,
-    ) -> Result<Self, ConfigError> {
-        let path = format!("adaptive.{name}");
-        let raw: RawAimdConfig = Figment::from(figment::providers::Serialized::defaults(value))
-            .extract()
-            .map_err(|mut e| {
-                e.path.insert(0, path.clone());
-                ConfigError::Parse(Box::new(e))
-            })?;
-        raw.into_config(&path)
-    }
-}
-
 impl RawAimdConfig {
-    fn into_config(self, path: &str) -> Result<AimdConfig, ConfigError> {
+    /// The configuration, validated; errors name `path` and the field.
+    pub(crate) fn into_config(self, path: &str) -> Result<AimdConfig, ConfigError> {
         let raw = self;
         let bad = |field: &'static str, reason: String| ConfigError::Invalid {
             path: path.to_owned(),

@@ -107,7 +107,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
-use crate::aimd::AimdConfig;
+use crate::aimd::{AimdConfig, RawAimdConfig};
 use crate::backend::Backend;
 use crate::breaker::BreakerConfig;
 use crate::composite::Composite;
@@ -241,10 +241,58 @@ struct RawConfig {
     limiters: BTreeMap<String, RawLimiter>,
     /// Adaptive (AIMD) limiters, checked by [`AimdConfig`].
     #[serde(default)]
-    adaptive: BTreeMap<String, figment::value::Value>,
+    adaptive: BTreeMap<String, RawAimdConfig>,
     /// How to reach Redis, checked by [`RedisConfig`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     redis: Option<redis::RawRedis>,
+}
+
+/// A layer whose errors name a key as configuration spells it
+/// (`limiters.api.capacity`, not figment's `default.limiters.api.capacity`,
+/// whose `default` read as a `[default]` section), and, from the
+/// environment, the variable too (`limiters.api.capacity
+/// (TOLLGATE_LIMITERS__API__CAPACITY)`).
+pub(crate) struct Keys<P> {
+    inner: P,
+    env: bool,
+}
+
+impl<P> Keys<P> {
+    pub(crate) fn file(inner: P) -> Self {
+        Self { inner, env: false }
+    }
+
+    fn env(inner: P) -> Self {
+        Self { inner, env: true }
+    }
+}
+
+impl<P: figment::Provider> figment::Provider for Keys<P> {
+    fn metadata(&self) -> figment::Metadata {
+        let env = self.env;
+        self.inner
+            .metadata()
+            .interpolater(move |_: &figment::Profile, keys: &[&str]| {
+                let path = keys.join(".");
+                match env {
+                    true => format!(
+                        "{path} ({ENV_PREFIX}{})",
+                        keys.join("__").to_ascii_uppercase()
+                    ),
+                    false => path,
+                }
+            })
+    }
+
+    fn data(
+        &self,
+    ) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        self.inner.data()
+    }
+
+    fn profile(&self) -> Option<figment::Profile> {
+        self.inner.profile()
+    }
 }
 
 /// Gathers configuration layers; [`load`](Self::load) merges and validates
@@ -259,14 +307,14 @@ impl ConfigBuilder {
     /// Adds a TOML string layer (e.g. platform defaults built into a
     /// binary with `include_str!`).
     pub fn toml_str(mut self, toml: &str) -> Self {
-        self.figment = self.figment.merge(Toml::string(toml));
+        self.figment = self.figment.merge(Keys::file(Toml::string(toml)));
         self
     }
 
     /// Adds a TOML file layer that must exist.
     pub fn file(mut self, path: impl AsRef<Path>) -> Self {
         let path: PathBuf = path.as_ref().into();
-        self.figment = self.figment.merge(Toml::file_exact(path));
+        self.figment = self.figment.merge(Keys::file(Toml::file_exact(path)));
         self
     }
 
@@ -286,7 +334,7 @@ impl ConfigBuilder {
     /// (`TOLLGATE_LIMITER__API__CAPACITY`) fails the load.
     pub fn env(mut self) -> Self {
         let env = Env::prefixed(ENV_PREFIX).ignore(&NOT_CONFIGURATION);
-        self.figment = self.figment.merge(env.split("__"));
+        self.figment = self.figment.merge(Keys::env(env.split("__")));
         self
     }
 
@@ -523,7 +571,10 @@ impl Config {
         let adaptive = raw
             .adaptive
             .into_iter()
-            .map(|(name, value)| AimdConfig::from_value(&name, value).map(|c| (name, c)))
+            .map(|(name, raw)| {
+                raw.into_config(&format!("adaptive.{name}"))
+                    .map(|c| (name, c))
+            })
             .collect::<Result<_, _>>()?;
         let redis = raw.redis.map(redis::RawRedis::validate).transpose()?;
         Ok(Self {
@@ -1561,6 +1612,50 @@ mod tests {
             ))
             .is_ok()
         );
+    }
+
+    /// A parse error names the key as configuration spells it, and where
+    /// it was written: an `[adaptive.*]` error named a Rust source line
+    /// (`in crates/tollgate-limiter/src/aimd.rs:356:48`) instead of the
+    /// file, every key carried figment's profile (`default.limiters…`,
+    /// read as a `[default]` section), and a variable was shown as
+    /// `LIMITERS.API.CAPACTY` rather than as the variable set.
+    #[test]
+    fn parse_errors_name_the_key_and_where_it_was_written() {
+        figment::Jail::expect_with(|jail| {
+            let tb = "[limiters.api]\nstrategy='token_bucket'\ncapacity=10\nrefill='1/s'\n";
+            jail.create_file("base.toml", tb)?;
+            jail.create_file("typo.toml", "[limiters.api]\ncapcity = 5")?;
+            jail.create_file("crawler.toml", "[adaptive.crawler]\nmax_rat = 5")?;
+            let load = |file: &str| {
+                Config::builder()
+                    .file("base.toml")
+                    .file(file)
+                    .env()
+                    .load()
+                    .unwrap_err()
+                    .to_string()
+            };
+            let e = load("typo.toml");
+            assert!(
+                e.contains("\"limiters.api.capcity\"") && e.contains("typo.toml"),
+                "{e}"
+            );
+            let e = load("crawler.toml");
+            assert!(
+                e.contains("\"adaptive.crawler.max_rat\"")
+                    && e.contains("crawler.toml")
+                    && !e.contains(".rs"),
+                "{e}"
+            );
+            jail.set_env("TOLLGATE_LIMITERS__API__CAPACTY", "5");
+            let e = load("base.toml");
+            assert!(
+                e.contains("limiters.api.capacty") && e.contains("TOLLGATE_LIMITERS__API__CAPACTY"),
+                "{e}"
+            );
+            Ok(())
+        });
     }
 
     #[test]
