@@ -566,7 +566,8 @@ fn after(deadline: Option<Instant>, now: Instant) -> bool {
 
 impl<B: Backend> AimdLimiter<B> {
     /// An adaptive limiter named `name` (the namespace of its keys in the
-    /// backend; without `{`, `}` or `:`), checking `config`.
+    /// backend; by the limiters' rule: without `{`, `}`, `:`, control
+    /// characters or white space at either end), checking `config`.
     pub fn new(
         name: impl Into<String>,
         config: AimdConfig,

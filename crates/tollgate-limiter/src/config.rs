@@ -587,7 +587,8 @@ impl Config {
 }
 
 /// Whether `prefix` can prefix a backend's keys (`<prefix>:<limiter>:{<key>}`):
-/// not empty, without `{` or `}` (the hash tag) nor `:`, so that one
+/// not empty, without white space at either end or control characters,
+/// without `{` or `}` (the hash tag) nor `:`, so that one
 /// prefix never reads as another's followed by a limiter name (`a` and
 /// limiter `b:c`, `a:b` and limiter `c`; limiter names have no `:`
 /// either). The error is the rule, for the caller to name its field.
@@ -599,21 +600,38 @@ impl Config {
 /// assert!(tollgate_limiter::config::check_prefix("svc:eu").is_err());
 /// ```
 pub fn check_prefix(prefix: &str) -> Result<(), &'static str> {
-    match prefix.is_empty() || prefix.contains(['{', '}', ':']) {
-        true => Err("must be non-empty, without '{', '}' or ':'"),
+    match unusable_in_a_key(prefix) {
+        true => Err(
+            "must be non-empty, without '{', '}' or ':', white space at either end or \
+             control characters",
+        ),
         false => Ok(()),
     }
 }
 
+/// Whether `part` cannot be a prefix or limiter name of a key: empty,
+/// holding the hash tag's braces or the separator `:`, or white space at
+/// either end or a control character (a `"tollgate "` from a template or
+/// an env file is another keyspace, whose workers count apart).
+fn unusable_in_a_key(part: &str) -> bool {
+    part.is_empty()
+        || part.contains(['{', '}', ':'])
+        || part.trim() != part
+        || part.chars().any(char::is_control)
+}
+
 /// Whether `name` can name a limiter in the backend: not empty, without
 /// the hash tag's braces, nor `:` (which separates the key's parts, and
-/// `<name>:candidate` is a candidate's namespace). The one rule for
-/// limiters, built or configured, and adaptive limiters.
+/// `<name>:candidate` is a candidate's namespace), nor white space at
+/// either end or control characters. The one rule for limiters, built or
+/// configured, and adaptive limiters.
 pub(crate) fn check_name(name: &str) -> Result<(), FieldError> {
-    match name.is_empty() || name.contains(['{', '}', ':']) {
+    match unusable_in_a_key(name) {
         true => Err((
             "name",
-            "limiter names must be non-empty, without '{', '}' or ':'".into(),
+            "limiter names must be non-empty, without '{', '}' or ':', white space at either \
+             end or control characters"
+                .into(),
         )),
         false => Ok(()),
     }
@@ -1656,6 +1674,47 @@ mod tests {
             );
             Ok(())
         });
+    }
+
+    /// A prefix or a limiter name with white space at either end, or a
+    /// control character, loaded as written: `prefix = "tollgate "` (a
+    /// trailing space from a template or an env file) is another
+    /// keyspace, so the workers that have it and those that do not count
+    /// apart, each allowing the whole limit. Refused, naming the field.
+    #[test]
+    fn prefixes_and_names_with_stray_white_space_are_refused() {
+        let tb = "strategy='token_bucket'\ncapacity=1\nrefill='1/s'";
+        for prefix in ["tollgate ", " tollgate", "a\nb", "a\tb"] {
+            let toml = format!("[defaults]\nprefix = {prefix:?}\n[limiters.api]\n{tb}");
+            let e = load(&toml)
+                .map(|c| format!("loaded: prefix {:?}", c.prefix()))
+                .unwrap_or_else(|e| e.to_string());
+            assert!(e.contains("defaults.prefix"), "{prefix:?}: {e}");
+        }
+        for name in ["api ", " api", "a\nb"] {
+            let e = load(&format!("[limiters.{name:?}]\n{tb}"))
+                .map(|_| "loaded".to_owned())
+                .unwrap_or_else(|e| e.to_string());
+            assert!(e.contains(".name"), "{name:?}: {e}");
+            let e = load(&format!("[adaptive.{name:?}]"))
+                .map(|_| "loaded".to_owned())
+                .unwrap_or_else(|e| e.to_string());
+            assert!(e.contains(".name"), "{name:?}: {e}");
+        }
+        // Inner spaces and any other character are a name like another.
+        assert!(
+            load(&format!(
+                "[defaults]\nprefix = 'svc eu'\n[limiters.\"api v2\"]\n{tb}"
+            ))
+            .is_ok()
+        );
+        let built = LimiterBuilder::new(
+            "api ".to_owned(),
+            Policy::from(TokenBucket::new(1, 1, Duration::from_secs(1)).unwrap()),
+            (),
+        )
+        .check();
+        assert_eq!(built.map_err(|(f, _)| f), Err("name"));
     }
 
     #[test]
