@@ -280,9 +280,17 @@ impl AimdConfig {
                 Ok(())
             }
         };
-        span("reaction_window", self.reaction_window)?;
-        span("max_hold", self.max_hold)?;
-        span("idle_expiry", self.idle_expiry)?;
+        // The windows and holds become policies, which count in µs: a
+        // finer span was truncated, as configuration refuses for limiters.
+        let policy_span = |field: &'static str, d: Duration| {
+            span(field, d)?;
+            crate::config::whole_micros(d)
+                .map(drop)
+                .map_err(|e| bad(field, e))
+        };
+        policy_span("reaction_window", self.reaction_window)?;
+        policy_span("max_hold", self.max_hold)?;
+        policy_span("idle_expiry", self.idle_expiry)?;
         span("timeout", self.timeout)?;
         // A worker forgets a scope idle this long, and with it the hold it
         // keeps alone while the backend is down: a hold must end first.
@@ -1140,6 +1148,25 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("aimd.increase"), "{e}");
+    }
+
+    /// A duration finer than a microsecond was accepted
+    /// (`reaction_window = "1500ns"`) and counted in whole microseconds,
+    /// as a limiter's policy spans are not: refused, naming the field. (A
+    /// timeout or back-off is not a policy span, as for limiters.)
+    #[test]
+    fn durations_finer_than_a_microsecond_are_refused() {
+        for field in ["reaction_window", "max_hold", "idle_expiry"] {
+            let e = AimdConfig::from_toml(&format!("{field} = \"1500ns\""))
+                .map(|c| format!("loaded: {c:?}"))
+                .unwrap_or_else(|e| e.to_string());
+            assert!(
+                e.contains(&format!("aimd.{field}")) && e.contains("microseconds"),
+                "{field}: {e}"
+            );
+        }
+        let c = AimdConfig::from_toml("reaction_window = \"1500us\"").unwrap();
+        assert_eq!(c.reaction_window, Duration::from_micros(1500));
     }
 
     #[test]

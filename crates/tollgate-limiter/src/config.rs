@@ -957,7 +957,7 @@ fn composite_policy(l: &RawLimiter, parts: &[RawLimiter]) -> Result<Policy, Fiel
 /// `d` if it is a whole number of microseconds, the unit every policy
 /// counts in: a finer one was truncated, silently (`"1/1500ns"` refilled a
 /// token every microsecond).
-fn whole_micros(d: Duration) -> Result<Duration, String> {
+pub(crate) fn whole_micros(d: Duration) -> Result<Duration, String> {
     if !d.subsec_nanos().is_multiple_of(1_000) {
         return Err(format!(
             "{} is not a whole number of microseconds (policies count in µs)",
