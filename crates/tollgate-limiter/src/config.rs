@@ -95,6 +95,13 @@
 //!   `TOLLGATE_DEFAULTS__PREFIX=2024` is a number: quote it
 //!   (`TOLLGATE_DEFAULTS__PREFIX='"2024"'`). Durations and the period of a
 //!   rate are humantime's: `m` is a minute and `M` a month.
+//! * **`cost` is the consumer's to apply.** A limiter's `cost` is checked
+//!   (at least 1, grantable by the policy and the candidate) and shown by
+//!   the CLI, but neither [`LimiterConfig::build`] nor the tower layers
+//!   charge it: a consumer reads [`LimiterConfig::cost`] and passes it
+//!   (e.g. to the layer's `cost`). To charge every call at least N
+//!   whatever the consumer passes, set `min_cost`, which the limiter
+//!   applies.
 //! * **A layer changes fields, not a limiter's kind.** A later layer that
 //!   sets another `strategy` keeps the earlier layers' fields of the old
 //!   one, which are then refused (`capacity: belongs to token_bucket`).
@@ -371,7 +378,9 @@ pub struct LimiterConfig {
     pub name: String,
     /// Its policy.
     pub policy: Policy,
-    /// The cost of one request unless the consumer says otherwise.
+    /// The cost of one request unless the consumer says otherwise: for
+    /// the consumer to read and pass on; [`build`](Self::build) does not
+    /// apply it (the limiter's [`min_cost`](Self::min_cost) is applied).
     pub cost: u64,
     /// The least cost any charging call takes (see
     /// [`LimiterBuilder::min_cost`](crate::LimiterBuilder::min_cost)).
