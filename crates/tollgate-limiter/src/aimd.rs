@@ -110,7 +110,7 @@ use std::time::Duration;
 
 use figment::Figment;
 use figment::providers::{Format, Toml};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Request, Scope};
@@ -150,7 +150,7 @@ const MIN_HOLD: Duration = Duration::from_millis(1);
 /// initial_rate = "1/s"       # a new scope's rate
 /// min_rate = "1/min"         # never slower
 /// max_rate = "100/s"         # never faster
-/// increase = "1/s"           # added per reaction window of success
+/// increase = "1/s"           # added per reaction window of success (≥ 0.001/s)
 /// decrease = 0.75            # factor applied by a cut, in (0, 1)
 /// reaction_window = "1s"     # one cut, one step up at most per window
 /// burst = 1                  # the bucket's capacity
@@ -175,7 +175,8 @@ pub struct AimdConfig {
     /// The highest rate growth can reach, in requests per second.
     pub max_rate: f64,
     /// Requests per second added to the rate per reaction window in which
-    /// requests succeed.
+    /// requests succeed (at least 0.001, the precision rates are stored
+    /// to: a finer step would never move the rate).
     pub increase: f64,
     /// The factor a cut multiplies the rate by, strictly between 0 and 1.
     pub decrease: f64,
@@ -221,7 +222,7 @@ impl AimdConfig {
     /// To keep it in a larger file, deserialize the type from that file's
     /// table with any serde format; validation runs as part of it.
     pub fn from_toml(toml: &str) -> Result<Self, ConfigError> {
-        Figment::from(Toml::string(toml))
+        Figment::from(crate::config::Keys::file(Toml::string(toml)))
             .extract()
             .map_err(|e| ConfigError::Parse(Box::new(e)))
     }
@@ -262,9 +263,9 @@ impl AimdConfig {
                 "must be within [min_rate, max_rate]".into(),
             ));
         }
-        if !(self.increase.is_finite() && self.increase > 0.0) {
-            return Err(bad("increase", "must be a positive rate".into()));
-        }
+        // Rates are stored to MIN_RATE: a finer step rounds back to the
+        // rate it started from, and the scope never grows again.
+        rate("increase", self.increase)?;
         if !(self.decrease > 0.0 && self.decrease < 1.0) {
             return Err(bad(
                 "decrease",
@@ -279,9 +280,17 @@ impl AimdConfig {
                 Ok(())
             }
         };
-        span("reaction_window", self.reaction_window)?;
-        span("max_hold", self.max_hold)?;
-        span("idle_expiry", self.idle_expiry)?;
+        // The windows and holds become policies, which count in µs: a
+        // finer span was truncated, as configuration refuses for limiters.
+        let policy_span = |field: &'static str, d: Duration| {
+            span(field, d)?;
+            crate::config::whole_micros(d)
+                .map(drop)
+                .map_err(|e| bad(field, e))
+        };
+        policy_span("reaction_window", self.reaction_window)?;
+        policy_span("max_hold", self.max_hold)?;
+        policy_span("idle_expiry", self.idle_expiry)?;
         span("timeout", self.timeout)?;
         // A worker forgets a scope idle this long, and with it the hold it
         // keeps alone while the backend is down: a hold must end first.
@@ -312,9 +321,9 @@ impl AimdConfig {
 }
 
 /// [`AimdConfig`] as written: every field optional.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawAimdConfig {
+pub(crate) struct RawAimdConfig {
     initial_rate: Option<RawRate>,
     min_rate: Option<RawRate>,
     max_rate: Option<RawRate>,
@@ -330,7 +339,7 @@ struct RawAimdConfig {
     breaker_max_backoff: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(untagged)]
 enum RawRate {
     PerSecond(f64),
@@ -345,26 +354,9 @@ impl TryFrom<RawAimdConfig> for AimdConfig {
     }
 }
 
-impl AimdConfig {
-    /// Reads `[adaptive.<name>]` of a layered [`Config`](crate::Config):
-    /// errors name `adaptive.<name>` and the field.
-    pub(crate) fn from_value(
-        name: &str,
-        value: figment::value::Value,
-    ) -> Result<Self, ConfigError> {
-        let path = format!("adaptive.{name}");
-        let raw: RawAimdConfig = Figment::from(figment::providers::Serialized::defaults(value))
-            .extract()
-            .map_err(|mut e| {
-                e.path.insert(0, path.clone());
-                ConfigError::Parse(Box::new(e))
-            })?;
-        raw.into_config(&path)
-    }
-}
-
 impl RawAimdConfig {
-    fn into_config(self, path: &str) -> Result<AimdConfig, ConfigError> {
+    /// The configuration, validated; errors name `path` and the field.
+    pub(crate) fn into_config(self, path: &str) -> Result<AimdConfig, ConfigError> {
         let raw = self;
         let bad = |field: &'static str, reason: String| ConfigError::Invalid {
             path: path.to_owned(),
@@ -582,7 +574,8 @@ fn after(deadline: Option<Instant>, now: Instant) -> bool {
 
 impl<B: Backend> AimdLimiter<B> {
     /// An adaptive limiter named `name` (the namespace of its keys in the
-    /// backend; without `{`, `}` or `:`), checking `config`.
+    /// backend; by the limiters' rule: without `{`, `}`, `:`, control
+    /// characters or white space at either end), checking `config`.
     pub fn new(
         name: impl Into<String>,
         config: AimdConfig,
@@ -1125,6 +1118,55 @@ mod tests {
         }
         let e = AimdConfig::from_toml("rate = 3").unwrap_err().to_string();
         assert!(e.contains("rate"), "{e}");
+    }
+
+    /// Rates are stored to 0.001 request/s: an `increase` finer than
+    /// that was accepted, and a step up rounded back to the rate it
+    /// started from, so after one cut the scope never grew again
+    /// (`increase = "1/h"`, 0.00028/s). Refused, naming the field, as a
+    /// `min_rate` below the resolution is.
+    #[test]
+    fn an_increase_finer_than_the_rate_resolution_is_refused() {
+        for increase in ["\"1/h\"", "0.0004", "1e-9"] {
+            let e = AimdConfig::from_toml(&format!("increase = {increase}"))
+                .map(|c| format!("loaded: increase {}", c.increase))
+                .unwrap_or_else(|e| e.to_string());
+            assert!(
+                e.contains("aimd.increase") && e.contains("0.001"),
+                "{increase}: {e}"
+            );
+        }
+        // A step of "1/h" from a cut rate left it where it was.
+        let cut = 0.75;
+        let stepped = rate_of(&try_bucket(1, cut + 1.0 / 3600.0).unwrap());
+        assert_eq!(stepped, cut);
+        // The resolution itself is a step.
+        let c = AimdConfig::from_toml("increase = \"1/1000s\"").unwrap();
+        assert_eq!(c.increase, MIN_RATE);
+        assert!(rate_of(&try_bucket(1, cut + c.increase).unwrap()) > cut);
+        let e = AimdConfig::from_toml("increase = 1e300")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("aimd.increase"), "{e}");
+    }
+
+    /// A duration finer than a microsecond was accepted
+    /// (`reaction_window = "1500ns"`) and counted in whole microseconds,
+    /// as a limiter's policy spans are not: refused, naming the field. (A
+    /// timeout or back-off is not a policy span, as for limiters.)
+    #[test]
+    fn durations_finer_than_a_microsecond_are_refused() {
+        for field in ["reaction_window", "max_hold", "idle_expiry"] {
+            let e = AimdConfig::from_toml(&format!("{field} = \"1500ns\""))
+                .map(|c| format!("loaded: {c:?}"))
+                .unwrap_or_else(|e| e.to_string());
+            assert!(
+                e.contains(&format!("aimd.{field}")) && e.contains("microseconds"),
+                "{field}: {e}"
+            );
+        }
+        let c = AimdConfig::from_toml("reaction_window = \"1500us\"").unwrap();
+        assert_eq!(c.reaction_window, Duration::from_micros(1500));
     }
 
     #[test]

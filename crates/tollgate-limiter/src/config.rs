@@ -63,13 +63,46 @@
 //! ```
 //!
 //! Everything is validated when loaded: an unknown field, an unknown
-//! strategy, a zero capacity or window, a count above 2^53 − 1
+//! strategy, a section name the environment cannot reach (see below), a
+//! zero capacity or window, a count above 2^53 − 1
 //! ([`MAX_COUNT`](crate::policy::MAX_COUNT)), a field that does not belong to the
 //! strategy, a progressive delay's `forget_after` no longer than its
 //! longest delay (each such block would end with the free attempts back),
 //! a default cost or a `min_cost` (the least any call is charged,
 //! default 1) that is 0 or that the limit (or the candidate's) can never
 //! grant: each fails with an error naming the limiter and the field.
+//!
+//! # What the loader decides, and why
+//!
+//! A rate limit that does not say what the operator thinks is a silent
+//! outage of protection, so the loader refuses rather than guesses:
+//!
+//! * **Unknown fields are errors**, in every section and at every depth
+//!   (a composite's parts, a candidate, `[adaptive.*]`, `[redis]`): a
+//!   `capcity` or a `TOLLGATE_LIMITERS__API__CAPACTY` fails the load,
+//!   naming the key, instead of leaving the capacity unset.
+//! * **Every `TOLLGATE_` variable is configuration**, except the
+//!   workspace's own others ([`NOT_CONFIGURATION`]): a misspelt section
+//!   (`TOLLGATE_LIMITER__…`) fails the load.
+//! * **Names the environment can reach.** Variables are read lower-cased
+//!   and split at `.`, so a limiter or adaptive name holding an upper-case
+//!   letter or a `.` is refused: `TOLLGATE_ADAPTIVE__CRAWLER__…` beside
+//!   `[adaptive.Crawler]` loaded as a second section. (Code may name a
+//!   limiter as it likes; this is a rule of configuration.)
+//! * **Values are typed, not coerced.** A number given as a string
+//!   (`capacity = "10"`) or a string given as a number is an error; values
+//!   from the environment are read as TOML values, so
+//!   `TOLLGATE_DEFAULTS__PREFIX=2024` is a number: quote it
+//!   (`TOLLGATE_DEFAULTS__PREFIX='"2024"'`). Durations and the period of a
+//!   rate are humantime's: `m` is a minute and `M` a month.
+//! * **`cost` is what a request takes when its caller names none.** A
+//!   limiter's `cost` (at least 1, grantable by the policy and the
+//!   candidate) is charged by [`Limiter::check`](crate::Limiter::check)
+//!   and by a tower layer without a cost of its own; `min_cost` is the
+//!   least any call is charged, whatever cost it names.
+//! * **A layer changes fields, not a limiter's kind.** A later layer that
+//!   sets another `strategy` keeps the earlier layers' fields of the old
+//!   one, which are then refused (`capacity: belongs to token_bucket`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -79,7 +112,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
-use crate::aimd::AimdConfig;
+use crate::aimd::{AimdConfig, RawAimdConfig};
 use crate::backend::Backend;
 use crate::breaker::BreakerConfig;
 use crate::composite::Composite;
@@ -96,6 +129,22 @@ pub use redis::{DURABILITY_MODES, RedisConfig};
 
 /// The environment prefix.
 pub const ENV_PREFIX: &str = "TOLLGATE_";
+
+/// The `TOLLGATE_` variables of this workspace that are not configuration,
+/// lower-cased and without the prefix: [`ConfigBuilder::env`] skips them.
+/// `TOLLGATE_KEY_SECRET` is the key hasher's secret; the others are the
+/// test kit's (`TOLLGATE_REDIS_SERVER`, `TOLLGATE_VALKEY_SERVER`: the
+/// server binaries, exported on a developer's machine) and its soak
+/// tests'. Loaded as configuration, each failed the load as an unknown
+/// field.
+pub const NOT_CONFIGURATION: [&str; 6] = [
+    "key_secret",
+    "redis_server",
+    "valkey_server",
+    "redis_child",
+    "failover_cycles",
+    "soak_cycles",
+];
 
 /// A configuration that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -195,10 +244,58 @@ struct RawConfig {
     limiters: BTreeMap<String, RawLimiter>,
     /// Adaptive (AIMD) limiters, checked by [`AimdConfig`].
     #[serde(default)]
-    adaptive: BTreeMap<String, figment::value::Value>,
+    adaptive: BTreeMap<String, RawAimdConfig>,
     /// How to reach Redis, checked by [`RedisConfig`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     redis: Option<redis::RawRedis>,
+}
+
+/// A layer whose errors name a key as configuration spells it
+/// (`limiters.api.capacity`, not figment's `default.limiters.api.capacity`,
+/// whose `default` read as a `[default]` section), and, from the
+/// environment, the variable too (`limiters.api.capacity
+/// (TOLLGATE_LIMITERS__API__CAPACITY)`).
+pub(crate) struct Keys<P> {
+    inner: P,
+    env: bool,
+}
+
+impl<P> Keys<P> {
+    pub(crate) fn file(inner: P) -> Self {
+        Self { inner, env: false }
+    }
+
+    fn env(inner: P) -> Self {
+        Self { inner, env: true }
+    }
+}
+
+impl<P: figment::Provider> figment::Provider for Keys<P> {
+    fn metadata(&self) -> figment::Metadata {
+        let env = self.env;
+        self.inner
+            .metadata()
+            .interpolater(move |_: &figment::Profile, keys: &[&str]| {
+                let path = keys.join(".");
+                match env {
+                    true => format!(
+                        "{path} ({ENV_PREFIX}{})",
+                        keys.join("__").to_ascii_uppercase()
+                    ),
+                    false => path,
+                }
+            })
+    }
+
+    fn data(
+        &self,
+    ) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        self.inner.data()
+    }
+
+    fn profile(&self) -> Option<figment::Profile> {
+        self.inner.profile()
+    }
 }
 
 /// Gathers configuration layers; [`load`](Self::load) merges and validates
@@ -213,14 +310,14 @@ impl ConfigBuilder {
     /// Adds a TOML string layer (e.g. platform defaults built into a
     /// binary with `include_str!`).
     pub fn toml_str(mut self, toml: &str) -> Self {
-        self.figment = self.figment.merge(Toml::string(toml));
+        self.figment = self.figment.merge(Keys::file(Toml::string(toml)));
         self
     }
 
     /// Adds a TOML file layer that must exist.
     pub fn file(mut self, path: impl AsRef<Path>) -> Self {
         let path: PathBuf = path.as_ref().into();
-        self.figment = self.figment.merge(Toml::file_exact(path));
+        self.figment = self.figment.merge(Keys::file(Toml::file_exact(path)));
         self
     }
 
@@ -232,12 +329,15 @@ impl ConfigBuilder {
         self
     }
 
-    /// Adds the `TOLLGATE_*` environment variables (but not
-    /// `TOLLGATE_KEY_SECRET`, which is [`KeyHasher`](crate::KeyHasher)'s,
-    /// not a configuration field).
+    /// Adds the `TOLLGATE_*` environment variables, except the
+    /// workspace's own variables that are not configuration fields
+    /// ([`NOT_CONFIGURATION`]: `TOLLGATE_KEY_SECRET`, which is
+    /// [`KeyHasher`](crate::KeyHasher)'s, and the test kit's). Any other
+    /// `TOLLGATE_` variable is configuration: one that names no field
+    /// (`TOLLGATE_LIMITER__API__CAPACITY`) fails the load.
     pub fn env(mut self) -> Self {
-        let env = Env::prefixed(ENV_PREFIX).ignore(&["key_secret"]);
-        self.figment = self.figment.merge(env.split("__"));
+        let env = Env::prefixed(ENV_PREFIX).ignore(&NOT_CONFIGURATION);
+        self.figment = self.figment.merge(Keys::env(env.split("__")));
         self
     }
 
@@ -448,6 +548,21 @@ impl Config {
         if let Some((field, reason)) = breaker.misread() {
             return Err(dflt(field, reason));
         }
+        for (section, names) in [
+            ("limiters", raw.limiters.keys().collect::<Vec<_>>()),
+            ("adaptive", raw.adaptive.keys().collect()),
+        ] {
+            if let Some((name, reason)) = names
+                .into_iter()
+                .find_map(|n| reachable_from_env(section, n).err().map(|r| (n, r)))
+            {
+                return Err(ConfigError::Invalid {
+                    path: format!("{section}.{name}"),
+                    field: "name",
+                    reason,
+                });
+            }
+        }
         let mut limiters = BTreeMap::new();
         for (name, l) in raw.limiters {
             let mut cfg = validate(&name, &l, fail_mode, timeout, breaker)?;
@@ -483,7 +598,10 @@ impl Config {
         let adaptive = raw
             .adaptive
             .into_iter()
-            .map(|(name, value)| AimdConfig::from_value(&name, value).map(|c| (name, c)))
+            .map(|(name, raw)| {
+                raw.into_config(&format!("adaptive.{name}"))
+                    .map(|c| (name, c))
+            })
             .collect::<Result<_, _>>()?;
         let redis = raw.redis.map(redis::RawRedis::validate).transpose()?;
         Ok(Self {
@@ -496,7 +614,8 @@ impl Config {
 }
 
 /// Whether `prefix` can prefix a backend's keys (`<prefix>:<limiter>:{<key>}`):
-/// not empty, without `{` or `}` (the hash tag) nor `:`, so that one
+/// not empty, without white space at either end or control characters,
+/// without `{` or `}` (the hash tag) nor `:`, so that one
 /// prefix never reads as another's followed by a limiter name (`a` and
 /// limiter `b:c`, `a:b` and limiter `c`; limiter names have no `:`
 /// either). The error is the rule, for the caller to name its field.
@@ -508,24 +627,67 @@ impl Config {
 /// assert!(tollgate_limiter::config::check_prefix("svc:eu").is_err());
 /// ```
 pub fn check_prefix(prefix: &str) -> Result<(), &'static str> {
-    match prefix.is_empty() || prefix.contains(['{', '}', ':']) {
-        true => Err("must be non-empty, without '{', '}' or ':'"),
+    match unusable_in_a_key(prefix) {
+        true => Err(
+            "must be non-empty, without '{', '}' or ':', white space at either end or \
+             control characters",
+        ),
         false => Ok(()),
     }
 }
 
+/// Whether `part` cannot be a prefix or limiter name of a key: empty,
+/// holding the hash tag's braces or the separator `:`, or white space at
+/// either end or a control character (a `"tollgate "` from a template or
+/// an env file is another keyspace, whose workers count apart).
+fn unusable_in_a_key(part: &str) -> bool {
+    part.is_empty()
+        || part.contains(['{', '}', ':'])
+        || part.trim() != part
+        || part.chars().any(char::is_control)
+}
+
 /// Whether `name` can name a limiter in the backend: not empty, without
 /// the hash tag's braces, nor `:` (which separates the key's parts, and
-/// `<name>:candidate` is a candidate's namespace). The one rule for
-/// limiters, built or configured, and adaptive limiters.
+/// `<name>:candidate` is a candidate's namespace), nor white space at
+/// either end or control characters. The one rule for limiters, built or
+/// configured, and adaptive limiters.
 pub(crate) fn check_name(name: &str) -> Result<(), FieldError> {
-    match name.is_empty() || name.contains(['{', '}', ':']) {
+    match unusable_in_a_key(name) {
         true => Err((
             "name",
-            "limiter names must be non-empty, without '{', '}' or ':'".into(),
+            "limiter names must be non-empty, without '{', '}' or ':', white space at either \
+             end or control characters"
+                .into(),
         )),
         false => Ok(()),
     }
+}
+
+/// Whether the environment can address section `<section>.<name>`:
+/// `TOLLGATE_` variables are read lower-cased and split at `.`, so a name
+/// with an upper-case letter or a dot would be a section no variable can
+/// override, and `TOLLGATE_<SECTION>__<NAME>__…` would configure another
+/// one, silently (an adaptive section needs no field). A rule of
+/// configuration only: code may name a limiter as it likes.
+fn reachable_from_env(section: &str, name: &str) -> Result<(), String> {
+    if name.contains('.') {
+        return Err(
+            "must not hold '.': TOLLGATE_ variables are split at '.', so none could \
+             override this section"
+                .into(),
+        );
+    }
+    if name.bytes().any(|b| b.is_ascii_uppercase()) {
+        let lower = name.to_ascii_lowercase();
+        return Err(format!(
+            "must be lower-case: TOLLGATE_ variables are read lower-cased, so \
+             TOLLGATE_{}__{}__… would configure another section, {section}.{lower}",
+            section.to_ascii_uppercase(),
+            name.to_ascii_uppercase(),
+        ));
+    }
+    Ok(())
 }
 
 fn validate(
@@ -820,7 +982,7 @@ fn composite_policy(l: &RawLimiter, parts: &[RawLimiter]) -> Result<Policy, Fiel
 /// `d` if it is a whole number of microseconds, the unit every policy
 /// counts in: a finer one was truncated, silently (`"1/1500ns"` refilled a
 /// token every microsecond).
-fn whole_micros(d: Duration) -> Result<Duration, String> {
+pub(crate) fn whole_micros(d: Duration) -> Result<Duration, String> {
     if !d.subsec_nanos().is_multiple_of(1_000) {
         return Err(format!(
             "{} is not a whole number of microseconds (policies count in µs)",
@@ -1413,6 +1575,171 @@ mod tests {
             assert_eq!(api.fail_mode, FailMode::Open);
             Ok(())
         });
+    }
+
+    /// The workspace's own `TOLLGATE_` variables that are not
+    /// configuration (the testkit's server binaries, which
+    /// `scripts/install-test-deps.sh` asks to export, and the soak tests'
+    /// cycle counts) are skipped like `TOLLGATE_KEY_SECRET`: with one
+    /// exported, every `.env()` load (the CLI, each example) failed with
+    /// `unknown field: found \`valkey_server\``. A misspelt section is
+    /// still an error.
+    #[test]
+    fn the_workspace_s_other_variables_are_not_configuration() {
+        figment::Jail::expect_with(|jail| {
+            for var in [
+                "TOLLGATE_REDIS_SERVER",
+                "TOLLGATE_VALKEY_SERVER",
+                "TOLLGATE_FAILOVER_CYCLES",
+                "TOLLGATE_SOAK_CYCLES",
+                "TOLLGATE_REDIS_CHILD",
+            ] {
+                jail.set_env(var, "/usr/local/bin/x");
+            }
+            let c = Config::builder()
+                .toml_str("[limiters.api]\nstrategy='token_bucket'\ncapacity=10\nrefill='1/s'")
+                .env()
+                .load()
+                .map_err(|e| e.to_string())?;
+            assert_eq!(
+                c.limiter("api").map_err(|e| e.to_string())?.policy.limit(),
+                10
+            );
+            jail.set_env("TOLLGATE_LIMITER__API__CAPACITY", "5");
+            let e = Config::builder().env().load().unwrap_err().to_string();
+            assert!(e.contains("limiter"), "{e}");
+            Ok(())
+        });
+    }
+
+    /// `TOLLGATE_` variables are read lower-cased and split at `.`, so
+    /// the environment cannot reach a section named with an upper-case
+    /// letter or a dot: `TOLLGATE_ADAPTIVE__CRAWLER__MAX_RATE` beside
+    /// `[adaptive.Crawler]` loaded as a second section, `crawler`, and the
+    /// override the operator set was silently not `Crawler`'s. Such names
+    /// are refused at load, naming the section.
+    #[test]
+    fn a_section_the_environment_cannot_reach_is_refused() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("TOLLGATE_ADAPTIVE__CRAWLER__MAX_RATE", "50");
+            let e = Config::builder()
+                .toml_str("[adaptive.Crawler]\nmax_rate = 20")
+                .env()
+                .load()
+                .map(|c| {
+                    format!(
+                        "loaded: Crawler {:?}, crawler {:?}",
+                        c.adaptive("Crawler").map(|a| a.max_rate).ok(),
+                        c.adaptive("crawler").map(|a| a.max_rate).ok()
+                    )
+                })
+                .unwrap_or_else(|e| e.to_string());
+            assert!(e.contains("adaptive.Crawler.name"), "{e}");
+            Ok(())
+        });
+        let tb = "strategy='token_bucket'\ncapacity=1\nrefill='1/s'";
+        for name in ["loginIP", "API", "\"a.b\""] {
+            let e = err(&format!("[limiters.{name}]\n{tb}"));
+            let shown = name.trim_matches('"');
+            assert!(
+                e.contains(&format!("limiters.{shown}.name")) && e.contains("TOLLGATE_"),
+                "{name}: {e}"
+            );
+            let e = err(&format!("[adaptive.{name}]"));
+            assert!(e.contains(&format!("adaptive.{shown}.name")), "{name}: {e}");
+        }
+        // What the environment can reach loads, from a file or from it.
+        assert!(
+            load(&format!(
+                "[limiters.login_ip-2]\n{tb}\n[adaptive.crawler_1]"
+            ))
+            .is_ok()
+        );
+    }
+
+    /// A parse error names the key as configuration spells it, and where
+    /// it was written: an `[adaptive.*]` error named a Rust source line
+    /// (`in crates/tollgate-limiter/src/aimd.rs:356:48`) instead of the
+    /// file, every key carried figment's profile (`default.limiters…`,
+    /// read as a `[default]` section), and a variable was shown as
+    /// `LIMITERS.API.CAPACTY` rather than as the variable set.
+    #[test]
+    fn parse_errors_name_the_key_and_where_it_was_written() {
+        figment::Jail::expect_with(|jail| {
+            let tb = "[limiters.api]\nstrategy='token_bucket'\ncapacity=10\nrefill='1/s'\n";
+            jail.create_file("base.toml", tb)?;
+            jail.create_file("typo.toml", "[limiters.api]\ncapcity = 5")?;
+            jail.create_file("crawler.toml", "[adaptive.crawler]\nmax_rat = 5")?;
+            let load = |file: &str| {
+                Config::builder()
+                    .file("base.toml")
+                    .file(file)
+                    .env()
+                    .load()
+                    .unwrap_err()
+                    .to_string()
+            };
+            let e = load("typo.toml");
+            assert!(
+                e.contains("\"limiters.api.capcity\"") && e.contains("typo.toml"),
+                "{e}"
+            );
+            let e = load("crawler.toml");
+            assert!(
+                e.contains("\"adaptive.crawler.max_rat\"")
+                    && e.contains("crawler.toml")
+                    && !e.contains(".rs"),
+                "{e}"
+            );
+            jail.set_env("TOLLGATE_LIMITERS__API__CAPACTY", "5");
+            let e = load("base.toml");
+            assert!(
+                e.contains("limiters.api.capacty") && e.contains("TOLLGATE_LIMITERS__API__CAPACTY"),
+                "{e}"
+            );
+            Ok(())
+        });
+    }
+
+    /// A prefix or a limiter name with white space at either end, or a
+    /// control character, loaded as written: `prefix = "tollgate "` (a
+    /// trailing space from a template or an env file) is another
+    /// keyspace, so the workers that have it and those that do not count
+    /// apart, each allowing the whole limit. Refused, naming the field.
+    #[test]
+    fn prefixes_and_names_with_stray_white_space_are_refused() {
+        let tb = "strategy='token_bucket'\ncapacity=1\nrefill='1/s'";
+        for prefix in ["tollgate ", " tollgate", "a\nb", "a\tb"] {
+            let toml = format!("[defaults]\nprefix = {prefix:?}\n[limiters.api]\n{tb}");
+            let e = load(&toml)
+                .map(|c| format!("loaded: prefix {:?}", c.prefix()))
+                .unwrap_or_else(|e| e.to_string());
+            assert!(e.contains("defaults.prefix"), "{prefix:?}: {e}");
+        }
+        for name in ["api ", " api", "a\nb"] {
+            let e = load(&format!("[limiters.{name:?}]\n{tb}"))
+                .map(|_| "loaded".to_owned())
+                .unwrap_or_else(|e| e.to_string());
+            assert!(e.contains(".name"), "{name:?}: {e}");
+            let e = load(&format!("[adaptive.{name:?}]"))
+                .map(|_| "loaded".to_owned())
+                .unwrap_or_else(|e| e.to_string());
+            assert!(e.contains(".name"), "{name:?}: {e}");
+        }
+        // Inner spaces and any other character are a name like another.
+        assert!(
+            load(&format!(
+                "[defaults]\nprefix = 'svc eu'\n[limiters.\"api v2\"]\n{tb}"
+            ))
+            .is_ok()
+        );
+        let built = LimiterBuilder::new(
+            "api ".to_owned(),
+            Policy::from(TokenBucket::new(1, 1, Duration::from_secs(1)).unwrap()),
+            (),
+        )
+        .check();
+        assert_eq!(built.map_err(|(f, _)| f), Err("name"));
     }
 
     #[test]

@@ -439,7 +439,8 @@ impl<B: Backend> LimiterBuilder<B> {
     /// * `name`: empty, or holding `{`, `}` or `:`. `:` separates a key's
     ///   parts and `<name>:candidate` is a candidate's namespace, so
     ///   `api:candidate` would count in `api`'s candidate; the braces are
-    ///   the cluster hash tag;
+    ///   the cluster hash tag; or with white space at either end or a
+    ///   control character (`"api "` would count apart from `"api"`);
     /// * `timeout`: zero (every decision would fail);
     /// * `breaker_backoff` of zero, or `breaker_max_backoff` below it;
     /// * `cost` and `min_cost`: 0, or a [cost](Self::cost) or
@@ -623,7 +624,8 @@ impl<B: Backend> Limiter<B> {
     ///
     /// # Panics
     ///
-    /// When `name` is empty or holds `{`, `}` or `:`; see
+    /// When `name` is empty, holds `{`, `}`, `:` or a control character,
+    /// or has white space at either end; see
     /// [`LimiterBuilder::try_build`] for the fallible form.
     #[track_caller]
     pub fn new(name: impl Into<String>, policy: impl Into<Policy>, backend: B) -> Self {

@@ -27,6 +27,28 @@ fn chain(e: &RedisError) -> String {
     text
 }
 
+/// Why a URL the redis client refused is unusable, naming the node of a
+/// list (by position: a URL may hold a password). The client's error was
+/// shown as `redis command failed: Redis URL did not parse -
+/// InvalidClientConfig`, though no command had been sent.
+fn unparsable(urls: &[String], e: &redis::RedisError) -> String {
+    let reason = |e: &redis::RedisError| {
+        format!(
+            "invalid redis URL: {} (expected redis://[[user]:password@]host[:port][/db], \
+             rediss://…, unix:///path or redis+sentinel://host[:port][,…]/<master-name>)",
+            e.to_string().replace(" - InvalidClientConfig", "")
+        )
+    };
+    if urls.len() > 1 {
+        for (i, url) in urls.iter().enumerate() {
+            if let Err(e) = redis::IntoConnectionInfo::into_connection_info(url.as_str()) {
+                return format!("node {} of {}: {}", i + 1, urls.len(), reason(&e));
+            }
+        }
+    }
+    reason(e)
+}
+
 impl RedisBackend {
     /// A builder set up from configuration: the `[redis]` section
     /// ([`RedisConfig`](tollgate_limiter::RedisConfig)) and
@@ -130,6 +152,9 @@ impl RedisBackend {
                 // The files were checked above: what is left is a URL
                 // that is not TLS, named by the setting that needs TLS.
                 RedisError::InvalidClientCert(why) => invalid("tls_client_cert_file", why),
+                RedisError::Redis(e) if e.kind() == redis::ErrorKind::InvalidClientConfig => {
+                    invalid(url_field, unparsable(&r.urls, &e))
+                }
                 e => invalid(url_field, chain(&e)),
             })?;
         Ok(b)
@@ -266,6 +291,44 @@ mod tests {
         ] {
             let e = builder(toml).unwrap_err();
             assert!(e.contains(field), "{toml}: {e}");
+        }
+    }
+
+    /// A URL that does not parse said `redis.url: redis command failed:
+    /// Redis URL did not parse - InvalidClientConfig`: no command had been
+    /// sent, and with a cluster list the bad node was not named. The
+    /// message says what is wrong and which node, never the password.
+    #[test]
+    fn an_unparsable_url_says_so_and_names_the_node() {
+        for (toml, want) in [
+            (
+                "[redis]\nurl = 'redis://u:s3cret@host:notaport'",
+                "redis.url: invalid redis URL",
+            ),
+            (
+                "[redis]\nurl = 'http://u:s3cret@h:1'",
+                "redis.url: invalid redis URL",
+            ),
+            (
+                "[redis]\nurl = 'redis://u:s3cret@h:1/notadb'",
+                "redis.url: invalid redis URL",
+            ),
+            (
+                "[redis]\ncluster = ['redis://u:s3cret@a:1', 'redis://u:s3cret@b:x']",
+                "redis.cluster: node 2 of 2: invalid redis URL",
+            ),
+            (
+                "[redis]\ncluster = 'redis://a:1,nonsense'",
+                "redis.cluster: node 2 of 2: invalid redis URL",
+            ),
+        ] {
+            let e = builder(toml)
+                .map(|_| "built".to_owned())
+                .unwrap_or_else(|e| e);
+            assert!(
+                e.contains(want) && !e.contains("command failed") && !e.contains("s3cret"),
+                "{toml}: {e}"
+            );
         }
     }
 

@@ -153,6 +153,19 @@ impl RawRedis {
             Some(u) if u.trim().is_empty() => return Err(invalid("url", "is empty")),
             u => u.map(|u| u.trim().to_owned()),
         };
+        // A quoted boolean would read as one node URL, "true".
+        if let Some(RawCluster::Text(t)) = &self.cluster
+            && ["true", "false"].contains(&t.trim().to_ascii_lowercase().as_str())
+        {
+            return Err(invalid(
+                "cluster",
+                format!(
+                    "{t:?} is a string: write cluster = {} without quotes, or list the \
+                     nodes' URLs",
+                    t.trim().to_ascii_lowercase()
+                ),
+            ));
+        }
         let (urls, cluster) = match (self.cluster, url) {
             (None | Some(RawCluster::Enabled(false)), url) => (url.into_iter().collect(), false),
             (Some(RawCluster::Enabled(true)), url) => (url.into_iter().collect(), true),
@@ -382,6 +395,33 @@ mod tests {
             let e = err(&format!("[redis]\n{toml}"));
             assert!(e.contains(field), "{toml}: {e}");
         }
+    }
+
+    /// `cluster = "true"` (quoted, as durations are) was read as a list of
+    /// one node URL, `true`: cluster mode on, and the start-up error named
+    /// `redis.url`, a field not set (`cluster = "false"` turned cluster
+    /// mode on). Refused at load, naming `redis.cluster`.
+    #[test]
+    fn a_quoted_boolean_cluster_is_refused() {
+        for text in ["true", "false", " False "] {
+            let e = load(&format!("[redis]\ncluster = '{text}'"))
+                .map(|c| format!("loaded: {:?}", c.redis()))
+                .unwrap_or_else(|e| e.to_string());
+            assert!(
+                e.contains("redis.cluster") && e.contains("without quotes"),
+                "{text}: {e}"
+            );
+        }
+        let e = err("[redis]\nurl = 'redis://a:1'\ncluster = 'true'");
+        assert!(e.contains("without quotes"), "{e}");
+        // The environment reads `true` as a boolean: it loads.
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("TOLLGATE_REDIS__URL", "redis://a:1");
+            jail.set_env("TOLLGATE_REDIS__CLUSTER", "true");
+            let c = Config::builder().env().load().map_err(|e| e.to_string())?;
+            assert!(c.redis().unwrap().cluster);
+            Ok(())
+        });
     }
 
     #[test]
