@@ -80,18 +80,22 @@ impl<B: Backend> Permit<B> {
             .await
     }
 
-    /// Gives the slot back now, waiting for the backend; on an error the
-    /// lease frees it. Dropped before the backend answered (its caller
-    /// gave up), the permit gives the slot back as a dropped permit does.
+    /// Gives the slot back now, waiting for the backend. On an error the
+    /// permit is dropped armed: it sends the release once more, as a
+    /// dropped permit does, and the lease frees the slot if that fails
+    /// too. Dropped before the backend answered (its caller gave up), the
+    /// permit gives the slot back as a dropped permit does.
     pub async fn release(mut self) -> Result<Decision, Error> {
         let answer = self
             .limiter
             .slot_op(&self.key, crate::Op::Release(self.id))
             .await;
-        // Disarmed only now: a release dropped while it waits (for a
-        // pooled connection, an override read, the reply) may not have
-        // reached the backend, and the slot would stay taken for a lease.
-        self.armed = false;
+        // Disarmed only now, and only on an answer: a release dropped
+        // while it waits (for a pooled connection, an override read, the
+        // reply) or one that failed (a broken connection, replaced since)
+        // may not have reached the backend, and the slot would stay taken
+        // for a lease. A release of a slot not held changes nothing.
+        self.armed = answer.is_err();
         answer
     }
 }

@@ -100,3 +100,25 @@ async fn a_hold_that_lands_after_its_release_is_released_again() {
     let d = l.try_peek(&k, 1).await.unwrap();
     assert_eq!(d.remaining(), 2, "a slot is still taken: {d:?}");
 }
+
+/// A release that failed (the backend's one failure, a broken pooled
+/// connection) leaves the permit armed: dropped, it sends the release once
+/// more. It was disarmed, and the slot stayed taken until its lease ran out
+/// (a minute here).
+#[tokio::test]
+async fn a_release_that_failed_is_sent_again() {
+    let backend = MemoryBackend::with_clock(MockClock::new());
+    let policy = Concurrency::new(1, Duration::from_secs(60)).unwrap();
+    let l = Limiter::new("exports", policy, backend.clone());
+    let k = Key::new("tenant-1");
+    let (verdict, permit) = l.hold(&k).await;
+    assert!(verdict.is_allowed());
+    backend.fail_next(1);
+    assert!(permit.unwrap().release().await.is_err());
+    // The second release is a task of its own.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    let d = l.try_peek(&k, 1).await.unwrap();
+    assert_eq!(d.remaining(), 1, "the slot is still taken: {d:?}");
+}
