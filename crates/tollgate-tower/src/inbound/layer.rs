@@ -33,7 +33,8 @@ pub struct RateLimitLayer<L, K, R = Http, C = LimiterCost, V = Upfront> {
 
 impl<B: Backend, K> RateLimitLayer<Limiter<B>, K> {
     /// Limits each key `extractor` finds with `limiter`; HTTP answers,
-    /// cost 1, every admitted request counts, keyless requests refused.
+    /// the limiter's [cost](Limiter::cost) a request, every admitted request
+    /// counts, keyless requests refused.
     pub fn new(limiter: Limiter<B>, extractor: K) -> Self {
         Self::with_limiter(limiter, extractor)
     }
