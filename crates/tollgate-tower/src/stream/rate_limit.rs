@@ -116,9 +116,8 @@ pin_project! {
 
 impl<St: Stream, B: Backend, K> RateLimitStream<St, B, K> {
     /// Limits `stream`'s events with `limiter`, keyed by `extractor`, each
-    /// event costing the limiter's [cost](Limiter::cost); the excess goes by
-    /// `excess`; events without a key
-    /// are dropped.
+    /// event costing the limiter's [cost](Limiter::cost); the excess goes
+    /// by `excess`; events without a key are dropped.
     pub fn new(stream: St, limiter: Limiter<B>, extractor: K, excess: Excess) -> Self {
         Self {
             stream,
