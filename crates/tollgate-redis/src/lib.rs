@@ -1006,7 +1006,8 @@ impl RedisBackend {
                 Reply::Redirect(s) => strategy = s,
                 Reply::Bounds { now, specs } => {
                     for spec in specs {
-                        call.calendars.insert(&calendar_of_spec(&spec)?, now);
+                        let c = calendar_of_spec(&spec)?;
+                        call.calendars.insert_as(spec, &c, now);
                     }
                 }
             }
@@ -1514,7 +1515,14 @@ impl CalendarBounds {
 
     /// Adds (or replaces) `c`'s bounds around `now`.
     fn insert(&mut self, c: &Calendar, now: u64) {
-        let spec = c.spec();
+        self.insert_as(c.spec(), c, now);
+    }
+
+    /// [`insert`](Self::insert) under `spec`, as the script spelt it: a
+    /// stored override written by hand may name its zone otherwise than
+    /// the canonical name (`europe/berlin`), and the script looks its
+    /// bounds up by its own spelling.
+    fn insert_as(&mut self, spec: String, c: &Calendar, now: u64) {
         let bounds = c.bounds(now);
         match self.entries.iter_mut().find(|(s, _)| *s == spec) {
             Some(e) => e.1 = bounds,

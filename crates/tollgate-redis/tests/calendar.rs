@@ -190,6 +190,44 @@ tollgate_testkit::on_every_server! {
 }
 
 tollgate_testkit::on_every_server! {
+    /// A per-key override written by hand (redis-cli) that spells its zone
+    /// otherwise than the canonical name: the script asks for the bounds
+    /// of `m:europe/berlin`, and the client answers under that spelling.
+    /// It answered under the canonical one, which the script never found:
+    /// every decision on the key failed ("the policy in force kept
+    /// changing").
+    #[tokio::test]
+    async fn a_hand_written_override_in_another_spelling_is_obeyed(server: Server) {
+        let url = url(server);
+        let clock = MockClock::starting_at(berlin(2026, 2, 10, 12));
+        let b = RedisBackend::builder(&url)
+            .prefix(unique_name("calspell"))
+            .caller_time(clock.clone())
+            .min_ttl(Duration::from_secs(600))
+            .durability(Durability::Skip)
+            .build()
+            .await
+            .unwrap();
+        let l = Limiter::new("plan", Calendar::new(1, Period::Day, "UTC").unwrap(), b.clone());
+        let k = Key::new("k");
+        let month = Policy::from(Calendar::new(2, Period::Month, "Europe/Berlin").unwrap());
+        l.set_override(Some(&k), Some(month)).await.unwrap();
+        // The operator's hand: the same policy, the zone in lower case.
+        let key = format!("{}:override", b.state_key("plan", &k));
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let mut r = client.get_multiplexed_async_connection().await.unwrap();
+        let stored: String = redis::cmd("GET").arg(&key).query_async(&mut r).await.unwrap();
+        assert!(stored.ends_with(":m:Europe/Berlin"), "{stored}");
+        let hand = stored.replace("Europe/Berlin", "europe/berlin");
+        let () = redis::cmd("SET").arg(&key).arg(&hand).query_async(&mut r).await.unwrap();
+        let d = l.try_acquire(&k, 2).await.unwrap();
+        assert!(d.is_allowed(), "{d:?}");
+        assert_eq!(d.reset_after(), Duration::from_micros(berlin(2026, 3, 1, 0) - clock.now()));
+        assert!(l.try_acquire(&k, 1).await.unwrap().is_denied());
+    }
+}
+
+tollgate_testkit::on_every_server! {
     /// Server-time mode: a reservation on a calendar quota (alone, and as a
     /// part of a composite) is marked with its window's start; the settle
     /// refunds, and the settled key keeps its TTL: the end of the window.
