@@ -95,14 +95,25 @@ impl Leases {
     /// leases were forgotten since, or if the map filled up since
     /// [`has_room`](Self::has_room): lost units only lower what is
     /// admitted.
+    ///
+    /// Units still left of the key's live lease (fewer than the cost of
+    /// the request that took this batch) are added, not dropped: they
+    /// were counted by the backend, and a limiter whose cost is above 1
+    /// would otherwise lose them on every batch. At most `batch - 1` are
+    /// held, the bound [`LimiterBuilder::lease`](crate::LimiterBuilder::lease)
+    /// documents (batches taken at once for one key lose the excess).
     pub(crate) fn keep(&self, key: &Key, left: u64, decision: &Decision, asked: u64) {
         let now = Instant::now();
+        let mut shard = self.map.shard(key);
+        let kept = shard
+            .get(key)
+            .filter(|old| now < old.until)
+            .map_or(0, |old| old.left);
         let lease = Lease {
-            left,
+            left: left.saturating_add(kept).min(self.batch - 1),
             until: now + self.ttl,
             decision: *decision,
         };
-        let mut shard = self.map.shard(key);
         // Read under the shard's lock: a `forget` that counts after this
         // read removes the lease once this lock is released.
         if self.forgotten.load(Ordering::SeqCst) == asked {

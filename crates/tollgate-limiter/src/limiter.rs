@@ -1631,6 +1631,24 @@ mod tests {
         assert_eq!(*crate::lock(&l.backend().asked), [4]);
     }
 
+    /// A lease that holds fewer units than a request's cost keeps them
+    /// when the next batch comes: they were taken from the backend, and
+    /// dropped they were counted and never spent. With a cost of 4 and
+    /// batches of 10, five requests (20 units) must take two batches, not
+    /// three (each new batch dropped the 2 units left of the last).
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_short_of_the_cost_keeps_its_units_for_the_next_batch() {
+        let l = builder(true)
+            .cost(4)
+            .lease(10, Duration::from_secs(60))
+            .build();
+        let k = Key::new("k");
+        for _ in 0..5 {
+            assert!(l.check(&k).await.is_allowed());
+        }
+        assert_eq!(*crate::lock(&l.backend().asked), [10, 10]);
+    }
+
     /// A minimum cost the policy (or the candidate) can never grant is
     /// refused, naming the field, as configuration refuses it: built, it
     /// refused every request as impossible, whatever the fail mode.
