@@ -460,11 +460,14 @@ async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
         let o = Overrides::read(&t, Some(&key.key)).await?;
         let c = match &t.candidate {
             Some((name, policy)) => {
+                // The same request as the enforced line's: the limiter's
+                // cost (at least its minimum), not one unit.
+                let cost = t.limiter.cost().max(t.limiter.min_cost());
                 let req = Request {
                     limiter: name,
                     key: &key.key,
                     policy,
-                    op: Op::PEEK,
+                    op: Op::Peek(cost),
                 };
                 Some(
                     t.limiter

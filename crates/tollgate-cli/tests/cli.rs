@@ -636,6 +636,43 @@ tollgate_testkit::on_every_server! {
 }
 
 tollgate_testkit::on_every_server! {
+    /// The candidate's line answers for the request the limiter would
+    /// charge (its cost, 4 here), as the enforced line does: asked about
+    /// one unit, it said "would allow" with 1 of 5 left, where the
+    /// service's next request (cost 4) would be refused by it.
+    #[test]
+    fn inspect_asks_the_candidate_about_the_configured_cost(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let c = ConfigFile::new(
+            r#"
+            [defaults]
+            prefix = "t-cand-cost"
+            [limiters.api]
+            strategy = "token_bucket"
+            capacity = 10
+            refill = "1/h"
+            cost = 4
+            [limiters.api.candidate]
+            strategy = "sliding_window"
+            limit = 5
+            window = "1h"
+            "#,
+        );
+        let service = c.limiter(&url, "api");
+        let k = Key::new("acct-1");
+        assert!(block_on(service.check(&k)).is_allowed());
+        let o = run(
+            &["-c", c.arg(), "inspect", "api", "--key", "acct-1"],
+            &[("REDIS_URL", &url)],
+        );
+        let out = expect(&o, 0);
+        assert_eq!(field(&out, "remaining"), "6", "{out}");
+        let cand = field(&out, "candidate");
+        assert!(cand.contains("would REFUSE"), "{out}");
+    }
+}
+
+tollgate_testkit::on_every_server! {
     #[test]
     fn inspect_shows_what_the_service_counted(server: Server) {
         let Some(url) = shared_url(server) else { return };
