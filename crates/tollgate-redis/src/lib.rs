@@ -1551,6 +1551,13 @@ fn calendar_of_spec(spec: &str) -> Result<Calendar, RedisError> {
             "a calendar quota of spec {spec:?}"
         )))
     };
+    // ARGV[5] separates its entries with spaces and their fields with
+    // commas: bounds sent under a spec holding one (a zone written by hand
+    // with a space, which `Zone::get` trims) are split apart, the script
+    // never finds them and asks again until the client gives up.
+    if spec.contains([' ', ',']) {
+        return Err(bad());
+    }
     let (letter, zone) = spec.split_once(':').ok_or_else(bad)?;
     let mut chars = letter.chars();
     let period = match (chars.next().and_then(Period::from_letter), chars.next()) {

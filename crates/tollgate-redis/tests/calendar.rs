@@ -228,6 +228,40 @@ tollgate_testkit::on_every_server! {
 }
 
 tollgate_testkit::on_every_server! {
+    /// A hand-written override whose zone ends in a space: the client reads
+    /// the zone (trimmed), but bounds sent under a spec holding a space are
+    /// split apart by the script (ARGV[5] is space-separated), which never
+    /// finds them. The decision fails naming the spec, at once, rather than
+    /// after four round trips as "the policy in force kept changing".
+    #[tokio::test]
+    async fn a_hand_written_zone_with_a_space_is_refused_naming_it(server: Server) {
+        let url = url(server);
+        let clock = MockClock::starting_at(berlin(2026, 2, 10, 12));
+        let b = RedisBackend::builder(&url)
+            .prefix(unique_name("calspace"))
+            .caller_time(clock.clone())
+            .min_ttl(Duration::from_secs(600))
+            .durability(Durability::Skip)
+            .build()
+            .await
+            .unwrap();
+        let l = Limiter::new("plan", Calendar::new(1, Period::Day, "UTC").unwrap(), b.clone());
+        let k = Key::new("k");
+        let month = Policy::from(Calendar::new(2, Period::Month, "Europe/Berlin").unwrap());
+        l.set_override(Some(&k), Some(month)).await.unwrap();
+        let key = format!("{}:override", b.state_key("plan", &k));
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let mut r = client.get_multiplexed_async_connection().await.unwrap();
+        let stored: String = redis::cmd("GET").arg(&key).query_async(&mut r).await.unwrap();
+        assert!(stored.ends_with(":m:Europe/Berlin"), "{stored}");
+        let hand = format!("{stored} ");
+        let () = redis::cmd("SET").arg(&key).arg(&hand).query_async(&mut r).await.unwrap();
+        let e = format!("{:?}", l.try_acquire(&k, 1).await.unwrap_err());
+        assert!(e.contains("m:Europe/Berlin "), "{e}");
+    }
+}
+
+tollgate_testkit::on_every_server! {
     /// Server-time mode: a reservation on a calendar quota (alone, and as a
     /// part of a composite) is marked with its window's start; the settle
     /// refunds, and the settled key keeps its TTL: the end of the window.
