@@ -62,6 +62,40 @@ async fn eval(
         .unwrap()
 }
 
+/// A limiter of one a day in UTC whose key `k` has an override of two a
+/// month in Berlin, on a mock clock at 2026-02-10 12:00 in Berlin.
+async fn berlin_month_override(url: &str, prefix: &str) -> (Limiter<RedisBackend>, Key, MockClock) {
+    let clock = MockClock::starting_at(berlin(2026, 2, 10, 12));
+    let b = RedisBackend::builder(url)
+        .prefix(unique_name(prefix))
+        .caller_time(clock.clone())
+        .min_ttl(Duration::from_secs(600))
+        .durability(Durability::Skip)
+        .build()
+        .await
+        .unwrap();
+    let l = Limiter::new("plan", Calendar::new(1, Period::Day, "UTC").unwrap(), b);
+    let k = Key::new("k");
+    let month = Policy::from(Calendar::new(2, Period::Month, "Europe/Berlin").unwrap());
+    l.set_override(Some(&k), Some(month)).await.unwrap();
+    (l, k, clock)
+}
+
+/// Rewrites `k`'s stored override (Berlin's month) as an operator would
+/// by hand with redis-cli: `edit` of what is stored.
+async fn rewrite_override(
+    url: &str,
+    l: &Limiter<RedisBackend>,
+    k: &Key,
+    edit: impl FnOnce(&str) -> String,
+) {
+    let key = format!("{}:override", l.backend().state_key(l.name(), k));
+    let mut r = raw(url).await;
+    let stored: String = r.get(&key).await.unwrap();
+    assert!(stored.ends_with(":m:Europe/Berlin"), "{stored}");
+    let () = r.set(&key, edit(&stored)).await.unwrap();
+}
+
 fn ints(v: &[redis::Value]) -> Vec<i64> {
     v.iter()
         .map(|x| match x {
@@ -167,20 +201,7 @@ tollgate_testkit::on_every_server! {
     /// call; the decision is the override's.
     #[tokio::test]
     async fn an_override_of_another_zone_is_obeyed(server: Server) {
-        let url = url(server);
-        let clock = MockClock::starting_at(berlin(2026, 2, 10, 12));
-        let b = RedisBackend::builder(&url)
-            .prefix(unique_name("calovr"))
-            .caller_time(clock.clone())
-            .min_ttl(Duration::from_secs(600))
-            .durability(Durability::Skip)
-            .build()
-            .await
-            .unwrap();
-        let l = Limiter::new("plan", Calendar::new(1, Period::Day, "UTC").unwrap(), b);
-        let k = Key::new("k");
-        let month = Policy::from(Calendar::new(2, Period::Month, "Europe/Berlin").unwrap());
-        l.set_override(Some(&k), Some(month)).await.unwrap();
+        let (l, k, clock) = berlin_month_override(&url(server), "calovr").await;
         let d = l.try_acquire(&k, 2).await.unwrap();
         assert!(d.is_allowed());
         assert_eq!(d.window(), Duration::from_secs(28 * 86_400));
@@ -199,27 +220,9 @@ tollgate_testkit::on_every_server! {
     #[tokio::test]
     async fn a_hand_written_override_in_another_spelling_is_obeyed(server: Server) {
         let url = url(server);
-        let clock = MockClock::starting_at(berlin(2026, 2, 10, 12));
-        let b = RedisBackend::builder(&url)
-            .prefix(unique_name("calspell"))
-            .caller_time(clock.clone())
-            .min_ttl(Duration::from_secs(600))
-            .durability(Durability::Skip)
-            .build()
-            .await
-            .unwrap();
-        let l = Limiter::new("plan", Calendar::new(1, Period::Day, "UTC").unwrap(), b.clone());
-        let k = Key::new("k");
-        let month = Policy::from(Calendar::new(2, Period::Month, "Europe/Berlin").unwrap());
-        l.set_override(Some(&k), Some(month)).await.unwrap();
+        let (l, k, clock) = berlin_month_override(&url, "calspell").await;
         // The operator's hand: the same policy, the zone in lower case.
-        let key = format!("{}:override", b.state_key("plan", &k));
-        let client = redis::Client::open(url.as_str()).unwrap();
-        let mut r = client.get_multiplexed_async_connection().await.unwrap();
-        let stored: String = redis::cmd("GET").arg(&key).query_async(&mut r).await.unwrap();
-        assert!(stored.ends_with(":m:Europe/Berlin"), "{stored}");
-        let hand = stored.replace("Europe/Berlin", "europe/berlin");
-        let () = redis::cmd("SET").arg(&key).arg(&hand).query_async(&mut r).await.unwrap();
+        rewrite_override(&url, &l, &k, |stored| stored.replace("Europe/Berlin", "europe/berlin")).await;
         let d = l.try_acquire(&k, 2).await.unwrap();
         assert!(d.is_allowed(), "{d:?}");
         assert_eq!(d.reset_after(), Duration::from_micros(berlin(2026, 3, 1, 0) - clock.now()));
@@ -236,26 +239,8 @@ tollgate_testkit::on_every_server! {
     #[tokio::test]
     async fn a_hand_written_zone_with_a_space_is_refused_naming_it(server: Server) {
         let url = url(server);
-        let clock = MockClock::starting_at(berlin(2026, 2, 10, 12));
-        let b = RedisBackend::builder(&url)
-            .prefix(unique_name("calspace"))
-            .caller_time(clock.clone())
-            .min_ttl(Duration::from_secs(600))
-            .durability(Durability::Skip)
-            .build()
-            .await
-            .unwrap();
-        let l = Limiter::new("plan", Calendar::new(1, Period::Day, "UTC").unwrap(), b.clone());
-        let k = Key::new("k");
-        let month = Policy::from(Calendar::new(2, Period::Month, "Europe/Berlin").unwrap());
-        l.set_override(Some(&k), Some(month)).await.unwrap();
-        let key = format!("{}:override", b.state_key("plan", &k));
-        let client = redis::Client::open(url.as_str()).unwrap();
-        let mut r = client.get_multiplexed_async_connection().await.unwrap();
-        let stored: String = redis::cmd("GET").arg(&key).query_async(&mut r).await.unwrap();
-        assert!(stored.ends_with(":m:Europe/Berlin"), "{stored}");
-        let hand = format!("{stored} ");
-        let () = redis::cmd("SET").arg(&key).arg(&hand).query_async(&mut r).await.unwrap();
+        let (l, k, _) = berlin_month_override(&url, "calspace").await;
+        rewrite_override(&url, &l, &k, |stored| format!("{stored} ")).await;
         let e = format!("{:?}", l.try_acquire(&k, 1).await.unwrap_err());
         assert!(e.contains("m:Europe/Berlin "), "{e}");
     }
