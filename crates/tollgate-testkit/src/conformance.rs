@@ -2099,60 +2099,67 @@ pub async fn extreme_values_agree_with_model<B: Backend>(backend: B, clock: Mock
     use tollgate_limiter::policy::MAX_COUNT;
     let max = MAX_COUNT;
     let ten_years = Duration::from_secs(10 * 365 * 86_400);
+    // Key 0 reserves 5 and settles u64::MAX (an excess the Redis client
+    // sends as at most 2^53); key 1 reserves the whole limit and settles 0.
+    let overdrawn = || {
+        vec![
+            Step::Reserve { key: 0, cost: 5 },
+            Step::Settle {
+                which: 0,
+                actual: u64::MAX,
+            },
+            Step::Peek { key: 0, cost: 1 },
+        ]
+    };
+    let refunded_whole = || {
+        vec![
+            Step::Reserve { key: 1, cost: max },
+            Step::Settle {
+                which: 1,
+                actual: 0,
+            },
+            Step::Peek { key: 1, cost: max },
+        ]
+    };
     let traces: Vec<(&str, Policy, Vec<Step>)> = vec![
         (
             "a calendar quota of MAX_COUNT",
             Calendar::new(max, Period::Day, "UTC").unwrap().into(),
-            vec![
-                Step::Reserve { key: 0, cost: 5 },
-                Step::Settle {
-                    which: 0,
-                    actual: u64::MAX,
-                },
-                Step::Peek { key: 0, cost: 1 },
-                Step::Reserve { key: 1, cost: max },
-                Step::Settle {
-                    which: 1,
-                    actual: 0,
-                },
-                Step::Peek { key: 1, cost: max },
-                Step::Acquire {
-                    key: 1,
-                    cost: u64::MAX,
-                },
-                Step::Acquire {
-                    key: 2,
-                    cost: max - 1,
-                },
-                Step::Acquire { key: 2, cost: 1 },
-                Step::Acquire { key: 2, cost: 1 },
-            ],
+            [
+                overdrawn(),
+                refunded_whole(),
+                vec![
+                    Step::Acquire {
+                        key: 1,
+                        cost: u64::MAX,
+                    },
+                    Step::Acquire {
+                        key: 2,
+                        cost: max - 1,
+                    },
+                    Step::Acquire { key: 2, cost: 1 },
+                    Step::Acquire { key: 2, cost: 1 },
+                ],
+            ]
+            .concat(),
         ),
         (
             "a sliding window of MAX_COUNT",
             SlidingWindow::new(max, 10 * S).unwrap().into(),
-            vec![
-                Step::Reserve { key: 0, cost: 5 },
-                Step::Settle {
-                    which: 0,
-                    actual: u64::MAX,
-                },
-                Step::Peek { key: 0, cost: 1 },
-                Step::Advance(10_000_000),
-                Step::Peek { key: 0, cost: 1 },
-                Step::Reserve { key: 1, cost: max },
-                Step::Settle {
-                    which: 1,
-                    actual: 0,
-                },
-                Step::Peek { key: 1, cost: max },
-                Step::Acquire {
-                    key: 2,
-                    cost: max - 1,
-                },
-                Step::Acquire { key: 2, cost: 1 },
-                Step::Acquire { key: 2, cost: 1 },
-            ],
+            [
+                overdrawn(),
+                vec![Step::Advance(10_000_000), Step::Peek { key: 0, cost: 1 }],
+                refunded_whole(),
+                vec![
+                    Step::Acquire {
+                        key: 2,
+                        cost: max - 1,
+                    },
+                    Step::Acquire { key: 2, cost: 1 },
+                    Step::Acquire { key: 2, cost: 1 },
+                ],
+            ]
+            .concat(),
         ),
         (
             "a composite of MAX_COUNT parts",
@@ -2162,20 +2169,7 @@ pub async fn extreme_values_agree_with_model<B: Backend>(backend: B, clock: Mock
             ])
             .unwrap()
             .into(),
-            vec![
-                Step::Reserve { key: 0, cost: 5 },
-                Step::Settle {
-                    which: 0,
-                    actual: u64::MAX,
-                },
-                Step::Peek { key: 0, cost: 1 },
-                Step::Reserve { key: 1, cost: max },
-                Step::Settle {
-                    which: 1,
-                    actual: 0,
-                },
-                Step::Peek { key: 1, cost: max },
-            ],
+            [overdrawn(), refunded_whole()].concat(),
         ),
         (
             // An excess past 2^53: a Lua number rounds the total (2 +
