@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use serde_json::{Value, json};
 use tollgate_limiter::{
-    Backend, Clock, Config, ConfigError, Decision, Error, FailMode, Key, Limiter, Mode, Op, Policy,
-    RedisConfig, Request, SystemClock,
+    Backend, Clock, Config, Decision, Error, FailMode, Key, Limiter, Mode, Op, Policy, RedisConfig,
+    Request, SystemClock,
 };
 use tollgate_redis::{Durability, RedisBackend, RedisError, Setting};
 
@@ -320,22 +320,15 @@ async fn target(g: &Global, name: &str) -> Result<Target, Failure> {
         .unwrap_or_else(|| config.prefix().to_owned());
     let backend = connect(g, &prefix).await?;
     let candidate = lc.candidate.map(|p| (format!("{}:candidate", lc.name), p));
-    // The name and policy were checked when the configuration loaded;
-    // `--timeout` is checked here, by the limiter's own rule.
+    // Checked when the configuration loaded, and `--timeout` when parsed
+    // (above zero): a refusal here is a setting changed in between.
     let limiter = Limiter::builder(lc.name, lc.policy, backend)
         .fail_mode(FailMode::Closed)
         .timeout(g.timeout)
         .cost(lc.cost)
         .min_cost(lc.min_cost)
         .try_build()
-        .map_err(|e| match e {
-            ConfigError::Invalid {
-                field: "timeout",
-                reason,
-                ..
-            } => Failure::Input(format!("--timeout: {reason}")),
-            e => Failure::Input(e.to_string()),
-        })?;
+        .map_err(|e| Failure::Input(e.to_string()))?;
     Ok(Target {
         limiter,
         mode: lc.mode,
