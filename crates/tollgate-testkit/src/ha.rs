@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 use std::path::PathBuf;
 
 use crate::redis_server::{
-    RedisCluster, RedisServer, RedisServerBuilder, Server, TlsCerts, available, free_port,
-    make_certs, temp_dir, tls_args,
+    RedisCluster, RedisServer, RedisServerBuilder, Server, TlsCerts, available, make_certs,
+    temp_dir, tls_args,
 };
 
 /// How long a topology may take to settle (sentinels discovering each
@@ -185,32 +185,31 @@ impl RedisSentinelBuilder {
             ),
         )
         .expect("write sentinel.conf");
-        let mut last = String::new();
-        for _ in 0..5 {
-            let port = free_port(false);
+        let mut s = RedisServer {
+            server: Server::Redis,
+            port: 0,
+            tls_port: None,
+            tls_only: certs.is_some(),
+            certs: certs.map(ToOwned::to_owned),
+            dir,
+            config: Some(conf),
+            args: Vec::new(),
+            process: None,
+        };
+        let started = s.spawn_on_free_port(false, |s, port| {
             let mut args = vec!["--sentinel".to_owned()];
             if let Some(certs) = certs {
                 // TLS to clients, and to the servers and other sentinels.
                 args.extend(tls_args(certs, port, self.tls_auth_clients));
                 args.extend(["--tls-replication".into(), "yes".into()]);
             }
-            let mut s = RedisServer {
-                server: Server::Redis,
-                port,
-                tls_port: certs.map(|_| port),
-                tls_only: certs.is_some(),
-                certs: certs.map(ToOwned::to_owned),
-                dir: dir.clone(),
-                config: Some(conf.clone()),
-                args,
-                process: None,
-            };
-            match s.spawn() {
-                Ok(()) => return s,
-                Err(e) => last = e,
-            }
+            s.tls_port = certs.map(|_| port);
+            s.args = args;
+        });
+        match started {
+            Ok(()) => s,
+            Err(e) => panic!("could not start a sentinel: {e}"),
         }
-        panic!("could not start a sentinel: {last}");
     }
 }
 

@@ -274,36 +274,33 @@ impl RedisServerBuilder {
         if let Some(certs) = &certs {
             make_certs(certs);
         }
-        let mut last_err = String::new();
-        // A port found free can be taken before redis binds it: retry.
-        for _ in 0..5 {
-            let port = free_port(false);
+        let mut server = RedisServer {
+            server: self.server,
+            port: 0,
+            tls_port: None,
+            tls_only: self.tls_only,
+            certs: certs.clone(),
+            dir,
+            config: None,
+            args: Vec::new(),
+            process: None,
+        };
+        let started = server.spawn_on_free_port(false, |s, port| {
             let mut args = self.args();
-            let tls_port = match &certs {
+            s.tls_port = match &certs {
                 Some(_) if self.tls_only => Some(port),
                 Some(_) => Some(free_port(false)),
                 None => None,
             };
-            if let (Some(certs), Some(tls_port)) = (&certs, tls_port) {
+            if let (Some(certs), Some(tls_port)) = (&certs, s.tls_port) {
                 args.extend(tls_args(certs, tls_port, self.tls_auth_clients));
             }
-            let mut server = RedisServer {
-                server: self.server,
-                port,
-                tls_port,
-                tls_only: self.tls_only,
-                certs: certs.clone(),
-                dir: dir.clone(),
-                config: None,
-                args,
-                process: None,
-            };
-            match server.spawn() {
-                Ok(()) => return Some(server),
-                Err(e) => last_err = e,
-            }
+            s.args = args;
+        });
+        match started {
+            Ok(()) => Some(server),
+            Err(e) => panic!("could not start {}: {e}", self.server),
         }
-        panic!("could not start {}: {last_err}", self.server);
     }
 
     pub(crate) fn args(&self) -> Vec<String> {
@@ -490,9 +487,42 @@ impl RedisServer {
         self.spawn_until(Ready::Pong)
     }
 
+    /// Starts the server on a port found free, up to five times: the port
+    /// can be taken before the server binds it. `place` sets what depends
+    /// on the port (`tls_port`, `args`) before each attempt. The attempts
+    /// share this server's directory, which only the drop of `self`
+    /// removes (a failed attempt must not take it from the next one).
+    /// The error lists every attempt's.
+    pub(crate) fn spawn_on_free_port(
+        &mut self,
+        with_bus: bool,
+        mut place: impl FnMut(&mut RedisServer, u16),
+    ) -> Result<(), String> {
+        let mut errors = Vec::new();
+        for attempt in 1..=5 {
+            let port = free_port(with_bus);
+            self.port = port;
+            place(self, port);
+            let started = Instant::now();
+            match self.spawn() {
+                Ok(()) => return Ok(()),
+                Err(e) => errors.push(format!(
+                    "attempt {attempt} ({:.1} s): {e}",
+                    started.elapsed().as_secs_f64()
+                )),
+            }
+        }
+        Err(errors.join("\n"))
+    }
+
     /// Starts the process and waits until it answers as `ready` says.
     fn spawn_until(&mut self, ready: Ready) -> Result<(), String> {
         let log = self.dir.join(format!("redis-{}.log", self.port));
+        // What the server says before it opens its log (a configuration
+        // error, a missing directory) goes to stderr.
+        let stderr_path = self.dir.join(format!("redis-{}.stderr", self.port));
+        let stderr = std::fs::File::create(&stderr_path)
+            .map_err(|e| format!("create {}: {e}", stderr_path.display()))?;
         // The guard starts redis, prints its pid, waits for its stdin to
         // close (the test process ended or dropped us), then kills it.
         // On end of input (the test process is gone) it also removes the
@@ -521,7 +551,7 @@ impl RedisServer {
             .args(&self.args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+            .stderr(stderr);
         let mut guard = cmd.spawn().map_err(|e| format!("spawn sh: {e}"))?;
         let stdin = guard.stdin.take();
         let mut line = String::new();
@@ -542,13 +572,15 @@ impl RedisServer {
         // Ready, and it is ours: another server may hold the port we were
         // given (then ours exits, and we retry on another port).
         // `INFO` is answered while loading too.
-        if self.wait_ready(Duration::from_secs(10), ready) && self.server_pid() == Some(pid) {
+        if self.wait_ready(Duration::from_secs(10), ready, pid) && self.server_pid() == Some(pid) {
             Ok(())
         } else {
-            let tail = std::fs::read_to_string(&log).unwrap_or_default();
+            let read =
+                |path: &Path| std::fs::read_to_string(path).unwrap_or_else(|e| format!("({e})"));
+            let (tail, stderr) = (read(&log), read(&stderr_path));
             self.kill();
             Err(format!(
-                "{} on port {} did not come up; log:\n{tail}",
+                "{} on port {} did not come up; stderr:\n{stderr}\nlog:\n{tail}",
                 self.server, self.port
             ))
         }
@@ -642,19 +674,22 @@ impl RedisServer {
     }
 
     /// Whether the server answers PING as `ready` asks, waiting up to
-    /// `timeout`.
-    fn wait_ready(&self, timeout: Duration, ready: Ready) -> bool {
-        if self.tls_ca().is_none() {
-            return wait_ready(self.port, timeout, ready);
-        }
+    /// `timeout`, or until the process `pid` has exited (a configuration
+    /// error, a port taken): then at once, so that the next attempt need
+    /// not wait out the timeout.
+    fn wait_ready(&self, timeout: Duration, ready: Ready, pid: u32) -> bool {
         let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
+        while Instant::now() < deadline && !exited(pid) {
             // -LOADING while the AOF is replayed: keep waiting, unless
             // that is enough.
-            let reply = self.cli(&["ping"]);
-            if reply.starts_with("PONG")
-                || (ready == Ready::Answers && reply.starts_with("LOADING"))
-            {
+            let answers = if self.tls_ca().is_none() {
+                ping(self.port, ready)
+            } else {
+                let reply = self.cli(&["ping"]);
+                reply.starts_with("PONG")
+                    || (ready == Ready::Answers && reply.starts_with("LOADING"))
+            };
+            if answers {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -820,9 +855,18 @@ impl RedisClusterBuilder {
 
     /// A node on a free port (its bus port, port + 10000, free too).
     fn node(&self, certs: Option<&Path>) -> RedisServer {
-        let dir = temp_dir("redis-cluster");
-        for _ in 0..5 {
-            let port = free_port(true);
+        let mut node = RedisServer {
+            server: self.server,
+            port: 0,
+            tls_port: None,
+            tls_only: certs.is_some(),
+            certs: certs.map(ToOwned::to_owned),
+            dir: temp_dir("redis-cluster"),
+            config: None,
+            args: Vec::new(),
+            process: None,
+        };
+        let started = node.spawn_on_free_port(true, |node, port| {
             let mut builder = RedisServerBuilder::default()
                 .arg("cluster-enabled", "yes")
                 .arg("cluster-config-file", "nodes.conf");
@@ -835,22 +879,13 @@ impl RedisClusterBuilder {
                 args.extend(tls_args(certs, port, self.tls_auth_clients));
                 args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(String::from));
             }
-            let mut node = RedisServer {
-                server: self.server,
-                port,
-                tls_port: certs.map(|_| port),
-                tls_only: certs.is_some(),
-                certs: certs.map(ToOwned::to_owned),
-                dir: dir.clone(),
-                config: None,
-                args,
-                process: None,
-            };
-            if node.spawn().is_ok() {
-                return node;
-            }
+            node.tls_port = certs.map(|_| port);
+            node.args = args;
+        });
+        match started {
+            Ok(()) => node,
+            Err(e) => panic!("could not start a cluster node: {e}"),
         }
-        panic!("could not start a cluster node");
     }
 
     fn try_create(&self, certs: Option<&Path>) -> Result<RedisCluster, String> {
@@ -1228,28 +1263,31 @@ enum Ready {
     Answers,
 }
 
-/// Whether a server answers PING on `port` as `ready` asks, waiting up to
-/// `timeout`.
-fn wait_ready(port: u16, timeout: Duration, ready: Ready) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
-            let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-            let mut buf = [0u8; 64];
-            // -LOADING while the AOF is replayed: keep waiting, unless
-            // that is enough.
-            if s.write_all(b"PING\r\n").is_ok()
-                && s.read(&mut buf).is_ok_and(|n| {
-                    buf[..n].starts_with(b"+PONG")
-                        || (ready == Ready::Answers && buf[..n].starts_with(b"-LOADING"))
-                })
-            {
-                return true;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
+/// Whether a server answers PING on `port` as `ready` asks.
+fn ping(port: u16, ready: Ready) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+    let mut buf = [0u8; 64];
+    s.write_all(b"PING\r\n").is_ok()
+        && s.read(&mut buf).is_ok_and(|n| {
+            buf[..n].starts_with(b"+PONG")
+                || (ready == Ready::Answers && buf[..n].starts_with(b"-LOADING"))
+        })
+}
+
+/// Whether the process `pid` has exited: gone, or a zombie its guard has
+/// not reaped yet (the guard waits on its stdin first).
+fn exited(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // "pid (comm) S ...": the state follows the last ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+        // No /proc (not Linux): never say it exited; the timeout decides.
+        Err(_) => Path::new("/proc/self/stat").exists(),
     }
-    false
 }
 
 /// The `process_id` a server on `port` reports.
@@ -1346,4 +1384,60 @@ macro_rules! on_every_server {
             }
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failed attempt leaves the server's directory to the next one: the
+    /// retries used to drop the failed attempt's `RedisServer`, whose drop
+    /// removed the shared directory, so every later attempt died at start
+    /// ("dir: No such file or directory", before any log) and the server
+    /// never came up. A failure says what the server printed.
+    #[test]
+    fn a_failed_attempt_leaves_the_directory_to_the_next() {
+        if !Server::Redis.available() {
+            return;
+        }
+        let bare = || RedisServer {
+            server: Server::Redis,
+            port: 0,
+            tls_port: None,
+            tls_only: false,
+            certs: None,
+            dir: temp_dir("redis"),
+            config: None,
+            args: Vec::new(),
+            process: None,
+        };
+        let mut server = bare();
+        let mut attempts = 0;
+        let started = server.spawn_on_free_port(false, |s, _| {
+            attempts += 1;
+            s.args = RedisServer::builder().args();
+            if attempts == 1 {
+                s.args.extend(["--no-such-directive".into(), "x".into()]);
+            }
+        });
+        assert_eq!(started, Ok(()));
+        assert_eq!(attempts, 2);
+        assert!(server.dir.is_dir(), "{:?} was removed", server.dir);
+        assert_eq!(server.cli(&["ping"]).trim(), "PONG");
+
+        let err = bare()
+            .spawn_on_free_port(false, |s, _| {
+                s.args = vec!["--no-such-directive".into(), "x".into()];
+            })
+            .unwrap_err();
+        assert_eq!(
+            err.lines().filter(|l| l.starts_with("attempt ")).count(),
+            5,
+            "{err}"
+        );
+        assert!(
+            err.contains("no-such-directive"),
+            "the server's stderr is not in {err}"
+        );
+    }
 }
