@@ -262,7 +262,11 @@ impl Zone {
     pub fn get(name: &str) -> Result<Self, PolicyError> {
         let invalid = |why: String| PolicyError::new("time_zone", why);
         let name = name.trim();
-        if let Some(z) = crate::lock(&ZONES).get(name) {
+        // Remembered case-folded: one entry per zone name the database
+        // knows, however a caller (or whoever writes an override key in
+        // Redis) spells it, so the map cannot be grown at will.
+        let folded = name.to_ascii_lowercase();
+        if let Some(z) = crate::lock(&ZONES).get(&folded) {
             return Ok(Self(z));
         }
         let tz = BUNDLED.get(name).map_err(|_| {
@@ -280,13 +284,15 @@ impl Zone {
             return Err(invalid(format!("unsupported time zone name {name:?}")));
         }
         let mut zones = crate::lock(&ZONES);
-        let z = *zones.entry(canonical.clone()).or_insert_with(|| {
-            Box::leak(Box::new(Interned {
-                name: canonical.into_boxed_str(),
-                tz,
-            }))
-        });
-        zones.insert(name.to_owned(), z);
+        let z = *zones
+            .entry(canonical.to_ascii_lowercase())
+            .or_insert_with(|| {
+                Box::leak(Box::new(Interned {
+                    name: canonical.into_boxed_str(),
+                    tz,
+                }))
+            });
+        zones.insert(folded, z);
         Ok(Self(z))
     }
 
@@ -623,6 +629,24 @@ mod tests {
     use super::*;
 
     const H: u64 = 3_600_000_000;
+
+    /// Every spelling of a zone finds one entry: the interned map used to
+    /// keep one per spelling, which whoever can write an override key
+    /// could grow at will (2^13 spellings of "Europe/Berlin" alone).
+    #[test]
+    fn spellings_of_a_zone_share_one_entry() {
+        let spellings = ["eUrOpE/bErLiN", "EUROPE/BERLIN", " europe/berlin "];
+        for name in spellings {
+            assert_eq!(Zone::get(name).unwrap().name(), "Europe/Berlin");
+        }
+        let zones = crate::lock(&ZONES);
+        assert!(
+            zones.keys().all(|k| *k == k.to_ascii_lowercase()),
+            "a spelling was kept: {:?}",
+            zones.keys().find(|k| **k != k.to_ascii_lowercase())
+        );
+        assert!(zones.contains_key("europe/berlin"));
+    }
 
     /// µs since the epoch of a civil time in `tz`.
     fn at(tz: &str, y: i16, m: i8, d: i8, h: i8, min: i8) -> Timestamp {
