@@ -100,6 +100,13 @@
 //!   candidate) is charged by [`Limiter::check`](crate::Limiter::check)
 //!   and by a tower layer without a cost of its own; `min_cost` is the
 //!   least any call is charged, whatever cost it names.
+//! * **A relative path is relative to the file it is written in.**
+//!   `tls_ca_file = "certs/ca.pem"` in `/etc/svc/limits.toml` is
+//!   `/etc/svc/certs/ca.pem`, as in nginx or systemd configuration, and
+//!   loads as that absolute path, wherever the service is started. A path
+//!   from an environment variable or a [`toml_str`](ConfigBuilder::toml_str)
+//!   layer has no such file: it is kept as written, relative to the working
+//!   directory (see [`RedisConfig`]).
 //! * **A layer changes fields, not a limiter's kind.** A later layer that
 //!   sets another `strategy` keeps the earlier layers' fields of the old
 //!   one, which are then refused (`capacity: belongs to token_bucket`).
@@ -110,6 +117,7 @@ use std::time::Duration;
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
+use figment::value::magic::{Magic as _, RelativePathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::aimd::{AimdConfig, RawAimdConfig};
@@ -276,6 +284,14 @@ impl<P: figment::Provider> figment::Provider for Keys<P> {
         self.inner
             .metadata()
             .interpolater(move |_: &figment::Profile, keys: &[&str]| {
+                // A `RelativePathBuf` (the `[redis]` TLS files) is read as
+                // a pseudo-structure: an error in it named figment's
+                // field too (`redis.tls_ca_file.___figment_relative_path`).
+                let keys: Vec<&str> = keys
+                    .iter()
+                    .copied()
+                    .filter(|k| !RelativePathBuf::FIELDS.contains(k))
+                    .collect();
                 let path = keys.join(".");
                 match env {
                     true => format!(

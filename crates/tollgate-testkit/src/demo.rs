@@ -27,6 +27,31 @@ pub fn run(bin: &str, redis_url: Option<&str>) -> String {
     String::from_utf8(out.stdout).expect("the demo prints UTF-8")
 }
 
+/// Runs the example binary `bin` with the environment variables `env` set
+/// (and no `REDIS_URL` unless `env` sets one), for a start-up that fails,
+/// and returns its standard error.
+///
+/// Panics unless it exits non-zero and reports the error as a user should
+/// read it: a last line `error: ` with the error's `Display` (and its
+/// causes), not the `Debug` that a `main` returning `Result` prints
+/// (`Error: Invalid { path: .. }`).
+pub fn run_failing(bin: &str, env: &[(&str, &str)]) -> String {
+    let out = Command::new(bin)
+        .env_remove("REDIS_URL")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {bin}: {e}"));
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{bin} {env:?} succeeded: {stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(last.starts_with("error: "), "{stderr}");
+    assert!(
+        !stderr.contains("Error: ") && !stderr.contains(" { "),
+        "a Debug form: {stderr}"
+    );
+    stderr
+}
+
 /// Generates the two demo tests of an example: on the memory backend, and
 /// with `REDIS_URL` pointing at a throwaway redis-server (skipped when
 /// redis-server is not installed, outside CI; a failure under `CI=true`).

@@ -159,3 +159,20 @@ async fn exports_are_limited_in_flight_until_their_body_is_sent() {
     assert_eq!(status, StatusCode::OK);
     drop(second);
 }
+
+/// An invalid configuration stops the start-up (exit code 1) with the
+/// error's message, which names the field; `main` returned the error and
+/// printed its `Debug`: `Error: Invalid { path: .. }`.
+#[test]
+fn an_invalid_configuration_is_reported_by_its_message() {
+    let stderr = tollgate_testkit::demo::run_failing(
+        env!("CARGO_BIN_EXE_axum-api-keys"),
+        &[("TOLLGATE_LIMITERS__API_FREE__CAPACITY", "0")],
+    );
+    assert!(
+        stderr.contains(
+            "error: invalid tollgate configuration: limiters.api_free.capacity: must be at least 1"
+        ),
+        "{stderr}"
+    );
+}

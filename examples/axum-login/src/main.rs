@@ -10,6 +10,7 @@
 //! moving between environments takes no code.
 
 use std::error::Error;
+use std::process::ExitCode;
 
 use axum::Router;
 use tollgate_limiter::KeyHasher;
@@ -17,7 +18,25 @@ use tollgate_memory::MemoryBackend;
 use tollgate_redis::RedisBackend;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
+async fn main() -> ExitCode {
+    let Err(e) = try_main().await else {
+        return ExitCode::SUCCESS;
+    };
+    // What `main -> Result` would print is the error's `Debug`; its
+    // `Display` names what to fix (the field, the file). Then its causes,
+    // but not one that it already shows.
+    let mut text = format!("error: {e}");
+    for cause in std::iter::successors(e.source(), |&c| c.source()) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text = format!("{text}: {cause}");
+        }
+    }
+    eprintln!("{text}");
+    ExitCode::FAILURE
+}
+
+async fn try_main() -> Result<(), Box<dyn Error + Send + Sync>> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .init();

@@ -54,3 +54,22 @@ fn the_demo_takes_redis_from_configuration() {
         "{stderr}"
     );
 }
+
+/// A misspelt variable stops the start-up (exit code 1) with the
+/// error's message, which names the key and the variable, once (the
+/// error repeats its source's message: the cause is not printed again);
+/// `main` returned the error and printed its `Debug`: `Error:
+/// Parse(Error { tag: .. })`.
+#[test]
+fn an_invalid_configuration_is_reported_by_its_message() {
+    let stderr = tollgate_testkit::demo::run_failing(
+        env!("CARGO_BIN_EXE_axum-login"),
+        &[("TOLLGATE_LIMITERS__LOGIN_IP__LIMT", "5")],
+    );
+    assert!(
+        stderr.contains("error: invalid tollgate configuration: unknown field: found `limt`")
+            && stderr.contains("\"limiters.login_ip.limt (TOLLGATE_LIMITERS__LOGIN_IP__LIMT)\""),
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches("unknown field").count(), 1, "{stderr}");
+}

@@ -10,6 +10,7 @@
 //! instead of memory.
 
 use std::error::Error;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use harvester::{Options, Sample, Schedule, Source};
@@ -68,7 +69,25 @@ fn parse_args() -> Result<Args, String> {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn Error>> {
+async fn main() -> ExitCode {
+    let Err(e) = try_main().await else {
+        return ExitCode::SUCCESS;
+    };
+    // What `main -> Result` would print is the error's `Debug`; its
+    // `Display` names what to fix (the field, the file). Then its causes,
+    // but not one that it already shows.
+    let mut text = format!("error: {e}");
+    for cause in std::iter::successors(e.source(), |&c| c.source()) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text = format!("{text}: {cause}");
+        }
+    }
+    eprintln!("{text}");
+    ExitCode::FAILURE
+}
+
+async fn try_main() -> Result<(), Box<dyn Error>> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .init();

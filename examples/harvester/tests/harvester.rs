@@ -88,3 +88,18 @@ fn bad_arguments_are_refused() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--duration"));
 }
+
+/// A start-up failure is reported by the error's message and its cause
+/// (exit code 1); `main` returned the error and printed its `Debug`:
+/// `Error: Redis(Redis URL did not parse - InvalidClientConfig)`.
+#[test]
+fn a_start_up_failure_is_reported_by_its_message_and_cause() {
+    let stderr = tollgate_testkit::demo::run_failing(
+        env!("CARGO_BIN_EXE_harvester"),
+        &[("REDIS_URL", "not a url")],
+    );
+    assert!(
+        stderr.contains("error: redis command failed: Redis URL did not parse"),
+        "{stderr}"
+    );
+}

@@ -18,3 +18,18 @@ fn check(stdout: &str) {
     );
     assert!(stdout.contains("GET /v1/models: 200 OK"), "{stdout}");
 }
+
+/// An invalid configuration stops the start-up (exit code 1) with the
+/// error's message, which names the field; `main` returned the error and
+/// printed its `Debug`: `Error: Invalid { path: .. }`.
+#[test]
+fn an_invalid_configuration_is_reported_by_its_message() {
+    let stderr = tollgate_testkit::demo::run_failing(
+        env!("CARGO_BIN_EXE_llm-costs"),
+        &[("TOLLGATE_LIMITERS__LLM_TOKENS__REFILL", "lots")],
+    );
+    assert!(
+        stderr.contains("error: invalid tollgate configuration: limiters.llm_tokens.refill: "),
+        "{stderr}"
+    );
+}

@@ -71,3 +71,18 @@ async fn counts_in_redis_too() {
         [Code::Ok, Code::Ok, Code::Ok, Code::ResourceExhausted]
     );
 }
+
+/// An invalid configuration stops the start-up (exit code 1) with the
+/// error's message, which names the field; `main` returned the error and
+/// printed its `Debug`: `Error: Invalid { path: .. }`.
+#[test]
+fn an_invalid_configuration_is_reported_by_its_message() {
+    let stderr = tollgate_testkit::demo::run_failing(
+        env!("CARGO_BIN_EXE_tonic-grpc"),
+        &[("TOLLGATE_LIMITERS__GRPC_IP__WINDOW", "0s")],
+    );
+    assert!(
+        stderr.contains("error: invalid tollgate configuration: limiters.grpc_ip.window: "),
+        "{stderr}"
+    );
+}

@@ -18,3 +18,20 @@ fn check(stdout: &str) {
         "{stdout}"
     );
 }
+
+/// An invalid configuration stops the start-up (exit code 1) with the
+/// error's message, which names the field; `main` returned the error and
+/// printed its `Debug`: `Error: Invalid { path: .. }`.
+#[test]
+fn an_invalid_configuration_is_reported_by_its_message() {
+    let stderr = tollgate_testkit::demo::run_failing(
+        env!("CARGO_BIN_EXE_webhooks"),
+        &[("TOLLGATE_LIMITERS__HOOKS_CHANNEL__LIMIT", "0")],
+    );
+    assert!(
+        stderr.contains(
+            "error: invalid tollgate configuration: limiters.hooks_channel.limit: must be at least 1"
+        ),
+        "{stderr}"
+    );
+}

@@ -9,6 +9,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use figment::value::magic::RelativePathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, opt_duration};
@@ -48,9 +49,10 @@ pub(super) struct RawRedis {
     response_timeout: Option<String>,
     override_cache_ttl: Option<String>,
     durability: Option<String>,
-    tls_ca_file: Option<PathBuf>,
-    tls_client_cert_file: Option<PathBuf>,
-    tls_client_key_file: Option<PathBuf>,
+    // Each remembers the file it was written in, if any (see `tls_file`).
+    tls_ca_file: Option<RelativePathBuf>,
+    tls_client_cert_file: Option<RelativePathBuf>,
+    tls_client_key_file: Option<RelativePathBuf>,
 }
 
 /// The validated `[redis]` section. A field left out (`None`) keeps the
@@ -69,6 +71,11 @@ pub(super) struct RawRedis {
 /// tls_client_cert_file = "/etc/tollgate/redis-client.crt"   # mutual TLS: both
 /// tls_client_key_file = "/etc/tollgate/redis-client.key"    # or neither
 /// ```
+///
+/// A relative TLS file path written in a configuration file is relative to
+/// that file's directory: `tls_ca_file = "certs/ca.pem"` in
+/// `/etc/svc/limits.toml` loads as `/etc/svc/certs/ca.pem`, wherever the
+/// service is started (see [`tls_ca_file`](Self::tls_ca_file)).
 ///
 /// Its `Debug` output hides any password in the URLs.
 #[derive(Clone, PartialEq, Eq, Default)]
@@ -102,6 +109,14 @@ pub struct RedisConfig {
     pub durability: Option<String>,
     /// A PEM file of the only CA trusted for `rediss://` servers (with
     /// `rediss+sentinel://`: the sentinels and the servers they name).
+    ///
+    /// Relative paths, here and in the two fields below: loaded from a
+    /// configuration file, one is joined to the file's directory and made
+    /// absolute; from an environment variable or a
+    /// [`toml_str`](crate::ConfigBuilder::toml_str) layer it is kept as
+    /// written, and so read relative to the working directory of the
+    /// process when the backend opens it. A path set in code is used as
+    /// it is.
     pub tls_ca_file: Option<PathBuf>,
     /// A PEM file of the client certificate (then any intermediates)
     /// presented on every TLS connection (mutual TLS); set with
@@ -213,18 +228,12 @@ impl RawRedis {
                 Some(d)
             }
         };
-        for (field, file) in [
-            ("tls_ca_file", &self.tls_ca_file),
-            ("tls_client_cert_file", &self.tls_client_cert_file),
-            ("tls_client_key_file", &self.tls_client_key_file),
-        ] {
-            if file.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
-                return Err(invalid(field, "is empty"));
-            }
-        }
+        let tls_ca_file = tls_file("tls_ca_file", self.tls_ca_file)?;
+        let tls_client_cert_file = tls_file("tls_client_cert_file", self.tls_client_cert_file)?;
+        let tls_client_key_file = tls_file("tls_client_key_file", self.tls_client_key_file)?;
         // One without the other is a half-configured mutual TLS: name the
         // missing one.
-        match (&self.tls_client_cert_file, &self.tls_client_key_file) {
+        match (&tls_client_cert_file, &tls_client_key_file) {
             (Some(_), None) => {
                 return Err(invalid(
                     "tls_client_key_file",
@@ -254,11 +263,34 @@ impl RawRedis {
             override_cache_ttl: opt_duration(self.override_cache_ttl.as_deref())
                 .map_err(|e| invalid("override_cache_ttl", e))?,
             durability,
-            tls_ca_file: self.tls_ca_file,
-            tls_client_cert_file: self.tls_client_cert_file,
-            tls_client_key_file: self.tls_client_key_file,
+            tls_ca_file,
+            tls_client_cert_file,
+            tls_client_key_file,
         })
     }
+}
+
+/// `redis.<field>`, a TLS file, as it is to be opened: written in a
+/// configuration file (figment's metadata, which [`RelativePathBuf`]
+/// keeps, names it), joined to the file's directory and made absolute
+/// (a relative file path was read against the working directory of now,
+/// which the process may leave before the backend opens the TLS file);
+/// from anywhere else, as written.
+fn tls_file(
+    field: &'static str,
+    path: Option<RelativePathBuf>,
+) -> Result<Option<PathBuf>, ConfigError> {
+    let Some(path) = path else { return Ok(None) };
+    if path.original().as_os_str().is_empty() {
+        return Err(invalid(field, "is empty"));
+    }
+    if path.metadata_path().is_none() {
+        return Ok(Some(path.original().to_owned()));
+    }
+    let resolved = path.relative();
+    // `absolute` fails only without a working directory (removed under
+    // the process): the joined path is still right for now.
+    Ok(Some(std::path::absolute(&resolved).unwrap_or(resolved)))
 }
 
 #[cfg(test)]
@@ -374,6 +406,8 @@ mod tests {
             ("override_cache_ttl = 'x'", "redis.override_cache_ttl"),
             ("durability = 'maybe'", "redis.durability"),
             ("tls_ca_file = ''", "redis.tls_ca_file"),
+            ("tls_ca_file = 5", "key \"redis.tls_ca_file\""),
+            ("tls_ca_file = ['a']", "key \"redis.tls_ca_file\""),
             (
                 "tls_client_cert_file = ''\ntls_client_key_file = 'k'",
                 "redis.tls_client_cert_file: is empty",
@@ -480,6 +514,101 @@ mod tests {
             jail.set_env("TOLLGATE_REDIS__CONNECT_TIMEOUT", "0s");
             let e = Config::builder().env().load().unwrap_err().to_string();
             assert!(e.contains("redis.connect_timeout"), "{e}");
+            Ok(())
+        });
+        figment::Jail::expect_with(|jail| {
+            // A path that is not a string names the variable as it is set.
+            jail.set_env("TOLLGATE_REDIS__TLS_CA_FILE", "5");
+            let e = Config::builder().env().load().unwrap_err().to_string();
+            assert!(
+                e.contains("\"redis.tls_ca_file (TOLLGATE_REDIS__TLS_CA_FILE)\""),
+                "{e}"
+            );
+            Ok(())
+        });
+    }
+
+    /// A relative TLS path written in a configuration file is relative to
+    /// the file, not to the working directory: the same
+    /// `/etc/svc/limits.toml` loaded with `tls_ca_file = "certs/ca.pem"`
+    /// read `./certs/ca.pem`, so it worked or not depending on where the
+    /// service was started. It loads as an absolute path next to the
+    /// file, which still opens after the process changes directory.
+    #[test]
+    fn a_relative_tls_path_in_a_file_is_relative_to_the_file() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_dir("etc/svc/certs")?;
+            jail.create_dir("elsewhere/deeper")?;
+            jail.create_file("etc/svc/certs/ca.pem", "the CA")?;
+            jail.create_file("etc/client.crt", "the certificate")?;
+            jail.create_file(
+                "etc/svc/limits.toml",
+                "[redis]\ntls_ca_file = 'certs/ca.pem'\n\
+                 tls_client_cert_file = '../client.crt'\ntls_client_key_file = '/run/c.key'",
+            )?;
+            let file = jail.directory().join("etc/svc/limits.toml");
+            for (cwd, path) in [
+                (".", PathBuf::from("etc/svc/limits.toml")),
+                ("elsewhere", file),
+                ("elsewhere", PathBuf::from("../etc/svc/limits.toml")),
+                ("etc/svc", PathBuf::from("limits.toml")),
+            ] {
+                jail.change_dir(jail.directory().join(cwd))?;
+                let c = Config::builder()
+                    .file(&path)
+                    .load()
+                    .map_err(|e| e.to_string())?;
+                // Opened from another directory than the one it was
+                // loaded in.
+                jail.change_dir(jail.directory().join("elsewhere/deeper"))?;
+                let r = c.redis().unwrap();
+                let (ca, cert) = (
+                    r.tls_ca_file.clone().unwrap(),
+                    r.tls_client_cert_file.clone().unwrap(),
+                );
+                assert!(
+                    ca.is_absolute() && cert.is_absolute(),
+                    "{cwd} {path:?}: {r:?}"
+                );
+                assert_eq!(std::fs::read_to_string(&ca).unwrap(), "the CA", "{ca:?}");
+                assert_eq!(
+                    std::fs::read_to_string(&cert).unwrap(),
+                    "the certificate",
+                    "{cert:?}"
+                );
+                assert_eq!(r.tls_client_key_file, Some(PathBuf::from("/run/c.key")));
+            }
+            Ok(())
+        });
+    }
+
+    /// From an environment variable or a TOML string given in code, a
+    /// relative path has no file to be relative to: it is kept as
+    /// written, relative to the working directory. A variable overriding
+    /// a file's path is read the variable's way; the file's other paths
+    /// stay relative to the file.
+    #[test]
+    fn a_relative_tls_path_from_elsewhere_stays_as_written() {
+        let r = section("[redis]\ntls_ca_file = 'certs/ca.pem'");
+        assert_eq!(r.tls_ca_file, Some(PathBuf::from("certs/ca.pem")));
+        figment::Jail::expect_with(|jail| {
+            jail.create_dir("conf")?;
+            jail.create_file(
+                "conf/limits.toml",
+                "[redis]\ntls_ca_file = 'ca.pem'\ntls_client_cert_file = 'c.crt'",
+            )?;
+            jail.set_env("TOLLGATE_REDIS__TLS_CA_FILE", "certs/ca.pem");
+            jail.set_env("TOLLGATE_REDIS__TLS_CLIENT_KEY_FILE", "c.key");
+            let c = Config::builder()
+                .file("conf/limits.toml")
+                .env()
+                .load()
+                .map_err(|e| e.to_string())?;
+            let r = c.redis().unwrap();
+            let conf = std::env::current_dir().unwrap().join("conf");
+            assert_eq!(r.tls_ca_file, Some(PathBuf::from("certs/ca.pem")));
+            assert_eq!(r.tls_client_cert_file, Some(conf.join("c.crt")));
+            assert_eq!(r.tls_client_key_file, Some(PathBuf::from("c.key")));
             Ok(())
         });
     }
