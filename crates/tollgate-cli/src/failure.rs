@@ -45,21 +45,7 @@ impl Failure {
     }
 }
 
-/// An error and its sources, joined with `: `.
-pub(crate) fn chain(e: &(dyn Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let s_text = s.to_string();
-        // Some errors repeat their source in their own message.
-        if !out.contains(&s_text) {
-            out.push_str(": ");
-            out.push_str(&s_text);
-        }
-        source = s.source();
-    }
-    out
-}
+pub(crate) use tollgate_limiter::error::chain;
 
 #[cfg(test)]
 mod tests {

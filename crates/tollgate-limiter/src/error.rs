@@ -7,6 +7,30 @@ use crate::policy::PolicyError;
 /// A boxed backend error.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
+/// `e` and its causes ([`source`](std::error::Error::source)) on one line,
+/// joined with `: `, for a log line or a program's last words. A cause whose
+/// text the line already holds is left out: some errors repeat their
+/// source in their own message.
+///
+/// ```
+/// let e = tollgate_limiter::Error::Backend(std::io::Error::other("connection refused").into());
+/// assert_eq!(
+///     tollgate_limiter::error::chain(&e),
+///     "rate-limit backend failed: connection refused"
+/// );
+/// ```
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    for cause in std::iter::successors(e.source(), |&c| c.source()) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
+}
+
 /// Why a limiter could not decide.
 ///
 /// A refusal is not an error (see [`Decision`](crate::Decision)); these are

@@ -1,7 +1,5 @@
 //! Building a backend from the configuration's `[redis]` section.
 
-use std::error::Error as _;
-
 use tollgate_limiter::{Config, ConfigError};
 
 use crate::{Durability, RedisBackend, RedisBackendBuilder, RedisError};
@@ -13,18 +11,6 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> RedisError {
         field,
         reason: reason.into(),
     })
-}
-
-/// An error and its causes, on one line.
-fn chain(e: &RedisError) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// Why a URL the redis client refused is unusable, naming the node of a
@@ -155,7 +141,7 @@ impl RedisBackend {
                 RedisError::Redis(e) if e.kind() == redis::ErrorKind::InvalidClientConfig => {
                     invalid(url_field, unparsable(&r.urls, &e))
                 }
-                e => invalid(url_field, chain(&e)),
+                e => invalid(url_field, tollgate_limiter::error::chain(&e)),
             })?;
         Ok(b)
     }

@@ -26,16 +26,8 @@ async fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     };
     // What `main -> Result` would print is the error's `Debug`; its
-    // `Display` names what to fix (the field, the file). Then its causes,
-    // but not one that it already shows.
-    let mut text = format!("error: {e}");
-    for cause in std::iter::successors(e.source(), |&c| c.source()) {
-        let cause = cause.to_string();
-        if !text.contains(&cause) {
-            text = format!("{text}: {cause}");
-        }
-    }
-    eprintln!("{text}");
+    // `Display` names what to fix (the field, the file), then its causes.
+    eprintln!("error: {}", tollgate_limiter::error::chain(&*e));
     ExitCode::FAILURE
 }
 
