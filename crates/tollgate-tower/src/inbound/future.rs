@@ -221,11 +221,20 @@ fn check<B: Backend>(mut ticket: Ticket<B>, mode: Mode) -> BoxFuture<(Verdict, T
                 // charged, as the upfront layer charges it (refused again,
                 // and recorded). Should the charge pass after all, the
                 // request is still refused: stricter, never laxer.
+                //
+                // In a task of its own, as the charges after a response: a
+                // client gone once the look answered (the request future
+                // dropped) would otherwise escape the record an upfront
+                // layer makes in its one call.
                 Verdict::Decided(d) if d.is_denied() && penalises(ticket.limiter.policy()) => {
-                    match ticket.limiter.check_cost(&ticket.key, ticket.cost).await {
-                        Verdict::Decided(charged) if charged.is_denied() => {
+                    let (limiter, key) = (ticket.limiter.clone(), ticket.key.clone());
+                    let cost = ticket.cost;
+                    let charge = async move { limiter.check_cost(&key, cost).await };
+                    match tokio::spawn(charge).await {
+                        Ok(Verdict::Decided(charged)) if charged.is_denied() => {
                             Verdict::Decided(charged)
                         }
+                        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
                         _ => Verdict::Decided(d),
                     }
                 }
