@@ -742,7 +742,33 @@ impl<B: Backend> AimdLimiter<B> {
     ///
     /// Backend failures are absorbed: the worker then adapts its own
     /// fallback rate (see the [module docs](self#failure)).
+    ///
+    /// On a tokio runtime the report runs as a task of its own, which this
+    /// future waits for: a caller that gives up meanwhile (a timeout or a
+    /// `select!` around the call) does not cut it short. A report stopped
+    /// half-way would be worse than none: this worker marks the reaction
+    /// window as cut before asking the backend, and the fleet's cut gate,
+    /// once taken, stands for the whole window, so the source's refusal
+    /// would cut nothing, on this worker or (the gate taken, the rate not
+    /// written) on any.
     pub async fn feedback(&self, scope: &Key, outcome: Outcome) {
+        if outcome == Outcome::Failed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return self.report(scope, outcome).await;
+        };
+        let (this, scope) = (self.clone(), scope.clone());
+        let task = runtime.spawn(async move { this.report(&scope, outcome).await });
+        if let Err(e) = task.await
+            && e.is_panic()
+        {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    }
+
+    /// [`feedback`](Self::feedback)'s work.
+    async fn report(&self, scope: &Key, outcome: Outcome) {
         match outcome {
             Outcome::Success => self.grow(scope).await,
             Outcome::Refused { retry_after } => {

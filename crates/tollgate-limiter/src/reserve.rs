@@ -96,6 +96,9 @@ impl<B: Backend> Reservation<B> {
     /// `Err` (the backend failed or timed out, whatever the fail mode: no
     /// request waits on this answer) nothing is known to be refunded: the
     /// estimate stays charged, the safe side, and an excess is not charged.
+    /// Once polled, the settle is made even if this future is dropped
+    /// before it answers (on a tokio runtime, it runs as a task of its
+    /// own): an excess is charged whether or not the caller waits for it.
     /// Settling twice is not possible: this consumes the reservation; and
     /// the key refuses a replay of this settle (a call re-sent by the
     /// Redis Cluster client) for 15 minutes (see
@@ -108,10 +111,7 @@ impl<B: Backend> Reservation<B> {
                 // Every admitted call costs at least the minimum, as with
                 // check_cost.
                 let actual = actual.max(h.limiter.min_cost());
-                h.limiter
-                    .settle_receipt(&h.key, h.receipt, actual)
-                    .await
-                    .map(Some)
+                h.settle(actual).await.map(Some)
             }
         }
     }
@@ -128,12 +128,34 @@ impl<B: Backend> Reservation<B> {
     pub async fn refund(self) -> Result<Option<Decision>, Error> {
         match self.held {
             None => Ok(None),
-            Some(h) => h
-                .limiter
-                .settle_receipt(&h.key, h.receipt, 0)
-                .await
-                .map(Some),
+            Some(h) => h.settle(0).await.map(Some),
         }
+    }
+}
+
+impl<B: Backend> Held<B> {
+    /// Settles the receipt at `actual`: on a tokio runtime, in a task of
+    /// its own that this future waits for, so that a caller that gives up
+    /// meanwhile (a client gone, a timeout or a `select!` around the
+    /// handler) does not cut it short. A settle is the one moment an
+    /// excess is charged; dropped before it reached the backend, the call
+    /// would have cost its estimate only, whatever it really spent.
+    async fn settle(self, actual: u64) -> Result<Decision, Error> {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return self.run(actual).await;
+        };
+        match runtime.spawn(self.run(actual)).await {
+            Ok(answer) => answer,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // The runtime is shutting down: nothing is known to be settled.
+            Err(e) => Err(Error::Backend(Box::new(e))),
+        }
+    }
+
+    async fn run(self, actual: u64) -> Result<Decision, Error> {
+        self.limiter
+            .settle_receipt(&self.key, self.receipt, actual)
+            .await
     }
 }
 

@@ -720,3 +720,38 @@ mod invariants {
         }
     }
 }
+
+/// A refusal reported by a caller that gives up before the report is
+/// done (a timeout or a `select!` around the crawl step, a shutdown) is
+/// still reported whole: the cut happens. Before, the report stopped at
+/// its first backend call, and the worker had already marked the window
+/// as cut: the cut was lost, and this worker's next refusals of the
+/// window were skipped too, so the scope kept its rate. (With Redis, the
+/// report could stop between taking the fleet's cut gate and writing the
+/// rate: the whole fleet then skipped that cut.)
+#[tokio::test(start_paused = true)]
+async fn a_refusal_reported_by_a_caller_that_gives_up_still_cuts() {
+    let backend = backend();
+    let config = AimdConfig {
+        initial_rate: 16.0,
+        ..config()
+    };
+    let limiter = limiter(config, backend.clone());
+    let scope = Key::new("example.org");
+    let refused = Outcome::Refused { retry_after: None };
+    // Every backend call takes 10 ms: the report is given up during its
+    // first one.
+    backend.set_delay(Duration::from_millis(10));
+    let gave_up =
+        tokio::time::timeout(Duration::from_millis(5), limiter.feedback(&scope, refused)).await;
+    assert!(
+        gave_up.is_err(),
+        "the report ended before the caller gave up"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    backend.clear_faults();
+    // Another refusal of the same burst, reported in full.
+    limiter.feedback(&scope, refused).await;
+    assert_eq!(limiter.shared_rate(&scope).await.unwrap(), 12.0);
+    assert_eq!(limiter.rate(&scope), 12.0);
+}

@@ -640,3 +640,30 @@ fn a_settle_id_is_remembered_for_settled_for() {
     assert_eq!(key.apply(START, &policy, exact).remaining(), 900);
     assert!(key.settled.is_empty());
 }
+
+/// A settle whose caller gives up before it reaches the backend (a client
+/// gone, a timeout or a `select!` around the handler's last step) still
+/// settles: the excess of a call that cost more than its estimate is
+/// charged. Before, the dropped settle never ran: the call was charged its
+/// estimate only, so a client that hung up at that moment spent more than
+/// its budget.
+#[tokio::test(start_paused = true)]
+async fn a_settle_given_up_by_its_caller_still_charges_the_excess() {
+    use tollgate_limiter::{Key, Limiter, MockClock};
+    use tollgate_memory::MemoryBackend;
+
+    let backend = MemoryBackend::with_clock(MockClock::new());
+    let llm = Limiter::new("llm", tb(100, 1), backend.clone());
+    let key = Key::new("tenant");
+    let (verdict, reservation) = llm.reserve(&key, 10).await;
+    assert!(verdict.is_allowed());
+    // Every backend call now takes 10 ms: the caller gives up at 5.
+    backend.set_delay(Duration::from_millis(10));
+    let gave_up = tokio::time::timeout(Duration::from_millis(5), reservation.settle(60)).await;
+    assert!(gave_up.is_err(), "settled before the caller gave up");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    backend.clear_faults();
+    // 60 spent of 100 (the mock clock stood still: nothing dripped back).
+    let left = llm.try_peek(&key, 1).await.unwrap().remaining();
+    assert_eq!(left, 40);
+}

@@ -212,3 +212,77 @@ async fn shadow_mode_lets_a_request_without_a_key_pass() {
         ("exports", None)
     );
 }
+
+/// A concurrency limiter behind the generic `RateLimitLayer` (a
+/// configuration that turned a limiter's strategy to `concurrency`, or a
+/// `Service` of events with the `Typed` responder) holds each request's
+/// slot while the request runs and gives it back with the response, or
+/// when the request is dropped (a client gone, a timeout above), in every
+/// counting mode. Before, each passed request took a slot that only its
+/// lease (here 60 s) freed, so one request a minute got through; counting
+/// by outcome took it after the response.
+#[tokio::test]
+async fn a_rate_limit_layer_over_a_concurrency_limit_frees_each_slot_with_its_response() {
+    use std::sync::Arc;
+
+    use tokio::sync::Notify;
+    use tollgate_tower::Outcome;
+
+    for by_outcome in [false, true] {
+        let (l, _clock) = limiter(1);
+        let gate = Arc::new(Notify::new());
+        let waiting = Arc::clone(&gate);
+        // Answers at once, or (a request for `/hang`) never.
+        let svc = service_fn(move |req: Request<String>| {
+            let waiting = Arc::clone(&waiting);
+            async move {
+                if req.uri().path() == "/hang" {
+                    waiting.notified().await;
+                }
+                Ok::<_, Infallible>(Response::new(String::from("export")))
+            }
+        });
+        let layer = RateLimitLayer::new(l.clone(), tenant);
+        let mut svc = if by_outcome {
+            tower::util::BoxCloneService::new(
+                layer
+                    .classify(|_: &Response<String>| Outcome::Count)
+                    .layer(svc),
+            )
+        } else {
+            tower::util::BoxCloneService::new(layer.layer(svc))
+        };
+        for i in 0..3 {
+            let res = send(&mut svc).await;
+            assert_eq!(
+                res.status(),
+                StatusCode::OK,
+                "request {i}, by outcome {by_outcome}"
+            );
+            assert_eq!(
+                settled_free_slots(&l, 1).await,
+                1,
+                "request {i}, by outcome {by_outcome}"
+            );
+        }
+        // A request in flight holds the slot; dropped, it gives it back.
+        let hang = Request::get("/hang").body(String::new()).unwrap();
+        let in_flight = tokio::spawn(svc.clone().oneshot(hang));
+        assert_eq!(
+            settled_free_slots(&l, 0).await,
+            0,
+            "by outcome {by_outcome}"
+        );
+        let refused = send(&mut svc).await;
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        in_flight.abort();
+        assert!(in_flight.await.unwrap_err().is_cancelled());
+        assert_eq!(
+            settled_free_slots(&l, 1).await,
+            1,
+            "by outcome {by_outcome}"
+        );
+        assert_eq!(send(&mut svc).await.status(), StatusCode::OK);
+        drop(gate);
+    }
+}

@@ -898,6 +898,47 @@ async fn a_penalised_window_records_refusals_when_charging_by_outcome() {
     );
 }
 
+/// Counting by outcome looks, then records a refusal of a penalised
+/// window in a second call. A client gone between the two (its request
+/// future dropped once the look has answered) is still recorded, as an
+/// upfront layer records it in its one call. Before, the recording call
+/// went with the dropped future: a flood that hung up on each request
+/// escaped the penalty meant for it.
+#[tokio::test(start_paused = true)]
+async fn a_penalised_refusal_is_recorded_when_the_client_goes_after_the_look() {
+    let clock = MockClock::new();
+    let backend = MemoryBackend::with_clock(clock.clone());
+    let window = SlidingWindow::new(1, Duration::from_secs(60))
+        .unwrap()
+        .penalise_refused(true);
+    let svc = RateLimitLayer::new(
+        Limiter::new("by_outcome", window, backend.clone()),
+        ApiKey::bearer(KeyHasher::unkeyed()),
+    )
+    .classify(|_: &Response<String>| Outcome::Count)
+    .layer(Echo::default().service());
+    assert_eq!(call(&svc, req(Some("k"))).await.status(), StatusCode::OK);
+    clock.advance(Duration::from_secs(30));
+    // Every backend call takes 10 ms: the look answers at 10 ms, the
+    // recording call at 20; the client is gone at 15.
+    backend.set_delay(Duration::from_millis(10));
+    let gone = tokio::time::timeout(
+        Duration::from_millis(15),
+        svc.clone().oneshot(req(Some("k"))),
+    )
+    .await;
+    assert!(gone.is_err(), "answered before the client went");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    backend.clear_faults();
+    // 61 s: the admitted request has left the window, the refusal
+    // recorded at 30 s has not.
+    clock.advance(Duration::from_secs(31));
+    assert_eq!(
+        call(&svc, req(Some("k"))).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
 /// Shadow mode never refuses, and a whole deployment is put in it for a
 /// first rollout in front of a service: a request without a key (an
 /// extractor that does not fit every client yet) passes, as a refusal by

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
-use tollgate_limiter::{Backend, Decision, Key, Limiter, Policy, Reservation, Verdict};
+use tollgate_limiter::{Backend, Decision, Key, Limiter, Permit, Policy, Reservation, Verdict};
 use tower_service::Service;
 use tracing::Instrument;
 
@@ -19,7 +19,7 @@ use crate::telemetry;
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// One request's claim on a limiter.
-pub(crate) struct Ticket<B> {
+pub(crate) struct Ticket<B: Backend> {
     pub(crate) limiter: Limiter<B>,
     pub(crate) key: Key,
     pub(crate) cost: u64,
@@ -27,6 +27,9 @@ pub(crate) struct Ticket<B> {
     /// (boxed: it is most of a ticket's size, and only a reserving layer
     /// has one).
     pub(crate) reservation: Option<Box<Reservation<B>>>,
+    /// The slot a request under a concurrency limit holds until its
+    /// response (boxed, as the reservation).
+    pub(crate) permit: Option<Box<Permit<B>>>,
 }
 
 /// How the cost is asked for before the request is handed on.
@@ -54,6 +57,8 @@ pin_project! {
         ticket: Option<Ticket<B>>,
         pass: Pass,
         post: Arc<Post<R, V>>,
+        // How the cost was asked for: only peek mode charges after.
+        mode: Mode,
         // Charged after its response (peek mode): until that response
         // comes, dropping the future charges the ticket (see `drop`).
         charge_if_dropped: bool,
@@ -86,6 +91,7 @@ pin_project! {
     enum State<S, Req, B, Out>
     where
         S: Service<Req>,
+        B: Backend,
     {
         Checking {
             check: BoxFuture<(Verdict, Ticket<B>)>,
@@ -128,6 +134,7 @@ where
             ticket: None,
             pass: Pass::Bare,
             post,
+            mode,
             charge_if_dropped: mode == Mode::Peek,
         }
     }
@@ -149,6 +156,7 @@ where
                 ticket: Some(ticket),
                 pass,
                 post,
+                mode: Mode::Upfront,
                 charge_if_dropped: false,
             },
             Answer::Refuse(response) => Self::rejected(response, post),
@@ -162,6 +170,7 @@ where
             ticket: None,
             pass,
             post,
+            mode: Mode::Upfront,
             charge_if_dropped: false,
         }
     }
@@ -174,6 +183,7 @@ where
             ticket: None,
             pass: Pass::Bare,
             post,
+            mode: Mode::Upfront,
             charge_if_dropped: false,
         }
     }
@@ -188,6 +198,13 @@ fn check<B: Backend>(mut ticket: Ticket<B>, mode: Mode) -> BoxFuture<(Verdict, T
         let verdict = if mode == Mode::Reserve {
             let (verdict, reservation) = ticket.limiter.reserve(&ticket.key, ticket.cost).await;
             ticket.reservation = Some(Box::new(reservation));
+            verdict
+        } else if mode == Mode::Upfront && matches!(ticket.limiter.policy(), Policy::Concurrency(_))
+        {
+            // A slot, given back when the response comes or the request
+            // is dropped (with the ticket), not one only its lease frees.
+            let (verdict, permit) = ticket.limiter.hold(&ticket.key).await;
+            ticket.permit = permit.map(Box::new);
             verdict
         } else if mode == Mode::Upfront {
             ticket.limiter.check_cost(&ticket.key, ticket.cost).await
@@ -204,11 +221,20 @@ fn check<B: Backend>(mut ticket: Ticket<B>, mode: Mode) -> BoxFuture<(Verdict, T
                 // charged, as the upfront layer charges it (refused again,
                 // and recorded). Should the charge pass after all, the
                 // request is still refused: stricter, never laxer.
+                //
+                // In a task of its own, as the charges after a response: a
+                // client gone once the look answered (the request future
+                // dropped) would otherwise escape the record an upfront
+                // layer makes in its one call.
                 Verdict::Decided(d) if d.is_denied() && penalises(ticket.limiter.policy()) => {
-                    match ticket.limiter.check_cost(&ticket.key, ticket.cost).await {
-                        Verdict::Decided(charged) if charged.is_denied() => {
+                    let (limiter, key) = (ticket.limiter.clone(), ticket.key.clone());
+                    let cost = ticket.cost;
+                    let charge = async move { limiter.check_cost(&key, cost).await };
+                    match tokio::spawn(charge).await {
+                        Ok(Verdict::Decided(charged)) if charged.is_denied() => {
                             Verdict::Decided(charged)
                         }
+                        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
                         _ => Verdict::Decided(d),
                     }
                 }
@@ -320,6 +346,12 @@ where
                     let result = ready!(fut.poll(cx));
                     // Answered: charged (or not) by the classifier below.
                     *this.charge_if_dropped = false;
+                    // The request is over: its concurrency slot goes back
+                    // now (the response body is not followed: that is
+                    // `ConcurrencyLimit`'s work).
+                    if let Some(ticket) = this.ticket.as_mut() {
+                        ticket.permit = None;
+                    }
                     // A reserving request holds its reservation (empty if
                     // it passed without the backend) until settled here.
                     let held = this.ticket.as_mut().and_then(|t| t.reservation.take());
@@ -332,7 +364,7 @@ where
                                     // answered at once.
                                     drop(refund_reservation(reservation));
                                 }
-                            } else if !V::UPFRONT {
+                            } else if *this.mode == Mode::Peek {
                                 // Charged by outcome: an `Err` (a timeout
                                 // layer inside this one) is an outcome
                                 // too, or every request an attacker makes
@@ -364,7 +396,7 @@ where
                             });
                             continue;
                         }
-                    } else if !V::UPFRONT {
+                    } else if *this.mode == Mode::Peek {
                         let outcome = this.post.classify.classify(&response);
                         let settle = this.ticket.as_ref().and_then(|t| settle(t, outcome));
                         if let Some(settle) = settle {

@@ -150,8 +150,10 @@ pub enum Outcome {
 /// one, so concurrent requests of one key may all pass the check before
 /// any is charged: at most the number of requests in flight can exceed
 /// the limit. A response the inner service failed to produce (`Err`) is
-/// not charged. A request handed on whose response never comes (its
-/// future dropped: a client gone mid-request) is charged its cost, as
+/// charged as [`on_error`](Self::on_error) says ([`Outcome::Count`] unless
+/// the classifier says otherwise). A request handed on whose response
+/// never comes (its future dropped: a client gone mid-request) is charged
+/// its cost, as
 /// [`Outcome::Count`]: otherwise a client dropping each connection before
 /// the answer would never be counted. The charge runs as a task of its
 /// own (on the tokio runtime), so it is recorded even if the client goes

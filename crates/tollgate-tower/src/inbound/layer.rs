@@ -20,6 +20,13 @@ use crate::respond::{Grpc, Http};
 /// breaker: every service made from the layer, and every clone of it,
 /// counts against the same limits.
 ///
+/// Under a [concurrency](tollgate_limiter::Concurrency) limiter, each
+/// request holds a slot ([`Limiter::hold`]) from its decision until its
+/// response, or until its future is dropped (a client gone, a timeout
+/// above), whatever the classifier: there is nothing to charge after. To
+/// hold the slot until an HTTP response's body has been sent, use
+/// [`ConcurrencyLimitLayer`](crate::concurrency::ConcurrencyLimitLayer).
+///
 /// See the [module docs](super) for an example.
 #[must_use]
 pub struct RateLimitLayer<L, K, R = Http, C = LimiterCost, V = Upfront> {

@@ -3,8 +3,8 @@ use std::mem;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tollgate_limiter::FailMode;
 use tollgate_limiter::Mode as LimiterMode;
+use tollgate_limiter::{FailMode, Policy};
 use tower_service::Service;
 
 use super::future::{Mode, Pass, ResponseFuture, Ticket};
@@ -145,6 +145,11 @@ where
         };
         let cost = shared.cost.cost(&req, limiter.cost());
         let mode = match (self.post.classify.reserves(), V::UPFRONT) {
+            // A concurrency slot is held while the request runs, whatever
+            // the classifier: charged after the response (or reserved),
+            // it would be a slot taken when the request is over, which
+            // only its lease frees.
+            _ if matches!(limiter.policy(), Policy::Concurrency(_)) => Mode::Upfront,
             (true, _) => Mode::Reserve,
             (false, true) => Mode::Upfront,
             (false, false) => Mode::Peek,
@@ -154,6 +159,7 @@ where
             key,
             cost,
             reservation: None,
+            permit: None,
         };
         if mode == Mode::Upfront
             && let Some(verdict) = ticket.limiter.check_cost_now(&ticket.key, cost)
