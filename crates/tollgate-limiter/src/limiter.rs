@@ -1143,17 +1143,16 @@ impl<B: Backend> Limiter<B> {
     /// Forgets `key`: it becomes a fresh key (unblocks a user after a false
     /// positive; a successful login for a progressive delay).
     pub async fn reset(&self, key: &Key) -> Result<Decision, Error> {
-        let result = self
-            .try_op(key, Op::Reset, &self.inner.guard.deadline())
-            .await;
-        self.forget_local(Some(key));
-        result
+        let _forget = ForgetLocal(self, Some(key));
+        self.try_op(key, Op::Reset, &self.inner.guard.deadline())
+            .await
     }
 
     /// Forgets what this worker keeps of `key` (of every key, with
     /// `None`): its cached refusals and its lease batches. Called after a
-    /// reset or an override is answered, so that a refusal or a batch
-    /// decided before it is not kept, even if its answer comes after.
+    /// reset or an override is answered or given up ([`ForgetLocal`]), so
+    /// that a refusal or a batch decided before it is not kept, even if
+    /// its answer comes after.
     fn forget_local(&self, key: Option<&Key>) {
         if let Some(cache) = &self.inner.denials {
             match key {
@@ -1238,16 +1237,14 @@ impl<B: Backend> Limiter<B> {
         }
         let scope = self.scope(key);
         let domain = self.inner.backend.failure_domain(scope);
-        let result = self
-            .inner
+        // Refusals and batches were decided under the old policy.
+        let _forget = ForgetLocal(self, key);
+        self.inner
             .guard
             .run(domain, &self.inner.guard.deadline(), || {
                 self.inner.backend.set_override(scope, policy.as_ref())
             })
-            .await;
-        // Refusals and batches were decided under the old policy.
-        self.forget_local(key);
-        result
+            .await
     }
 
     /// The override in force for exactly this key (or, with `None`, the
@@ -1434,6 +1431,18 @@ impl<B: Backend> Future for Check<'_, B> {
             Some(wait) => wait.as_mut().poll(cx),
             None => panic!("polled after completion"),
         }
+    }
+}
+
+/// Forgets what the worker keeps of a key ([`Limiter::forget_local`]) when
+/// dropped: when a reset or an override is answered, and also when its
+/// caller gives up on it (a timeout, a `select!`), since the backend may
+/// have applied it all the same (Redis runs a script it has received).
+struct ForgetLocal<'a, B: Backend>(&'a Limiter<B>, Option<&'a Key>);
+
+impl<B: Backend> Drop for ForgetLocal<'_, B> {
+    fn drop(&mut self) {
+        self.0.forget_local(self.1);
     }
 }
 

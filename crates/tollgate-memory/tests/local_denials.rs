@@ -30,6 +30,8 @@ struct Counting {
     gate: Arc<Mutex<Option<Gate>>>,
     /// Holds the next settle before it is decided.
     settle_gate: Arc<Mutex<Option<Gate>>>,
+    /// Overrides take a second (of tokio's clock) to arrive.
+    slow_overrides: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Counting {
@@ -39,6 +41,7 @@ impl Counting {
             calls: Arc::default(),
             gate: Arc::default(),
             settle_gate: Arc::default(),
+            slow_overrides: Arc::default(),
         }
     }
 
@@ -125,7 +128,14 @@ impl Backend for Counting {
         scope: Scope<'_>,
         policy: Option<&Policy>,
     ) -> impl Future<Output = Result<(), MemoryError>> + Send {
-        self.inner.set_override(scope, policy)
+        let slow = self.slow_overrides.load(Ordering::SeqCst);
+        let set = self.inner.set_override(scope, policy);
+        async move {
+            if slow {
+                tokio::time::sleep(S).await;
+            }
+            set.await
+        }
     }
 
     fn get_override(
@@ -384,4 +394,47 @@ async fn a_settle_of_another_key_leaves_a_refusal_cached() {
         0,
         "refusals that asked the backend"
     );
+}
+
+/// A reset or an override given up by its caller (a timeout around it) may
+/// still have been applied by the backend (Redis runs a script it has
+/// received): the refusals this worker cached are forgotten all the same,
+/// and the next request asks the backend. They were kept until they
+/// expired (here a minute).
+#[tokio::test(start_paused = true)]
+async fn a_reset_or_override_given_up_by_its_caller_forgets_cached_refusals() {
+    let backend = MemoryBackend::with_clock(MockClock::new());
+    let counting = Counting::new(&backend);
+    let policy = Policy::from(TokenBucket::new(1, 1, 3600 * S).unwrap());
+    let limiter = Limiter::builder("cached", policy, counting.clone())
+        .local_denials(60 * S)
+        .build();
+    let k = Key::new("k");
+    for given_up in ["reset", "override"] {
+        let _ = limiter.check(&k).await;
+        assert!(!limiter.check(&k).await.is_allowed(), "{given_up}");
+        backend.set_delay(S);
+        counting.slow_overrides.store(true, Ordering::SeqCst);
+        let call = async {
+            match given_up {
+                "reset" => limiter.reset(&k).await.map(|_| ()),
+                _ => limiter.set_override(Some(&k), Some(policy)).await,
+            }
+        };
+        assert!(
+            tokio::time::timeout(Duration::from_millis(10), call)
+                .await
+                .is_err(),
+            "{given_up} answered before the delay"
+        );
+        backend.clear_faults();
+        counting.slow_overrides.store(false, Ordering::SeqCst);
+        let asked = counting.calls();
+        let _ = limiter.check(&k).await;
+        assert_eq!(
+            counting.calls(),
+            asked + 1,
+            "after a {given_up} given up, a refusal cached before it answered"
+        );
+    }
 }
