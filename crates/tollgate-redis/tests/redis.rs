@@ -1155,7 +1155,13 @@ tollgate_testkit::on_every_server! {
         let l = patient("api", wide, a);
         let k = Key::new("k");
         let limit = || async { l.check(&k).await.decision().map(|d| d.limit()) };
+        // The entry is made during this decision: the next one, at 4/5 of
+        // the TTL from its end, falls in the entry's last quarter as long
+        // as this decision and the wake-up take less than 1/5 of it (the
+        // connection and the override below are made while it ages).
+        let started = tokio::time::Instant::now();
         assert_eq!(limit().await, Some(1_000_000));
+        let made = tokio::time::Instant::now();
         let mut r = raw(&url).await;
 
         // Another worker sets a limiter-wide override; this one's entry
@@ -1164,8 +1170,14 @@ tollgate_testkit::on_every_server! {
         b.set_override(Scope::Limiter("api"), Some(&tight))
             .await
             .unwrap();
-        tokio::time::sleep(ttl * 4 / 5).await;
         let before = calls(&mut r, "mget").await;
+        tokio::time::sleep_until(made + ttl * 4 / 5).await;
+        let late = started.elapsed();
+        assert!(
+            late < ttl,
+            "the entry expired before the decision meant for its last quarter ({late:?}): \
+             the machine is too slow for this test's TTL"
+        );
         assert_eq!(limit().await, Some(1_000_000), "decided with the entry it had");
         let mut read = 0;
         for _ in 0..100 {
