@@ -134,8 +134,21 @@ tollgate_testkit::on_every_server! {
         assert!(gave_up.is_err(), "the silent path answered");
         relay.retarget(new.addr());
         // The keeper's PING times out (500 ms), its reconnection reaches the new
-        // server; nobody calls meanwhile.
-        tokio::time::sleep(2 * S).await;
+        // server, which answers its check of a new connection (`ROLE`); nobody
+        // calls meanwhile. Waited for on the server, not slept on: on a loaded
+        // machine that took more than the 2 s this test used to sleep.
+        let deadline = Instant::now() + 15 * S;
+        while !tokio::task::block_in_place(|| new.cli(&["info", "commandstats"]))
+            .contains("cmdstat_role:")
+        {
+            assert!(
+                Instant::now() < deadline,
+                "no connection reached the new server in 15 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The reply reaches the keeper, which puts the connection in place.
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let d = tokio::time::timeout(Duration::from_millis(500), b.decide(req))
             .await
             .expect("the call hung: the silent connection was kept")
