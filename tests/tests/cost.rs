@@ -11,7 +11,7 @@ use http::{Request, Response, StatusCode};
 use tollgate_limiter::{Backend, Key, Limiter, MockClock, Policy, TokenBucket};
 use tollgate_memory::MemoryBackend;
 use tollgate_redis::{Durability, RedisBackend};
-use tollgate_testkit::conformance::unique_name;
+use tollgate_testkit::conformance::{patient, unique_name};
 use tollgate_testkit::redis_server::RedisServer;
 use tollgate_tower::{Outcome, RateLimitLayer};
 use tower::{Layer, ServiceExt, service_fn};
@@ -82,7 +82,7 @@ async fn send<B: Backend>(
 /// test), and a counter for the inner service's calls.
 fn hourly<B: Backend>(base: &str, capacity: u64, backend: B) -> (Limiter<B>, Arc<AtomicUsize>) {
     let policy = TokenBucket::new(capacity, capacity, HOUR).unwrap();
-    let limiter = Limiter::new(unique_name(base), policy, backend);
+    let limiter = patient(unique_name(base), policy, backend);
     (limiter, Arc::new(AtomicUsize::new(0)))
 }
 
@@ -189,7 +189,7 @@ async fn per_minute_override<B: Backend>(
 async fn cost_limit_follows_overrides<B: Backend>(backend: B) {
     let name = unique_name("ovr");
     // 5 tokens, 1 per 12 s: the whole bucket in 60 s.
-    let limiter = Limiter::new(
+    let limiter = patient(
         &*name,
         TokenBucket::new(5, 5, 60 * Duration::from_secs(1)).unwrap(),
         backend,

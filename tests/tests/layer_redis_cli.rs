@@ -28,10 +28,13 @@ impl Drop for ConfigFile {
 
 fn config_file(prefix: &str) -> ConfigFile {
     let path = std::env::temp_dir().join(format!("{prefix}.toml"));
+    // A patient per-decision timeout: the test is about what the layer and
+    // the CLI count, not latency, and the default 50 ms can pass on a loaded
+    // machine before Redis answers.
     std::fs::write(
         &path,
         format!(
-            "[defaults]\nprefix = \"{prefix}\"\n\
+            "[defaults]\nprefix = \"{prefix}\"\ntimeout = \"5s\"\n\
              [limiters.api]\nstrategy = \"token_bucket\"\ncapacity = 3\nrefill = \"1/h\"\n"
         ),
     )

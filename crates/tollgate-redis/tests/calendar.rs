@@ -9,7 +9,7 @@ use tollgate_limiter::{
     Calendar, Clock, Key, Limiter, MockClock, Period, Policy, Strategy, SystemClock, Timestamp,
 };
 use tollgate_redis::{Durability, RedisBackend, scripts};
-use tollgate_testkit::conformance::unique_name;
+use tollgate_testkit::conformance::{patient, unique_name};
 use tollgate_testkit::redis_server::{RedisServer, Server};
 
 const H: u64 = 3_600_000_000;
@@ -74,7 +74,7 @@ async fn berlin_month_override(url: &str, prefix: &str) -> (Limiter<RedisBackend
         .build()
         .await
         .unwrap();
-    let l = Limiter::new("plan", Calendar::new(1, Period::Day, "UTC").unwrap(), b);
+    let l = patient("plan", Calendar::new(1, Period::Day, "UTC").unwrap(), b);
     let k = Key::new("k");
     let month = Policy::from(Calendar::new(2, Period::Month, "Europe/Berlin").unwrap());
     l.set_override(Some(&k), Some(month)).await.unwrap();
@@ -171,7 +171,7 @@ tollgate_testkit::on_every_server! {
             .await
             .unwrap();
         let day = Calendar::new(2, Period::Day, "UTC").unwrap();
-        let l = Limiter::new("daily", day, b.clone());
+        let l = patient("daily", day, b.clone());
         let k = Key::new("k");
         let before = SystemClock.now();
         let d = l.try_acquire(&k, 2).await.unwrap();
@@ -266,7 +266,7 @@ tollgate_testkit::on_every_server! {
         ])
         .unwrap();
         for (name, policy, part) in [("plain", Policy::from(day), 0), ("both", composite.into(), 1)] {
-            let l = Limiter::new(name, policy, b.clone());
+            let l = patient(name, policy, b.clone());
             let k = Key::new("k");
             let before = SystemClock.now();
             let (v, r) = l.reserve(&k, 800).await;

@@ -10,6 +10,7 @@ use tollgate_limiter::{
     Backend, Key, Limiter, MockClock, Policy, Scope, SlidingWindow, TokenBucket,
 };
 use tollgate_redis::{Durability, NodeRole, RedisBackend, Setting};
+use tollgate_testkit::conformance::patient;
 use tollgate_testkit::redis_server::{
     ACL_RULES, CLUSTER_ACL_RULES, RedisCluster, RedisServer, Server,
 };
@@ -60,7 +61,7 @@ tollgate_testkit::on_every_server! {
     async fn keys_on_every_master_decide(server: Server) {
         let clock = MockClock::new();
         let b = backend(server, "slots", &clock).await;
-        let l = Limiter::new(
+        let l = patient(
             "spread",
             SlidingWindow::new(1, Duration::from_secs(60)).unwrap(),
             b.clone(),
@@ -133,7 +134,7 @@ tollgate_testkit::on_every_server! {
             .prefix(tollgate_testkit::conformance::unique_name("clazy"))
             .build_lazy()
             .expect("no I/O at build time");
-        let l = Limiter::new(
+        let l = patient(
             "api",
             TokenBucket::new(5, 1, Duration::from_secs(60)).unwrap(),
             b,
@@ -185,7 +186,7 @@ tollgate_testkit::on_every_server! {
         let fresh = backend_with_prefix(server, &prefix, &clock).await;
         let limiter = |i: usize| {
             let name = limiters[i].clone();
-            Limiter::new(name, TokenBucket::new(10, 10, S).unwrap(), fresh.clone())
+            patient(name, TokenBucket::new(10, 10, S).unwrap(), fresh.clone())
         };
         let limit = |i: usize| {
             let l = limiter(i);

@@ -44,7 +44,7 @@ use tollgate_limiter::{
 use tollgate_redis::{
     CLUSTER_DOMAINS, Durability, NodeRole, RedisBackend, RedisBackendBuilder, RedisError,
 };
-use tollgate_testkit::conformance::{assert_fail_mode_held, unique_name};
+use tollgate_testkit::conformance::{assert_fail_mode_held, patient, unique_name};
 use tollgate_testkit::ha::{RedisSentinel, wait_synced};
 use tollgate_testkit::redis_server::{RedisCluster, TlsCerts};
 use tollgate_testkit::relay::Relay;
@@ -88,6 +88,19 @@ async fn build_with_prefix(b: tollgate_redis::RedisBackendBuilder, prefix: &str)
         .expect("connect")
 }
 
+/// [`build`] for a test of trust, not of failover: 10 s connect and
+/// response timeouts, as a TLS handshake of a debug build on a loaded
+/// machine can outlast `build`'s 250 ms.
+async fn build_patiently(b: tollgate_redis::RedisBackendBuilder) -> RedisBackend {
+    b.prefix(unique_name("failover"))
+        .connect_timeout(10 * S)
+        .response_timeout(10 * S)
+        .durability(Durability::Report)
+        .build()
+        .await
+        .expect("connect")
+}
+
 fn limiter(name: &str, mode: FailMode, capacity: u64, b: &RedisBackend) -> Limiter<RedisBackend> {
     let policy = TokenBucket::new(capacity, 1, LEDGER_DRIP).unwrap();
     Limiter::builder(name, policy, b.clone())
@@ -97,6 +110,27 @@ fn limiter(name: &str, mode: FailMode, capacity: u64, b: &RedisBackend) -> Limit
             ..BreakerConfig::default()
         })
         .build()
+}
+
+/// What `l` has counted on `k`: a peek, asked again until it is decided
+/// (up to [`RESUME_WITHIN`]). A peek writes nothing, so asking again does
+/// not change the count; the limiters here keep the default 50 ms timeout
+/// (the load measures it), which a single read on a loaded machine can
+/// outlast, failing the test on a timeout instead of on the count.
+async fn counted(l: &Limiter<RedisBackend>, k: &Key) -> Decision {
+    let start = Instant::now();
+    loop {
+        match l.try_peek(k, 1).await {
+            Ok(d) => return d,
+            Err(e) if start.elapsed() > RESUME_WITHIN => {
+                panic!(
+                    "{} did not decide within {RESUME_WITHIN:?}: {e:?}",
+                    l.name()
+                )
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
 }
 
 /// What the load saw.
@@ -309,11 +343,7 @@ impl Load {
         for t in self.tasks {
             t.await.expect("no load task panicked");
         }
-        let d = self
-            .ledger
-            .try_peek(&self.ledger_key, 1)
-            .await
-            .expect("the ledger decides after the failover");
+        let d = counted(&self.ledger, &self.ledger_key).await;
         let t = &self.tally;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let f = Figures {
@@ -516,7 +546,7 @@ async fn sentinel_failover_of_a_frozen_master() {
     tokio::time::sleep(S).await;
     stop.store(true, Ordering::Relaxed);
     let (sent, acked) = task.await.expect("the probe did not panic");
-    let d = probe.try_peek(&probe_key, 1).await.expect("decided");
+    let d = counted(&probe, &probe_key).await;
     let recorded = LEDGER - d.remaining();
     println!(
         "resumed :{old}, a replica in sync after {demoted:?}; probe sent {sent}, \
@@ -1028,13 +1058,17 @@ async fn sentinel_tls_decisions_with_the_private_ca() {
     let url = ha.url();
     assert!(url.starts_with("rediss+sentinel://"), "{url}");
     let ca = ha.ca_cert_pem().unwrap();
-    let b = build(RedisBackend::builder(&url).tls_root_cert(ca.clone())).await;
+    let b = build_patiently(RedisBackend::builder(&url).tls_root_cert(ca.clone())).await;
     let report = b.check_durability().await.unwrap();
     let roles: Vec<NodeRole> = report.nodes.iter().map(|n| n.role).collect();
     assert_eq!(roles, [NodeRole::Master, NodeRole::Replica], "{report:?}");
     let master = blocking(|| ha.master_port()).unwrap();
     assert_eq!(report.nodes[0].node, format!("127.0.0.1:{master}"));
-    let l = limiter("tls", FailMode::Closed, 1, &b);
+    let l = patient(
+        "tls",
+        TokenBucket::new(1, 1, LEDGER_DRIP).unwrap(),
+        b.clone(),
+    );
     let k = Key::new("k");
     assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
     assert!(l.try_acquire(&k, 1).await.unwrap().is_denied());
@@ -1044,12 +1078,15 @@ async fn sentinel_tls_decisions_with_the_private_ca() {
         .iter()
         .map(|s| s.addr().to_string())
         .collect();
-    let b =
-        build(RedisBackend::sentinel_tls_builder(&hosts, ha.master_name()).tls_root_cert(ca)).await;
+    let b = build_patiently(
+        RedisBackend::sentinel_tls_builder(&hosts, ha.master_name()).tls_root_cert(ca),
+    )
+    .await;
     assert!(decide(&b).await.unwrap().is_allowed());
 
     let toml = format!(
-        "[redis]\nurl = '{url}'\ntls_ca_file = '{}'\ndurability = 'skip'",
+        "[redis]\nurl = '{url}'\ntls_ca_file = '{}'\ndurability = 'skip'\n\
+         connect_timeout = '10s'\nresponse_timeout = '10s'",
         ha.ca_cert_file().unwrap().display()
     );
     let config = tollgate_limiter::Config::builder()

@@ -44,6 +44,19 @@ fn client_pem(s: &impl TlsCerts) -> (Vec<u8>, Vec<u8>) {
     )
 }
 
+/// How long a connection that must succeed may take to set up, and a
+/// reply to come: the TLS handshakes of a debug build on a loaded machine
+/// (two cores running two tests, the servers and their handshakes) can
+/// take longer than the defaults' 500 ms, which would fail the test with
+/// a timeout instead of the verdict under test. The refusals keep the
+/// default connect timeout ([`refused`]).
+const PATIENT: Duration = Duration::from_secs(10);
+
+/// `b` with [`PATIENT`] timeouts, for a connection expected to work.
+fn patient(b: RedisBackendBuilder) -> RedisBackendBuilder {
+    b.connect_timeout(PATIENT).response_timeout(PATIENT)
+}
+
 async fn build(b: RedisBackendBuilder) -> Result<RedisBackend, RedisError> {
     b.prefix(unique_name("mtls"))
         .durability(Durability::Skip)
@@ -98,7 +111,8 @@ fn config(toml: &str) -> Config {
 fn mtls_toml(url: &str, ca: &Path, cert: &Path, key: &Path) -> String {
     format!(
         "[redis]\nurl = '{url}'\ntls_ca_file = '{}'\ntls_client_cert_file = '{}'\n\
-         tls_client_key_file = '{}'\ndurability = 'skip'",
+         tls_client_key_file = '{}'\ndurability = 'skip'\n\
+         connect_timeout = '10s'\nresponse_timeout = '10s'",
         ca.display(),
         cert.display(),
         key.display(),
@@ -117,11 +131,11 @@ async fn a_server_that_demands_a_client_certificate() {
     let ca = server.ca_cert_pem().unwrap();
     let (cert, key) = client_pem(&server);
 
-    let b = build(
+    let b = build(patient(
         RedisBackend::builder(&url)
             .tls_root_cert(ca.clone())
             .tls_client_cert(cert.clone(), key.clone()),
-    )
+    ))
     .await
     .expect("connect with the client certificate");
     assert!(decide(&b).await.unwrap().is_allowed());
@@ -218,11 +232,11 @@ async fn key_forms() {
     ] {
         let key = file(key);
         assert!(String::from_utf8_lossy(&key).contains(marker), "{marker}");
-        let b = build(
+        let b = build(patient(
             RedisBackend::builder(&url)
                 .tls_root_cert(ca.clone())
                 .tls_client_cert(file(cert), key),
-        )
+        ))
         .await
         .unwrap_or_else(|e| panic!("{cert} with {marker}: {}", shown(&e)));
         assert!(decide(&b).await.is_ok(), "{cert} with {marker}");
@@ -354,12 +368,13 @@ async fn sentinel_with_client_certificates() {
         .expect("connect from configuration");
     assert!(decide(&b).await.unwrap().is_allowed());
 
-    let b = build(
+    // A killed master refuses connections at once: patient timeouts do not
+    // slow the failover below.
+    let b = build(patient(
         RedisBackend::builder(&url)
             .tls_root_cert(ca)
-            .tls_client_cert(cert, key)
-            .connect_timeout(Duration::from_millis(250)),
-    )
+            .tls_client_cert(cert, key),
+    ))
     .await
     .expect("connect with the client certificate");
     let report = b.check_durability().await.unwrap();
@@ -482,7 +497,8 @@ mod cluster {
         let b = build(
             RedisBackend::cluster_builder(cluster.urls())
                 .tls_root_cert(cluster.ca_cert_pem().unwrap())
-                .response_timeout(10 * S),
+                .connect_timeout(PATIENT)
+                .response_timeout(PATIENT),
         )
         .await
         .unwrap_or_else(|e| panic!("connect over TLS: {}", shown(&e)));
@@ -545,7 +561,7 @@ mod cluster {
         .await;
         assert!(without.contains("CertificateRequired"), "{without}");
 
-        let b = build(with_client_cert(&cluster).response_timeout(10 * S))
+        let b = build(patient(with_client_cert(&cluster)))
             .await
             .unwrap_or_else(|e| panic!("connect with the client certificate: {}", shown(&e)));
         exactly(&b, &keys, 3).await;
@@ -570,7 +586,7 @@ mod cluster {
         let Some(cluster) = tls_cluster(true, 0) else {
             return;
         };
-        let b = build(with_client_cert(&cluster).response_timeout(10 * S))
+        let b = build(patient(with_client_cert(&cluster)))
             .await
             .unwrap_or_else(|e| panic!("connect over TLS: {}", shown(&e)));
         let l = Limiter::builder(
@@ -624,7 +640,9 @@ mod cluster {
         let Some(mut cluster) = tls_cluster(true, 1) else {
             return;
         };
-        let b = build(with_client_cert(&cluster).connect_timeout(Duration::from_millis(250)))
+        // A killed node refuses connections at once: patient timeouts do
+        // not slow the failover below.
+        let b = build(patient(with_client_cert(&cluster)))
             .await
             .unwrap_or_else(|e| panic!("connect over TLS: {}", shown(&e)));
         let report = b.check_durability().await.unwrap();

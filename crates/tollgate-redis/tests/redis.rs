@@ -15,7 +15,7 @@ use tollgate_limiter::{
     ProgressiveDelay, Request, Scope, SlidingWindow, Strategy, TokenBucket,
 };
 use tollgate_redis::{Durability, RedisBackend, RedisError, Setting};
-use tollgate_testkit::conformance::unique_name;
+use tollgate_testkit::conformance::{patient, unique_name};
 use tollgate_testkit::redis_server::{ACL_RULES, RedisServer, Server, TlsCerts};
 
 const S: Duration = Duration::from_secs(1);
@@ -75,7 +75,7 @@ tollgate_testkit::on_every_server! {
         let Some(url) = shared_url(server) else { return };
         let prefix = unique_name("settled");
         let b = server_time(&url, &prefix).await;
-        let l = Limiter::new("llm", TokenBucket::new(100, 1, S).unwrap(), b);
+        let l = patient("llm", TokenBucket::new(100, 1, S).unwrap(), b);
         let mut r = raw(&url).await;
         let k = Key::new("tenant");
         let set = format!("{prefix}:llm:{{tenant}}:settled");
@@ -106,7 +106,7 @@ tollgate_testkit::on_every_server! {
     async fn server_time_token_bucket(server: Server) {
         let Some(url) = shared_url(server) else { return };
         let b = server_time(&url, &unique_name("st")).await;
-        let l = Limiter::new("api", TokenBucket::new(3, 1, 3600 * S).unwrap(), b);
+        let l = patient("api", TokenBucket::new(3, 1, 3600 * S).unwrap(), b);
         let k = Key::new("c");
         for _ in 0..3 {
             assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
@@ -133,7 +133,7 @@ tollgate_testkit::on_every_server! {
         let mut r = raw(&url).await;
         let k = Key::new("k");
 
-        let tb = Limiter::new("tb", TokenBucket::new(10, 1, S).unwrap(), b.clone());
+        let tb = patient("tb", TokenBucket::new(10, 1, S).unwrap(), b.clone());
         let state = b.state_key("tb", &k);
         assert_eq!(state, format!("{prefix}:tb:{{k}}"));
         assert!(tb.peek(&k).await.is_allowed());
@@ -155,7 +155,7 @@ tollgate_testkit::on_every_server! {
             "a reset deletes the key"
         );
 
-        let sw = Limiter::new("sw", SlidingWindow::new(5, 10 * S).unwrap(), b.clone());
+        let sw = patient("sw", SlidingWindow::new(5, 10 * S).unwrap(), b.clone());
         assert!(sw.try_acquire(&k, 1).await.unwrap().is_allowed());
         let state = b.state_key("sw", &k);
         for key in [state.clone(), format!("{state}:log")] {
@@ -169,7 +169,7 @@ tollgate_testkit::on_every_server! {
         assert!(!r.exists::<_, bool>(format!("{state}:log")).await.unwrap());
 
         let pd = ProgressiveDelay::new(1, S, 2, 10 * S, 60 * S).unwrap();
-        let pd = Limiter::new("pd", pd, b.clone());
+        let pd = patient("pd", pd, b.clone());
         let _ = pd.try_acquire(&k, 1).await.unwrap();
         let state = b.state_key("pd", &k);
         let pttl: i64 = r.pttl(&state).await.unwrap();
@@ -191,7 +191,7 @@ tollgate_testkit::on_every_server! {
         let b = caller_time(&url, &prefix, &clock).await;
         let mut r = raw(&url).await;
         // 10 per second: a unit every 100 ms.
-        let tb = Limiter::new("tb", TokenBucket::new(10, 10, S).unwrap(), b.clone());
+        let tb = patient("tb", TokenBucket::new(10, 10, S).unwrap(), b.clone());
         let now = clock.now();
 
         let k = Key::new("new");
@@ -256,7 +256,7 @@ tollgate_testkit::on_every_server! {
 
         // Another strategy's HASH (and its log): a fresh bucket, replaced.
         let k = Key::new("window");
-        let sw = Limiter::new("tb", SlidingWindow::new(5, 10 * S).unwrap(), b.clone());
+        let sw = patient("tb", SlidingWindow::new(5, 10 * S).unwrap(), b.clone());
         assert!(sw.try_acquire(&k, 5).await.unwrap().is_allowed());
         let state = b.state_key("tb", &k);
         let d = tb.try_acquire(&k, 1).await.unwrap();
@@ -282,7 +282,7 @@ tollgate_testkit::on_every_server! {
         let b = caller_time(&url, &prefix, &clock).await;
         let mut r = raw(&url).await;
         let pd = ProgressiveDelay::new(2, 10 * S, 2, 60 * S, 600 * S).unwrap();
-        let pd = Limiter::new("pd", pd, b.clone());
+        let pd = patient("pd", pd, b.clone());
         let now = clock.now();
         let old = |f: u64, blocked: u64| {
             let last = now - 1_000_000;
@@ -391,7 +391,7 @@ tollgate_testkit::on_every_server! {
         let Some((_server, url, b)) = own_server(server, "flush").await else {
             return;
         };
-        let l = Limiter::new("api", TokenBucket::new(10, 1, 3600 * S).unwrap(), b);
+        let l = patient("api", TokenBucket::new(10, 1, 3600 * S).unwrap(), b);
         let mut r = raw(&url).await;
         let k = Key::new("k");
         let mut allowed = 0;
@@ -517,7 +517,7 @@ tollgate_testkit::on_every_server! {
 
         let mut r = raw(&url).await;
         let marker = |l: &str| format!("{prefix}:{l}:keyed{{{prefix}:{l}:override}}");
-        let l = Limiter::new("api", TokenBucket::new(1, 1, S).unwrap(), a);
+        let l = patient("api", TokenBucket::new(1, 1, S).unwrap(), a);
         let k = Key::new("k");
         let exists = async |r: &mut redis::aio::MultiplexedConnection| -> bool {
             r.exists(marker("api")).await.unwrap()
@@ -696,8 +696,8 @@ tollgate_testkit::on_every_server! {
         let k = Key::new("k");
         {
             let b = server_time(&url, "aof").await;
-            let lt = Limiter::new("tb", tb, b.clone());
-            let ls = Limiter::new("sw", sw, b);
+            let lt = patient("tb", tb, b.clone());
+            let ls = patient("sw", sw, b);
             for _ in 0..5 {
                 assert!(lt.try_acquire(&k, 1).await.unwrap().is_allowed());
             }
@@ -708,12 +708,12 @@ tollgate_testkit::on_every_server! {
         server.kill();
         server.restart();
         let b = server_time(&url, "aof").await;
-        let d = Limiter::new("tb", tb, b.clone())
+        let d = patient("tb", tb, b.clone())
             .try_acquire(&k, 1)
             .await
             .unwrap();
         assert!(d.is_denied(), "token bucket state survived: {d:?}");
-        let d = Limiter::new("sw", sw, b).try_acquire(&k, 1).await.unwrap();
+        let d = patient("sw", sw, b).try_acquire(&k, 1).await.unwrap();
         assert!(d.is_denied(), "sliding window log survived: {d:?}");
     }
 }
@@ -810,14 +810,14 @@ tollgate_testkit::on_every_server! {
             matches!(&report.nodes[0].appendonly, Setting::Unknown(why) if why.to_lowercase().contains("noperm")),
             "{report:?}"
         );
-        let l = Limiter::new("api", SlidingWindow::new(2, 60 * S).unwrap(), b.clone());
+        let l = patient("api", SlidingWindow::new(2, 60 * S).unwrap(), b.clone());
         let k = Key::new("k");
         assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
         assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
         assert!(l.try_acquire(&k, 1).await.unwrap().is_denied());
         // The steps that need the other grants (LSET, LTRIM, HGETALL,
         // HDEL, the sorted sets).
-        let limiter = |name: &str, policy: Policy| Limiter::new(name, policy, b.clone());
+        let limiter = |name: &str, policy: Policy| patient(name, policy, b.clone());
         tollgate_testkit::redis_server::use_every_grant(limiter, &k).await;
         let wrong = format!("redis://limiter:nope@127.0.0.1:{}", server.port());
         assert!(
@@ -867,7 +867,7 @@ tollgate_testkit::on_every_server! {
                 .build()
                 .await
                 .expect("connect as an ACL user");
-            let l = Limiter::new("api", policy, b);
+            let l = patient("api", policy, b);
             let k = Key::new("k");
             let got = l.try_acquire(&k, 1).await;
             assert!(got.is_err(), "{denied} denied, {policy:?}: {got:?}");
@@ -969,13 +969,17 @@ async fn tls_url() {
         return;
     };
     let url = server.tls_url().unwrap();
+    // A TLS handshake of a debug build on a loaded machine can outlast
+    // the default 500 ms: this test is about trust, not speed.
     let b = RedisBackend::builder(&url)
         .tls_root_cert(server.ca_cert_pem().unwrap())
+        .connect_timeout(10 * S)
+        .response_timeout(10 * S)
         .durability(Durability::Skip)
         .build()
         .await
         .expect("connect over TLS");
-    let l = Limiter::new("tls", TokenBucket::new(1, 1, 60 * S).unwrap(), b);
+    let l = patient("tls", TokenBucket::new(1, 1, 60 * S).unwrap(), b);
     let k = Key::new("k");
     assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
     assert!(l.try_acquire(&k, 1).await.unwrap().is_denied());
@@ -1034,7 +1038,7 @@ tollgate_testkit::on_every_server! {
         let Some(url) = shared_url(server) else { return };
         let prefix = unique_name("fromcfg");
         let toml = format!(
-            "[defaults]\nprefix = '{prefix}'\n\
+            "[defaults]\nprefix = '{prefix}'\ntimeout = '5s'\n\
              [redis]\nurl = '{url}'\nconnect_timeout = '2s'\nresponse_timeout = '2s'\n\
              pool_size = 2\ndurability = 'skip'\n\
              [limiters.api]\nstrategy = 'token_bucket'\ncapacity = 2\nrefill = '1/h'"
@@ -1045,6 +1049,9 @@ tollgate_testkit::on_every_server! {
             .unwrap();
         let b = RedisBackend::from_config(&config).await.expect("connect from config");
         assert_eq!(b.prefix(), prefix);
+        // Its per-decision timeout is the configuration's 5 s, not the 50 ms
+        // default, which a loaded machine can outlast: this test is about
+        // what the configuration builds, not latency.
         let l = config.limiter("api").unwrap().build(b.clone());
         let k = Key::new("k");
         assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
@@ -1083,7 +1090,7 @@ async fn composite_keys_share_one_ttl() {
         Policy::from(SlidingWindow::new(5, 60 * S).unwrap()),
     ])
     .unwrap();
-    let l = Limiter::new("c", policy, b.clone());
+    let l = patient("c", policy, b.clone());
     assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
     assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
     let d = l.try_acquire(&k, 1).await.unwrap();
@@ -1148,10 +1155,16 @@ tollgate_testkit::on_every_server! {
         let ttl = 2 * S;
         let (a, b) = (worker(&url, &prefix, ttl).await, worker(&url, &prefix, ttl).await);
         let wide = TokenBucket::new(1_000_000, 1_000_000, S).unwrap();
-        let l = Limiter::new("api", wide, a);
+        let l = patient("api", wide, a);
         let k = Key::new("k");
         let limit = || async { l.check(&k).await.decision().map(|d| d.limit()) };
+        // The entry is made during this decision: the next one, at 4/5 of
+        // the TTL from its end, falls in the entry's last quarter as long
+        // as this decision and the wake-up take less than 1/5 of it (the
+        // connection and the override below are made while it ages).
+        let started = tokio::time::Instant::now();
         assert_eq!(limit().await, Some(1_000_000));
+        let made = tokio::time::Instant::now();
         let mut r = raw(&url).await;
 
         // Another worker sets a limiter-wide override; this one's entry
@@ -1160,8 +1173,14 @@ tollgate_testkit::on_every_server! {
         b.set_override(Scope::Limiter("api"), Some(&tight))
             .await
             .unwrap();
-        tokio::time::sleep(ttl * 4 / 5).await;
         let before = calls(&mut r, "mget").await;
+        tokio::time::sleep_until(made + ttl * 4 / 5).await;
+        let late = started.elapsed();
+        assert!(
+            late < ttl,
+            "the entry expired before the decision meant for its last quarter ({late:?}): \
+             the machine is too slow for this test's TTL"
+        );
         assert_eq!(limit().await, Some(1_000_000), "decided with the entry it had");
         let mut read = 0;
         for _ in 0..100 {
@@ -1288,7 +1307,7 @@ tollgate_testkit::on_every_server! {
         ] {
             let _: () = r.set(key, &vip).await.unwrap();
         }
-        let l = Limiter::new("api", TokenBucket::new(10, 10, S).unwrap(), b.clone());
+        let l = patient("api", TokenBucket::new(10, 10, S).unwrap(), b.clone());
         let limit = |k: &'static str| {
             let l = l.clone();
             async move { l.check(&Key::new(k)).await.decision().unwrap().limit() }
@@ -1437,14 +1456,14 @@ tollgate_testkit::on_every_server! {
         let mut r = raw(&url).await;
         let hour = 3600 * S;
         let k = Key::new("k");
-        let window = Limiter::new("w", SlidingWindow::new(2, hour).unwrap(), b.clone());
+        let window = patient("w", SlidingWindow::new(2, hour).unwrap(), b.clone());
         let plan = Composite::new([
             Policy::from(TokenBucket::new(5, 1, hour).unwrap()),
             Policy::from(SlidingWindow::new(2, hour).unwrap()),
         ])
         .unwrap();
-        let plan = Limiter::new("c", plan, b.clone());
-        let slots = Limiter::new("n", Concurrency::new(1, hour).unwrap(), b.clone());
+        let plan = patient("c", plan, b.clone());
+        let slots = patient("n", Concurrency::new(1, hour).unwrap(), b.clone());
         // Events (and a slot) of a minute ago, well inside the window (and
         // the lease), with no state beside them.
         let t: (u64, u64) = redis::cmd("TIME").query_async(&mut r).await.unwrap();

@@ -63,11 +63,28 @@ pub fn assert_fail_mode_held(mode: tollgate_limiter::FailMode, v: &tollgate_limi
     }
 }
 
-fn limiter<B: Backend>(base: &str, policy: impl Into<Policy>, backend: B) -> Limiter<B> {
-    // Generous timeout: conformance is about verdicts, not latency.
-    Limiter::builder(unique_name(base), policy, backend)
-        .timeout(Duration::from_secs(5))
+/// How long a [`patient`] limiter waits for each decision.
+pub const PATIENT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A limiter that waits up to [`PATIENT_TIMEOUT`] for each decision,
+/// instead of the default 50 ms: for tests of what a backend decides, not
+/// how fast. On a loaded test machine (two cores running two tests and the
+/// servers) a round trip to Redis, with a script's first load, can take
+/// longer than 50 ms, and the default would answer a timeout in place of
+/// the decision under test.
+pub fn patient<B: Backend>(
+    name: impl Into<String>,
+    policy: impl Into<Policy>,
+    backend: B,
+) -> Limiter<B> {
+    Limiter::builder(name, policy, backend)
+        .timeout(PATIENT_TIMEOUT)
         .build()
+}
+
+fn limiter<B: Backend>(base: &str, policy: impl Into<Policy>, backend: B) -> Limiter<B> {
+    // Conformance is about verdicts, not latency.
+    patient(unique_name(base), policy, backend)
 }
 
 async fn decide<B: Backend>(l: &Limiter<B>, key: &Key, cost: u64) -> Decision {
@@ -548,8 +565,8 @@ pub async fn overrides<B: Backend>(backend: B, _clock: MockClock) {
 pub async fn overrides_reach_other_workers<B: Backend>(writer: B, reader: B, cache_ttl: Duration) {
     let name = unique_name("workers");
     let hour = 3600 * S;
-    let w = Limiter::new(&name, TokenBucket::new(1, 1, hour).unwrap(), writer);
-    let r = Limiter::new(&name, TokenBucket::new(1, 1, hour).unwrap(), reader);
+    let w = patient(&name, TokenBucket::new(1, 1, hour).unwrap(), writer);
+    let r = patient(&name, TokenBucket::new(1, 1, hour).unwrap(), reader);
     let bucket = |n| Some(Policy::from(TokenBucket::new(n, 1, hour).unwrap()));
     let (k1, k2, k3) = (Key::new("k1"), Key::new("k2"), Key::new("k3"));
     let later = cache_ttl + Duration::from_millis(50);

@@ -2,6 +2,21 @@
 
 use std::process::Command;
 
+/// Points the demo at `redis_url` (`REDIS_URL`), or at memory. With Redis,
+/// every limiter's per-decision timeout is 5 s (`TOLLGATE_DEFAULTS__TIMEOUT`,
+/// for the demos that read their limits with environment overrides): the
+/// demos' 50 ms answers a timeout, by the fail mode, now and then on a
+/// loaded test machine, and the test would see a fail-open pass or a
+/// fail-closed refusal where it checks the demo's counts.
+fn redis_env(cmd: &mut Command, redis_url: Option<&str>) {
+    match redis_url {
+        Some(url) => cmd
+            .env("REDIS_URL", url)
+            .env("TOLLGATE_DEFAULTS__TIMEOUT", "5s"),
+        None => cmd.env_remove("REDIS_URL"),
+    };
+}
+
 /// Runs the example binary `bin` (from `env!("CARGO_BIN_EXE_<name>")`)
 /// with no arguments, counting in Redis at `redis_url` when given and in
 /// memory otherwise, and returns its standard output.
@@ -10,10 +25,7 @@ use std::process::Command;
 /// error, with "counting in Redis") the backend it was asked for.
 pub fn run(bin: &str, redis_url: Option<&str>) -> String {
     let mut cmd = Command::new(bin);
-    match redis_url {
-        Some(url) => cmd.env("REDIS_URL", url),
-        None => cmd.env_remove("REDIS_URL"),
-    };
+    redis_env(&mut cmd, redis_url);
     let out = cmd
         .output()
         .unwrap_or_else(|e| panic!("cannot run {bin}: {e}"));
@@ -113,10 +125,7 @@ pub fn serve(bin: &str, args: &[&str], redis_url: Option<&str>) -> Served {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    match redis_url {
-        Some(url) => cmd.env("REDIS_URL", url),
-        None => cmd.env_remove("REDIS_URL"),
-    };
+    redis_env(&mut cmd, redis_url);
     let mut child = cmd
         .spawn()
         .unwrap_or_else(|e| panic!("cannot run {bin}: {e}"));

@@ -19,6 +19,9 @@ async fn worker(url: &str, prefix: &str) -> AimdLimiter<RedisBackend> {
         initial_rate: 8.0,
         // Long enough that the test's own pace never opens a new window.
         reaction_window: Duration::from_secs(30),
+        // Not the default 50 ms: the test checks what two workers share
+        // through Redis, which a loaded machine can answer later than that.
+        timeout: tollgate_testkit::conformance::PATIENT_TIMEOUT,
         ..AimdConfig::default()
     };
     AimdLimiter::new("harvester", config, backend).unwrap()
