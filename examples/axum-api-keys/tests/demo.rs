@@ -70,7 +70,13 @@ async fn the_burst_counts_in_redis_too() {
     let Some(server) = tollgate_testkit::redis_server::RedisServer::start() else {
         return;
     };
-    let config = axum_api_keys::limits().unwrap();
+    // Decisions wait up to 5 s, not the example's 50 ms: a loaded test
+    // machine's slow reply would pass a request fail-open.
+    let config = tollgate_limiter::Config::builder()
+        .toml_str(axum_api_keys::LIMITS)
+        .toml_str("[defaults]\ntimeout = '5s'")
+        .load()
+        .unwrap();
     let backend = tollgate_redis::RedisBackend::builder(server.url())
         .prefix(config.prefix())
         .build()

@@ -35,6 +35,9 @@ fn the_demo_takes_redis_from_configuration() {
         .env_remove("REDIS_URL")
         .env("TOLLGATE_REDIS__URL", server.url())
         .env("TOLLGATE_REDIS__RESPONSE_TIMEOUT", "2s")
+        // The demo's 50 ms would refuse (503) on a slow reply of a loaded
+        // test machine.
+        .env("TOLLGATE_DEFAULTS__TIMEOUT", "5s")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -51,7 +51,13 @@ async fn counts_in_redis_too() {
     let Some(server) = tollgate_testkit::redis_server::RedisServer::start() else {
         return;
     };
-    let config = tonic_grpc::limits().unwrap();
+    // Decisions wait up to 5 s, not the default 50 ms: a loaded test
+    // machine's slow reply would answer by the fail mode.
+    let config = tollgate_limiter::Config::builder()
+        .toml_str(tonic_grpc::LIMITS)
+        .toml_str("[defaults]\ntimeout = '5s'")
+        .load()
+        .unwrap();
     let backend = tollgate_redis::RedisBackend::builder(server.url())
         .prefix(config.prefix())
         .build()
