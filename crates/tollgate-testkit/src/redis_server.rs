@@ -1133,12 +1133,22 @@ where
 pub const CLUSTER_ACL_RULES: [&str; 2] = ["+cluster|slots", "+asking"];
 
 pub(crate) fn cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+    // Under coreutils' `timeout`: redis-cli waits for ever on a server that
+    // stopped answering (paused, hung), and a test would hang CI with it,
+    // where an empty answer after a minute fails it saying why.
+    let out = Command::new("timeout")
+        .args([
+            "60",
+            "redis-cli",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+        ])
         .args(args)
         .stdin(Stdio::null())
         .output()
-        .expect("run redis-cli");
+        .expect("run redis-cli (under coreutils timeout)");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
