@@ -41,6 +41,9 @@ pub(crate) enum Mode {
     Peek,
     /// Reserved now, settled from the response.
     Reserve,
+    /// A concurrency slot held now, given back with the response (or the
+    /// request's drop).
+    Hold,
 }
 
 pin_project! {
@@ -199,8 +202,7 @@ fn check<B: Backend>(mut ticket: Ticket<B>, mode: Mode) -> BoxFuture<(Verdict, T
             let (verdict, reservation) = ticket.limiter.reserve(&ticket.key, ticket.cost).await;
             ticket.reservation = Some(Box::new(reservation));
             verdict
-        } else if mode == Mode::Upfront && matches!(ticket.limiter.policy(), Policy::Concurrency(_))
-        {
+        } else if mode == Mode::Hold {
             // A slot, given back when the response comes or the request
             // is dropped (with the ticket), not one only its lease frees.
             let (verdict, permit) = ticket.limiter.hold(&ticket.key).await;

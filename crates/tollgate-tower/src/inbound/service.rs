@@ -149,7 +149,7 @@ where
             // the classifier: charged after the response (or reserved),
             // it would be a slot taken when the request is over, which
             // only its lease frees.
-            _ if matches!(limiter.policy(), Policy::Concurrency(_)) => Mode::Upfront,
+            _ if matches!(limiter.policy(), Policy::Concurrency(_)) => Mode::Hold,
             (true, _) => Mode::Reserve,
             (false, true) => Mode::Upfront,
             (false, false) => Mode::Peek,
