@@ -13,7 +13,7 @@ use crate::breaker::BreakerConfig;
 use crate::config::{ConfigError, FieldError, check_name};
 use crate::decision::Decision;
 use crate::deny_cache::{Charge, DenyCache};
-use crate::error::Error;
+use crate::error::{BackendError, Error, ErrorReason};
 use crate::guard::{Admitted, Deadline, Guard, LogThrottle};
 use crate::key::Key;
 use crate::lease::Leases;
@@ -905,10 +905,14 @@ impl<B: Backend> Limiter<B> {
     /// it back (when released or dropped; its lease frees it otherwise).
     ///
     /// Refused, failed (even fail-open) or shadowed verdicts hold no slot.
-    /// A hold whose answer never arrives (a timeout or a backend error,
-    /// after which the backend may have taken the slot all the same, or
-    /// this future dropped while waiting) gives its slot back, best
-    /// effort, as a dropped [`Permit`] does.
+    /// A hold whose answer never arrives (a timeout or a broken
+    /// connection, after which the backend may have taken the slot all the
+    /// same, or this future dropped while waiting) gives its slot back,
+    /// best effort, as a dropped [`Permit`] does; if the hold reaches the
+    /// backend after that release, the backend refuses it (see
+    /// [`concurrency`](crate::concurrency)). A hold the server refused
+    /// (an [`ErrorReason`] other than [`ErrorReason::Error`]: out of
+    /// memory, loading, ...) took nothing, and sends nothing back.
     /// Under any other policy this is [`check`](Self::check), with no
     /// permit.
     pub async fn hold(&self, key: &Key) -> (Verdict, Option<Permit<B>>) {
@@ -922,14 +926,35 @@ impl<B: Backend> Limiter<B> {
         // given back as a dropped permit's is, rather than left taken, and
         // the key refused, until its lease expires.
         let pending = Permit::in_flight(self.clone(), key.clone(), id);
+        // Whether the server refused the call (out of memory, a failed
+        // save, loading, ...): a refusal comes at the script's first write
+        // at the latest, before the slot is taken.
+        let refused = std::sync::atomic::AtomicBool::new(false);
+        let req = self.request(key, Op::Hold(id));
         let result = self
-            .try_op(key, Op::Hold(id), &self.inner.guard.deadline())
+            .inner
+            .guard
+            .run(self.domain(key), &self.inner.guard.deadline(), || async {
+                let answer = self.inner.backend.decide(req).await;
+                if let Err(e) = &answer
+                    && e.reason() != ErrorReason::Error
+                {
+                    refused.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                answer
+            })
             .await;
         let held = matches!(&result, Ok(d) if d.is_allowed());
         let permit = match &result {
             Ok(_) if held => Some(pending.landed()),
-            // Refused, or never sent: no slot was taken.
+            // Refused, or never sent: no slot was taken. (Nor released:
+            // the release of a slot not held is a write, which a server
+            // refusing writes would refuse too.)
             Ok(_) | Err(Error::BreakerOpen | Error::Policy(_)) => {
+                pending.disarm();
+                None
+            }
+            Err(_) if refused.into_inner() => {
                 pending.disarm();
                 None
             }

@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::backend::Backend;
 use crate::decision::Decision;
@@ -32,13 +32,16 @@ pub struct Permit<B: Backend> {
     /// Made before its hold was answered, and not answered yet (see
     /// [`Limiter::hold`](crate::Limiter::hold)).
     in_flight: bool,
+    /// [`renew`](Self::renew)s sent and not answered (on their way, given
+    /// up, or failed): one may still land, after the release.
+    renewing: AtomicU32,
 }
 
 impl<B: Backend> Permit<B> {
     /// The permit of a hold about to be sent: dropped before the hold is
-    /// answered, it releases the slot as any dropped permit does, and once
-    /// more after the limiter's timeout, in case the hold reached the
-    /// backend after that release (see `Drop`).
+    /// answered, it releases the slot as any dropped permit does; if the
+    /// hold reaches the backend after that release, the backend refuses it
+    /// (see `Drop`).
     pub(crate) fn in_flight(limiter: Limiter<B>, key: Key, id: u64) -> Self {
         Self {
             limiter,
@@ -46,6 +49,7 @@ impl<B: Backend> Permit<B> {
             id,
             armed: true,
             in_flight: true,
+            renewing: AtomicU32::new(0),
         }
     }
 
@@ -75,9 +79,17 @@ impl<B: Backend> Permit<B> {
     /// another request took the slot meanwhile, the renewal is refused (a
     /// denied decision) and this request holds nothing any more.
     pub async fn renew(&self) -> Result<Decision, Error> {
-        self.limiter
+        // Cleared only on an answer: a renewal given up or failed may land
+        // after this permit's release, and take the slot again (see Drop).
+        self.renewing.fetch_add(1, Ordering::Relaxed);
+        let answer = self
+            .limiter
             .slot_op(&self.key, crate::Op::Hold(self.id))
-            .await
+            .await;
+        if answer.is_ok() {
+            self.renewing.fetch_sub(1, Ordering::Relaxed);
+        }
+        answer
     }
 
     /// Gives the slot back now, waiting for the backend. On an error the
@@ -94,8 +106,9 @@ impl<B: Backend> Permit<B> {
         // while it waits (for a pooled connection, an override read, the
         // reply) or one that failed (a broken connection, replaced since)
         // may not have reached the backend, and the slot would stay taken
-        // for a lease. A release of a slot not held changes nothing.
-        self.armed = answer.is_err();
+        // for a lease. Nor after a renewal with no answer, which may land
+        // after this release: released again, later (see Drop).
+        self.armed = answer.is_err() || *self.renewing.get_mut() > 0;
         answer
     }
 }
@@ -112,13 +125,20 @@ impl<B: Backend> Drop for Permit<B> {
             let id = self.id;
             // A hold given up before its answer may still be on its way,
             // queued on one pooled connection while this release goes
-            // through another, and take the slot after the release found
-            // none: released again once the hold has had a decision's time
-            // (a release of a slot not held changes nothing).
-            let again = self.in_flight.then(|| limiter.decision_timeout());
+            // through another. If the release lands first, the backend
+            // remembers its id and refuses the hold when it comes (see
+            // `concurrency`'s module docs), so one release is enough; a
+            // second, once the hold has had a decision's time, only if the
+            // first failed. A renewal with no answer is different: it
+            // renews a slot held, so a release that lands before it finds
+            // the slot, and the renewal takes one again; that release is
+            // always sent twice.
+            let renewing = *self.renewing.get_mut() > 0;
+            let retry = self.in_flight || renewing;
+            let after = limiter.decision_timeout();
             rt.spawn(async move {
-                let _ = limiter.slot_op(&key, crate::Op::Release(id)).await;
-                if let Some(after) = again {
+                let first = limiter.slot_op(&key, crate::Op::Release(id)).await;
+                if renewing || (retry && first.is_err()) {
                     tokio::time::sleep(after).await;
                     let _ = limiter.slot_op(&key, crate::Op::Release(id)).await;
                 }

@@ -29,11 +29,11 @@ async fn try_acquire_takes_a_slot_as_check_does() {
 }
 
 /// The memory backend behind a busy connection for holds only: a hold is
-/// applied `HOLD_LATE` after it was sent, whether or not its caller still
+/// applied its delay after it was sent, whether or not its caller still
 /// waits (it is on its way), while any other call is applied at once, as
 /// a second pooled connection would carry it.
 #[derive(Clone)]
-struct LateHolds(MemoryBackend);
+struct LateHolds(MemoryBackend, Duration);
 
 const HOLD_LATE: Duration = Duration::from_millis(30);
 
@@ -44,13 +44,13 @@ impl Backend for LateHolds {
         &self,
         req: Request<'_>,
     ) -> impl Future<Output = Result<Decision, MemoryError>> + Send {
-        let late = matches!(req.op, Op::Hold(_));
+        let late = matches!(req.op, Op::Hold(_)).then_some(self.1);
         let inner = self.0.clone();
         let (limiter, key, policy, op) =
             (req.limiter.to_owned(), req.key.clone(), *req.policy, req.op);
         let sent = tokio::spawn(async move {
-            if late {
-                tokio::time::sleep(HOLD_LATE).await;
+            if let Some(late) = late {
+                tokio::time::sleep(late).await;
             }
             let req = Request {
                 limiter: &limiter,
@@ -82,23 +82,58 @@ impl Backend for LateHolds {
 /// A hold whose caller gave up (its timeout) before the answer may reach
 /// the backend after the release the dropped permit sent (another pooled
 /// connection): the slot was then taken by nobody until its lease ran out
-/// (a minute here). The permit releases it once more after a decision's
-/// time.
+/// (a minute here). The backend remembers the release, and refuses the
+/// hold when it lands, however late: here after the two releases a
+/// dropped hold used to send (at its timeout, and a timeout later), as a
+/// Redis stalled by a fork or an fsync would deliver it.
 #[tokio::test(start_paused = true)]
-async fn a_hold_that_lands_after_its_release_is_released_again() {
-    let backend = LateHolds(MemoryBackend::new());
+async fn a_hold_that_lands_after_its_releases_takes_nothing() {
+    for late in [HOLD_LATE, Duration::from_millis(500)] {
+        let backend = LateHolds(MemoryBackend::new(), late);
+        let policy = Concurrency::new(2, Duration::from_secs(60)).unwrap();
+        let l = Limiter::builder("exports", policy, backend)
+            .timeout(Duration::from_millis(20))
+            .build();
+        let k = Key::new("tenant-1");
+        let (verdict, permit) = l.hold(&k).await;
+        assert!(verdict.error().is_some(), "timed out: {verdict:?}");
+        assert!(permit.is_none());
+        // The hold lands after the release (at 20 ms).
+        tokio::time::sleep(late + Duration::from_millis(100)).await;
+        let d = l.try_peek(&k, 1).await.unwrap();
+        assert_eq!(
+            d.remaining(),
+            2,
+            "landing {late:?} late, a slot is taken: {d:?}"
+        );
+    }
+}
+
+/// A renewal given up before its answer renews a slot held: a release
+/// that lands before it finds the slot and frees it, and the renewal, on
+/// its way, takes one again, for a lease (a minute here). A permit whose
+/// renewal has no answer sends its release once more, a decision's time
+/// later.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_that_lands_after_its_release_is_released_again() {
+    let backend = LateHolds(MemoryBackend::new(), HOLD_LATE);
     let policy = Concurrency::new(2, Duration::from_secs(60)).unwrap();
     let l = Limiter::builder("exports", policy, backend)
-        .timeout(Duration::from_millis(20))
+        .timeout(Duration::from_millis(50))
         .build();
     let k = Key::new("tenant-1");
     let (verdict, permit) = l.hold(&k).await;
-    assert!(verdict.error().is_some(), "timed out: {verdict:?}");
-    assert!(permit.is_none());
-    // The hold lands at 30 ms, after the first release (at 20 ms).
+    assert!(verdict.is_allowed(), "{verdict:?}");
+    let permit = permit.expect("a permit");
+    // The caller gives up on its renewal before the answer.
+    let renewal = tokio::time::timeout(Duration::from_millis(10), permit.renew()).await;
+    assert!(renewal.is_err(), "given up: {renewal:?}");
+    // Released at once, before the renewal lands (at 30 ms).
+    assert!(permit.release().await.is_ok());
+    assert_eq!(l.try_peek(&k, 1).await.unwrap().remaining(), 2);
     tokio::time::sleep(HOLD_LATE + Duration::from_millis(100)).await;
     let d = l.try_peek(&k, 1).await.unwrap();
-    assert_eq!(d.remaining(), 2, "a slot is still taken: {d:?}");
+    assert_eq!(d.remaining(), 2, "the renewal's slot is still taken: {d:?}");
 }
 
 /// A release that failed (the backend's one failure, a broken pooled

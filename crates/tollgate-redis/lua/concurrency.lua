@@ -2,12 +2,23 @@
 -- lease.
 --
 -- KEYS and ARGV: see common.lua; the last key is the slots:
---          <prefix>:<limiter>:{<key>}:slots   ZSET member = slot id,
---          score = lease expiry (µs)
+--          <prefix>:<limiter>:{<key>}:slots   ZSET
+--          a slot held: member = slot id, score = lease expiry (µs, > 0);
+--          an id released while not held (remembered so that its hold,
+--          landing late, takes nothing: see the model's module docs):
+--          member = 'r' and the id in 20 digits (ties go by the number, as
+--          the model's), score = minus when it is forgotten (µs, < 0); at
+--          most RELEASED_MAX. In the key the slots live in, not a key of
+--          its own: a call naming a key that exists and one that does not
+--          is refused (-TRYAGAIN) while a cluster migrates its slot.
 -- Every key shares the hash tag: one cluster slot.
--- State, KEYS[1]: HASH { s = 'n', x = expiry }: x is the latest lease's
--- expiry, and the TTL of both keys. Expired slots are dropped first
--- (ZREMRANGEBYSCORE), so the work is bounded by the slots held.
+-- State, KEYS[1]: HASH { s = 'n', x = expiry, r = forgotten, c = count }:
+-- x is the latest lease's or remembered id's expiry, and the TTL of both
+-- keys; r when the latest remembered id is forgotten, c how many are
+-- (both absent: none), so that the common call, with none, counts and
+-- looks as it did before ids were remembered. Expired slots and ids are
+-- dropped first (ZREMRANGEBYSCORE), so the work is bounded by what the key
+-- holds: max_in_flight slots, RELEASED_MAX ids.
 -- ARGV[1]: 'h<id>' holds (or renews) slot <id>, 'x<id>' releases it; any
 -- other operation looks (reset frees every slot).
 -- Model: ConcurrencyState::apply.
@@ -30,14 +41,32 @@ local function parse_slot_op()
   return parse_op(now)
 end
 
+-- The model's RELEASED_MAX.
+local RELEASED_MAX = 1024
+
 local op, id = parse_slot_op()
 local slots = KEYS[#KEYS]
 
-local st = state_fields('s', 'x')
+local st = state_fields('s', 'x', 'r', 'c')
 local live = st[1] == 'n' and tonumber(st[2]) > now and op ~= 'reset'
+-- The ids remembered: when the latest is forgotten, and how many (0: none).
+local forgotten, remembered = 0, 0
 if live then
-  -- Expired leases free their slots (score <= now).
-  redis.call('ZREMRANGEBYSCORE', slots, '-inf', fmt(now))
+  -- Expired leases free their slots (0 < score <= now).
+  redis.call('ZREMRANGEBYSCORE', slots, '0', fmt(now))
+  forgotten = tonumber(st[3]) or 0
+  if forgotten > now then
+    -- Forgotten ids: -score <= now.
+    local gone = redis.call('ZREMRANGEBYSCORE', slots, fmt(-now), '(0')
+    remembered = (tonumber(st[4]) or 0) - gone
+    if gone > 0 then
+      -- Counted as the set holds them, whether this call writes or looks.
+      redis.call('HSET', KEYS[1], 'c', fmt(remembered))
+    end
+  elseif forgotten > 0 then
+    redis.call('ZREMRANGEBYSCORE', slots, '-inf', '(0')
+    forgotten = 0
+  end
 elseif (st[1] or redis.pcall('EXISTS', slots)) ~= 0 then
   -- Expired, of another strategy, or reset: no slot is held. Deleted only
   -- when something is there (see sliding_window.lua: a DEL that finds
@@ -45,35 +74,67 @@ elseif (st[1] or redis.pcall('EXISTS', slots)) ~= 0 then
   -- deleted).
   redis.call('DEL', KEYS[1], slots)
 end
-local held = redis.call('ZCARD', slots)
+local held = redis.call('ZCARD', slots) - remembered
 
-local function answer(allowed)
+-- A remembered id's member.
+local function member(slot)
+  return 'r' .. string.rep('0', 20 - #slot) .. slot
+end
+
+-- At most 1 s (concurrency::RETRY_CAP).
+local function capped(retry)
+  if retry > 1000000 then
+    return 1000000
+  end
+  return retry
+end
+
+-- retry: a refusal's retry-after, or nil for the earliest lease's.
+local function answer(allowed, retry)
   local remaining = 0
   if p.max > held then
     remaining = p.max - held
   end
-  local retry, reset = 0, 0
+  local reset = 0
   if held > 0 then
     reset = tonumber(redis.call('ZRANGE', slots, -1, -1, 'WITHSCORES')[2]) - now
-    if allowed == 0 then
-      -- The earliest lease, at most 1 s (concurrency::RETRY_CAP).
-      retry = tonumber(redis.call('ZRANGE', slots, 0, 0, 'WITHSCORES')[2]) - now
-      if retry > 1000000 then
-        retry = 1000000
+    if allowed == 0 and not retry then
+      -- The earliest lease: the least score above 0.
+      local first
+      if remembered > 0 then
+        first = redis.call('ZRANGE', slots, '(0', '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+      else
+        first = redis.call('ZRANGE', slots, 0, 0, 'WITHSCORES')
       end
+      retry = capped(tonumber(first[2]) - now)
     end
   end
-  return { allowed, p.max, remaining, retry, reset, p.lease }
+  return { allowed, p.max, remaining, retry or 0, reset, p.lease }
 end
 
--- The key's expiry is its latest lease's; no slot left, a fresh key.
+-- The key's expiry is its latest lease's or remembered id's; neither left,
+-- a fresh key.
 local function store()
-  if held == 0 then
+  local x = forgotten
+  if held > 0 then
+    local last = tonumber(redis.call('ZRANGE', slots, -1, -1, 'WITHSCORES')[2])
+    if last > x then
+      x = last
+    end
+  end
+  if x == 0 then
     redis.call('DEL', KEYS[1], slots)
     return
   end
-  local x = tonumber(redis.call('ZRANGE', slots, -1, -1, 'WITHSCORES')[2])
-  redis.call('HSET', KEYS[1], 's', 'n', 'x', fmt(x))
+  if remembered > 0 then
+    redis.call('HSET', KEYS[1], 's', 'n', 'x', fmt(x), 'r', fmt(forgotten), 'c', fmt(remembered))
+  else
+    redis.call('HSET', KEYS[1], 's', 'n', 'x', fmt(x))
+    if st[3] then
+      -- Every remembered id forgotten since.
+      redis.call('HDEL', KEYS[1], 'r', 'c')
+    end
+  end
   expire(KEYS[1], x, now, slots)
 end
 
@@ -85,17 +146,37 @@ local function free()
 end
 
 if op == 'hold' then
+  if remembered > 0 then
+    local score = redis.call('ZSCORE', slots, member(id))
+    if score then
+      -- Released before this hold landed: its caller is gone.
+      return answer(0, capped(-tonumber(score) - now))
+    end
+  end
   if not redis.call('ZSCORE', slots, id) and held >= p.max then
     return answer(0)
   end
   -- Taken, or renewed when already held.
-  redis.call('ZADD', slots, fmt(now + p.lease), id)
-  held = redis.call('ZCARD', slots)
+  held = held + redis.call('ZADD', slots, fmt(now + p.lease), id)
   store()
   return answer(1)
 elseif op == 'release' then
-  redis.call('ZREM', slots, id)
-  held = redis.call('ZCARD', slots)
+  if redis.call('ZREM', slots, id) == 1 then
+    held = held - 1
+  else
+    -- Not held: remembered for one lease (the model's remember_released).
+    remembered = remembered + redis.call('ZADD', slots, fmt(-now - p.lease), member(id))
+    if remembered > RELEASED_MAX then
+      -- The earliest forgotten goes: the greatest score below 0, and the
+      -- smallest id among those of that score.
+      local top = redis.call('ZRANGE', slots, '(0', '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')
+      local first = redis.call('ZRANGE', slots, top[2], top[2], 'BYSCORE', 'LIMIT', 0, 1)
+      redis.call('ZREM', slots, first[1])
+      remembered = remembered - 1
+    end
+    -- The latest forgotten: the least score.
+    forgotten = -tonumber(redis.call('ZRANGE', slots, 0, 0, 'WITHSCORES')[2])
+  end
   store()
   return answer(free())
 end

@@ -722,6 +722,48 @@ pub async fn concurrency_slots<B: Backend + Clone>(backend: B, clock: MockClock)
     assert_eq!(peek(&l, &k, 1).await.remaining(), 2);
 }
 
+/// A release that reaches the backend before its hold (a caller gave up
+/// the hold while a stalled server still had it queued) is remembered for
+/// one lease: the hold, landing after it, takes nothing, so no slot is
+/// left that nobody releases. A release of a slot held remembers nothing.
+pub async fn a_hold_released_before_it_lands_takes_nothing<B: Backend + Clone>(
+    backend: B,
+    clock: MockClock,
+) {
+    let policy = Policy::from(Concurrency::new(1, 10 * S).unwrap());
+    let key = Key::new("late");
+    let op = |op| {
+        let backend = backend.clone();
+        let key = key.clone();
+        async move {
+            let req = Request {
+                limiter: "late",
+                key: &key,
+                policy: &policy,
+                op,
+            };
+            backend.decide(req).await.expect("decided")
+        }
+    };
+    // The release lands first, then its hold.
+    assert!(op(Op::Release(41)).await.is_allowed());
+    let late = op(Op::Hold(41)).await;
+    assert!(late.is_denied(), "{late:?}");
+    assert_eq!((late.remaining(), late.retry_after()), (1, S));
+    // The slot is free: another request takes it, and gives it back.
+    assert!(op(Op::Hold(42)).await.is_allowed());
+    assert!(op(Op::Release(42)).await.is_allowed());
+    // Given back while held: nothing remembered (it could hold again).
+    assert!(op(Op::Hold(42)).await.is_allowed());
+    assert!(op(Op::Release(42)).await.is_allowed());
+    // 41 is remembered for one lease from its release, no longer.
+    clock.advance(9 * S + S / 2);
+    let late = op(Op::Hold(41)).await;
+    assert_eq!((late.is_denied(), late.retry_after()), (true, S / 2));
+    clock.advance(S / 2);
+    assert!(op(Op::Hold(41)).await.is_allowed());
+}
+
 /// An override across the concurrency boundary from the limiter's
 /// configured policy (a concurrency override of a token bucket, a token
 /// bucket override of a concurrency limit), per key and limiter-wide, set
@@ -2383,6 +2425,31 @@ pub async fn extreme_values_agree_with_model<B: Backend>(backend: B, clock: Mock
             ],
         ),
         (
+            "more released ids than a key remembers, all at one instant",
+            Concurrency::new(1, 10 * S).unwrap().into(),
+            std::iter::once(Step::Release {
+                key: 0,
+                id: u64::MAX,
+            })
+            .chain(
+                (1..=tollgate_limiter::concurrency::RELEASED_MAX as u64)
+                    .map(|id| Step::Release { key: 0, id }),
+            )
+            .chain([
+                // The earliest forgotten, the smallest id first, went.
+                Step::Hold { key: 0, id: 1 },
+                Step::Release { key: 0, id: 1 },
+                Step::Hold { key: 0, id: 2 },
+                Step::Hold {
+                    key: 0,
+                    id: u64::MAX,
+                },
+                Step::Advance(10_000_000),
+                Step::Hold { key: 0, id: 2 },
+            ])
+            .collect(),
+        ),
+        (
             "a progressive delay charged u64::MAX failures",
             ProgressiveDelay::new(0, S, u64::MAX, 100 * S, 1000 * S)
                 .unwrap()
@@ -2446,7 +2513,7 @@ macro_rules! conformance_tests {
                 a_replayed_settle_changes_nothing, a_key_remembers_the_latest_settles,
                 a_settle_under_a_slower_refill_refunds_only_the_unused,
                 a_refund_never_frees_what_an_excess_trimmed,
-                concurrency_slots, concurrent_holds,
+                concurrency_slots, concurrent_holds, a_hold_released_before_it_lands_takes_nothing,
                 an_override_across_the_concurrency_boundary_is_no_policy,
                 candidate_beside_enforced, extreme_values_agree_with_model);
 

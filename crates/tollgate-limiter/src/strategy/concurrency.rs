@@ -22,6 +22,20 @@
 //!   free even if no holder releases);
 //! * the window ([`Decision::window`]) is the lease.
 //!
+//! # A release that comes before its hold
+//!
+//! A caller that gives up a hold before its answer (a timeout, its future
+//! dropped) releases the slot at once, on another connection: the hold may
+//! still be queued (a Redis stalled by a fork or an fsync) and land after
+//! the release. So a release of an id the key does not hold remembers the
+//! id for one lease, and a hold of a remembered id is refused: a late hold
+//! takes nothing, instead of a slot nobody would release before its lease
+//! ran out. A refused hold's retry-after is the time until the id is
+//! forgotten, capped as above. At most [`RELEASED_MAX`] ids are remembered
+//! (the earliest to be forgotten go first), so a key's memory stays
+//! bounded whatever its clients do. A release of an id held remembers
+//! nothing: the common case costs nothing more.
+//!
 //! Cost plays no part: one request holds one slot. [`Op::Acquire`] and
 //! [`Op::Peek`] look without taking a slot (a [`Limiter`](crate::Limiter)
 //! takes slots through [`Limiter::hold`](crate::Limiter::hold), and
@@ -65,6 +79,10 @@ pub const MAX_IN_FLIGHT: u64 = 1_000_000;
 
 /// The longest retry-after a refusal advises (see the [module docs](self)).
 pub const RETRY_CAP: Duration = Duration::from_secs(1);
+
+/// The most released ids a key remembers at once (see the
+/// [module docs](self)).
+pub const RELEASED_MAX: usize = 1024;
 
 const RETRY_CAP_US: u64 = 1_000_000;
 
@@ -116,12 +134,16 @@ impl Concurrency {
 }
 
 /// State of one key under a concurrency limit: the slots held, by id, with
-/// the instant each lease expires.
+/// the instant each lease expires, and the ids released while not held.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ConcurrencyState {
     /// Slot id → lease expiry (µs). Expired slots may linger until the
     /// next decision drops them; they count for nothing.
     pub slots: BTreeMap<u64, Timestamp>,
+    /// Ids released while not held → when they are forgotten (µs): a hold
+    /// of one is refused until then (see the [module docs](self)). At
+    /// most [`RELEASED_MAX`].
+    pub released: BTreeMap<u64, Timestamp>,
 }
 
 impl ConcurrencyState {
@@ -129,8 +151,13 @@ impl ConcurrencyState {
     pub fn apply(&mut self, now: Timestamp, p: &Concurrency, op: Op) -> Decision {
         // Expired leases free their slots first.
         self.slots.retain(|_, exp| *exp > now);
+        self.released.retain(|_, until| *until > now);
         match op {
             Op::Hold(id) => {
+                if let Some(&until) = self.released.get(&id) {
+                    // Its release came first: this hold's caller is gone.
+                    return self.reply(now, p, false, (until - now).min(RETRY_CAP_US));
+                }
                 if let Some(exp) = self.slots.get_mut(&id) {
                     // Holding a slot again renews its lease.
                     *exp = now + p.lease_us;
@@ -142,14 +169,30 @@ impl ConcurrencyState {
                 self.answer(now, p, true)
             }
             Op::Release(id) => {
-                self.slots.remove(&id);
+                if self.slots.remove(&id).is_none() {
+                    self.remember_released(id, now + p.lease_us);
+                }
                 self.look(now, p)
             }
             Op::Reset => {
                 self.slots.clear();
+                self.released.clear();
                 self.look(now, p)
             }
             Op::Acquire(_) | Op::Peek(_) | Op::Penalise(_) | Op::Settle { .. } => self.look(now, p),
+        }
+    }
+
+    /// Remembers `id`, released while not held, until `until`; beyond
+    /// [`RELEASED_MAX`], the earliest to be forgotten goes (the smallest
+    /// id among those forgotten at the same instant: a Redis sorted set's
+    /// order, its members the ids in 20 digits).
+    fn remember_released(&mut self, id: u64, until: Timestamp) {
+        self.released.insert(id, until);
+        if self.released.len() > RELEASED_MAX
+            && let Some((&first, _)) = self.released.iter().min_by_key(|(id, u)| (**u, **id))
+        {
+            self.released.remove(&first);
         }
     }
 
@@ -160,9 +203,6 @@ impl ConcurrencyState {
     }
 
     fn answer(&self, now: Timestamp, p: &Concurrency, allowed: bool) -> Decision {
-        let held = self.slots.len() as u64;
-        let remaining = p.max_in_flight.saturating_sub(held);
-        let reset = self.slots.values().max().map_or(0, |e| e - now);
         let retry = match allowed {
             true => 0,
             false => self
@@ -172,12 +212,25 @@ impl ConcurrencyState {
                 .map_or(0, |e| e - now)
                 .min(RETRY_CAP_US),
         };
+        self.reply(now, p, allowed, retry)
+    }
+
+    fn reply(&self, now: Timestamp, p: &Concurrency, allowed: bool, retry: u64) -> Decision {
+        let held = self.slots.len() as u64;
+        let remaining = p.max_in_flight.saturating_sub(held);
+        let reset = self.slots.values().max().map_or(0, |e| e - now);
         Decision::from_micros(allowed, p.max_in_flight, remaining, retry, reset)
     }
 
-    /// When every lease has expired (0 with no slot held).
+    /// When every lease has expired and every released id is forgotten
+    /// (0 with neither).
     pub fn expires_at(&self) -> Timestamp {
-        self.slots.values().copied().max().unwrap_or(0)
+        self.slots
+            .values()
+            .chain(self.released.values())
+            .copied()
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -231,15 +284,60 @@ mod tests {
         assert_eq!(d.retry_after(), RETRY_CAP);
         let d = s.apply(9 * S + S / 2, &p, Op::Hold(2));
         assert_eq!(d.retry_after(), Duration::from_millis(500));
-        // Releasing an id not held changes nothing.
+        // Releasing an id not held frees no slot.
         assert!(s.apply(9 * S, &p, Op::Release(9)).is_denied());
         assert!(s.apply(9 * S, &p, Op::Release(1)).is_allowed());
         assert!(s.apply(9 * S, &p, Op::Hold(2)).is_allowed());
     }
 
+    #[test]
+    fn a_hold_that_lands_after_its_release_takes_nothing() {
+        let p = p(1, 10);
+        let mut s = ConcurrencyState::default();
+        // Released before it was held (its caller gave up; the hold was
+        // still on its way).
+        assert!(s.apply(0, &p, Op::Release(5)).is_allowed());
+        let d = s.apply(S / 2, &p, Op::Hold(5));
+        assert!(d.is_denied());
+        assert_eq!((d.remaining(), d.retry_after()), (1, RETRY_CAP));
+        // The slot is free for others.
+        assert!(s.apply(S, &p, Op::Hold(6)).is_allowed());
+        assert!(s.apply(S, &p, Op::Release(6)).is_allowed());
+        // A release of an id held remembers nothing: it may hold again.
+        assert!(s.apply(S, &p, Op::Hold(6)).is_allowed());
+        assert!(s.apply(S, &p, Op::Release(6)).is_allowed());
+        // Remembered for one lease from its release.
+        let d = s.apply(9 * S + S / 2, &p, Op::Hold(5));
+        assert_eq!(d.retry_after(), Duration::from_millis(500));
+        assert_eq!(s.expires_at(), 10 * S);
+        assert!(s.apply(10 * S, &p, Op::Hold(5)).is_allowed());
+        // A reset forgets them too.
+        s.apply(10 * S, &p, Op::Release(7));
+        s.apply(10 * S, &p, Op::Reset);
+        assert!(s.apply(10 * S, &p, Op::Hold(7)).is_allowed());
+    }
+
+    #[test]
+    fn remembers_at_most_released_max_ids_the_earliest_forgotten_first() {
+        let p = p(1, 3600);
+        let mut s = ConcurrencyState::default();
+        let n = RELEASED_MAX as u64 + 1;
+        // Two released in the same microsecond: the smaller id goes first.
+        s.apply(0, &p, Op::Release(n + 1));
+        for id in 1..n {
+            s.apply(0, &p, Op::Release(id));
+        }
+        assert_eq!(s.released.len(), RELEASED_MAX);
+        assert!(s.apply(1, &p, Op::Hold(1)).is_allowed(), "forgotten");
+        s.apply(1, &p, Op::Release(1));
+        assert!(s.apply(1, &p, Op::Hold(2)).is_denied(), "remembered");
+        assert!(s.apply(1, &p, Op::Hold(n + 1)).is_denied(), "remembered");
+    }
+
     proptest::proptest! {
         /// Never more live slots than the limit; a hold passes exactly when
-        /// its id is live already or a slot is free.
+        /// its id was not released while not held, and is live already or
+        /// a slot is free.
         #[test]
         fn never_more_than_max_in_flight(
             max in 1u64..5,
@@ -252,11 +350,18 @@ mod tests {
                 now += dt;
                 let live = s.slots.iter().filter(|(_, e)| **e > now).count() as u64;
                 let held = s.slots.get(&id).is_some_and(|e| *e > now);
+                let released = s.released.get(&id).is_some_and(|u| *u > now);
                 let op = match kind { 0 | 1 => Op::Hold(id), _ => Op::Release(id) };
                 let d = s.apply(now, &p, op);
-                if let Op::Hold(_) = op {
-                    proptest::prop_assert_eq!(d.is_allowed(), held || live < max);
+                match op {
+                    Op::Hold(_) => proptest::prop_assert_eq!(
+                        d.is_allowed(),
+                        !released && (held || live < max)
+                    ),
+                    // Remembered exactly when it was not held.
+                    _ => proptest::prop_assert_eq!(s.released.contains_key(&id), !held),
                 }
+                proptest::prop_assert!(!(s.slots.contains_key(&id) && s.released.contains_key(&id)));
                 proptest::prop_assert!(s.slots.len() as u64 <= max);
                 proptest::prop_assert_eq!(d.remaining(), max - s.slots.len() as u64);
             }
