@@ -159,6 +159,14 @@ impl<B: Backend> Held<B> {
     }
 }
 
+/// An empty reservation, for a caller that refuses a request before
+/// asking the limiter: it holds nothing, and settling it does nothing.
+impl<B> Default for Reservation<B> {
+    fn default() -> Self {
+        Self::empty()
+    }
+}
+
 impl<B> fmt::Debug for Reservation<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.held {

@@ -198,14 +198,21 @@ impl BodyExtractor for Email {
         let [Some(email)] = found.as_slice() else {
             return None;
         };
-        let email = email.trim();
-        let ok = !email.is_empty()
-            && email.len() <= MAX_EMAIL_LEN
-            && email.contains('@')
-            && !email.chars().any(char::is_control)
-            && is_canonical(email);
-        ok.then(|| self.hasher.email(email))
+        account_key(&self.hasher, email)
     }
+}
+
+/// The key of the account `email` names, hashed by `hasher`: `None` for a
+/// value that is no address in its one canonical form (see [`Email`]).
+/// The one rule of [`Email`] and [`LoginAttempts`](crate::login::LoginAttempts).
+pub(crate) fn account_key(hasher: &KeyHasher, email: &str) -> Option<Key> {
+    let email = email.trim();
+    let ok = !email.is_empty()
+        && email.len() <= MAX_EMAIL_LEN
+        && email.contains('@')
+        && !email.chars().any(char::is_control)
+        && is_canonical(email);
+    ok.then(|| hasher.email(email))
 }
 
 /// The key [`BufferBodyLayer`](crate::BufferBodyLayer) found in the body,

@@ -63,6 +63,7 @@ mod service;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use extractor::account_key;
 pub use extractor::{BodyExtractor, BodyKey, Email, FromBody};
 pub use layer::{BufferBodyLayer, DEFAULT_READ_TIMEOUT};
 pub use service::BufferBody;

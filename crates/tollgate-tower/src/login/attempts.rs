@@ -1,4 +1,11 @@
-use tollgate_limiter::{Backend, Decision, Error, KeyHasher, Limiter, Reservation, Verdict};
+use std::time::Duration;
+
+use tollgate_limiter::policy::PolicyError;
+use tollgate_limiter::{
+    Backend, Decision, Error, Key, KeyHasher, Limiter, Mode, Reservation, Verdict,
+};
+
+use crate::buffer_body::account_key;
 
 /// Login outcomes reported by hand: by a handler without a
 /// [`LoginLayer`](super::LoginLayer), or for an outcome known only in a
@@ -14,7 +21,16 @@ use tollgate_limiter::{Backend, Decision, Error, KeyHasher, Limiter, Reservation
 /// It wraps the per-account [`ProgressiveDelay`](tollgate_limiter::ProgressiveDelay)
 /// limiter; emails are normalised and hashed with [`KeyHasher::email`],
 /// exactly as [`LoginLayer`](super::LoginLayer)'s body extractor does, so
-/// both count the same account (give both the same hasher). Cheap to clone; clones share the limiter.
+/// both count the same account (give both the same hasher). An address
+/// that extractor refuses (not in its one canonical form: an invisible
+/// character, a compatibility letter, a dotless `ı`; see
+/// [`Email`](crate::buffer_body::Email)) is no account to
+/// [`check`](Self::check) and [`attempt`](Self::attempt) either: they
+/// refuse it ([`Verdict::FailedClosed`] with [`Error::Policy`], field
+/// `email`; a limiter in shadow mode counts it under its own key) rather
+/// than count it apart, which would give a guesser a fresh counter with
+/// each spelling a user store folds into one account. Cheap to clone;
+/// clones share the limiter.
 ///
 /// [`failed`](Self::failed) reports a failure *after* the fact: attempts
 /// in flight together while the account is free all pass
@@ -73,9 +89,13 @@ impl<B: Backend> LoginAttempts<B> {
         &self.limiter
     }
 
-    /// Whether `email` may try now, recording nothing.
+    /// Whether `email` may try now, recording nothing. An address not in
+    /// its canonical form is refused (see the type's docs).
     pub async fn check(&self, email: &str) -> Verdict {
-        self.limiter.peek(&self.hasher.email(email)).await
+        match self.account(email) {
+            Ok(key) => self.limiter.peek(&key).await,
+            Err(refused) => refused,
+        }
     }
 
     /// Records a failed login for `email`; the verdict says whether the
@@ -95,6 +115,8 @@ impl<B: Backend> LoginAttempts<B> {
     /// [`refund`](Reservation::refund). While the account is free, attempts
     /// in flight together pass the free attempts and one more; the rest
     /// are refused.
+    /// An address not in its canonical form is refused, holding nothing
+    /// (see the type's docs).
     ///
     /// # Examples
     ///
@@ -122,11 +144,90 @@ impl<B: Backend> LoginAttempts<B> {
     /// # }
     /// ```
     pub async fn attempt(&self, email: &str) -> (Verdict, Reservation<B>) {
-        self.limiter.reserve(&self.hasher.email(email), 1).await
+        match self.account(email) {
+            Ok(key) => self.limiter.reserve(&key, 1).await,
+            Err(refused) => (refused, Reservation::default()),
+        }
+    }
+
+    /// The account's key, as `LoginLayer`'s body extractor finds it, or
+    /// the refusal of an address that extractor refuses (in shadow mode,
+    /// which refuses nothing, its own key).
+    fn account(&self, email: &str) -> Result<Key, Verdict> {
+        match account_key(&self.hasher, email) {
+            Some(key) => Ok(key),
+            None if self.limiter.mode() == Mode::Shadow => Ok(self.hasher.email(email)),
+            None => Err(Verdict::FailedClosed(
+                Error::from(PolicyError {
+                    field: "email",
+                    reason: "not an address in its canonical form: no account".into(),
+                }),
+                Duration::from_secs(1),
+            )),
+        }
     }
 
     /// Records a successful login: the account's failures are forgotten.
     pub async fn succeeded(&self, email: &str) -> Result<Decision, Error> {
         self.limiter.reset(&self.hasher.email(email)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tollgate_limiter::ProgressiveDelay;
+    use tollgate_memory::MemoryBackend;
+
+    use super::*;
+
+    fn attempts() -> LoginAttempts<MemoryBackend> {
+        let policy = ProgressiveDelay::new(
+            1,
+            Duration::from_secs(10),
+            2,
+            Duration::from_secs(60),
+            Duration::from_secs(600),
+        )
+        .unwrap();
+        let hasher = KeyHasher::new("a test secret, 16 bytes or more").unwrap();
+        LoginAttempts::new(
+            Limiter::new("login_account", policy, MemoryBackend::new()),
+            hasher,
+        )
+    }
+
+    /// Spellings of one address that a user store may fold into it (a
+    /// dotless `ı`, an invisible character, a fullwidth or compatibility
+    /// letter), which `LoginLayer`'s body extractor refuses: taken up
+    /// front or checked, each was counted under a fresh key of its own,
+    /// so a guesser had the free attempts again with every spelling (and
+    /// there are as many as letters to vary). They are no account here
+    /// either; the canonical spelling counts as before.
+    #[tokio::test]
+    async fn a_spelling_the_login_layer_refuses_has_no_counter_of_its_own() {
+        let attempts = attempts();
+        let twins = [
+            "k\u{131}ss@example.com",
+            "ki\u{200B}ss@example.com",
+            "\u{FF4B}iss@example.com",
+            "kis\u{AD}s@example.com",
+            "\u{212A}iss@example.com",
+        ];
+        let (first, _kept) = attempts.attempt("kiss@example.com").await;
+        assert!(first.is_allowed());
+        let mut passed = Vec::new();
+        for twin in twins {
+            let (taken, _kept) = attempts.attempt(twin).await;
+            let checked = attempts.check(twin).await;
+            if taken.is_allowed() || checked.is_allowed() {
+                passed.push(twin);
+            }
+        }
+        assert!(passed.is_empty(), "fresh counters for {passed:?}");
+        // Cased and padded, it is the same account: its second failure
+        // starts the delay.
+        let (second, _kept) = attempts.attempt(" KISS@Example.com").await;
+        assert!(second.is_allowed());
+        assert!(!attempts.check("kiss@example.com").await.is_allowed());
     }
 }

@@ -1,3 +1,4 @@
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::num::IntErrorKind;
 use std::time::{Duration, SystemTime};
 
@@ -12,8 +13,10 @@ use crate::extract::KeyExtractor;
 /// The default scope: the remote's host and port, from the request URI
 /// (or, for a relative URI, the `Host` header), lower-cased. A URI's
 /// port is left out when it is its scheme's default (`http:` 80, `https:`
-/// 443), and so is a trailing dot (of the `Host` header's too): one site
-/// has one scope however a link spells it.
+/// 443), and so is a trailing dot (of the `Host` header's too), and an IP
+/// address is written in its one form (`127.1`, `0x7f000001` and
+/// `[::ffff:127.0.0.1]` are `127.0.0.1`, as the resolver reads them): one
+/// site has one scope however a link spells it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Host;
 
@@ -43,13 +46,64 @@ impl<B> KeyExtractor<Request<B>> for Host {
 }
 
 /// `host[:port]` of `a`, without a trailing dot, its user info (not part
-/// of the site, and it may hold a password) and the `default` port.
+/// of the site, and it may hold a password) and the `default` port; an IP
+/// address in its one form (see [`ip_literal`]).
 fn site(a: &Authority, default: Option<u16>) -> String {
     let host = a.host().strip_suffix('.').unwrap_or(a.host());
+    let host = match ip_literal(host) {
+        Some(IpAddr::V4(ip)) => ip.to_string(),
+        Some(IpAddr::V6(ip)) => format!("[{ip}]"),
+        None => host.to_owned(),
+    };
     match a.port_u16().filter(|&port| Some(port) != default) {
         Some(port) => format!("{host}:{port}"),
-        None => host.to_owned(),
+        None => host,
     }
+}
+
+/// The address `host` names without a lookup, as the resolver reads it:
+/// `[<IPv6>]` (an IPv4-mapped one is its IPv4 address), or IPv4 in any
+/// form `inet_aton` takes, which `getaddrinfo` tries before DNS: one to
+/// four parts, each decimal, octal (`0` first) or hex (`0x`), the last
+/// filling the bytes left (`127.1`, `2130706433`, `0x7f.0.0.1`). A link
+/// can spell one address all these ways, and each spelling would be a
+/// scope with a rate of its own.
+fn ip_literal(host: &str) -> Option<IpAddr> {
+    if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        let ip: Ipv6Addr = v6.parse().ok()?;
+        return Some(IpAddr::V6(ip).to_canonical());
+    }
+    let mut parts = [0u32; 4];
+    let mut n = 0;
+    for part in host.split('.') {
+        *parts.get_mut(n)? = inet_part(part)?;
+        n += 1;
+    }
+    let (last, leading) = parts[..n].split_last()?;
+    // Each leading part is one byte; the last fills the rest.
+    let rest_bits = 32 - 8 * leading.len() as u32;
+    if leading.iter().any(|&b| b > 0xff) || u64::from(*last) >= 1u64 << rest_bits {
+        return None;
+    }
+    let bytes = leading
+        .iter()
+        .enumerate()
+        .fold(0u32, |v, (i, &b)| v | b << (24 - 8 * i as u32));
+    Some(IpAddr::V4(Ipv4Addr::from(bytes | last)))
+}
+
+/// One part of an `inet_aton` address: decimal, octal (`0` first) or hex
+/// (`0x`), within 32 bits.
+fn inet_part(part: &str) -> Option<u32> {
+    let (digits, radix) = match part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) {
+        Some(hex) => (hex, 16),
+        None if part.len() > 1 && part.starts_with('0') => (&part[1..], 8),
+        None => (part, 10),
+    };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    u32::from_str_radix(digits, radix).ok()
 }
 
 /// The default reading of a response: `429 Too Many Requests` and `503
@@ -293,6 +347,53 @@ mod tests {
             ("http://example.org:443/", "example.org:443"),
         ] {
             assert_eq!(scope(uri), Some(Key::new(key)), "{uri}");
+        }
+    }
+
+    /// An IP address is one site however a link spells it. The resolver
+    /// behind `getaddrinfo` (glibc's and musl's `inet_aton`) reads
+    /// `127.1`, `2130706433`, `0x7f.0.0.1` and `0177.0.0.1` as 127.0.0.1,
+    /// and an IPv6 address has many spellings: each was a scope with a
+    /// rate of its own, so a page linking one address several ways had
+    /// the crawler send it that many times the rate it adapted to.
+    #[test]
+    fn an_ip_address_is_one_site_however_it_is_spelled() {
+        let scope = |uri: &str| Host.extract(&Request::get(uri).body(()).unwrap());
+        for uri in [
+            "http://127.0.0.1/",
+            "http://127.1/",
+            "http://127.0.1:80/",
+            "http://2130706433/",
+            "http://0x7f.0.0.1/",
+            "http://0X7F000001/",
+            "http://0177.0.0.1/",
+            "http://[::ffff:127.0.0.1]/",
+        ] {
+            assert_eq!(scope(uri), Some(Key::new("127.0.0.1")), "{uri}");
+        }
+        for uri in [
+            "https://[2001:db8::1]:8443/",
+            "https://[2001:0DB8:0:0::1]:8443/",
+            "https://[2001:db8:0:0:0:0:0:1]:8443/",
+        ] {
+            assert_eq!(scope(uri), Some(Key::new("[2001:db8::1]:8443")), "{uri}");
+        }
+        let by_host = Request::get("/a").header(HOST, "0x7f.1:8080").body(());
+        assert_eq!(
+            Host.extract(&by_host.unwrap()),
+            Some(Key::new("127.0.0.1:8080"))
+        );
+        // What the resolver does not read as an address is a name, kept.
+        for host in [
+            "127.0.0.256",
+            "08.1",
+            "1.2.3.4.5",
+            "0x",
+            "1..2",
+            "example.1",
+        ] {
+            let uri = format!("http://{host}/");
+            assert_eq!(scope(&uri), Some(Key::new(host)), "{uri}");
         }
     }
 }
