@@ -77,7 +77,7 @@ pub use error::{BackendError, BoxError, Error, ErrorReason};
 pub use key::{Key, KeyHasher};
 pub use limiter::{DEFAULT_LOCAL_CAPACITY, Denied, FailMode, Limiter, LimiterBuilder, Verdict};
 pub use model::{Op, Receipt};
-pub use permit::Permit;
+pub use permit::{KeptPermit, Permit};
 pub use policy::{
     Calendar, Concurrency, Period, Policy, PolicyError, ProgressiveDelay, SlidingWindow, Strategy,
     TokenBucket, Zone,

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 
 use crate::backend::Backend;
 use crate::decision::Decision;
@@ -110,6 +111,106 @@ impl<B: Backend> Permit<B> {
         // after this release: released again, later (see Drop).
         self.armed = answer.is_err() || *self.renewing.get_mut() > 0;
         answer
+    }
+}
+
+impl<B: Backend> Permit<B> {
+    /// Renews the slot's lease in the background, every third of a lease,
+    /// until the returned [`KeptPermit`] is dropped, which gives the slot
+    /// back as a dropped permit does.
+    ///
+    /// For a request whose length the client decides (a response it reads
+    /// slowly, a stream, a WebSocket): a lease that ran out under it would
+    /// free its slot while it still runs, and let one request more in. A
+    /// renewal that fails is tried again a third of a lease later; one
+    /// refused (the lease had run out and the slot was taken meanwhile)
+    /// too, so the request takes a slot again as soon as one is free. The
+    /// lease is the policy in force's, as each renewal's
+    /// [`window`](Decision::window) says. Outside a tokio runtime nothing
+    /// is renewed, and the permit is kept as it is.
+    pub fn keep_alive(self) -> KeptPermit<B> {
+        let id = self.id;
+        let key = self.key.clone();
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return KeptPermit {
+                id,
+                key,
+                kept: Kept::Here { _held: self },
+            };
+        };
+        let lease = match self.limiter.policy() {
+            crate::Policy::Concurrency(c) => c.lease(),
+            _ => Duration::ZERO,
+        };
+        let task = rt.spawn(async move {
+            // Owned here: the task's end, or its abort, drops it, which
+            // gives the slot back.
+            let permit = self;
+            let mut lease = lease;
+            loop {
+                tokio::time::sleep((lease / 3).max(MIN_RENEWAL)).await;
+                if let Ok(d) = permit.renew().await
+                    && !d.window().is_zero()
+                {
+                    lease = d.window();
+                }
+            }
+        });
+        KeptPermit {
+            id,
+            key,
+            kept: Kept::Renewed(task.abort_handle()),
+        }
+    }
+}
+
+/// The shortest time between two renewals of a [`KeptPermit`]: a lease of
+/// a few milliseconds (a test's) is renewed no faster.
+const MIN_RENEWAL: Duration = Duration::from_millis(1);
+
+/// A [`Permit`] whose lease is renewed in the background, from
+/// [`Permit::keep_alive`]; dropped, it gives the slot back.
+#[must_use = "dropping a kept permit gives its slot back at once"]
+pub struct KeptPermit<B: Backend> {
+    id: u64,
+    key: Key,
+    kept: Kept<B>,
+}
+
+enum Kept<B: Backend> {
+    /// The renewing task owns the permit: aborted, it drops it.
+    Renewed(tokio::task::AbortHandle),
+    /// No runtime to renew on: held until dropped.
+    Here { _held: Permit<B> },
+}
+
+impl<B: Backend> KeptPermit<B> {
+    /// The slot's id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The key the slot is held for.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+}
+
+impl<B: Backend> Drop for KeptPermit<B> {
+    fn drop(&mut self) {
+        if let Kept::Renewed(task) = &self.kept {
+            task.abort();
+        }
+    }
+}
+
+impl<B: Backend> fmt::Debug for KeptPermit<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeptPermit")
+            .field("key", &self.key)
+            .field("id", &self.id)
+            .field("renewed", &matches!(self.kept, Kept::Renewed(_)))
+            .finish()
     }
 }
 

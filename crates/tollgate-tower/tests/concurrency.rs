@@ -127,18 +127,62 @@ async fn a_panicking_or_failing_service_gives_its_slot_back() {
     assert_eq!(settled_free_slots(&l, 1).await, 1);
 }
 
-#[tokio::test]
-async fn a_slot_whose_release_is_lost_comes_back_with_its_lease() {
+/// A worker that dies mid-response never gives its slot back, nor renews
+/// it: the slot comes back when its lease runs out.
+#[test]
+fn a_slot_whose_release_is_lost_comes_back_with_its_lease() {
+    let (l, clock) = limiter(1);
+    let mut svc = ConcurrencyLimitLayer::new(l, tenant).layer(ok_service());
+    let worker = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // The body is never dropped; the runtime, with the renewing task, is
+    // gone (the release a dropped permit spawns is lost with it).
+    std::mem::forget(worker.block_on(send(&mut svc)));
+    drop(worker);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let refused = send(&mut svc).await;
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        clock.advance(Duration::from_secs(60));
+        let res = send(&mut svc).await;
+        assert_eq!(res.status(), StatusCode::OK);
+    });
+}
+
+/// A client that reads its response slowly decides how long the body
+/// lasts: the slot's lease is renewed while it does, so that its slot is
+/// not freed under it and a request more let in (two leases here; before,
+/// the second request passed once the first lease ran out). Dropped, the
+/// body gives the slot back.
+#[tokio::test(start_paused = true)]
+async fn a_body_read_slowly_keeps_its_slot_past_its_lease() {
     let (l, clock) = limiter(1);
     let mut svc = ConcurrencyLimitLayer::new(l.clone(), tenant).layer(ok_service());
     let held = send(&mut svc).await;
-    // A worker that dies never drops its body.
-    std::mem::forget(held);
-    let refused = send(&mut svc).await;
-    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-    clock.advance(Duration::from_secs(60));
-    let res = send(&mut svc).await;
-    assert_eq!(res.status(), StatusCode::OK);
+    // The backend's clock and the runtime's, in step: the renewals run on
+    // the runtime's timer, every third of the 60 s lease.
+    for step in 1..=12 {
+        clock.advance(Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let refused = send(&mut svc).await;
+        assert_eq!(
+            refused.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "{} s in, a second request passed",
+            step * 10
+        );
+    }
+    drop(held);
+    assert_eq!(settled_free_slots(&l, 1).await, 1);
+    assert_eq!(send(&mut svc).await.status(), StatusCode::OK);
 }
 
 #[tokio::test]

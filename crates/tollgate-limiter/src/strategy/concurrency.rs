@@ -7,8 +7,10 @@
 //! lease: it expires `lease` after it was taken (or last renewed, by holding
 //! the same id again), so the slots of a worker that died, or whose release
 //! was lost, come back by themselves. Choose `lease` above the longest
-//! request (or renew long ones with [`Permit::renew`](crate::Permit::renew)):
-//! a slot that expires while its request still runs lets one more in.
+//! request, or renew long ones ([`Permit::renew`](crate::Permit::renew), or
+//! in the background with [`Permit::keep_alive`](crate::Permit::keep_alive),
+//! as the tower layers do): a slot that expires while its request still
+//! runs lets one more in.
 //!
 //! # What a concurrency limit answers
 //!

@@ -6,21 +6,23 @@ use std::task::{Context, Poll};
 
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tollgate_limiter::{Backend, Permit};
+use tollgate_limiter::{Backend, KeptPermit};
 
 pin_project! {
-    /// The inner response's body, holding the request's
-    /// [`Permit`] until the body ends: its last frame, an error, or the
-    /// body dropped. Made by [`ConcurrencyLimit`](super::ConcurrencyLimit).
+    /// The inner response's body, holding the request's slot
+    /// ([`KeptPermit`]: its lease renewed, as a client reading slowly
+    /// decides how long the body lasts) until the body ends: its last
+    /// frame, an error, or the body dropped. Made by
+    /// [`ConcurrencyLimit`](super::ConcurrencyLimit).
     pub struct PermitBody<Bd, B: Backend> {
         #[pin]
         inner: Bd,
-        permit: Option<Permit<B>>,
+        permit: Option<KeptPermit<B>>,
     }
 }
 
 impl<Bd, B: Backend> PermitBody<Bd, B> {
-    pub(crate) fn new(inner: Bd, permit: Option<Permit<B>>) -> Self {
+    pub(crate) fn new(inner: Bd, permit: Option<KeptPermit<B>>) -> Self {
         Self { inner, permit }
     }
 

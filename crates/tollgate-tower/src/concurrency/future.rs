@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
-use tollgate_limiter::{Backend, Key, Permit, Verdict};
+use tollgate_limiter::{Backend, KeptPermit, Key, Permit, Verdict};
 use tower_service::Service;
 
 use super::body::PermitBody;
@@ -69,8 +69,8 @@ pin_project! {
             #[pin]
             fut: S::Future,
             // Dropped with the future (an error, a panic, a caller gone):
-            // the slot is given back.
-            permit: Option<Permit<B>>,
+            // the slot is given back. Renewed meanwhile (see PermitBody).
+            permit: Option<KeptPermit<B>>,
         },
         Rejected {
             response: Option<Out>,
@@ -145,7 +145,7 @@ where
                             let req = req.take().expect("polled after completion");
                             this.state.set(State::Inner {
                                 fut: service.call(req),
-                                permit,
+                                permit: permit.map(Permit::keep_alive),
                             });
                         }
                         Answer::Refuse(response) => this.state.set(State::Rejected {

@@ -15,12 +15,20 @@
 //! and the open socket holds none. To limit open sockets per key, hold a
 //! [`Permit`](tollgate_limiter::Permit) from
 //! [`Limiter::hold`](tollgate_limiter::Limiter::hold) in the socket's
-//! task, renewing it within its lease.
+//! task, kept alive ([`Permit::keep_alive`](tollgate_limiter::Permit::keep_alive)).
+//!
+//! While the request runs and its body is sent, the slot's lease is
+//! renewed every third of a lease: a client that sends its request or
+//! reads its response slowly decides how long that takes, and a lease
+//! running out under it would let one request more in.
 //!
 //! Giving back is a release spawned on the tokio runtime, best effort: on a
 //! runtime that is shutting down, or a backend that fails, it is lost, and
 //! the slot's lease frees it (see [`Permit`](tollgate_limiter::Permit)).
-//! Choose the policy's `lease` above the longest response, stream included.
+//! So the lease is how long a slot outlives a worker that died (its
+//! renewals die with it): a minute is a fair choice, however long the
+//! responses. A body leaked in a live process (never dropped) keeps its
+//! slot, renewed, until the process ends.
 //!
 //! A refused request is answered like a rate-limit refusal: **429** with
 //! `Retry-After` (at most 1 s: a slot usually frees when a request ends,

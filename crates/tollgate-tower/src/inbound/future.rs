@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
-use tollgate_limiter::{Backend, Decision, Key, Limiter, Permit, Policy, Reservation, Verdict};
+use tollgate_limiter::{Backend, Decision, KeptPermit, Key, Limiter, Policy, Reservation, Verdict};
 use tower_service::Service;
 use tracing::Instrument;
 
@@ -28,8 +28,9 @@ pub(crate) struct Ticket<B: Backend> {
     /// has one).
     pub(crate) reservation: Option<Box<Reservation<B>>>,
     /// The slot a request under a concurrency limit holds until its
-    /// response (boxed, as the reservation).
-    pub(crate) permit: Option<Box<Permit<B>>>,
+    /// response, its lease renewed meanwhile (a client sending its body
+    /// slowly decides how long that is); boxed, as the reservation.
+    pub(crate) permit: Option<Box<KeptPermit<B>>>,
 }
 
 /// How the cost is asked for before the request is handed on.
@@ -206,7 +207,7 @@ fn check<B: Backend>(mut ticket: Ticket<B>, mode: Mode) -> BoxFuture<(Verdict, T
             // A slot, given back when the response comes or the request
             // is dropped (with the ticket), not one only its lease frees.
             let (verdict, permit) = ticket.limiter.hold(&ticket.key).await;
-            ticket.permit = permit.map(Box::new);
+            ticket.permit = permit.map(|p| Box::new(p.keep_alive()));
             verdict
         } else if mode == Mode::Upfront {
             ticket.limiter.check_cost(&ticket.key, ticket.cost).await
