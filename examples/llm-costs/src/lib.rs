@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{FromRequest, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -25,7 +25,7 @@ use http::{HeaderName, HeaderValue, Request, StatusCode, header};
 use serde::Deserialize;
 use tollgate_limiter::{Backend, Config, ConfigError, Error, KeyHasher, Limiter};
 use tollgate_tower::RateLimitLayer;
-use tollgate_tower::extract::ApiKey;
+use tollgate_tower::extract::{ApiKey, KeyExtractor};
 
 /// The built-in limits.
 pub const LIMITS: &str = include_str!("../limits.toml");
@@ -91,11 +91,11 @@ pub struct Completion {
 
 struct Gateway<B> {
     tokens: Limiter<B>,
-    hasher: KeyHasher,
-}
-
-fn api_key(headers: &http::HeaderMap) -> Option<&str> {
-    headers.get("x-api-key")?.to_str().ok()
+    /// The API layer's extractor: the token budget is counted under the
+    /// key the API limit counts (one credential, trimmed, hashed), never
+    /// under a spelling of its own (a key with blanks around it would be
+    /// a second budget for a gateway that authenticates the trimmed key).
+    api_key: ApiKey,
 }
 
 fn problem(status: StatusCode, limiter: Option<&str>, detail: &str) -> Response {
@@ -117,17 +117,16 @@ fn problem(status: StatusCode, limiter: Option<&str>, detail: &str) -> Response 
     res
 }
 
-async fn complete<B: Backend>(
-    State(gw): State<Arc<Gateway<B>>>,
-    headers: http::HeaderMap,
-    Json(c): Json<Completion>,
-) -> Response {
+async fn complete<B: Backend>(State(gw): State<Arc<Gateway<B>>>, req: Request<Body>) -> Response {
     // The API layer already refused requests without a key.
-    let Some(key) = api_key(&headers) else {
+    let Some(key) = gw.api_key.extract(&req) else {
         return StatusCode::BAD_REQUEST.into_response();
     };
+    let c = match Json::<Completion>::from_request(req, &()).await {
+        Ok(Json(c)) => c,
+        Err(rejected) => return rejected.into_response(),
+    };
     let tokens = cost(&c.prompt, c.max_tokens);
-    let key = gw.hasher.secret(key);
     // The most this call can cost is taken now, atomically: concurrent
     // calls of one key cannot overspend the budget between them.
     let (verdict, reservation) = gw.tokens.reserve(&key, tokens).await;
@@ -191,21 +190,18 @@ pub fn app<B: Backend + Clone>(
     let admin = config.limiter("api_admin")?.build(backend.clone());
     let tokens = config.limiter("llm_tokens")?.build(backend);
 
-    let api_key = ApiKey::header(HeaderName::from_static("x-api-key"), hasher.clone());
+    let api_key = ApiKey::header(HeaderName::from_static("x-api-key"), hasher);
+    let keys = api_key.clone();
     let per_role = RateLimitLayer::per_request(
-        move |req: &Request<Body>| match api_key_role(req) {
+        move |req: &Request<Body>| match keys.credential(req).map_or("standard", role_of) {
             "admin" => admin.clone(),
             _ => standard.clone(),
         },
-        api_key,
+        api_key.clone(),
     );
     Ok(Router::new()
         .route("/v1/complete", post(complete::<B>))
         .route("/v1/models", get(|| async { r#"{"models":["fake-1"]}"# }))
-        .with_state(Arc::new(Gateway { tokens, hasher }))
+        .with_state(Arc::new(Gateway { tokens, api_key }))
         .layer(per_role))
-}
-
-fn api_key_role(req: &Request<Body>) -> &'static str {
-    api_key(req.headers()).map_or("standard", role_of)
 }

@@ -131,6 +131,22 @@ async fn completion(app: &Router, key: &str, max_tokens: u64) -> (u16, serde_jso
     (status, v["usage"].clone())
 }
 
+/// The token budget is counted under the key the API limit counts: one
+/// credential, trimmed. A key sent with blanks around it (kept as sent
+/// over HTTP/2) was a second budget, for a gateway that authenticates the
+/// trimmed key.
+#[tokio::test]
+async fn a_key_spelled_with_blanks_shares_its_budget() {
+    let app = app(MemoryBackend::with_clock(MockClock::new()));
+    assert_eq!(
+        completion(&app, "admin_4", 9_900).await.1["tokens_left"],
+        19_650
+    );
+    let (status, usage) = completion(&app, " admin_4\t", 9_900).await;
+    assert_eq!(status, 200);
+    assert_eq!(usage["tokens_left"], 19_300, "a budget of its own");
+}
+
 #[tokio::test]
 async fn memory_backend() {
     let clock = MockClock::new();
