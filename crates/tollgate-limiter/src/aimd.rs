@@ -528,6 +528,25 @@ struct Local {
     queue: Arc<tokio::sync::Mutex<()>>,
 }
 
+/// Marks a scope's refresh as due again when dropped armed: its caller
+/// gave up before the refresh was made.
+struct RefreshDue<'a, B: Backend> {
+    limiter: &'a AimdLimiter<B>,
+    scope: &'a Key,
+    armed: bool,
+}
+
+impl<B: Backend> Drop for RefreshDue<'_, B> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut scopes = self.limiter.scopes();
+            if let Some(l) = scopes.map.get_mut(self.scope) {
+                l.synced = None;
+            }
+        }
+    }
+}
+
 impl Local {
     fn fresh(rate: f64, now: Instant) -> Self {
         Self {
@@ -709,7 +728,15 @@ impl<B: Backend> AimdLimiter<B> {
             due
         };
         if refresh {
+            // Given up half-way (its caller dropped), the refresh is due
+            // again: the next call makes it, not one a reaction window on.
+            let mut due = RefreshDue {
+                limiter: self,
+                scope,
+                armed: true,
+            };
             self.refresh(scope).await;
+            due.armed = false;
         }
         let names = &self.inner.names;
         match self

@@ -755,3 +755,39 @@ async fn a_refusal_reported_by_a_caller_that_gives_up_still_cuts() {
     assert_eq!(limiter.shared_rate(&scope).await.unwrap(), 12.0);
     assert_eq!(limiter.rate(&scope), 12.0);
 }
+
+/// A request given up during its refresh of the scope's rate (a timeout
+/// or a `select!` around `acquire`) leaves the refresh due: the next
+/// request makes it. Before, the scope was marked refreshed before the
+/// backend was asked, so this worker went on at its old rate for a
+/// reaction window, however far the fleet had cut it meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_refresh_given_up_by_its_caller_is_made_by_the_next_request() {
+    let backend = backend();
+    let config = AimdConfig {
+        initial_rate: 16.0,
+        ..config()
+    };
+    let worker = limiter(config, backend.clone());
+    let other = limiter_on(&worker);
+    let scope = Key::new("example.org");
+    assert!(worker.try_acquire(&scope).await.is_ok());
+    // A reaction window later, a refresh is due; the fleet has cut the
+    // rate meanwhile.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    other
+        .feedback(&scope, Outcome::Refused { retry_after: None })
+        .await;
+    assert_eq!(other.shared_rate(&scope).await.unwrap(), 12.0);
+    // Every backend call takes 10 ms: the request is given up during its
+    // refresh.
+    backend.set_delay(Duration::from_millis(10));
+    let gave_up = tokio::time::timeout(Duration::from_millis(5), worker.try_acquire(&scope)).await;
+    assert!(
+        gave_up.is_err(),
+        "the request ended before its caller gave up"
+    );
+    backend.clear_faults();
+    let _ = worker.try_acquire(&scope).await;
+    assert_eq!(worker.rate(&scope), 12.0, "the refresh was skipped");
+}
