@@ -330,3 +330,50 @@ async fn a_rate_limit_layer_over_a_concurrency_limit_frees_each_slot_with_its_re
         drop(gate);
     }
 }
+
+/// Under `RateLimitLayer` too, a request that runs longer than its lease
+/// (a client sending its body slowly decides how long) keeps its slot: the
+/// lease is renewed while the request runs. Before, a second request
+/// passed once the first lease ran out.
+#[tokio::test(start_paused = true)]
+async fn a_rate_limit_layer_keeps_a_slow_requests_slot_past_its_lease() {
+    use std::sync::Arc;
+
+    use tokio::sync::Notify;
+
+    let (l, clock) = limiter(1);
+    let gate = Arc::new(Notify::new());
+    let waiting = Arc::clone(&gate);
+    let svc = service_fn(move |req: Request<String>| {
+        let waiting = Arc::clone(&waiting);
+        async move {
+            if req.uri().path() == "/slow" {
+                waiting.notified().await;
+            }
+            Ok::<_, Infallible>(Response::new(String::from("export")))
+        }
+    });
+    let mut svc = RateLimitLayer::new(l.clone(), tenant).layer(svc);
+    let slow = Request::get("/slow").body(String::new()).unwrap();
+    let slow = tokio::spawn(svc.clone().oneshot(slow));
+    tokio::task::yield_now().await;
+    assert_eq!(settled_free_slots(&l, 0).await, 0);
+    // Two leases (60 s each), the backend's clock and the runtime's in step.
+    for step in 1..=12 {
+        clock.advance(Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let refused = send(&mut svc).await;
+        assert_eq!(
+            refused.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "{} s in, a second request passed",
+            step * 10
+        );
+    }
+    gate.notify_one();
+    assert_eq!(slow.await.unwrap().unwrap().status(), StatusCode::OK);
+    assert_eq!(settled_free_slots(&l, 1).await, 1);
+}
