@@ -23,7 +23,7 @@ pub(crate) mod http_responder;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{Entry, OccupiedEntry};
+use http::header::Entry;
 use http::{HeaderMap, HeaderValue};
 use tollgate_limiter::decision::ceil_secs;
 use tollgate_limiter::{Decision, Policy};
@@ -86,7 +86,7 @@ impl<'a> Quota<'a> {
         match self.plain_policy() {
             // The same few values on every response: remembered per thread
             // (no lock, no shared counter) instead of written each time.
-            Some((q, w)) => REMEMBERED.with_borrow_mut(|r| r.policy(self.name, q, w)),
+            Some((q, w)) => REMEMBERED.with_borrow_mut(|r| r.own(self.name, q, w).value.clone()),
             None => self.composite_policy_header(),
         }
     }
@@ -141,20 +141,20 @@ impl<'a> Quota<'a> {
     /// `RateLimit: "name";r=<remaining>;t=<seconds to reset>`; for a
     /// composite, of the binding part, `"<name>.<index>"`.
     pub fn header(&self) -> HeaderValue {
-        self.header_after(None)
+        self.header_after(None, None)
             .unwrap_or_else(|| HeaderValue::from_static("\"\""))
     }
 
     /// [`header`](Self::header)'s item after `line` and `", "` (the line
     /// an inner layer wrote), or alone; `None` when `line` holds bytes a
-    /// checked value refuses.
-    fn header_after(&self, line: Option<&[u8]>) -> Option<HeaderValue> {
-        item(
-            line,
-            &self.policy_name(),
-            (b'r', self.decision.remaining()),
-            (b't', self.reset_secs()),
-        )
+    /// checked value refuses. `own` is this policy's remembered item, if
+    /// it has one: its name is written already, escaped.
+    fn header_after(&self, line: Option<&[u8]>, own: Option<&Own>) -> Option<HeaderValue> {
+        let (r, t) = ((b'r', self.decision.remaining()), (b't', self.reset_secs()));
+        match own {
+            Some(own) => write_item(line, own.escaped_name(), r, t),
+            None => item(line, &self.policy_name(), r, t),
+        }
     }
 }
 
@@ -167,47 +167,65 @@ impl<'a> Quota<'a> {
 /// response ~30 bytes shorter per stacked layer, and the header map
 /// without a chain of extra values.
 pub(crate) fn add_quota_headers(headers: &mut HeaderMap, quota: &Quota<'_>) {
+    match quota.plain_policy() {
+        // The same few policies on every response: their items, and the
+        // lines they join, are remembered per thread (no lock, no shared
+        // counter) instead of written each time.
+        Some((q, w)) => {
+            REMEMBERED
+                .with_borrow_mut(|r| add_fields(headers, quota, Some(r.own(quota.name, q, w))));
+        }
+        None => add_fields(headers, quota, None),
+    }
+}
+
+/// [`add_quota_headers`], with the policy's remembered item if it has one
+/// (`None` for a composite).
+fn add_fields(headers: &mut HeaderMap, quota: &Quota<'_>, mut own: Option<&mut Own>) {
+    let own_policy = |own: Option<&Own>| match own {
+        Some(own) => own.value.clone(),
+        None => quota.composite_policy_header(),
+    };
     match headers.entry(RATELIMIT_POLICY) {
         Entry::Vacant(e) => {
-            e.insert(quota.policy_header());
+            e.insert(own_policy(own.as_deref()));
         }
-        Entry::Occupied(e) => join_policy(e, quota),
+        Entry::Occupied(mut e) => {
+            if let Some(last) = e.iter_mut().last() {
+                let line = match own.as_deref_mut() {
+                    Some(own) => own.joined(last),
+                    None => joined(last.as_bytes(), quota.composite_policy_header().as_bytes()),
+                };
+                // A line a checked value refuses (only a value made with
+                // `http`'s unsafe unchecked constructor can hold one;
+                // hyper's parser refuses them too) is kept as it is, never
+                // replaced: the item goes on a line of its own.
+                match line {
+                    Some(v) => *last = v,
+                    None => e.append(own_policy(own.as_deref())),
+                }
+            }
+        }
     }
     match headers.entry(RATELIMIT) {
         Entry::Vacant(e) => {
-            e.insert(quota.header());
+            e.insert(
+                quota
+                    .header_after(None, own.as_deref())
+                    .unwrap_or_else(|| HeaderValue::from_static("\"\"")),
+            );
         }
         Entry::Occupied(mut e) => {
             let Some(last) = e.iter_mut().last() else {
                 return;
             };
-            // A line a checked value refuses (only a value made with
-            // `http`'s unsafe unchecked constructor can hold one; hyper's
-            // parser refuses them too) is kept as it is, never replaced:
-            // the item goes on a line of its own.
-            match quota.header_after(Some(last.as_bytes())) {
+            // As for the policy field: a line a checked value refuses
+            // keeps its own line.
+            match quota.header_after(Some(last.as_bytes()), own.as_deref()) {
                 Some(v) => *last = v,
                 None => e.append(quota.header()),
             }
         }
-    }
-}
-
-/// Joins `quota`'s `RateLimit-Policy` item to the last line of the field.
-/// The inner layers' policies and this one's are the same on every
-/// response, so the joined line is remembered per thread, as
-/// [`Quota::policy_header`] remembers a layer's own.
-fn join_policy(mut entry: OccupiedEntry<'_, HeaderValue>, quota: &Quota<'_>) {
-    let Some(last) = entry.iter_mut().last() else {
-        return;
-    };
-    let line = match quota.plain_policy() {
-        Some((q, w)) => REMEMBERED.with_borrow_mut(|r| r.joined(last, quota.name, q, w)),
-        None => joined(last.as_bytes(), quota.composite_policy_header().as_bytes()),
-    };
-    match line {
-        Some(v) => *last = v,
-        None => entry.append(quota.policy_header()),
     }
 }
 
@@ -216,79 +234,90 @@ fn part_name(name: &str, index: usize) -> String {
     format!("{name}.{index}")
 }
 
-/// Policy header values remembered per thread, of each kind.
+/// Policies, and lines each policy joined, remembered per thread.
 const POLICY_CACHE: usize = 16;
 
-/// (limiter name, q, w): a `RateLimit-Policy` item.
-type PolicyKey = (Box<str>, u64, u64);
+/// A policy's `RateLimit-Policy` item, as a thread remembers it.
+struct Own {
+    /// The limiter's name, `q` and `w`.
+    key: (Box<str>, u64, u64),
+    /// `"name";q=<q>;w=<w>`.
+    value: HeaderValue,
+    /// Where the name's closing quote is in `value`.
+    name_end: usize,
+    /// (A line an inner layer wrote, that line with this item joined.)
+    joined: Vec<(HeaderValue, HeaderValue)>,
+}
 
-/// The `RateLimit-Policy` values a thread has made.
+impl Own {
+    /// The name as `value` writes it between its quotes (escaped).
+    fn escaped_name(&self) -> &[u8] {
+        &self.value.as_bytes()[1..self.name_end]
+    }
+
+    /// `line, "name";q=<q>;w=<w>`; `None` when `line` holds bytes a
+    /// checked value refuses (see [`add_fields`]).
+    fn joined(&mut self, line: &HeaderValue) -> Option<HeaderValue> {
+        if let Some((_, v)) = self.joined.iter().find(|(l, _)| l == line) {
+            return Some(v.clone());
+        }
+        let v = joined(line.as_bytes(), self.value.as_bytes())?;
+        remember(&mut self.joined, (line.clone(), v.clone()));
+        Some(v)
+    }
+}
+
+/// The `RateLimit-Policy` items a thread has made.
 struct Remembered {
-    /// A layer's own: (its item's key, the value).
-    policies: Vec<(PolicyKey, HeaderValue)>,
-    /// Joined: ((the line so far, this layer's item), the two joined).
-    joined: Vec<((HeaderValue, PolicyKey), HeaderValue)>,
+    policies: Vec<Own>,
 }
 
 thread_local! {
     static REMEMBERED: std::cell::RefCell<Remembered> = const {
         std::cell::RefCell::new(Remembered {
             policies: Vec::new(),
-            joined: Vec::new(),
         })
     };
 }
 
 impl Remembered {
-    /// `"name";q=<q>;w=<w>`.
-    fn policy(&mut self, name: &str, q: u64, w: u64) -> HeaderValue {
-        remembered(
-            &mut self.policies,
-            |(n, cq, cw)| **n == *name && *cq == q && *cw == w,
-            || Some(((name.into(), q, w), item(None, name, (b'q', q), (b'w', w))?)),
-        )
-        .unwrap_or_else(|| HeaderValue::from_static("\"\""))
-    }
-
-    /// `line, "name";q=<q>;w=<w>`; `None` when `line` holds bytes a
-    /// checked value refuses (see [`add_quota_headers`]).
-    fn joined(&mut self, line: &HeaderValue, name: &str, q: u64, w: u64) -> Option<HeaderValue> {
-        if let Some((_, v)) = self
-            .joined
-            .iter()
-            .find(|((l, (n, cq, cw)), _)| **n == *name && *cq == q && *cw == w && l == line)
-        {
-            return Some(v.clone());
-        }
-        let own = self.policy(name, q, w);
-        let v = joined(line.as_bytes(), own.as_bytes())?;
-        remember(
-            &mut self.joined,
-            ((line.clone(), (name.into(), q, w)), v.clone()),
+    /// The item `"name";q=<q>;w=<w>`, remembered.
+    fn own(&mut self, name: &str, q: u64, w: u64) -> &mut Own {
+        let found = self.policies.iter().position(
+            |Own {
+                 key: (n, cq, cw), ..
+             }| **n == *name && *cq == q && *cw == w,
         );
-        Some(v)
+        let i = match found {
+            Some(i) => i,
+            None => {
+                let value = item(None, name, (b'q', q), (b'w', w))
+                    .unwrap_or_else(|| HeaderValue::from_static("\"\""));
+                // The closing quote is the last one: the parameters after
+                // it are digits.
+                let name_end = value
+                    .as_bytes()
+                    .iter()
+                    .rposition(|&c| c == b'"')
+                    .unwrap_or(1)
+                    .max(1);
+                let own = Own {
+                    key: (name.into(), q, w),
+                    value,
+                    name_end,
+                    joined: Vec::new(),
+                };
+                remember(&mut self.policies, own);
+                self.policies.len() - 1
+            }
+        };
+        &mut self.policies[i]
     }
-}
-
-/// The value of the entry `hit` finds in a per-thread cache of at most
-/// [`POLICY_CACHE`] entries, else the one `make` makes (with its key),
-/// remembered; `None` when `make` makes none (nothing is remembered).
-fn remembered<K>(
-    cache: &mut Vec<(K, HeaderValue)>,
-    hit: impl Fn(&K) -> bool,
-    make: impl FnOnce() -> Option<(K, HeaderValue)>,
-) -> Option<HeaderValue> {
-    if let Some((_, v)) = cache.iter().find(|(k, _)| hit(k)) {
-        return Some(v.clone());
-    }
-    let (k, v) = make()?;
-    remember(cache, (k, v.clone()));
-    Some(v)
 }
 
 /// Adds `entry` to a per-thread cache, in place of the oldest when the
 /// cache holds [`POLICY_CACHE`] entries.
-fn remember<K>(cache: &mut Vec<(K, HeaderValue)>, entry: (K, HeaderValue)) {
+fn remember<T>(cache: &mut Vec<T>, entry: T) {
     if cache.len() == POLICY_CACHE {
         cache.remove(0);
     }
@@ -305,11 +334,8 @@ fn joined(line: &[u8], item: &[u8]) -> Option<HeaderValue> {
     HeaderValue::from_maybe_shared(Bytes::from(v)).ok()
 }
 
-/// `"name";a=1;b=2`, after `line` and `", "` if there is a line, written
-/// without the formatting machinery (this runs on every response) into one
-/// allocation of exactly its length, which becomes the value's bytes (no
-/// buffer copied, no second allocation); `None` when `line` holds bytes a
-/// checked value refuses (the item's own are printable ASCII).
+/// `"name";a=1;b=2`, after `line` and `", "` if there is a line (see
+/// [`write_item`]); `None` when `line` holds bytes a checked value refuses.
 fn item(line: Option<&[u8]>, name: &str, a: (u8, u64), b: (u8, u64)) -> Option<HeaderValue> {
     if !is_plain(name) {
         // A name to escape (rare): written as a composite's fields are.
@@ -321,6 +347,16 @@ fn item(line: Option<&[u8]>, name: &str, a: (u8, u64), b: (u8, u64)) -> Option<H
         write_field(&mut buf, name, a, b);
         return HeaderValue::from_bytes(&buf).ok();
     }
+    write_item(line, name.as_bytes(), a, b)
+}
+
+/// `"name";a=1;b=2` with `name` written as it is (plain or escaped
+/// already), after `line` and `", "` if there is a line, without the
+/// formatting machinery (this runs on every response) into one allocation
+/// of exactly its length, which becomes the value's bytes (no buffer
+/// copied, no second allocation); `None` when `line` holds bytes a checked
+/// value refuses (the item's own are printable ASCII).
+fn write_item(line: Option<&[u8]>, name: &[u8], a: (u8, u64), b: (u8, u64)) -> Option<HeaderValue> {
     let (mut a_digits, mut b_digits) = (itoa::Buffer::new(), itoa::Buffer::new());
     let a_digits = a_digits.format(a.1).as_bytes();
     let b_digits = b_digits.format(b.1).as_bytes();
@@ -333,7 +369,7 @@ fn item(line: Option<&[u8]>, name: &str, a: (u8, u64), b: (u8, u64)) -> Option<H
     v.extend_from_slice(line);
     v.extend_from_slice(sep);
     v.push(b'"');
-    v.extend_from_slice(name.as_bytes());
+    v.extend_from_slice(name);
     v.extend_from_slice(&[b'"', b';', a.0, b'=']);
     v.extend_from_slice(a_digits);
     v.extend_from_slice(&[b';', b.0, b'=']);
@@ -341,7 +377,6 @@ fn item(line: Option<&[u8]>, name: &str, a: (u8, u64), b: (u8, u64)) -> Option<H
     debug_assert_eq!(v.len(), len);
     HeaderValue::from_maybe_shared(Bytes::from(v)).ok()
 }
-
 fn write_field(buf: &mut Vec<u8>, name: &str, a: (u8, u64), b: (u8, u64)) {
     // Room for the quoted name and two 20-digit parameters: one capacity
     // check, not one per byte pushed.
@@ -521,6 +556,19 @@ mod tests {
                 ["\"key\";q=100;w=60, \"ip\";q=100;w=60"]
             );
             assert_eq!(lines(RATELIMIT), ["\"key\";r=50;t=30, \"ip\";r=50;t=30"]);
+        }
+        // A name to escape, alone and joined: the RateLimit item takes the
+        // escaped name its remembered policy item wrote.
+        for _ in 0..2 {
+            let mut headers = HeaderMap::new();
+            add_quota_headers(&mut headers, &Quota::new("a\"b\\c\u{e9}", &policy, &d));
+            assert_eq!(headers[RATELIMIT_POLICY], "\"a\\\"b\\\\c_\";q=100;w=60");
+            assert_eq!(headers[RATELIMIT], "\"a\\\"b\\\\c_\";r=50;t=30");
+            add_quota_headers(&mut headers, &Quota::new("\\", &policy, &d));
+            assert_eq!(
+                headers[RATELIMIT],
+                "\"a\\\"b\\\\c_\";r=50;t=30, \"\\\\\";r=50;t=30"
+            );
         }
         // A line of another policy is joined, not mistaken for a cached one.
         let mut headers = HeaderMap::new();
