@@ -114,7 +114,14 @@ impl ApiKey {
         // example). `trim_ascii`, not `trim`: a value `to_str` accepts is
         // visible ASCII and tabs, whose only whitespace (space, tab) both
         // trim alike, without `trim`'s decoding of UTF-8 characters.
-        let mut same = |c: &'r str| *found.get_or_insert(c) == c;
+        // The first one found is not compared with itself.
+        let mut same = |c: &'r str| match found {
+            None => {
+                found = Some(c);
+                true
+            }
+            Some(first) => first == c,
+        };
         if let Some(name) = &self.header {
             for v in headers.get_all(name) {
                 if let Some(c) = v.to_str().ok().and_then(|v| self.valid(v.trim_ascii()))
