@@ -111,11 +111,20 @@ impl ApiKey {
         // not an iterator chain: read on every request, sometimes twice
         // (a policy resolver and the extractor), and the chain's adapters
         // cost ~100 instructions a read more (callgrind, the API-key
-        // example).
-        let mut same = |c: &'r str| *found.get_or_insert(c) == c;
+        // example). `trim_ascii`, not `trim`: a value `to_str` accepts is
+        // visible ASCII and tabs, whose only whitespace (space, tab) both
+        // trim alike, without `trim`'s decoding of UTF-8 characters.
+        // The first one found is not compared with itself.
+        let mut same = |c: &'r str| match found {
+            None => {
+                found = Some(c);
+                true
+            }
+            Some(first) => first == c,
+        };
         if let Some(name) = &self.header {
             for v in headers.get_all(name) {
-                if let Some(c) = v.to_str().ok().and_then(|v| self.valid(v.trim()))
+                if let Some(c) = v.to_str().ok().and_then(|v| self.valid(v.trim_ascii()))
                     && !same(c)
                 {
                     return None;
@@ -138,10 +147,11 @@ impl ApiKey {
 
     /// The valid token of an `Authorization: Bearer <token>` line.
     fn bearer_token<'s>(&self, line: &'s str) -> Option<&'s str> {
-        let (scheme, token) = line.trim().split_once(' ')?;
+        // `line` is what `to_str` accepts: see `credential` on `trim_ascii`.
+        let (scheme, token) = line.trim_ascii().split_once(' ')?;
         // One word (RFC 6750's b64token has no space, tab or comma):
         // several read as several credentials, see the type's docs.
-        let token = token.trim();
+        let token = token.trim_ascii();
         let one_word = !token.bytes().any(|b| matches!(b, b' ' | b'\t' | b','));
         if scheme.eq_ignore_ascii_case("bearer") && one_word {
             self.valid(token)
@@ -181,6 +191,15 @@ mod tests {
     fn header_then_bearer() {
         let x = ApiKey::header(HeaderName::from_static("x-api-key"), hasher()).or_bearer();
         assert_eq!(x.extract(&req("x-api-key", b" abc ")), Some(secret("abc")));
+        // Tabs are trimmed as spaces are (the only whitespace a value holds).
+        assert_eq!(
+            x.extract(&req("x-api-key", b"\t abc\t")),
+            Some(secret("abc"))
+        );
+        assert_eq!(
+            x.extract(&req("authorization", b"\tBearer tok \t")),
+            Some(secret("tok"))
+        );
         assert_eq!(
             x.extract(&req("authorization", b"bearer  tok")),
             Some(secret("tok"))

@@ -23,7 +23,7 @@ pub(crate) mod http_responder;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{Entry, OccupiedEntry};
+use http::header::Entry;
 use http::{HeaderMap, HeaderValue};
 use tollgate_limiter::decision::ceil_secs;
 use tollgate_limiter::{Decision, Policy};
@@ -83,34 +83,30 @@ impl<'a> Quota<'a> {
     /// The binding part's numbers are the decision's (the policy in force);
     /// the others' are the configured policy's.
     pub fn policy_header(&self) -> HeaderValue {
-        if let Policy::Composite(c) = self.policy {
-            return self.composite_policy_header(c);
+        match self.plain_policy() {
+            // The same few values on every response: remembered per thread
+            // (no lock, no shared counter) instead of written each time.
+            Some((q, w)) => REMEMBERED.with_borrow_mut(|r| r.own(self.name, q, w).value.clone()),
+            None => self.composite_policy_header(),
         }
-        let q = self.decision.limit();
+    }
+
+    /// `q` and `w` of a policy that is not a composite (`None` for one).
+    fn plain_policy(&self) -> Option<(u64, u64)> {
+        if let Policy::Composite(_) = self.policy {
+            return None;
+        }
         let window = match self.decision.window() {
             w if w.is_zero() => self.policy.window(),
             w => w,
         };
-        let w = ceil_secs(window).max(1);
-        // The same few values on every response: remember them per thread
-        // (no lock, no shared counter) instead of formatting each time.
-        POLICY_HEADERS
-            .with_borrow_mut(|cache| {
-                remembered(
-                    cache,
-                    |(n, cq, cw)| **n == *self.name && *cq == q && *cw == w,
-                    || {
-                        Some((
-                            (self.name.into(), q, w),
-                            field(self.name, (b'q', q), (b'w', w)),
-                        ))
-                    },
-                )
-            })
-            .expect("a policy field is always made")
+        Some((self.decision.limit(), ceil_secs(window).max(1)))
     }
 
-    fn composite_policy_header(&self, c: &tollgate_limiter::Composite) -> HeaderValue {
+    fn composite_policy_header(&self) -> HeaderValue {
+        let Policy::Composite(c) = self.policy else {
+            unreachable!("called for a composite policy only")
+        };
         let binding = self.decision.part();
         let mut buf = Vec::with_capacity(c.len() * (self.name.len() + 32));
         for (i, part) in c.policies().enumerate() {
@@ -145,17 +141,20 @@ impl<'a> Quota<'a> {
     /// `RateLimit: "name";r=<remaining>;t=<seconds to reset>`; for a
     /// composite, of the binding part, `"<name>.<index>"`.
     pub fn header(&self) -> HeaderValue {
-        written(|buf| self.write_header(buf))
+        self.header_after(None, None)
+            .unwrap_or_else(|| HeaderValue::from_static("\"\""))
     }
 
-    /// [`header`](Self::header)'s item, written at the end of `buf`.
-    fn write_header(&self, buf: &mut Vec<u8>) {
-        write_field(
-            buf,
-            &self.policy_name(),
-            (b'r', self.decision.remaining()),
-            (b't', self.reset_secs()),
-        );
+    /// [`header`](Self::header)'s item after `line` and `", "` (the line
+    /// an inner layer wrote), or alone; `None` when `line` holds bytes a
+    /// checked value refuses. `own` is this policy's remembered item, if
+    /// it has one: its name is written already, escaped.
+    fn header_after(&self, line: Option<&[u8]>, own: Option<&Own>) -> Option<HeaderValue> {
+        let (r, t) = ((b'r', self.decision.remaining()), (b't', self.reset_secs()));
+        match own {
+            Some(own) => write_item(line, own.escaped_name(), r, t),
+            None => item(line, &self.policy_name(), r, t),
+        }
     }
 }
 
@@ -168,66 +167,65 @@ impl<'a> Quota<'a> {
 /// response ~30 bytes shorter per stacked layer, and the header map
 /// without a chain of extra values.
 pub(crate) fn add_quota_headers(headers: &mut HeaderMap, quota: &Quota<'_>) {
+    match quota.plain_policy() {
+        // The same few policies on every response: their items, and the
+        // lines they join, are remembered per thread (no lock, no shared
+        // counter) instead of written each time.
+        Some((q, w)) => {
+            REMEMBERED
+                .with_borrow_mut(|r| add_fields(headers, quota, Some(r.own(quota.name, q, w))));
+        }
+        None => add_fields(headers, quota, None),
+    }
+}
+
+/// [`add_quota_headers`], with the policy's remembered item if it has one
+/// (`None` for a composite).
+fn add_fields(headers: &mut HeaderMap, quota: &Quota<'_>, mut own: Option<&mut Own>) {
+    let own_policy = |own: Option<&Own>| match own {
+        Some(own) => own.value.clone(),
+        None => quota.composite_policy_header(),
+    };
     match headers.entry(RATELIMIT_POLICY) {
         Entry::Vacant(e) => {
-            e.insert(quota.policy_header());
+            e.insert(own_policy(own.as_deref()));
         }
-        Entry::Occupied(mut e) => join_policy(&mut e, quota.policy_header()),
+        Entry::Occupied(mut e) => {
+            if let Some(last) = e.iter_mut().last() {
+                let line = match own.as_deref_mut() {
+                    Some(own) => own.joined(last),
+                    None => joined(last.as_bytes(), quota.composite_policy_header().as_bytes()),
+                };
+                // A line a checked value refuses (only a value made with
+                // `http`'s unsafe unchecked constructor can hold one;
+                // hyper's parser refuses them too) is kept as it is, never
+                // replaced: the item goes on a line of its own.
+                match line {
+                    Some(v) => *last = v,
+                    None => e.append(own_policy(own.as_deref())),
+                }
+            }
+        }
     }
     match headers.entry(RATELIMIT) {
         Entry::Vacant(e) => {
-            e.insert(quota.header());
+            e.insert(
+                quota
+                    .header_after(None, own.as_deref())
+                    .unwrap_or_else(|| HeaderValue::from_static("\"\"")),
+            );
         }
-        Entry::Occupied(e) => join(e, |buf| quota.write_header(buf)),
-    }
-}
-
-/// Appends the item `write` writes to the last line of an existing field.
-fn join(mut entry: OccupiedEntry<'_, HeaderValue>, write: impl Fn(&mut Vec<u8>)) {
-    let Some(last) = entry.iter_mut().last() else {
-        return;
-    };
-    match joined(last, &write) {
-        Some(v) => *last = v,
-        None => entry.append(written(write)),
-    }
-}
-
-/// `line, <the item write writes>`; `None` when `line` holds bytes a
-/// checked value refuses, which only a value made with `http`'s unsafe
-/// unchecked constructor can (hyper's parser refuses them too): then the
-/// item goes on a line of its own and the inner service's line is kept as
-/// it is, never replaced.
-fn joined(line: &HeaderValue, write: impl FnOnce(&mut Vec<u8>)) -> Option<HeaderValue> {
-    FIELD_BUF.with_borrow_mut(|buf| {
-        buf.clear();
-        buf.extend_from_slice(line.as_bytes());
-        buf.extend_from_slice(b", ");
-        write(buf);
-        HeaderValue::from_bytes(buf).ok()
-    })
-}
-
-/// [`join`] for `RateLimit-Policy`: the inner layers' policies and this
-/// one's are the same on every response, so the joined line is
-/// remembered per thread, as [`Quota::policy_header`] remembers its own.
-fn join_policy(entry: &mut OccupiedEntry<'_, HeaderValue>, policy: HeaderValue) {
-    let Some(last) = entry.iter_mut().last() else {
-        return;
-    };
-    let line = JOINED_POLICIES.with_borrow_mut(|cache| {
-        remembered(
-            cache,
-            |(l, p)| l == last && *p == policy,
-            || {
-                let v = joined(last, |buf| buf.extend_from_slice(policy.as_bytes()))?;
-                Some(((last.clone(), policy.clone()), v))
-            },
-        )
-    });
-    match line {
-        Some(v) => *last = v,
-        None => entry.append(policy),
+        Entry::Occupied(mut e) => {
+            let Some(last) = e.iter_mut().last() else {
+                return;
+            };
+            // As for the policy field: a line a checked value refuses
+            // keeps its own line.
+            match quota.header_after(Some(last.as_bytes()), own.as_deref()) {
+                Some(v) => *last = v,
+                None => e.append(quota.header()),
+            }
+        }
     }
 }
 
@@ -236,65 +234,149 @@ fn part_name(name: &str, index: usize) -> String {
     format!("{name}.{index}")
 }
 
-/// Policy header values remembered per thread.
+/// Policies, and lines each policy joined, remembered per thread.
 const POLICY_CACHE: usize = 16;
 
-/// ((limiter name, q, w), field value).
-type PolicyEntry = ((Box<str>, u64, u64), HeaderValue);
-
-/// ((the line so far, this layer's policy), the two joined).
-type JoinedEntry = ((HeaderValue, HeaderValue), HeaderValue);
-
-thread_local! {
-    static POLICY_HEADERS: std::cell::RefCell<Vec<PolicyEntry>> =
-        const { std::cell::RefCell::new(Vec::new()) };
-    static JOINED_POLICIES: std::cell::RefCell<Vec<JoinedEntry>> =
-        const { std::cell::RefCell::new(Vec::new()) };
+/// A policy's `RateLimit-Policy` item, as a thread remembers it.
+struct Own {
+    /// The limiter's name, `q` and `w`.
+    key: (Box<str>, u64, u64),
+    /// `"name";q=<q>;w=<w>`.
+    value: HeaderValue,
+    /// Where the name's closing quote is in `value`.
+    name_end: usize,
+    /// (A line an inner layer wrote, that line with this item joined.)
+    joined: Vec<(HeaderValue, HeaderValue)>,
 }
 
-/// The value of the entry `hit` finds in a per-thread cache of at most
-/// [`POLICY_CACHE`] entries, else the one `make` makes (with its key),
-/// remembered in place of the oldest when the cache is full; `None` when
-/// `make` makes none (nothing is remembered).
-fn remembered<K>(
-    cache: &mut Vec<(K, HeaderValue)>,
-    hit: impl Fn(&K) -> bool,
-    make: impl FnOnce() -> Option<(K, HeaderValue)>,
-) -> Option<HeaderValue> {
-    if let Some((_, v)) = cache.iter().find(|(k, _)| hit(k)) {
-        return Some(v.clone());
+impl Own {
+    /// The name as `value` writes it between its quotes (escaped).
+    fn escaped_name(&self) -> &[u8] {
+        &self.value.as_bytes()[1..self.name_end]
     }
-    let (k, v) = make()?;
+
+    /// `line, "name";q=<q>;w=<w>`; `None` when `line` holds bytes a
+    /// checked value refuses (see [`add_fields`]).
+    fn joined(&mut self, line: &HeaderValue) -> Option<HeaderValue> {
+        if let Some((_, v)) = self.joined.iter().find(|(l, _)| l == line) {
+            return Some(v.clone());
+        }
+        let v = joined(line.as_bytes(), self.value.as_bytes())?;
+        remember(&mut self.joined, (line.clone(), v.clone()));
+        Some(v)
+    }
+}
+
+/// The `RateLimit-Policy` items a thread has made.
+struct Remembered {
+    policies: Vec<Own>,
+}
+
+thread_local! {
+    static REMEMBERED: std::cell::RefCell<Remembered> = const {
+        std::cell::RefCell::new(Remembered {
+            policies: Vec::new(),
+        })
+    };
+}
+
+impl Remembered {
+    /// The item `"name";q=<q>;w=<w>`, remembered.
+    fn own(&mut self, name: &str, q: u64, w: u64) -> &mut Own {
+        let found = self.policies.iter().position(
+            |Own {
+                 key: (n, cq, cw), ..
+             }| **n == *name && *cq == q && *cw == w,
+        );
+        let i = match found {
+            Some(i) => i,
+            None => {
+                let value = item(None, name, (b'q', q), (b'w', w))
+                    .unwrap_or_else(|| HeaderValue::from_static("\"\""));
+                // The closing quote is the last one: the parameters after
+                // it are digits.
+                let name_end = value
+                    .as_bytes()
+                    .iter()
+                    .rposition(|&c| c == b'"')
+                    .unwrap_or(1)
+                    .max(1);
+                let own = Own {
+                    key: (name.into(), q, w),
+                    value,
+                    name_end,
+                    joined: Vec::new(),
+                };
+                remember(&mut self.policies, own);
+                self.policies.len() - 1
+            }
+        };
+        &mut self.policies[i]
+    }
+}
+
+/// Adds `entry` to a per-thread cache, in place of the oldest when the
+/// cache holds [`POLICY_CACHE`] entries.
+fn remember<T>(cache: &mut Vec<T>, entry: T) {
     if cache.len() == POLICY_CACHE {
         cache.remove(0);
     }
-    cache.push((k, v.clone()));
-    Some(v)
+    cache.push(entry);
 }
 
-/// `"name";a=1;b=2`, written without the formatting machinery: this runs
-/// on every response.
-fn field(name: &str, a: (u8, u64), b: (u8, u64)) -> HeaderValue {
-    written(|buf| write_field(buf, name, a, b))
+/// `line, item`, in one allocation of exactly its length; `None` when
+/// `line` holds bytes a checked value refuses.
+fn joined(line: &[u8], item: &[u8]) -> Option<HeaderValue> {
+    let mut v = Vec::with_capacity(line.len() + 2 + item.len());
+    v.extend_from_slice(line);
+    v.extend_from_slice(b", ");
+    v.extend_from_slice(item);
+    HeaderValue::from_maybe_shared(Bytes::from(v)).ok()
 }
 
-/// The value `write` writes, through the per-thread buffer, then copied
-/// once into the value's own bytes (only printable ASCII is ever written):
-/// one allocation per field instead of three (a Vec, the shared Bytes it
-/// would become, and its header).
-fn written(write: impl FnOnce(&mut Vec<u8>)) -> HeaderValue {
-    FIELD_BUF.with_borrow_mut(|buf| {
-        buf.clear();
-        write(buf);
-        HeaderValue::from_bytes(buf).unwrap_or_else(|_| HeaderValue::from_static("\"\""))
-    })
+/// `"name";a=1;b=2`, after `line` and `", "` if there is a line (see
+/// [`write_item`]); `None` when `line` holds bytes a checked value refuses.
+fn item(line: Option<&[u8]>, name: &str, a: (u8, u64), b: (u8, u64)) -> Option<HeaderValue> {
+    if !is_plain(name) {
+        // A name to escape (rare): written as a composite's fields are.
+        let mut buf = Vec::new();
+        if let Some(line) = line {
+            buf.extend_from_slice(line);
+            buf.extend_from_slice(b", ");
+        }
+        write_field(&mut buf, name, a, b);
+        return HeaderValue::from_bytes(&buf).ok();
+    }
+    write_item(line, name.as_bytes(), a, b)
 }
 
-thread_local! {
-    /// Where field values are written before they are copied into one.
-    static FIELD_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+/// `"name";a=1;b=2` with `name` written as it is (plain or escaped
+/// already), after `line` and `", "` if there is a line, without the
+/// formatting machinery (this runs on every response) into one allocation
+/// of exactly its length, which becomes the value's bytes (no buffer
+/// copied, no second allocation); `None` when `line` holds bytes a checked
+/// value refuses (the item's own are printable ASCII).
+fn write_item(line: Option<&[u8]>, name: &[u8], a: (u8, u64), b: (u8, u64)) -> Option<HeaderValue> {
+    let (mut a_digits, mut b_digits) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let a_digits = a_digits.format(a.1).as_bytes();
+    let b_digits = b_digits.format(b.1).as_bytes();
+    let (line, sep): (&[u8], &[u8]) = match line {
+        Some(line) => (line, b", "),
+        None => (b"", b""),
+    };
+    let len = line.len() + sep.len() + name.len() + 2 + 3 + a_digits.len() + 3 + b_digits.len();
+    let mut v = Vec::with_capacity(len);
+    v.extend_from_slice(line);
+    v.extend_from_slice(sep);
+    v.push(b'"');
+    v.extend_from_slice(name);
+    v.extend_from_slice(&[b'"', b';', a.0, b'=']);
+    v.extend_from_slice(a_digits);
+    v.extend_from_slice(&[b';', b.0, b'=']);
+    v.extend_from_slice(b_digits);
+    debug_assert_eq!(v.len(), len);
+    HeaderValue::from_maybe_shared(Bytes::from(v)).ok()
 }
-
 fn write_field(buf: &mut Vec<u8>, name: &str, a: (u8, u64), b: (u8, u64)) {
     // Room for the quoted name and two 20-digit parameters: one capacity
     // check, not one per byte pushed.
@@ -318,14 +400,19 @@ fn push_u64(buf: &mut Vec<u8>, v: u64) {
     buf.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
 }
 
+/// Whether `s` is a structured-field string's content as it is: printable
+/// ASCII without quotes or backslashes (a limiter's name, as a rule).
+fn is_plain(s: &str) -> bool {
+    s.bytes()
+        .all(|c| matches!(c, b' '..=b'~') && c != b'"' && c != b'\\')
+}
+
 /// A structured-field string: printable ASCII only, quotes and backslashes
 /// escaped; anything else becomes `_`.
 fn sf_string(buf: &mut Vec<u8>, s: &str) {
     buf.push(b'"');
     // A limiter's name is plain ASCII: copied whole.
-    if s.bytes()
-        .all(|c| matches!(c, b' '..=b'~') && c != b'"' && c != b'\\')
-    {
+    if is_plain(s) {
         buf.extend_from_slice(s.as_bytes());
         buf.push(b'"');
         return;
@@ -470,6 +557,19 @@ mod tests {
             );
             assert_eq!(lines(RATELIMIT), ["\"key\";r=50;t=30, \"ip\";r=50;t=30"]);
         }
+        // A name to escape, alone and joined: the RateLimit item takes the
+        // escaped name its remembered policy item wrote.
+        for _ in 0..2 {
+            let mut headers = HeaderMap::new();
+            add_quota_headers(&mut headers, &Quota::new("a\"b\\c\u{e9}", &policy, &d));
+            assert_eq!(headers[RATELIMIT_POLICY], "\"a\\\"b\\\\c_\";q=100;w=60");
+            assert_eq!(headers[RATELIMIT], "\"a\\\"b\\\\c_\";r=50;t=30");
+            add_quota_headers(&mut headers, &Quota::new("\\", &policy, &d));
+            assert_eq!(
+                headers[RATELIMIT],
+                "\"a\\\"b\\\\c_\";r=50;t=30, \"\\\\\";r=50;t=30"
+            );
+        }
         // A line of another policy is joined, not mistaken for a cached one.
         let mut headers = HeaderMap::new();
         headers.insert(RATELIMIT_POLICY, HeaderValue::from_static("\"up\";q=1;w=1"));
@@ -481,6 +581,27 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// An item written into its own value, after a line or alone, has
+        /// the bytes `write_field` writes (the composite's and the escaped
+        /// name's path, unchanged since the fields were first written).
+        #[test]
+        fn an_item_has_the_bytes_write_field_writes(
+            name in "[ -~]{0,12}|\\PC{0,6}",
+            line in proptest::option::of("[ -~]{0,40}"),
+            a in proptest::num::u64::ANY,
+            b in 0u64..100_000,
+        ) {
+            let mut expected = Vec::new();
+            if let Some(line) = &line {
+                expected.extend_from_slice(line.as_bytes());
+                expected.extend_from_slice(b", ");
+            }
+            write_field(&mut expected, &name, (b'r', a), (b't', b));
+            let v = item(line.as_deref().map(str::as_bytes), &name, (b'r', a), (b't', b))
+                .expect("printable ASCII");
+            proptest::prop_assert_eq!(v.as_bytes(), &expected[..]);
+        }
+
         #[test]
         fn numbers_are_written_as_display_writes_them(v in proptest::num::u64::ANY, small in 0u64..1000) {
             for v in [v, small] {
