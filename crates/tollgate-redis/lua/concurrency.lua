@@ -64,8 +64,12 @@ if live then
       redis.call('HSET', KEYS[1], 'c', fmt(remembered))
     end
   elseif forgotten > 0 then
+    -- Every remembered id forgotten: counted as none, whether this call
+    -- writes or looks (left in the HASH, r would count them again after
+    -- a clock stepped back before it).
     redis.call('ZREMRANGEBYSCORE', slots, '-inf', '(0')
-    forgotten = 0
+    redis.call('HDEL', KEYS[1], 'r', 'c')
+    forgotten, st[3] = 0, nil
   end
 elseif (st[1] or redis.pcall('EXISTS', slots)) ~= 0 then
   -- Expired, of another strategy, or reset: no slot is held. Deleted only
