@@ -946,7 +946,7 @@ impl<B: Backend> Limiter<B> {
             .await;
         let held = matches!(&result, Ok(d) if d.is_allowed());
         let permit = match &result {
-            Ok(_) if held => Some(pending.landed()),
+            Ok(d) if held => Some(pending.landed(d.window())),
             // Refused, or never sent: no slot was taken. (Nor released:
             // the release of a slot not held is a write, which a server
             // refusing writes would refuse too.)

@@ -36,6 +36,9 @@ pub struct Permit<B: Backend> {
     /// [`renew`](Self::renew)s sent and not answered (on their way, given
     /// up, or failed): one may still land, after the release.
     renewing: AtomicU32,
+    /// The lease of the policy in force, as the hold's answer said (a
+    /// key's override may differ from the configured policy).
+    lease: Duration,
 }
 
 impl<B: Backend> Permit<B> {
@@ -51,12 +54,14 @@ impl<B: Backend> Permit<B> {
             armed: true,
             in_flight: true,
             renewing: AtomicU32::new(0),
+            lease: Duration::ZERO,
         }
     }
 
-    /// The hold was answered: the slot is taken.
-    pub(crate) fn landed(mut self) -> Self {
+    /// The hold was answered: the slot is taken, for `lease`.
+    pub(crate) fn landed(mut self, lease: Duration) -> Self {
         self.in_flight = false;
+        self.lease = lease;
         self
     }
 
@@ -138,8 +143,12 @@ impl<B: Backend> Permit<B> {
                 kept: Kept::Here { _held: self },
             };
         };
-        let lease = match self.limiter.policy() {
-            crate::Policy::Concurrency(c) => c.lease(),
+        // The hold's, not the configured policy's: a key's override of a
+        // shorter lease would run out before the first renewal. (The
+        // configured one if the backend's answer has no window.)
+        let lease = match (self.lease, self.limiter.policy()) {
+            (lease, _) if !lease.is_zero() => lease,
+            (_, crate::Policy::Concurrency(c)) => c.lease(),
             _ => Duration::ZERO,
         };
         let task = rt.spawn(async move {

@@ -157,3 +157,33 @@ async fn a_release_that_failed_is_sent_again() {
     let d = l.try_peek(&k, 1).await.unwrap();
     assert_eq!(d.remaining(), 1, "the slot is still taken: {d:?}");
 }
+
+/// A kept permit is renewed within the lease of the policy in force, from
+/// its first renewal: under a key's override of 3 s (the limiter's own
+/// lease a minute), every second. Paced by the configured lease, the first
+/// renewal came 20 s in, the slot had run out at 3 s, and a request more
+/// got in.
+#[tokio::test(start_paused = true)]
+async fn a_kept_permit_is_renewed_within_an_overridden_lease() {
+    let clock = MockClock::new();
+    let backend = MemoryBackend::with_clock(clock.clone());
+    let policy = Concurrency::new(1, Duration::from_secs(60)).unwrap();
+    let l = Limiter::new("exports", policy, backend);
+    let k = Key::new("tenant-1");
+    let short = Concurrency::new(1, Duration::from_secs(3)).unwrap();
+    l.set_override(Some(&k), Some(short.into())).await.unwrap();
+    let (verdict, permit) = l.hold(&k).await;
+    assert!(verdict.is_allowed(), "{verdict:?}");
+    let kept = permit.expect("a permit").keep_alive();
+    // The backend's clock and the runtime's, in step.
+    for step in 1..=10 {
+        clock.advance(Duration::from_secs(1));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let d = l.try_peek(&k, 1).await.unwrap();
+        assert_eq!(d.remaining(), 0, "{step} s in, the slot ran out: {d:?}");
+    }
+    drop(kept);
+}

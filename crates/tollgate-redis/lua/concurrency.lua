@@ -55,17 +55,28 @@ if live then
   -- Expired leases free their slots (0 < score <= now).
   redis.call('ZREMRANGEBYSCORE', slots, '0', fmt(now))
   forgotten = tonumber(st[3]) or 0
-  if forgotten > now then
+  local left = forgotten > now
+  if left then
     -- Forgotten ids: -score <= now.
     local gone = redis.call('ZREMRANGEBYSCORE', slots, fmt(-now), '(0')
     remembered = (tonumber(st[4]) or 0) - gone
-    if gone > 0 then
+    -- None left all the same: the script of the release before remembered
+    -- ids (a worker of a rolling upgrade) drops them all with the expired
+    -- slots (their scores are below now), and leaves r and c.
+    local least = redis.call('ZRANGE', slots, 0, 0, 'WITHSCORES')[2]
+    left = least ~= nil and tonumber(least) < 0
+    if left and gone > 0 then
       -- Counted as the set holds them, whether this call writes or looks.
       redis.call('HSET', KEYS[1], 'c', fmt(remembered))
     end
-  elseif forgotten > 0 then
+  end
+  if forgotten > 0 and not left then
+    -- Every remembered id forgotten: counted as none, whether this call
+    -- writes or looks (left in the HASH, r would count them again after
+    -- a clock stepped back before it).
     redis.call('ZREMRANGEBYSCORE', slots, '-inf', '(0')
-    forgotten = 0
+    redis.call('HDEL', KEYS[1], 'r', 'c')
+    forgotten, remembered, st[3] = 0, 0, nil
   end
 elseif (st[1] or redis.pcall('EXISTS', slots)) ~= 0 then
   -- Expired, of another strategy, or reset: no slot is held. Deleted only

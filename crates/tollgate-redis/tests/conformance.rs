@@ -56,3 +56,46 @@ tollgate_testkit::on_every_server! {
         assert!(items >= 2 && items / 2 <= limit + 1, "{items} list items");
     }
 }
+
+tollgate_testkit::on_every_server! {
+    /// During a rolling upgrade, a worker of the release before remembered
+    /// ids decides on the same keys: its script drops every member of
+    /// `:slots` scored below now with the expired slots (the remembered
+    /// ids' scores are negative), and leaves the HASH's `r` and `c`. The
+    /// slots held are still counted as held: no request more than the
+    /// limit gets in.
+    #[tokio::test]
+    async fn remembered_ids_dropped_by_an_older_script_are_not_counted(server: Server) {
+        use tollgate_limiter::{Backend, Clock, Concurrency, Key, Op, Policy, Request};
+        let (backend, clock) = setup(server).await;
+        let name = tollgate_testkit::conformance::unique_name("upgrade");
+        let key = Key::new("k");
+        let policy = Policy::from(Concurrency::new(1, Duration::from_secs(10)).unwrap());
+        let decide = |op| {
+            let req = Request {
+                limiter: &name,
+                key: &key,
+                policy: &policy,
+                op,
+            };
+            backend.decide(req)
+        };
+        // 5 is remembered (its hold given up), 1 takes the only slot.
+        assert!(decide(Op::Release(5)).await.unwrap().is_allowed());
+        clock.advance(Duration::from_secs(1));
+        assert!(decide(Op::Hold(1)).await.unwrap().is_allowed());
+        // The older script's look: ZREMRANGEBYSCORE :slots -inf <now>.
+        clock.advance(Duration::from_secs(1));
+        let slots = format!("{}:slots", backend.state_key(&name, &key));
+        let now = clock.now().to_string();
+        let shared = RedisServer::shared_on(server).expect("a shared server");
+        let dropped = shared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .cli(&["ZREMRANGEBYSCORE", &slots, "-inf", &now]);
+        assert_eq!(dropped.trim(), "1", "the older script dropped 5");
+        clock.advance(Duration::from_secs(1));
+        let d = decide(Op::Hold(2)).await.unwrap();
+        assert!(d.is_denied(), "a second slot of 1 was taken: {d:?}");
+    }
+}

@@ -764,6 +764,40 @@ pub async fn a_hold_released_before_it_lands_takes_nothing<B: Backend + Clone>(
     assert!(op(Op::Hold(41)).await.is_allowed());
 }
 
+/// A clock that steps back (a failover to a server whose clock is
+/// behind, workers with skewed clocks under caller time) past the instant
+/// the key's remembered ids were forgotten, after a look forgot them:
+/// they stay forgotten, as in the model, and the slots held are counted
+/// as they are, so no request more than the limit gets in.
+pub async fn a_clock_stepping_back_counts_the_slots_held<B: Backend>(backend: B, clock: MockClock) {
+    let name = unique_name("stepped-back");
+    let policy = Policy::from(Concurrency::new(1, 10 * S).unwrap());
+    let key = Key::new("k");
+    let mut model = Model::new();
+    let start = clock.now();
+    let steps = [
+        (Duration::ZERO, Op::Release(7)),
+        (5 * S, Op::Hold(1)),
+        // 7 is forgotten (at 10 s), by a look.
+        (11 * S, Op::Peek(1)),
+        // Back before 10 s: slot 1 is still held, and the only one.
+        (9 * S, Op::Hold(2)),
+        (9 * S, Op::Peek(1)),
+    ];
+    for (at, op) in steps {
+        clock.set(start + at.as_micros() as u64);
+        let req = Request {
+            limiter: &name,
+            key: &key,
+            policy: &policy,
+            op,
+        };
+        let got = backend.decide(req).await.expect("decided");
+        let want = model.apply(&name, key.as_str(), clock.now(), &policy, op);
+        assert_eq!(Some(got), want, "{op:?} at {at:?}");
+    }
+}
+
 /// An override across the concurrency boundary from the limiter's
 /// configured policy (a concurrency override of a token bucket, a token
 /// bucket override of a concurrency limit), per key and limiter-wide, set
@@ -2514,6 +2548,7 @@ macro_rules! conformance_tests {
                 a_settle_under_a_slower_refill_refunds_only_the_unused,
                 a_refund_never_frees_what_an_excess_trimmed,
                 concurrency_slots, concurrent_holds, a_hold_released_before_it_lands_takes_nothing,
+                a_clock_stepping_back_counts_the_slots_held,
                 an_override_across_the_concurrency_boundary_is_no_policy,
                 candidate_beside_enforced, extreme_values_agree_with_model);
 
