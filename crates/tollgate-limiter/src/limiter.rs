@@ -908,8 +908,9 @@ impl<B: Backend> Limiter<B> {
     /// A hold whose answer never arrives (a timeout or a broken
     /// connection, after which the backend may have taken the slot all the
     /// same, or this future dropped while waiting) gives its slot back,
-    /// best effort, as a dropped [`Permit`] does; if the hold reaches the
-    /// backend after that release, the backend refuses it (see
+    /// best effort, as a dropped [`Permit`] does, withdrawing it
+    /// ([`Op::Withdraw`]): if the hold reaches the backend after that, or
+    /// again, the backend refuses it (see
     /// [`concurrency`](crate::concurrency)). A hold the server refused
     /// (an [`ErrorReason`] other than [`ErrorReason::Error`]: out of
     /// memory, loading, ...) took nothing, and sends nothing back.
@@ -1477,7 +1478,7 @@ impl<B: Backend> Drop for ForgetLocal<'_, B> {
 fn impossible(op: Op, d: &Decision) -> Error {
     let cost = match op {
         Op::Acquire(c) | Op::Peek(c) | Op::Penalise(c) => c,
-        Op::Reset | Op::Settle { .. } | Op::Hold(_) | Op::Release(_) => 0,
+        Op::Reset | Op::Settle { .. } | Op::Hold(_) | Op::Release(_) | Op::Withdraw(_) => 0,
     };
     Error::from(PolicyError::new(
         "cost",

@@ -74,6 +74,14 @@ pub enum Op {
     /// the key holds it); answers as `Peek(1)` would afterwards. Under any
     /// other policy: answers as `Peek(1)`, records nothing.
     Release(u64),
+    /// [`Release`](Self::Release), by a caller that does not know whether
+    /// its hold (or renewal) of this id landed, or will land, after this:
+    /// it gave up waiting for the answer, or the answer was lost (and a
+    /// cluster client may send the call again). The id is remembered for
+    /// one lease, and a hold of it is refused meanwhile: a late hold takes
+    /// nothing (see [`concurrency`](crate::concurrency)). Under any other
+    /// policy: answers as `Peek(1)`, records nothing.
+    Withdraw(u64),
 }
 
 impl Op {
@@ -231,8 +239,8 @@ pub fn records(policy: &Policy, op: Op, decision: &Decision) -> bool {
         // Taking, renewing or giving back a slot; any other operation only
         // looks at a concurrency limit.
         (Op::Hold(_), Policy::Concurrency(_)) => decision.is_allowed(),
-        (Op::Release(_), Policy::Concurrency(_)) => true,
-        (Op::Hold(_) | Op::Release(_), _) => false,
+        (Op::Release(_) | Op::Withdraw(_), Policy::Concurrency(_)) => true,
+        (Op::Hold(_) | Op::Release(_) | Op::Withdraw(_), _) => false,
         (_, Policy::Concurrency(_)) => false,
         // A refund or an excess: the expiry follows the state either way.
         (Op::Settle { .. }, _) => true,

@@ -43,9 +43,8 @@ pub struct Permit<B: Backend> {
 
 impl<B: Backend> Permit<B> {
     /// The permit of a hold about to be sent: dropped before the hold is
-    /// answered, it releases the slot as any dropped permit does; if the
-    /// hold reaches the backend after that release, the backend refuses it
-    /// (see `Drop`).
+    /// answered, it withdraws the slot; if the hold reaches the backend
+    /// after that, the backend refuses it (see `give_back`).
     pub(crate) fn in_flight(limiter: Limiter<B>, key: Key, id: u64) -> Self {
         Self {
             limiter,
@@ -86,7 +85,8 @@ impl<B: Backend> Permit<B> {
     /// denied decision) and this request holds nothing any more.
     pub async fn renew(&self) -> Result<Decision, Error> {
         // Cleared only on an answer: a renewal given up or failed may land
-        // after this permit's release, and take the slot again (see Drop).
+        // after this permit's release, and take the slot again: the slot
+        // is then withdrawn, not released (see `give_back`).
         self.renewing.fetch_add(1, Ordering::Relaxed);
         let answer = self
             .limiter
@@ -104,18 +104,27 @@ impl<B: Backend> Permit<B> {
     /// too. Dropped before the backend answered (its caller gave up), the
     /// permit gives the slot back as a dropped permit does.
     pub async fn release(mut self) -> Result<Decision, Error> {
-        let answer = self
-            .limiter
-            .slot_op(&self.key, crate::Op::Release(self.id))
-            .await;
+        let op = self.give_back();
+        let answer = self.limiter.slot_op(&self.key, op).await;
         // Disarmed only now, and only on an answer: a release dropped
         // while it waits (for a pooled connection, an override read, the
         // reply) or one that failed (a broken connection, replaced since)
         // may not have reached the backend, and the slot would stay taken
-        // for a lease. Nor after a renewal with no answer, which may land
-        // after this release: released again, later (see Drop).
-        self.armed = answer.is_err() || *self.renewing.get_mut() > 0;
+        // for a lease.
+        self.armed = answer.is_err();
         answer
+    }
+
+    /// How this permit gives its slot back: [`Op::Release`](crate::Op::Release)
+    /// when every hold of its id was answered; else
+    /// [`Op::Withdraw`](crate::Op::Withdraw), which also refuses a hold of
+    /// the id that lands later (one given up, or re-sent by a cluster
+    /// client after its answer was lost), for one lease.
+    fn give_back(&mut self) -> crate::Op {
+        match self.in_flight || *self.renewing.get_mut() > 0 {
+            true => crate::Op::Withdraw(self.id),
+            false => crate::Op::Release(self.id),
+        }
     }
 }
 
@@ -232,25 +241,17 @@ impl<B: Backend> Drop for Permit<B> {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let limiter = self.limiter.clone();
             let key = self.key.clone();
-            let id = self.id;
-            // A hold given up before its answer may still be on its way,
-            // queued on one pooled connection while this release goes
-            // through another. If the release lands first, the backend
-            // remembers its id and refuses the hold when it comes (see
-            // `concurrency`'s module docs), so one release is enough; a
-            // second, once the hold has had a decision's time, only if the
-            // first failed. A renewal with no answer is different: it
-            // renews a slot held, so a release that lands before it finds
-            // the slot, and the renewal takes one again; that release is
-            // always sent twice.
-            let renewing = *self.renewing.get_mut() > 0;
-            let retry = self.in_flight || renewing;
+            // A hold (or renewal) with no answer may still be on its way,
+            // queued on one pooled connection while this goes through
+            // another, and land after it: withdrawn, it is refused then.
+            let op = self.give_back();
             let after = limiter.decision_timeout();
             rt.spawn(async move {
-                let first = limiter.slot_op(&key, crate::Op::Release(id)).await;
-                if renewing || (retry && first.is_err()) {
+                // Once more, a decision's time later, if it failed (a
+                // broken connection, replaced meanwhile).
+                if limiter.slot_op(&key, op).await.is_err() {
                     tokio::time::sleep(after).await;
-                    let _ = limiter.slot_op(&key, crate::Op::Release(id)).await;
+                    let _ = limiter.slot_op(&key, op).await;
                 }
             });
         }

@@ -29,13 +29,28 @@ async fn try_acquire_takes_a_slot_as_check_does() {
 }
 
 /// The memory backend behind a busy connection for holds only: a hold is
-/// applied its delay after it was sent, whether or not its caller still
+/// applied `late` after it was sent, whether or not its caller still
 /// waits (it is on its way), while any other call is applied at once, as
-/// a second pooled connection would carry it.
+/// a second pooled connection would carry it. When its answer is `lost`,
+/// a hold is also applied at once, and answered with an error (the
+/// connection broke after the server ran it): the late one is the copy a
+/// cluster client sends again.
 #[derive(Clone)]
-struct LateHolds(MemoryBackend, Duration);
+struct LateHolds {
+    inner: MemoryBackend,
+    late: Duration,
+    lost: bool,
+}
 
 const HOLD_LATE: Duration = Duration::from_millis(30);
+
+fn late_holds(late: Duration) -> LateHolds {
+    LateHolds {
+        inner: MemoryBackend::new(),
+        late,
+        lost: false,
+    }
+}
 
 impl Backend for LateHolds {
     type Error = MemoryError;
@@ -44,23 +59,33 @@ impl Backend for LateHolds {
         &self,
         req: Request<'_>,
     ) -> impl Future<Output = Result<Decision, MemoryError>> + Send {
-        let late = matches!(req.op, Op::Hold(_)).then_some(self.1);
-        let inner = self.0.clone();
+        let hold = matches!(req.op, Op::Hold(_));
+        let (inner, late, lost) = (self.inner.clone(), self.late, self.lost && hold);
         let (limiter, key, policy, op) =
             (req.limiter.to_owned(), req.key.clone(), *req.policy, req.op);
-        let sent = tokio::spawn(async move {
-            if let Some(late) = late {
-                tokio::time::sleep(late).await;
+        let apply = move |after: Option<Duration>| {
+            let (inner, limiter, key) = (inner.clone(), limiter.clone(), key.clone());
+            tokio::spawn(async move {
+                if let Some(after) = after {
+                    tokio::time::sleep(after).await;
+                }
+                let req = Request {
+                    limiter: &limiter,
+                    key: &key,
+                    policy: &policy,
+                    op,
+                };
+                inner.decide(req).await
+            })
+        };
+        async move {
+            if !lost {
+                return apply(hold.then_some(late)).await.expect("the call's task");
             }
-            let req = Request {
-                limiter: &limiter,
-                key: &key,
-                policy: &policy,
-                op,
-            };
-            inner.decide(req).await
-        });
-        async move { sent.await.expect("the call's task") }
+            let _ = apply(None).await;
+            apply(Some(late));
+            Err(MemoryError::Injected)
+        }
     }
 
     fn set_override(
@@ -68,14 +93,14 @@ impl Backend for LateHolds {
         scope: Scope<'_>,
         policy: Option<&Policy>,
     ) -> impl Future<Output = Result<(), MemoryError>> + Send {
-        self.0.set_override(scope, policy)
+        self.inner.set_override(scope, policy)
     }
 
     fn get_override(
         &self,
         scope: Scope<'_>,
     ) -> impl Future<Output = Result<Option<Policy>, MemoryError>> + Send {
-        self.0.get_override(scope)
+        self.inner.get_override(scope)
     }
 }
 
@@ -89,7 +114,7 @@ impl Backend for LateHolds {
 #[tokio::test(start_paused = true)]
 async fn a_hold_that_lands_after_its_releases_takes_nothing() {
     for late in [HOLD_LATE, Duration::from_millis(500)] {
-        let backend = LateHolds(MemoryBackend::new(), late);
+        let backend = late_holds(late);
         let policy = Concurrency::new(2, Duration::from_secs(60)).unwrap();
         let l = Limiter::builder("exports", policy, backend)
             .timeout(Duration::from_millis(20))
@@ -111,12 +136,12 @@ async fn a_hold_that_lands_after_its_releases_takes_nothing() {
 
 /// A renewal given up before its answer renews a slot held: a release
 /// that lands before it finds the slot and frees it, and the renewal, on
-/// its way, takes one again, for a lease (a minute here). A permit whose
-/// renewal has no answer sends its release once more, a decision's time
-/// later.
+/// its way, took one again, for a lease (a minute here). A permit whose
+/// renewal has no answer withdraws its slot: the renewal, landing later,
+/// takes nothing.
 #[tokio::test(start_paused = true)]
-async fn a_renewal_that_lands_after_its_release_is_released_again() {
-    let backend = LateHolds(MemoryBackend::new(), HOLD_LATE);
+async fn a_renewal_that_lands_after_its_release_takes_nothing() {
+    let backend = late_holds(HOLD_LATE);
     let policy = Concurrency::new(2, Duration::from_secs(60)).unwrap();
     let l = Limiter::builder("exports", policy, backend)
         .timeout(Duration::from_millis(50))
@@ -186,4 +211,29 @@ async fn a_kept_permit_is_renewed_within_an_overridden_lease() {
         assert_eq!(d.remaining(), 0, "{step} s in, the slot ran out: {d:?}");
     }
     drop(kept);
+}
+
+/// A hold whose answer was lost (the connection broke after the server ran
+/// it) is sent again by a cluster client, maybe after the permit gave the
+/// slot back: the first copy's slot is freed, and the second copy takes
+/// nothing. Before, the release found the first copy's slot and freed it,
+/// and the second copy took one for a lease (a minute here).
+#[tokio::test(start_paused = true)]
+async fn a_hold_sent_again_after_its_answer_was_lost_takes_nothing() {
+    let backend = LateHolds {
+        lost: true,
+        ..late_holds(HOLD_LATE)
+    };
+    let policy = Concurrency::new(2, Duration::from_secs(60)).unwrap();
+    let l = Limiter::new("exports", policy, backend);
+    let k = Key::new("tenant-1");
+    let (verdict, permit) = l.hold(&k).await;
+    assert!(
+        verdict.error().is_some(),
+        "the answer was lost: {verdict:?}"
+    );
+    assert!(permit.is_none());
+    tokio::time::sleep(HOLD_LATE + Duration::from_millis(100)).await;
+    let d = l.try_peek(&k, 1).await.unwrap();
+    assert_eq!(d.remaining(), 2, "the hold sent again took a slot: {d:?}");
 }

@@ -67,6 +67,9 @@
 --                    other script answers '?1'
 --            'x<id>' release concurrency slot <id> (concurrency.lua); any
 --                    other script answers '?1'
+--            'w<id>' withdraw concurrency slot <id>: release it, and refuse
+--                    a hold of <id> for one lease (concurrency.lua); any
+--                    other script answers '?1'
 -- ARGV[2]  the policy, encoded (see decode below): the limiter-wide override
 --          known to the client, else the limiter's configured policy. A
 --          per-key override (KEYS[2]) takes precedence over it.
@@ -150,7 +153,7 @@ local function parse_op(now)
   end
   local op = 'acquire'
   local sigil = string.sub(a, 1, 1)
-  if sigil == 'h' or sigil == 'x' then
+  if sigil == 'h' or sigil == 'x' or sigil == 'w' then
     -- A concurrency slot: only concurrency.lua takes one.
     return 'peek', 1
   end

@@ -4,8 +4,8 @@
 -- KEYS and ARGV: see common.lua; the last key is the slots:
 --          <prefix>:<limiter>:{<key>}:slots   ZSET
 --          a slot held: member = slot id, score = lease expiry (µs, > 0);
---          an id released while not held (remembered so that its hold,
---          landing late, takes nothing: see the model's module docs):
+--          an id withdrawn (remembered so that its hold, landing late or
+--          sent again, takes nothing: see the model's module docs):
 --          member = 'r' and the id in 20 digits (ties go by the number, as
 --          the model's), score = minus when it is forgotten (µs, < 0); at
 --          most RELEASED_MAX. In the key the slots live in, not a key of
@@ -19,8 +19,9 @@
 -- looks as it did before ids were remembered. Expired slots and ids are
 -- dropped first (ZREMRANGEBYSCORE), so the work is bounded by what the key
 -- holds: max_in_flight slots, RELEASED_MAX ids.
--- ARGV[1]: 'h<id>' holds (or renews) slot <id>, 'x<id>' releases it; any
--- other operation looks (reset frees every slot).
+-- ARGV[1]: 'h<id>' holds (or renews) slot <id>, 'x<id>' releases it,
+-- 'w<id>' withdraws it (releases it, and remembers <id>); any other
+-- operation looks (reset frees every slot).
 -- Model: ConcurrencyState::apply.
 
 local now = now_us()
@@ -29,14 +30,16 @@ if p.kind ~= 'n' then
   return { -1, p.kind }
 end
 
--- The operation of ARGV[1]: 'hold' | 'release' and the slot id (a
--- string), or common.lua's parse_op's answer.
+-- The operation of ARGV[1]: 'hold' | 'release' | 'withdraw' and the slot
+-- id (a string), or common.lua's parse_op's answer.
 local function parse_slot_op()
   local sigil = string.sub(ARGV[1], 1, 1)
   if sigil == 'h' then
     return 'hold', string.sub(ARGV[1], 2)
   elseif sigil == 'x' then
     return 'release', string.sub(ARGV[1], 2)
+  elseif sigil == 'w' then
+    return 'withdraw', string.sub(ARGV[1], 2)
   end
   return parse_op(now)
 end
@@ -160,7 +163,7 @@ if op == 'hold' then
   if remembered > 0 then
     local score = redis.call('ZSCORE', slots, member(id))
     if score then
-      -- Released before this hold landed: its caller is gone.
+      -- Withdrawn before this hold landed: its caller is gone.
       return answer(0, capped(-tonumber(score) - now))
     end
   end
@@ -171,11 +174,12 @@ if op == 'hold' then
   held = held + redis.call('ZADD', slots, fmt(now + p.lease), id)
   store()
   return answer(1)
-elseif op == 'release' then
+elseif op == 'release' or op == 'withdraw' then
   if redis.call('ZREM', slots, id) == 1 then
     held = held - 1
-  else
-    -- Not held: remembered for one lease (the model's remember_released).
+  end
+  if op == 'withdraw' then
+    -- Remembered for one lease (the model's remember_released).
     remembered = remembered + redis.call('ZADD', slots, fmt(-now - p.lease), member(id))
     if remembered > RELEASED_MAX then
       -- The earliest forgotten goes: the greatest score below 0, and the

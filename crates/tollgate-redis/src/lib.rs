@@ -1463,6 +1463,7 @@ fn op_arg(op: Op) -> Cow<'static, str> {
         }
         Op::Hold(id) => format!("h{id}"),
         Op::Release(id) => format!("x{id}"),
+        Op::Withdraw(id) => format!("w{id}"),
     })
 }
 

@@ -81,7 +81,7 @@ tollgate_testkit::on_every_server! {
             backend.decide(req)
         };
         // 5 is remembered (its hold given up), 1 takes the only slot.
-        assert!(decide(Op::Release(5)).await.unwrap().is_allowed());
+        assert!(decide(Op::Withdraw(5)).await.unwrap().is_allowed());
         clock.advance(Duration::from_secs(1));
         assert!(decide(Op::Hold(1)).await.unwrap().is_allowed());
         // The older script's look: ZREMRANGEBYSCORE :slots -inf <now>.

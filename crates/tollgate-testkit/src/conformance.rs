@@ -722,11 +722,12 @@ pub async fn concurrency_slots<B: Backend + Clone>(backend: B, clock: MockClock)
     assert_eq!(peek(&l, &k, 1).await.remaining(), 2);
 }
 
-/// A release that reaches the backend before its hold (a caller gave up
-/// the hold while a stalled server still had it queued) is remembered for
-/// one lease: the hold, landing after it, takes nothing, so no slot is
-/// left that nobody releases. A release of a slot held remembers nothing.
-pub async fn a_hold_released_before_it_lands_takes_nothing<B: Backend + Clone>(
+/// A withdrawal that reaches the backend before its hold (a caller gave
+/// up the hold while a stalled server still had it queued), or before the
+/// hold is sent again (a cluster client's re-send), is remembered for one
+/// lease: the hold, landing after it, takes nothing, so no slot is left
+/// that nobody releases. A release remembers nothing.
+pub async fn a_hold_withdrawn_before_it_lands_takes_nothing<B: Backend + Clone>(
     backend: B,
     clock: MockClock,
 ) {
@@ -745,18 +746,25 @@ pub async fn a_hold_released_before_it_lands_takes_nothing<B: Backend + Clone>(
             backend.decide(req).await.expect("decided")
         }
     };
-    // The release lands first, then its hold.
-    assert!(op(Op::Release(41)).await.is_allowed());
+    // The withdrawal lands first, then its hold.
+    assert!(op(Op::Withdraw(41)).await.is_allowed());
     let late = op(Op::Hold(41)).await;
     assert!(late.is_denied(), "{late:?}");
     assert_eq!((late.remaining(), late.retry_after()), (1, S));
-    // The slot is free: another request takes it, and gives it back.
+    // The slot is free: another request takes it; withdrawn, it is free
+    // again, and the hold sent again is refused.
+    assert!(op(Op::Hold(43)).await.is_allowed());
+    assert!(op(Op::Withdraw(43)).await.is_allowed());
+    assert!(op(Op::Hold(43)).await.is_denied());
+    // Released: nothing remembered, held or not (it could hold again).
     assert!(op(Op::Hold(42)).await.is_allowed());
     assert!(op(Op::Release(42)).await.is_allowed());
-    // Given back while held: nothing remembered (it could hold again).
+    assert!(op(Op::Release(44)).await.is_allowed());
     assert!(op(Op::Hold(42)).await.is_allowed());
     assert!(op(Op::Release(42)).await.is_allowed());
-    // 41 is remembered for one lease from its release, no longer.
+    assert!(op(Op::Hold(44)).await.is_allowed());
+    assert!(op(Op::Release(44)).await.is_allowed());
+    // 41 is remembered for one lease from its withdrawal, no longer.
     clock.advance(9 * S + S / 2);
     let late = op(Op::Hold(41)).await;
     assert_eq!((late.is_denied(), late.retry_after()), (true, S / 2));
@@ -776,7 +784,7 @@ pub async fn a_clock_stepping_back_counts_the_slots_held<B: Backend>(backend: B,
     let mut model = Model::new();
     let start = clock.now();
     let steps = [
-        (Duration::ZERO, Op::Release(7)),
+        (Duration::ZERO, Op::Withdraw(7)),
         (5 * S, Op::Hold(1)),
         // 7 is forgotten (at 10 s), by a look.
         (11 * S, Op::Peek(1)),
@@ -1588,6 +1596,13 @@ pub enum Step {
         /// The slot id.
         id: u64,
     },
+    /// Withdraw concurrency slot `id` on key number `key`.
+    Withdraw {
+        /// Which of the trace's keys.
+        key: usize,
+        /// The slot id.
+        id: u64,
+    },
     /// Set (`Some`) or clear an override, on the limiter (`key = None`) or
     /// one key. The policy is a variant of the trace's strategy.
     Override(Option<usize>, Option<Policy>),
@@ -1723,7 +1738,8 @@ fn traces_overridden_by(len: usize, cross: bool) -> impl Strategy<Value = (Polic
             // A few ids, so that holds renew and releases find their slot;
             // under other strategies these look.
             6 => (0..KEYS, 0..6u64).prop_map(|(key, id)| Step::Hold { key, id }),
-            3 => (0..KEYS, 0..6u64).prop_map(|(key, id)| Step::Release { key, id }),
+            2 => (0..KEYS, 0..6u64).prop_map(|(key, id)| Step::Release { key, id }),
+            2 => (0..KEYS, 0..6u64).prop_map(|(key, id)| Step::Withdraw { key, id }),
             weight => (proptest::option::of(0..KEYS), proptest::option::of(overrides))
                 .prop_map(|(k, p)| Step::Override(k, p)),
         ];
@@ -1952,6 +1968,7 @@ pub async fn replay_with_candidate<B: Backend>(
             Step::Reset(key) => (*key, Op::Reset),
             Step::Hold { key, id } => (*key, Op::Hold(*id)),
             Step::Release { key, id } => (*key, Op::Release(*id)),
+            Step::Withdraw { key, id } => (*key, Op::Withdraw(*id)),
         };
         let now = clock.now();
         let req = Request {
@@ -2456,18 +2473,30 @@ pub async fn extreme_values_agree_with_model<B: Backend>(backend: B, clock: Mock
                     id: 1 << 53,
                 },
                 Step::Peek { key: 0, cost: 1 },
+                Step::Withdraw {
+                    key: 0,
+                    id: u64::MAX - 1,
+                },
+                Step::Hold {
+                    key: 0,
+                    id: u64::MAX - 1,
+                },
+                Step::Hold {
+                    key: 0,
+                    id: (1 << 53) + 2,
+                },
             ],
         ),
         (
-            "more released ids than a key remembers, all at one instant",
+            "more withdrawn ids than a key remembers, all at one instant",
             Concurrency::new(1, 10 * S).unwrap().into(),
-            std::iter::once(Step::Release {
+            std::iter::once(Step::Withdraw {
                 key: 0,
                 id: u64::MAX,
             })
             .chain(
                 (1..=tollgate_limiter::concurrency::RELEASED_MAX as u64)
-                    .map(|id| Step::Release { key: 0, id }),
+                    .map(|id| Step::Withdraw { key: 0, id }),
             )
             .chain([
                 // The earliest forgotten, the smallest id first, went.
@@ -2547,7 +2576,7 @@ macro_rules! conformance_tests {
                 a_replayed_settle_changes_nothing, a_key_remembers_the_latest_settles,
                 a_settle_under_a_slower_refill_refunds_only_the_unused,
                 a_refund_never_frees_what_an_excess_trimmed,
-                concurrency_slots, concurrent_holds, a_hold_released_before_it_lands_takes_nothing,
+                concurrency_slots, concurrent_holds, a_hold_withdrawn_before_it_lands_takes_nothing,
                 a_clock_stepping_back_counts_the_slots_held,
                 an_override_across_the_concurrency_boundary_is_no_policy,
                 candidate_beside_enforced, extreme_values_agree_with_model);

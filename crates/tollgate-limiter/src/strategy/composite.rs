@@ -228,9 +228,12 @@ impl CompositeState {
         // No part penalises: a penalty records nothing and answers a peek.
         let look = match op {
             Op::Acquire(cost) | Op::Peek(cost) => Op::Peek(cost),
-            Op::Penalise(_) | Op::Reset | Op::Settle { .. } | Op::Hold(_) | Op::Release(_) => {
-                Op::PEEK
-            }
+            Op::Penalise(_)
+            | Op::Reset
+            | Op::Settle { .. }
+            | Op::Hold(_)
+            | Op::Release(_)
+            | Op::Withdraw(_) => Op::PEEK,
         };
         let peeks: Vec<Decision> = self
             .parts

@@ -24,19 +24,22 @@
 //!   free even if no holder releases);
 //! * the window ([`Decision::window`]) is the lease.
 //!
-//! # A release that comes before its hold
+//! # A hold that lands after its caller gave up
 //!
 //! A caller that gives up a hold before its answer (a timeout, its future
-//! dropped) releases the slot at once, on another connection: the hold may
-//! still be queued (a Redis stalled by a fork or an fsync) and land after
-//! the release. So a release of an id the key does not hold remembers the
-//! id for one lease, and a hold of a remembered id is refused: a late hold
-//! takes nothing, instead of a slot nobody would release before its lease
-//! ran out. A refused hold's retry-after is the time until the id is
-//! forgotten, capped as above. At most [`RELEASED_MAX`] ids are remembered
-//! (the earliest to be forgotten go first), so a key's memory stays
-//! bounded whatever its clients do. A release of an id held remembers
-//! nothing: the common case costs nothing more.
+//! dropped), or whose answer was lost, gives the slot back at once, on
+//! another connection: the hold may still be queued (a Redis stalled by a
+//! fork or an fsync), or be sent again (a cluster client re-sends a call
+//! whose connection broke), and land after it. So that caller sends
+//! [`Op::Withdraw`], not [`Op::Release`]: it frees the slot if it is held,
+//! and remembers the id for one lease, during which a hold of it is
+//! refused. A late hold takes nothing, instead of a slot nobody would give
+//! back before its lease ran out. (The same for a renewal with no answer:
+//! a [`Permit`](crate::Permit) withdraws it.) A refused hold's retry-after
+//! is the time until the id is forgotten, capped as above. At most
+//! [`RELEASED_MAX`] ids are remembered (the earliest to be forgotten go
+//! first), so a key's memory stays bounded whatever its clients do. A
+//! release, the common case, remembers nothing and costs nothing more.
 //!
 //! Cost plays no part: one request holds one slot. [`Op::Acquire`] and
 //! [`Op::Peek`] look without taking a slot (a [`Limiter`](crate::Limiter)
@@ -82,7 +85,7 @@ pub const MAX_IN_FLIGHT: u64 = 1_000_000;
 /// The longest retry-after a refusal advises (see the [module docs](self)).
 pub const RETRY_CAP: Duration = Duration::from_secs(1);
 
-/// The most released ids a key remembers at once (see the
+/// The most withdrawn ids a key remembers at once (see the
 /// [module docs](self)).
 pub const RELEASED_MAX: usize = 1024;
 
@@ -136,14 +139,14 @@ impl Concurrency {
 }
 
 /// State of one key under a concurrency limit: the slots held, by id, with
-/// the instant each lease expires, and the ids released while not held.
+/// the instant each lease expires, and the ids withdrawn.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ConcurrencyState {
     /// Slot id → lease expiry (µs). Expired slots may linger until the
     /// next decision drops them; they count for nothing.
     pub slots: BTreeMap<u64, Timestamp>,
-    /// Ids released while not held → when they are forgotten (µs): a hold
-    /// of one is refused until then (see the [module docs](self)). At
+    /// Ids withdrawn ([`Op::Withdraw`]) → when they are forgotten (µs): a
+    /// hold of one is refused until then (see the [module docs](self)). At
     /// most [`RELEASED_MAX`].
     pub released: BTreeMap<u64, Timestamp>,
 }
@@ -157,7 +160,7 @@ impl ConcurrencyState {
         match op {
             Op::Hold(id) => {
                 if let Some(&until) = self.released.get(&id) {
-                    // Its release came first: this hold's caller is gone.
+                    // Withdrawn first: this hold's caller is gone.
                     return self.reply(now, p, false, (until - now).min(RETRY_CAP_US));
                 }
                 if let Some(exp) = self.slots.get_mut(&id) {
@@ -171,9 +174,12 @@ impl ConcurrencyState {
                 self.answer(now, p, true)
             }
             Op::Release(id) => {
-                if self.slots.remove(&id).is_none() {
-                    self.remember_released(id, now + p.lease_us);
-                }
+                self.slots.remove(&id);
+                self.look(now, p)
+            }
+            Op::Withdraw(id) => {
+                self.slots.remove(&id);
+                self.remember_released(id, now + p.lease_us);
                 self.look(now, p)
             }
             Op::Reset => {
@@ -185,7 +191,7 @@ impl ConcurrencyState {
         }
     }
 
-    /// Remembers `id`, released while not held, until `until`; beyond
+    /// Remembers `id`, withdrawn, until `until`; beyond
     /// [`RELEASED_MAX`], the earliest to be forgotten goes (the smallest
     /// id among those forgotten at the same instant: a Redis sorted set's
     /// order, its members the ids in 20 digits).
@@ -293,30 +299,36 @@ mod tests {
     }
 
     #[test]
-    fn a_hold_that_lands_after_its_release_takes_nothing() {
+    fn a_hold_that_lands_after_its_withdrawal_takes_nothing() {
         let p = p(1, 10);
         let mut s = ConcurrencyState::default();
-        // Released before it was held (its caller gave up; the hold was
+        // Withdrawn before it was held (its caller gave up; the hold was
         // still on its way).
-        assert!(s.apply(0, &p, Op::Release(5)).is_allowed());
+        assert!(s.apply(0, &p, Op::Withdraw(5)).is_allowed());
         let d = s.apply(S / 2, &p, Op::Hold(5));
         assert!(d.is_denied());
         assert_eq!((d.remaining(), d.retry_after()), (1, RETRY_CAP));
         // The slot is free for others.
         assert!(s.apply(S, &p, Op::Hold(6)).is_allowed());
-        assert!(s.apply(S, &p, Op::Release(6)).is_allowed());
-        // A release of an id held remembers nothing: it may hold again.
-        assert!(s.apply(S, &p, Op::Hold(6)).is_allowed());
-        assert!(s.apply(S, &p, Op::Release(6)).is_allowed());
-        // Remembered for one lease from its release.
+        // Withdrawn while held (the hold landed first, and may be sent
+        // again): the slot is freed, and the id barred too.
+        assert!(s.apply(S, &p, Op::Withdraw(6)).is_allowed());
+        assert!(s.apply(S, &p, Op::Hold(6)).is_denied());
+        // A release remembers nothing, held or not: the id may hold again.
+        assert!(s.apply(S, &p, Op::Hold(7)).is_allowed());
+        assert!(s.apply(S, &p, Op::Release(7)).is_allowed());
+        assert!(s.apply(S, &p, Op::Release(8)).is_allowed());
+        assert!(s.apply(S, &p, Op::Hold(8)).is_allowed());
+        assert!(s.apply(S, &p, Op::Release(8)).is_allowed());
+        // Remembered for one lease from its withdrawal.
         let d = s.apply(9 * S + S / 2, &p, Op::Hold(5));
         assert_eq!(d.retry_after(), Duration::from_millis(500));
-        assert_eq!(s.expires_at(), 10 * S);
+        assert_eq!(s.expires_at(), 11 * S);
         assert!(s.apply(10 * S, &p, Op::Hold(5)).is_allowed());
         // A reset forgets them too.
-        s.apply(10 * S, &p, Op::Release(7));
+        s.apply(10 * S, &p, Op::Withdraw(9));
         s.apply(10 * S, &p, Op::Reset);
-        assert!(s.apply(10 * S, &p, Op::Hold(7)).is_allowed());
+        assert!(s.apply(10 * S, &p, Op::Hold(9)).is_allowed());
     }
 
     #[test]
@@ -324,10 +336,10 @@ mod tests {
         let p = p(1, 3600);
         let mut s = ConcurrencyState::default();
         let n = RELEASED_MAX as u64 + 1;
-        // Two released in the same microsecond: the smaller id goes first.
-        s.apply(0, &p, Op::Release(n + 1));
+        // Two withdrawn in the same microsecond: the smaller id goes first.
+        s.apply(0, &p, Op::Withdraw(n + 1));
         for id in 1..n {
-            s.apply(0, &p, Op::Release(id));
+            s.apply(0, &p, Op::Withdraw(id));
         }
         assert_eq!(s.released.len(), RELEASED_MAX);
         assert!(s.apply(1, &p, Op::Hold(1)).is_allowed(), "forgotten");
@@ -338,12 +350,11 @@ mod tests {
 
     proptest::proptest! {
         /// Never more live slots than the limit; a hold passes exactly when
-        /// its id was not released while not held, and is live already or
-        /// a slot is free.
+        /// its id is not withdrawn, and is live already or a slot is free.
         #[test]
         fn never_more_than_max_in_flight(
             max in 1u64..5,
-            steps in proptest::collection::vec((0u64..3_000_000, 0u64..8, 0u8..3), 1..100),
+            steps in proptest::collection::vec((0u64..3_000_000, 0u64..8, 0u8..4), 1..100),
         ) {
             let p = Concurrency::new(max, Duration::from_secs(2)).unwrap();
             let mut s = ConcurrencyState::default();
@@ -353,15 +364,21 @@ mod tests {
                 let live = s.slots.iter().filter(|(_, e)| **e > now).count() as u64;
                 let held = s.slots.get(&id).is_some_and(|e| *e > now);
                 let released = s.released.get(&id).is_some_and(|u| *u > now);
-                let op = match kind { 0 | 1 => Op::Hold(id), _ => Op::Release(id) };
+                let op = match kind {
+                    0 | 1 => Op::Hold(id),
+                    2 => Op::Release(id),
+                    _ => Op::Withdraw(id),
+                };
                 let d = s.apply(now, &p, op);
                 match op {
                     Op::Hold(_) => proptest::prop_assert_eq!(
                         d.is_allowed(),
                         !released && (held || live < max)
                     ),
-                    // Remembered exactly when it was not held.
-                    _ => proptest::prop_assert_eq!(s.released.contains_key(&id), !held),
+                    // A release changes what is remembered in nothing; a
+                    // withdrawal remembers.
+                    Op::Release(_) => proptest::prop_assert_eq!(s.released.contains_key(&id), released),
+                    _ => proptest::prop_assert!(s.released.contains_key(&id)),
                 }
                 proptest::prop_assert!(!(s.slots.contains_key(&id) && s.released.contains_key(&id)));
                 proptest::prop_assert!(s.slots.len() as u64 <= max);
