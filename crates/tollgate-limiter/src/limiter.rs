@@ -948,9 +948,9 @@ impl<B: Backend> Limiter<B> {
         let held = matches!(&result, Ok(d) if d.is_allowed());
         let permit = match &result {
             Ok(d) if held => Some(pending.landed(d.window())),
-            // Refused, or never sent: no slot was taken. (Nor released:
-            // the release of a slot not held is a write, which a server
-            // refusing writes would refuse too.)
+            // Refused, or never sent: no slot was taken. (Nor withdrawn:
+            // a withdrawal is a write, which a server refusing writes
+            // would refuse too.)
             Ok(_) | Err(Error::BreakerOpen | Error::Policy(_)) => {
                 pending.disarm();
                 None
@@ -959,7 +959,7 @@ impl<B: Backend> Limiter<B> {
                 pending.disarm();
                 None
             }
-            // Taken or not, nobody can tell: dropped armed, it releases.
+            // Taken or not, nobody can tell: dropped armed, it withdraws.
             Err(_) => None,
         };
         let verdict = self.counted(Call::Check, self.settle(result, 1));

@@ -19,8 +19,9 @@ use crate::limiter::Limiter;
 /// a handler panicked and the stack unwound), by a release spawned on the
 /// current tokio runtime. That release is best effort: with no runtime (a
 /// drop outside one), a runtime shutting down (its tasks are dropped
-/// unpolled), or a backend that fails, it is lost, and the slot's **lease**
-/// frees it when it expires. Size the lease for that: a lost release costs
+/// unpolled), or a backend that fails twice (a failed one is sent again, a
+/// decision's time later), it is lost, and the slot's **lease** frees it
+/// when it expires. Size the lease for that: a lost release costs
 /// the key one slot for at most one lease.
 ///
 /// A request that outlives its lease should [`renew`](Self::renew) it.
@@ -99,9 +100,9 @@ impl<B: Backend> Permit<B> {
     }
 
     /// Gives the slot back now, waiting for the backend. On an error the
-    /// permit is dropped armed: it sends the release once more, as a
-    /// dropped permit does, and the lease frees the slot if that fails
-    /// too. Dropped before the backend answered (its caller gave up), the
+    /// permit is dropped armed: it gives the slot back again as a dropped
+    /// permit does, and the lease frees the slot if that fails too.
+    /// Dropped before the backend answered (its caller gave up), the
     /// permit gives the slot back as a dropped permit does.
     pub async fn release(mut self) -> Result<Decision, Error> {
         let op = self.give_back();

@@ -105,12 +105,12 @@ impl Backend for LateHolds {
 }
 
 /// A hold whose caller gave up (its timeout) before the answer may reach
-/// the backend after the release the dropped permit sent (another pooled
-/// connection): the slot was then taken by nobody until its lease ran out
-/// (a minute here). The backend remembers the release, and refuses the
-/// hold when it lands, however late: here after the two releases a
-/// dropped hold used to send (at its timeout, and a timeout later), as a
-/// Redis stalled by a fork or an fsync would deliver it.
+/// the backend after the withdrawal the dropped permit sent (another
+/// pooled connection): the slot was then taken by nobody until its lease
+/// ran out (a minute here). The backend remembers the withdrawal, and
+/// refuses the hold when it lands within a lease: here after the two
+/// releases a dropped hold used to send (at its timeout, and a timeout
+/// later), as a Redis stalled by a fork or an fsync would deliver it.
 #[tokio::test(start_paused = true)]
 async fn a_hold_that_lands_after_its_releases_takes_nothing() {
     for late in [HOLD_LATE, Duration::from_millis(500)] {
