@@ -127,9 +127,7 @@ impl<B: Backend> Permit<B> {
             false => crate::Op::Release(self.id),
         }
     }
-}
 
-impl<B: Backend> Permit<B> {
     /// Renews the slot's lease in the background, every third of a lease,
     /// until the returned [`KeptPermit`] is dropped, which gives the slot
     /// back as a dropped permit does.

@@ -8,7 +8,7 @@
 --          sent again, takes nothing: see the model's module docs):
 --          member = 'r' and the id in 20 digits (ties go by the number, as
 --          the model's), score = minus when it is forgotten (µs, < 0); at
---          most RELEASED_MAX. In the key the slots live in, not a key of
+--          most WITHDRAWN_MAX. In the key the slots live in, not a key of
 --          its own: a call naming a key that exists and one that does not
 --          is refused (-TRYAGAIN) while a cluster migrates its slot.
 -- Every key shares the hash tag: one cluster slot.
@@ -18,7 +18,7 @@
 -- (both absent: none), so that the common call, with none, counts and
 -- looks as it did before ids were remembered. Expired slots and ids are
 -- dropped first (ZREMRANGEBYSCORE), so the work is bounded by what the key
--- holds: max_in_flight slots, RELEASED_MAX ids.
+-- holds: max_in_flight slots, WITHDRAWN_MAX ids.
 -- ARGV[1]: 'h<id>' holds (or renews) slot <id>, 'x<id>' releases it,
 -- 'w<id>' withdraws it (releases it, and remembers <id>); any other
 -- operation looks (reset frees every slot).
@@ -44,8 +44,8 @@ local function parse_slot_op()
   return parse_op(now)
 end
 
--- The model's RELEASED_MAX.
-local RELEASED_MAX = 1024
+-- The model's WITHDRAWN_MAX.
+local WITHDRAWN_MAX = 1024
 
 local op, id = parse_slot_op()
 local slots = KEYS[#KEYS]
@@ -179,9 +179,9 @@ elseif op == 'release' or op == 'withdraw' then
     held = held - 1
   end
   if op == 'withdraw' then
-    -- Remembered for one lease (the model's remember_released).
+    -- Remembered for one lease (the model's remember_withdrawn).
     remembered = remembered + redis.call('ZADD', slots, fmt(-now - p.lease), member(id))
-    if remembered > RELEASED_MAX then
+    if remembered > WITHDRAWN_MAX then
       -- The earliest forgotten goes: the greatest score below 0, and the
       -- smallest id among those of that score.
       local top = redis.call('ZRANGE', slots, '(0', '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')

@@ -93,6 +93,24 @@ async fn decide<B: Backend>(l: &Limiter<B>, key: &Key, cost: u64) -> Decision {
         .unwrap_or_else(|e| panic!("backend failed: {e:?}"))
 }
 
+/// The backend's decision on `op`, asked directly (no limiter: no local
+/// cache, no breaker, no fail mode in the way).
+async fn raw_op<B: Backend>(
+    backend: &B,
+    limiter: &str,
+    key: &Key,
+    policy: &Policy,
+    op: Op,
+) -> Decision {
+    let req = Request {
+        limiter,
+        key,
+        policy,
+        op,
+    };
+    backend.decide(req).await.expect("decided")
+}
+
 async fn peek<B: Backend>(l: &Limiter<B>, key: &Key, cost: u64) -> Decision {
     match l.peek_cost(key, cost).await {
         tollgate_limiter::Verdict::Decided(d) => d,
@@ -727,25 +745,13 @@ pub async fn concurrency_slots<B: Backend + Clone>(backend: B, clock: MockClock)
 /// hold is sent again (a cluster client's re-send), is remembered for one
 /// lease: the hold, landing after it, takes nothing, so no slot is left
 /// that nobody releases. A release remembers nothing.
-pub async fn a_hold_withdrawn_before_it_lands_takes_nothing<B: Backend + Clone>(
+pub async fn a_hold_withdrawn_before_it_lands_takes_nothing<B: Backend>(
     backend: B,
     clock: MockClock,
 ) {
     let policy = Policy::from(Concurrency::new(1, 10 * S).unwrap());
     let key = Key::new("late");
-    let op = |op| {
-        let backend = backend.clone();
-        let key = key.clone();
-        async move {
-            let req = Request {
-                limiter: "late",
-                key: &key,
-                policy: &policy,
-                op,
-            };
-            backend.decide(req).await.expect("decided")
-        }
-    };
+    let op = |op| raw_op(&backend, "late", &key, &policy, op);
     // The withdrawal lands first, then its hold.
     assert!(op(Op::Withdraw(41)).await.is_allowed());
     let late = op(Op::Hold(41)).await;
@@ -794,13 +800,7 @@ pub async fn a_clock_stepping_back_counts_the_slots_held<B: Backend>(backend: B,
     ];
     for (at, op) in steps {
         clock.set(start + at.as_micros() as u64);
-        let req = Request {
-            limiter: &name,
-            key: &key,
-            policy: &policy,
-            op,
-        };
-        let got = backend.decide(req).await.expect("decided");
+        let got = raw_op(&backend, &name, &key, &policy, op).await;
         let want = model.apply(&name, key.as_str(), clock.now(), &policy, op);
         assert_eq!(Some(got), want, "{op:?} at {at:?}");
     }
@@ -2495,7 +2495,7 @@ pub async fn extreme_values_agree_with_model<B: Backend>(backend: B, clock: Mock
                 id: u64::MAX,
             })
             .chain(
-                (1..=tollgate_limiter::concurrency::RELEASED_MAX as u64)
+                (1..=tollgate_limiter::concurrency::WITHDRAWN_MAX as u64)
                     .map(|id| Step::Withdraw { key: 0, id }),
             )
             .chain([

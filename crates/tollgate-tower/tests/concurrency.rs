@@ -42,6 +42,30 @@ async fn settled_free_slots(l: &Limiter<MemoryBackend<MockClock>>, want: u64) ->
     free_slots(l).await
 }
 
+/// Two leases (60 s each) in steps of 10 s, the backend's clock and the
+/// runtime's in step (renewals run on the runtime's timer, every third of
+/// the lease), with the one slot held: a request at each step is refused.
+async fn refused_for_two_leases<S, Bd>(svc: &mut S, clock: &MockClock)
+where
+    S: Service<Request<String>, Response = Response<Bd>>,
+    S::Error: std::fmt::Debug,
+{
+    for step in 1..=12 {
+        clock.advance(Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let refused = send(svc).await;
+        assert_eq!(
+            refused.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "{} s in, a second request passed",
+            step * 10
+        );
+    }
+}
+
 /// One request through `svc`, once it is ready.
 async fn send<S>(svc: &mut S) -> S::Response
 where
@@ -164,22 +188,7 @@ async fn a_body_read_slowly_keeps_its_slot_past_its_lease() {
     let (l, clock) = limiter(1);
     let mut svc = ConcurrencyLimitLayer::new(l.clone(), tenant).layer(ok_service());
     let held = send(&mut svc).await;
-    // The backend's clock and the runtime's, in step: the renewals run on
-    // the runtime's timer, every third of the 60 s lease.
-    for step in 1..=12 {
-        clock.advance(Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_secs(10)).await;
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-        let refused = send(&mut svc).await;
-        assert_eq!(
-            refused.status(),
-            StatusCode::TOO_MANY_REQUESTS,
-            "{} s in, a second request passed",
-            step * 10
-        );
-    }
+    refused_for_two_leases(&mut svc, &clock).await;
     drop(held);
     assert_eq!(settled_free_slots(&l, 1).await, 1);
     assert_eq!(send(&mut svc).await.status(), StatusCode::OK);
@@ -358,21 +367,7 @@ async fn a_rate_limit_layer_keeps_a_slow_requests_slot_past_its_lease() {
     let slow = tokio::spawn(svc.clone().oneshot(slow));
     tokio::task::yield_now().await;
     assert_eq!(settled_free_slots(&l, 0).await, 0);
-    // Two leases (60 s each), the backend's clock and the runtime's in step.
-    for step in 1..=12 {
-        clock.advance(Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_secs(10)).await;
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-        let refused = send(&mut svc).await;
-        assert_eq!(
-            refused.status(),
-            StatusCode::TOO_MANY_REQUESTS,
-            "{} s in, a second request passed",
-            step * 10
-        );
-    }
+    refused_for_two_leases(&mut svc, &clock).await;
     gate.notify_one();
     assert_eq!(slow.await.unwrap().unwrap().status(), StatusCode::OK);
     assert_eq!(settled_free_slots(&l, 1).await, 1);

@@ -37,7 +37,7 @@
 //! back before its lease ran out. (The same for a renewal with no answer:
 //! a [`Permit`](crate::Permit) withdraws it.) A refused hold's retry-after
 //! is the time until the id is forgotten, capped as above. At most
-//! [`RELEASED_MAX`] ids are remembered (the earliest to be forgotten go
+//! [`WITHDRAWN_MAX`] ids are remembered (the earliest to be forgotten go
 //! first), so a key's memory stays bounded whatever its clients do. A
 //! release, the common case, remembers nothing and costs nothing more.
 //!
@@ -87,7 +87,7 @@ pub const RETRY_CAP: Duration = Duration::from_secs(1);
 
 /// The most withdrawn ids a key remembers at once (see the
 /// [module docs](self)).
-pub const RELEASED_MAX: usize = 1024;
+pub const WITHDRAWN_MAX: usize = 1024;
 
 const RETRY_CAP_US: u64 = 1_000_000;
 
@@ -147,8 +147,8 @@ pub struct ConcurrencyState {
     pub slots: BTreeMap<u64, Timestamp>,
     /// Ids withdrawn ([`Op::Withdraw`]) → when they are forgotten (µs): a
     /// hold of one is refused until then (see the [module docs](self)). At
-    /// most [`RELEASED_MAX`].
-    pub released: BTreeMap<u64, Timestamp>,
+    /// most [`WITHDRAWN_MAX`].
+    pub withdrawn: BTreeMap<u64, Timestamp>,
 }
 
 impl ConcurrencyState {
@@ -156,10 +156,10 @@ impl ConcurrencyState {
     pub fn apply(&mut self, now: Timestamp, p: &Concurrency, op: Op) -> Decision {
         // Expired leases free their slots first.
         self.slots.retain(|_, exp| *exp > now);
-        self.released.retain(|_, until| *until > now);
+        self.withdrawn.retain(|_, until| *until > now);
         match op {
             Op::Hold(id) => {
-                if let Some(&until) = self.released.get(&id) {
+                if let Some(&until) = self.withdrawn.get(&id) {
                     // Withdrawn first: this hold's caller is gone.
                     return self.reply(now, p, false, (until - now).min(RETRY_CAP_US));
                 }
@@ -179,12 +179,12 @@ impl ConcurrencyState {
             }
             Op::Withdraw(id) => {
                 self.slots.remove(&id);
-                self.remember_released(id, now + p.lease_us);
+                self.remember_withdrawn(id, now + p.lease_us);
                 self.look(now, p)
             }
             Op::Reset => {
                 self.slots.clear();
-                self.released.clear();
+                self.withdrawn.clear();
                 self.look(now, p)
             }
             Op::Acquire(_) | Op::Peek(_) | Op::Penalise(_) | Op::Settle { .. } => self.look(now, p),
@@ -192,15 +192,15 @@ impl ConcurrencyState {
     }
 
     /// Remembers `id`, withdrawn, until `until`; beyond
-    /// [`RELEASED_MAX`], the earliest to be forgotten goes (the smallest
+    /// [`WITHDRAWN_MAX`], the earliest to be forgotten goes (the smallest
     /// id among those forgotten at the same instant: a Redis sorted set's
     /// order, its members the ids in 20 digits).
-    fn remember_released(&mut self, id: u64, until: Timestamp) {
-        self.released.insert(id, until);
-        if self.released.len() > RELEASED_MAX
-            && let Some((&first, _)) = self.released.iter().min_by_key(|(id, u)| (**u, **id))
+    fn remember_withdrawn(&mut self, id: u64, until: Timestamp) {
+        self.withdrawn.insert(id, until);
+        if self.withdrawn.len() > WITHDRAWN_MAX
+            && let Some((&first, _)) = self.withdrawn.iter().min_by_key(|(id, u)| (**u, **id))
         {
-            self.released.remove(&first);
+            self.withdrawn.remove(&first);
         }
     }
 
@@ -230,12 +230,12 @@ impl ConcurrencyState {
         Decision::from_micros(allowed, p.max_in_flight, remaining, retry, reset)
     }
 
-    /// When every lease has expired and every released id is forgotten
+    /// When every lease has expired and every withdrawn id is forgotten
     /// (0 with neither).
     pub fn expires_at(&self) -> Timestamp {
         self.slots
             .values()
-            .chain(self.released.values())
+            .chain(self.withdrawn.values())
             .copied()
             .max()
             .unwrap_or(0)
@@ -332,16 +332,16 @@ mod tests {
     }
 
     #[test]
-    fn remembers_at_most_released_max_ids_the_earliest_forgotten_first() {
+    fn remembers_at_most_withdrawn_max_ids_the_earliest_forgotten_first() {
         let p = p(1, 3600);
         let mut s = ConcurrencyState::default();
-        let n = RELEASED_MAX as u64 + 1;
+        let n = WITHDRAWN_MAX as u64 + 1;
         // Two withdrawn in the same microsecond: the smaller id goes first.
         s.apply(0, &p, Op::Withdraw(n + 1));
         for id in 1..n {
             s.apply(0, &p, Op::Withdraw(id));
         }
-        assert_eq!(s.released.len(), RELEASED_MAX);
+        assert_eq!(s.withdrawn.len(), WITHDRAWN_MAX);
         assert!(s.apply(1, &p, Op::Hold(1)).is_allowed(), "forgotten");
         s.apply(1, &p, Op::Release(1));
         assert!(s.apply(1, &p, Op::Hold(2)).is_denied(), "remembered");
@@ -363,7 +363,7 @@ mod tests {
                 now += dt;
                 let live = s.slots.iter().filter(|(_, e)| **e > now).count() as u64;
                 let held = s.slots.get(&id).is_some_and(|e| *e > now);
-                let released = s.released.get(&id).is_some_and(|u| *u > now);
+                let withdrawn = s.withdrawn.get(&id).is_some_and(|u| *u > now);
                 let op = match kind {
                     0 | 1 => Op::Hold(id),
                     2 => Op::Release(id),
@@ -373,14 +373,14 @@ mod tests {
                 match op {
                     Op::Hold(_) => proptest::prop_assert_eq!(
                         d.is_allowed(),
-                        !released && (held || live < max)
+                        !withdrawn && (held || live < max)
                     ),
                     // A release changes what is remembered in nothing; a
                     // withdrawal remembers.
-                    Op::Release(_) => proptest::prop_assert_eq!(s.released.contains_key(&id), released),
-                    _ => proptest::prop_assert!(s.released.contains_key(&id)),
+                    Op::Release(_) => proptest::prop_assert_eq!(s.withdrawn.contains_key(&id), withdrawn),
+                    _ => proptest::prop_assert!(s.withdrawn.contains_key(&id)),
                 }
-                proptest::prop_assert!(!(s.slots.contains_key(&id) && s.released.contains_key(&id)));
+                proptest::prop_assert!(!(s.slots.contains_key(&id) && s.withdrawn.contains_key(&id)));
                 proptest::prop_assert!(s.slots.len() as u64 <= max);
                 proptest::prop_assert_eq!(d.remaining(), max - s.slots.len() as u64);
             }
