@@ -16,9 +16,11 @@
 -- x is the latest lease's or remembered id's expiry, and the TTL of both
 -- keys; r when the latest remembered id is forgotten, c how many are
 -- (both absent: none), so that the common call, with none, counts and
--- looks as it did before ids were remembered. Expired slots and ids are
--- dropped first (ZREMRANGEBYSCORE), so the work is bounded by what the key
--- holds: max_in_flight slots, WITHDRAWN_MAX ids.
+-- looks as it did before ids were remembered. A call that writes drops
+-- expired slots and forgotten ids first (ZREMRANGEBYSCORE), so what the key
+-- holds is bounded: max_in_flight slots, WITHDRAWN_MAX ids. A call that
+-- writes nothing (a look, a refused hold) writes nothing at all, so that it
+-- is answered while the server refuses writes.
 -- ARGV[1]: 'h<id>' holds (or renews) slot <id>, 'x<id>' releases it,
 -- 'w<id>' withdraws it (releases it, and remembers <id>); any other
 -- operation looks (reset frees every slot).
@@ -54,41 +56,10 @@ local st = state_fields('s', 'x', 'r', 'c')
 local live = st[1] == 'n' and tonumber(st[2]) > now and op ~= 'reset'
 -- The ids remembered: when the latest is forgotten, and how many (0: none).
 local forgotten, remembered = 0, 0
-if live then
-  -- Expired leases free their slots (0 < score <= now).
-  redis.call('ZREMRANGEBYSCORE', slots, '0', fmt(now))
-  forgotten = tonumber(st[3]) or 0
-  local left = forgotten > now
-  if left then
-    -- Forgotten ids: -score <= now.
-    local gone = redis.call('ZREMRANGEBYSCORE', slots, fmt(-now), '(0')
-    remembered = (tonumber(st[4]) or 0) - gone
-    -- None left all the same: the script of the release before remembered
-    -- ids (a worker of a rolling upgrade) drops them all with the expired
-    -- slots (their scores are below now), and leaves r and c.
-    local least = redis.call('ZRANGE', slots, 0, 0, 'WITHSCORES')[2]
-    left = least ~= nil and tonumber(least) < 0
-    if left and gone > 0 then
-      -- Counted as the set holds them, whether this call writes or looks.
-      redis.call('HSET', KEYS[1], 'c', fmt(remembered))
-    end
-  end
-  if forgotten > 0 and not left then
-    -- Every remembered id forgotten: counted as none, whether this call
-    -- writes or looks (left in the HASH, r would count them again after
-    -- a clock stepped back before it).
-    redis.call('ZREMRANGEBYSCORE', slots, '-inf', '(0')
-    redis.call('HDEL', KEYS[1], 'r', 'c')
-    forgotten, remembered, st[3] = 0, 0, nil
-  end
-elseif (st[1] or redis.pcall('EXISTS', slots)) ~= 0 then
-  -- Expired, of another strategy, or reset: no slot is held. Deleted only
-  -- when something is there (see sliding_window.lua: a DEL that finds
-  -- nothing would let a Redis out of memory take a new key; EXISTS denied:
-  -- deleted).
-  redis.call('DEL', KEYS[1], slots)
-end
-local held = redis.call('ZCARD', slots) - remembered
+-- The slots held (leases after now).
+local held = 0
+-- Whether expired slots may still be in the set (nothing swept yet).
+local unswept = true
 
 -- A remembered id's member.
 local function member(slot)
@@ -113,10 +84,10 @@ local function answer(allowed, retry)
   if held > 0 then
     reset = tonumber(redis.call('ZRANGE', slots, -1, -1, 'WITHSCORES')[2]) - now
     if allowed == 0 and not retry then
-      -- The earliest lease: the least score above 0.
+      -- The earliest lease: the least score after now.
       local first
-      if remembered > 0 then
-        first = redis.call('ZRANGE', slots, '(0', '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+      if remembered > 0 or unswept then
+        first = redis.call('ZRANGE', slots, '(' .. fmt(now), '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
       else
         first = redis.call('ZRANGE', slots, 0, 0, 'WITHSCORES')
       end
@@ -125,6 +96,98 @@ local function answer(allowed, retry)
   end
   return { allowed, p.max, remaining, retry or 0, reset, p.lease }
 end
+
+local function free()
+  if held < p.max then
+    return 1
+  end
+  return 0
+end
+
+-- What writes nothing is answered before anything is written: a look, and
+-- a hold refused (its id withdrawn, or every slot held by another). Those
+-- are then answered exactly while the server refuses writes (a failed
+-- save, too few replicas), as the other strategies' refusals are, and a
+-- fail-open limiter lets through only what it cannot count. Expired slots
+-- and forgotten ids are left to the next call that writes.
+--
+-- Whether every slot is held, by score: the p.max-th greatest score is a
+-- lease after now (remembered ids score below 0, expired slots below now).
+-- By rank, O(log N), with the commands the documented ACL grants (no
+-- ZCOUNT).
+local function all_held()
+  local nth = redis.call('ZRANGE', slots, -p.max, -p.max, 'WITHSCORES')[2]
+  return nth ~= nil and tonumber(nth) > now
+end
+-- The slots held, by score, up to p.max: all an answer reads of the count.
+local function held_by_score()
+  if all_held() then
+    return p.max
+  end
+  return #redis.call('ZRANGE', slots, '(' .. fmt(now), '+inf', 'BYSCORE')
+end
+local looks = op ~= 'hold' and op ~= 'release' and op ~= 'withdraw' and op ~= 'reset'
+if live and op == 'hold' then
+  if (tonumber(st[3]) or 0) > now then
+    local score = redis.call('ZSCORE', slots, member(id))
+    if score and -tonumber(score) > now then
+      -- Withdrawn before this hold landed: its caller is gone.
+      held = held_by_score()
+      return answer(0, capped(-tonumber(score) - now))
+    end
+  end
+  if all_held() then
+    local mine = redis.call('ZSCORE', slots, id)
+    if not mine or tonumber(mine) <= now then
+      held = p.max
+      return answer(0)
+    end
+  end
+end
+if looks then
+  -- As the set stands (a key expired, or of another strategy, holds
+  -- nothing).
+  if live then
+    held = held_by_score()
+  end
+  return answer(free())
+end
+
+if live then
+  -- Expired leases free their slots (0 < score <= now).
+  redis.call('ZREMRANGEBYSCORE', slots, '0', fmt(now))
+  forgotten = tonumber(st[3]) or 0
+  local left = forgotten > now
+  if left then
+    -- Forgotten ids: -score <= now.
+    local gone = redis.call('ZREMRANGEBYSCORE', slots, fmt(-now), '(0')
+    remembered = (tonumber(st[4]) or 0) - gone
+    -- None left all the same: the script of the release before remembered
+    -- ids (a worker of a rolling upgrade) drops them all with the expired
+    -- slots (their scores are below now), and leaves r and c.
+    local least = redis.call('ZRANGE', slots, 0, 0, 'WITHSCORES')[2]
+    left = least ~= nil and tonumber(least) < 0
+    if left and gone > 0 then
+      -- Counted as the set holds them.
+      redis.call('HSET', KEYS[1], 'c', fmt(remembered))
+    end
+  end
+  if forgotten > 0 and not left then
+    -- Every remembered id forgotten: counted as none (left in the HASH, r
+    -- would count them again after a clock stepped back before it).
+    redis.call('ZREMRANGEBYSCORE', slots, '-inf', '(0')
+    redis.call('HDEL', KEYS[1], 'r', 'c')
+    forgotten, remembered, st[3] = 0, 0, nil
+  end
+elseif (st[1] or redis.pcall('EXISTS', slots)) ~= 0 then
+  -- Expired, of another strategy, or reset: no slot is held. Deleted only
+  -- when something is there (see sliding_window.lua: a DEL that finds
+  -- nothing would let a Redis out of memory take a new key; EXISTS denied:
+  -- deleted).
+  redis.call('DEL', KEYS[1], slots)
+end
+unswept = false
+held = redis.call('ZCARD', slots) - remembered
 
 -- The key's expiry is its latest lease's or remembered id's; neither left,
 -- a fresh key.
@@ -152,25 +215,8 @@ local function store()
   expire(KEYS[1], x, now, slots)
 end
 
-local function free()
-  if held < p.max then
-    return 1
-  end
-  return 0
-end
-
 if op == 'hold' then
-  if remembered > 0 then
-    local score = redis.call('ZSCORE', slots, member(id))
-    if score then
-      -- Withdrawn before this hold landed: its caller is gone.
-      return answer(0, capped(-tonumber(score) - now))
-    end
-  end
-  if not redis.call('ZSCORE', slots, id) and held >= p.max then
-    return answer(0)
-  end
-  -- Taken, or renewed when already held.
+  -- Not refused above: taken, or renewed when already held.
   held = held + redis.call('ZADD', slots, fmt(now + p.lease), id)
   store()
   return answer(1)

@@ -880,8 +880,9 @@ fn limiters(b: &RedisBackend) -> Vec<(Limiter<RedisBackend>, Limiter<RedisBacken
         .collect()
 }
 
-/// While Redis refuses writes: a decision that writes nothing (a refusal) is
-/// still decided, exactly; one that would write gets the refusal as an
+/// While Redis refuses writes: a decision that writes nothing (a refusal, a
+/// peek, a concurrency limit's hold when its slots are all held) is still
+/// decided, exactly; one that would write gets the refusal as an
 /// error, which the fail mode answers (closed: refused, open: passed), and
 /// whose message names the condition; no key changes; the connection is
 /// kept (no reconnection) and no script is reloaded; the default breaker
@@ -900,6 +901,25 @@ async fn refused_writes(server: Server, fault: Fault) {
     for (closed, _, _) in &all {
         assert!(closed.try_acquire(&used, 1).await.unwrap().is_allowed());
         while closed.try_acquire(&full, 1).await.unwrap().is_allowed() {}
+    }
+    // A concurrency limit, fail-closed and fail-open over the same slots:
+    // `used` one slot held of two, `full` both.
+    let held = |mode: FailMode| {
+        Limiter::builder("held", Concurrency::new(2, 3600 * S).unwrap(), b.clone())
+            .fail_mode(mode)
+            .breaker(BreakerConfig {
+                threshold: 0,
+                ..BreakerConfig::default()
+            })
+            .timeout(VERDICT_TIMEOUT)
+            .build()
+    };
+    let (held_closed, held_open) = (held(FailMode::Closed), held(FailMode::Open));
+    let mut permits = Vec::new();
+    for k in [&used, &full, &full] {
+        let (v, permit) = held_closed.hold(k).await;
+        assert!(v.is_allowed(), "{v:?}");
+        permits.push(permit.expect("a permit"));
     }
     let before = snapshot(&mut c, &prefix).await;
     let connections = info(&mut c, "stats", "total_connections_received").await;
@@ -935,6 +955,30 @@ async fn refused_writes(server: Server, fault: Fault) {
                 failed(k, &l.check(k).await);
             }
         }
+    }
+    // The concurrency limit: a look, and a hold refused, write nothing,
+    // and are decided exactly; a fail-open limiter lets no request past
+    // the slots it can still count.
+    for l in [&held_closed, &held_open] {
+        for (k, remaining) in [(&used, 1), (&full, 0)] {
+            let d = l.try_peek(k, 1).await;
+            assert!(
+                d.as_ref()
+                    .is_ok_and(|d| d.is_allowed() == (remaining > 0) && d.remaining() == remaining),
+                "{} peek {}: {d:?}",
+                fault.code().0,
+                k.as_str()
+            );
+        }
+        let (v, permit) = l.hold(&full).await;
+        assert!(
+            v.decision()
+                .is_some_and(|d| d.is_denied() && d.remaining() == 0),
+            "{} hold of a full key, {:?}: {v:?}",
+            fault.code().0,
+            l.fail_mode()
+        );
+        assert!(permit.is_none());
     }
     assert_eq!(snapshot(&mut c, &prefix).await, before, "a key changed");
     // A hold on a fresh key of a concurrency limit takes a slot, a write:
@@ -989,6 +1033,7 @@ async fn refused_writes(server: Server, fault: Fault) {
     );
 
     fault.end(&server, &mut c).await;
+    drop(permits);
     let took = resumes(&guarded, &Key::new("probe")).await;
     assert!(took <= RESUME_WITHIN, "the breaker closed {took:?} after");
     // Exactly where they were: `used` has its limit less one.
