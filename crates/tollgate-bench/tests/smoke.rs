@@ -150,11 +150,8 @@ fn a_zero_timeout_is_refused_naming_the_flag() {
 /// A server that is not there is an error naming the URL, not a panic.
 #[test]
 fn an_unreachable_server_is_an_error_naming_it() {
-    // A loopback port nothing listens on: bound, then let go.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    // A loopback port nothing listens on.
+    let port = tollgate_testkit::redis_server::unused_port();
     let url = format!("redis://127.0.0.1:{port}");
     let out = bench(&["--backend", "redis", "--url", &url, "--duration", "1s"]);
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -18,7 +18,7 @@ use std::time::Duration;
 use tollgate_limiter::{Config, Decision, Key, KeyHasher, Limiter};
 use tollgate_redis::{Durability, RedisBackend};
 use tollgate_testkit::ha::RedisSentinel;
-use tollgate_testkit::redis_server::{RedisServer, Server};
+use tollgate_testkit::redis_server::{RedisServer, Server, unused_port};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
@@ -405,11 +405,7 @@ fn usage_errors_exit_2() {
 fn unreachable_redis_exits_1_without_showing_the_password() {
     let c = config("t-down");
     // A port nobody listens on.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = unused_port();
     let url = format!("redis://ops:hunter2@127.0.0.1:{port}");
     for args in [
         vec!["inspect", "api", "--ip", "1.2.3.4"],
@@ -460,10 +456,7 @@ tollgate_testkit::on_every_server! {
     #[test]
     fn the_url_comes_from_configuration_unless_given(server: Server) {
         let Some(url) = shared_url(server) else { return };
-        let dead = format!(
-            "redis://127.0.0.1:{}",
-            TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-        );
+        let dead = format!("redis://127.0.0.1:{}", unused_port());
         let with_redis = |at: &str| {
             ConfigFile::new(&format!(
                 "[defaults]\nprefix = \"t-cfgurl\"\n[redis]\nurl = \"{at}\"\n{API}"

@@ -1346,6 +1346,15 @@ pub(crate) fn free_port(with_bus: bool) -> u16 {
     }
 }
 
+/// A loopback port nobody listens on, that no server this test kit starts
+/// in this process will take: for a test's own listener (a proxy, a
+/// fake), or for a port that must stay dead (an unreachable Redis). A port
+/// bound and let go by hand can be the next server's, and the dead
+/// address would then answer.
+pub fn unused_port() -> u16 {
+    free_port(false)
+}
+
 pub(crate) fn temp_dir(kind: &str) -> PathBuf {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let dir = std::env::temp_dir().join(format!(

@@ -8,7 +8,7 @@
 //! skipped, loudly.
 
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
@@ -53,14 +53,6 @@ fn documented_config() -> String {
     let start = doc.find("```nginx\n").expect("an nginx block") + "```nginx\n".len();
     let len = doc[start..].find("```").expect("the block's end");
     doc[start..start + len].to_owned()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A running nginx, stopped on drop. It runs under a small `sh` guard that
@@ -182,7 +174,7 @@ async fn nginx_cuts_the_storm_before_the_app_sees_it() {
     let block = documented_config();
     let (rate, burst) = documented_rate_and_burst(&block, "per_ip");
     let (login_rate, login_burst) = documented_rate_and_burst(&block, "login_ip");
-    let port = free_port();
+    let port = tollgate_testkit::redis_server::unused_port();
     let block = block
         .replace("server 127.0.0.1:3000;", &format!("server {app_addr};"))
         .replace(
