@@ -188,8 +188,9 @@ pub struct AimdConfig {
     pub max_hold: Duration,
     /// A scope unused this long forgets its adapted rate; also the TTL of
     /// the rate stored in the backend, renewed by every cut and step up.
-    /// At least `max_hold`: a worker forgets an idle scope's `Retry-After`
-    /// hold with it, and keeps it alone while the backend is down.
+    /// Longer, by more than `reaction_window`, than the longest wait a
+    /// scope in use is given (`max_hold`, and one request's interval at
+    /// `min_rate`): a scope waiting for the remote is not idle.
     pub idle_expiry: Duration,
     /// How long one backend call may take before it counts as a failure.
     pub timeout: Duration,
@@ -292,22 +293,36 @@ impl AimdConfig {
         policy_span("max_hold", self.max_hold)?;
         policy_span("idle_expiry", self.idle_expiry)?;
         span("timeout", self.timeout)?;
-        // A worker forgets a scope idle this long, and with it the hold it
-        // keeps alone while the backend is down: a hold must end first.
-        if self.idle_expiry < self.max_hold {
+        // A scope waiting for the remote is in use, not idle: its last
+        // use (and the backend's record of it, refreshed at most once a
+        // reaction window) must not expire during the longest wait it
+        // can be given, or it comes back at `initial_rate`, its hold
+        // forgotten. The longest waits are a hold, and one request's
+        // interval at `min_rate`.
+        let window = self.reaction_window;
+        let longest = |wait: Duration| wait.saturating_add(window);
+        if self.idle_expiry <= longest(self.max_hold) {
             return Err(bad(
                 "idle_expiry",
                 format!(
-                    "must be at least max_hold ({}): a scope idle longer is forgotten, \
-                     with the Retry-After hold a worker keeps while the backend is down",
-                    humantime::format_duration(self.max_hold)
+                    "must be longer than max_hold + reaction_window ({}): a scope held \
+                     that long would be found idle after its hold, and start again from \
+                     initial_rate (and a worker would forget the hold it keeps alone \
+                     while the backend is down)",
+                    humantime::format_duration(longest(self.max_hold))
                 ),
             ));
         }
-        if self.idle_expiry <= self.reaction_window {
+        let slowest = Duration::from_secs_f64(1.0 / self.min_rate);
+        if self.idle_expiry <= longest(slowest) {
             return Err(bad(
                 "idle_expiry",
-                "must be longer than reaction_window".into(),
+                format!(
+                    "must be longer than one request's interval at min_rate + \
+                     reaction_window ({}): a scope at min_rate would be found idle \
+                     between its requests, and start again from initial_rate",
+                    humantime::format_duration(longest(slowest))
+                ),
             ));
         }
         if self.burst == 0 {
@@ -1162,6 +1177,16 @@ mod tests {
             // Shorter than a hold: a worker alone would forget it.
             (
                 "max_hold = \"2h\"\nidle_expiry = \"1h\"",
+                "aimd.idle_expiry",
+            ),
+            // No longer than a hold and a reaction window.
+            (
+                "max_hold = \"1h\"\nidle_expiry = \"1h\"",
+                "aimd.idle_expiry",
+            ),
+            // Shorter than one request's interval at min_rate.
+            (
+                "min_rate = 0.001\nmax_hold = \"1m\"\nidle_expiry = \"10m\"",
                 "aimd.idle_expiry",
             ),
             ("increase = \"fast\"", "aimd.increase"),

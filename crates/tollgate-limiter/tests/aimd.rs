@@ -791,3 +791,85 @@ async fn a_refresh_given_up_by_its_caller_is_made_by_the_next_request() {
     let _ = worker.try_acquire(&scope).await;
     assert_eq!(worker.rate(&scope), 12.0, "the refresh was skipped");
 }
+
+/// A scope waiting for the remote is in use, not idle. Held for
+/// `max_hold` (a remote's `Retry-After: 1000000000000` is capped to it),
+/// or waiting one request's interval at `min_rate`, it came back at
+/// `initial_rate` when `idle_expiry` did not outlast the wait by a
+/// reaction window, and such configurations were accepted:
+/// `idle_expiry = max_hold` took a rate of 5.25 back to 1 after the hold,
+/// and `min_rate` 0.005/s (a request per 200 s) with `idle_expiry` 120 s
+/// took 0.005 back to 1 after each request. They are refused, naming the
+/// field; with the shortest `idle_expiry` accepted, the rate survives
+/// both waits.
+#[tokio::test(start_paused = true)]
+async fn a_scope_waiting_for_the_remote_keeps_its_rate() {
+    let window = Duration::from_millis(500);
+    let held = |idle_expiry| AimdConfig {
+        max_hold: Duration::from_secs(600),
+        idle_expiry,
+        ..config()
+    };
+    let slow = |idle_expiry| AimdConfig {
+        min_rate: 0.005,
+        decrease: 0.5,
+        max_hold: Duration::from_secs(60),
+        idle_expiry,
+        ..config()
+    };
+    for bad in [
+        held(Duration::from_secs(600)),
+        held(Duration::from_secs(600) + window),
+        slow(Duration::from_secs(120)),
+        slow(Duration::from_secs(200) + window),
+    ] {
+        let e = AimdLimiter::new("harvester", bad.clone(), backend())
+            .map(|_| "accepted".to_owned())
+            .unwrap_or_else(|e| e.to_string());
+        assert!(e.contains("adaptive.harvester.idle_expiry"), "{bad:?}: {e}");
+    }
+    let just = Duration::from_millis(1);
+    let scope = Key::new("example.org");
+
+    // Held for max_hold by an absurd Retry-After.
+    let worker = limiter(held(Duration::from_secs(600) + window + just), backend());
+    worker.acquire(&scope).await;
+    for _ in 0..3 {
+        worker.feedback(&scope, Outcome::Success).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    worker.acquire(&scope).await;
+    let forever = Some(Duration::from_secs(1_000_000_000_000));
+    worker
+        .feedback(
+            &scope,
+            Outcome::Refused {
+                retry_after: forever,
+            },
+        )
+        .await;
+    assert_eq!(worker.rate(&scope), 5.25);
+    let start = Instant::now();
+    worker.acquire(&scope).await;
+    assert_eq!(start.elapsed(), Duration::from_secs(600));
+    assert_eq!(worker.rate(&scope), 5.25);
+    assert_eq!(worker.shared_rate(&scope).await.unwrap(), 5.25);
+
+    // Cut to min_rate by a source that refuses every request, then
+    // waiting a request's interval.
+    let slow_worker = limiter(slow(Duration::from_secs(200) + window + just), backend());
+    let refused = Outcome::Refused { retry_after: None };
+    slow_worker.acquire(&scope).await;
+    for _ in 0..10 {
+        slow_worker.feedback(&scope, refused).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(slow_worker.rate(&scope), 0.005);
+    slow_worker.acquire(&scope).await;
+    slow_worker.feedback(&scope, refused).await;
+    let start = Instant::now();
+    slow_worker.acquire(&scope).await;
+    assert_eq!(start.elapsed(), Duration::from_secs(200));
+    assert_eq!(slow_worker.rate(&scope), 0.005);
+    assert_eq!(slow_worker.shared_rate(&scope).await.unwrap(), 0.005);
+}
