@@ -34,9 +34,10 @@
 //! Gates and holds are atomic backend decisions, so "one cut per window"
 //! and "hold until Retry-After" hold across any number of workers. The rate
 //! itself is read and written as an override (last writer wins): a growth
-//! racing a cut within one round trip may undo it, which the next refusal
-//! corrects a window later; growth is vetoed for a window after a cut to
-//! keep that race rare. Every key expires by itself (a full bucket, an open
+//! on one worker racing a cut on another within one round trip may undo
+//! it, which the next refusal corrects a window later; growth is vetoed
+//! for a window after a cut to keep that race rare, and a worker's own
+//! cut under way vetoes its growth at once. Every key expires by itself (a full bucket, an open
 //! gate, a lapsed hold), the override included: it is written with a TTL of
 //! `idle_expiry`, renewed by every cut and every step up (a step at
 //! `max_rate` rewrites it too), so it outlives its scope's last feedback by
@@ -1023,7 +1024,9 @@ impl<B: Backend> AimdLimiter<B> {
         let window = self.inner.config.reaction_window;
         let skip = self.with_local(scope, |l| {
             let now = Instant::now();
-            if after(l.grow_after, now) {
+            // A cut of this worker's under way (or one the gate told of):
+            // no step within its window, as the gate vetoes for the fleet.
+            if after(l.grow_after, now) || after(l.cut_after, now) {
                 return true;
             }
             l.grow_after = Some(now + window);
@@ -1060,6 +1063,11 @@ impl<B: Backend> AimdLimiter<B> {
             return;
         };
         let rate = (current + self.inner.config.increase).min(self.inner.config.max_rate);
+        // A cut of this worker's begun since the look at the gate may
+        // have read the rate already: written now, the step would undo it.
+        if self.with_local(scope, |l| after(l.cut_after, Instant::now())) {
+            return;
+        }
         // Written even at max_rate: the write renews the override's TTL.
         if self.write_rate(scope, rate).await.is_err() {
             return;

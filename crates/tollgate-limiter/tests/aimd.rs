@@ -515,11 +515,38 @@ async fn the_stored_rate_expires_after_idle_expiry() {
 }
 
 /// The memory backend, whose override reads fail while `fail_reads` is
-/// set (every other call answers).
+/// set (every other call answers), and whose override reads and writes
+/// take `override_delay` ms (as Redis round trips do; its decisions take
+/// the memory backend's injected delay).
 #[derive(Debug, Clone)]
 struct FlakyReads {
     inner: Backend,
     fail_reads: Arc<std::sync::atomic::AtomicBool>,
+    override_delay: Arc<AtomicU64>,
+}
+
+impl FlakyReads {
+    fn new() -> Self {
+        Self {
+            inner: backend(),
+            fail_reads: Arc::default(),
+            override_delay: Arc::default(),
+        }
+    }
+
+    /// Every call takes `delay`.
+    fn set_delay(&self, delay: Duration) {
+        self.inner.set_delay(delay);
+        let ms = u64::try_from(delay.as_millis()).unwrap();
+        self.override_delay.store(ms, Ordering::SeqCst);
+    }
+
+    async fn round_trip(&self) {
+        let ms = self.override_delay.load(Ordering::SeqCst);
+        if ms > 0 {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+    }
 }
 
 impl tollgate_limiter::Backend for FlakyReads {
@@ -540,19 +567,21 @@ impl tollgate_limiter::Backend for FlakyReads {
         self.inner.set_override(scope, policy)
     }
 
-    fn set_expiring_override(
+    async fn set_expiring_override(
         &self,
         scope: tollgate_limiter::Scope<'_>,
         policy: &tollgate_limiter::Policy,
         ttl: Duration,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
-        self.inner.set_expiring_override(scope, policy, ttl)
+    ) -> Result<(), Self::Error> {
+        self.round_trip().await;
+        self.inner.set_expiring_override(scope, policy, ttl).await
     }
 
     async fn get_override(
         &self,
         scope: tollgate_limiter::Scope<'_>,
     ) -> Result<Option<tollgate_limiter::Policy>, Self::Error> {
+        self.round_trip().await;
         if self.fail_reads.load(Ordering::SeqCst) {
             return Err(tollgate_memory::MemoryError::Injected);
         }
@@ -563,10 +592,7 @@ impl tollgate_limiter::Backend for FlakyReads {
 /// Three workers of one adaptive limiter (8 req/s, cuts halve it) on a
 /// backend whose override reads fail on demand.
 fn flaky_workers() -> (FlakyReads, [AimdLimiter<FlakyReads>; 3]) {
-    let backend = FlakyReads {
-        inner: backend(),
-        fail_reads: Arc::default(),
-    };
+    let backend = FlakyReads::new();
     let config = AimdConfig {
         initial_rate: 8.0,
         decrease: 0.5,
@@ -872,4 +898,37 @@ async fn a_scope_waiting_for_the_remote_keeps_its_rate() {
     assert_eq!(start.elapsed(), Duration::from_secs(200));
     assert_eq!(slow_worker.rate(&scope), 0.005);
     assert_eq!(slow_worker.shared_rate(&scope).await.unwrap(), 0.005);
+}
+
+/// A refusal and a success reported together by one worker (two in-flight
+/// requests answered at once: the source's first 429 beside a 200) cut
+/// the rate; the step up does not undo the cut. Before, the step read the
+/// rate while the cut was under way and wrote its step after the cut:
+/// with every backend call a 10 ms round trip, 16 req/s went to 18 on a
+/// refusal, and the cut gate, taken, kept the fleet from cutting again for
+/// the window. (Across workers the race remains, as documented.)
+#[tokio::test(start_paused = true)]
+async fn a_step_up_beside_a_cut_in_one_worker_does_not_undo_it() {
+    let backend = FlakyReads::new();
+    let config = AimdConfig {
+        initial_rate: 16.0,
+        ..config()
+    };
+    let worker = AimdLimiter::new("harvester", config, backend.clone()).unwrap();
+    let scope = Key::new("example.org");
+    worker.acquire(&scope).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    backend.set_delay(Duration::from_millis(10));
+    let report = |outcome| {
+        let (worker, scope) = (worker.clone(), scope.clone());
+        tokio::spawn(async move { worker.feedback(&scope, outcome).await })
+    };
+    let cut = report(Outcome::Refused { retry_after: None });
+    // The success arrives while the cut asks its gate.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let step = report(Outcome::Success);
+    cut.await.unwrap();
+    step.await.unwrap();
+    assert_eq!(worker.shared_rate(&scope).await.unwrap(), 12.0);
+    assert_eq!(worker.rate(&scope), 12.0);
 }
