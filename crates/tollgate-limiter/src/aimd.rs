@@ -50,7 +50,10 @@
 //! A worker asks the backend two questions per [`acquire`](AimdLimiter::acquire)
 //! (the hold, then the bucket), and refreshes its view of the rate (the
 //! `seen` touch and an override read) at most once per reaction window per
-//! scope.
+//! scope. A stored rate these settings would not have written (settings
+//! changed since: out of `[min_rate, max_rate]`, another `burst`) is
+//! written back within them by that refresh: the bucket spends at the
+//! stored rate.
 //!
 //! # Failure
 //!
@@ -918,7 +921,17 @@ impl<B: Backend> AimdLimiter<B> {
                 .await
                 .ok()
                 .map(|()| self.inner.config.initial_rate),
-            Ok(_) => self.read_rate(scope).await.ok(),
+            Ok(_) => match self.read_stored(scope).await {
+                Ok((rate, true)) => Some(rate),
+                // Written under other settings (a `max_rate` lowered, a
+                // `burst` changed since): the shared bucket spends at the
+                // stored rate, so it is written back within bounds.
+                Ok((rate, false)) => {
+                    let _ = self.write_rate(scope, rate).await;
+                    Some(rate)
+                }
+                Err(_) => None,
+            },
             Err(_) => None,
         };
         if let Some(rate) = rate {
@@ -1088,15 +1101,28 @@ impl<B: Backend> AimdLimiter<B> {
     }
 
     async fn read_rate(&self, scope: &Key) -> Result<f64, Error> {
+        Ok(self.read_stored(scope).await?.0)
+    }
+
+    /// The scope's stored rate within `[min_rate, max_rate]`, and whether
+    /// the stored bucket is the one these settings write for it (not so
+    /// when written under others: a rate out of bounds, another burst).
+    async fn read_stored(&self, scope: &Key) -> Result<(f64, bool), Error> {
         let scope = Scope::Key(&self.inner.names.rate, scope);
-        let rate = match self
+        let config = &self.inner.config;
+        let stored = self
             .guard(scope, || self.inner.backend.get_override(scope))
-            .await?
-        {
-            Some(Policy::TokenBucket(tb)) => rate_of(&tb),
-            _ => self.inner.config.initial_rate,
-        };
-        Ok(rate.clamp(self.inner.config.min_rate, self.inner.config.max_rate))
+            .await?;
+        Ok(match stored {
+            Some(Policy::TokenBucket(tb)) => {
+                let rate = rate_of(&tb).clamp(config.min_rate, config.max_rate);
+                (
+                    rate,
+                    try_bucket(config.burst, rate).is_ok_and(|own| own == tb),
+                )
+            }
+            _ => (config.initial_rate, true),
+        })
     }
 
     /// Stores the scope's rate, expiring `idle_expiry` after this write.

@@ -932,3 +932,52 @@ async fn a_step_up_beside_a_cut_in_one_worker_does_not_undo_it() {
     assert_eq!(worker.shared_rate(&scope).await.unwrap(), 12.0);
     assert_eq!(worker.rate(&scope), 12.0);
 }
+
+/// The rate stored for a scope obeys the settings in force. Lowering
+/// `max_rate` (a source complained; the crawler is redeployed) left each
+/// scope's stored rate where the old settings had taken it, and the
+/// shared bucket spends at the stored rate: the scope went on at 52 req/s
+/// under `max_rate = 10` (while `rate()` said 10) until a success stepped
+/// it, and a scope bringing no signal (only failures) kept it for
+/// `idle_expiry`. A refresh finds it out of bounds and writes it back
+/// within them; a stored rate within bounds is left alone.
+#[tokio::test(start_paused = true)]
+async fn a_stored_rate_outside_the_settings_in_force_is_brought_within_them() {
+    use tollgate_limiter::{Backend as _, Scope};
+    let backend = backend();
+    let old = AimdConfig {
+        initial_rate: 50.0,
+        ..config()
+    };
+    let before = limiter(old, backend.clone());
+    let scope = Key::new("example.org");
+    before.acquire(&scope).await;
+    before.feedback(&scope, Outcome::Success).await;
+    assert_eq!(before.shared_rate(&scope).await.unwrap(), 52.0);
+
+    let lowered = AimdConfig {
+        initial_rate: 5.0,
+        max_rate: 10.0,
+        ..config()
+    };
+    let after = limiter(lowered, backend.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let start = Instant::now();
+    let mut granted = 0;
+    while start.elapsed() < Duration::from_secs(2) {
+        after.acquire(&scope).await;
+        granted += 1;
+        // No signal: the source's answers are 5xx.
+        after.feedback(&scope, Outcome::Failed).await;
+    }
+    assert!(granted <= 21, "{granted} grants in 2 s at max_rate 10/s");
+    let stored = backend
+        .get_override(Scope::Key("harvester", &scope))
+        .await
+        .unwrap();
+    let Some(tollgate_limiter::Policy::TokenBucket(stored)) = stored else {
+        panic!("stored {stored:?}");
+    };
+    assert_eq!(stored.refill() as f64 / stored.period().as_secs_f64(), 10.0);
+    assert_eq!(after.rate(&scope), 10.0);
+}
