@@ -334,7 +334,7 @@ impl AimdConfig {
         }
         // The slowest bucket must be expressible (a full refill within the
         // policy's span limit).
-        try_bucket(self.burst, self.min_rate).map_err(|e| bad("burst", e.reason))?;
+        stored_bucket(self, self.min_rate).map_err(|e| bad("burst", e.reason))?;
         Ok(())
     }
 }
@@ -430,10 +430,19 @@ impl RawAimdConfig {
     }
 }
 
-fn try_bucket(burst: u64, rate: f64) -> Result<TokenBucket, crate::PolicyError> {
-    // Saturating float-to-int cast; at least one milli-request per period.
-    let refill = ((rate * RATE_SCALE).round() as u64).max(1);
-    TokenBucket::new(burst, refill, RATE_PERIOD)
+/// The bucket `config` stores for `rate`: to the nearest step of the
+/// stored precision, within `[min_rate, max_rate]` (the nearest step
+/// falls out of them when a bound lies between two steps: `max_rate`
+/// 0.0015/s would be stored as 0.002/s); where no step lies between the
+/// bounds, the step below `max_rate`, never faster than the ceiling.
+fn stored_bucket(config: &AimdConfig, rate: f64) -> Result<TokenBucket, crate::PolicyError> {
+    // A bound that is a step, give or take the float error of scaling it
+    // (0.3 * 1000 is 300.00000000000006).
+    const SLACK: f64 = 1e-6;
+    let hi = (config.max_rate * RATE_SCALE + SLACK).floor().max(1.0);
+    let lo = (config.min_rate * RATE_SCALE - SLACK).ceil().min(hi);
+    let milli = (rate * RATE_SCALE).round().clamp(lo, hi);
+    TokenBucket::new(config.burst, milli as u64, RATE_PERIOD)
 }
 
 /// The rate a token bucket refills at, in requests per second.
@@ -634,8 +643,8 @@ impl<B: Backend> AimdLimiter<B> {
             field,
             reason: e.reason,
         };
-        let base = try_bucket(config.burst, config.initial_rate)
-            .map_err(|e| invalid("initial_rate", e))?;
+        let base =
+            stored_bucket(&config, config.initial_rate).map_err(|e| invalid("initial_rate", e))?;
         let gate = TokenBucket::new(1, 1, config.reaction_window)
             .map_err(|e| invalid("reaction_window", e))?;
         let second = Duration::from_secs(1);
@@ -1116,10 +1125,7 @@ impl<B: Backend> AimdLimiter<B> {
         Ok(match stored {
             Some(Policy::TokenBucket(tb)) => {
                 let rate = rate_of(&tb).clamp(config.min_rate, config.max_rate);
-                (
-                    rate,
-                    try_bucket(config.burst, rate).is_ok_and(|own| own == tb),
-                )
+                (rate, stored_bucket(config, rate).is_ok_and(|own| own == tb))
             }
             _ => (config.initial_rate, true),
         })
@@ -1127,7 +1133,7 @@ impl<B: Backend> AimdLimiter<B> {
 
     /// Stores the scope's rate, expiring `idle_expiry` after this write.
     async fn write_rate(&self, scope: &Key, rate: f64) -> Result<(), Error> {
-        let policy = Policy::from(try_bucket(self.inner.config.burst, rate)?);
+        let policy = Policy::from(stored_bucket(&self.inner.config, rate)?);
         let scope = Scope::Key(&self.inner.names.rate, scope);
         self.guard(scope, || {
             self.inner
@@ -1172,6 +1178,12 @@ impl<B: Backend> AimdLimiter<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A bucket of `rate` to the nearest stored step, whatever the bounds.
+    fn try_bucket(burst: u64, rate: f64) -> Result<TokenBucket, crate::PolicyError> {
+        let refill = ((rate * RATE_SCALE).round() as u64).max(1);
+        TokenBucket::new(burst, refill, RATE_PERIOD)
+    }
 
     #[test]
     fn config_reads_rates_and_durations() {

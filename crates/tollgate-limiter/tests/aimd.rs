@@ -981,3 +981,72 @@ async fn a_stored_rate_outside_the_settings_in_force_is_brought_within_them() {
     assert_eq!(stored.refill() as f64 / stored.period().as_secs_f64(), 10.0);
     assert_eq!(after.rate(&scope), 10.0);
 }
+
+/// The rate stored for the shared bucket, in requests per second.
+async fn stored_rate(limiter: &AimdLimiter<Backend>, scope: &Key) -> Option<f64> {
+    use tollgate_limiter::{Backend as _, Scope};
+    let stored = limiter
+        .backend()
+        .get_override(Scope::Key(limiter.name(), scope))
+        .await
+        .unwrap();
+    match stored {
+        Some(tollgate_limiter::Policy::TokenBucket(tb)) => {
+            Some(tb.refill() as f64 / tb.period().as_secs_f64())
+        }
+        _ => None,
+    }
+}
+
+/// Rates are stored to 0.001 request/s, rounded to the nearest: a
+/// `max_rate` between two steps was stored as the step above it, and the
+/// shared bucket spent faster than the ceiling (`max_rate` 0.0015/s
+/// stored as 0.002/s, a third more; `7/h` as 7.2/h), and a `min_rate`
+/// between two steps below it. A stored rate is rounded into the bounds;
+/// where no step lies between them, the ceiling wins.
+#[tokio::test(start_paused = true)]
+async fn a_stored_rate_is_rounded_into_the_bounds() {
+    let scope = Key::new("example.org");
+    let settings = AimdConfig {
+        initial_rate: 0.001,
+        min_rate: 0.001,
+        max_rate: 0.0015,
+        increase: 0.001,
+        ..config()
+    };
+    let worker = limiter(settings, backend());
+    worker.acquire(&scope).await;
+    worker.feedback(&scope, Outcome::Success).await;
+    let stored = stored_rate(&worker, &scope).await;
+    assert!(stored.is_some_and(|r| r <= 0.0015), "stored {stored:?}");
+
+    let settings = AimdConfig {
+        initial_rate: 0.0025,
+        min_rate: 0.0015,
+        max_rate: 0.003,
+        decrease: 0.5,
+        ..config()
+    };
+    let worker = limiter(settings, backend());
+    worker.acquire(&scope).await;
+    worker
+        .feedback(&scope, Outcome::Refused { retry_after: None })
+        .await;
+    let stored = stored_rate(&worker, &scope).await;
+    assert!(stored.is_some_and(|r| r >= 0.0015), "stored {stored:?}");
+
+    // No step between min_rate and max_rate: never above the ceiling.
+    let settings = AimdConfig {
+        initial_rate: 0.0015,
+        min_rate: 0.0015,
+        max_rate: 0.0015,
+        ..config()
+    };
+    let worker = limiter(settings, backend());
+    worker.acquire(&scope).await;
+    worker
+        .feedback(&scope, Outcome::Refused { retry_after: None })
+        .await;
+    let stored = stored_rate(&worker, &scope).await;
+    assert!(stored.is_some_and(|r| r <= 0.0015), "stored {stored:?}");
+}
