@@ -810,6 +810,15 @@ impl<B: Backend> AimdLimiter<B> {
         if outcome == Outcome::Failed {
             return;
         }
+        // This worker's own hold, at the first poll: a call of the scope
+        // about to leave (see `held`) learns it at once, not once the
+        // report's task has run.
+        if let Outcome::Refused {
+            retry_after: Some(wait),
+        } = outcome
+        {
+            self.hold_locally(scope, wait);
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return self.report(scope, outcome).await;
         };
@@ -949,12 +958,33 @@ impl<B: Backend> AimdLimiter<B> {
         }
     }
 
-    async fn hold(&self, scope: &Key, wait: Duration) {
+    /// How long `scope` is still held by a `Retry-After`, as this worker
+    /// knows it (the refusals reported to it, the holds its requests
+    /// found in the backend), without asking the backend; `None` when it
+    /// knows of no hold.
+    ///
+    /// For a call that was granted its token and then waited for
+    /// something else (its HTTP client's readiness): a hold begun
+    /// meanwhile means the call should wait again rather than go out.
+    pub fn held(&self, scope: &Key) -> Option<Duration> {
+        let now = Instant::now();
+        let scopes = self.scopes();
+        let until = scopes.map.get(scope)?.hold_until?;
+        (until > now).then(|| until - now)
+    }
+
+    /// Holds `scope` for `wait` (capped) in this worker.
+    fn hold_locally(&self, scope: &Key, wait: Duration) -> Duration {
         let wait = wait.clamp(MIN_HOLD, self.inner.config.max_hold);
         self.with_local(scope, |l| {
             let until = Instant::now() + wait;
             l.hold_until = Some(l.hold_until.map_or(until, |u| u.max(until)));
         });
+        wait
+    }
+
+    async fn hold(&self, scope: &Key, wait: Duration) {
+        let wait = self.hold_locally(scope, wait);
         // A failure leaves the hold local to this worker: other workers
         // learn it from their own refusals.
         let Ok(policy) = ProgressiveDelay::new(0, wait, 1, wait, wait) else {
