@@ -109,12 +109,14 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use figment::Figment;
 use figment::providers::{Format, Toml};
 use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Request, Scope};
@@ -551,10 +553,21 @@ struct Local {
     /// The fallback bucket's theoretical arrival time (GCRA).
     tat: Option<Instant>,
     used: Instant,
-    /// Queues this worker's waiters of the scope, first come first served,
-    /// so that only one of them polls the backend at a time.
-    queue: Arc<tokio::sync::Mutex<()>>,
+    /// The queue of this worker's waiters of the scope, while its pacer
+    /// (see [`AimdLimiter::pace`]) runs, with the pacer's number.
+    pacer: Option<(u64, mpsc::UnboundedSender<Waiter>)>,
 }
+
+/// A request waiting in a scope's queue for its token.
+#[derive(Debug)]
+struct Waiter {
+    reply: oneshot::Sender<Grant>,
+    /// Not asked for before then (it was refused until then already).
+    not_before: Option<Instant>,
+}
+
+/// Numbers pacers, so that one that stops clears its own queue only.
+static PACERS: AtomicU64 = AtomicU64::new(0);
 
 /// Marks a scope's refresh as due again when dropped armed: its caller
 /// gave up before the refresh was made.
@@ -585,7 +598,7 @@ impl Local {
             cut_after: None,
             tat: None,
             used: now,
-            queue: Arc::default(),
+            pacer: None,
         }
     }
 }
@@ -706,20 +719,137 @@ impl<B: Backend> AimdLimiter<B> {
     /// Waits until `scope` has a token and takes it.
     ///
     /// Waiters of one scope in this worker are served first come, first
-    /// served. It never fails: when the backend does, the token comes from
-    /// the worker's fallback bucket (see [`Grant::is_local`]).
+    /// served, on a tokio runtime by a task of the worker's that asks the
+    /// backend for one waiter at a time: a waiter whose caller stops
+    /// polling it (parked in a `select!` whose branch awaits another
+    /// request of the scope) holds up no one. It never fails: when the
+    /// backend does, the token comes from the worker's fallback bucket
+    /// (see [`Grant::is_local`]).
     pub async fn acquire(&self, scope: &Key) -> Grant {
-        let queue = {
-            let mut scopes = self.scopes();
-            Arc::clone(&self.local(&mut scopes, scope, Instant::now()).queue)
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return self.wait_alone(scope).await;
         };
-        let _turn = queue.lock().await;
+        // Nobody queued: asked at once, as most requests find a token.
+        let mut not_before = None;
+        if !self.queued(scope) {
+            match self.try_acquire(scope).await {
+                Ok(grant) => return grant,
+                Err(wait) => not_before = Some(Instant::now() + wait),
+            }
+        }
+        let (reply, grant) = oneshot::channel();
+        self.enqueue(scope, Waiter { reply, not_before }, &runtime);
+        match grant.await {
+            Ok(grant) => grant,
+            // Its pacer is gone (a panic in the backend): on its own.
+            Err(_) => self.wait_alone(scope).await,
+        }
+    }
+
+    /// [`acquire`](Self::acquire) without a queue.
+    async fn wait_alone(&self, scope: &Key) -> Grant {
         loop {
             match self.try_acquire(scope).await {
                 Ok(grant) => return grant,
                 Err(wait) => tokio::time::sleep(wait).await,
             }
         }
+    }
+
+    /// Whether waiters of `scope` are queued in this worker.
+    fn queued(&self, scope: &Key) -> bool {
+        let mut scopes = self.scopes();
+        let local = self.local(&mut scopes, scope, Instant::now());
+        local
+            .pacer
+            .as_ref()
+            .is_some_and(|(_, queue)| !queue.is_closed())
+    }
+
+    /// Queues `waiter` for `scope`, starting the scope's pacer if none
+    /// runs. Under the scopes' lock, where a pacer decides to stop: no
+    /// waiter is queued to a pacer that has stopped.
+    fn enqueue(&self, scope: &Key, waiter: Waiter, runtime: &tokio::runtime::Handle) {
+        let mut scopes = self.scopes();
+        let local = self.local(&mut scopes, scope, Instant::now());
+        let waiter = match &local.pacer {
+            Some((_, queue)) => match queue.send(waiter) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(waiter)) => waiter,
+            },
+            None => waiter,
+        };
+        let (queue, waiters) = mpsc::unbounded_channel();
+        // The receiver is alive: it is the pacer's, started below.
+        let _ = queue.send(waiter);
+        let id = PACERS.fetch_add(1, Ordering::Relaxed);
+        local.pacer = Some((id, queue));
+        runtime.spawn(self.clone().pace(scope.clone(), id, waiters));
+    }
+
+    /// Serves the waiters of `scope` in this worker, first come first
+    /// served, asking the backend for one of them at a time; stops when
+    /// none is left. A task of its own, so that the wait of a waiter
+    /// whose caller stops polling it blocks no other: one that gives up
+    /// (dropped) is passed over, and a token taken for it goes to the
+    /// next waiter.
+    async fn pace(self, scope: Key, id: u64, mut waiters: mpsc::UnboundedReceiver<Waiter>) {
+        while let Some(Waiter {
+            mut reply,
+            mut not_before,
+        }) = self.next_waiter(&scope, id, &mut waiters)
+        {
+            let grant = loop {
+                if let Some(at) = not_before.take() {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at) => {}
+                        () = reply.closed() => {}
+                    }
+                }
+                if reply.is_closed() {
+                    break None;
+                }
+                match self.try_acquire(&scope).await {
+                    Ok(grant) => break Some(grant),
+                    Err(wait) => not_before = Some(Instant::now() + wait),
+                }
+            };
+            let Some(mut grant) = grant else {
+                continue;
+            };
+            // Its waiter gone meanwhile, the fresh token is the next one's.
+            while let Err(unsent) = reply.send(grant) {
+                grant = unsent;
+                match waiters.try_recv() {
+                    Ok(next) => reply = next.reply,
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+
+    /// The next waiter of pacer `id`'s queue, or `None` when it is empty:
+    /// the pacer then stops, and leaves the scope without one.
+    fn next_waiter(
+        &self,
+        scope: &Key,
+        id: u64,
+        waiters: &mut mpsc::UnboundedReceiver<Waiter>,
+    ) -> Option<Waiter> {
+        if let Ok(waiter) = waiters.try_recv() {
+            return Some(waiter);
+        }
+        // Waiters are queued under this lock: none can come in between.
+        let mut scopes = self.scopes();
+        if let Ok(waiter) = waiters.try_recv() {
+            return Some(waiter);
+        }
+        if let Some(local) = scopes.map.get_mut(scope)
+            && local.pacer.as_ref().is_some_and(|(own, _)| *own == id)
+        {
+            local.pacer = None;
+        }
+        None
     }
 
     /// Takes a token for `scope` if one is available now; otherwise says

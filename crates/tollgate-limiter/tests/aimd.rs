@@ -1050,3 +1050,90 @@ async fn a_stored_rate_is_rounded_into_the_bounds() {
     let stored = stored_rate(&worker, &scope).await;
     assert!(stored.is_some_and(|r| r <= 0.0015), "stored {stored:?}");
 }
+
+/// A request waiting for its token holds up no other request of its
+/// scope while its caller is busy elsewhere. Waiters queued on a lock
+/// held through the whole wait: a request polled once, then parked in a
+/// `select!` whose other branch awaits a request of the same scope (a
+/// crawler's loop: a page in flight, a timer that fetches another), kept
+/// the lock while nobody polled it, and both waited for ever (a 30 s
+/// bound elapsed on paused time; the first token was 1 s away).
+#[tokio::test(start_paused = true)]
+async fn a_parked_request_holds_up_no_other_of_its_scope() {
+    let settings = AimdConfig {
+        initial_rate: 1.0,
+        ..config()
+    };
+    let limiter = limiter(settings, backend());
+    let scope = Key::new("example.org");
+    // The token is spent: the next one is a second away.
+    limiter.acquire(&scope).await;
+    let mut parked = Box::pin(limiter.acquire(&scope));
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    tick.tick().await;
+    let start = Instant::now();
+    let other = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            tokio::select! {
+                _ = &mut parked => {}
+                _ = tick.tick() => {
+                    // Another request of the scope, awaited in the branch:
+                    // `parked` is not polled meanwhile.
+                    limiter.acquire(&scope).await;
+                    return start.elapsed();
+                }
+            }
+        }
+    })
+    .await;
+    let waited = other.expect("the other request waited for ever");
+    // It waited for a token (the parked request's, given up by nobody,
+    // or the next), not for the parked request's caller.
+    assert!(waited <= Duration::from_secs(2), "waited {waited:?}");
+    // The parked request is served in turn once polled again.
+    tokio::time::timeout(Duration::from_secs(5), parked)
+        .await
+        .expect("the parked request is served");
+}
+
+/// Waiters of a scope are served in the order they came; one that gives
+/// up is passed over, its place and tokens going to those behind it, and
+/// the queue, once empty, leaves nothing behind.
+#[tokio::test(start_paused = true)]
+async fn waiters_are_served_in_turn_and_one_that_gives_up_is_passed_over() {
+    let settings = AimdConfig {
+        initial_rate: 1.0,
+        ..config()
+    };
+    let limiter = limiter(settings, backend());
+    let scope = Key::new("example.org");
+    limiter.acquire(&scope).await;
+    let start = Instant::now();
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let waiter = |name: &'static str| {
+        let (limiter, scope, served) = (limiter.clone(), scope.clone(), Arc::clone(&served));
+        tokio::spawn(async move {
+            limiter.acquire(&scope).await;
+            served.lock().unwrap().push((name, start.elapsed()));
+        })
+    };
+    let a = waiter("a");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let gives_up = waiter("gives up");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let c = waiter("c");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    gives_up.abort();
+    a.await.unwrap();
+    c.await.unwrap();
+    let served = served.lock().unwrap().clone();
+    let names: Vec<_> = served.iter().map(|(name, _)| *name).collect();
+    assert_eq!(names, ["a", "c"]);
+    // One token a second: c is served a second after a, not two.
+    assert_eq!(served[1].1 - served[0].1, Duration::from_secs(1));
+    // The queue is gone: a request a while later is served at once.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let start = Instant::now();
+    limiter.acquire(&scope).await;
+    assert_eq!(start.elapsed(), Duration::ZERO);
+}
