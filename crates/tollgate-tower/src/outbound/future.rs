@@ -56,10 +56,8 @@ pin_project! {
             call: Option<(S, Req)>,
         },
         // The token is granted: the service is made ready, then called.
-        // `waited`: it was not ready at once.
         Ready {
             call: Option<(S, Req)>,
-            waited: bool,
         },
         Inner {
             #[pin]
@@ -107,26 +105,21 @@ where
                 StateProj::Waiting { token, call } => {
                     ready!(token.as_mut().poll(cx));
                     let call = call.take().expect("polled after completion");
-                    this.state.set(State::Ready {
-                        call: Some(call),
-                        waited: false,
-                    });
+                    this.state.set(State::Ready { call: Some(call) });
                 }
-                StateProj::Ready { call, waited } => {
+                StateProj::Ready { call } => {
                     let (service, _) = call.as_mut().expect("polled after completion");
-                    let Poll::Ready(ready) = service.poll_ready(cx) else {
-                        *waited = true;
-                        return Poll::Pending;
-                    };
+                    let ready = ready!(service.poll_ready(cx));
                     let (mut service, req) = call.take().expect("polled after completion");
                     // Not sent: it says nothing about the rate.
                     ready?;
                     let gate = this.gate.as_ref().expect("a waiting call has a gate");
-                    // The source asked for a hold while this call waited
-                    // for the client (another call's answer): it waits the
-                    // hold out for a new token, and what the ready client
-                    // reserved goes back meanwhile.
-                    if *waited && gate.held() {
+                    // The source asked for a hold since the token was
+                    // granted (another call's answer, while this one
+                    // waited for the client or its caller held it
+                    // unpolled): it waits the hold out for a new token, and
+                    // what the ready client reserved goes back meanwhile.
+                    if gate.held() {
                         let unready = service.clone();
                         drop(service);
                         this.state.set(State::Waiting {

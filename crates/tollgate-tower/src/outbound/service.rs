@@ -24,12 +24,13 @@ use crate::extract::KeyExtractor;
 /// is given back for the wait, and the call waits for the inner service
 /// to be ready again once it has its token: a call held by one source's
 /// `Retry-After` never keeps a call to another source from going out. A
-/// call that then waited for the inner service, and whose scope the
-/// source put on hold meanwhile (another call's answer), gives it back
-/// again and waits the hold out for a new token rather than go out
-/// inside the hold. Calls that waited for a busy inner service with
-/// their tokens do go out back to back as it frees up: the spacing of
-/// the tokens is then the inner service's.
+/// call whose scope the source put on hold since its token was granted
+/// (another call's answer, while this one waited for the inner service)
+/// gives the inner service back again and waits the hold out for a new
+/// token rather than go out inside the hold. Calls that waited for a
+/// busy inner service with their tokens do go out back to back as it
+/// frees up: the spacing of the tokens is then the inner service's.
+///
 /// Bound it with a timeout layer if a caller cannot wait for a long
 /// `Retry-After`: the report of a response runs as a task of its own, so
 /// a caller that gives up once the source has answered does not lose what

@@ -349,3 +349,30 @@ async fn a_call_ready_during_a_hold_waits_it_out() {
         "sent during the hold: {during_hold:?}"
     );
 }
+
+/// A call whose token was granted while its caller held it unpolled (a
+/// `select!` busy with another branch) does not go out inside a hold the
+/// source asked for meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_call_granted_before_a_hold_waits_it_out() {
+    let limiter = limiter(1.0);
+    let source = Source::new(100.0);
+    let mut svc = AdaptiveLayer::new(limiter.clone()).layer(client(&source));
+    limiter.acquire(&Key::new("held.test")).await;
+    let req = Request::get("http://held.test/").body(()).unwrap();
+    let mut call = Box::pin(svc.ready().await.unwrap().call(req));
+    // Polled once: queued for the next token, a second away.
+    let polled = tokio::time::timeout(Duration::from_millis(1), &mut call).await;
+    assert!(polled.is_err());
+    // The token is granted while nobody polls the call; then the source
+    // asks for a minute's hold.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    refused(&limiter, "held.test", 60).await;
+    let start = Instant::now();
+    assert_eq!(call.await.unwrap().status(), StatusCode::OK);
+    assert!(
+        start.elapsed() >= Duration::from_secs(60),
+        "went out {:?} into the hold",
+        start.elapsed()
+    );
+}
