@@ -37,12 +37,12 @@
 //! on one worker racing a cut on another within one round trip may undo
 //! it, which the next refusal corrects a window later; growth is vetoed
 //! for a window after a cut to keep that race rare, and a worker's own
-//! cut under way vetoes its growth at once. Every key expires by itself (a full bucket, an open
-//! gate, a lapsed hold), the override included: it is written with a TTL of
-//! `idle_expiry`, renewed by every cut and every step up (a step at
-//! `max_rate` rewrites it too), so it outlives its scope's last feedback by
-//! `idle_expiry` at most, the horizon after which an idle scope starts
-//! again from `initial_rate` anyway. A scope in use whose requests bring
+//! cut under way vetoes its growth at once. Every key expires by itself
+//! (a full bucket, an open gate, a lapsed hold), the override included:
+//! it is written with a TTL of `idle_expiry`, renewed by every cut and
+//! every step up (a step at `max_rate` rewrites it too), so it outlives
+//! its scope's last feedback by `idle_expiry` at most, the horizon after
+//! which an idle scope starts again from `initial_rate` anyway. A scope in use whose requests bring
 //! no signal for that long ([`Outcome::Failed`] only) returns to
 //! `initial_rate` too. An idle scope that comes back clears the override
 //! at once (as does [`forget`](AimdLimiter::forget)).
