@@ -34,14 +34,15 @@
 //! Gates and holds are atomic backend decisions, so "one cut per window"
 //! and "hold until Retry-After" hold across any number of workers. The rate
 //! itself is read and written as an override (last writer wins): a growth
-//! racing a cut within one round trip may undo it, which the next refusal
-//! corrects a window later; growth is vetoed for a window after a cut to
-//! keep that race rare. Every key expires by itself (a full bucket, an open
-//! gate, a lapsed hold), the override included: it is written with a TTL of
-//! `idle_expiry`, renewed by every cut and every step up (a step at
-//! `max_rate` rewrites it too), so it outlives its scope's last feedback by
-//! `idle_expiry` at most, the horizon after which an idle scope starts
-//! again from `initial_rate` anyway. A scope in use whose requests bring
+//! on one worker racing a cut on another within one round trip may undo
+//! it, which the next refusal corrects a window later; growth is vetoed
+//! for a window after a cut to keep that race rare, and a worker's own
+//! cut under way vetoes its growth at once. Every key expires by itself
+//! (a full bucket, an open gate, a lapsed hold), the override included:
+//! it is written with a TTL of `idle_expiry`, renewed by every cut and
+//! every step up (a step at `max_rate` rewrites it too), so it outlives
+//! its scope's last feedback by `idle_expiry` at most, the horizon after
+//! which an idle scope starts again from `initial_rate` anyway. A scope in use whose requests bring
 //! no signal for that long ([`Outcome::Failed`] only) returns to
 //! `initial_rate` too. An idle scope that comes back clears the override
 //! at once (as does [`forget`](AimdLimiter::forget)).
@@ -49,7 +50,10 @@
 //! A worker asks the backend two questions per [`acquire`](AimdLimiter::acquire)
 //! (the hold, then the bucket), and refreshes its view of the rate (the
 //! `seen` touch and an override read) at most once per reaction window per
-//! scope.
+//! scope. A stored rate these settings would not have written (settings
+//! changed since: out of `[min_rate, max_rate]`, another `burst`) is
+//! written back within them by that refresh: the bucket spends at the
+//! stored rate.
 //!
 //! # Failure
 //!
@@ -105,12 +109,14 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use figment::Figment;
 use figment::providers::{Format, Toml};
 use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Request, Scope};
@@ -188,8 +194,9 @@ pub struct AimdConfig {
     pub max_hold: Duration,
     /// A scope unused this long forgets its adapted rate; also the TTL of
     /// the rate stored in the backend, renewed by every cut and step up.
-    /// At least `max_hold`: a worker forgets an idle scope's `Retry-After`
-    /// hold with it, and keeps it alone while the backend is down.
+    /// Longer, by more than `reaction_window`, than the longest wait a
+    /// scope in use is given (`max_hold`, and one request's interval at
+    /// `min_rate`): a scope waiting for the remote is not idle.
     pub idle_expiry: Duration,
     /// How long one backend call may take before it counts as a failure.
     pub timeout: Duration,
@@ -292,22 +299,36 @@ impl AimdConfig {
         policy_span("max_hold", self.max_hold)?;
         policy_span("idle_expiry", self.idle_expiry)?;
         span("timeout", self.timeout)?;
-        // A worker forgets a scope idle this long, and with it the hold it
-        // keeps alone while the backend is down: a hold must end first.
-        if self.idle_expiry < self.max_hold {
+        // A scope waiting for the remote is in use, not idle: its last
+        // use (and the backend's record of it, refreshed at most once a
+        // reaction window) must not expire during the longest wait it
+        // can be given, or it comes back at `initial_rate`, its hold
+        // forgotten. The longest waits are a hold, and one request's
+        // interval at `min_rate`.
+        let window = self.reaction_window;
+        let longest = |wait: Duration| wait.saturating_add(window);
+        if self.idle_expiry <= longest(self.max_hold) {
             return Err(bad(
                 "idle_expiry",
                 format!(
-                    "must be at least max_hold ({}): a scope idle longer is forgotten, \
-                     with the Retry-After hold a worker keeps while the backend is down",
-                    humantime::format_duration(self.max_hold)
+                    "must be longer than max_hold + reaction_window ({}): a scope held \
+                     that long would be found idle after its hold, and start again from \
+                     initial_rate (and a worker would forget the hold it keeps alone \
+                     while the backend is down)",
+                    humantime::format_duration(longest(self.max_hold))
                 ),
             ));
         }
-        if self.idle_expiry <= self.reaction_window {
+        let slowest = Duration::from_secs_f64(1.0 / self.min_rate);
+        if self.idle_expiry <= longest(slowest) {
             return Err(bad(
                 "idle_expiry",
-                "must be longer than reaction_window".into(),
+                format!(
+                    "must be longer than one request's interval at min_rate + \
+                     reaction_window ({}): a scope at min_rate would be found idle \
+                     between its requests, and start again from initial_rate",
+                    humantime::format_duration(longest(slowest))
+                ),
             ));
         }
         if self.burst == 0 {
@@ -315,7 +336,7 @@ impl AimdConfig {
         }
         // The slowest bucket must be expressible (a full refill within the
         // policy's span limit).
-        try_bucket(self.burst, self.min_rate).map_err(|e| bad("burst", e.reason))?;
+        stored_bucket(self, self.min_rate).map_err(|e| bad("burst", e.reason))?;
         Ok(())
     }
 }
@@ -411,10 +432,19 @@ impl RawAimdConfig {
     }
 }
 
-fn try_bucket(burst: u64, rate: f64) -> Result<TokenBucket, crate::PolicyError> {
-    // Saturating float-to-int cast; at least one milli-request per period.
-    let refill = ((rate * RATE_SCALE).round() as u64).max(1);
-    TokenBucket::new(burst, refill, RATE_PERIOD)
+/// The bucket `config` stores for `rate`: to the nearest step of the
+/// stored precision, within `[min_rate, max_rate]` (the nearest step
+/// falls out of them when a bound lies between two steps: `max_rate`
+/// 0.0015/s would be stored as 0.002/s); where no step lies between the
+/// bounds, the step below `max_rate`, never faster than the ceiling.
+fn stored_bucket(config: &AimdConfig, rate: f64) -> Result<TokenBucket, crate::PolicyError> {
+    // A bound that is a step, give or take the float error of scaling it
+    // (0.3 * 1000 is 300.00000000000006).
+    const SLACK: f64 = 1e-6;
+    let hi = (config.max_rate * RATE_SCALE + SLACK).floor().max(1.0);
+    let lo = (config.min_rate * RATE_SCALE - SLACK).ceil().min(hi);
+    let milli = (rate * RATE_SCALE).round().clamp(lo, hi);
+    TokenBucket::new(config.burst, milli as u64, RATE_PERIOD)
 }
 
 /// The rate a token bucket refills at, in requests per second.
@@ -523,10 +553,21 @@ struct Local {
     /// The fallback bucket's theoretical arrival time (GCRA).
     tat: Option<Instant>,
     used: Instant,
-    /// Queues this worker's waiters of the scope, first come first served,
-    /// so that only one of them polls the backend at a time.
-    queue: Arc<tokio::sync::Mutex<()>>,
+    /// The queue of this worker's waiters of the scope, while its pacer
+    /// (see [`AimdLimiter::pace`]) runs, with the pacer's number.
+    pacer: Option<(u64, mpsc::UnboundedSender<Waiter>)>,
 }
+
+/// A request waiting in a scope's queue for its token.
+#[derive(Debug)]
+struct Waiter {
+    reply: oneshot::Sender<Grant>,
+    /// Not asked for before then (it was refused until then already).
+    not_before: Option<Instant>,
+}
+
+/// Numbers pacers, so that one that stops clears its own queue only.
+static PACERS: AtomicU64 = AtomicU64::new(0);
 
 /// Marks a scope's refresh as due again when dropped armed: its caller
 /// gave up before the refresh was made.
@@ -557,7 +598,7 @@ impl Local {
             cut_after: None,
             tat: None,
             used: now,
-            queue: Arc::default(),
+            pacer: None,
         }
     }
 }
@@ -615,8 +656,8 @@ impl<B: Backend> AimdLimiter<B> {
             field,
             reason: e.reason,
         };
-        let base = try_bucket(config.burst, config.initial_rate)
-            .map_err(|e| invalid("initial_rate", e))?;
+        let base =
+            stored_bucket(&config, config.initial_rate).map_err(|e| invalid("initial_rate", e))?;
         let gate = TokenBucket::new(1, 1, config.reaction_window)
             .map_err(|e| invalid("reaction_window", e))?;
         let second = Duration::from_secs(1);
@@ -678,20 +719,137 @@ impl<B: Backend> AimdLimiter<B> {
     /// Waits until `scope` has a token and takes it.
     ///
     /// Waiters of one scope in this worker are served first come, first
-    /// served. It never fails: when the backend does, the token comes from
-    /// the worker's fallback bucket (see [`Grant::is_local`]).
+    /// served, on a tokio runtime by a task of the worker's that asks the
+    /// backend for one waiter at a time: a waiter whose caller stops
+    /// polling it (parked in a `select!` whose branch awaits another
+    /// request of the scope) holds up no one. It never fails: when the
+    /// backend does, the token comes from the worker's fallback bucket
+    /// (see [`Grant::is_local`]).
     pub async fn acquire(&self, scope: &Key) -> Grant {
-        let queue = {
-            let mut scopes = self.scopes();
-            Arc::clone(&self.local(&mut scopes, scope, Instant::now()).queue)
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return self.wait_alone(scope).await;
         };
-        let _turn = queue.lock().await;
+        // Nobody queued: asked at once, as most requests find a token.
+        let mut not_before = None;
+        if !self.queued(scope) {
+            match self.try_acquire(scope).await {
+                Ok(grant) => return grant,
+                Err(wait) => not_before = Some(Instant::now() + wait),
+            }
+        }
+        let (reply, grant) = oneshot::channel();
+        self.enqueue(scope, Waiter { reply, not_before }, &runtime);
+        match grant.await {
+            Ok(grant) => grant,
+            // Its pacer is gone (a panic in the backend): on its own.
+            Err(_) => self.wait_alone(scope).await,
+        }
+    }
+
+    /// [`acquire`](Self::acquire) without a queue.
+    async fn wait_alone(&self, scope: &Key) -> Grant {
         loop {
             match self.try_acquire(scope).await {
                 Ok(grant) => return grant,
                 Err(wait) => tokio::time::sleep(wait).await,
             }
         }
+    }
+
+    /// Whether waiters of `scope` are queued in this worker.
+    fn queued(&self, scope: &Key) -> bool {
+        let mut scopes = self.scopes();
+        let local = self.local(&mut scopes, scope, Instant::now());
+        local
+            .pacer
+            .as_ref()
+            .is_some_and(|(_, queue)| !queue.is_closed())
+    }
+
+    /// Queues `waiter` for `scope`, starting the scope's pacer if none
+    /// runs. Under the scopes' lock, where a pacer decides to stop: no
+    /// waiter is queued to a pacer that has stopped.
+    fn enqueue(&self, scope: &Key, waiter: Waiter, runtime: &tokio::runtime::Handle) {
+        let mut scopes = self.scopes();
+        let local = self.local(&mut scopes, scope, Instant::now());
+        let waiter = match &local.pacer {
+            Some((_, queue)) => match queue.send(waiter) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(waiter)) => waiter,
+            },
+            None => waiter,
+        };
+        let (queue, waiters) = mpsc::unbounded_channel();
+        // The receiver is alive: it is the pacer's, started below.
+        let _ = queue.send(waiter);
+        let id = PACERS.fetch_add(1, Ordering::Relaxed);
+        local.pacer = Some((id, queue));
+        runtime.spawn(self.clone().pace(scope.clone(), id, waiters));
+    }
+
+    /// Serves the waiters of `scope` in this worker, first come first
+    /// served, asking the backend for one of them at a time; stops when
+    /// none is left. A task of its own, so that the wait of a waiter
+    /// whose caller stops polling it blocks no other: one that gives up
+    /// (dropped) is passed over, and a token taken for it goes to the
+    /// next waiter.
+    async fn pace(self, scope: Key, id: u64, mut waiters: mpsc::UnboundedReceiver<Waiter>) {
+        while let Some(Waiter {
+            mut reply,
+            mut not_before,
+        }) = self.next_waiter(&scope, id, &mut waiters)
+        {
+            let grant = loop {
+                if let Some(at) = not_before.take() {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at) => {}
+                        () = reply.closed() => {}
+                    }
+                }
+                if reply.is_closed() {
+                    break None;
+                }
+                match self.try_acquire(&scope).await {
+                    Ok(grant) => break Some(grant),
+                    Err(wait) => not_before = Some(Instant::now() + wait),
+                }
+            };
+            let Some(mut grant) = grant else {
+                continue;
+            };
+            // Its waiter gone meanwhile, the fresh token is the next one's.
+            while let Err(unsent) = reply.send(grant) {
+                grant = unsent;
+                match waiters.try_recv() {
+                    Ok(next) => reply = next.reply,
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+
+    /// The next waiter of pacer `id`'s queue, or `None` when it is empty:
+    /// the pacer then stops, and leaves the scope without one.
+    fn next_waiter(
+        &self,
+        scope: &Key,
+        id: u64,
+        waiters: &mut mpsc::UnboundedReceiver<Waiter>,
+    ) -> Option<Waiter> {
+        if let Ok(waiter) = waiters.try_recv() {
+            return Some(waiter);
+        }
+        // Waiters are queued under this lock: none can come in between.
+        let mut scopes = self.scopes();
+        if let Ok(waiter) = waiters.try_recv() {
+            return Some(waiter);
+        }
+        if let Some(local) = scopes.map.get_mut(scope)
+            && local.pacer.as_ref().is_some_and(|(own, _)| *own == id)
+        {
+            local.pacer = None;
+        }
+        None
     }
 
     /// Takes a token for `scope` if one is available now; otherwise says
@@ -781,6 +939,15 @@ impl<B: Backend> AimdLimiter<B> {
     pub async fn feedback(&self, scope: &Key, outcome: Outcome) {
         if outcome == Outcome::Failed {
             return;
+        }
+        // This worker's own hold, at the first poll: a call of the scope
+        // about to leave (see `held`) learns it at once, not once the
+        // report's task has run.
+        if let Outcome::Refused {
+            retry_after: Some(wait),
+        } = outcome
+        {
+            self.hold_locally(scope, wait);
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return self.report(scope, outcome).await;
@@ -902,7 +1069,17 @@ impl<B: Backend> AimdLimiter<B> {
                 .await
                 .ok()
                 .map(|()| self.inner.config.initial_rate),
-            Ok(_) => self.read_rate(scope).await.ok(),
+            Ok(_) => match self.read_stored(scope).await {
+                Ok((rate, true)) => Some(rate),
+                // Written under other settings (a `max_rate` lowered, a
+                // `burst` changed since): the shared bucket spends at the
+                // stored rate, so it is written back within bounds.
+                Ok((rate, false)) => {
+                    let _ = self.write_rate(scope, rate).await;
+                    Some(rate)
+                }
+                Err(_) => None,
+            },
             Err(_) => None,
         };
         if let Some(rate) = rate {
@@ -911,12 +1088,33 @@ impl<B: Backend> AimdLimiter<B> {
         }
     }
 
-    async fn hold(&self, scope: &Key, wait: Duration) {
+    /// How long `scope` is still held by a `Retry-After`, as this worker
+    /// knows it (the refusals reported to it, the holds its requests
+    /// found in the backend), without asking the backend; `None` when it
+    /// knows of no hold.
+    ///
+    /// For a call that was granted its token and then waited for
+    /// something else (its HTTP client's readiness): a hold begun
+    /// meanwhile means the call should wait again rather than go out.
+    pub fn held(&self, scope: &Key) -> Option<Duration> {
+        let now = Instant::now();
+        let scopes = self.scopes();
+        let until = scopes.map.get(scope)?.hold_until?;
+        (until > now).then(|| until - now)
+    }
+
+    /// Holds `scope` for `wait` (capped) in this worker.
+    fn hold_locally(&self, scope: &Key, wait: Duration) -> Duration {
         let wait = wait.clamp(MIN_HOLD, self.inner.config.max_hold);
         self.with_local(scope, |l| {
             let until = Instant::now() + wait;
             l.hold_until = Some(l.hold_until.map_or(until, |u| u.max(until)));
         });
+        wait
+    }
+
+    async fn hold(&self, scope: &Key, wait: Duration) {
+        let wait = self.hold_locally(scope, wait);
         // A failure leaves the hold local to this worker: other workers
         // learn it from their own refusals.
         let Ok(policy) = ProgressiveDelay::new(0, wait, 1, wait, wait) else {
@@ -1008,7 +1206,9 @@ impl<B: Backend> AimdLimiter<B> {
         let window = self.inner.config.reaction_window;
         let skip = self.with_local(scope, |l| {
             let now = Instant::now();
-            if after(l.grow_after, now) {
+            // A cut of this worker's under way (or one the gate told of):
+            // no step within its window, as the gate vetoes for the fleet.
+            if after(l.grow_after, now) || after(l.cut_after, now) {
                 return true;
             }
             l.grow_after = Some(now + window);
@@ -1045,6 +1245,11 @@ impl<B: Backend> AimdLimiter<B> {
             return;
         };
         let rate = (current + self.inner.config.increase).min(self.inner.config.max_rate);
+        // A cut of this worker's begun since the look at the gate may
+        // have read the rate already: written now, the step would undo it.
+        if self.with_local(scope, |l| after(l.cut_after, Instant::now())) {
+            return;
+        }
         // Written even at max_rate: the write renews the override's TTL.
         if self.write_rate(scope, rate).await.is_err() {
             return;
@@ -1065,20 +1270,30 @@ impl<B: Backend> AimdLimiter<B> {
     }
 
     async fn read_rate(&self, scope: &Key) -> Result<f64, Error> {
+        Ok(self.read_stored(scope).await?.0)
+    }
+
+    /// The scope's stored rate within `[min_rate, max_rate]`, and whether
+    /// the stored bucket is the one these settings write for it (not so
+    /// when written under others: a rate out of bounds, another burst).
+    async fn read_stored(&self, scope: &Key) -> Result<(f64, bool), Error> {
         let scope = Scope::Key(&self.inner.names.rate, scope);
-        let rate = match self
+        let config = &self.inner.config;
+        let stored = self
             .guard(scope, || self.inner.backend.get_override(scope))
-            .await?
-        {
-            Some(Policy::TokenBucket(tb)) => rate_of(&tb),
-            _ => self.inner.config.initial_rate,
-        };
-        Ok(rate.clamp(self.inner.config.min_rate, self.inner.config.max_rate))
+            .await?;
+        Ok(match stored {
+            Some(Policy::TokenBucket(tb)) => {
+                let rate = rate_of(&tb).clamp(config.min_rate, config.max_rate);
+                (rate, stored_bucket(config, rate).is_ok_and(|own| own == tb))
+            }
+            _ => (config.initial_rate, true),
+        })
     }
 
     /// Stores the scope's rate, expiring `idle_expiry` after this write.
     async fn write_rate(&self, scope: &Key, rate: f64) -> Result<(), Error> {
-        let policy = Policy::from(try_bucket(self.inner.config.burst, rate)?);
+        let policy = Policy::from(stored_bucket(&self.inner.config, rate)?);
         let scope = Scope::Key(&self.inner.names.rate, scope);
         self.guard(scope, || {
             self.inner
@@ -1124,6 +1339,12 @@ impl<B: Backend> AimdLimiter<B> {
 mod tests {
     use super::*;
 
+    /// A bucket of `rate` to the nearest stored step, whatever the bounds.
+    fn try_bucket(burst: u64, rate: f64) -> Result<TokenBucket, crate::PolicyError> {
+        let refill = ((rate * RATE_SCALE).round() as u64).max(1);
+        TokenBucket::new(burst, refill, RATE_PERIOD)
+    }
+
     #[test]
     fn config_reads_rates_and_durations() {
         let c = AimdConfig::from_toml(
@@ -1162,6 +1383,16 @@ mod tests {
             // Shorter than a hold: a worker alone would forget it.
             (
                 "max_hold = \"2h\"\nidle_expiry = \"1h\"",
+                "aimd.idle_expiry",
+            ),
+            // No longer than a hold and a reaction window.
+            (
+                "max_hold = \"1h\"\nidle_expiry = \"1h\"",
+                "aimd.idle_expiry",
+            ),
+            // Shorter than one request's interval at min_rate.
+            (
+                "min_rate = 0.001\nmax_hold = \"1m\"\nidle_expiry = \"10m\"",
                 "aimd.idle_expiry",
             ),
             ("increase = \"fast\"", "aimd.increase"),

@@ -14,8 +14,20 @@ use super::layer::Classify;
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-/// Reports a call's outcome to the limiter, for the call's scope.
-pub(crate) type Report = Box<dyn FnOnce(Outcome) -> BoxFuture<()> + Send>;
+/// A call's scope at its limiter.
+pub(crate) trait Gate: Send {
+    /// Waits for a token of the scope.
+    fn token(&self) -> BoxFuture<()>;
+
+    /// Whether this worker knows the scope to be held (a `Retry-After`).
+    fn held(&self) -> bool;
+
+    /// Reports the source's answer. On a tokio runtime the report runs as
+    /// a task of its own, started at the first poll: a caller that gives
+    /// up once the source has answered (a timeout around the client) does
+    /// not lose what the source said (see `AimdLimiter::feedback`).
+    fn report(&self, outcome: Outcome) -> BoxFuture<()>;
+}
 
 pin_project! {
     /// The response future of [`Adaptive`](super::Adaptive): waits for a
@@ -27,6 +39,8 @@ pin_project! {
     {
         #[pin]
         state: State<S, Req>,
+        // `None` for a call without a scope.
+        gate: Option<Box<dyn Gate>>,
         classify: Classify,
     }
 }
@@ -39,16 +53,15 @@ pin_project! {
     {
         Waiting {
             token: BoxFuture<()>,
-            call: Option<(S, Req, Report)>,
+            call: Option<(S, Req)>,
         },
         // The token is granted: the service is made ready, then called.
         Ready {
-            call: Option<(S, Req, Report)>,
+            call: Option<(S, Req)>,
         },
         Inner {
             #[pin]
             fut: S::Future,
-            report: Option<Report>,
         },
         Reporting {
             report: BoxFuture<()>,
@@ -58,18 +71,13 @@ pin_project! {
 }
 
 impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
-    pub(crate) fn waiting(
-        token: BoxFuture<()>,
-        service: S,
-        req: Req,
-        report: Report,
-        classify: Classify,
-    ) -> Self {
+    pub(crate) fn waiting(service: S, req: Req, gate: Box<dyn Gate>, classify: Classify) -> Self {
         Self {
             state: State::Waiting {
-                token,
-                call: Some((service, req, report)),
+                token: gate.token(),
+                call: Some((service, req)),
             },
+            gate: Some(gate),
             classify,
         }
     }
@@ -77,28 +85,16 @@ impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
     /// A call without a scope: not limited, not reported.
     pub(crate) fn unlimited(fut: S::Future) -> Self {
         Self {
-            state: State::Inner { fut, report: None },
+            state: State::Inner { fut },
+            gate: None,
             classify: |_, _| Outcome::Failed,
         }
     }
 }
 
-/// Runs a report as a task of its own, the response waiting for it: a
-/// caller that gives up once the source has answered (a timeout around
-/// the client) must not lose what the source said. A refusal half-reported
-/// would be worse than lost: the cut's gate, taken locally before the
-/// backend is asked, keeps this worker from cutting again for a reaction
-/// window.
-fn spawned(report: BoxFuture<()>) -> BoxFuture<()> {
-    let task = tokio::spawn(report);
-    Box::pin(async move {
-        let _ = task.await;
-    })
-}
-
 impl<S, Req, ResBody> Future for ResponseFuture<S, Req>
 where
-    S: Service<Req, Response = Response<ResBody>>,
+    S: Service<Req, Response = Response<ResBody>> + Clone,
 {
     type Output = Result<S::Response, S::Error>;
 
@@ -112,28 +108,41 @@ where
                     this.state.set(State::Ready { call: Some(call) });
                 }
                 StateProj::Ready { call } => {
-                    let (service, _, _) = call.as_mut().expect("polled after completion");
+                    let (service, _) = call.as_mut().expect("polled after completion");
                     let ready = ready!(service.poll_ready(cx));
-                    let (mut service, req, report) = call.take().expect("polled after completion");
+                    let (mut service, req) = call.take().expect("polled after completion");
                     // Not sent: it says nothing about the rate.
                     ready?;
+                    let gate = this.gate.as_ref().expect("a waiting call has a gate");
+                    // The source asked for a hold since the token was
+                    // granted (another call's answer, while this one
+                    // waited for the client or its caller held it
+                    // unpolled): it waits the hold out for a new token, and
+                    // what the ready client reserved goes back meanwhile.
+                    if gate.held() {
+                        let unready = service.clone();
+                        drop(service);
+                        this.state.set(State::Waiting {
+                            token: gate.token(),
+                            call: Some((unready, req)),
+                        });
+                        continue;
+                    }
                     let fut = service.call(req);
-                    this.state.set(State::Inner {
-                        fut,
-                        report: Some(report),
-                    });
+                    this.state.set(State::Inner { fut });
                 }
-                StateProj::Inner { fut, report } => {
+                StateProj::Inner { fut } => {
                     let result = ready!(fut.poll(cx));
                     let outcome = match &result {
                         Ok(response) => (this.classify)(response.status(), response.headers()),
                         // A transport error says nothing about the rate.
                         Err(_) => Outcome::Failed,
                     };
-                    let report = match (report.take(), outcome) {
-                        (Some(report), outcome) if outcome != Outcome::Failed => {
-                            spawned(report(outcome))
-                        }
+                    // Polled at once, in this poll: the report starts (a
+                    // refusal's hold is known to this worker) before the
+                    // calls waiting for the client this call leaves run.
+                    let report = match this.gate.as_ref() {
+                        Some(gate) if outcome != Outcome::Failed => gate.report(outcome),
                         _ => return Poll::Ready(result),
                     };
                     this.state.set(State::Reporting {

@@ -3,11 +3,11 @@ use std::mem;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
-use tollgate_limiter::Backend;
 use tollgate_limiter::aimd::{AimdLimiter, Outcome};
+use tollgate_limiter::{Backend, Key};
 use tower_service::Service;
 
-use super::future::{Report, ResponseFuture};
+use super::future::{BoxFuture, Gate, ResponseFuture};
 use super::layer::Classify;
 use crate::extract::KeyExtractor;
 
@@ -23,7 +23,14 @@ use crate::extract::KeyExtractor;
 /// being ready (a slot of a `Buffer`, a permit of a `ConcurrencyLimit`)
 /// is given back for the wait, and the call waits for the inner service
 /// to be ready again once it has its token: a call held by one source's
-/// `Retry-After` never keeps a call to another source from going out.
+/// `Retry-After` never keeps a call to another source from going out. A
+/// call whose scope the source put on hold since its token was granted
+/// (another call's answer, while this one waited for the inner service)
+/// gives the inner service back again and waits the hold out for a new
+/// token rather than go out inside the hold. Calls that waited for a
+/// busy inner service with their tokens do go out back to back as it
+/// frees up: the spacing of the tokens is then the inner service's.
+///
 /// Bound it with a timeout layer if a caller cannot wait for a long
 /// `Retry-After`: the report of a response runs as a task of its own, so
 /// a caller that gives up once the source has answered does not lose what
@@ -115,17 +122,34 @@ where
         // service reserved goes back now, not held away from the calls of
         // other scopes; a clone is made ready once the token is granted.
         drop(inner);
-        let inner = self.inner.clone();
-        let limiter = self.limiter.clone();
-        let waiting = {
-            let (limiter, scope) = (limiter.clone(), scope.clone());
-            Box::pin(async move {
-                limiter.acquire(&scope).await;
-            })
-        };
-        let report: Report = Box::new(move |outcome: Outcome| {
-            Box::pin(async move { limiter.feedback(&scope, outcome).await })
+        let gate = Box::new(ScopeGate {
+            limiter: self.limiter.clone(),
+            scope,
         });
-        ResponseFuture::waiting(waiting, inner, req, report, self.classify)
+        ResponseFuture::waiting(self.inner.clone(), req, gate, self.classify)
+    }
+}
+
+/// A call's scope at an [`AimdLimiter`].
+struct ScopeGate<B> {
+    limiter: AimdLimiter<B>,
+    scope: Key,
+}
+
+impl<B: Backend> Gate for ScopeGate<B> {
+    fn token(&self) -> BoxFuture<()> {
+        let (limiter, scope) = (self.limiter.clone(), self.scope.clone());
+        Box::pin(async move {
+            limiter.acquire(&scope).await;
+        })
+    }
+
+    fn held(&self) -> bool {
+        self.limiter.held(&self.scope).is_some()
+    }
+
+    fn report(&self, outcome: Outcome) -> BoxFuture<()> {
+        let (limiter, scope) = (self.limiter.clone(), self.scope.clone());
+        Box::pin(async move { limiter.feedback(&scope, outcome).await })
     }
 }

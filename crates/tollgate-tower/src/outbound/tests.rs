@@ -283,3 +283,96 @@ async fn a_held_host_keeps_no_slot_of_the_inner_client() {
     // The held call goes out once its hold is over.
     assert_eq!(held.await.unwrap().unwrap().status(), StatusCode::OK);
 }
+
+/// A call granted its token while the inner client was busy (a
+/// `ConcurrencyLimit`, a `Buffer` full) waits for it after the token; if
+/// the host answers another call with a `Retry-After` meanwhile, the
+/// waiting call must not go out during the hold. Before, every call
+/// holding a token went out as soon as the client was ready, inside the
+/// hold the source had just asked for.
+#[tokio::test(start_paused = true)]
+async fn a_call_ready_during_a_hold_waits_it_out() {
+    let limiter = limiter(10.0);
+    let start = Instant::now();
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let log = Arc::clone(&sent);
+    let inner = service_fn(move |req: Request<()>| {
+        let log = Arc::clone(&log);
+        async move {
+            log.lock()
+                .unwrap()
+                .push((req.uri().path().to_owned(), start.elapsed()));
+            if req.uri().path() == "/slow" {
+                // The first call: answered after a second, with a hold.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let res = Response::builder()
+                    .status(StatusCode::TOO_MANY_REQUESTS)
+                    .header("retry-after", "60")
+                    .body("slow down")
+                    .unwrap();
+                return Ok::<_, Infallible>(res);
+            }
+            Ok(Response::new("page"))
+        }
+    });
+    let svc =
+        AdaptiveLayer::new(limiter.clone()).layer(tower::limit::ConcurrencyLimit::new(inner, 1));
+    let call = |path: &str| {
+        let req = Request::get(format!("http://held.test{path}"))
+            .body(())
+            .unwrap();
+        tokio::spawn(svc.clone().oneshot(req))
+    };
+    // The host's token is spent: every call waits for its own, at 10/s.
+    limiter.acquire(&Key::new("held.test")).await;
+    let slow = call("/slow");
+    // Ready at once (what a ready client reserved goes back while a call
+    // waits for its token), granted their tokens, then waiting for the
+    // client, which the slow call keeps.
+    let waiting: Vec<_> = (0..5).map(|i| call(&format!("/page/{i}"))).collect();
+    assert_eq!(
+        slow.await.unwrap().unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    for call in waiting {
+        assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+    let sent = sent.lock().unwrap().clone();
+    let slow_sent = sent.iter().find(|(path, _)| path == "/slow").unwrap().1;
+    let slow_answered = slow_sent + Duration::from_secs(1);
+    let during_hold: Vec<_> = sent
+        .iter()
+        .filter(|(_, at)| *at >= slow_answered && *at < slow_answered + Duration::from_secs(60))
+        .collect();
+    assert!(
+        during_hold.is_empty(),
+        "sent during the hold: {during_hold:?}"
+    );
+}
+
+/// A call whose token was granted while its caller held it unpolled (a
+/// `select!` busy with another branch) does not go out inside a hold the
+/// source asked for meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_call_granted_before_a_hold_waits_it_out() {
+    let limiter = limiter(1.0);
+    let source = Source::new(100.0);
+    let mut svc = AdaptiveLayer::new(limiter.clone()).layer(client(&source));
+    limiter.acquire(&Key::new("held.test")).await;
+    let req = Request::get("http://held.test/").body(()).unwrap();
+    let mut call = Box::pin(svc.ready().await.unwrap().call(req));
+    // Polled once: queued for the next token, a second away.
+    let polled = tokio::time::timeout(Duration::from_millis(1), &mut call).await;
+    assert!(polled.is_err());
+    // The token is granted while nobody polls the call; then the source
+    // asks for a minute's hold.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    refused(&limiter, "held.test", 60).await;
+    let start = Instant::now();
+    assert_eq!(call.await.unwrap().status(), StatusCode::OK);
+    assert!(
+        start.elapsed() >= Duration::from_secs(60),
+        "went out {:?} into the hold",
+        start.elapsed()
+    );
+}
