@@ -83,8 +83,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{
-    Cmd, ErrorKind, FromRedisValue, Pipeline, RedisFuture, RedisResult, Script, ServerErrorKind,
-    Value,
+    Cmd, ErrorKind, FromRedisValue, Pipeline, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::AbortHandle;
@@ -461,6 +460,27 @@ fn masters_of(reply: &Value) -> Vec<(String, u16)> {
         }
     }
     masters
+}
+
+/// `cmd`, an `EVALSHA`, as the `EVAL` of the script's source `code`: the
+/// same keys and arguments, so that a client routes it, and follows a
+/// redirection, as it does the `EVALSHA`, and the server that runs it
+/// keeps the script for the next `EVALSHA`.
+///
+/// Not a `SCRIPT LOAD` then the `EVALSHA` again: a cluster client sends a
+/// `SCRIPT LOAD` to the masters of its slot map only, never to a node it
+/// reaches by `-ASK` (a node added for a resharding, which holds no
+/// script: every key of a slot migrating to it failed `NOSCRIPT` until the
+/// migration ended). Hence the grant of `EVAL` (docs/redis.md, "ACL").
+fn eval_of(cmd: &Cmd, code: &str) -> Cmd {
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(code);
+    for arg in cmd.args_iter().skip(2) {
+        if let redis::Arg::Simple(a) = arg {
+            eval.arg(a);
+        }
+    }
+    eval
 }
 
 /// A new connection that answers (with Sentinel, and the master's
@@ -896,20 +916,35 @@ impl Conn {
         Ok((link, watch))
     }
 
-    /// Runs `script` by its `EVALSHA` `cmd`; a server that does not hold
-    /// it (restarted, failed over, `SCRIPT FLUSH`) is sent it and asked
-    /// again, as redis-rs's `ScriptInvocation::invoke_async` does.
+    /// Runs the script whose source is `code` by its `EVALSHA` `cmd`; a
+    /// server that does not hold it (restarted, failed over, added to a
+    /// cluster, `SCRIPT FLUSH`) is sent the call again as an `EVAL` of the
+    /// source (see [`eval_of`]), which it keeps; where `EVAL` is denied,
+    /// the script is loaded (`SCRIPT LOAD`), then called again.
     pub(crate) async fn eval<T: FromRedisValue>(
         &self,
         cmd: &Cmd,
-        script: &Script,
+        code: &str,
     ) -> Result<T, RedisError> {
         let (mut link, watch) = self.checkout().await?;
         let r = match cmd.query_async(&mut link).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                match script.load_async(&mut link).await {
-                    Ok(_) => cmd.query_async(&mut link).await,
-                    Err(e) => Err(e),
+                match eval_of(cmd, code).query_async(&mut link).await {
+                    // A user not granted `EVAL` (the least set before it
+                    // was needed): the script loaded, then the call again.
+                    // (Not a command the script runs that is denied: the
+                    // script would run twice.)
+                    Err(e)
+                        if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
+                            && e.detail().is_some_and(|d| d.contains("'eval'")) =>
+                    {
+                        let mut load = redis::cmd("SCRIPT");
+                        match load.arg("LOAD").arg(code).exec_async(&mut link).await {
+                            Ok(()) => cmd.query_async(&mut link).await,
+                            Err(e) => Err(e),
+                        }
+                    }
+                    r => r,
                 }
             }
             r => r,

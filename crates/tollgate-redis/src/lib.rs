@@ -993,7 +993,7 @@ impl RedisBackend {
             let reply: Value = self
                 .inner
                 .conn
-                .eval(&cmd, scripts::for_strategy(strategy))
+                .eval(&cmd, scripts::source(strategy))
                 .await?;
             match call.reply(reply, strategy)? {
                 Reply::Decision(d, marks) => return Ok((d, marks)),
