@@ -76,6 +76,14 @@
 //! sends them to its replica, which redirects them (`MOVED`) to the silent
 //! node, and each redirection makes redis-rs refresh its slot map, holding
 //! every request while it tries to reconnect to the silent node.
+//!
+//! A master that answers a new connection but not the one the connection
+//! holds (its network path died under it: a NAT or firewall that lost its
+//! state, a load balancer failed over) is still a master of the cluster,
+//! and the cluster client would wait on that socket for ever. So a master
+//! silent through the connection is asked again on a connection of its
+//! own; when it answers there (a frozen process does not), and every other
+//! master answers too, the keeper rebuilds the connection as above.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -392,11 +400,21 @@ enum View {
     /// A master in its slot map does not answer and is no master of the
     /// cluster any more: the slot map is stale.
     Stale,
+    /// A master does not answer through the connection but answers a new
+    /// one (and every other answers): the connection's path to it died (a
+    /// NAT or firewall that lost its state, a load balancer failed over),
+    /// and the cluster client would wait on it for ever.
+    DeadPath,
 }
 
-/// Checks a cluster connection's masters against the cluster's own view.
+/// Checks a cluster connection's masters against the cluster's own view;
+/// `node` is how to reach a node on a connection of its own.
 #[cfg(feature = "cluster")]
-async fn view(c: &mut redis::cluster_async::ClusterConnection, t: Timeouts) -> View {
+async fn view(
+    c: &mut redis::cluster_async::ClusterConnection,
+    t: Timeouts,
+    node: &redis::ConnectionInfo,
+) -> View {
     use redis::cluster_routing::{
         MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, SingleNodeRoutingInfo,
     };
@@ -413,18 +431,61 @@ async fn view(c: &mut redis::cluster_async::ClusterConnection, t: Timeouts) -> V
     let Ok(Ok(slots)) = tokio::time::timeout(bound, slots).await else {
         return View::Silent;
     };
+    let mut dead_path = false;
     for (host, port) in masters_of(&slots) {
-        let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+        let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+            host: host.clone(),
+            port,
+        });
         match tokio::time::timeout(bound, c.route_command(redis::cmd("PING"), at)).await {
             Ok(Ok(_)) => {}
             // A master the connection does not know: stale too (redis-rs
             // also starts reconnecting it to the URLs' nodes, which the
             // rebuild makes moot).
             Ok(Err(e)) if e.kind() == ErrorKind::ClusterConnectionNotFound => {}
+            // Silent through the connection only: a new one answers.
+            _ if answers_anew(node, host, port, t).await => dead_path = true,
             _ => return View::Silent,
         }
     }
-    View::Stale
+    if dead_path {
+        View::DeadPath
+    } else {
+        View::Stale
+    }
+}
+
+/// Whether the node at `host:port`, reached like `node` on a connection
+/// of its own, answers a `PING` within the timeouts (a refusal, `NOPERM`,
+/// is an answer). A frozen node does not: its kernel accepts the
+/// connection, and nothing answers.
+#[cfg(feature = "cluster")]
+async fn answers_anew(node: &redis::ConnectionInfo, host: String, port: u16, t: Timeouts) -> bool {
+    let mut addr = node.addr().clone();
+    match &mut addr {
+        redis::ConnectionAddr::Tcp(h, p) => (*h, *p) = (host, port),
+        redis::ConnectionAddr::TcpTls {
+            host: h, port: p, ..
+        } => (*h, *p) = (host, port),
+        _ => return false,
+    }
+    let Ok(client) = redis::Client::open(node.clone().set_addr(addr)) else {
+        return false;
+    };
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(t.connect))
+        .set_response_timeout(Some(t.response));
+    let ping = async {
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        redis::cmd("PING").query_async::<Value>(&mut conn).await
+    };
+    match tokio::time::timeout(t.connect.saturating_add(t.response), ping).await {
+        Ok(Ok(_)) => true,
+        Ok(Err(e)) => e.code().is_some(),
+        Err(_) => false,
+    }
 }
 
 /// The masters (`host`, `port`) of a `CLUSTER SLOTS` reply: the first node
@@ -681,8 +742,8 @@ impl Default for Follow {
 
 #[cfg(feature = "cluster")]
 impl Follow {
-    /// Replaces the slot's connection `c` when its slot map is stale, at
-    /// most once per [`REBUILD`].
+    /// Replaces the slot's connection `c` when its slot map is stale, or
+    /// its path to a master died, at most once per [`REBUILD`].
     async fn check(
         &mut self,
         slot: &Slot,
@@ -690,7 +751,10 @@ impl Follow {
         c: &mut redis::cluster_async::ClusterConnection,
         t: Timeouts,
     ) {
-        let now = view(c, t).await;
+        let Connector::Cluster { node, .. } = connector else {
+            return;
+        };
+        let now = view(c, t, node).await;
         let last = std::mem::replace(&mut self.last, now);
         match now {
             View::Whole if last != View::Whole => {
@@ -700,12 +764,19 @@ impl Follow {
                 "tollgate: a redis cluster master does not answer; \
                  its slots fail until the cluster fails it over"
             ),
-            View::Stale if self.rebuilt.is_none_or(|at| at.elapsed() >= REBUILD) => {
-                if last != View::Stale {
-                    tracing::warn!(
+            View::Stale | View::DeadPath
+                if self.rebuilt.is_none_or(|at| at.elapsed() >= REBUILD) =>
+            {
+                match now {
+                    _ if last == now => {}
+                    View::Stale => tracing::warn!(
                         "tollgate: a redis cluster master that does not answer was failed \
                          over; reconnecting to learn the new topology"
-                    );
+                    ),
+                    _ => tracing::warn!(
+                        "tollgate: a redis cluster master answers a new connection but not \
+                         this one (its network path died); reconnecting"
+                    ),
                 }
                 self.rebuilt = Some(Instant::now());
                 // A failed attempt keeps the old connection: the masters

@@ -27,6 +27,10 @@
 //! it: decisions must resume on the promoted replica, and go on once the
 //! frozen node continues and rejoins as a replica.
 //!
+//! `cluster_master_behind_a_path_that_died` silences the open connections
+//! to a healthy master (a relay the cluster announces for it), while new
+//! ones reach it.
+//!
 //! `TOLLGATE_FAILOVER_CYCLES` (default 1) repeats the failover: the killed
 //! server is restarted, rejoins as a replica, and the new master is killed
 //! next; `scripts/failover-soak.sh` runs the long form.
@@ -1043,6 +1047,101 @@ async fn cluster_failover_of_a_frozen_master() {
     );
     let f = load.finish("cluster, frozen master").await;
     f.check();
+}
+
+/// Cluster: the path to one master dies under the open connection (a
+/// NAT or firewall that lost its state, a load balancer failed over: the
+/// socket stays open and forwards nothing), while the master itself is
+/// healthy and a new connection reaches it: the relay the cluster
+/// announces for that master (`cluster-announce-port`) goes silent for
+/// the connections it has, and forwards new ones. Its keys must be
+/// decided again, on a new connection; the cluster itself saw nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_master_behind_a_path_that_died() {
+    const WITHIN: Duration = Duration::from_secs(10);
+    let Some(cluster) = blocking(RedisCluster::start) else {
+        return;
+    };
+    let (victim, steady, _) = victim_of(&cluster);
+    let node = &cluster.nodes()[victim];
+    let relay = Relay::start(node.addr());
+    let (port, bus) = (relay.addr().port(), node.port() + 10_000);
+    blocking(|| {
+        for (name, value) in [
+            ("cluster-announce-bus-port", bus),
+            ("cluster-announce-port", port),
+        ] {
+            let out = node.cli(&["config", "set", name, &value.to_string()]);
+            assert_eq!(out.trim(), "OK", "CONFIG SET {name}: {out}");
+        }
+        // Every node names the relay for the victim before the client
+        // reads the topology.
+        let announced = format!("127.0.0.1:{port}@");
+        let start = std::time::Instant::now();
+        while !cluster
+            .nodes()
+            .iter()
+            .all(|n| n.cli(&["cluster", "nodes"]).contains(&announced))
+        {
+            assert!(
+                start.elapsed() < 30 * S,
+                "the relay's port was not announced"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let urls = cluster
+        .nodes()
+        .iter()
+        .enumerate()
+        .map(|(i, n)| if i == victim { relay.url() } else { n.url() });
+    let b = build(RedisBackend::cluster_builder(urls.collect::<Vec<_>>())).await;
+    let policy = Policy::from(TokenBucket::new(1_000_000, 1, S).unwrap());
+    let decide = |key: &'static str| {
+        let b = b.clone();
+        async move {
+            let key = Key::new(key);
+            let req = Request {
+                limiter: "path",
+                key: &key,
+                policy: &policy,
+                op: Op::Acquire(1),
+            };
+            match tokio::time::timeout(S, b.decide(req)).await {
+                Ok(r) => r.map_err(|e| e.to_string()),
+                Err(_) => Err("no answer within 1 s".to_owned()),
+            }
+        }
+    };
+    let steady: &'static str = Box::leak(steady.into_boxed_str());
+    decide("ledger").await.expect("decided through the relay");
+    decide(steady).await.expect("decided on another master");
+    let before = relay.accepted();
+
+    // The open connections go silent; new ones reach the same master.
+    relay.silence();
+    relay.retarget(node.addr());
+    let start = Instant::now();
+    let mut last = None;
+    let took = loop {
+        match decide("ledger").await {
+            Ok(_) => break Some(start.elapsed()),
+            Err(e) => last = Some(e),
+        }
+        if start.elapsed() > WITHIN {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let dialled = relay.accepted() - before;
+    let took = took.unwrap_or_else(|| {
+        panic!(
+            "no decision on the master behind the dead path within {WITHIN:?} ({dialled} new \
+             connections to it; last error: {last:?})"
+        )
+    });
+    println!("decided again after {took:?}, {dialled} new connection(s) through the relay");
+    decide(steady).await.expect("decided on another master");
 }
 
 /// A Sentinel setup with TLS only (no plain port anywhere,
