@@ -1144,6 +1144,62 @@ async fn cluster_master_behind_a_path_that_died() {
     decide(steady).await.expect("decided on another master");
 }
 
+/// Sentinel: a planned failover (`SENTINEL FAILOVER`) promotes a replica
+/// that is not durable (`appendonly no`, set at runtime), while the old
+/// master, durable, stays up (a master in its own eyes until the
+/// sentinels demote it). The durability check asked right after must
+/// report the promoted server as a master that is not durable. It read
+/// the master through a slot's connection, still the old master's until
+/// the keepers moved it, and reported those settings under the new
+/// master's name: durable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_durability_check_reads_the_master_it_names() {
+    let builder = tollgate_testkit::redis_server::RedisServer::builder().appendonly(true);
+    let Some(ha) = blocking(|| RedisSentinel::builder().server(builder).start()) else {
+        return;
+    };
+    let b = build(RedisBackend::builder(ha.url())).await;
+    let report = b.check_durability().await.unwrap();
+    assert!(report.is_durable(), "{report}");
+    let (old, new) = blocking(|| {
+        let old = ha.master_port().expect("a master");
+        let replica = ha
+            .servers()
+            .iter()
+            .find(|s| s.port() != old)
+            .expect("a replica");
+        let out = replica.cli(&["config", "set", "appendonly", "no"]);
+        assert_eq!(out.trim(), "OK", "CONFIG SET appendonly no: {out}");
+        // Led by a sentinel the backend does not ask first; checked as
+        // soon as the one it asks first names the new master (the
+        // backend's own check, every second, would then move its
+        // connection there).
+        let out = ha.sentinels()[1].cli(&["sentinel", "failover", ha.master_name()]);
+        assert_eq!(out.trim(), "OK", "SENTINEL FAILOVER: {out}");
+        let new = ha.wait_promoted(old, RESUME_WITHIN);
+        let start = std::time::Instant::now();
+        while new.is_some() && named_by(&ha, 0) != new && start.elapsed() < RESUME_WITHIN {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        (old, new)
+    });
+    let new = new.expect("the replica was promoted");
+    let report = b.check_durability().await.unwrap();
+    println!("after the failover from :{old} to :{new}: {report:?}");
+    let named = format!("127.0.0.1:{new}");
+    let master = report.nodes.iter().find(|n| n.node == named);
+    let master = master.unwrap_or_else(|| panic!("{named} not in the report: {report:?}"));
+    assert_eq!(
+        (master.role, &master.appendonly),
+        (
+            NodeRole::Master,
+            &tollgate_redis::Setting::Known("no".into())
+        ),
+        "{report}"
+    );
+    assert!(!report.is_durable(), "{report}");
+}
+
 /// A Sentinel setup with TLS only (no plain port anywhere,
 /// `tls-replication yes`, one throwaway CA whose certificates name
 /// 127.0.0.1): `rediss+sentinel://` with that CA reaches the master over
