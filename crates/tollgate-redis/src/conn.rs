@@ -443,6 +443,9 @@ async fn view(
             // also starts reconnecting it to the URLs' nodes, which the
             // rebuild makes moot).
             Ok(Err(e)) if e.kind() == ErrorKind::ClusterConnectionNotFound => {}
+            // A reply (`-LOADING`, `-BUSY`): the path works, the server
+            // refuses; a new connection would change nothing.
+            Ok(Err(e)) if e.code().is_some() => return View::Silent,
             // Silent through the connection only: a new one answers.
             _ if answers_anew(node, host, port, t).await => dead_path = true,
             _ => return View::Silent,
