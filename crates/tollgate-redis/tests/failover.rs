@@ -1200,6 +1200,89 @@ async fn sentinel_durability_check_reads_the_master_it_names() {
     assert!(!report.is_durable(), "{report}");
 }
 
+/// Cluster: a worker starts in strict durability mode while a master and
+/// its replica are frozen (`SIGSTOP`, a rack that hung) long enough for
+/// the cluster to mark them failed: nothing can be promoted, the other
+/// masters serve their slots (`cluster-require-full-coverage no`), and
+/// every server that answers is durable. The frozen master still owns
+/// its slots and serves them again when it continues: its settings are
+/// unknown, so strict mode must refuse the start, and the report name it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_strict_start_with_a_master_frozen() {
+    let Some(cluster) = blocking(RedisCluster::start_with_replicas) else {
+        return;
+    };
+    let (victim, _, _) = victim_of(&cluster);
+    let frozen = blocking(|| {
+        for n in cluster.nodes() {
+            assert_eq!(n.cli(&["config", "set", "appendonly", "yes"]).trim(), "OK");
+        }
+        let frozen = [replica_of(&cluster, victim), victim];
+        for &i in &frozen {
+            cluster.pause_node(i);
+        }
+        // Until a node that answers marks both failed.
+        let failed = |i: usize| format!("127.0.0.1:{}@", cluster.nodes()[i].port());
+        let live = (0..cluster.nodes().len())
+            .find(|i| !frozen.contains(i))
+            .unwrap();
+        let start = std::time::Instant::now();
+        loop {
+            let nodes = cluster.nodes()[live].cli(&["cluster", "nodes"]);
+            let marked = |i: usize| {
+                nodes
+                    .lines()
+                    .any(|l| l.contains(&failed(i)) && l.contains(",fail"))
+            };
+            if frozen.iter().all(|&i| marked(i)) {
+                break;
+            }
+            assert!(
+                start.elapsed() < RESUME_WITHIN,
+                "not marked failed: {nodes}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        frozen
+    });
+    let built = RedisBackend::cluster_builder(cluster.urls())
+        .prefix(unique_name("strict"))
+        .connect_timeout(Duration::from_millis(250))
+        .durability(Durability::Strict)
+        .build()
+        .await;
+    let master = format!("127.0.0.1:{}", cluster.nodes()[victim].port());
+    for &i in &frozen {
+        cluster.resume_node(i);
+    }
+    match built {
+        Ok(b) => {
+            let report = b.check_durability().await;
+            panic!("strict mode started with the master {master} frozen; report {report:?}")
+        }
+        Err(RedisError::NotDurable(report)) => {
+            println!("refused: {report}");
+            let named = report.nodes.iter().find(|n| n.node == master);
+            assert!(
+                named.is_some_and(|n| matches!(n.appendonly, tollgate_redis::Setting::Unknown(_))),
+                "{report:?}"
+            );
+        }
+        Err(e) => panic!("build() failed otherwise: {e}"),
+    }
+}
+
+/// The replica serving node `master` (its index), as `INFO replication`
+/// says.
+fn replica_of(cluster: &RedisCluster, master: usize) -> usize {
+    let port = format!("master_port:{}", cluster.nodes()[master].port());
+    let found = cluster.nodes().iter().position(|n| {
+        let info = n.cli(&["info", "replication"]);
+        info.contains("role:slave") && info.lines().any(|l| l.trim() == port)
+    });
+    found.expect("a replica of the master")
+}
+
 /// A Sentinel setup with TLS only (no plain port anywhere,
 /// `tls-replication yes`, one throwaway CA whose certificates name
 /// 127.0.0.1): `rediss+sentinel://` with that CA reaches the master over
