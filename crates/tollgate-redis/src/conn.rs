@@ -83,7 +83,12 @@
 //! and the cluster client would wait on that socket for ever. So a master
 //! silent through the connection is asked again on a connection of its
 //! own; when it answers there (a frozen process does not), and every other
-//! master answers too, the keeper rebuilds the connection as above.
+//! master answers too, the keeper rebuilds the connection as above. It is
+//! asked beside the connection, not after it, so that a check waits out a
+//! frozen master's silence once (asked after, the rebuild that follows its
+//! promotion came up to a check later); and one silent there too is not
+//! asked so again for [`ANEW`] (not a connection dialled to a frozen
+//! process at every check of its failover).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -109,6 +114,12 @@ pub(crate) const RETRY: Duration = Duration::from_millis(250);
 /// reconnections.
 #[cfg(feature = "cluster")]
 pub(crate) const REBUILD: Duration = Duration::from_secs(1);
+
+/// How long a cluster keeper waits, after a master silent through its
+/// connection was silent on a connection of its own too, before asking one
+/// anew again (see the module docs).
+#[cfg(feature = "cluster")]
+pub(crate) const ANEW: Duration = Duration::from_secs(5);
 
 /// How often a Sentinel backend asks the sentinels whether they still name
 /// its connections' master, with no call failing: a master frozen while
@@ -408,13 +419,16 @@ enum View {
 }
 
 /// Checks a cluster connection's masters against the cluster's own view;
-/// `node` is how to reach a node on a connection of its own.
+/// `node` is how to reach a node on a connection of its own, to ask a
+/// master silent through the connection again (`anew`, else it is taken
+/// for silent). Also says whether a master asked anew did not answer.
 #[cfg(feature = "cluster")]
 async fn view(
     c: &mut redis::cluster_async::ClusterConnection,
     t: Timeouts,
     node: &redis::ConnectionInfo,
-) -> View {
+    anew: bool,
+) -> (View, bool) {
     use redis::cluster_routing::{
         MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, SingleNodeRoutingInfo,
     };
@@ -424,12 +438,12 @@ async fn view(
     let bound = t.connect.saturating_add(t.response);
     let ping = c.route_command(redis::cmd("PING"), masters(ResponsePolicy::AllSucceeded));
     if let Ok(Ok(_)) = tokio::time::timeout(bound, ping).await {
-        return View::Whole;
+        return (View::Whole, false);
     }
     let slots = redis::cmd("CLUSTER").arg("SLOTS").clone();
     let slots = c.route_command(slots, masters(ResponsePolicy::OneSucceeded));
     let Ok(Ok(slots)) = tokio::time::timeout(bound, slots).await else {
-        return View::Silent;
+        return (View::Silent, false);
     };
     let mut dead_path = false;
     for (host, port) in masters_of(&slots) {
@@ -437,25 +451,44 @@ async fn view(
             host: host.clone(),
             port,
         });
-        match tokio::time::timeout(bound, c.route_command(redis::cmd("PING"), at)).await {
-            Ok(Ok(_)) => {}
+        // Asked anew beside the connection, not after it: a check waits
+        // out a frozen master once, not twice (and the rebuild after its
+        // promotion comes no later than without this question).
+        let fresh = anew.then(|| tokio::spawn(answers_anew(node.clone(), host, port, t)));
+        let through = tokio::time::timeout(bound, c.route_command(redis::cmd("PING"), at)).await;
+        let answered = match &through {
+            Ok(Ok(_)) => true,
             // A master the connection does not know: stale too (redis-rs
             // also starts reconnecting it to the URLs' nodes, which the
             // rebuild makes moot).
-            Ok(Err(e)) if e.kind() == ErrorKind::ClusterConnectionNotFound => {}
+            Ok(Err(e)) if e.kind() == ErrorKind::ClusterConnectionNotFound => true,
             // A reply (`-LOADING`, `-BUSY`): the path works, the server
             // refuses; a new connection would change nothing.
-            Ok(Err(e)) if e.code().is_some() => return View::Silent,
-            // Silent through the connection only: a new one answers.
-            _ if answers_anew(node, host, port, t).await => dead_path = true,
-            _ => return View::Silent,
+            Ok(Err(e)) if e.code().is_some() => {
+                fresh.inspect(|f| f.abort());
+                return (View::Silent, false);
+            }
+            _ => false,
+        };
+        if answered {
+            fresh.inspect(|f| f.abort());
+            continue;
         }
+        // Silent through the connection only: a new one answers.
+        let Some(fresh) = fresh else {
+            return (View::Silent, false);
+        };
+        if !fresh.await.unwrap_or(false) {
+            return (View::Silent, true);
+        }
+        dead_path = true;
     }
-    if dead_path {
+    let view = if dead_path {
         View::DeadPath
     } else {
         View::Stale
-    }
+    };
+    (view, false)
 }
 
 /// Whether the node at `host:port`, reached like `node` on a connection
@@ -463,7 +496,7 @@ async fn view(
 /// is an answer). A frozen node does not: its kernel accepts the
 /// connection, and nothing answers.
 #[cfg(feature = "cluster")]
-async fn answers_anew(node: &redis::ConnectionInfo, host: String, port: u16, t: Timeouts) -> bool {
+async fn answers_anew(node: redis::ConnectionInfo, host: String, port: u16, t: Timeouts) -> bool {
     let mut addr = node.addr().clone();
     match &mut addr {
         redis::ConnectionAddr::Tcp(h, p) => (*h, *p) = (host, port),
@@ -472,7 +505,7 @@ async fn answers_anew(node: &redis::ConnectionInfo, host: String, port: u16, t: 
         } => (*h, *p) = (host, port),
         _ => return false,
     }
-    let Ok(client) = redis::Client::open(node.clone().set_addr(addr)) else {
+    let Ok(client) = redis::Client::open(node.set_addr(addr)) else {
         return false;
     };
     let config = redis::AsyncConnectionConfig::new()
@@ -729,6 +762,10 @@ async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
 struct Follow {
     /// When the connection was last rebuilt.
     rebuilt: Option<Instant>,
+    /// When a master silent through the connection was last asked on a
+    /// connection of its own and did not answer there either (a frozen
+    /// process): none is asked so again for [`ANEW`].
+    silent_anew: Option<Instant>,
     /// The last check's finding: logged when it changes, not at each check.
     last: View,
 }
@@ -738,6 +775,7 @@ impl Default for Follow {
     fn default() -> Self {
         Self {
             rebuilt: None,
+            silent_anew: None,
             last: View::Whole,
         }
     }
@@ -757,7 +795,11 @@ impl Follow {
         let Connector::Cluster { node, .. } = connector else {
             return;
         };
-        let now = view(c, t, node).await;
+        let anew = self.silent_anew.is_none_or(|at| at.elapsed() >= ANEW);
+        let (now, silent_anew) = view(c, t, node, anew).await;
+        if silent_anew {
+            self.silent_anew = Some(Instant::now());
+        }
         let last = std::mem::replace(&mut self.last, now);
         match now {
             View::Whole if last != View::Whole => {
