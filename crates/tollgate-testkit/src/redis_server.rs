@@ -1012,8 +1012,10 @@ impl RedisCluster {
     /// Starts a new, empty master and has it join the cluster (`CLUSTER
     /// MEET`), as an operator adds a node before moving slots to it (see
     /// [`start_migration`](Self::start_migration)); its index in
-    /// [`nodes`](Self::nodes), once every node knows every other. Plain
-    /// text only: panics on a TLS cluster.
+    /// [`nodes`](Self::nodes), once every node knows every other. Made
+    /// with the settings of a cluster without replicas
+    /// (`cluster-node-timeout 2000`); plain text only: panics on a TLS
+    /// cluster.
     pub fn add_node(&mut self) -> usize {
         assert!(self.certs.is_none(), "add_node: a TLS cluster");
         let builder = RedisClusterBuilder::default().server(self.nodes[0].server);
