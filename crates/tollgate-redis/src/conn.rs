@@ -76,6 +76,19 @@
 //! sends them to its replica, which redirects them (`MOVED`) to the silent
 //! node, and each redirection makes redis-rs refresh its slot map, holding
 //! every request while it tries to reconnect to the silent node.
+//!
+//! A master that answers a new connection but not the one the connection
+//! holds (its network path died under it: a NAT or firewall that lost its
+//! state, a load balancer failed over) is still a master of the cluster,
+//! and the cluster client would wait on that socket for ever. So a master
+//! silent through the connection is asked again on a connection of its
+//! own; when it answers there (a frozen process does not), and every other
+//! master answers too, the keeper rebuilds the connection as above. It is
+//! asked beside the connection, not after it, so that a check waits out a
+//! frozen master's silence once (asked after, the rebuild that follows its
+//! promotion came up to a check later); and one silent there too is not
+//! asked so again for [`ANEW`] (not a connection dialled to a frozen
+//! process at every check of its failover).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -83,8 +96,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{
-    Cmd, ErrorKind, FromRedisValue, Pipeline, RedisFuture, RedisResult, Script, ServerErrorKind,
-    Value,
+    Cmd, ErrorKind, FromRedisValue, Pipeline, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::AbortHandle;
@@ -102,6 +114,12 @@ pub(crate) const RETRY: Duration = Duration::from_millis(250);
 /// reconnections.
 #[cfg(feature = "cluster")]
 pub(crate) const REBUILD: Duration = Duration::from_secs(1);
+
+/// How long a cluster keeper waits, after a master silent through its
+/// connection was silent on a connection of its own too, before asking one
+/// anew again (see the module docs).
+#[cfg(feature = "cluster")]
+pub(crate) const ANEW: Duration = Duration::from_secs(5);
 
 /// How often a Sentinel backend asks the sentinels whether they still name
 /// its connections' master, with no call failing: a master frozen while
@@ -393,11 +411,24 @@ enum View {
     /// A master in its slot map does not answer and is no master of the
     /// cluster any more: the slot map is stale.
     Stale,
+    /// A master does not answer through the connection but answers a new
+    /// one (and every other answers): the connection's path to it died (a
+    /// NAT or firewall that lost its state, a load balancer failed over),
+    /// and the cluster client would wait on it for ever.
+    DeadPath,
 }
 
-/// Checks a cluster connection's masters against the cluster's own view.
+/// Checks a cluster connection's masters against the cluster's own view;
+/// `node` is how to reach a node on a connection of its own, to ask a
+/// master silent through the connection again (`anew`, else it is taken
+/// for silent). Also says whether a master asked anew did not answer.
 #[cfg(feature = "cluster")]
-async fn view(c: &mut redis::cluster_async::ClusterConnection, t: Timeouts) -> View {
+async fn view(
+    c: &mut redis::cluster_async::ClusterConnection,
+    t: Timeouts,
+    node: &redis::ConnectionInfo,
+    anew: bool,
+) -> (View, bool) {
     use redis::cluster_routing::{
         MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, SingleNodeRoutingInfo,
     };
@@ -407,25 +438,90 @@ async fn view(c: &mut redis::cluster_async::ClusterConnection, t: Timeouts) -> V
     let bound = t.connect.saturating_add(t.response);
     let ping = c.route_command(redis::cmd("PING"), masters(ResponsePolicy::AllSucceeded));
     if let Ok(Ok(_)) = tokio::time::timeout(bound, ping).await {
-        return View::Whole;
+        return (View::Whole, false);
     }
     let slots = redis::cmd("CLUSTER").arg("SLOTS").clone();
     let slots = c.route_command(slots, masters(ResponsePolicy::OneSucceeded));
     let Ok(Ok(slots)) = tokio::time::timeout(bound, slots).await else {
-        return View::Silent;
+        return (View::Silent, false);
     };
+    let mut dead_path = false;
     for (host, port) in masters_of(&slots) {
-        let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
-        match tokio::time::timeout(bound, c.route_command(redis::cmd("PING"), at)).await {
-            Ok(Ok(_)) => {}
+        let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+            host: host.clone(),
+            port,
+        });
+        // Asked anew beside the connection, not after it: a check waits
+        // out a frozen master once, not twice (and the rebuild after its
+        // promotion comes no later than without this question).
+        let fresh = anew.then(|| tokio::spawn(answers_anew(node.clone(), host, port, t)));
+        let through = tokio::time::timeout(bound, c.route_command(redis::cmd("PING"), at)).await;
+        let answered = match &through {
+            Ok(Ok(_)) => true,
             // A master the connection does not know: stale too (redis-rs
             // also starts reconnecting it to the URLs' nodes, which the
             // rebuild makes moot).
-            Ok(Err(e)) if e.kind() == ErrorKind::ClusterConnectionNotFound => {}
-            _ => return View::Silent,
+            Ok(Err(e)) if e.kind() == ErrorKind::ClusterConnectionNotFound => true,
+            // A reply (`-LOADING`, `-BUSY`): the path works, the server
+            // refuses; a new connection would change nothing.
+            Ok(Err(e)) if e.code().is_some() => {
+                fresh.inspect(|f| f.abort());
+                return (View::Silent, false);
+            }
+            _ => false,
+        };
+        if answered {
+            fresh.inspect(|f| f.abort());
+            continue;
         }
+        // Silent through the connection only: a new one answers.
+        let Some(fresh) = fresh else {
+            return (View::Silent, false);
+        };
+        if !fresh.await.unwrap_or(false) {
+            return (View::Silent, true);
+        }
+        dead_path = true;
     }
-    View::Stale
+    let view = if dead_path {
+        View::DeadPath
+    } else {
+        View::Stale
+    };
+    (view, false)
+}
+
+/// Whether the node at `host:port`, reached like `node` on a connection
+/// of its own, answers a `PING` within the timeouts (a refusal, `NOPERM`,
+/// is an answer). A frozen node does not: its kernel accepts the
+/// connection, and nothing answers.
+#[cfg(feature = "cluster")]
+async fn answers_anew(node: redis::ConnectionInfo, host: String, port: u16, t: Timeouts) -> bool {
+    let mut addr = node.addr().clone();
+    match &mut addr {
+        redis::ConnectionAddr::Tcp(h, p) => (*h, *p) = (host, port),
+        redis::ConnectionAddr::TcpTls {
+            host: h, port: p, ..
+        } => (*h, *p) = (host, port),
+        _ => return false,
+    }
+    let Ok(client) = redis::Client::open(node.set_addr(addr)) else {
+        return false;
+    };
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(t.connect))
+        .set_response_timeout(Some(t.response));
+    let ping = async {
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        redis::cmd("PING").query_async::<Value>(&mut conn).await
+    };
+    match tokio::time::timeout(t.connect.saturating_add(t.response), ping).await {
+        Ok(Ok(_)) => true,
+        Ok(Err(e)) => e.code().is_some(),
+        Err(_) => false,
+    }
 }
 
 /// The masters (`host`, `port`) of a `CLUSTER SLOTS` reply: the first node
@@ -461,6 +557,27 @@ fn masters_of(reply: &Value) -> Vec<(String, u16)> {
         }
     }
     masters
+}
+
+/// `cmd`, an `EVALSHA`, as the `EVAL` of the script's source `code`: the
+/// same keys and arguments, so that a client routes it, and follows a
+/// redirection, as it does the `EVALSHA`, and the server that runs it
+/// keeps the script for the next `EVALSHA`.
+///
+/// Not a `SCRIPT LOAD` then the `EVALSHA` again: a cluster client sends a
+/// `SCRIPT LOAD` to the masters of its slot map only, never to a node it
+/// reaches by `-ASK` (a node added for a resharding, which holds no
+/// script: every key of a slot migrating to it failed `NOSCRIPT` until the
+/// migration ended). Hence the grant of `EVAL` (docs/redis.md, "ACL").
+fn eval_of(cmd: &Cmd, code: &str) -> Cmd {
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(code);
+    for arg in cmd.args_iter().skip(2) {
+        if let redis::Arg::Simple(a) = arg {
+            eval.arg(a);
+        }
+    }
+    eval
 }
 
 /// A new connection that answers (with Sentinel, and the master's
@@ -645,6 +762,10 @@ async fn keep(slot: Arc<Slot>, connector: Connector, t: Timeouts) {
 struct Follow {
     /// When the connection was last rebuilt.
     rebuilt: Option<Instant>,
+    /// When a master silent through the connection was last asked on a
+    /// connection of its own and did not answer there either (a frozen
+    /// process): none is asked so again for [`ANEW`].
+    silent_anew: Option<Instant>,
     /// The last check's finding: logged when it changes, not at each check.
     last: View,
 }
@@ -654,6 +775,7 @@ impl Default for Follow {
     fn default() -> Self {
         Self {
             rebuilt: None,
+            silent_anew: None,
             last: View::Whole,
         }
     }
@@ -661,8 +783,8 @@ impl Default for Follow {
 
 #[cfg(feature = "cluster")]
 impl Follow {
-    /// Replaces the slot's connection `c` when its slot map is stale, at
-    /// most once per [`REBUILD`].
+    /// Replaces the slot's connection `c` when its slot map is stale, or
+    /// its path to a master died, at most once per [`REBUILD`].
     async fn check(
         &mut self,
         slot: &Slot,
@@ -670,7 +792,14 @@ impl Follow {
         c: &mut redis::cluster_async::ClusterConnection,
         t: Timeouts,
     ) {
-        let now = view(c, t).await;
+        let Connector::Cluster { node, .. } = connector else {
+            return;
+        };
+        let anew = self.silent_anew.is_none_or(|at| at.elapsed() >= ANEW);
+        let (now, silent_anew) = view(c, t, node, anew).await;
+        if silent_anew {
+            self.silent_anew = Some(Instant::now());
+        }
         let last = std::mem::replace(&mut self.last, now);
         match now {
             View::Whole if last != View::Whole => {
@@ -680,12 +809,19 @@ impl Follow {
                 "tollgate: a redis cluster master does not answer; \
                  its slots fail until the cluster fails it over"
             ),
-            View::Stale if self.rebuilt.is_none_or(|at| at.elapsed() >= REBUILD) => {
-                if last != View::Stale {
-                    tracing::warn!(
+            View::Stale | View::DeadPath
+                if self.rebuilt.is_none_or(|at| at.elapsed() >= REBUILD) =>
+            {
+                match now {
+                    _ if last == now => {}
+                    View::Stale => tracing::warn!(
                         "tollgate: a redis cluster master that does not answer was failed \
                          over; reconnecting to learn the new topology"
-                    );
+                    ),
+                    _ => tracing::warn!(
+                        "tollgate: a redis cluster master answers a new connection but not \
+                         this one (its network path died); reconnecting"
+                    ),
                 }
                 self.rebuilt = Some(Instant::now());
                 // A failed attempt keeps the old connection: the masters
@@ -896,20 +1032,35 @@ impl Conn {
         Ok((link, watch))
     }
 
-    /// Runs `script` by its `EVALSHA` `cmd`; a server that does not hold
-    /// it (restarted, failed over, `SCRIPT FLUSH`) is sent it and asked
-    /// again, as redis-rs's `ScriptInvocation::invoke_async` does.
+    /// Runs the script whose source is `code` by its `EVALSHA` `cmd`; a
+    /// server that does not hold it (restarted, failed over, added to a
+    /// cluster, `SCRIPT FLUSH`) is sent the call again as an `EVAL` of the
+    /// source (see [`eval_of`]), which it keeps; where `EVAL` is denied,
+    /// the script is loaded (`SCRIPT LOAD`), then called again.
     pub(crate) async fn eval<T: FromRedisValue>(
         &self,
         cmd: &Cmd,
-        script: &Script,
+        code: &str,
     ) -> Result<T, RedisError> {
         let (mut link, watch) = self.checkout().await?;
         let r = match cmd.query_async(&mut link).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                match script.load_async(&mut link).await {
-                    Ok(_) => cmd.query_async(&mut link).await,
-                    Err(e) => Err(e),
+                match eval_of(cmd, code).query_async(&mut link).await {
+                    // A user not granted `EVAL` (the least set before it
+                    // was needed): the script loaded, then the call again.
+                    // (Not a command the script runs that is denied: the
+                    // script would run twice.)
+                    Err(e)
+                        if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
+                            && e.detail().is_some_and(|d| d.contains("'eval'")) =>
+                    {
+                        let mut load = redis::cmd("SCRIPT");
+                        match load.arg("LOAD").arg(code).exec_async(&mut link).await {
+                            Ok(()) => cmd.query_async(&mut link).await,
+                            Err(e) => Err(e),
+                        }
+                    }
+                    r => r,
                 }
             }
             r => r,

@@ -294,7 +294,8 @@ pub(crate) async fn on_all_masters(
 
 /// Reads the role and settings of every node of a cluster: the masters
 /// through the cluster client, the replicas (which it does not route to)
-/// each over a connection of its own, made like `node`. Replicas that
+/// and the masters it has no connection to (frozen, unreachable: reported
+/// unknown) each over a connection of its own, made like `node`. Replicas that
 /// cannot be listed (`CLUSTER NODES` refused) are one `replicas` entry
 /// with unknown settings.
 #[cfg(feature = "cluster")]
@@ -341,7 +342,15 @@ pub(crate) async fn check_cluster(
         }
         v => redis::from_redis_value(v).map_err(redis::RedisError::from)?,
     };
-    for (host, port) in replicas_in(&topology) {
+    // A master the client could not reach (frozen, its path dead) is not
+    // among the replies above; it still holds its slots' counters, and
+    // serves them again when it answers: reported, unreachable, never
+    // left out (strict mode must not start on what it could not show).
+    let reported: Vec<String> = nodes.iter().map(|n| n.node.clone()).collect();
+    let unseen = masters_in(&topology)
+        .into_iter()
+        .filter(|(host, port)| !reported.contains(&format!("{host}:{port}")));
+    for (host, port) in replicas_in(&topology).into_iter().chain(unseen) {
         let mut addr = node.addr().clone();
         match &mut addr {
             redis::ConnectionAddr::Tcp(h, p) => (*h, *p) = (host, port),
@@ -354,6 +363,26 @@ pub(crate) async fn check_cluster(
         nodes.push(check_client(&client, t).await);
     }
     Ok(DurabilityReport { nodes })
+}
+
+/// The masters (`host`, `port`) a `CLUSTER NODES` reply lists that own
+/// slots, failed or not (no other node serves their slots), except those
+/// without an address.
+#[cfg(feature = "cluster")]
+fn masters_in(cluster_nodes: &str) -> Vec<(String, u16)> {
+    cluster_nodes
+        .lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (addr, flags) = (f.get(1)?, f.get(2)?.split(',').collect::<Vec<_>>());
+            if !flags.contains(&"master") || flags.contains(&"noaddr") || f.len() <= 8 {
+                return None;
+            }
+            let ip_port = addr.split(['@', ',']).next()?;
+            let (host, port) = ip_port.rsplit_once(':')?;
+            Some((host.to_owned(), port.parse().ok()?))
+        })
+        .collect()
 }
 
 /// The replicas (`host`, `port`) a `CLUSTER NODES` reply lists, except
@@ -433,6 +462,20 @@ d4 10.0.0.5:7005@17005 replica x 0 1 4 connected
             [
                 ("127.0.0.1".to_owned(), 7003),
                 ("10.0.0.5".to_owned(), 7005)
+            ]
+        );
+        let nodes = "\
+a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
+e5 127.0.0.1:7001@17001 master,fail - 0 0 2 disconnected 5461-10922
+f6 127.0.0.1:7002@17002 master - 0 0 3 connected
+b2 127.0.0.1:7003@17003 slave a1 0 1 4 connected
+";
+        // Failed or not, a master with slots; not one without.
+        assert_eq!(
+            masters_in(nodes),
+            [
+                ("127.0.0.1".to_owned(), 7000),
+                ("127.0.0.1".to_owned(), 7001)
             ]
         );
     }

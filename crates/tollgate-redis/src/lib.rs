@@ -794,23 +794,23 @@ impl RedisBackend {
     /// master of a cluster and its replicas; with Sentinel the master and
     /// the replicas the sentinels know.
     pub async fn check_durability(&self) -> Result<DurabilityReport, RedisError> {
-        match self.inner.conn.link()? {
-            conn::Link::Single(mut c) => {
-                let mut nodes = Vec::new();
-                match self.inner.conn.connector() {
-                    conn::Connector::Sentinel { sentinel, .. } => {
-                        let master = sentinel.master().await?;
-                        let node = master.get_connection_info().addr().to_string();
-                        nodes.push(durability::check_node(node, &mut c).await);
-                        let t = self.inner.conn.timeouts();
-                        for replica in sentinel.replicas().await? {
-                            nodes.push(durability::check_client(&replica, t).await);
-                        }
-                    }
-                    _ => nodes.push(durability::check_node("redis".into(), &mut c).await),
-                }
-                Ok(DurabilityReport { nodes })
+        if let conn::Connector::Sentinel { sentinel, .. } = self.inner.conn.connector() {
+            // The master the sentinels name, on a connection of its own: a
+            // slot's connection may still reach the one before a failover
+            // (until the keepers move it), whose settings were reported
+            // under the new master's name.
+            let t = self.inner.conn.timeouts();
+            let master = sentinel.master().await?;
+            let mut nodes = vec![durability::check_client(&master, t).await];
+            for replica in sentinel.replicas().await? {
+                nodes.push(durability::check_client(&replica, t).await);
             }
+            return Ok(DurabilityReport { nodes });
+        }
+        match self.inner.conn.link()? {
+            conn::Link::Single(mut c) => Ok(DurabilityReport {
+                nodes: vec![durability::check_node("redis".into(), &mut c).await],
+            }),
             #[cfg(feature = "cluster")]
             conn::Link::Cluster(mut c) => {
                 let conn::Connector::Cluster { node, .. } = self.inner.conn.connector() else {
@@ -993,7 +993,7 @@ impl RedisBackend {
             let reply: Value = self
                 .inner
                 .conn
-                .eval(&cmd, scripts::for_strategy(strategy))
+                .eval(&cmd, scripts::source(strategy))
                 .await?;
             match call.reply(reply, strategy)? {
                 Reply::Decision(d, marks) => return Ok((d, marks)),

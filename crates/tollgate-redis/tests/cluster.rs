@@ -367,3 +367,47 @@ tollgate_testkit::on_every_server! {
         );
     }
 }
+
+tollgate_testkit::on_every_server! {
+    /// A resharding onto a node added for it: the slot of a key migrates
+    /// (`-ASK`) to a new master, which holds no script (the backend loaded
+    /// them on the masters it knew). A new key of the slot, then the key
+    /// moved there, are decided on it during the migration, exactly, and
+    /// once the migration ends (`-MOVED`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn migration_to_a_node_added_for_it(server: Server) {
+        let Some(mut cluster) = RedisCluster::start_on(server) else {
+            return;
+        };
+        let b = RedisBackend::cluster_builder(cluster.urls())
+            // Semantics, not latency: a starved CI machine may stall a node.
+            .response_timeout(10 * S)
+            .durability(Durability::Skip)
+            .build()
+            .await
+            .expect("connect");
+        let limiter = |name: &str| {
+            let policy = TokenBucket::new(3, 1, 60 * S).unwrap();
+            Limiter::builder(name, policy, b.clone()).timeout(10 * S).build()
+        };
+        let (moved, fresh) = (limiter("moved"), limiter("fresh"));
+        let moving = Key::new("moving");
+        assert_eq!(moved.try_acquire(&moving, 1).await.unwrap().remaining(), 2);
+
+        let to = cluster.add_node();
+        let slot = cluster.keyslot(moving.as_str());
+        let from = cluster.start_migration(slot, to);
+        // A new key: the old master answers -ASK, the new one runs it.
+        let d = fresh.try_acquire(&moving, 1).await;
+        let got = d.as_ref().map(|d| d.remaining()).ok();
+        assert_eq!(got, Some(2), "a new key on the new node: {d:?}");
+        // The key moved: -ASK, and its count goes on from the old master's.
+        assert_eq!(cluster.migrate_keys(slot, from, to), 1, "moved's state");
+        let d = moved.try_acquire(&moving, 1).await;
+        let got = d.as_ref().map(|d| d.remaining()).ok();
+        assert_eq!(got, Some(1), "a moved key on the new node: {d:?}");
+        cluster.finish_migration(slot, to);
+        assert_eq!(moved.try_acquire(&moving, 1).await.unwrap().remaining(), 0);
+        assert_eq!(fresh.try_acquire(&moving, 1).await.unwrap().remaining(), 1);
+    }
+}

@@ -27,6 +27,10 @@
 //! it: decisions must resume on the promoted replica, and go on once the
 //! frozen node continues and rejoins as a replica.
 //!
+//! `cluster_master_behind_a_path_that_died` silences the open connections
+//! to a healthy master (a relay the cluster announces for it), while new
+//! ones reach it.
+//!
 //! `TOLLGATE_FAILOVER_CYCLES` (default 1) repeats the failover: the killed
 //! server is restarted, rejoins as a replica, and the new master is killed
 //! next; `scripts/failover-soak.sh` runs the long form.
@@ -1043,6 +1047,240 @@ async fn cluster_failover_of_a_frozen_master() {
     );
     let f = load.finish("cluster, frozen master").await;
     f.check();
+}
+
+/// Cluster: the path to one master dies under the open connection (a
+/// NAT or firewall that lost its state, a load balancer failed over: the
+/// socket stays open and forwards nothing), while the master itself is
+/// healthy and a new connection reaches it: the relay the cluster
+/// announces for that master (`cluster-announce-port`) goes silent for
+/// the connections it has, and forwards new ones. Its keys must be
+/// decided again, on a new connection; the cluster itself saw nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_master_behind_a_path_that_died() {
+    const WITHIN: Duration = Duration::from_secs(10);
+    let Some(cluster) = blocking(RedisCluster::start) else {
+        return;
+    };
+    let (victim, steady, _) = victim_of(&cluster);
+    let node = &cluster.nodes()[victim];
+    let relay = Relay::start(node.addr());
+    let (port, bus) = (relay.addr().port(), node.port() + 10_000);
+    blocking(|| {
+        for (name, value) in [
+            ("cluster-announce-bus-port", bus),
+            ("cluster-announce-port", port),
+        ] {
+            let out = node.cli(&["config", "set", name, &value.to_string()]);
+            assert_eq!(out.trim(), "OK", "CONFIG SET {name}: {out}");
+        }
+        // Every node names the relay for the victim before the client
+        // reads the topology.
+        let announced = format!("127.0.0.1:{port}@");
+        let start = std::time::Instant::now();
+        while !cluster
+            .nodes()
+            .iter()
+            .all(|n| n.cli(&["cluster", "nodes"]).contains(&announced))
+        {
+            assert!(
+                start.elapsed() < 30 * S,
+                "the relay's port was not announced"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let urls = cluster
+        .nodes()
+        .iter()
+        .enumerate()
+        .map(|(i, n)| if i == victim { relay.url() } else { n.url() });
+    let b = build(RedisBackend::cluster_builder(urls.collect::<Vec<_>>())).await;
+    let policy = Policy::from(TokenBucket::new(1_000_000, 1, S).unwrap());
+    let decide = |key: &'static str| {
+        let b = b.clone();
+        async move {
+            let key = Key::new(key);
+            let req = Request {
+                limiter: "path",
+                key: &key,
+                policy: &policy,
+                op: Op::Acquire(1),
+            };
+            match tokio::time::timeout(S, b.decide(req)).await {
+                Ok(r) => r.map_err(|e| e.to_string()),
+                Err(_) => Err("no answer within 1 s".to_owned()),
+            }
+        }
+    };
+    let steady: &'static str = Box::leak(steady.into_boxed_str());
+    decide("ledger").await.expect("decided through the relay");
+    decide(steady).await.expect("decided on another master");
+    let before = relay.accepted();
+
+    // The open connections go silent; new ones reach the same master.
+    relay.silence();
+    relay.retarget(node.addr());
+    let start = Instant::now();
+    let mut last = None;
+    let took = loop {
+        match decide("ledger").await {
+            Ok(_) => break Some(start.elapsed()),
+            Err(e) => last = Some(e),
+        }
+        if start.elapsed() > WITHIN {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let dialled = relay.accepted() - before;
+    let took = took.unwrap_or_else(|| {
+        panic!(
+            "no decision on the master behind the dead path within {WITHIN:?} ({dialled} new \
+             connections to it; last error: {last:?})"
+        )
+    });
+    println!("decided again after {took:?}, {dialled} new connection(s) through the relay");
+    decide(steady).await.expect("decided on another master");
+}
+
+/// Sentinel: a planned failover (`SENTINEL FAILOVER`) promotes a replica
+/// that is not durable (`appendonly no`, set at runtime), while the old
+/// master, durable, stays up (a master in its own eyes until the
+/// sentinels demote it). The durability check asked right after must
+/// report the promoted server as a master that is not durable. It read
+/// the master through a slot's connection, still the old master's until
+/// the keepers moved it, and reported those settings under the new
+/// master's name: durable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_durability_check_reads_the_master_it_names() {
+    let builder = tollgate_testkit::redis_server::RedisServer::builder().appendonly(true);
+    let Some(ha) = blocking(|| RedisSentinel::builder().server(builder).start()) else {
+        return;
+    };
+    let b = build(RedisBackend::builder(ha.url())).await;
+    let report = b.check_durability().await.unwrap();
+    assert!(report.is_durable(), "{report}");
+    let (old, new) = blocking(|| {
+        let old = ha.master_port().expect("a master");
+        let replica = ha
+            .servers()
+            .iter()
+            .find(|s| s.port() != old)
+            .expect("a replica");
+        let out = replica.cli(&["config", "set", "appendonly", "no"]);
+        assert_eq!(out.trim(), "OK", "CONFIG SET appendonly no: {out}");
+        // Led by a sentinel the backend does not ask first; checked as
+        // soon as the one it asks first names the new master (the
+        // backend's own check, every second, would then move its
+        // connection there).
+        let out = ha.sentinels()[1].cli(&["sentinel", "failover", ha.master_name()]);
+        assert_eq!(out.trim(), "OK", "SENTINEL FAILOVER: {out}");
+        let new = ha.wait_promoted(old, RESUME_WITHIN);
+        let start = std::time::Instant::now();
+        while new.is_some() && named_by(&ha, 0) != new && start.elapsed() < RESUME_WITHIN {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        (old, new)
+    });
+    let new = new.expect("the replica was promoted");
+    let report = b.check_durability().await.unwrap();
+    println!("after the failover from :{old} to :{new}: {report:?}");
+    let named = format!("127.0.0.1:{new}");
+    let master = report.nodes.iter().find(|n| n.node == named);
+    let master = master.unwrap_or_else(|| panic!("{named} not in the report: {report:?}"));
+    assert_eq!(
+        (master.role, &master.appendonly),
+        (
+            NodeRole::Master,
+            &tollgate_redis::Setting::Known("no".into())
+        ),
+        "{report}"
+    );
+    assert!(!report.is_durable(), "{report}");
+}
+
+/// Cluster: a worker starts in strict durability mode while a master and
+/// its replica are frozen (`SIGSTOP`, a rack that hung) long enough for
+/// the cluster to mark them failed: nothing can be promoted, the other
+/// masters serve their slots (`cluster-require-full-coverage no`), and
+/// every server that answers is durable. The frozen master still owns
+/// its slots and serves them again when it continues: its settings are
+/// unknown, so strict mode must refuse the start, and the report name it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_strict_start_with_a_master_frozen() {
+    let Some(cluster) = blocking(RedisCluster::start_with_replicas) else {
+        return;
+    };
+    let (victim, _, _) = victim_of(&cluster);
+    let frozen = blocking(|| {
+        for n in cluster.nodes() {
+            assert_eq!(n.cli(&["config", "set", "appendonly", "yes"]).trim(), "OK");
+        }
+        let frozen = [replica_of(&cluster, victim), victim];
+        for &i in &frozen {
+            cluster.pause_node(i);
+        }
+        // Until a node that answers marks both failed.
+        let failed = |i: usize| format!("127.0.0.1:{}@", cluster.nodes()[i].port());
+        let live = (0..cluster.nodes().len())
+            .find(|i| !frozen.contains(i))
+            .unwrap();
+        let start = std::time::Instant::now();
+        loop {
+            let nodes = cluster.nodes()[live].cli(&["cluster", "nodes"]);
+            let marked = |i: usize| {
+                nodes
+                    .lines()
+                    .any(|l| l.contains(&failed(i)) && l.contains(",fail"))
+            };
+            if frozen.iter().all(|&i| marked(i)) {
+                break;
+            }
+            assert!(
+                start.elapsed() < RESUME_WITHIN,
+                "not marked failed: {nodes}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        frozen
+    });
+    let built = RedisBackend::cluster_builder(cluster.urls())
+        .prefix(unique_name("strict"))
+        .connect_timeout(Duration::from_millis(250))
+        .durability(Durability::Strict)
+        .build()
+        .await;
+    let master = format!("127.0.0.1:{}", cluster.nodes()[victim].port());
+    for &i in &frozen {
+        cluster.resume_node(i);
+    }
+    match built {
+        Ok(b) => {
+            let report = b.check_durability().await;
+            panic!("strict mode started with the master {master} frozen; report {report:?}")
+        }
+        Err(RedisError::NotDurable(report)) => {
+            println!("refused: {report}");
+            let named = report.nodes.iter().find(|n| n.node == master);
+            assert!(
+                named.is_some_and(|n| matches!(n.appendonly, tollgate_redis::Setting::Unknown(_))),
+                "{report:?}"
+            );
+        }
+        Err(e) => panic!("build() failed otherwise: {e}"),
+    }
+}
+
+/// The replica serving node `master` (its index), as `INFO replication`
+/// says.
+fn replica_of(cluster: &RedisCluster, master: usize) -> usize {
+    let port = format!("master_port:{}", cluster.nodes()[master].port());
+    let found = cluster.nodes().iter().position(|n| {
+        let info = n.cli(&["info", "replication"]);
+        info.contains("role:slave") && info.lines().any(|l| l.trim() == port)
+    });
+    found.expect("a replica of the master")
 }
 
 /// A Sentinel setup with TLS only (no plain port anywhere,

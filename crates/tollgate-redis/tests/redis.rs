@@ -416,6 +416,40 @@ tollgate_testkit::on_every_server! {
 }
 
 tollgate_testkit::on_every_server! {
+    /// The same for a user granted the least set of before `EVAL` was in
+    /// it: the script is loaded (`SCRIPT LOAD`), then called again.
+    #[tokio::test]
+    async fn script_flush_is_invisible_without_eval(server: Server) {
+        let Some(server) = RedisServer::builder().server(server).start() else {
+            return;
+        };
+        let mut acl = vec!["ACL", "SETUSER", "limiter", "on", ">s3cret"];
+        acl.extend(ACL_RULES.iter().filter(|r| **r != "+eval"));
+        assert_eq!(server.cli(&acl).trim(), "OK");
+        let url = format!("redis://limiter:s3cret@127.0.0.1:{}", server.port());
+        let b = RedisBackend::builder(&url)
+            .durability(Durability::Skip)
+            .build()
+            .await
+            .expect("connect as an ACL user");
+        let l = patient("api", TokenBucket::new(10, 1, 3600 * S).unwrap(), b);
+        let k = Key::new("k");
+        let mut allowed = 0;
+        for i in 0..20 {
+            if i % 3 == 0 {
+                assert_eq!(server.cli(&["script", "flush"]).trim(), "OK");
+            }
+            let d = l.try_acquire(&k, 1).await.expect("no error after SCRIPT FLUSH");
+            allowed += u32::from(d.is_allowed());
+        }
+        assert_eq!(allowed, 10);
+        // The denied EVALs, and nothing else, are in the ACL log.
+        let log = server.cli(&["acl", "log"]);
+        assert!(log.contains("eval") && !log.contains("evalsha"), "{log}");
+    }
+}
+
+tollgate_testkit::on_every_server! {
     /// An override of another strategy than the configured one (possible
     /// through the Backend trait) is obeyed, as the model does.
     #[tokio::test]

@@ -1008,6 +1008,36 @@ impl RedisCluster {
     pub fn nodes(&self) -> &[RedisServer] {
         &self.nodes
     }
+
+    /// Starts a new, empty master and has it join the cluster (`CLUSTER
+    /// MEET`), as an operator adds a node before moving slots to it (see
+    /// [`start_migration`](Self::start_migration)); its index in
+    /// [`nodes`](Self::nodes), once every node knows every other. Made
+    /// with the settings of a cluster without replicas
+    /// (`cluster-node-timeout 2000`); plain text only: panics on a TLS
+    /// cluster.
+    pub fn add_node(&mut self) -> usize {
+        assert!(self.certs.is_none(), "add_node: a TLS cluster");
+        let builder = RedisClusterBuilder::default().server(self.nodes[0].server);
+        let node = builder.node(None);
+        let out = node.cli(&[
+            "cluster",
+            "meet",
+            "127.0.0.1",
+            &self.nodes[0].port.to_string(),
+        ]);
+        assert_eq!(out.trim(), "OK", "CLUSTER MEET: {out}");
+        self.nodes.push(node);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.is_ok() {
+            assert!(
+                Instant::now() < deadline,
+                "the new node did not join in 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.nodes.len() - 1
+    }
 }
 
 impl TlsCerts for RedisCluster {
@@ -1030,11 +1060,12 @@ impl Drop for RedisCluster {
 /// least a backend user needs"): what the client sends, and what the
 /// scripts call. The single-server test `acl_user_from_url` runs with
 /// exactly these; a cluster's user needs [`CLUSTER_ACL_RULES`] too.
-pub const ACL_RULES: [&str; 30] = [
+pub const ACL_RULES: [&str; 31] = [
     "~tollgate:*",
     "resetchannels",
     "-@all",
     "+evalsha",
+    "+eval",
     "+script|load",
     "+get",
     "+set",
