@@ -170,11 +170,26 @@ local function all_held()
   return nth ~= nil and tonumber(nth) > now
 end
 -- The slots held, by score, up to p.max: all an answer reads of the count.
+-- Fewer than p.max: the set less the rank of the first lease after now,
+-- found by halving the ranks (O(log^2 N); not the leases read one by one,
+-- up to max_in_flight of them into Lua at every look).
 local function held_by_score()
   if all_held() then
     return p.max
   end
-  return #redis.call('ZRANGE', slots, '(' .. fmt(now), '+inf', 'BYSCORE')
+  local card = redis.call('ZCARD', slots)
+  -- The first lease after now lies in [lo, hi] (hi = card: none): the
+  -- p.max-th greatest score is not after now.
+  local lo, hi = math.max(card - p.max, 0), card
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if tonumber(redis.call('ZRANGE', slots, mid, mid, 'WITHSCORES')[2]) > now then
+      hi = mid
+    else
+      lo = mid + 1
+    end
+  end
+  return card - lo
 end
 local looks = op ~= 'hold' and op ~= 'release' and op ~= 'withdraw' and op ~= 'reset'
 if live and op == 'hold' then

@@ -99,3 +99,59 @@ tollgate_testkit::on_every_server! {
         assert!(d.is_denied(), "a second slot of 1 was taken: {d:?}");
     }
 }
+
+tollgate_testkit::on_every_server! {
+    /// A look at a concurrency limit reads a few of the slots held, not
+    /// every one: on a key of 1,000,000 slots, 50,001 of them held, a
+    /// look costs about what it costs on a key with one slot held.
+    #[tokio::test]
+    async fn a_look_reads_a_few_slots_not_all(server: Server) {
+        use tollgate_limiter::{Backend, Clock, Concurrency, Key, Op, Policy, Request};
+        let (backend, clock) = setup(server).await;
+        let name = tollgate_testkit::conformance::unique_name("many");
+        let policy = Policy::from(Concurrency::new(1_000_000, Duration::from_secs(3600)).unwrap());
+        let (many, one) = (Key::new("many"), Key::new("one"));
+        for key in [&many, &one] {
+            let req = Request {
+                limiter: &name,
+                key,
+                policy: &policy,
+                op: Op::Hold(1),
+            };
+            assert!(backend.decide(req).await.unwrap().is_allowed());
+        }
+        // 50,000 more slots held by `many`, leases of half an hour.
+        let slots = format!("{}:slots", backend.state_key(&name, &many));
+        let until = (clock.now() + 1_800_000_000).to_string();
+        let shared = RedisServer::shared_on(server).expect("a shared server");
+        shared.lock().unwrap_or_else(|e| e.into_inner()).cli(&[
+            "EVAL",
+            "for i = 1, 50000 do redis.call('ZADD', KEYS[1], ARGV[1], 'm' .. i) end",
+            "1",
+            &slots,
+            &until,
+        ]);
+        let mut took = Vec::new();
+        for key in [&many, &one] {
+            let start = std::time::Instant::now();
+            for _ in 0..50 {
+                let req = Request {
+                    limiter: &name,
+                    key,
+                    policy: &policy,
+                    op: Op::PEEK,
+                };
+                let d = backend.decide(req).await.unwrap();
+                let held = if key == &many { 50_001 } else { 1 };
+                assert_eq!(d.remaining(), 1_000_000 - held);
+            }
+            took.push(start.elapsed());
+        }
+        assert!(
+            took[0] < took[1] * 10,
+            "50 looks: {:?} with 50,001 slots held, {:?} with one",
+            took[0],
+            took[1]
+        );
+    }
+}
