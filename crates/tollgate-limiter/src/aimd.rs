@@ -28,7 +28,7 @@
 //! | `<name>`       | token bucket      | the scope's bucket. Its policy is the initial rate; the adapted rate is a per-key [runtime override](Backend::set_override), so every worker spends tokens from one bucket at one rate. |
 //! | `<name>-cut`   | token bucket, capacity 1, one token per reaction window | the cut gate: a refusal cuts the rate only if it takes the token. The refusals of one burst find the gate empty and count as one signal, whichever worker sees them. |
 //! | `<name>-grow`  | same              | the growth gate: one additive step per reaction window for the whole fleet, and none while the cut gate is empty (a cut in the last window). |
-//! | `<name>-hold`  | progressive delay | the remote's `Retry-After`: a refusal records one failure blocking the key until then; every [`acquire`](AimdLimiter::acquire) first looks at it (a cost-0 check). |
+//! | `<name>-hold`  | progressive delay | the remote's `Retry-After`: a refusal records one failure blocking the key until then; every [`acquire`](AimdLimiter::acquire) first looks at it (a peek, [`Op::PEEK`]: it records nothing). |
 //! | `<name>-seen`  | progressive delay that never blocks, forgotten after `idle_expiry` | when the scope was last used: a scope found fresh after `idle_expiry` forgets its adapted rate and starts again from `initial_rate`. |
 //!
 //! Gates and holds are atomic backend decisions, so "one cut per window"
@@ -42,10 +42,10 @@
 //! it is written with a TTL of `idle_expiry`, renewed by every cut and
 //! every step up (a step at `max_rate` rewrites it too), so it outlives
 //! its scope's last feedback by `idle_expiry` at most, the horizon after
-//! which an idle scope starts again from `initial_rate` anyway. A scope in use whose requests bring
-//! no signal for that long ([`Outcome::Failed`] only) returns to
-//! `initial_rate` too. An idle scope that comes back clears the override
-//! at once (as does [`forget`](AimdLimiter::forget)).
+//! which an idle scope starts again from `initial_rate` anyway. A scope in
+//! use whose requests bring no signal for that long ([`Outcome::Failed`]
+//! only) returns to `initial_rate` too. An idle scope that comes back
+//! clears the override at once (as does [`forget`](AimdLimiter::forget)).
 //!
 //! A worker asks the backend two questions per [`acquire`](AimdLimiter::acquire)
 //! (the hold, then the bucket), and refreshes its view of the rate (the
@@ -510,7 +510,7 @@ struct Inner<B> {
     base: Policy,
     /// Capacity 1, one token per reaction window.
     gate: Policy,
-    /// Any progressive delay: a cost-0 check of a hold reads its deadline.
+    /// Any progressive delay: a peek at a hold reads its deadline.
     hold_probe: Policy,
     seen: Policy,
     backend: B,
