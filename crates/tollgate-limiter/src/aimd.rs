@@ -28,7 +28,7 @@
 //! | `<name>`       | token bucket      | the scope's bucket. Its policy is the initial rate; the adapted rate is a per-key [runtime override](Backend::set_override), so every worker spends tokens from one bucket at one rate. |
 //! | `<name>-cut`   | token bucket, capacity 1, one token per reaction window | the cut gate: a refusal cuts the rate only if it takes the token. The refusals of one burst find the gate empty and count as one signal, whichever worker sees them. |
 //! | `<name>-grow`  | same              | the growth gate: one additive step per reaction window for the whole fleet, and none while the cut gate is empty (a cut in the last window). |
-//! | `<name>-hold`  | progressive delay | the remote's `Retry-After`: a refusal records one failure blocking the key until then; every [`acquire`](AimdLimiter::acquire) first looks at it (a cost-0 check). |
+//! | `<name>-hold`  | progressive delay | the remote's `Retry-After`: a refusal records one failure blocking the key until then; every [`acquire`](AimdLimiter::acquire) first looks at it (a peek, [`Op::PEEK`]: it records nothing). |
 //! | `<name>-seen`  | progressive delay that never blocks, forgotten after `idle_expiry` | when the scope was last used: a scope found fresh after `idle_expiry` forgets its adapted rate and starts again from `initial_rate`. |
 //!
 //! Gates and holds are atomic backend decisions, so "one cut per window"
@@ -42,10 +42,10 @@
 //! it is written with a TTL of `idle_expiry`, renewed by every cut and
 //! every step up (a step at `max_rate` rewrites it too), so it outlives
 //! its scope's last feedback by `idle_expiry` at most, the horizon after
-//! which an idle scope starts again from `initial_rate` anyway. A scope in use whose requests bring
-//! no signal for that long ([`Outcome::Failed`] only) returns to
-//! `initial_rate` too. An idle scope that comes back clears the override
-//! at once (as does [`forget`](AimdLimiter::forget)).
+//! which an idle scope starts again from `initial_rate` anyway. A scope in
+//! use whose requests bring no signal for that long ([`Outcome::Failed`]
+//! only) returns to `initial_rate` too. An idle scope that comes back
+//! clears the override at once (as does [`forget`](AimdLimiter::forget)).
 //!
 //! A worker asks the backend two questions per [`acquire`](AimdLimiter::acquire)
 //! (the hold, then the bucket), and refreshes its view of the rate (the
@@ -116,6 +116,7 @@ use std::time::Duration;
 use figment::Figment;
 use figment::providers::{Format, Toml};
 use serde::{Deserialize, Serialize};
+use tokio::runtime;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
@@ -509,7 +510,7 @@ struct Inner<B> {
     base: Policy,
     /// Capacity 1, one token per reaction window.
     gate: Policy,
-    /// Any progressive delay: a cost-0 check of a hold reads its deadline.
+    /// Any progressive delay: a peek at a hold reads its deadline.
     hold_probe: Policy,
     seen: Policy,
     backend: B,
@@ -554,8 +555,22 @@ struct Local {
     tat: Option<Instant>,
     used: Instant,
     /// The queue of this worker's waiters of the scope, while its pacer
-    /// (see [`AimdLimiter::pace`]) runs, with the pacer's number.
-    pacer: Option<(u64, mpsc::UnboundedSender<Waiter>)>,
+    /// (see [`AimdLimiter::pace`]) runs, with the pacer's number and the
+    /// runtime it runs on.
+    pacer: Option<(u64, runtime::Id, mpsc::UnboundedSender<Waiter>)>,
+}
+
+/// Where a request of a scope waits: what [`AimdLimiter::queued`] finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Queue {
+    /// No waiter queued: asked at once.
+    Empty,
+    /// Waiters queued to a pacer of the request's runtime: behind them.
+    Here,
+    /// Waiters queued to a pacer of another runtime, which need not run
+    /// while this request waits (a current-thread runtime left alone by
+    /// its thread): on its own.
+    Elsewhere,
 }
 
 /// A request waiting in a scope's queue for its token.
@@ -722,23 +737,33 @@ impl<B: Backend> AimdLimiter<B> {
     /// served, on a tokio runtime by a task of the worker's that asks the
     /// backend for one waiter at a time: a waiter whose caller stops
     /// polling it (parked in a `select!` whose branch awaits another
-    /// request of the scope) holds up no one. It never fails: when the
-    /// backend does, the token comes from the worker's fallback bucket
-    /// (see [`Grant::is_local`]).
+    /// request of the scope) holds up no one. (A worker that runs several
+    /// runtimes queues the waiters of one runtime only: a request of
+    /// another, whose pacer need not run while it waits, asks on its
+    /// own.) It never fails: when the backend does, the token comes from
+    /// the worker's fallback bucket (see [`Grant::is_local`]).
     pub async fn acquire(&self, scope: &Key) -> Grant {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        let Ok(runtime) = runtime::Handle::try_current() else {
             return self.wait_alone(scope).await;
         };
-        // Nobody queued: asked at once, as most requests find a token.
         let mut not_before = None;
-        if !self.queued(scope) {
-            match self.try_acquire(scope).await {
+        match self.queued(scope, runtime.id()) {
+            // Nobody queued: asked at once, as most requests find a token.
+            Queue::Empty => match self.try_acquire(scope).await {
                 Ok(grant) => return grant,
                 Err(wait) => not_before = Some(Instant::now() + wait),
-            }
+            },
+            Queue::Here => {}
+            Queue::Elsewhere => return self.wait_alone(scope).await,
         }
         let (reply, grant) = oneshot::channel();
-        self.enqueue(scope, Waiter { reply, not_before }, &runtime);
+        if self
+            .enqueue(scope, Waiter { reply, not_before }, &runtime)
+            .is_err()
+        {
+            // A pacer of another runtime started meanwhile.
+            return self.wait_alone(scope).await;
+        }
         match grant.await {
             Ok(grant) => grant,
             // Its pacer is gone (a panic in the backend): on its own.
@@ -756,35 +781,47 @@ impl<B: Backend> AimdLimiter<B> {
         }
     }
 
-    /// Whether waiters of `scope` are queued in this worker.
-    fn queued(&self, scope: &Key) -> bool {
+    /// Whether waiters of `scope` are queued in this worker, and where,
+    /// for a request on the runtime `here`.
+    fn queued(&self, scope: &Key, here: runtime::Id) -> Queue {
         let mut scopes = self.scopes();
         let local = self.local(&mut scopes, scope, Instant::now());
-        local
-            .pacer
-            .as_ref()
-            .is_some_and(|(_, queue)| !queue.is_closed())
+        match &local.pacer {
+            Some((_, _, queue)) if queue.is_closed() => Queue::Empty,
+            Some((_, on, _)) if *on == here => Queue::Here,
+            Some(_) => Queue::Elsewhere,
+            None => Queue::Empty,
+        }
     }
 
-    /// Queues `waiter` for `scope`, starting the scope's pacer if none
-    /// runs. Under the scopes' lock, where a pacer decides to stop: no
-    /// waiter is queued to a pacer that has stopped.
-    fn enqueue(&self, scope: &Key, waiter: Waiter, runtime: &tokio::runtime::Handle) {
+    /// Queues `waiter` for `scope`, starting the scope's pacer on
+    /// `runtime` if none runs; gives it back when the pacer that runs is
+    /// of another runtime. Under the scopes' lock, where a pacer decides
+    /// to stop: no waiter is queued to a pacer that has stopped.
+    fn enqueue(
+        &self,
+        scope: &Key,
+        waiter: Waiter,
+        runtime: &runtime::Handle,
+    ) -> Result<(), Waiter> {
         let mut scopes = self.scopes();
         let local = self.local(&mut scopes, scope, Instant::now());
+        let here = runtime.id();
         let waiter = match &local.pacer {
-            Some((_, queue)) => match queue.send(waiter) {
-                Ok(()) => return,
+            Some((_, on, queue)) if *on == here => match queue.send(waiter) {
+                Ok(()) => return Ok(()),
                 Err(mpsc::error::SendError(waiter)) => waiter,
             },
-            None => waiter,
+            Some((_, _, queue)) if !queue.is_closed() => return Err(waiter),
+            _ => waiter,
         };
         let (queue, waiters) = mpsc::unbounded_channel();
         // The receiver is alive: it is the pacer's, started below.
         let _ = queue.send(waiter);
         let id = PACERS.fetch_add(1, Ordering::Relaxed);
-        local.pacer = Some((id, queue));
+        local.pacer = Some((id, here, queue));
         runtime.spawn(self.clone().pace(scope.clone(), id, waiters));
+        Ok(())
     }
 
     /// Serves the waiters of `scope` in this worker, first come first
@@ -845,7 +882,7 @@ impl<B: Backend> AimdLimiter<B> {
             return Some(waiter);
         }
         if let Some(local) = scopes.map.get_mut(scope)
-            && local.pacer.as_ref().is_some_and(|(own, _)| *own == id)
+            && local.pacer.as_ref().is_some_and(|(own, _, _)| *own == id)
         {
             local.pacer = None;
         }

@@ -1137,3 +1137,53 @@ async fn waiters_are_served_in_turn_and_one_that_gives_up_is_passed_over() {
     limiter.acquire(&scope).await;
     assert_eq!(start.elapsed(), Duration::ZERO);
 }
+
+/// A request is never queued to a pacer that runs on another runtime,
+/// which may not be driven while it waits. Two threads, each with a
+/// current-thread runtime (a sync program calling `block_on` per request),
+/// share the limiter: the second thread's request joined the queue of the
+/// pacer the first thread's wait had started; once the first request was
+/// served, its thread went on with other work, its runtime left alone, and
+/// the second request was served by nobody (a 3 s bound elapsed; its token
+/// was 0.5 s away).
+#[test]
+fn a_request_is_served_while_another_runtime_sleeps() {
+    let settings = AimdConfig {
+        initial_rate: 4.0,
+        burst: 1,
+        ..config()
+    };
+    let limiter = limiter(settings, backend());
+    let scope = Key::new("example.org");
+    let current = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let (queued, wait_queued) = std::sync::mpsc::channel();
+    let first = {
+        let (limiter, scope) = (limiter.clone(), scope.clone());
+        std::thread::spawn(move || {
+            let runtime = current();
+            runtime.block_on(async {
+                limiter.acquire(&scope).await;
+                queued.send(()).unwrap();
+                // Waits for the next token, on a pacer of this runtime.
+                limiter.acquire(&scope).await;
+            });
+            // Other work, the runtime kept but not driven.
+            std::thread::sleep(Duration::from_secs(4));
+        })
+    };
+    wait_queued.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let start = std::time::Instant::now();
+    let second = current().block_on(async {
+        tokio::time::timeout(Duration::from_secs(3), limiter.acquire(&scope)).await
+    });
+    let waited = start.elapsed();
+    first.join().unwrap();
+    assert!(second.is_ok(), "not served within 3 s");
+    assert!(waited < Duration::from_secs(2), "waited {waited:?}");
+}

@@ -19,8 +19,9 @@
 -- looks as it did before ids were remembered. A call that writes drops
 -- expired slots and forgotten ids first (ZREMRANGEBYSCORE), so what the key
 -- holds is bounded: max_in_flight slots, WITHDRAWN_MAX ids. A call that
--- writes nothing (a look, a refused hold) writes nothing at all, so that it
--- is answered while the server refuses writes.
+-- records nothing (a look, a refused hold) is answered before it writes,
+-- so that it is answered while the server refuses writes, and drops them
+-- after, where the server takes writes.
 -- ARGV[1]: 'h<id>' holds (or renews) slot <id>, 'x<id>' releases it,
 -- 'w<id>' withdraws it (releases it, and remembers <id>); any other
 -- operation looks (reset frees every slot).
@@ -104,12 +105,61 @@ local function free()
   return 0
 end
 
--- What writes nothing is answered before anything is written: a look, and
--- a hold refused (its id withdrawn, or every slot held by another). Those
--- are then answered exactly while the server refuses writes (a failed
--- save, too few replicas), as the other strategies' refusals are, and a
--- fail-open limiter lets through only what it cannot count. Expired slots
--- and forgotten ids are left to the next call that writes.
+-- Drops what has expired, as the model's every decision does before it
+-- decides: expired leases and forgotten ids, or the whole key when it has
+-- expired (or is of another strategy, or reset); counts the ids still
+-- remembered.
+local function sweep()
+  if live then
+    -- Expired leases free their slots (0 < score <= now).
+    redis.call('ZREMRANGEBYSCORE', slots, '0', fmt(now))
+    forgotten = tonumber(st[3]) or 0
+    local left = forgotten > now
+    if left then
+      -- Forgotten ids: -score <= now.
+      local gone = redis.call('ZREMRANGEBYSCORE', slots, fmt(-now), '(0')
+      remembered = (tonumber(st[4]) or 0) - gone
+      -- None left all the same: the script of the release before remembered
+      -- ids (a worker of a rolling upgrade) drops them all with the expired
+      -- slots (their scores are below now), and leaves r and c.
+      local least = redis.call('ZRANGE', slots, 0, 0, 'WITHSCORES')[2]
+      left = least ~= nil and tonumber(least) < 0
+      if left and gone > 0 then
+        -- Counted as the set holds them.
+        redis.call('HSET', KEYS[1], 'c', fmt(remembered))
+      end
+    end
+    if forgotten > 0 and not left then
+      -- Every remembered id forgotten: counted as none (left in the HASH, r
+      -- would count them again after a clock stepped back before it).
+      redis.call('ZREMRANGEBYSCORE', slots, '-inf', '(0')
+      redis.call('HDEL', KEYS[1], 'r', 'c')
+      forgotten, remembered, st[3] = 0, 0, nil
+    end
+  elseif (st[1] or redis.pcall('EXISTS', slots)) ~= 0 then
+    -- Expired, of another strategy, or reset: no slot is held. Deleted only
+    -- when something is there (see sliding_window.lua: a DEL that finds
+    -- nothing would let a Redis out of memory take a new key; EXISTS denied:
+    -- deleted).
+    redis.call('DEL', KEYS[1], slots)
+  end
+end
+
+-- What records nothing is answered before anything is written: a look,
+-- and a hold refused (its id withdrawn, or every slot held by another).
+-- Those are then answered exactly while the server refuses writes (a
+-- failed save, too few replicas), as the other strategies' refusals are,
+-- and a fail-open limiter lets through only what it cannot count. Then
+-- what has expired is dropped, as by the model, where the server takes
+-- writes (refused, nothing is written: Redis refuses a script's first
+-- write, and lets one that has written finish); left, a clock stepped
+-- back before the instants this call found past would find expired
+-- leases held again, and forgotten ids remembered, where the model has
+-- forgotten them.
+local function answered(reply)
+  pcall(sweep)
+  return reply
+end
 --
 -- Whether every slot is held, by score: the p.max-th greatest score is a
 -- lease after now (remembered ids score below 0, expired slots below now).
@@ -120,11 +170,26 @@ local function all_held()
   return nth ~= nil and tonumber(nth) > now
 end
 -- The slots held, by score, up to p.max: all an answer reads of the count.
+-- Fewer than p.max: the set less the rank of the first lease after now,
+-- found by halving the ranks (O(log^2 N); not the leases read one by one,
+-- up to max_in_flight of them into Lua at every look).
 local function held_by_score()
   if all_held() then
     return p.max
   end
-  return #redis.call('ZRANGE', slots, '(' .. fmt(now), '+inf', 'BYSCORE')
+  local card = redis.call('ZCARD', slots)
+  -- The first lease after now lies in [lo, hi] (hi = card: none): the
+  -- p.max-th greatest score is not after now.
+  local lo, hi = math.max(card - p.max, 0), card
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if tonumber(redis.call('ZRANGE', slots, mid, mid, 'WITHSCORES')[2]) > now then
+      hi = mid
+    else
+      lo = mid + 1
+    end
+  end
+  return card - lo
 end
 local looks = op ~= 'hold' and op ~= 'release' and op ~= 'withdraw' and op ~= 'reset'
 if live and op == 'hold' then
@@ -133,14 +198,14 @@ if live and op == 'hold' then
     if score and -tonumber(score) > now then
       -- Withdrawn before this hold landed: its caller is gone.
       held = held_by_score()
-      return answer(0, capped(-tonumber(score) - now))
+      return answered(answer(0, capped(-tonumber(score) - now)))
     end
   end
   if all_held() then
     local mine = redis.call('ZSCORE', slots, id)
     if not mine or tonumber(mine) <= now then
       held = p.max
-      return answer(0)
+      return answered(answer(0))
     end
   end
 end
@@ -150,42 +215,10 @@ if looks then
   if live then
     held = held_by_score()
   end
-  return answer(free())
+  return answered(answer(free()))
 end
 
-if live then
-  -- Expired leases free their slots (0 < score <= now).
-  redis.call('ZREMRANGEBYSCORE', slots, '0', fmt(now))
-  forgotten = tonumber(st[3]) or 0
-  local left = forgotten > now
-  if left then
-    -- Forgotten ids: -score <= now.
-    local gone = redis.call('ZREMRANGEBYSCORE', slots, fmt(-now), '(0')
-    remembered = (tonumber(st[4]) or 0) - gone
-    -- None left all the same: the script of the release before remembered
-    -- ids (a worker of a rolling upgrade) drops them all with the expired
-    -- slots (their scores are below now), and leaves r and c.
-    local least = redis.call('ZRANGE', slots, 0, 0, 'WITHSCORES')[2]
-    left = least ~= nil and tonumber(least) < 0
-    if left and gone > 0 then
-      -- Counted as the set holds them.
-      redis.call('HSET', KEYS[1], 'c', fmt(remembered))
-    end
-  end
-  if forgotten > 0 and not left then
-    -- Every remembered id forgotten: counted as none (left in the HASH, r
-    -- would count them again after a clock stepped back before it).
-    redis.call('ZREMRANGEBYSCORE', slots, '-inf', '(0')
-    redis.call('HDEL', KEYS[1], 'r', 'c')
-    forgotten, remembered, st[3] = 0, 0, nil
-  end
-elseif (st[1] or redis.pcall('EXISTS', slots)) ~= 0 then
-  -- Expired, of another strategy, or reset: no slot is held. Deleted only
-  -- when something is there (see sliding_window.lua: a DEL that finds
-  -- nothing would let a Redis out of memory take a new key; EXISTS denied:
-  -- deleted).
-  redis.call('DEL', KEYS[1], slots)
-end
+sweep()
 unswept = false
 held = redis.call('ZCARD', slots) - remembered
 

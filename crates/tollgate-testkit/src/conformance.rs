@@ -806,6 +806,47 @@ pub async fn a_clock_stepping_back_counts_the_slots_held<B: Backend>(backend: B,
     }
 }
 
+/// A look, then a clock that steps back before the instants it found
+/// past: what the look found expired (a lease, a remembered id, the
+/// whole key) is forgotten, as in the model, whose every decision drops
+/// what has expired; a hold refused is refused as the model refuses it.
+pub async fn a_look_forgets_what_expired_before_a_clock_steps_back<B: Backend>(
+    backend: B,
+    clock: MockClock,
+) {
+    let name = unique_name("look-stepped-back");
+    let policy = Policy::from(Concurrency::new(2, 10 * S).unwrap());
+    let (live, gone) = (Key::new("live"), Key::new("gone"));
+    let mut model = Model::new();
+    let start = clock.now();
+    let steps = [
+        // `live`: 7 remembered until 10 s, 3 held until 10.5 s, 1 until
+        // 15 s.
+        (&live, Duration::ZERO, Op::Withdraw(7)),
+        (&live, Duration::from_millis(500), Op::Hold(3)),
+        (&live, 5 * S, Op::Hold(1)),
+        // `gone`: 1 held until 10 s, the key's last lease.
+        (&gone, Duration::ZERO, Op::Hold(1)),
+        // Looks after 10.5 s: 7 and 3 forgotten, `gone` fresh.
+        (&live, 11 * S, Op::Peek(1)),
+        (&gone, 11 * S, Op::Peek(1)),
+        // Back at 9 s.
+        (&live, 9 * S, Op::Peek(1)),
+        (&live, 9 * S, Op::Hold(7)),
+        (&gone, 9 * S, Op::Peek(1)),
+        // Refusals look too (1 and 7 hold `live`'s two slots).
+        (&live, 9 * S, Op::Hold(8)),
+        (&live, 11 * S, Op::Hold(9)),
+        (&live, 10 * S, Op::Peek(1)),
+    ];
+    for (key, at, op) in steps {
+        clock.set(start + at.as_micros() as u64);
+        let got = raw_op(&backend, &name, key, &policy, op).await;
+        let want = model.apply(&name, key.as_str(), clock.now(), &policy, op);
+        assert_eq!(Some(got), want, "{op:?} on {} at {at:?}", key.as_str());
+    }
+}
+
 /// An override across the concurrency boundary from the limiter's
 /// configured policy (a concurrency override of a token bucket, a token
 /// bucket override of a concurrency limit), per key and limiter-wide, set
@@ -2578,6 +2619,7 @@ macro_rules! conformance_tests {
                 a_refund_never_frees_what_an_excess_trimmed,
                 concurrency_slots, concurrent_holds, a_hold_withdrawn_before_it_lands_takes_nothing,
                 a_clock_stepping_back_counts_the_slots_held,
+                a_look_forgets_what_expired_before_a_clock_steps_back,
                 an_override_across_the_concurrency_boundary_is_no_policy,
                 candidate_beside_enforced, extreme_values_agree_with_model);
 
