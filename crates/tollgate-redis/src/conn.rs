@@ -82,7 +82,8 @@
 //! state, a load balancer failed over) is still a master of the cluster,
 //! and the cluster client would wait on that socket for ever. So a master
 //! silent through the connection is asked again on a connection of its
-//! own; when it answers there (a frozen process does not), and every other
+//! own; when it answers there (a frozen process does not, nor one that
+//! refuses every connection: `-LOADING` its data set), and every other
 //! master answers too, the keeper rebuilds the connection as above. It is
 //! asked beside the connection, not after it, so that a check waits out a
 //! frozen master's silence once (asked after, the rebuild that follows its
@@ -462,8 +463,10 @@ async fn view(
             // also starts reconnecting it to the URLs' nodes, which the
             // rebuild makes moot).
             Ok(Err(e)) if e.kind() == ErrorKind::ClusterConnectionNotFound => true,
-            // A reply (`-LOADING`, `-BUSY`): the path works, the server
-            // refuses; a new connection would change nothing.
+            // A reply (`-BUSY`, `NOPERM`): the path works, the server
+            // refuses; a new connection would change nothing. (Not
+            // `-LOADING`: the cluster client waits on it and asks again,
+            // past the bound; `answers_anew` tells it from a dead path.)
             Ok(Err(e)) if e.code().is_some() => {
                 fresh.inspect(|f| f.abort());
                 return (View::Silent, false);
@@ -492,9 +495,14 @@ async fn view(
 }
 
 /// Whether the node at `host:port`, reached like `node` on a connection
-/// of its own, answers a `PING` within the timeouts (a refusal, `NOPERM`,
-/// is an answer). A frozen node does not: its kernel accepts the
-/// connection, and nothing answers.
+/// of its own, answers a `PING` within the timeouts, as it would serve a
+/// new connection: `PONG`, or `NOPERM` (an ACL that denies `PING`). A
+/// frozen node does not: its kernel accepts the connection, and nothing
+/// answers. Nor does one that refuses every connection (`-LOADING` its
+/// data set, `-BUSY`, `-MASTERDOWN`, a handshake refused): the cluster
+/// client waits on such a reply and asks again (`-LOADING`), so the
+/// `PING` through the connection timed out too, and a new connection
+/// would change nothing.
 #[cfg(feature = "cluster")]
 async fn answers_anew(node: redis::ConnectionInfo, host: String, port: u16, t: Timeouts) -> bool {
     let mut addr = node.addr().clone();
@@ -519,7 +527,7 @@ async fn answers_anew(node: redis::ConnectionInfo, host: String, port: u16, t: T
     };
     match tokio::time::timeout(t.connect.saturating_add(t.response), ping).await {
         Ok(Ok(_)) => true,
-        Ok(Err(e)) => e.code().is_some(),
+        Ok(Err(e)) => e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm),
         Err(_) => false,
     }
 }

@@ -1144,6 +1144,113 @@ async fn cluster_master_behind_a_path_that_died() {
     decide(steady).await.expect("decided on another master");
 }
 
+/// Cluster: a master loading its data set (a restart with a large AOF;
+/// here `DEBUG RELOAD`, slowed with `key-load-delay`) answers every
+/// connection `-LOADING`, which the cluster client waits on and retries:
+/// the keeper's `PING` through the connection gets no answer in time, and
+/// the one on a connection of its own gets that reply. The path works; a
+/// new connection changes nothing, and the keeper must not rebuild. It
+/// took the reply for a dead path and rebuilt every second for as long as
+/// the load lasted, each time connecting to every master. The loading
+/// master is the one owning slot 0, the first the keeper asks, so that
+/// no other is asked anew: the steady master's new connections are the
+/// rebuilds'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_master_loading_is_no_dead_path() {
+    const WINDOW: Duration = Duration::from_secs(5);
+    let Some(cluster) = blocking(RedisCluster::start) else {
+        return;
+    };
+    let owners = blocking(|| cluster.masters_of(0..=16383));
+    let victim = owners[0].expect("a master of slot 0");
+    let key = (0..)
+        .map(|i| format!("loading{i}"))
+        .find(|k| owners[usize::from(slot(k))] == Some(victim))
+        .unwrap();
+    let steady = (0..cluster.nodes().len())
+        .find(|&i| i != victim && owners.contains(&Some(i)))
+        .expect("another master");
+    let b = build(RedisBackend::cluster_builder(cluster.urls())).await;
+    let policy = Policy::from(TokenBucket::new(1_000_000, 1, S).unwrap());
+    let key = Key::new(&key);
+    let decide = || {
+        let (b, key) = (b.clone(), key.clone());
+        async move {
+            let req = Request {
+                limiter: "loading",
+                key: &key,
+                policy: &policy,
+                op: Op::Acquire(1),
+            };
+            tokio::time::timeout(S, b.decide(req)).await
+        }
+    };
+    decide().await.expect("in time").expect("decided");
+    let node = &cluster.nodes()[victim];
+    let received = |i: usize| -> u64 {
+        let info = cluster.nodes()[i].cli(&["info", "stats"]);
+        info.lines()
+            .find_map(|l| l.trim().strip_prefix("total_connections_received:"))
+            .and_then(|n| n.parse().ok())
+            .expect("total_connections_received")
+    };
+    let (before, mut reload) = blocking(|| {
+        let out = node.cli(&["debug", "populate", "100000", "filler"]);
+        assert_eq!(out.trim(), "OK", "DEBUG POPULATE: {out}");
+        for (name, value) in [
+            ("key-load-delay", "50"),
+            ("loading-process-events-interval-bytes", "1024"),
+        ] {
+            let out = node.cli(&["config", "set", name, value]);
+            assert_eq!(out.trim(), "OK", "CONFIG SET {name}: {out}");
+        }
+        let before = received(steady);
+        let reload = std::process::Command::new("redis-cli")
+            .args(["-p", &node.port().to_string(), "debug", "reload"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-cli debug reload");
+        let start = std::time::Instant::now();
+        while !node.cli(&["ping"]).contains("LOADING") {
+            assert!(start.elapsed() < 10 * S, "the node never said LOADING");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        (before, reload)
+    });
+    let start = Instant::now();
+    let mut failed = 0;
+    while start.elapsed() < WINDOW {
+        failed += u32::from(!matches!(decide().await, Ok(Ok(_))));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (dialled, still) = blocking(|| {
+        // The connection of this `INFO` is one.
+        let dialled = received(steady) - before - 1;
+        let still = node.cli(&["ping"]).contains("LOADING");
+        let _ = node.cli(&["config", "set", "key-load-delay", "0"]);
+        (dialled, still)
+    });
+    println!(
+        "{WINDOW:?} of -LOADING ({failed} decisions failed, still loading: {still}): \
+         {dialled} new connection(s) to another master"
+    );
+    assert!(still, "the load ended within the window: make it longer");
+    assert!(
+        dialled == 0,
+        "the keeper rebuilt its connection for a master that answers -LOADING: \
+         {dialled} new connection(s) to another master in {WINDOW:?}"
+    );
+    blocking(|| reload.wait().expect("redis-cli debug reload"));
+    let start = Instant::now();
+    while !matches!(decide().await, Ok(Ok(_))) {
+        assert!(
+            start.elapsed() < RESUME_WITHIN,
+            "no decision after the load"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Sentinel: a planned failover (`SENTINEL FAILOVER`) promotes a replica
 /// that is not durable (`appendonly no`, set at runtime), while the old
 /// master, durable, stays up (a master in its own eyes until the
