@@ -89,7 +89,9 @@
 //! frozen master's silence once (asked after, the rebuild that follows its
 //! promotion came up to a check later); and one silent there too is not
 //! asked so again for [`ANEW`] (not a connection dialled to a frozen
-//! process at every check of its failover).
+//! process at every check of its failover). Every master is asked at
+//! once: one after the other, a path that died under many masters (one
+//! NAT in front of them) held the rebuild for a bound per master.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -430,9 +432,7 @@ async fn view(
     node: &redis::ConnectionInfo,
     anew: bool,
 ) -> (View, bool) {
-    use redis::cluster_routing::{
-        MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, SingleNodeRoutingInfo,
-    };
+    use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
     let masters =
         |policy| RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, Some(policy)));
     // The client retries a timeout on the same node: bound each step.
@@ -446,45 +446,28 @@ async fn view(
     let Ok(Ok(slots)) = tokio::time::timeout(bound, slots).await else {
         return (View::Silent, false);
     };
-    let mut dead_path = false;
+    // Every master at once: each silent one costs the check a bound, and
+    // one after the other, a path that died under many (one NAT in front
+    // of them) held the rebuild for as many bounds.
+    let mut asks = tokio::task::JoinSet::new();
     for (host, port) in masters_of(&slots) {
-        let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-            host: host.clone(),
-            port,
-        });
-        // Asked anew beside the connection, not after it: a check waits
-        // out a frozen master once, not twice (and the rebuild after its
-        // promotion comes no later than without this question).
-        let fresh = anew.then(|| tokio::spawn(answers_anew(node.clone(), host, port, t)));
-        let through = tokio::time::timeout(bound, c.route_command(redis::cmd("PING"), at)).await;
-        let answered = match &through {
-            Ok(Ok(_)) => true,
-            // A master the connection does not know: stale too (redis-rs
-            // also starts reconnecting it to the URLs' nodes, which the
-            // rebuild makes moot).
-            Ok(Err(e)) if e.kind() == ErrorKind::ClusterConnectionNotFound => true,
-            // A reply (`-BUSY`, `NOPERM`): the path works, the server
-            // refuses; a new connection would change nothing. (Not
-            // `-LOADING`: the cluster client waits on it and asks again,
-            // past the bound; `answers_anew` tells it from a dead path.)
-            Ok(Err(e)) if e.code().is_some() => {
-                fresh.inspect(|f| f.abort());
-                return (View::Silent, false);
+        let node = anew.then(|| node.clone());
+        asks.spawn(ask(c.clone(), host, port, t, node));
+    }
+    let (mut dead_path, mut silent, mut silent_anew) = (false, false, false);
+    while let Some(asked) = asks.join_next().await {
+        match asked {
+            Ok(Asked::Answers) => {}
+            Ok(Asked::DeadPath) => dead_path = true,
+            Ok(Asked::Silent { anew }) => {
+                silent = true;
+                silent_anew |= anew;
             }
-            _ => false,
-        };
-        if answered {
-            fresh.inspect(|f| f.abort());
-            continue;
+            Err(_) => silent = true,
         }
-        // Silent through the connection only: a new one answers.
-        let Some(fresh) = fresh else {
-            return (View::Silent, false);
-        };
-        if !fresh.await.unwrap_or(false) {
-            return (View::Silent, true);
-        }
-        dead_path = true;
+    }
+    if silent {
+        return (View::Silent, silent_anew);
     }
     let view = if dead_path {
         View::DeadPath
@@ -492,6 +475,71 @@ async fn view(
         View::Stale
     };
     (view, false)
+}
+
+/// What a master of the cluster's slot map said to a check (see [`view`]).
+#[cfg(feature = "cluster")]
+enum Asked {
+    /// Through the connection, or it is one the connection does not know.
+    Answers,
+    /// Silent through the connection; a new connection answers.
+    DeadPath,
+    /// Silent, or refusing (`-BUSY`); `anew`: asked on a connection of its
+    /// own, and silent there too.
+    Silent { anew: bool },
+}
+
+/// Asks the master at `host:port` for a `PING` through the connection
+/// `c`, and, with `node` (how to reach a node), on a connection of its own
+/// beside it.
+#[cfg(feature = "cluster")]
+async fn ask(
+    mut c: redis::cluster_async::ClusterConnection,
+    host: String,
+    port: u16,
+    t: Timeouts,
+    node: Option<redis::ConnectionInfo>,
+) -> Asked {
+    use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+    let bound = t.connect.saturating_add(t.response);
+    let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+        host: host.clone(),
+        port,
+    });
+    // Asked anew beside the connection, not after it: a check waits out a
+    // frozen master once, not twice (and the rebuild after its promotion
+    // comes no later than without this question).
+    let fresh = node.map(|node| tokio::spawn(answers_anew(node, host, port, t)));
+    let through = tokio::time::timeout(bound, c.route_command(redis::cmd("PING"), at)).await;
+    let answered = match &through {
+        Ok(Ok(_)) => true,
+        // A master the connection does not know: stale too (redis-rs
+        // also starts reconnecting it to the URLs' nodes, which the
+        // rebuild makes moot).
+        Ok(Err(e)) if e.kind() == ErrorKind::ClusterConnectionNotFound => true,
+        // A reply (`-BUSY`, `NOPERM`): the path works, the server
+        // refuses; a new connection would change nothing. (Not
+        // `-LOADING`: the cluster client waits on it and asks again,
+        // past the bound; `answers_anew` tells it from a dead path.)
+        Ok(Err(e)) if e.code().is_some() => {
+            fresh.inspect(|f| f.abort());
+            return Asked::Silent { anew: false };
+        }
+        _ => false,
+    };
+    if answered {
+        fresh.inspect(|f| f.abort());
+        return Asked::Answers;
+    }
+    // Silent through the connection only: a new one answers.
+    let Some(fresh) = fresh else {
+        return Asked::Silent { anew: false };
+    };
+    if fresh.await.unwrap_or(false) {
+        Asked::DeadPath
+    } else {
+        Asked::Silent { anew: true }
+    }
 }
 
 /// Whether the node at `host:port`, reached like `node` on a connection
