@@ -617,8 +617,9 @@ fn masters_of(reply: &Value) -> Vec<(String, u16)> {
 
 /// `cmd`, an `EVALSHA`, as the `EVAL` of the script's source `code`: the
 /// same keys and arguments, so that a client routes it, and follows a
-/// redirection, as it does the `EVALSHA`, and the server that runs it
-/// keeps the script for the next `EVALSHA`.
+/// redirection, as it does the `EVALSHA`; the server that runs it holds
+/// the script for the next `EVALSHA` (and [`pin`] has it loaded, so that
+/// it keeps it).
 ///
 /// Not a `SCRIPT LOAD` then the `EVALSHA` again: a cluster client sends a
 /// `SCRIPT LOAD` to the masters of its slot map only, never to a node it
@@ -634,6 +635,25 @@ fn eval_of(cmd: &Cmd, code: &str) -> Cmd {
         }
     }
     eval
+}
+
+/// Loads the script `code` (`SCRIPT LOAD`) in the background on `link`,
+/// after a server that did not hold it was sent it by `EVAL`: a server
+/// may evict the scripts it was sent by `EVAL` (Valkey 8.1+, Redis 7.4+:
+/// the least recently used beyond 500, when other clients run scripts of
+/// their own), not those it loaded; every decision would then pay
+/// `NOSCRIPT` and the script again. A cluster client sends it to the
+/// masters it knows (a node it reaches by `-ASK` keeps the `EVAL`'s).
+/// Best effort: a failure, or no runtime to run it on, leaves it as it was.
+fn pin(link: &Link, code: &'static str) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let mut link = link.clone();
+    runtime.spawn(async move {
+        let mut load = redis::cmd("SCRIPT");
+        let _: RedisResult<()> = load.arg("LOAD").arg(code).exec_async(&mut link).await;
+    });
 }
 
 /// A new connection that answers (with Sentinel, and the master's
@@ -1091,12 +1111,13 @@ impl Conn {
     /// Runs the script whose source is `code` by its `EVALSHA` `cmd`; a
     /// server that does not hold it (restarted, failed over, added to a
     /// cluster, `SCRIPT FLUSH`) is sent the call again as an `EVAL` of the
-    /// source (see [`eval_of`]), which it keeps; where `EVAL` is denied,
-    /// the script is loaded (`SCRIPT LOAD`), then called again.
+    /// source (see [`eval_of`]), and then loaded in the background (see
+    /// [`pin`]); where `EVAL` is denied, the script is loaded (`SCRIPT
+    /// LOAD`), then called again.
     pub(crate) async fn eval<T: FromRedisValue>(
         &self,
         cmd: &Cmd,
-        code: &str,
+        code: &'static str,
     ) -> Result<T, RedisError> {
         let (mut link, watch) = self.checkout().await?;
         let r = match cmd.query_async(&mut link).await {
@@ -1116,7 +1137,12 @@ impl Conn {
                             Err(e) => Err(e),
                         }
                     }
-                    r => r,
+                    r => {
+                        if r.is_ok() {
+                            pin(&link, code);
+                        }
+                        r
+                    }
                 }
             }
             r => r,
