@@ -294,8 +294,10 @@ pub(crate) async fn on_all_masters(
 
 /// Reads the role and settings of every node of a cluster: the masters
 /// through the cluster client, the replicas (which it does not route to)
-/// and the masters it has no connection to (frozen, unreachable: reported
-/// unknown) each over a connection of its own, made like `node`. Replicas that
+/// and the masters it has no connection to (frozen or unreachable when
+/// it connected: reported unknown) each over a connection of its own,
+/// made like `node`; a master it has a connection to that does not
+/// answer fails the check (timed out). Replicas that
 /// cannot be listed (`CLUSTER NODES` refused) are one `replicas` entry
 /// with unknown settings.
 #[cfg(feature = "cluster")]
@@ -342,8 +344,10 @@ pub(crate) async fn check_cluster(
         }
         v => redis::from_redis_value(v).map_err(redis::RedisError::from)?,
     };
-    // A master the client could not reach (frozen, its path dead) is not
-    // among the replies above; it still holds its slots' counters, and
+    // A master the client holds no connection to (frozen or unreachable
+    // when it connected) is not among the replies above (one it holds a
+    // connection to that stops answering fails the check: timed out); it
+    // still holds its slots' counters, and
     // serves them again when it answers: reported, unreachable, never
     // left out (strict mode must not start on what it could not show).
     // The client names a node as `CLUSTER SLOTS` does: by its hostname

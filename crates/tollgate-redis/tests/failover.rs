@@ -29,7 +29,14 @@
 //!
 //! `cluster_master_behind_a_path_that_died` silences the open connections
 //! to a healthy master (a relay the cluster announces for it), while new
-//! ones reach it.
+//! ones reach it; `cluster_masters_behind_paths_that_died_are_asked_together`
+//! does so to two masters at once, and times the keeper's check;
+//! `cluster_master_loading_is_no_dead_path` has a master answer
+//! `-LOADING` to every connection, which no new connection changes.
+//!
+//! `sentinel_durability_check_reads_the_master_it_names` and
+//! `cluster_strict_start_with_a_master_frozen` run the durability check
+//! after a Sentinel failover and while a cluster master is frozen.
 //!
 //! `TOLLGATE_FAILOVER_CYCLES` (default 1) repeats the failover: the killed
 //! server is restarted, rejoins as a replica, and the new master is killed
