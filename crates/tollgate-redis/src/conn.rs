@@ -82,13 +82,16 @@
 //! state, a load balancer failed over) is still a master of the cluster,
 //! and the cluster client would wait on that socket for ever. So a master
 //! silent through the connection is asked again on a connection of its
-//! own; when it answers there (a frozen process does not), and every other
+//! own; when it answers there (a frozen process does not, nor one that
+//! refuses every connection: `-LOADING` its data set), and every other
 //! master answers too, the keeper rebuilds the connection as above. It is
 //! asked beside the connection, not after it, so that a check waits out a
 //! frozen master's silence once (asked after, the rebuild that follows its
 //! promotion came up to a check later); and one silent there too is not
 //! asked so again for [`ANEW`] (not a connection dialled to a frozen
-//! process at every check of its failover).
+//! process at every check of its failover). Every master is asked at
+//! once: one after the other, a path that died under many masters (one
+//! NAT in front of them) held the rebuild for a bound per master.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -429,9 +432,7 @@ async fn view(
     node: &redis::ConnectionInfo,
     anew: bool,
 ) -> (View, bool) {
-    use redis::cluster_routing::{
-        MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, SingleNodeRoutingInfo,
-    };
+    use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
     let masters =
         |policy| RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, Some(policy)));
     // The client retries a timeout on the same node: bound each step.
@@ -445,43 +446,28 @@ async fn view(
     let Ok(Ok(slots)) = tokio::time::timeout(bound, slots).await else {
         return (View::Silent, false);
     };
-    let mut dead_path = false;
+    // Every master at once: each silent one costs the check a bound, and
+    // one after the other, a path that died under many (one NAT in front
+    // of them) held the rebuild for as many bounds.
+    let mut asks = tokio::task::JoinSet::new();
     for (host, port) in masters_of(&slots) {
-        let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-            host: host.clone(),
-            port,
-        });
-        // Asked anew beside the connection, not after it: a check waits
-        // out a frozen master once, not twice (and the rebuild after its
-        // promotion comes no later than without this question).
-        let fresh = anew.then(|| tokio::spawn(answers_anew(node.clone(), host, port, t)));
-        let through = tokio::time::timeout(bound, c.route_command(redis::cmd("PING"), at)).await;
-        let answered = match &through {
-            Ok(Ok(_)) => true,
-            // A master the connection does not know: stale too (redis-rs
-            // also starts reconnecting it to the URLs' nodes, which the
-            // rebuild makes moot).
-            Ok(Err(e)) if e.kind() == ErrorKind::ClusterConnectionNotFound => true,
-            // A reply (`-LOADING`, `-BUSY`): the path works, the server
-            // refuses; a new connection would change nothing.
-            Ok(Err(e)) if e.code().is_some() => {
-                fresh.inspect(|f| f.abort());
-                return (View::Silent, false);
+        let node = anew.then(|| node.clone());
+        asks.spawn(ask(c.clone(), host, port, t, node));
+    }
+    let (mut dead_path, mut silent, mut silent_anew) = (false, false, false);
+    while let Some(asked) = asks.join_next().await {
+        match asked {
+            Ok(Asked::Answers) => {}
+            Ok(Asked::DeadPath) => dead_path = true,
+            Ok(Asked::Silent { anew }) => {
+                silent = true;
+                silent_anew |= anew;
             }
-            _ => false,
-        };
-        if answered {
-            fresh.inspect(|f| f.abort());
-            continue;
+            Err(_) => silent = true,
         }
-        // Silent through the connection only: a new one answers.
-        let Some(fresh) = fresh else {
-            return (View::Silent, false);
-        };
-        if !fresh.await.unwrap_or(false) {
-            return (View::Silent, true);
-        }
-        dead_path = true;
+    }
+    if silent {
+        return (View::Silent, silent_anew);
     }
     let view = if dead_path {
         View::DeadPath
@@ -491,10 +477,80 @@ async fn view(
     (view, false)
 }
 
+/// What a master of the cluster's slot map said to a check (see [`view`]).
+#[cfg(feature = "cluster")]
+enum Asked {
+    /// Through the connection, or it is one the connection does not know.
+    Answers,
+    /// Silent through the connection; a new connection answers.
+    DeadPath,
+    /// Silent, or refusing (`-BUSY`); `anew`: asked on a connection of its
+    /// own, and silent there too.
+    Silent { anew: bool },
+}
+
+/// Asks the master at `host:port` for a `PING` through the connection
+/// `c`, and, with `node` (how to reach a node), on a connection of its own
+/// beside it.
+#[cfg(feature = "cluster")]
+async fn ask(
+    mut c: redis::cluster_async::ClusterConnection,
+    host: String,
+    port: u16,
+    t: Timeouts,
+    node: Option<redis::ConnectionInfo>,
+) -> Asked {
+    use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+    let bound = t.connect.saturating_add(t.response);
+    let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+        host: host.clone(),
+        port,
+    });
+    // Asked anew beside the connection, not after it: a check waits out a
+    // frozen master once, not twice (and the rebuild after its promotion
+    // comes no later than without this question).
+    let fresh = node.map(|node| tokio::spawn(answers_anew(node, host, port, t)));
+    let through = tokio::time::timeout(bound, c.route_command(redis::cmd("PING"), at)).await;
+    let answered = match &through {
+        Ok(Ok(_)) => true,
+        // A master the connection does not know: stale too (redis-rs
+        // also starts reconnecting it to the URLs' nodes, which the
+        // rebuild makes moot).
+        Ok(Err(e)) if e.kind() == ErrorKind::ClusterConnectionNotFound => true,
+        // A reply (`-BUSY`, `NOPERM`): the path works, the server
+        // refuses; a new connection would change nothing. (Not
+        // `-LOADING`: the cluster client waits on it and asks again,
+        // past the bound; `answers_anew` tells it from a dead path.)
+        Ok(Err(e)) if e.code().is_some() => {
+            fresh.inspect(|f| f.abort());
+            return Asked::Silent { anew: false };
+        }
+        _ => false,
+    };
+    if answered {
+        fresh.inspect(|f| f.abort());
+        return Asked::Answers;
+    }
+    // Silent through the connection only: a new one answers.
+    let Some(fresh) = fresh else {
+        return Asked::Silent { anew: false };
+    };
+    if fresh.await.unwrap_or(false) {
+        Asked::DeadPath
+    } else {
+        Asked::Silent { anew: true }
+    }
+}
+
 /// Whether the node at `host:port`, reached like `node` on a connection
-/// of its own, answers a `PING` within the timeouts (a refusal, `NOPERM`,
-/// is an answer). A frozen node does not: its kernel accepts the
-/// connection, and nothing answers.
+/// of its own, answers a `PING` within the timeouts, as it would serve a
+/// new connection: `PONG`, or `NOPERM` (an ACL that denies `PING`). A
+/// frozen node does not: its kernel accepts the connection, and nothing
+/// answers. Nor does one that refuses every connection (`-LOADING` its
+/// data set, `-BUSY`, `-MASTERDOWN`, a handshake refused): the cluster
+/// client waits on such a reply and asks again (`-LOADING`), so the
+/// `PING` through the connection timed out too, and a new connection
+/// would change nothing.
 #[cfg(feature = "cluster")]
 async fn answers_anew(node: redis::ConnectionInfo, host: String, port: u16, t: Timeouts) -> bool {
     let mut addr = node.addr().clone();
@@ -519,7 +575,7 @@ async fn answers_anew(node: redis::ConnectionInfo, host: String, port: u16, t: T
     };
     match tokio::time::timeout(t.connect.saturating_add(t.response), ping).await {
         Ok(Ok(_)) => true,
-        Ok(Err(e)) => e.code().is_some(),
+        Ok(Err(e)) => e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm),
         Err(_) => false,
     }
 }
@@ -561,8 +617,9 @@ fn masters_of(reply: &Value) -> Vec<(String, u16)> {
 
 /// `cmd`, an `EVALSHA`, as the `EVAL` of the script's source `code`: the
 /// same keys and arguments, so that a client routes it, and follows a
-/// redirection, as it does the `EVALSHA`, and the server that runs it
-/// keeps the script for the next `EVALSHA`.
+/// redirection, as it does the `EVALSHA`; the server that runs it holds
+/// the script for the next `EVALSHA` (and [`pin`] has it loaded, so that
+/// it keeps it).
 ///
 /// Not a `SCRIPT LOAD` then the `EVALSHA` again: a cluster client sends a
 /// `SCRIPT LOAD` to the masters of its slot map only, never to a node it
@@ -578,6 +635,25 @@ fn eval_of(cmd: &Cmd, code: &str) -> Cmd {
         }
     }
     eval
+}
+
+/// Loads the script `code` (`SCRIPT LOAD`) in the background on `link`,
+/// after a server that did not hold it was sent it by `EVAL`: a server
+/// may evict the scripts it was sent by `EVAL` (Valkey 8.1+, Redis 7.4+:
+/// the least recently used beyond 500, when other clients run scripts of
+/// their own), not those it loaded; every decision would then pay
+/// `NOSCRIPT` and the script again. A cluster client sends it to the
+/// masters it knows (a node it reaches by `-ASK` keeps the `EVAL`'s).
+/// Best effort: a failure, or no runtime to run it on, leaves it as it was.
+fn pin(link: &Link, code: &'static str) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let mut link = link.clone();
+    runtime.spawn(async move {
+        let mut load = redis::cmd("SCRIPT");
+        let _: RedisResult<()> = load.arg("LOAD").arg(code).exec_async(&mut link).await;
+    });
 }
 
 /// A new connection that answers (with Sentinel, and the master's
@@ -1035,12 +1111,13 @@ impl Conn {
     /// Runs the script whose source is `code` by its `EVALSHA` `cmd`; a
     /// server that does not hold it (restarted, failed over, added to a
     /// cluster, `SCRIPT FLUSH`) is sent the call again as an `EVAL` of the
-    /// source (see [`eval_of`]), which it keeps; where `EVAL` is denied,
-    /// the script is loaded (`SCRIPT LOAD`), then called again.
+    /// source (see [`eval_of`]), and then loaded in the background (see
+    /// [`pin`]); where `EVAL` is denied, the script is loaded (`SCRIPT
+    /// LOAD`), then called again.
     pub(crate) async fn eval<T: FromRedisValue>(
         &self,
         cmd: &Cmd,
-        code: &str,
+        code: &'static str,
     ) -> Result<T, RedisError> {
         let (mut link, watch) = self.checkout().await?;
         let r = match cmd.query_async(&mut link).await {
@@ -1060,7 +1137,12 @@ impl Conn {
                             Err(e) => Err(e),
                         }
                     }
-                    r => r,
+                    r => {
+                        if r.is_ok() {
+                            pin(&link, code);
+                        }
+                        r
+                    }
                 }
             }
             r => r,

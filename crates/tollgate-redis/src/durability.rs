@@ -294,8 +294,10 @@ pub(crate) async fn on_all_masters(
 
 /// Reads the role and settings of every node of a cluster: the masters
 /// through the cluster client, the replicas (which it does not route to)
-/// and the masters it has no connection to (frozen, unreachable: reported
-/// unknown) each over a connection of its own, made like `node`. Replicas that
+/// and the masters it has no connection to (frozen or unreachable when
+/// it connected: reported unknown) each over a connection of its own,
+/// made like `node`; a master it has a connection to that does not
+/// answer fails the check (timed out). Replicas that
 /// cannot be listed (`CLUSTER NODES` refused) are one `replicas` entry
 /// with unknown settings.
 #[cfg(feature = "cluster")]
@@ -342,14 +344,25 @@ pub(crate) async fn check_cluster(
         }
         v => redis::from_redis_value(v).map_err(redis::RedisError::from)?,
     };
-    // A master the client could not reach (frozen, its path dead) is not
-    // among the replies above; it still holds its slots' counters, and
+    // A master the client holds no connection to (frozen or unreachable
+    // when it connected) is not among the replies above (one it holds a
+    // connection to that stops answering fails the check: timed out); it
+    // still holds its slots' counters, and
     // serves them again when it answers: reported, unreachable, never
     // left out (strict mode must not start on what it could not show).
+    // The client names a node as `CLUSTER SLOTS` does: by its hostname
+    // where the cluster prefers them (`cluster-preferred-endpoint-type`),
+    // which `CLUSTER NODES` lists after the address.
     let reported: Vec<String> = nodes.iter().map(|n| n.node.clone()).collect();
+    let seen = |name: Option<&str>, port: u16| {
+        name.is_some_and(|name| reported.contains(&format!("{name}:{port}")))
+    };
     let unseen = masters_in(&topology)
         .into_iter()
-        .filter(|(host, port)| !reported.contains(&format!("{host}:{port}")));
+        .filter(|(host, hostname, port)| {
+            !seen(Some(host), *port) && !seen(hostname.as_deref(), *port)
+        })
+        .map(|(host, _, port)| (host, port));
     for (host, port) in replicas_in(&topology).into_iter().chain(unseen) {
         let mut addr = node.addr().clone();
         match &mut addr {
@@ -365,11 +378,11 @@ pub(crate) async fn check_cluster(
     Ok(DurabilityReport { nodes })
 }
 
-/// The masters (`host`, `port`) a `CLUSTER NODES` reply lists that own
-/// slots, failed or not (no other node serves their slots), except those
-/// without an address.
+/// The masters (`host`, hostname, `port`) a `CLUSTER NODES` reply lists
+/// that own slots, failed or not (no other node serves their slots),
+/// except those without an address.
 #[cfg(feature = "cluster")]
-fn masters_in(cluster_nodes: &str) -> Vec<(String, u16)> {
+fn masters_in(cluster_nodes: &str) -> Vec<(String, Option<String>, u16)> {
     cluster_nodes
         .lines()
         .filter_map(|line| {
@@ -378,9 +391,12 @@ fn masters_in(cluster_nodes: &str) -> Vec<(String, u16)> {
             if !flags.contains(&"master") || flags.contains(&"noaddr") || f.len() <= 8 {
                 return None;
             }
+            // `ip:port@cport[,hostname]`
             let ip_port = addr.split(['@', ',']).next()?;
+            let hostname = addr.split_once(',').map(|(_, h)| h.to_owned());
+            let hostname = hostname.filter(|h| !h.is_empty());
             let (host, port) = ip_port.rsplit_once(':')?;
-            Some((host.to_owned(), port.parse().ok()?))
+            Some((host.to_owned(), hostname, port.parse().ok()?))
         })
         .collect()
 }
@@ -466,7 +482,7 @@ d4 10.0.0.5:7005@17005 replica x 0 1 4 connected
         );
         let nodes = "\
 a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
-e5 127.0.0.1:7001@17001 master,fail - 0 0 2 disconnected 5461-10922
+e5 127.0.0.1:7001@17001,db-1 master,fail - 0 0 2 disconnected 5461-10922
 f6 127.0.0.1:7002@17002 master - 0 0 3 connected
 b2 127.0.0.1:7003@17003 slave a1 0 1 4 connected
 ";
@@ -474,8 +490,8 @@ b2 127.0.0.1:7003@17003 slave a1 0 1 4 connected
         assert_eq!(
             masters_in(nodes),
             [
-                ("127.0.0.1".to_owned(), 7000),
-                ("127.0.0.1".to_owned(), 7001)
+                ("127.0.0.1".to_owned(), None, 7000),
+                ("127.0.0.1".to_owned(), Some("db-1".to_owned()), 7001)
             ]
         );
     }

@@ -411,3 +411,48 @@ tollgate_testkit::on_every_server! {
         assert_eq!(fresh.try_acquire(&moving, 1).await.unwrap().remaining(), 1);
     }
 }
+
+tollgate_testkit::on_every_server! {
+    /// A cluster that names its nodes by hostname
+    /// (`cluster-preferred-endpoint-type hostname`, as a TLS cluster whose
+    /// certificates name hosts does): the client knows each master as
+    /// `localhost:port`, `CLUSTER NODES` lists it as
+    /// `127.0.0.1:port@bus,localhost`. Each master is one server, reported
+    /// once: it was reported a second time, by its address, as a master
+    /// the client could not reach (and, where that address cannot be
+    /// reached from the client, unknown: strict mode refused for ever).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn durability_check_of_a_cluster_named_by_hostname(server: Server) {
+        let Some(cluster) = RedisCluster::start_on(server) else {
+            return;
+        };
+        for n in cluster.nodes() {
+            for (name, value) in [
+                ("appendonly", "yes"),
+                ("cluster-announce-hostname", "localhost"),
+                ("cluster-preferred-endpoint-type", "hostname"),
+            ] {
+                let out = n.cli(&["config", "set", name, value]);
+                assert_eq!(out.trim(), "OK", "CONFIG SET {name}: {out}");
+            }
+        }
+        let start = Instant::now();
+        while !cluster.nodes().iter().all(|n| {
+            let nodes = n.cli(&["cluster", "nodes"]);
+            n.cli(&["cluster", "slots"]).contains("localhost")
+                && nodes.lines().filter(|l| l.contains(",localhost")).count() == 3
+        }) {
+            assert!(start.elapsed() < Duration::from_secs(30), "no hostnames");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let b = RedisBackend::cluster_builder(cluster.urls())
+            .durability(Durability::Strict)
+            .build()
+            .await
+            .expect("strict mode starts on a durable cluster");
+        let report = b.check_durability().await.unwrap();
+        let names: Vec<&str> = report.nodes.iter().map(|n| n.node.as_str()).collect();
+        println!("{} server(s): {names:?}", names.len());
+        assert_eq!(names.len(), 3, "each master once: {report:?}");
+    }
+}

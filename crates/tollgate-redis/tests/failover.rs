@@ -29,7 +29,14 @@
 //!
 //! `cluster_master_behind_a_path_that_died` silences the open connections
 //! to a healthy master (a relay the cluster announces for it), while new
-//! ones reach it.
+//! ones reach it; `cluster_masters_behind_paths_that_died_are_asked_together`
+//! does so to two masters at once, and times the keeper's check;
+//! `cluster_master_loading_is_no_dead_path` has a master answer
+//! `-LOADING` to every connection, which no new connection changes.
+//!
+//! `sentinel_durability_check_reads_the_master_it_names` and
+//! `cluster_strict_start_with_a_master_frozen` run the durability check
+//! after a Sentinel failover and while a cluster master is frozen.
 //!
 //! `TOLLGATE_FAILOVER_CYCLES` (default 1) repeats the failover: the killed
 //! server is restarted, rejoins as a replica, and the new master is killed
@@ -1142,6 +1149,242 @@ async fn cluster_master_behind_a_path_that_died() {
     });
     println!("decided again after {took:?}, {dialled} new connection(s) through the relay");
     decide(steady).await.expect("decided on another master");
+}
+
+/// Cluster: the paths to two masters die at once (one NAT in front of
+/// both lost its state), while both are healthy and new connections reach
+/// them. The keeper asks each master again; the masters are asked side by
+/// side, so decisions on both resume within about two of the check's
+/// bounds (the `PING` to every master, then each master's), not one more
+/// per master behind a dead path: with hundreds of masters that is
+/// minutes. Timeouts are long here (4 s response) to tell them apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_masters_behind_paths_that_died_are_asked_together() {
+    const RESPONSE: Duration = Duration::from_secs(4);
+    const CONNECT: Duration = Duration::from_millis(250);
+    let Some(cluster) = blocking(RedisCluster::start) else {
+        return;
+    };
+    let owners = blocking(|| cluster.masters_of(0..=16383));
+    let masters: Vec<usize> = (0..cluster.nodes().len())
+        .filter(|i| owners.contains(&Some(*i)))
+        .collect();
+    let cut = [masters[0], masters[1]];
+    let keys: Vec<&'static str> = cut
+        .iter()
+        .map(|&m| {
+            let k = (0..)
+                .map(|i| format!("cut{i}"))
+                .find(|k| owners[usize::from(slot(k))] == Some(m))
+                .unwrap();
+            &*Box::leak(k.into_boxed_str())
+        })
+        .collect();
+    let relays: Vec<Relay> = cut
+        .iter()
+        .map(|&i| Relay::start(cluster.nodes()[i].addr()))
+        .collect();
+    blocking(|| {
+        for (&i, relay) in cut.iter().zip(&relays) {
+            let node = &cluster.nodes()[i];
+            let (port, bus) = (relay.addr().port(), node.port() + 10_000);
+            for (name, value) in [
+                ("cluster-announce-bus-port", bus),
+                ("cluster-announce-port", port),
+            ] {
+                let out = node.cli(&["config", "set", name, &value.to_string()]);
+                assert_eq!(out.trim(), "OK", "CONFIG SET {name}: {out}");
+            }
+        }
+        let announced: Vec<String> = relays
+            .iter()
+            .map(|r| format!("127.0.0.1:{}@", r.addr().port()))
+            .collect();
+        let start = std::time::Instant::now();
+        while !cluster.nodes().iter().all(|n| {
+            let nodes = n.cli(&["cluster", "nodes"]);
+            announced.iter().all(|a| nodes.contains(a))
+        }) {
+            assert!(
+                start.elapsed() < 30 * S,
+                "the relays' ports were not announced"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let urls =
+        cluster
+            .nodes()
+            .iter()
+            .enumerate()
+            .map(|(i, n)| match cut.iter().position(|&c| c == i) {
+                Some(r) => relays[r].url(),
+                None => n.url(),
+            });
+    let b = RedisBackend::cluster_builder(urls.collect::<Vec<_>>())
+        .prefix(unique_name("paths"))
+        .connect_timeout(CONNECT)
+        .response_timeout(RESPONSE)
+        .durability(Durability::Skip)
+        .build()
+        .await
+        .expect("connect");
+    let policy = Policy::from(TokenBucket::new(1_000_000, 1, S).unwrap());
+    let decide = |key: &'static str| {
+        let b = b.clone();
+        async move {
+            let key = Key::new(key);
+            let req = Request {
+                limiter: "paths",
+                key: &key,
+                policy: &policy,
+                op: Op::Acquire(1),
+            };
+            matches!(tokio::time::timeout(S, b.decide(req)).await, Ok(Ok(_)))
+        }
+    };
+    for k in &keys {
+        assert!(decide(k).await, "decided through the relay");
+    }
+    for (&i, relay) in cut.iter().zip(&relays) {
+        relay.silence();
+        relay.retarget(cluster.nodes()[i].addr());
+    }
+    let bound = CONNECT + RESPONSE;
+    let start = Instant::now();
+    let mut pending = keys.clone();
+    while !pending.is_empty() && start.elapsed() < 6 * bound {
+        let mut left = Vec::new();
+        for k in pending {
+            if !decide(k).await {
+                left.push(k);
+            }
+        }
+        pending = left;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let took = start.elapsed();
+    println!(
+        "both masters decided again after {took:?} (the check's bound {bound:?}; \
+         still failing: {pending:?})"
+    );
+    assert!(
+        pending.is_empty(),
+        "not decided again within {:?}",
+        6 * bound
+    );
+    assert!(
+        took < bound * 5 / 2,
+        "decisions on two masters behind dead paths resumed after {took:?}: \
+         the masters were asked one after the other (a bound {bound:?} each)"
+    );
+}
+
+/// Cluster: a master loading its data set (a restart with a large AOF;
+/// here `DEBUG RELOAD`, slowed with `key-load-delay`) answers every
+/// connection `-LOADING`, which the cluster client waits on and retries:
+/// the keeper's `PING` through the connection gets no answer in time, and
+/// the one on a connection of its own gets that reply. The path works; a
+/// new connection changes nothing, and the keeper must not rebuild. It
+/// took the reply for a dead path and rebuilt every second for as long as
+/// the load lasted, each time connecting to every master. The other
+/// masters, asked anew beside it, are dialled once a check, and a check
+/// that found a master silent there too asks none anew for 5 s (`ANEW`):
+/// at most two new connections to another master in the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_master_loading_is_no_dead_path() {
+    const WINDOW: Duration = Duration::from_secs(5);
+    let Some(cluster) = blocking(RedisCluster::start) else {
+        return;
+    };
+    let owners = blocking(|| cluster.masters_of(0..=16383));
+    let victim = owners[0].expect("a master");
+    let key = (0..)
+        .map(|i| format!("loading{i}"))
+        .find(|k| owners[usize::from(slot(k))] == Some(victim))
+        .unwrap();
+    let steady = (0..cluster.nodes().len())
+        .find(|&i| i != victim && owners.contains(&Some(i)))
+        .expect("another master");
+    let b = build(RedisBackend::cluster_builder(cluster.urls())).await;
+    let policy = Policy::from(TokenBucket::new(1_000_000, 1, S).unwrap());
+    let key = Key::new(&key);
+    let decide = || {
+        let (b, key) = (b.clone(), key.clone());
+        async move {
+            let req = Request {
+                limiter: "loading",
+                key: &key,
+                policy: &policy,
+                op: Op::Acquire(1),
+            };
+            tokio::time::timeout(S, b.decide(req)).await
+        }
+    };
+    decide().await.expect("in time").expect("decided");
+    let node = &cluster.nodes()[victim];
+    let received = |i: usize| -> u64 {
+        let info = cluster.nodes()[i].cli(&["info", "stats"]);
+        info.lines()
+            .find_map(|l| l.trim().strip_prefix("total_connections_received:"))
+            .and_then(|n| n.parse().ok())
+            .expect("total_connections_received")
+    };
+    let (before, mut reload) = blocking(|| {
+        let out = node.cli(&["debug", "populate", "100000", "filler"]);
+        assert_eq!(out.trim(), "OK", "DEBUG POPULATE: {out}");
+        for (name, value) in [
+            ("key-load-delay", "50"),
+            ("loading-process-events-interval-bytes", "1024"),
+        ] {
+            let out = node.cli(&["config", "set", name, value]);
+            assert_eq!(out.trim(), "OK", "CONFIG SET {name}: {out}");
+        }
+        let before = received(steady);
+        let reload = std::process::Command::new("redis-cli")
+            .args(["-p", &node.port().to_string(), "debug", "reload"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-cli debug reload");
+        let start = std::time::Instant::now();
+        while !node.cli(&["ping"]).contains("LOADING") {
+            assert!(start.elapsed() < 10 * S, "the node never said LOADING");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        (before, reload)
+    });
+    let start = Instant::now();
+    let mut failed = 0;
+    while start.elapsed() < WINDOW {
+        failed += u32::from(!matches!(decide().await, Ok(Ok(_))));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (dialled, still) = blocking(|| {
+        // The connection of this `INFO` is one.
+        let dialled = received(steady) - before - 1;
+        let still = node.cli(&["ping"]).contains("LOADING");
+        let _ = node.cli(&["config", "set", "key-load-delay", "0"]);
+        (dialled, still)
+    });
+    println!(
+        "{WINDOW:?} of -LOADING ({failed} decisions failed, still loading: {still}): \
+         {dialled} new connection(s) to another master"
+    );
+    assert!(still, "the load ended within the window: make it longer");
+    assert!(
+        dialled <= 2,
+        "the keeper rebuilt its connection for a master that answers -LOADING: \
+         {dialled} new connection(s) to another master in {WINDOW:?}"
+    );
+    blocking(|| reload.wait().expect("redis-cli debug reload"));
+    let start = Instant::now();
+    while !matches!(decide().await, Ok(Ok(_))) {
+        assert!(
+            start.elapsed() < RESUME_WITHIN,
+            "no decision after the load"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Sentinel: a planned failover (`SENTINEL FAILOVER`) promotes a replica

@@ -416,6 +416,50 @@ tollgate_testkit::on_every_server! {
 }
 
 tollgate_testkit::on_every_server! {
+    /// A script sent again after `NOSCRIPT` stays on the server: a server
+    /// that evicts the scripts it was sent by `EVAL` (Valkey 8.1+, Redis
+    /// 7.4+: the least recently used beyond 500) must not drop it when
+    /// another client of the server runs many scripts of its own, or
+    /// every decision after that pays `NOSCRIPT`, then the script again.
+    #[tokio::test]
+    async fn script_sent_again_is_kept_past_other_clients_scripts(server: Server) {
+        let Some((_server, url, b)) = own_server(server, "keep").await else {
+            return;
+        };
+        let l = patient("api", TokenBucket::new(100, 1, 3600 * S).unwrap(), b);
+        let mut r = raw(&url).await;
+        let k = Key::new("k");
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut r)
+            .await
+            .unwrap();
+        assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+        let noscript = |info: &str| -> u64 {
+            info.lines()
+                .find_map(|l| l.strip_prefix("errorstat_NOSCRIPT:count="))
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        let info: String = redis::cmd("INFO").arg("errorstats").query_async(&mut r).await.unwrap();
+        let before = noscript(&info);
+        // Another client's scripts, each its own.
+        let mut pipe = redis::pipe();
+        for i in 0..600 {
+            pipe.cmd("EVAL").arg(format!("return {i}")).arg(0).ignore();
+        }
+        let _: () = pipe.query_async(&mut r).await.unwrap();
+        for _ in 0..3 {
+            assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+        }
+        let info: String = redis::cmd("INFO").arg("errorstats").query_async(&mut r).await.unwrap();
+        let after = noscript(&info);
+        println!("NOSCRIPT replies after 600 other scripts: {}", after - before);
+        assert_eq!(after, before, "the script sent again was evicted");
+    }
+}
+
+tollgate_testkit::on_every_server! {
     /// The same for a user granted the least set of before `EVAL` was in
     /// it: the script is loaded (`SCRIPT LOAD`), then called again.
     #[tokio::test]

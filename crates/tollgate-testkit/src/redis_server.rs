@@ -870,7 +870,10 @@ impl RedisClusterBuilder {
         let started = node.spawn_on_free_port(true, |node, port| {
             let mut builder = RedisServerBuilder::default()
                 .arg("cluster-enabled", "yes")
-                .arg("cluster-config-file", "nodes.conf");
+                .arg("cluster-config-file", "nodes.conf")
+                // `DEBUG` from loopback (`redis-cli`): a test puts a node
+                // in a state only it reaches (`DEBUG RELOAD`: loading).
+                .arg("enable-debug-command", "local");
             for (name, value) in self.settings() {
                 builder = builder.arg(name, value);
             }
