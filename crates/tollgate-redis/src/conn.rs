@@ -542,6 +542,25 @@ async fn ask(
     }
 }
 
+/// How to reach the cluster node at `host:port` as `node` is reached
+/// (its TLS, its credentials); `None` for an address that is no TCP one.
+#[cfg(feature = "cluster")]
+pub(crate) fn node_at(
+    node: redis::ConnectionInfo,
+    host: String,
+    port: u16,
+) -> Option<redis::ConnectionInfo> {
+    let mut addr = node.addr().clone();
+    match &mut addr {
+        redis::ConnectionAddr::Tcp(h, p) => (*h, *p) = (host, port),
+        redis::ConnectionAddr::TcpTls {
+            host: h, port: p, ..
+        } => (*h, *p) = (host, port),
+        _ => return None,
+    }
+    Some(node.set_addr(addr))
+}
+
 /// Whether the node at `host:port`, reached like `node` on a connection
 /// of its own, answers a `PING` within the timeouts, as it would serve a
 /// new connection: `PONG`, or `NOPERM` (an ACL that denies `PING`). A
@@ -553,15 +572,10 @@ async fn ask(
 /// would change nothing.
 #[cfg(feature = "cluster")]
 async fn answers_anew(node: redis::ConnectionInfo, host: String, port: u16, t: Timeouts) -> bool {
-    let mut addr = node.addr().clone();
-    match &mut addr {
-        redis::ConnectionAddr::Tcp(h, p) => (*h, *p) = (host, port),
-        redis::ConnectionAddr::TcpTls {
-            host: h, port: p, ..
-        } => (*h, *p) = (host, port),
-        _ => return false,
-    }
-    let Ok(client) = redis::Client::open(node.set_addr(addr)) else {
+    let Some(node) = node_at(node, host, port) else {
+        return false;
+    };
+    let Ok(client) = redis::Client::open(node) else {
         return false;
     };
     let config = redis::AsyncConnectionConfig::new()

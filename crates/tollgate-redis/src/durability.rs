@@ -364,15 +364,10 @@ pub(crate) async fn check_cluster(
         })
         .map(|(host, _, port)| (host, port));
     for (host, port) in replicas_in(&topology).into_iter().chain(unseen) {
-        let mut addr = node.addr().clone();
-        match &mut addr {
-            redis::ConnectionAddr::Tcp(h, p) => (*h, *p) = (host, port),
-            redis::ConnectionAddr::TcpTls {
-                host: h, port: p, ..
-            } => (*h, *p) = (host, port),
-            _ => continue,
-        }
-        let client = redis::Client::open(node.clone().set_addr(addr))?;
+        let Some(at) = crate::conn::node_at(node.clone(), host, port) else {
+            continue;
+        };
+        let client = redis::Client::open(at)?;
         nodes.push(check_client(&client, t).await);
     }
     Ok(DurabilityReport { nodes })

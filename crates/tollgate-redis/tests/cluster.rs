@@ -30,8 +30,9 @@ async fn backend_with_prefix(server: Server, prefix: &str, clock: &MockClock) ->
         .caller_time(clock.clone())
         .min_ttl(Duration::from_secs(600))
         // A suite of semantics, not of latency: a starved 2-core CI machine
-        // can stall a server past the 500 ms default, which is the fault
-        // tests' business, not this suite's.
+        // can stall a server past the 500 ms defaults (a connection's, a
+        // reply's), which is the fault tests' business, not this suite's.
+        .connect_timeout(Duration::from_secs(10))
         .response_timeout(Duration::from_secs(10))
         .durability(Durability::Skip)
         .build()
