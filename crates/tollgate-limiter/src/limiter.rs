@@ -16,7 +16,7 @@ use crate::deny_cache::{Charge, DenyCache};
 use crate::error::{BackendError, Error, ErrorReason};
 use crate::guard::{Admitted, Deadline, Guard, LogThrottle};
 use crate::key::Key;
-use crate::lease::Leases;
+use crate::lease::{Leases, Take};
 use crate::metrics::{Agreement, Call, CandidateMeter, Local, Outcome};
 use crate::model::{Op, Receipt};
 use crate::permit::Permit;
@@ -302,6 +302,9 @@ impl<B> LimiterBuilder<B> {
     /// throughput (API keys, a crawler): a request that finds no local
     /// units takes `batch` units from the backend in one round trip and
     /// keeps the rest for this key's next requests, for at most `ttl`.
+    /// A worker asks for one batch per key at a time: requests of the key
+    /// that find no units while its batch is on its way ask for their own
+    /// cost.
     ///
     /// Near the limit, when a whole batch no longer fits, the request asks
     /// for its own cost only, so the backend never grants more than its
@@ -985,25 +988,28 @@ impl<B: Backend> Limiter<B> {
         cost: u64,
         deadline: &Deadline,
     ) -> Result<Decision, Error> {
-        if let Some(d) = leases.spend(key, cost) {
-            self.inner.guard.meter().local_hit(Local::Lease);
-            return Ok(d);
-        }
-        // A batch is worth taking only if its rest can be kept.
-        if leases.batch > cost && leases.has_room(key) {
-            // A batch above what the policy in force (an override) can grant
-            // is impossible, not an error of this request: ask for its cost.
-            let asked = leases.asking();
-            match self.try_op(key, Op::Acquire(leases.batch), deadline).await {
-                Ok(d) if d.is_allowed() => {
-                    leases.keep(key, leases.batch - cost, &d, asked);
-                    return Ok(d);
-                }
-                Ok(_) | Err(Error::Policy(_)) => {}
-                Err(e) => return Err(e),
+        match leases.take(key, cost) {
+            Take::Spent(d) => {
+                self.inner.guard.meter().local_hit(Local::Lease);
+                return Ok(d);
             }
+            Take::Batch(fetch) => {
+                // A batch above what the policy in force (an override) can
+                // grant is impossible, not an error of this request: ask
+                // for its cost.
+                match self.try_op(key, Op::Acquire(leases.batch), deadline).await {
+                    Ok(d) if d.is_allowed() => {
+                        fetch.keep(leases.batch - cost, &d);
+                        return Ok(d);
+                    }
+                    Ok(_) | Err(Error::Policy(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Take::Own => {}
         }
-        // Near the limit: ask for exactly this request's cost.
+        // Near the limit, or a batch for the key already on its way: ask
+        // for exactly this request's cost.
         self.try_op(key, Op::Acquire(cost), deadline).await
     }
 
