@@ -325,9 +325,13 @@ impl<B> LimiterBuilder<B> {
     /// Leases expire after `ttl`, so choosing `ttl` shorter than the time
     /// the backend takes to grant `W × (batch − 1)` units again (its refill
     /// or window) keeps the excess from adding up over time. Units leased
-    /// and not spent within `ttl` are lost to every worker; a zero `ttl`
+    /// and not spent within `ttl` are lost to every worker, as are those a
+    /// worker holds when it stops (a crash, a restart): the backend counted
+    /// them, nobody spends them (at most `batch − 1` per key it held a
+    /// lease for, until the policy grants them again). A zero `ttl`
     /// keeps none, and [`try_build`](Self::try_build) refuses it. Off by default;
-    /// ignored for progressive delays and for sliding windows that
+    /// ignored for progressive delays and concurrency limits (whose units
+    /// are failures and slots, not a rate), and for sliding windows that
     /// penalise refusals: there a batch that no longer fits would be
     /// recorded as a refusal of the client (and refill the window on each
     /// request near the limit), though the client asked for less. (An
