@@ -348,7 +348,11 @@ impl<B> LimiterBuilder<B> {
     /// [`DEFAULT_LOCAL_CAPACITY`]), so that a flood of distinct keys cannot
     /// grow this worker's memory. When a map is full, expired entries make
     /// room; failing that, the key is simply not cached and its requests
-    /// are decided by the backend, as without the map. 0 turns both off.
+    /// are decided by the backend, as without the map. (Making room looks
+    /// at every entry of a part of the map: after a look that freed
+    /// little, the next waits for a few more keys to ask, so that no
+    /// pattern of expiries makes every request pay for one.) 0 turns both
+    /// off.
     pub fn local_capacity(mut self, entries: usize) -> Self {
         self.local_capacity = entries;
         self
