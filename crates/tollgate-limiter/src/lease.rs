@@ -14,6 +14,8 @@ struct Lease {
     left: u64,
     until: Instant,
     decision: Decision,
+    /// When the backend granted the batch with `decision`.
+    at: Instant,
     /// The batch this worker is asking the backend for, for this key, if
     /// one is on its way (its [`Fetch`]'s id).
     fetching: Option<u64>,
@@ -101,9 +103,12 @@ impl Leases {
             if now < lease.until {
                 if lease.left >= cost {
                     lease.left -= cost;
+                    // The batch's figures aged to now, as a cached
+                    // refusal's are.
                     let d = lease.decision;
+                    let reset_after = d.reset_after().saturating_sub(now - lease.at);
                     return Take::Spent(
-                        Decision::allowed(d.limit(), d.remaining() + lease.left, d.reset_after())
+                        Decision::allowed(d.limit(), d.remaining() + lease.left, reset_after)
                             .with_window(d.window())
                             .with_part(d.part()),
                     );
@@ -129,6 +134,7 @@ impl Leases {
             left: 0,
             until: now + self.ttl,
             decision: Decision::allowed(0, 0, Duration::ZERO),
+            at: now,
             fetching: Some(id),
         };
         if shard.insert(key, marker, now) {
@@ -191,6 +197,7 @@ impl Fetch<'_> {
                 .min(leases.batch - 1),
             until: now + leases.ttl,
             decision: *decision,
+            at: now,
             // Another fetch's mark (this one's was forgotten) stays.
             fetching: old.and_then(|old| old.fetching).filter(|&id| id != self.id),
         };

@@ -1698,6 +1698,22 @@ mod tests {
         assert_eq!(*crate::lock(&l.backend().asked), [10, 10]);
     }
 
+    /// A unit spent from a lease reports the batch's figures aged to now,
+    /// as a cached refusal does: the batch's `reset_after` as it was when
+    /// leased told a client (the `RateLimit` header's `t`) a full minute
+    /// until the reset half a minute later.
+    #[tokio::test(start_paused = true)]
+    async fn a_unit_spent_from_a_lease_reports_the_reset_aged() {
+        let l = builder(true).lease(4, Duration::from_secs(60)).build();
+        let k = Key::new("k");
+        let first = *l.check(&k).await.decision().unwrap();
+        assert_eq!(first.reset_after(), Duration::from_secs(60));
+        tokio::time::advance(Duration::from_secs(30)).await;
+        let spent = *l.check(&k).await.decision().unwrap();
+        assert_eq!(*crate::lock(&l.backend().asked), [4], "spent locally");
+        assert_eq!(spent.reset_after(), Duration::from_secs(30));
+    }
+
     /// A minimum cost the policy (or the candidate) can never grant is
     /// refused, naming the field, as configuration refuses it: built, it
     /// refused every request as impossible, whatever the fail mode.
