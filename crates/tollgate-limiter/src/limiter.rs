@@ -526,8 +526,10 @@ impl<B: Backend> LimiterBuilder<B> {
 /// One named limit over a backend.
 ///
 /// A limiter is cheap to clone; clones share the breaker and the backend.
-/// Every decision is one backend round trip (two at most in lease mode),
-/// bounded in all by one [timeout](LimiterBuilder::timeout), behind a
+/// Every decision is one backend round trip (at most three: a sliding
+/// window's [local refusals](LimiterBuilder::local_denials) carried first,
+/// then, in [lease mode](LimiterBuilder::lease) near the limit, a batch
+/// and the request's own cost), bounded in all by one [timeout](LimiterBuilder::timeout), behind a
 /// circuit breaker; when the backend fails, the [`FailMode`] decides. No
 /// caller can leave the breaker stuck: a decision dropped at any point (a
 /// client gone, an outer timeout, a panic) gives its probe back.
@@ -1182,6 +1184,14 @@ impl<B: Backend> Limiter<B> {
 
     /// Forgets `key`: it becomes a fresh key (unblocks a user after a false
     /// positive; a successful login for a progressive delay).
+    ///
+    /// This worker forgets its local answers for the key (cached refusals,
+    /// leased units, refusals still to carry) once the reset is answered or
+    /// given up. Another worker may still answer from its own, as after an
+    /// [override](Self::set_override): a refusal it cached, for at most
+    /// [`max_ttl`](LimiterBuilder::local_denials), or at most `batch − 1`
+    /// units it [leased](LimiterBuilder::lease) before, which the fresh
+    /// key's limit does not count.
     pub async fn reset(&self, key: &Key) -> Result<Decision, Error> {
         let _forget = ForgetLocal(self, Some(key));
         self.try_op(key, Op::Reset, &self.inner.guard.deadline())
