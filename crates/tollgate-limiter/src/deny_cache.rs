@@ -64,7 +64,7 @@ impl Expiring for Entry {
 /// anyway), when the key is reset or overridden through this limiter, when
 /// the call carrying them fails (the fail mode then rules that request; a
 /// call dropped before it answered gives them back, for the key's next call
-/// to carry), and when a full shard drops the expired entry holding them
+/// to carry, unless the key was reset or overridden meanwhile), and when a full shard drops the expired entry holding them
 /// (memory stays bounded).
 ///
 /// An entry answers for at most `max_ttl`, which bounds how late this
@@ -157,8 +157,9 @@ impl DenyCache {
     /// key's entry if it is dropped before [`done`](Carry::done), so that
     /// a caller that goes away before the carrying call answered (it may
     /// not have reached the backend) leaves them to the key's next call
-    /// rather than drop the flood's penalty. Carried twice, they are
-    /// recorded twice: stricter, never laxer.
+    /// rather than drop the flood's penalty (unless the key is reset or
+    /// overridden through this limiter meanwhile, which drops them).
+    /// Carried twice, they are recorded twice: stricter, never laxer.
     pub(crate) fn charge<'a>(&'a self, key: &'a Key, cost: u64, pending: bool) -> Charge<'a> {
         let now = Instant::now();
         let mut shard = self.map.shard(key);
@@ -168,6 +169,8 @@ impl DenyCache {
                 key,
                 units,
                 window,
+                // Read under the shard's lock, as in `insert`.
+                asked: self.asking(key),
             })
         };
         let Some(e) = shard.get_mut(key) else {
@@ -197,10 +200,18 @@ impl DenyCache {
 
     /// Puts `units` back as pending for `key`, refused now under a
     /// refusal of `window`: in the key's entry, or (it was dropped when it
-    /// expired) in an expired one that refuses nothing.
-    fn restore(&self, key: &Key, units: u64, window: Duration) {
+    /// expired) in an expired one that refuses nothing. Not if the key's
+    /// entries were forgotten since they were taken, at `asked` (from
+    /// [`asking`](Self::asking)): a reset or an override made meanwhile
+    /// drops them, as it drops units still pending.
+    fn restore(&self, key: &Key, units: u64, window: Duration, asked: u64) {
         let now = Instant::now();
         let mut shard = self.map.shard(key);
+        // Read under the shard's lock: a `forget` that counts after this
+        // read removes the entry once this lock is released.
+        if self.asking(key) != asked {
+            return;
+        }
         if let Some(e) = shard.get_mut(key) {
             e.pending = e.pending.saturating_add(units);
             e.pending_at = now;
@@ -287,6 +298,8 @@ pub(crate) struct Carry<'a> {
     units: u64,
     /// The window of the refusal they were refused by (for `restore`).
     window: Duration,
+    /// The key's forget count when they were taken (for `restore`).
+    asked: u64,
 }
 
 impl Carry<'_> {
@@ -305,7 +318,8 @@ impl Carry<'_> {
 impl Drop for Carry<'_> {
     fn drop(&mut self) {
         if self.units > 0 {
-            self.cache.restore(self.key, self.units, self.window);
+            self.cache
+                .restore(self.key, self.units, self.window, self.asked);
         }
     }
 }

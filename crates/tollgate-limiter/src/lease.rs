@@ -14,12 +14,27 @@ struct Lease {
     left: u64,
     until: Instant,
     decision: Decision,
+    /// When the backend granted the batch with `decision`.
+    at: Instant,
+    /// The batch this worker is asking the backend for, for this key, if
+    /// one is on its way (its [`Fetch`]'s id).
+    fetching: Option<u64>,
 }
 
 impl Expiring for Lease {
     fn until(&self) -> Instant {
         self.until
     }
+}
+
+/// What a request does under lease mode (see [`Leases::take`]).
+pub(crate) enum Take<'a> {
+    /// Spent from the key's lease: the request is admitted.
+    Spent(Decision),
+    /// Ask the backend for a whole batch, and [keep](Fetch::keep) its rest.
+    Batch(Fetch<'a>),
+    /// Ask the backend for the request's own cost.
+    Own,
 }
 
 /// Units taken from the backend ahead of need, per key.
@@ -32,10 +47,16 @@ impl Expiring for Lease {
 /// for the bound. At most `capacity` keys hold a lease; when full, a request
 /// asks for its own cost only, as without leases.
 ///
+/// One batch per key is asked for at a time: a request that finds its
+/// key's lease short while a batch for the key is on its way asks for its
+/// own cost. Each taking a batch of its own, concurrent requests of a key
+/// took one batch each, of which at most `batch − 1` units can be kept:
+/// the rest was counted by the backend and never spent.
+///
 /// A batch asked for before this worker forgets a lease (a reset, an
 /// override) and answered after may have been granted under what was
 /// undone: its rest is not kept, whichever key it is for (see
-/// [`keep`](Self::keep); resets and overrides are rare, a lost batch only
+/// [`Fetch::keep`]; resets and overrides are rare, a lost batch only
 /// lowers what is admitted).
 #[derive(Debug)]
 pub(crate) struct Leases {
@@ -44,6 +65,8 @@ pub(crate) struct Leases {
     map: Sharded<Lease>,
     /// How many times leases were forgotten.
     forgotten: AtomicU64,
+    /// The last [`Fetch`]'s id.
+    fetches: AtomicU64,
 }
 
 impl Leases {
@@ -56,68 +79,68 @@ impl Leases {
             ttl: ttl.min(crate::guard::MAX_WAIT),
             map: Sharded::new(capacity),
             forgotten: AtomicU64::new(0),
+            fetches: AtomicU64::new(0),
         }
     }
 
-    /// Marks a batch about to be asked for: hand it to [`keep`](Self::keep).
-    pub(crate) fn asking(&self) -> u64 {
-        self.forgotten.load(Ordering::SeqCst)
-    }
-
-    /// Whether a lease for `key` could be kept now.
-    pub(crate) fn has_room(&self, key: &Key) -> bool {
-        self.map.shard(key).has_room(key, Instant::now())
-    }
-
-    /// Spends `cost` from the key's lease, if it holds enough.
-    pub(crate) fn spend(&self, key: &Key, cost: u64) -> Option<Decision> {
+    /// Spends `cost` from the key's lease if it holds enough; else tells
+    /// the request whether to ask for a batch (none is on its way for the
+    /// key, the batch is above `cost` and the map has room for its rest)
+    /// or for its own cost.
+    pub(crate) fn take<'a>(&'a self, key: &'a Key, cost: u64) -> Take<'a> {
         let now = Instant::now();
         let mut shard = self.map.shard(key);
-        let lease = shard.get_mut(key)?;
-        if now >= lease.until {
-            shard.remove(key);
-            return None;
-        }
-        if lease.left < cost {
-            return None;
-        }
-        lease.left -= cost;
-        let d = lease.decision;
-        Some(
-            Decision::allowed(d.limit(), d.remaining() + lease.left, d.reset_after())
-                .with_window(d.window())
-                .with_part(d.part()),
-        )
-    }
-
-    /// Keeps `left` units of a batch the backend granted with `decision`,
-    /// asked for at `asked` (from [`asking`](Self::asking)); dropped if
-    /// leases were forgotten since, or if the map filled up since
-    /// [`has_room`](Self::has_room): lost units only lower what is
-    /// admitted.
-    ///
-    /// Units still left of the key's live lease (fewer than the cost of
-    /// the request that took this batch) are added, not dropped: they
-    /// were counted by the backend, and a limiter whose cost is above 1
-    /// would otherwise lose them on every batch. At most `batch - 1` are
-    /// held, the bound [`LimiterBuilder::lease`](crate::LimiterBuilder::lease)
-    /// documents (batches taken at once for one key lose the excess).
-    pub(crate) fn keep(&self, key: &Key, left: u64, decision: &Decision, asked: u64) {
-        let now = Instant::now();
-        let mut shard = self.map.shard(key);
-        let kept = shard
-            .get(key)
-            .filter(|old| now < old.until)
-            .map_or(0, |old| old.left);
-        let lease = Lease {
-            left: left.saturating_add(kept).min(self.batch - 1),
-            until: now + self.ttl,
-            decision: *decision,
+        let fetch = |id| {
+            Take::Batch(Fetch {
+                leases: self,
+                key,
+                id,
+                // Read under the shard's lock, as in `keep`.
+                asked: self.forgotten.load(Ordering::SeqCst),
+            })
         };
-        // Read under the shard's lock: a `forget` that counts after this
-        // read removes the lease once this lock is released.
-        if self.forgotten.load(Ordering::SeqCst) == asked {
-            shard.insert(key, lease, now);
+        if let Some(lease) = shard.get_mut(key) {
+            if now < lease.until {
+                if lease.left >= cost {
+                    lease.left -= cost;
+                    // The batch's figures aged to now, as a cached
+                    // refusal's are.
+                    let d = lease.decision;
+                    let reset_after = d.reset_after().saturating_sub(now - lease.at);
+                    return Take::Spent(
+                        Decision::allowed(d.limit(), d.remaining() + lease.left, reset_after)
+                            .with_window(d.window())
+                            .with_part(d.part()),
+                    );
+                }
+                // A batch is worth taking only if it serves more than this
+                // request, and one at a time.
+                if self.batch <= cost || lease.fetching.is_some() {
+                    return Take::Own;
+                }
+                let id = self.fetches.fetch_add(1, Ordering::Relaxed) + 1;
+                lease.fetching = Some(id);
+                return fetch(id);
+            }
+            shard.remove(key);
+        }
+        if self.batch <= cost {
+            return Take::Own;
+        }
+        let id = self.fetches.fetch_add(1, Ordering::Relaxed) + 1;
+        // Nothing to spend yet: it marks the batch on its way. Not kept
+        // when the map is full: the batch's rest could not be kept either.
+        let marker = Lease {
+            left: 0,
+            until: now + self.ttl,
+            decision: Decision::allowed(0, 0, Duration::ZERO),
+            at: now,
+            fetching: Some(id),
+        };
+        if shard.insert(key, marker, now) {
+            fetch(id)
+        } else {
+            Take::Own
         }
     }
 
@@ -135,5 +158,67 @@ impl Leases {
     pub(crate) fn clear(&self) {
         self.forgotten.fetch_add(1, Ordering::SeqCst);
         self.map.clear();
+    }
+}
+
+/// A batch on its way for a key (see [`Leases::take`]). Dropped, kept or
+/// not, it lets the key's next request ask for a batch again, so that a
+/// caller that gives up mid-call (its future dropped) leaves nothing
+/// behind.
+#[must_use = "dropped, the batch's rest is not kept"]
+pub(crate) struct Fetch<'a> {
+    leases: &'a Leases,
+    key: &'a Key,
+    id: u64,
+    /// The forget count when the batch was asked for.
+    asked: u64,
+}
+
+impl Fetch<'_> {
+    /// Keeps `left` units of the batch, which the backend granted with
+    /// `decision`; dropped if leases were forgotten since the batch was
+    /// asked for, or if the map is full: lost units only lower what is
+    /// admitted.
+    ///
+    /// Units still left of the key's live lease (fewer than the cost of
+    /// the request that took this batch) are added, not dropped: they
+    /// were counted by the backend, and a limiter whose cost is above 1
+    /// would otherwise lose them on every batch. At most `batch - 1` are
+    /// held, the bound [`LimiterBuilder::lease`](crate::LimiterBuilder::lease)
+    /// documents.
+    pub(crate) fn keep(self, left: u64, decision: &Decision) {
+        let leases = self.leases;
+        let now = Instant::now();
+        let mut shard = leases.map.shard(self.key);
+        let old = shard.get(self.key).filter(|old| now < old.until);
+        let lease = Lease {
+            left: left
+                .saturating_add(old.map_or(0, |old| old.left))
+                .min(leases.batch - 1),
+            until: now + leases.ttl,
+            decision: *decision,
+            at: now,
+            // Another fetch's mark (this one's was forgotten) stays.
+            fetching: old.and_then(|old| old.fetching).filter(|&id| id != self.id),
+        };
+        // Read under the shard's lock: a `forget` that counts after this
+        // read removes the lease once this lock is released.
+        if leases.forgotten.load(Ordering::SeqCst) == self.asked {
+            shard.insert(self.key, lease, now);
+        }
+    }
+}
+
+impl Drop for Fetch<'_> {
+    fn drop(&mut self) {
+        let mut shard = self.leases.map.shard(self.key);
+        if let Some(lease) = shard.get_mut(self.key)
+            && lease.fetching == Some(self.id)
+        {
+            lease.fetching = None;
+            if lease.left == 0 {
+                shard.remove(self.key);
+            }
+        }
     }
 }

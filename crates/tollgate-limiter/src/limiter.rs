@@ -16,7 +16,7 @@ use crate::deny_cache::{Charge, DenyCache};
 use crate::error::{BackendError, Error, ErrorReason};
 use crate::guard::{Admitted, Deadline, Guard, LogThrottle};
 use crate::key::Key;
-use crate::lease::Leases;
+use crate::lease::{Leases, Take};
 use crate::metrics::{Agreement, Call, CandidateMeter, Local, Outcome};
 use crate::model::{Op, Receipt};
 use crate::permit::Permit;
@@ -302,6 +302,9 @@ impl<B> LimiterBuilder<B> {
     /// throughput (API keys, a crawler): a request that finds no local
     /// units takes `batch` units from the backend in one round trip and
     /// keeps the rest for this key's next requests, for at most `ttl`.
+    /// A worker asks for one batch per key at a time: requests of the key
+    /// that find no units while its batch is on its way ask for their own
+    /// cost.
     ///
     /// Near the limit, when a whole batch no longer fits, the request asks
     /// for its own cost only, so the backend never grants more than its
@@ -322,9 +325,13 @@ impl<B> LimiterBuilder<B> {
     /// Leases expire after `ttl`, so choosing `ttl` shorter than the time
     /// the backend takes to grant `W × (batch − 1)` units again (its refill
     /// or window) keeps the excess from adding up over time. Units leased
-    /// and not spent within `ttl` are lost to every worker; a zero `ttl`
+    /// and not spent within `ttl` are lost to every worker, as are those a
+    /// worker holds when it stops (a crash, a restart): the backend counted
+    /// them, nobody spends them (at most `batch − 1` per key it held a
+    /// lease for, until the policy grants them again). A zero `ttl`
     /// keeps none, and [`try_build`](Self::try_build) refuses it. Off by default;
-    /// ignored for progressive delays and for sliding windows that
+    /// ignored for progressive delays and concurrency limits (whose units
+    /// are failures and slots, not a rate), and for sliding windows that
     /// penalise refusals: there a batch that no longer fits would be
     /// recorded as a refusal of the client (and refill the window on each
     /// request near the limit), though the client asked for less. (An
@@ -341,7 +348,11 @@ impl<B> LimiterBuilder<B> {
     /// [`DEFAULT_LOCAL_CAPACITY`]), so that a flood of distinct keys cannot
     /// grow this worker's memory. When a map is full, expired entries make
     /// room; failing that, the key is simply not cached and its requests
-    /// are decided by the backend, as without the map. 0 turns both off.
+    /// are decided by the backend, as without the map. (Making room looks
+    /// at every entry of a part of the map: after a look that freed
+    /// little, the next waits for a few more keys to ask, so that no
+    /// pattern of expiries makes every request pay for one.) 0 turns both
+    /// off.
     pub fn local_capacity(mut self, entries: usize) -> Self {
         self.local_capacity = entries;
         self
@@ -515,8 +526,10 @@ impl<B: Backend> LimiterBuilder<B> {
 /// One named limit over a backend.
 ///
 /// A limiter is cheap to clone; clones share the breaker and the backend.
-/// Every decision is one backend round trip (two at most in lease mode),
-/// bounded in all by one [timeout](LimiterBuilder::timeout), behind a
+/// Every decision is one backend round trip (at most three: a sliding
+/// window's [local refusals](LimiterBuilder::local_denials) carried first,
+/// then, in [lease mode](LimiterBuilder::lease) near the limit, a batch
+/// and the request's own cost), bounded in all by one [timeout](LimiterBuilder::timeout), behind a
 /// circuit breaker; when the backend fails, the [`FailMode`] decides. No
 /// caller can leave the breaker stuck: a decision dropped at any point (a
 /// client gone, an outer timeout, a panic) gives its probe back.
@@ -985,25 +998,28 @@ impl<B: Backend> Limiter<B> {
         cost: u64,
         deadline: &Deadline,
     ) -> Result<Decision, Error> {
-        if let Some(d) = leases.spend(key, cost) {
-            self.inner.guard.meter().local_hit(Local::Lease);
-            return Ok(d);
-        }
-        // A batch is worth taking only if its rest can be kept.
-        if leases.batch > cost && leases.has_room(key) {
-            // A batch above what the policy in force (an override) can grant
-            // is impossible, not an error of this request: ask for its cost.
-            let asked = leases.asking();
-            match self.try_op(key, Op::Acquire(leases.batch), deadline).await {
-                Ok(d) if d.is_allowed() => {
-                    leases.keep(key, leases.batch - cost, &d, asked);
-                    return Ok(d);
-                }
-                Ok(_) | Err(Error::Policy(_)) => {}
-                Err(e) => return Err(e),
+        match leases.take(key, cost) {
+            Take::Spent(d) => {
+                self.inner.guard.meter().local_hit(Local::Lease);
+                return Ok(d);
             }
+            Take::Batch(fetch) => {
+                // A batch above what the policy in force (an override) can
+                // grant is impossible, not an error of this request: ask
+                // for its cost.
+                match self.try_op(key, Op::Acquire(leases.batch), deadline).await {
+                    Ok(d) if d.is_allowed() => {
+                        fetch.keep(leases.batch - cost, &d);
+                        return Ok(d);
+                    }
+                    Ok(_) | Err(Error::Policy(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Take::Own => {}
         }
-        // Near the limit: ask for exactly this request's cost.
+        // Near the limit, or a batch for the key already on its way: ask
+        // for exactly this request's cost.
         self.try_op(key, Op::Acquire(cost), deadline).await
     }
 
@@ -1168,6 +1184,14 @@ impl<B: Backend> Limiter<B> {
 
     /// Forgets `key`: it becomes a fresh key (unblocks a user after a false
     /// positive; a successful login for a progressive delay).
+    ///
+    /// This worker forgets its local answers for the key (cached refusals,
+    /// leased units, refusals still to carry) once the reset is answered or
+    /// given up. Another worker may still answer from its own, as after an
+    /// [override](Self::set_override): a refusal it cached, for at most
+    /// [`max_ttl`](LimiterBuilder::local_denials), or at most `batch − 1`
+    /// units it [leased](LimiterBuilder::lease) before, which the fresh
+    /// key's limit does not count.
     pub async fn reset(&self, key: &Key) -> Result<Decision, Error> {
         let _forget = ForgetLocal(self, Some(key));
         self.try_op(key, Op::Reset, &self.inner.guard.deadline())
@@ -1682,6 +1706,22 @@ mod tests {
             assert!(l.check(&k).await.is_allowed());
         }
         assert_eq!(*crate::lock(&l.backend().asked), [10, 10]);
+    }
+
+    /// A unit spent from a lease reports the batch's figures aged to now,
+    /// as a cached refusal does: the batch's `reset_after` as it was when
+    /// leased told a client (the `RateLimit` header's `t`) a full minute
+    /// until the reset half a minute later.
+    #[tokio::test(start_paused = true)]
+    async fn a_unit_spent_from_a_lease_reports_the_reset_aged() {
+        let l = builder(true).lease(4, Duration::from_secs(60)).build();
+        let k = Key::new("k");
+        let first = *l.check(&k).await.decision().unwrap();
+        assert_eq!(first.reset_after(), Duration::from_secs(60));
+        tokio::time::advance(Duration::from_secs(30)).await;
+        let spent = *l.check(&k).await.decision().unwrap();
+        assert_eq!(*crate::lock(&l.backend().asked), [4], "spent locally");
+        assert_eq!(spent.reset_after(), Duration::from_secs(30));
     }
 
     /// A minimum cost the policy (or the candidate) can never grant is

@@ -21,7 +21,10 @@ pub(crate) trait Expiring {
 ///
 /// Local state is an optimisation, and forgetting an entry costs only a
 /// round trip: when a shard is full, expired entries are dropped, and if
-/// none has expired the new entry is not kept.
+/// none has expired the new entry is not kept. A sweep that freed less than
+/// an eighth of the shard delays the next one by an eighth of the shard's
+/// requests for room, which are turned down meanwhile: a sweep's work is
+/// bounded per request, however the entries expire.
 #[derive(Debug)]
 pub(crate) struct Sharded<V> {
     shards: Box<[Mutex<Shard<V>>]>,
@@ -35,6 +38,12 @@ pub(crate) struct Shard<V> {
     /// No entry expires before this: sweeping earlier would free nothing,
     /// so a full shard under a flood of new keys is not rescanned per key.
     next_expiry: Option<Instant>,
+    /// Requests for room a full shard has turned down since its last sweep
+    /// that freed little (see `make_room`), up to `quota()`.
+    asks: usize,
+    /// Entries a sweep has looked at, in all.
+    #[cfg(test)]
+    visited: usize,
 }
 
 impl<V: Expiring> Sharded<V> {
@@ -51,6 +60,9 @@ impl<V: Expiring> Sharded<V> {
                         map: HashMap::new(),
                         cap,
                         next_expiry: None,
+                        asks: usize::MAX,
+                        #[cfg(test)]
+                        visited: 0,
                     })
                 })
                 .collect(),
@@ -119,8 +131,29 @@ impl<V: Expiring> Shard<V> {
         if self.next_expiry.is_some_and(|t| t > now) {
             return false;
         }
+        // A sweep looks at every entry, under the lock every request of
+        // the shard's keys takes. One that frees at least a quota is paid
+        // for by the entries it frees (each stored once); after one that
+        // frees less, the next waits for a quota of requests for room, so
+        // that entries expiring one at a time (an attacker's, of short
+        // ttls) cannot make every request sweep the whole shard.
+        let quota = (self.cap / 8).max(1);
+        if self.asks < quota {
+            self.asks += 1;
+            return false;
+        }
+        let before = self.map.len();
+        #[cfg(test)]
+        {
+            self.visited += before;
+        }
         self.map.retain(|_, v| v.until() > now);
         self.next_expiry = self.map.values().map(Expiring::until).min();
+        self.asks = if before - self.map.len() >= quota {
+            usize::MAX
+        } else {
+            0
+        };
         self.map.len() < self.cap
     }
 }
@@ -167,5 +200,34 @@ mod tests {
                 "{capacity}: {fresh}"
             );
         }
+    }
+
+    /// A full shard whose entries expire one at a time (an attacker's
+    /// keys, each refused or leased with a short ttl, beside long-lived
+    /// ones) must not be swept whole for every new key: a sweep looks at
+    /// every entry under the shard's lock, which every request of its
+    /// keys takes. Sweeps are paid for by the requests that ask for room,
+    /// a bounded number of entries each.
+    #[tokio::test(start_paused = true)]
+    async fn a_full_shard_is_not_swept_whole_for_every_new_key() {
+        let m = Sharded::<Instant>::new(1600);
+        let mut s = crate::lock(&m.shards[0]);
+        let cap = s.cap;
+        let start = Instant::now();
+        let hour = start + Duration::from_secs(3600);
+        for i in 0..cap - 1 {
+            assert!(s.insert(&Key::new(format!("long{i}")), hour, start));
+        }
+        let asks = 10_000;
+        for i in 0..asks {
+            let now = start + Duration::from_micros(i);
+            let k = Key::new(format!("short{i}"));
+            let _ = s.insert(&k, now + Duration::from_micros(1), now);
+        }
+        assert!(
+            s.visited <= 20 * asks as usize,
+            "{} entries looked at for {asks} new keys (a shard of {cap})",
+            s.visited
+        );
     }
 }

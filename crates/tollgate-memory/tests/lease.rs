@@ -164,3 +164,56 @@ async fn a_batch_that_no_longer_fits_a_penalised_window_is_not_a_refusal() {
     }
     assert_eq!(admitted, 7);
 }
+
+/// Requests of one key that find no lease while this worker's batch for
+/// it is on its way must not each take a batch: each batch's rest beyond
+/// `batch − 1` is dropped, so ten concurrent first requests took ten
+/// batches (the whole window) to admit ten and keep nine. They ask for
+/// their own cost instead; and a fetch whose caller gave up leaves nothing
+/// behind that would keep the key from leasing again.
+#[tokio::test(start_paused = true)]
+async fn concurrent_requests_of_one_key_take_one_batch() {
+    const LIMIT: u64 = 100;
+    const BATCH: u64 = 10;
+    let clock = MockClock::new();
+    let backend = MemoryBackend::with_clock(clock.clone());
+    let window = SlidingWindow::new(LIMIT, Duration::from_secs(60)).unwrap();
+    let leased = Limiter::builder("race", window, backend.clone())
+        .fail_mode(FailMode::Open)
+        .lease(BATCH, Duration::from_secs(60))
+        .build();
+    let plain = Limiter::new("race", window, backend.clone());
+    let k = Key::new("hot");
+    backend.set_delay(Duration::from_millis(1));
+    let mut requests = tokio::task::JoinSet::new();
+    for _ in 0..10 {
+        let (l, k) = (leased.clone(), k.clone());
+        requests.spawn(async move { l.check(&k).await.is_allowed() });
+    }
+    let mut admitted = 0;
+    while let Some(allowed) = requests.join_next().await {
+        admitted += u64::from(allowed.unwrap());
+    }
+    backend.clear_faults();
+    let remaining = plain.peek(&k).await.decision().unwrap().remaining();
+    let taken = LIMIT - remaining;
+    assert_eq!(admitted, 10);
+    assert!(
+        taken - admitted < BATCH,
+        "{admitted} admitted, {taken} units taken from the backend"
+    );
+
+    // A caller that gives up while its batch is on its way.
+    let k = Key::new("given-up");
+    backend.set_delay(Duration::from_millis(10));
+    let gave_up = tokio::time::timeout(Duration::from_millis(1), leased.check(&k)).await;
+    assert!(gave_up.is_err(), "answered: {gave_up:?}");
+    backend.clear_faults();
+    // The next request takes a batch, whose rest serves the next ones.
+    assert!(leased.check(&k).await.is_allowed());
+    backend.set_failing(true);
+    for i in 1..BATCH {
+        let v = leased.check(&k).await;
+        assert!(v.decision().is_some_and(|d| d.is_allowed()), "{i}: {v:?}");
+    }
+}

@@ -438,3 +438,33 @@ async fn a_reset_or_override_given_up_by_its_caller_forgets_cached_refusals() {
         );
     }
 }
+
+/// A request carrying a flood's local refusals whose caller goes away
+/// gives them back to the key (see above), but not across this worker's
+/// reset of the key made meanwhile: they were refused before it, and the
+/// reset forgets them. Given back, the key's next request recorded them
+/// on the fresh key, and a user a reset had just unblocked was refused.
+#[tokio::test(start_paused = true)]
+async fn refusals_given_back_after_a_reset_are_not_carried() {
+    let pair = Pair::new(penalised(1, 10 * S));
+    assert_eq!(pair.request(1).await, (true, true));
+    for _ in 1..=10 {
+        pair.advance(S).await;
+        assert_eq!(pair.request(1).await, (false, false));
+    }
+    // t = 11 s: a request carries the flood and waits for the backend.
+    pair.advance(S).await;
+    let backend = &pair.cached.backend().inner;
+    backend.set_delay(HOUR);
+    let k = Key::new("flooder");
+    let mut check = Box::pin(pair.cached.check(&k));
+    let pending = std::future::poll_fn(|cx| Poll::Ready(check.as_mut().poll(cx).is_pending()));
+    assert!(pending.await);
+    backend.clear_faults();
+    // The key is reset meanwhile; then the caller goes away.
+    for l in [&pair.cached, &pair.plain] {
+        l.reset(&k).await.unwrap();
+    }
+    drop(check);
+    assert_eq!(pair.request(1).await, (true, true));
+}
