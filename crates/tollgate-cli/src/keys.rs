@@ -112,8 +112,9 @@ impl Raw<'_> {
                 kind: "email",
             }
         } else if let Some(secret) = self.api_key {
+            let secret = api_key(&value(secret)?)?;
             KeySpec {
-                key: hasher()?.secret(value(secret)?),
+                key: hasher()?.secret(secret),
                 kind: "api-key",
             }
         } else if let Some(id) = self.key {
@@ -126,6 +127,17 @@ impl Raw<'_> {
         };
         Ok(Some(spec))
     }
+}
+
+/// `secret` as `ApiKey` keys it: the header value or bearer token with its
+/// surrounding ASCII whitespace trimmed (a pasted key's trailing space is
+/// not part of the key the services count).
+fn api_key(secret: &str) -> Result<String, Failure> {
+    let secret = secret.trim_ascii();
+    if secret.is_empty() {
+        return Err(Failure::Input("--api-key: the key is empty".into()));
+    }
+    Ok(secret.to_owned())
 }
 
 /// The value, or one line of standard input for `-`.

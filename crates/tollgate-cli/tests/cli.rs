@@ -903,6 +903,38 @@ tollgate_testkit::on_every_server! {
     }
 }
 
+tollgate_testkit::on_every_server! {
+    /// `ApiKey` trims the header value (and the bearer token) of ASCII
+    /// whitespace before hashing: an API key given with a pasted space, on
+    /// the command line or standard input, is the same client.
+    #[test]
+    fn an_api_key_is_trimmed_as_the_extractor_trims_it(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let c = config("t-api-key-trim");
+        let api = c.limiter(&url, "api");
+        let key = hasher().secret("sk_live_1");
+        block_on(api.reset(&key)).unwrap();
+        for (arg, stdin) in [("-", "sk_live_1 \n"), (" sk_live_1\t", "")] {
+            assert!(decide(&api, &key, 10).is_allowed());
+            assert!(decide(&api, &key, 1).is_denied());
+            let o = run_with(
+                &["-c", c.arg(), "--redis-url", &url, "reset", "api", "--api-key", arg],
+                &[],
+                stdin,
+            );
+            let out = expect(&o, 0);
+            let d = peek(&api, &key);
+            assert!(d.is_allowed(), "reset with {arg:?}/{stdin:?} said:\n{out}\nthe service: {d:?}");
+        }
+        let o = run_with(
+            &["-c", c.arg(), "--redis-url", &url, "reset", "api", "--api-key", "-"],
+            &[],
+            " \n",
+        );
+        expect(&o, 2);
+    }
+}
+
 // ---------------------------------------------------------------- overrides
 
 tollgate_testkit::on_every_server! {
