@@ -904,6 +904,27 @@ tollgate_testkit::on_every_server! {
 }
 
 tollgate_testkit::on_every_server! {
+    /// An `--email` the services never key (no `@`: a typo, or a user
+    /// name) is refused, rather than reset a key no service counts and
+    /// report that it worked.
+    #[test]
+    fn an_email_the_services_never_key_exits_2(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let c = config("t-email-typo");
+        for email in ["carol.example.com", "carol@example.com\u{7}", " "] {
+            for cmd in ["reset", "inspect"] {
+                let o = run(
+                    &["-c", c.arg(), "--redis-url", &url, cmd, "login_account", "--email", email],
+                    &[],
+                );
+                let out = expect(&o, 2);
+                assert!(out.contains("--email"), "{out}");
+            }
+        }
+    }
+}
+
+tollgate_testkit::on_every_server! {
     /// `ApiKey` trims the header value (and the bearer token) of ASCII
     /// whitespace before hashing: an API key given with a pasted space, on
     /// the command line or standard input, is the same client.
