@@ -429,6 +429,37 @@ fn unreachable_redis_exits_1_without_showing_the_password() {
     }
 }
 
+/// A URL that cannot be a Redis address is a usage error (exit 2), as the
+/// exit codes say, not "Redis unreachable" (exit 1), and its message
+/// shows no password.
+#[test]
+fn a_malformed_redis_url_exits_2_without_the_password() {
+    let c = config("t-bad-url");
+    for url in [
+        "redis://ops:hunter2@127.0.0.1:notaport",
+        "redis://ops:hunter2@127.0.0.1:6379/notadb",
+        "http://ops:hunter2@127.0.0.1:6379",
+        "redis+sentinel://ops:hunter2@127.0.0.1:26379",
+    ] {
+        let o = run(
+            &[
+                "-c",
+                c.arg(),
+                "--redis-url",
+                url,
+                "inspect",
+                "api",
+                "--key",
+                "a",
+            ],
+            &[],
+        );
+        let out = expect(&o, 2);
+        assert!(out.contains("invalid redis URL"), "{url}: {out}");
+        assert!(!out.contains("hunter2"), "{url}: {out}");
+    }
+}
+
 #[test]
 fn a_silent_server_times_out_with_exit_1() {
     // Accepts connections (the kernel's backlog) but never answers.
