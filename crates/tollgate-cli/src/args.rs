@@ -15,9 +15,9 @@ Exit codes:
 const KEYS_HELP: &str = "\
 Keys are given as the raw identity and its kind, and stored exactly as the
 tower layers store them: --ip (ClientIp: IPv4 and IPv4-mapped addresses per
-address, IPv6 by /64 unless --ipv6-prefix says otherwise), --email (trimmed,
-lower-cased, hashed), --api-key (hashed), --key (any other id: a channel, a
-host, an account). A value of '-' is read from standard input, which keeps
+address, IPv6 by /64 unless --ipv6-prefix says otherwise), --email (an
+address with '@': trimmed, lower-cased, hashed), --api-key (trimmed, hashed),
+--key (any other id: a channel, a host, an account). A value of '-' is read from standard input, which keeps
 secrets out of the shell history.
 
 --email and --api-key are hashed with the services' key secret (HMAC), read

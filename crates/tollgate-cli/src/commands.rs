@@ -277,9 +277,32 @@ async fn connect(g: &Global, prefix: &str) -> Result<RedisBackend, Failure> {
             .durability(Durability::Skip)
             .build()
             .await
-            .map_err(|e| Failure::backend(&format!("cannot connect to redis at {}", urls(g)), &e))
+            .map_err(|e| {
+                let what = format!("cannot connect to redis at {}", urls(g));
+                match bad_url(&e) {
+                    Some(why) => Failure::Input(format!("{what}: {why}")),
+                    None => Failure::backend(&what, &e),
+                }
+            })
     };
     timed(g, "connecting", build).await
+}
+
+/// Why the URLs cannot be used at all, when that is the failure: invalid
+/// usage (exit 2), not an unreachable Redis. The reasons never hold a
+/// password.
+fn bad_url(e: &RedisError) -> Option<String> {
+    match e {
+        RedisError::InvalidUrl(_)
+        | RedisError::InvalidClientCert(_)
+        | RedisError::Unsupported(_) => Some(e.to_string()),
+        RedisError::Redis(r) if r.kind() == redis::ErrorKind::InvalidClientConfig => Some(format!(
+            "invalid redis URL: {} (expected redis://[[user]:password@]host[:port][/db], \
+             rediss://..., or redis+sentinel://host[:port][,...]/<master-name>)",
+            r.to_string().replace(" - InvalidClientConfig", "")
+        )),
+        _ => None,
+    }
 }
 
 #[cfg(feature = "cluster")]

@@ -107,13 +107,15 @@ impl Raw<'_> {
                 kind: "ip",
             }
         } else if let Some(email) = self.email {
+            let email = account(&value(email)?)?;
             KeySpec {
-                key: hasher()?.email(value(email)?),
+                key: hasher()?.email(email),
                 kind: "email",
             }
         } else if let Some(secret) = self.api_key {
+            let secret = api_key(&value(secret)?)?;
             KeySpec {
-                key: hasher()?.secret(value(secret)?),
+                key: hasher()?.secret(secret),
                 kind: "api-key",
             }
         } else if let Some(id) = self.key {
@@ -126,6 +128,46 @@ impl Raw<'_> {
         };
         Ok(Some(spec))
     }
+}
+
+/// The longest address the services key (`Email`, `LoginAttempts`).
+const MAX_EMAIL_LEN: usize = 254;
+
+/// `email` as the services key it: trimmed, and only if their account
+/// rule accepts it (an `@`, at most 254 bytes, no control character), so
+/// that a typo is an error, never the key of an account no service counts.
+fn account(email: &str) -> Result<String, Failure> {
+    let email = email.trim();
+    // The address itself is not echoed: it may have come from standard
+    // input to stay out of the terminal.
+    let bad = |why: &str| Failure::Input(format!("--email: {why}"));
+    if !email.contains('@') {
+        return Err(bad(
+            "not an email address (no '@'): the services key no such account (another identifier is --key)",
+        ));
+    }
+    if email.len() > MAX_EMAIL_LEN {
+        return Err(bad(
+            "longer than 254 bytes: the services key no such account",
+        ));
+    }
+    if email.chars().any(char::is_control) {
+        return Err(bad(
+            "holds a control character: the services key no such account",
+        ));
+    }
+    Ok(email.to_owned())
+}
+
+/// `secret` as `ApiKey` keys it: the header value or bearer token with its
+/// surrounding ASCII whitespace trimmed (a pasted key's trailing space is
+/// not part of the key the services count).
+fn api_key(secret: &str) -> Result<String, Failure> {
+    let secret = secret.trim_ascii();
+    if secret.is_empty() {
+        return Err(Failure::Input("--api-key: the key is empty".into()));
+    }
+    Ok(secret.to_owned())
 }
 
 /// The value, or one line of standard input for `-`.

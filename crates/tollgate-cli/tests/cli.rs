@@ -429,6 +429,37 @@ fn unreachable_redis_exits_1_without_showing_the_password() {
     }
 }
 
+/// A URL that cannot be a Redis address is a usage error (exit 2), as the
+/// exit codes say, not "Redis unreachable" (exit 1), and its message
+/// shows no password.
+#[test]
+fn a_malformed_redis_url_exits_2_without_the_password() {
+    let c = config("t-bad-url");
+    for url in [
+        "redis://ops:hunter2@127.0.0.1:notaport",
+        "redis://ops:hunter2@127.0.0.1:6379/notadb",
+        "http://ops:hunter2@127.0.0.1:6379",
+        "redis+sentinel://ops:hunter2@127.0.0.1:26379",
+    ] {
+        let o = run(
+            &[
+                "-c",
+                c.arg(),
+                "--redis-url",
+                url,
+                "inspect",
+                "api",
+                "--key",
+                "a",
+            ],
+            &[],
+        );
+        let out = expect(&o, 2);
+        assert!(out.contains("invalid redis URL"), "{url}: {out}");
+        assert!(!out.contains("hunter2"), "{url}: {out}");
+    }
+}
+
 #[test]
 fn a_silent_server_times_out_with_exit_1() {
     // Accepts connections (the kernel's backlog) but never answers.
@@ -900,6 +931,59 @@ tollgate_testkit::on_every_server! {
         decide(&ip_limiter, &other, 2);
         expect(&run_cli(&["reset", "login_ip", "--ip", "203.0.113.7"]), 0);
         assert_eq!(decide(&ip_limiter, &other, 1).remaining(), 0);
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// An `--email` the services never key (no `@`: a typo, or a user
+    /// name) is refused, rather than reset a key no service counts and
+    /// report that it worked.
+    #[test]
+    fn an_email_the_services_never_key_exits_2(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let c = config("t-email-typo");
+        for email in ["carol.example.com", "carol@example.com\u{7}", " "] {
+            for cmd in ["reset", "inspect"] {
+                let o = run(
+                    &["-c", c.arg(), "--redis-url", &url, cmd, "login_account", "--email", email],
+                    &[],
+                );
+                let out = expect(&o, 2);
+                assert!(out.contains("--email"), "{out}");
+            }
+        }
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// `ApiKey` trims the header value (and the bearer token) of ASCII
+    /// whitespace before hashing: an API key given with a pasted space, on
+    /// the command line or standard input, is the same client.
+    #[test]
+    fn an_api_key_is_trimmed_as_the_extractor_trims_it(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let c = config("t-api-key-trim");
+        let api = c.limiter(&url, "api");
+        let key = hasher().secret("sk_live_1");
+        block_on(api.reset(&key)).unwrap();
+        for (arg, stdin) in [("-", "sk_live_1 \n"), (" sk_live_1\t", "")] {
+            assert!(decide(&api, &key, 10).is_allowed());
+            assert!(decide(&api, &key, 1).is_denied());
+            let o = run_with(
+                &["-c", c.arg(), "--redis-url", &url, "reset", "api", "--api-key", arg],
+                &[],
+                stdin,
+            );
+            let out = expect(&o, 0);
+            let d = peek(&api, &key);
+            assert!(d.is_allowed(), "reset with {arg:?}/{stdin:?} said:\n{out}\nthe service: {d:?}");
+        }
+        let o = run_with(
+            &["-c", c.arg(), "--redis-url", &url, "reset", "api", "--api-key", "-"],
+            &[],
+            " \n",
+        );
+        expect(&o, 2);
     }
 }
 
