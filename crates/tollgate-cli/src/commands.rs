@@ -219,6 +219,13 @@ fn urls(g: &Global) -> String {
         .join(",")
 }
 
+/// Where a command that changes state acted: the Redis URLs (passwords
+/// hidden) and the prefix. An operator whose shell still holds another
+/// `REDIS_URL` sees it before trusting the answer.
+fn acted_on(g: &Global, t: &Target) -> String {
+    format!("{} (prefix {})", urls(g), t.limiter.backend().prefix())
+}
+
 /// Runs `fut` under the command's timeout.
 async fn timed<T>(
     g: &Global,
@@ -658,6 +665,7 @@ async fn reset(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
             "limiter": t.limiter.name(),
             "key": key_json(Some(&key)),
             "reset": true,
+            "redis": acted_on(g, &t),
             "decision": decision_json(&d),
             "key_override_kept": o.key.as_ref().map_or(Value::Null, policy_json),
         }));
@@ -670,6 +678,7 @@ async fn reset(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
         d.remaining(),
         d.limit()
     );
+    println!("on redis     {}", acted_on(g, &t));
     if o.key.is_some() {
         println!(
             "note: the key's override is kept; `tollgate override clear {} --{} ...` removes it",
@@ -710,6 +719,7 @@ async fn override_set(g: &Global, s: &ScopeArgs, snippet: &str) -> Result<(), Fa
             "limiter": t.limiter.name(),
             "key": key_json(key.as_ref()),
             "set": policy_json(&policy),
+            "redis": acted_on(g, &t),
             "policy": o.json(),
         }));
         return Ok(());
@@ -719,6 +729,7 @@ async fn override_set(g: &Global, s: &ScopeArgs, snippet: &str) -> Result<(), Fa
         scope_name(&t, key.as_ref()),
         describe(&policy)
     );
+    println!("on redis     {}", acted_on(g, &t));
     o.print(key.as_ref());
     Ok(())
 }
@@ -751,6 +762,7 @@ async fn override_clear(g: &Global, s: &ScopeArgs) -> Result<(), Failure> {
             "limiter": t.limiter.name(),
             "key": key_json(key.as_ref()),
             "cleared": cleared,
+            "redis": acted_on(g, &t),
             "policy": o.json(),
         }));
         return Ok(());
@@ -767,6 +779,7 @@ async fn override_clear(g: &Global, s: &ScopeArgs) -> Result<(), Failure> {
         ),
         Ok(None) => println!("no override was set for {}", scope_name(&t, key.as_ref())),
     }
+    println!("on redis     {}", acted_on(g, &t));
     o.print(key.as_ref());
     Ok(())
 }

@@ -877,6 +877,12 @@ tollgate_testkit::on_every_server! {
         assert!(decide(&ip_limiter, &ip, 1).is_denied());
         let out = expect(&run_cli(&["reset", "login_ip", "--ip", "203.0.113.7"]), 0);
         assert!(out.contains("the key is fresh (3 of 3 available)"), "{out}");
+        // Where it acted, for an operator whose shell holds another
+        // REDIS_URL: the URL (no password here to hide) and the prefix.
+        assert!(
+            field(&out, "on redis") == format!("{url} (prefix t-reset)"),
+            "{out}"
+        );
         let d = decide(&ip_limiter, &ip, 1);
         assert!(d.is_allowed() && d.remaining() == 2, "{d:?}");
 
