@@ -59,8 +59,6 @@ local live = st[1] == 'n' and tonumber(st[2]) > now and op ~= 'reset'
 local forgotten, remembered = 0, 0
 -- The slots held (leases after now).
 local held = 0
--- Whether expired slots may still be in the set (nothing swept yet).
-local unswept = true
 
 -- A remembered id's member.
 local function member(slot)
@@ -85,13 +83,9 @@ local function answer(allowed, retry)
   if held > 0 then
     reset = tonumber(redis.call('ZRANGE', slots, -1, -1, 'WITHSCORES')[2]) - now
     if allowed == 0 and not retry then
-      -- The earliest lease: the least score after now.
-      local first
-      if remembered > 0 or unswept then
-        first = redis.call('ZRANGE', slots, '(' .. fmt(now), '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
-      else
-        first = redis.call('ZRANGE', slots, 0, 0, 'WITHSCORES')
-      end
+      -- The earliest lease: the least score after now (remembered ids
+      -- score below 0, expired slots not yet swept below now).
+      local first = redis.call('ZRANGE', slots, '(' .. fmt(now), '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
       retry = capped(tonumber(first[2]) - now)
     end
   end
@@ -160,7 +154,7 @@ local function answered(reply)
   pcall(sweep)
   return reply
 end
---
+
 -- Whether every slot is held, by score: the p.max-th greatest score is a
 -- lease after now (remembered ids score below 0, expired slots below now).
 -- By rank, O(log N), with the commands the documented ACL grants (no
@@ -219,7 +213,6 @@ if looks then
 end
 
 sweep()
-unswept = false
 held = redis.call('ZCARD', slots) - remembered
 
 -- The key's expiry is its latest lease's or remembered id's; neither left,

@@ -140,6 +140,14 @@ pub(crate) struct Timeouts {
     pub(crate) response: Duration,
 }
 
+impl Timeouts {
+    /// The most one question on a new connection may take: connected,
+    /// then answered.
+    pub(crate) fn bound(self) -> Duration {
+        self.connect.saturating_add(self.response)
+    }
+}
+
 /// Makes a fresh connection for a slot.
 #[derive(Clone)]
 pub(crate) enum Connector {
@@ -395,7 +403,7 @@ async fn answers(link: &mut Link, t: Timeouts, replica: bool) -> Result<(), redi
     };
     // The link's own timeouts bound this already; the outer bound keeps the
     // keeper from hanging on a client that retries internally.
-    match tokio::time::timeout(t.connect.saturating_add(t.response), check).await {
+    match tokio::time::timeout(t.bound(), check).await {
         Err(_) => Err(timed_out()),
         Ok(Err(e)) if breaks(&e) => Err(e),
         Ok(_) => Ok(()),
@@ -436,7 +444,7 @@ async fn view(
     let masters =
         |policy| RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, Some(policy)));
     // The client retries a timeout on the same node: bound each step.
-    let bound = t.connect.saturating_add(t.response);
+    let bound = t.bound();
     let ping = c.route_command(redis::cmd("PING"), masters(ResponsePolicy::AllSucceeded));
     if let Ok(Ok(_)) = tokio::time::timeout(bound, ping).await {
         return (View::Whole, false);
@@ -501,7 +509,7 @@ async fn ask(
     node: Option<redis::ConnectionInfo>,
 ) -> Asked {
     use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-    let bound = t.connect.saturating_add(t.response);
+    let bound = t.bound();
     let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
         host: host.clone(),
         port,
@@ -587,7 +595,7 @@ async fn answers_anew(node: redis::ConnectionInfo, host: String, port: u16, t: T
             .await?;
         redis::cmd("PING").query_async::<Value>(&mut conn).await
     };
-    match tokio::time::timeout(t.connect.saturating_add(t.response), ping).await {
+    match tokio::time::timeout(t.bound(), ping).await {
         Ok(Ok(_)) => true,
         Ok(Err(e)) => e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm),
         Err(_) => false,
