@@ -183,7 +183,8 @@ Examples:
   tollgate -c tollgate.toml override set api --capacity 500
   tollgate -c tollgate.toml override set api --api-key - --toml 'capacity = 1000
 refill = \"1000/min\"'
-  tollgate -c tollgate.toml override set login_ip --ip 203.0.113.7 --limit 100")]
+  tollgate -c tollgate.toml override set login_ip --ip 203.0.113.7 --limit 100
+  tollgate -c tollgate.toml override set api --capacity 1000 --for 2h")]
     Set(OverrideSetArgs),
     /// Remove an override (limiter-wide, or one key's).
     Clear(ScopeArgs),
@@ -230,6 +231,11 @@ pub(crate) struct OverrideSetArgs {
     /// `capacity = 500` (no table header).
     #[arg(long, value_name = "TOML", conflicts_with = "PolicyFlags")]
     pub(crate) toml: Option<String>,
+    /// Keep the override only this long, e.g. `2h`: then the store forgets
+    /// it and what was in force before rules again. Without it, the
+    /// override stays until cleared.
+    #[arg(long = "for", value_name = "DURATION", value_parser = lifetime)]
+    pub(crate) ttl: Option<Duration>,
 }
 
 /// A policy as flags; the names are the configuration's fields.
@@ -352,6 +358,14 @@ impl Global {
 fn wait(s: &str) -> Result<Duration, String> {
     match humantime::parse_duration(s).map_err(|e| e.to_string())? {
         d if d.is_zero() => Err("must be above zero".into()),
+        d => Ok(d),
+    }
+}
+
+/// `--for`: Redis keeps expiries in whole milliseconds.
+fn lifetime(s: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(s).map_err(|e| e.to_string())? {
+        d if d < Duration::from_millis(1) => Err("must be at least 1ms".into()),
         d => Ok(d),
     }
 }

@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use tollgate_limiter::{
@@ -65,7 +66,7 @@ pub(crate) fn run(cli: &Cli) -> Result<(), Failure> {
                 Some(t) => t.clone(),
                 None => s.policy.to_toml(),
             };
-            rt.block_on(override_set(g, &s.scope, &snippet))
+            rt.block_on(override_set(g, &s.scope, &snippet, s.ttl))
         }
         Command::Override(OverrideCommand::Clear(s)) => rt.block_on(override_clear(g, s)),
         Command::Override(OverrideCommand::Show(s)) => rt.block_on(override_show(g, s)),
@@ -387,6 +388,10 @@ struct Overrides {
     configured: Policy,
     limiter: Option<Policy>,
     key: Option<Policy>,
+    /// The time each override has left, when it was set for a time
+    /// (`override set --for`).
+    limiter_ttl: Option<Duration>,
+    key_ttl: Option<Duration>,
 }
 
 impl Overrides {
@@ -395,18 +400,26 @@ impl Overrides {
             let l = &t.limiter;
             let k = k.cloned();
             async move {
-                l.get_override(k.as_ref())
+                l.get_override_and_ttl(k.as_ref())
                     .await
                     .map_err(|e| limiter_error("reading the overrides", &e))
             }
         };
+        let split = |o: Option<(Policy, Option<Duration>)>| match o {
+            Some((p, ttl)) => (Some(p), ttl),
+            None => (None, None),
+        };
+        let (limiter, limiter_ttl) = split(get(None).await?);
+        let (key, key_ttl) = match key {
+            Some(k) => split(get(Some(k)).await?),
+            None => (None, None),
+        };
         Ok(Self {
             configured: *t.limiter.policy(),
-            limiter: get(None).await?,
-            key: match key {
-                Some(k) => get(Some(k)).await?,
-                None => None,
-            },
+            limiter,
+            key,
+            limiter_ttl,
+            key_ttl,
         })
     }
 
@@ -426,22 +439,35 @@ impl Overrides {
         json!({
             "configured": policy_json(&self.configured),
             "limiter_override": opt(&self.limiter),
+            "limiter_override_expires_in_ms": millis_json(self.limiter_ttl),
             "key_override": opt(&self.key),
+            "key_override_expires_in_ms": millis_json(self.key_ttl),
             "in_force": policy_json(p),
             "source": source,
         })
     }
 
     fn print(&self, key: Option<&KeySpec>) {
-        let opt = |p: &Option<Policy>| p.as_ref().map_or_else(|| "none".into(), describe);
+        let opt = |p: &Option<Policy>, ttl: Option<Duration>| match (p, ttl) {
+            (None, _) => "none".into(),
+            (Some(p), None) => describe(p),
+            (Some(p), Some(t)) => format!("{}; expires in {}", describe(p), human_duration(t)),
+        };
         println!("configured   {}", describe(&self.configured));
-        println!("limiter-wide {}", opt(&self.limiter));
+        println!("limiter-wide {}", opt(&self.limiter, self.limiter_ttl));
         if key.is_some() {
-            println!("this key     {}", opt(&self.key));
+            println!("this key     {}", opt(&self.key, self.key_ttl));
         }
         let (p, from, _) = self.in_force();
         println!("in force     {} (from {from})", describe(p));
     }
+}
+
+/// A duration in whole milliseconds, or `null`.
+fn millis_json(d: Option<Duration>) -> Value {
+    d.map_or(Value::Null, |d| {
+        json!(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    })
 }
 
 fn print_decision(d: &Decision, cost: u64) {
@@ -696,7 +722,12 @@ fn scope_name(t: &Target, key: Option<&KeySpec>) -> String {
     }
 }
 
-async fn override_set(g: &Global, s: &ScopeArgs, snippet: &str) -> Result<(), Failure> {
+async fn override_set(
+    g: &Global,
+    s: &ScopeArgs,
+    snippet: &str,
+    ttl: Option<Duration>,
+) -> Result<(), Failure> {
     let key = s.key.resolve(s.ipv6_prefix, g)?;
     // Validate before connecting: a bad override never reaches Redis.
     let config = loaded(g)?;
@@ -707,10 +738,11 @@ async fn override_set(g: &Global, s: &ScopeArgs, snippet: &str) -> Result<(), Fa
     let t = target(g, &s.limiter).await?;
     let k = key.as_ref().map(|k| &k.key);
     let work = async {
-        t.limiter
-            .set_override(k, Some(policy))
-            .await
-            .map_err(|e| limiter_error("setting the override", &e))?;
+        match ttl {
+            Some(ttl) => t.limiter.set_override_for(k, policy, ttl).await,
+            None => t.limiter.set_override(k, Some(policy)).await,
+        }
+        .map_err(|e| limiter_error("setting the override", &e))?;
         Overrides::read(&t, k).await
     };
     let o = timed(g, "override set", work).await?;
@@ -719,13 +751,18 @@ async fn override_set(g: &Global, s: &ScopeArgs, snippet: &str) -> Result<(), Fa
             "limiter": t.limiter.name(),
             "key": key_json(key.as_ref()),
             "set": policy_json(&policy),
+            "set_for_ms": millis_json(ttl),
             "redis": acted_on(g, &t),
             "policy": o.json(),
         }));
         return Ok(());
     }
+    let lasting = match ttl {
+        Some(t) => format!(", for {} (then forgotten)", human_duration(t)),
+        None => " (until cleared)".into(),
+    };
     println!(
-        "override set for {}: {}",
+        "override set for {}: {}{lasting}",
         scope_name(&t, key.as_ref()),
         describe(&policy)
     );

@@ -1153,6 +1153,59 @@ tollgate_testkit::on_every_server! {
 }
 
 tollgate_testkit::on_every_server! {
+    /// `override set --for`: the override is reported with the time it has
+    /// left, then forgotten by Redis, and the services decide under what
+    /// was in force before; a time under a millisecond exits 2 naming the
+    /// flag, before anything is written.
+    #[test]
+    fn an_override_set_for_a_time_is_forgotten(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let c = config("t-overridefor");
+        let run_cli = |args: &[&str]| {
+            let mut full = vec!["-c", c.arg()];
+            full.extend(args);
+            run(&full, &[("REDIS_URL", &url)])
+        };
+        let other = Key::new("10.0.0.1");
+
+        let o = run_cli(&["override", "set", "api", "--capacity", "3", "--for", "0s"]);
+        let out = expect(&o, 2);
+        assert!(out.contains("--for") && out.contains("at least 1ms"), "{out}");
+        let o = run_cli(&["--json", "override", "show", "api"]);
+        assert_eq!(json(&o)["policy"]["limiter_override"], serde_json::Value::Null);
+
+        // A long one: reported with what it has left, in text and JSON.
+        let out = expect(
+            &run_cli(&["override", "set", "api", "--key", "acct", "--capacity", "5", "--for", "1h"]),
+            0,
+        );
+        assert!(out.contains("capacity = 5") && out.contains(", for 3600s (1h) (then forgotten)"), "{out}");
+        assert!(field(&out, "this key").contains("; expires in "), "{out}");
+        let v = json(&run_cli(&["--json", "override", "show", "api", "--key", "acct"]));
+        let left = v["policy"]["key_override_expires_in_ms"].as_u64().unwrap_or_else(|| panic!("{v}"));
+        assert!((3_000_000..=3_600_000).contains(&left), "{v}");
+        assert_eq!(v["policy"]["limiter_override_expires_in_ms"], serde_json::Value::Null);
+
+        // A short one, limiter-wide: in force, then gone.
+        let v = json(&run_cli(&["--json", "override", "set", "api", "--capacity", "3", "--for", "500ms"]));
+        assert_eq!(v["set_for_ms"], 500, "{v}");
+        assert_eq!(decide(&c.limiter(&url, "api"), &other, 1).limit(), 3);
+        let forgotten = (0..100).any(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            let v = json(&run_cli(&["--json", "override", "show", "api"]));
+            v["policy"]["limiter_override"].is_null()
+        });
+        assert!(forgotten, "the override was not forgotten within 10 s");
+        assert_eq!(peek(&c.limiter(&url, "api"), &other).limit(), 10);
+        // Set again without a time: until cleared.
+        let out = expect(&run_cli(&["override", "set", "api", "--key", "acct", "--capacity", "6"]), 0);
+        assert!(out.contains("(until cleared)"), "{out}");
+        assert_eq!(field(&out, "this key"), "token_bucket: capacity = 6, refill = \"1/h\"");
+        expect(&run_cli(&["override", "clear", "api", "--key", "acct"]), 0);
+    }
+}
+
+tollgate_testkit::on_every_server! {
     /// An override stored by hand (or by another tool) that is no policy is
     /// what an operator most needs to remove: `override clear` removes it,
     /// and says it was no policy, limiter-wide and per key. It exited 1

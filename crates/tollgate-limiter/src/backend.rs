@@ -165,6 +165,21 @@ pub trait Backend: Send + Sync + 'static {
         scope: Scope<'_>,
     ) -> impl Future<Output = Result<Option<Policy>, Self::Error>> + Send;
 
+    /// The override set for exactly `scope`, if any, with the time it has
+    /// left when it was set to expire
+    /// ([`set_expiring_override`](Backend::set_expiring_override)); `None`
+    /// for one kept until cleared. For operators' tools: decisions never
+    /// ask it.
+    ///
+    /// The default implementation knows of no expiry: backends that
+    /// override `set_expiring_override` override this too.
+    fn get_override_and_ttl(
+        &self,
+        scope: Scope<'_>,
+    ) -> impl Future<Output = Result<Option<(Policy, Option<Duration>)>, Self::Error>> + Send {
+        async move { Ok(self.get_override(scope).await?.map(|p| (p, None))) }
+    }
+
     /// How many failure domains this backend has: parts that fail apart
     /// (the masters of a Redis Cluster), each given a circuit breaker of its
     /// own by every limiter, so that one part's failures do not answer the
@@ -239,6 +254,13 @@ impl<B: Backend> Backend for Arc<B> {
         scope: Scope<'_>,
     ) -> impl Future<Output = Result<Option<Policy>, Self::Error>> + Send {
         (**self).get_override(scope)
+    }
+
+    fn get_override_and_ttl(
+        &self,
+        scope: Scope<'_>,
+    ) -> impl Future<Output = Result<Option<(Policy, Option<Duration>)>, Self::Error>> + Send {
+        (**self).get_override_and_ttl(scope)
     }
 
     fn failure_domains(&self) -> usize {

@@ -1269,21 +1269,7 @@ impl<B: Backend> Limiter<B> {
         policy: Option<Policy>,
     ) -> Result<(), Error> {
         if let Some(p) = &policy {
-            if p.strategy() != self.inner.policy.strategy() {
-                return Err(Error::from(PolicyError::new(
-                    "strategy",
-                    format!(
-                        "an override of limiter {:?} must be a {}, not a {}",
-                        self.inner.name,
-                        self.inner.policy.strategy(),
-                        p.strategy()
-                    ),
-                )));
-            }
-            for (field, cost) in [("min_cost", self.inner.min_cost), ("cost", self.inner.cost)] {
-                p.check_cost(cost)
-                    .map_err(|e| PolicyError::new(field, e.reason))?;
-            }
+            self.check_override(p)?;
         }
         let scope = self.scope(key);
         let domain = self.inner.backend.failure_domain(scope);
@@ -1297,6 +1283,64 @@ impl<B: Backend> Limiter<B> {
             .await
     }
 
+    /// Sets a runtime override, as [`set_override`](Self::set_override)
+    /// does, that the backend forgets `ttl` from now: a limit raised for an
+    /// incident or a launch returns to what was in force before (the
+    /// configuration, or the limiter-wide override under a key's) without
+    /// anyone having to remember to clear it. Setting the scope again, with
+    /// or without a ttl, replaces it.
+    ///
+    /// When it expires, a worker that cached refusals or leased units under
+    /// it answers from them for at most their own ttl, as after
+    /// `set_override`. `ttl` must be at least one millisecond (Redis keeps
+    /// expiries in milliseconds; a shorter one is rounded up).
+    pub async fn set_override_for(
+        &self,
+        key: Option<&Key>,
+        policy: Policy,
+        ttl: Duration,
+    ) -> Result<(), Error> {
+        self.check_override(&policy)?;
+        if ttl < Duration::from_millis(1) {
+            return Err(Error::from(PolicyError::new(
+                "ttl",
+                format!("an override must last at least 1ms, not {ttl:?}"),
+            )));
+        }
+        let scope = self.scope(key);
+        let domain = self.inner.backend.failure_domain(scope);
+        let _forget = ForgetLocal(self, key);
+        self.inner
+            .guard
+            .run(domain, &self.inner.guard.deadline(), || {
+                self.inner
+                    .backend
+                    .set_expiring_override(scope, &policy, ttl)
+            })
+            .await
+    }
+
+    /// An override must use the limiter's strategy and grant its costs, as
+    /// the configuration requires of the limiter's own policy.
+    fn check_override(&self, p: &Policy) -> Result<(), Error> {
+        if p.strategy() != self.inner.policy.strategy() {
+            return Err(Error::from(PolicyError::new(
+                "strategy",
+                format!(
+                    "an override of limiter {:?} must be a {}, not a {}",
+                    self.inner.name,
+                    self.inner.policy.strategy(),
+                    p.strategy()
+                ),
+            )));
+        }
+        for (field, cost) in [("min_cost", self.inner.min_cost), ("cost", self.inner.cost)] {
+            p.check_cost(cost)
+                .map_err(|e| PolicyError::new(field, e.reason))?;
+        }
+        Ok(())
+    }
+
     /// The override in force for exactly this key (or, with `None`, the
     /// limiter-wide one).
     pub async fn get_override(&self, key: Option<&Key>) -> Result<Option<Policy>, Error> {
@@ -1306,6 +1350,23 @@ impl<B: Backend> Limiter<B> {
         guard
             .run(domain, &guard.deadline(), || {
                 self.inner.backend.get_override(scope)
+            })
+            .await
+    }
+
+    /// The override set for exactly this key (or, with `None`, the
+    /// limiter-wide one) and, for one set with
+    /// [`set_override_for`](Self::set_override_for), the time it has left.
+    pub async fn get_override_and_ttl(
+        &self,
+        key: Option<&Key>,
+    ) -> Result<Option<(Policy, Option<Duration>)>, Error> {
+        let scope = self.scope(key);
+        let domain = self.inner.backend.failure_domain(scope);
+        let guard = &self.inner.guard;
+        guard
+            .run(domain, &guard.deadline(), || {
+                self.inner.backend.get_override_and_ttl(scope)
             })
             .await
     }

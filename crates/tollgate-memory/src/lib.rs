@@ -173,12 +173,12 @@ impl Overrides {
         }
     }
 
-    fn get(&self, scope: Scope<'_>, now: Timestamp) -> Option<Policy> {
+    /// What is stored for exactly `scope`, live or not.
+    fn stored(&self, scope: Scope<'_>) -> Option<Stored> {
         match scope {
             Scope::Limiter(_) => self.limiter,
             Scope::Key(_, key) => self.keys.get(key).copied(),
         }
-        .and_then(|s| s.live(now))
     }
 
     fn is_empty(&self) -> bool {
@@ -1122,6 +1122,13 @@ impl<C: Clock> Backend for MemoryBackend<C> {
     }
 
     async fn get_override(&self, scope: Scope<'_>) -> Result<Option<Policy>, MemoryError> {
+        Ok(self.get_override_and_ttl(scope).await?.map(|(p, _)| p))
+    }
+
+    async fn get_override_and_ttl(
+        &self,
+        scope: Scope<'_>,
+    ) -> Result<Option<(Policy, Option<Duration>)>, MemoryError> {
         self.inject()?;
         let overrides = self
             .shared
@@ -1129,9 +1136,13 @@ impl<C: Clock> Backend for MemoryBackend<C> {
             .read()
             .unwrap_or_else(|e| e.into_inner());
         let now = self.shared.clock.now();
-        Ok(overrides
-            .get(scope.limiter())
-            .and_then(|o| o.get(scope, now)))
+        let Some(s) = overrides.get(scope.limiter()).and_then(|o| o.stored(scope)) else {
+            return Ok(None);
+        };
+        Ok(s.live(now).map(|p| {
+            let left = s.until.map(|t| Duration::from_micros(t - now));
+            (p, left)
+        }))
     }
 }
 

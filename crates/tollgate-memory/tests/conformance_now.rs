@@ -63,6 +63,13 @@ impl Backend for NowFirst {
     ) -> impl Future<Output = Result<Option<Policy>, MemoryError>> + Send {
         self.0.get_override(scope)
     }
+
+    fn get_override_and_ttl(
+        &self,
+        scope: Scope<'_>,
+    ) -> impl Future<Output = Result<Option<(Policy, Option<Duration>)>, MemoryError>> + Send {
+        self.0.get_override_and_ttl(scope)
+    }
 }
 
 tollgate_testkit::conformance_tests!(

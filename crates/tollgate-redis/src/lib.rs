@@ -1772,6 +1772,43 @@ impl Backend for RedisBackend {
         Ok(v.as_deref().map(encoding::decode).transpose()?)
     }
 
+    /// `GET` and `PTTL` in one round trip. Not in a transaction (no
+    /// `MULTI` to grant): a write between the two can pair a value with
+    /// its successor's time left, for an operator's look only. A user
+    /// not granted `+pttl` (the documented ACL before it was added) gets
+    /// the override without its time.
+    async fn get_override_and_ttl(
+        &self,
+        scope: Scope<'_>,
+    ) -> Result<Option<(Policy, Option<Duration>)>, RedisError> {
+        let key = self.override_key(scope)?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("GET")
+            .arg(&key)
+            .cmd("PTTL")
+            .arg(&key)
+            .ignore_errors();
+        let replies: Vec<redis::RedisResult<Value>> = self.inner.conn.pipeline(&pipe).await?;
+        let mut replies = replies.into_iter();
+        let value: Option<String> = match replies.next() {
+            Some(v) => redis::from_redis_value(v?).map_err(redis::RedisError::from)?,
+            None => None,
+        };
+        let Some(policy) = value.as_deref().map(encoding::decode).transpose()? else {
+            return Ok(None);
+        };
+        match replies.next() {
+            // -2: gone (expired or cleared) since the GET.
+            Some(Ok(Value::Int(-2))) => Ok(None),
+            Some(Ok(Value::Int(ms))) if ms >= 0 => Ok(Some((
+                policy,
+                Some(Duration::from_millis(ms.unsigned_abs())),
+            ))),
+            // -1: no expiry; or the time could not be read.
+            _ => Ok(Some((policy, None))),
+        }
+    }
+
     /// [`CLUSTER_DOMAINS`] for a cluster; one for a single server or
     /// Sentinel (one master: it fails as a whole).
     fn failure_domains(&self) -> usize {

@@ -897,6 +897,29 @@ tollgate_testkit::on_every_server! {
         // HDEL, the sorted sets).
         let limiter = |name: &str, policy: Policy| patient(name, policy, b.clone());
         tollgate_testkit::redis_server::use_every_grant(limiter, &k).await;
+        // An override set for a time, read back with the time it has left
+        // (`PTTL`); a user granted the list before `+pttl` was in it reads
+        // the override without its time.
+        let hour = Duration::from_secs(3600);
+        let five = Policy::from(SlidingWindow::new(5, 60 * S).unwrap());
+        l.set_override_for(Some(&k), five, hour).await.unwrap();
+        let (p, left) = l.get_override_and_ttl(Some(&k)).await.unwrap().unwrap();
+        assert_eq!(p, five);
+        assert!(left.is_some_and(|t| t <= hour && t > hour / 2), "{left:?}");
+        let mut older = vec!["ACL", "SETUSER", "older", "on", ">s3cret"];
+        older.extend(ACL_RULES.iter().filter(|r| **r != "+pttl"));
+        assert_eq!(server.cli(&older).trim(), "OK");
+        let url = format!("redis://older:s3cret@127.0.0.1:{}", server.port());
+        let older = RedisBackend::builder(&url)
+            .durability(Durability::Skip)
+            .build()
+            .await
+            .expect("connect as the older ACL user");
+        let o = patient("api", SlidingWindow::new(2, 60 * S).unwrap(), older);
+        assert_eq!(
+            o.get_override_and_ttl(Some(&k)).await.unwrap(),
+            Some((five, None))
+        );
         let wrong = format!("redis://limiter:nope@127.0.0.1:{}", server.port());
         assert!(
             RedisBackend::builder(wrong)

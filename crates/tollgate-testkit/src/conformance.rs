@@ -574,6 +574,67 @@ pub async fn overrides<B: Backend>(backend: B, _clock: MockClock) {
     assert!(l.set_override(None, Some(wrong)).await.is_err());
 }
 
+/// Overrides set for a time (`set_override_for`): in force and reported
+/// with the time they have left, then gone, the limiter-wide override (or
+/// the configuration) in force again; set again without a time, kept. A
+/// time under a millisecond is refused, naming the field. The memory
+/// backend expires on its clock, Redis on its own: the test moves the one
+/// and waits out the other.
+pub async fn expiring_overrides<B: Backend>(backend: B, clock: MockClock) {
+    let l = limiter("expovr", SlidingWindow::new(1, 60 * S).unwrap(), backend);
+    let (long, short) = (Key::new("long"), Key::new("short"));
+    let window = |n| Policy::from(SlidingWindow::new(n, 60 * S).unwrap());
+    let e = l
+        .set_override_for(Some(&long), window(5), Duration::from_micros(999))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, tollgate_limiter::Error::Policy(p) if p.field == "ttl"),
+        "{e:?}"
+    );
+    assert_eq!(l.get_override_and_ttl(Some(&long)).await.unwrap(), None);
+
+    l.set_override(None, Some(window(3))).await.unwrap();
+    assert_eq!(
+        l.get_override_and_ttl(None).await.unwrap(),
+        Some((window(3), None)),
+        "kept until cleared: no time left to report"
+    );
+    let hour = Duration::from_secs(3600);
+    l.set_override_for(Some(&long), window(5), hour)
+        .await
+        .unwrap();
+    let (p, left) = l.get_override_and_ttl(Some(&long)).await.unwrap().unwrap();
+    assert_eq!(p, window(5));
+    let left = left.expect("an override set for a time reports what is left");
+    assert!(
+        left <= hour && left > hour - Duration::from_secs(600),
+        "{left:?} left of an hour"
+    );
+    assert_eq!(l.get_override(Some(&long)).await.unwrap(), Some(window(5)));
+    assert_eq!(peek(&l, &long, 1).await.limit(), 5);
+
+    let ttl = Duration::from_millis(300);
+    l.set_override_for(Some(&short), window(7), ttl)
+        .await
+        .unwrap();
+    assert_eq!(decide(&l, &short, 1).await.limit(), 7);
+    clock.advance(ttl);
+    tokio::time::sleep(ttl + Duration::from_millis(50)).await;
+    assert_eq!(l.get_override_and_ttl(Some(&short)).await.unwrap(), None);
+    assert_eq!(l.get_override(Some(&short)).await.unwrap(), None);
+    let d = decide(&l, &short, 1).await;
+    assert_eq!(d.limit(), 3, "the limiter-wide override again");
+    assert!(d.is_allowed(), "one of three used: {d:?}");
+
+    // Set again without a time: kept, no time left.
+    l.set_override(Some(&long), Some(window(6))).await.unwrap();
+    assert_eq!(
+        l.get_override_and_ttl(Some(&long)).await.unwrap(),
+        Some((window(6), None))
+    );
+}
+
 /// Runtime overrides set through one worker (`writer`) reach another
 /// (`reader`, a second client of the same store), both caching what they
 /// know of a limiter's overrides for at most `cache_ttl`: the writer decides
@@ -2608,7 +2669,8 @@ macro_rules! conformance_tests {
                 token_bucket_burst_and_refill, token_bucket_cost, sliding_window_exact,
                 sliding_window_penalise, progressive_delay, progressive_delay_failures_saturate,
                 peek_and_reset, zero_cost_is_charged,
-                cost_under_overrides, isolation, overrides, concurrent_token_bucket,
+                cost_under_overrides, isolation, overrides, expiring_overrides,
+                concurrent_token_bucket,
                 concurrent_sliding_window, concurrent_composite,
                 composite_charges_nothing_on_refusal, calendar_day_across_daylight_saving,
                 calendar_month_in_a_composite, reserve_and_settle,

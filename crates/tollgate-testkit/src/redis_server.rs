@@ -1063,7 +1063,7 @@ impl Drop for RedisCluster {
 /// least a backend user needs"): what the client sends, and what the
 /// scripts call. The single-server test `acl_user_from_url` runs with
 /// exactly these; a cluster's user needs [`CLUSTER_ACL_RULES`] too.
-pub const ACL_RULES: [&str; 31] = [
+pub const ACL_RULES: [&str; 32] = [
     "~tollgate:*",
     "resetchannels",
     "-@all",
@@ -1095,6 +1095,7 @@ pub const ACL_RULES: [&str; 31] = [
     "+zremrangebyscore",
     "+zscore",
     "+exists",
+    "+pttl",
 ];
 
 /// Runs, on limiters `limiter` builds over the backend under test, the
