@@ -243,7 +243,8 @@ impl<B> LimiterBuilder<B> {
     /// The candidate keeps its own state under the limiter name
     /// `<name>:candidate` (limiter names cannot hold `:`), as if
     /// it alone were enforced on every request: it is charged when it
-    /// would pass. Overrides of the limiter do not apply to it. Requests
+    /// would pass, and [`reset`](Limiter::reset) with the enforced key.
+    /// Overrides of the limiter do not apply to it. Requests
     /// answered locally ([`local_denials`](Self::local_denials),
     /// [`lease`](Self::lease)) are not shown to it, and a lease's batch is
     /// charged to it as one request of that cost: it is exact without
@@ -1418,9 +1419,22 @@ impl<B: Backend> Limiter<B> {
 
     /// The backend's decision on `req`; for a charge or a look, with the
     /// candidate deciding beside it in the same call, their agreement
-    /// counted.
+    /// counted. A reset resets the candidate's state too: the candidate
+    /// measures what enforcing it would do, and a key unblocked by hand,
+    /// or a progressive delay reset by a successful login, would be reset
+    /// under it as well (kept, it refused the user the reset had just let
+    /// in, counted as a disagreement). Its failure fails no reset.
     async fn decide_op(&self, req: Request<'_>) -> Result<Decision, B::Error> {
         match (&self.inner.candidate, req.op) {
+            (Some(c), Op::Reset) => {
+                let beside = c.request(&req);
+                let (d, _) = self
+                    .inner
+                    .backend
+                    .decide_with_candidate(req, beside)
+                    .await?;
+                Ok(d)
+            }
             (Some(c), Op::Acquire(_) | Op::Peek(_)) => {
                 let beside = c.request(&req);
                 let (d, cd) = self
