@@ -190,6 +190,20 @@ refill = \"1000/min\"'
     Clear(ScopeArgs),
     /// Show the configured policy, the overrides and the policy in force.
     Show(ScopeArgs),
+    /// List every override stored (of one limiter, or of all), limiter-wide
+    /// and per key, with the time each has left.
+    ///
+    /// Keys are listed as the store holds them: API keys and emails
+    /// hashed (`#s:…`, `#e:…`). It walks the keyspace with `SCAN` (every
+    /// master of a cluster): an operator's command, not a probe.
+    #[command(after_help = "\
+Examples:
+  tollgate -c tollgate.toml override list
+  tollgate -c tollgate.toml --json override list api")]
+    List {
+        /// Only this limiter's overrides.
+        limiter: Option<String>,
+    },
     /// Mark every limiter that has per-key overrides stored, once, when
     /// upgrading from a version before the marker.
     ///

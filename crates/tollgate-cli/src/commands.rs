@@ -18,7 +18,7 @@ use crate::render::{describe, human_duration, override_policy, policy_json};
 
 /// Prints one JSON document on standard output.
 fn print_json(v: &Value) {
-    println!(
+    out!(
         "{}",
         serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
     );
@@ -71,6 +71,9 @@ pub(crate) fn run(cli: &Cli) -> Result<(), Failure> {
         Command::Override(OverrideCommand::Clear(s)) => rt.block_on(override_clear(g, s)),
         Command::Override(OverrideCommand::Show(s)) => rt.block_on(override_show(g, s)),
         Command::Override(OverrideCommand::Mark) => rt.block_on(override_mark(g)),
+        Command::Override(OverrideCommand::List { limiter }) => {
+            rt.block_on(override_list(g, limiter.as_deref()))
+        }
     }
 }
 
@@ -152,12 +155,12 @@ fn validate(files: &[PathBuf], as_json: bool) -> Result<(), Failure> {
         format!("{} + TOLLGATE_* environment", sources.join(" + "))
     };
     let n = config.limiters().count();
-    println!(
+    out!(
         "configuration is valid ({sources}): {n} limiter(s), prefix {:?}",
         config.prefix()
     );
     for l in config.limiters() {
-        println!(
+        out!(
             "  {:<20} {}; cost {}, fail {}, timeout {}",
             l.name,
             describe(&l.policy),
@@ -168,7 +171,7 @@ fn validate(files: &[PathBuf], as_json: bool) -> Result<(), Failure> {
     }
     if let Some(r) = redis {
         let mode = if r.cluster { " (cluster)" } else { "" };
-        println!("  redis: {}{mode}", redis_urls(r).join(","));
+        out!("  redis: {}{mode}", redis_urls(r).join(","));
     }
     if n == 0 {
         eprintln!("warning: no limiters configured ([limiters.<name>])");
@@ -453,13 +456,13 @@ impl Overrides {
             (Some(p), None) => describe(p),
             (Some(p), Some(t)) => format!("{}; expires in {}", describe(p), human_duration(t)),
         };
-        println!("configured   {}", describe(&self.configured));
-        println!("limiter-wide {}", opt(&self.limiter, self.limiter_ttl));
+        out!("configured   {}", describe(&self.configured));
+        out!("limiter-wide {}", opt(&self.limiter, self.limiter_ttl));
         if key.is_some() {
-            println!("this key     {}", opt(&self.key, self.key_ttl));
+            out!("this key     {}", opt(&self.key, self.key_ttl));
         }
         let (p, from, _) = self.in_force();
-        println!("in force     {} (from {from})", describe(p));
+        out!("in force     {} (from {from})", describe(p));
     }
 }
 
@@ -472,18 +475,18 @@ fn millis_json(d: Option<Duration>) -> Value {
 
 fn print_decision(d: &Decision, cost: u64) {
     if d.is_allowed() {
-        println!("verdict      allowed: a request of cost {cost} would pass now");
+        out!("verdict      allowed: a request of cost {cost} would pass now");
     } else {
-        println!(
+        out!(
             "verdict      REFUSED: a request of cost {cost} would be refused for {}; Retry-After: {}",
             human_duration(d.retry_after()),
             d.retry_after_secs()
         );
     }
-    println!("limit        {}", d.limit());
-    println!("remaining    {}", d.remaining());
-    println!("retry-after  {}", human_duration(d.retry_after()));
-    println!(
+    out!("limit        {}", d.limit());
+    out!("remaining    {}", d.remaining());
+    out!("retry-after  {}", human_duration(d.retry_after()));
+    out!(
         "reset-after  {} (until the key is fresh again)",
         human_duration(d.reset_after())
     );
@@ -491,9 +494,9 @@ fn print_decision(d: &Decision, cost: u64) {
 
 fn print_header(t: &Target, key: &KeySpec) {
     let l = &t.limiter;
-    println!("limiter      {} ({})", l.name(), l.policy().strategy());
-    println!("key          {}", key.describe());
-    println!("redis key    {}", l.backend().state_key(l.name(), &key.key));
+    out!("limiter      {} ({})", l.name(), l.policy().strategy());
+    out!("key          {}", key.describe());
+    out!("redis key    {}", l.backend().state_key(l.name(), &key.key));
 }
 
 async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
@@ -576,18 +579,18 @@ async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
     }
     print_header(&t, &key);
     if t.mode == Mode::Shadow {
-        println!("mode         shadow: refusals are recorded, never enforced");
+        out!("mode         shadow: refusals are recorded, never enforced");
     }
     o.print(Some(&key));
     if let Some((held, max)) = slots {
-        println!(
+        out!(
             "in flight    {held} of {max} slots held (the last lease expires in {})",
             human_duration(d.reset_after())
         );
     }
     print_decision(&d, t.limiter.cost().max(t.limiter.min_cost()));
     if let (Some((name, policy)), Some(cd)) = (&t.candidate, &c) {
-        println!(
+        out!(
             "candidate    {} (state under {}): {}, {} of {} remaining",
             describe(policy),
             name,
@@ -602,7 +605,7 @@ async fn inspect(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
     }
     // A composite's numbers are its binding part's: say which.
     if let (Policy::Composite(_), Some(part)) = (in_force, binding) {
-        println!("binding      part {}: {}", d.part(), describe(&part));
+        out!("binding      part {}: {}", d.part(), describe(&part));
     }
     if let Some(w) = window {
         w.print();
@@ -656,7 +659,7 @@ impl CalendarWindow {
 
     fn print(&self) {
         let zone = self.calendar.zone();
-        println!(
+        out!(
             "window       {} per {} in {}: {} .. {}",
             self.calendar.limit(),
             self.calendar.period(),
@@ -664,7 +667,7 @@ impl CalendarWindow {
             zone.civil(self.start),
             zone.civil(self.end),
         );
-        println!(
+        out!(
             "used         {} of {} in this window; the count starts from zero at {}",
             self.used,
             self.calendar.limit(),
@@ -697,16 +700,16 @@ async fn reset(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
         }));
         return Ok(());
     }
-    println!(
+    out!(
         "reset {} for limiter {}: the key is fresh ({} of {} available)",
         key.describe(),
         t.limiter.name(),
         d.remaining(),
         d.limit()
     );
-    println!("on redis     {}", acted_on(g, &t));
+    out!("on redis     {}", acted_on(g, &t));
     if o.key.is_some() {
-        println!(
+        out!(
             "note: the key's override is kept; `tollgate override clear {} --{} ...` removes it",
             t.limiter.name(),
             key.kind
@@ -758,15 +761,15 @@ async fn override_set(
         return Ok(());
     }
     let lasting = match ttl {
-        Some(t) => format!(", for {} (then forgotten)", human_duration(t)),
+        Some(t) => format!(", for {}, then forgotten", human_duration(t)),
         None => " (until cleared)".into(),
     };
-    println!(
+    out!(
         "override set for {}: {}{lasting}",
         scope_name(&t, key.as_ref()),
         describe(&policy)
     );
-    println!("on redis     {}", acted_on(g, &t));
+    out!("on redis     {}", acted_on(g, &t));
     o.print(key.as_ref());
     Ok(())
 }
@@ -805,18 +808,18 @@ async fn override_clear(g: &Global, s: &ScopeArgs) -> Result<(), Failure> {
         return Ok(());
     }
     match before {
-        Ok(Some(p)) => println!(
+        Ok(Some(p)) => out!(
             "override cleared for {} (was {})",
             scope_name(&t, key.as_ref()),
             describe(&p)
         ),
-        Err(why) => println!(
+        Err(why) => out!(
             "override cleared for {} (was no policy: {why})",
             scope_name(&t, key.as_ref())
         ),
-        Ok(None) => println!("no override was set for {}", scope_name(&t, key.as_ref())),
+        Ok(None) => out!("no override was set for {}", scope_name(&t, key.as_ref())),
     }
-    println!("on redis     {}", acted_on(g, &t));
+    out!("on redis     {}", acted_on(g, &t));
     o.print(key.as_ref());
     Ok(())
 }
@@ -834,7 +837,7 @@ async fn override_show(g: &Global, s: &ScopeArgs) -> Result<(), Failure> {
         }));
         return Ok(());
     }
-    println!("{}", scope_name(&t, key.as_ref()));
+    out!("{}", scope_name(&t, key.as_ref()));
     o.print(key.as_ref());
     Ok(())
 }
@@ -845,6 +848,65 @@ fn prefix(g: &Global) -> Result<String, Failure> {
         Some(p) => p.clone(),
         None => loaded(g)?.prefix().to_owned(),
     })
+}
+
+async fn override_list(g: &Global, limiter: Option<&str>) -> Result<(), Failure> {
+    // A limiter the configuration does not name is a typo, not "none".
+    if let Some(l) = limiter {
+        loaded(g)?
+            .limiter(l)
+            .map_err(|e| Failure::Input(e.to_string()))?;
+    }
+    let prefix = prefix(g)?;
+    let backend = connect(g, &prefix).await?;
+    let work = async {
+        backend
+            .list_overrides(limiter)
+            .await
+            .map_err(|e| Failure::backend("override list", &e))
+    };
+    let listed = timed(g, "override list", work).await?;
+    let on = format!("{} (prefix {prefix})", urls(g));
+    if g.json {
+        let overrides: Vec<Value> = listed
+            .iter()
+            .map(|o| {
+                json!({
+                    "limiter": o.limiter,
+                    "key": o.key,
+                    "policy": match &o.policy {
+                        Ok(p) => policy_json(p),
+                        Err(why) => json!({ "invalid": why }),
+                    },
+                    "expires_in_ms": millis_json(o.ttl),
+                })
+            })
+            .collect();
+        print_json(&json!({ "redis": on, "overrides": overrides }));
+        return Ok(());
+    }
+    out!("on redis     {on}");
+    if listed.is_empty() {
+        out!("no override stored");
+        return Ok(());
+    }
+    let scope = |o: &tollgate_redis::StoredOverride| match &o.key {
+        Some(k) => format!("{} key {k}", o.limiter),
+        None => format!("{} (every key)", o.limiter),
+    };
+    let width = listed.iter().map(|o| scope(o).len()).max().unwrap_or(0);
+    for o in &listed {
+        let policy = match &o.policy {
+            Ok(p) => describe(p),
+            Err(why) => format!("INVALID, no policy: {why}"),
+        };
+        let lasting = match o.ttl {
+            Some(t) => format!("; expires in {}", human_duration(t)),
+            None => String::new(),
+        };
+        out!("{:width$}  {policy}{lasting}", scope(o));
+    }
+    Ok(())
 }
 
 async fn override_mark(g: &Global) -> Result<(), Failure> {
@@ -859,9 +921,9 @@ async fn override_mark(g: &Global) -> Result<(), Failure> {
     if g.json {
         print_json(&json!({ "marked": marked }));
     } else if marked.is_empty() {
-        println!("no per-key override stored: nothing to mark");
+        out!("no per-key override stored: nothing to mark");
     } else {
-        println!(
+        out!(
             "marked {} limiter(s) with per-key overrides: {}",
             marked.len(),
             marked.join(", ")
@@ -936,11 +998,11 @@ async fn durability(g: &Global, strict: bool) -> Result<(), Failure> {
         } else {
             n.node.clone()
         };
-        println!("server            {node}");
-        println!("role              {}", n.role);
-        println!("appendonly        {} (want yes)", n.appendonly);
-        println!("appendfsync       {}", n.appendfsync);
-        println!("maxmemory-policy  {} (want noeviction)", n.maxmemory_policy);
+        out!("server            {node}");
+        out!("role              {}", n.role);
+        out!("appendonly        {} (want yes)", n.appendonly);
+        out!("appendfsync       {}", n.appendfsync);
+        out!("maxmemory-policy  {} (want noeviction)", n.maxmemory_policy);
         let own = format!("{}: ", n.node);
         for p in n.problems() {
             let p = if single {
@@ -948,24 +1010,22 @@ async fn durability(g: &Global, strict: bool) -> Result<(), Failure> {
             } else {
                 &p
             };
-            println!("problem           {p}");
+            out!("problem           {p}");
         }
     }
     if report.is_durable() {
-        println!("durable: yes");
+        out!("durable: yes");
         return Ok(());
     }
     if report.is_known_bad() {
-        println!("durable: NO (see docs/redis.md, \"Configuration: redis-durable\")");
+        out!("durable: NO (see docs/redis.md, \"Configuration: redis-durable\")");
         return Err(Failure::NotDurable);
     }
     if strict {
-        println!(
-            "durable: UNKNOWN, refused under --strict (grant the user +config|get to prove it)"
-        );
+        out!("durable: UNKNOWN, refused under --strict (grant the user +config|get to prove it)");
         return Err(Failure::NotDurable);
     }
-    println!("durable: unknown (some settings could not be read; --strict fails on this)");
+    out!("durable: unknown (some settings could not be read; --strict fails on this)");
     Ok(())
 }
 

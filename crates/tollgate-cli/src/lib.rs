@@ -13,9 +13,10 @@
 //! |---|---|
 //! | `tollgate inspect <LIMITER> <KEY>` | a key's state: limit, remaining, retry-after, reset-after, overrides in force (a peek: consumes nothing) |
 //! | `tollgate reset <LIMITER> <KEY>` | forgets a key (unblocks a user after a false positive) |
-//! | `tollgate override set <LIMITER> [KEY] <POLICY>` | a runtime override, limiter-wide or for one key, validated like configuration |
+//! | `tollgate override set <LIMITER> [KEY] <POLICY> [--for DURATION]` | a runtime override, limiter-wide or for one key, validated like configuration, kept until cleared or for a time |
 //! | `tollgate override clear <LIMITER> [KEY]` | removes it |
 //! | `tollgate override show <LIMITER> [KEY]` | configured, limiter-wide, per-key and in-force policies |
+//! | `tollgate override list [LIMITER]` | every override stored, with the time each has left |
 //! | `tollgate override mark` | marks every limiter with per-key overrides, once, when upgrading from a version before the marker |
 //! | `tollgate durability [--strict]` | checks the Redis server's `appendonly` and `maxmemory-policy` |
 //! | `tollgate config validate [FILE]...` | loads configuration as a service does at start-up |
@@ -46,6 +47,29 @@
 //! | 3 | `durability`: the server is not durable |
 //!
 //! See `docs/operations.md` for runbooks.
+
+/// `println!` that stops printing, instead of panicking, once standard
+/// output is closed (`| head -1`, a pager quit early): the command still
+/// ends with its own exit code (a `durability` gate's 3 is not lost).
+/// Another write error ends the process with a message.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let written = writeln!(std::io::stdout().lock(), $($arg)*);
+        $crate::stdout_written(written);
+    }};
+}
+
+/// What [`out!`] does with a write's result.
+fn stdout_written(written: std::io::Result<()>) {
+    match written {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            eprintln!("error: writing to standard output: {e}");
+            std::process::exit(1);
+        }
+        _ => {}
+    }
+}
 
 mod args;
 mod commands;

@@ -258,6 +258,35 @@ fn config_validate_accepts_a_good_file_and_lists_its_limiters() {
     assert!(expect(&o, 0).contains("capacity = 99"));
 }
 
+/// A reader that stops reading (`| head -1`, a pager quit early) closes
+/// the pipe: the CLI stops printing and exits with its own verdict, as
+/// without the reader. It panicked (exit 101, "failed printing to stdout:
+/// Broken pipe"). The pipe's reading end is closed before the CLI starts,
+/// so every write meets it.
+#[test]
+fn a_closed_stdout_is_no_panic() {
+    let c = config("t-pipe");
+    for (args, code) in [
+        (vec!["config", "validate", c.arg()], 0),
+        (vec!["--json", "config", "validate", c.arg()], 0),
+        (vec!["config", "validate", c.arg(), "/nonexistent.toml"], 2),
+    ] {
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        let o = Command::new(BIN)
+            .args(&args)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .expect("run tollgate");
+        let err = stderr(&o);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+    }
+}
+
 #[test]
 fn config_validate_errors_name_the_limiter_and_the_field() {
     let cases = [
@@ -1179,7 +1208,7 @@ tollgate_testkit::on_every_server! {
             &run_cli(&["override", "set", "api", "--key", "acct", "--capacity", "5", "--for", "1h"]),
             0,
         );
-        assert!(out.contains("capacity = 5") && out.contains(", for 3600s (1h) (then forgotten)"), "{out}");
+        assert!(out.contains("capacity = 5") && out.contains(", for 3600s (1h), then forgotten"), "{out}");
         assert!(field(&out, "this key").contains("; expires in "), "{out}");
         let v = json(&run_cli(&["--json", "override", "show", "api", "--key", "acct"]));
         let left = v["policy"]["key_override_expires_in_ms"].as_u64().unwrap_or_else(|| panic!("{v}"));
@@ -1202,6 +1231,63 @@ tollgate_testkit::on_every_server! {
         assert!(out.contains("(until cleared)"), "{out}");
         assert_eq!(field(&out, "this key"), "token_bucket: capacity = 6, refill = \"1/h\"");
         expect(&run_cli(&["override", "clear", "api", "--key", "acct"]), 0);
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// `override list` finds every override of the prefix, limiter-wide and
+    /// per key, with the time left of one set for a time and the reason of
+    /// one that is no policy; the counters' own keys are not listed.
+    #[test]
+    fn override_list_shows_every_override(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let c = config("t-list");
+        let run_cli = |args: &[&str]| {
+            let mut full = vec!["-c", c.arg()];
+            full.extend(args);
+            run(&full, &[("REDIS_URL", &url)])
+        };
+        let out = expect(&run_cli(&["override", "list"]), 0);
+        assert!(out.contains("no override stored"), "{out}");
+
+        expect(&run_cli(&["override", "set", "api", "--capacity", "3"]), 0);
+        let acct = ["override", "set", "api", "--key", "acct", "--capacity", "5", "--for", "1h"];
+        expect(&run_cli(&acct), 0);
+        let ip = ["override", "set", "login_ip", "--ip", "10.0.0.9", "--limit", "100"];
+        expect(&run_cli(&ip), 0);
+        let server_lock = RedisServer::shared_on(server).unwrap().lock().unwrap();
+        assert_eq!(server_lock.cli(&["SET", "t-list:api:{bad}:override", "9:zz"]).trim(), "OK");
+        drop(server_lock);
+        // State keys and markers of the prefix are no overrides.
+        decide(&c.limiter(&url, "api"), &Key::new("10.0.0.1"), 1);
+        decide(&c.limiter(&url, "login_ip"), &Key::new("10.0.0.1"), 1);
+
+        let out = expect(&run_cli(&["override", "list"]), 0);
+        let lines: Vec<&str> = out.lines().filter(|l| !l.starts_with("on redis")).collect();
+        assert_eq!(lines.len(), 4, "{out}");
+        assert!(lines[0].starts_with("api (every key)") && lines[0].contains("capacity = 3"), "{out}");
+        assert!(lines[1].starts_with("api key acct") && lines[1].contains("; expires in "), "{out}");
+        assert!(lines[2].starts_with("api key bad") && lines[2].contains("INVALID"), "{out}");
+        assert!(lines[3].starts_with("login_ip key 10.0.0.9") && lines[3].contains("limit = 100"), "{out}");
+
+        let v = json(&run_cli(&["--json", "override", "list", "api"]));
+        let listed = v["overrides"].as_array().unwrap_or_else(|| panic!("{v}"));
+        assert_eq!(listed.len(), 3, "{v}");
+        assert_eq!(listed[0]["key"], serde_json::Value::Null);
+        assert_eq!(listed[0]["policy"]["capacity"], 3);
+        assert_eq!(listed[0]["expires_in_ms"], serde_json::Value::Null);
+        assert_eq!(listed[1]["key"], "acct");
+        let left = listed[1]["expires_in_ms"].as_u64().unwrap_or_else(|| panic!("{v}"));
+        assert!((3_000_000..=3_600_000).contains(&left), "{v}");
+        assert!(listed[2]["policy"]["invalid"].as_str().is_some_and(|w| w.contains("9:zz")), "{v}");
+
+        let out = expect(&run_cli(&["override", "list", "nope"]), 2);
+        assert!(out.contains("nope"), "{out}");
+        for args in [&["override", "clear", "api"][..], &["override", "clear", "api", "--key", "acct"], &["override", "clear", "api", "--key", "bad"], &["override", "clear", "login_ip", "--ip", "10.0.0.9"]] {
+            expect(&run_cli(args), 0);
+        }
+        let out = expect(&run_cli(&["override", "list"]), 0);
+        assert!(out.contains("no override stored"), "{out}");
     }
 }
 

@@ -832,9 +832,102 @@ impl RedisBackend {
     /// Setting a marker that is already set changes nothing.
     pub async fn mark_keyed_overrides(&self) -> Result<Vec<String>, RedisError> {
         let pattern = format!("{}:*:{{*}}:override", glob_escape(&self.inner.prefix));
+        let keys = self.scan_masters(&pattern).await?;
+        let limiters: std::collections::BTreeSet<String> = keys
+            .iter()
+            .filter_map(|k| match self.override_of(k)? {
+                (limiter, Some(_)) => Some(limiter.to_owned()),
+                (_, None) => None,
+            })
+            .collect();
+        for l in &limiters {
+            let mut mark = redis::cmd("SET");
+            mark.arg(self.keyed_marker_key(l)).arg("1");
+            let _: Value = self.inner.conn.query(&mark).await?;
+            if let Some(c) = lock(&self.inner.override_cache).get_mut(l.as_str()) {
+                c.overrides.keyed = true;
+            }
+        }
+        Ok(limiters.into_iter().collect())
+    }
+
+    /// Every override stored under this backend's prefix, or under one
+    /// limiter's: limiter-wide and per key, each with the time it has left
+    /// when it was set for a time; sorted by limiter, the limiter-wide one
+    /// first, then by key. A value that is no policy (written by hand, or
+    /// by another tool) is listed with why, so that it can be cleared.
+    ///
+    /// It walks the keyspace (`SCAN`, on every master of a cluster), then
+    /// reads each override: an operator's command (`tollgate override
+    /// list`), not a service's. An override set or cleared meanwhile may or
+    /// may not be listed.
+    pub async fn list_overrides(
+        &self,
+        limiter: Option<&str>,
+    ) -> Result<Vec<StoredOverride>, RedisError> {
+        let prefix = glob_escape(&self.inner.prefix);
+        let pattern = match limiter {
+            Some(l) => {
+                check_limiter(l)?;
+                format!("{prefix}:{}:*override", glob_escape(l))
+            }
+            None => format!("{prefix}:*override"),
+        };
+        let mut found: Vec<(String, Option<String>, String)> = self
+            .scan_masters(&pattern)
+            .await?
+            .into_iter()
+            .filter_map(|k| {
+                let (l, key) = self.override_of(&k)?;
+                let keep = limiter.is_none_or(|want| want == l);
+                keep.then(|| (l.to_owned(), key.map(str::to_owned), k.clone()))
+            })
+            .collect();
+        found.sort();
+        found.dedup();
+        let mut listed = Vec::with_capacity(found.len());
+        for (limiter, key, at) in found {
+            let mut pipe = redis::pipe();
+            pipe.cmd("GET").arg(&at).cmd("PTTL").arg(&at);
+            let (value, ttl): (Option<String>, i64) = self.inner.conn.pipeline(&pipe).await?;
+            // Gone since the scan: cleared or expired.
+            let Some(value) = value else { continue };
+            let policy = encoding::decode(&value).map_err(|e| format!("{value:?}: {e}"));
+            let ttl = u64::try_from(ttl).ok().map(Duration::from_millis);
+            listed.push(StoredOverride {
+                limiter,
+                key,
+                policy,
+                ttl,
+            });
+        }
+        Ok(listed)
+    }
+
+    /// The limiter and key (`None`: limiter-wide) whose override is stored
+    /// at Redis key `at`, if it is one: `<prefix>:<limiter>:override` or
+    /// `<prefix>:<limiter>:{<key>}:override`. Limiter names hold neither
+    /// `:` nor `{`, keys no braces: another key of the prefix (a state, a
+    /// marker, a candidate's) never parses as one.
+    fn override_of<'a>(&self, at: &'a str) -> Option<(&'a str, Option<&'a str>)> {
+        let rest = at
+            .strip_prefix(self.inner.prefix.as_str())?
+            .strip_prefix(':')?;
+        let plain = |l: &str| !l.is_empty() && !l.contains([':', '{', '}']);
+        if let Some(l) = rest.strip_suffix(":override").filter(|l| plain(l)) {
+            return Some((l, None));
+        }
+        let (l, key) = rest.split_once(":{")?;
+        let key = key.strip_suffix("}:override")?;
+        (plain(l) && !key.contains(['{', '}'])).then_some((l, Some(key)))
+    }
+
+    /// Every key matching `pattern`, on the server or on every master of a
+    /// cluster (a key may be answered twice; callers dedupe).
+    async fn scan_masters(&self, pattern: &str) -> Result<Vec<String>, RedisError> {
         let keys = match self.inner.conn.link()? {
             conn::Link::Single(c) => {
-                scan(&pattern, |cmd| {
+                scan(pattern, |cmd| {
                     let mut c = c.clone();
                     async move { cmd.query_async(&mut c).await }
                 })
@@ -854,7 +947,7 @@ impl RedisBackend {
                         .ok_or_else(|| RedisError::Protocol(format!("cluster node {node:?}")))?;
                     let at =
                         RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
-                    let on_node = scan(&pattern, |cmd| {
+                    let on_node = scan(pattern, |cmd| {
                         let (mut c, at) = (c.clone(), at.clone());
                         async move { c.route_command(cmd, at).await }
                     });
@@ -863,25 +956,7 @@ impl RedisBackend {
                 keys
             }
         };
-        let prefix = format!("{}:", self.inner.prefix);
-        let limiters: std::collections::BTreeSet<String> = keys
-            .iter()
-            .filter_map(|k| {
-                // <prefix>:<limiter>:{<key>}:override; a limiter's name
-                // holds no '{' (`check_limiter`).
-                let (limiter, _) = k.strip_prefix(&prefix)?.split_once(":{")?;
-                (!limiter.is_empty() && k.ends_with("}:override")).then(|| limiter.to_owned())
-            })
-            .collect();
-        for l in &limiters {
-            let mut mark = redis::cmd("SET");
-            mark.arg(self.keyed_marker_key(l)).arg("1");
-            let _: Value = self.inner.conn.query(&mark).await?;
-            if let Some(c) = lock(&self.inner.override_cache).get_mut(l.as_str()) {
-                c.overrides.keyed = true;
-            }
-        }
-        Ok(limiters.into_iter().collect())
+        Ok(keys)
     }
 
     /// What this client read of `limiter`'s overrides within the TTL.
@@ -1156,6 +1231,21 @@ fn across_boundary_error() -> RedisError {
 }
 
 /// `s` with the glob characters of `SCAN … MATCH` escaped.
+/// An override as stored, listed by [`RedisBackend::list_overrides`].
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct StoredOverride {
+    /// The limiter it overrides.
+    pub limiter: String,
+    /// The key it is set for, as the store holds it (an IP, or a hashed
+    /// API key or email: `#s:…`, `#e:…`); `None` for the limiter-wide one.
+    pub key: Option<String>,
+    /// The override, or why the stored value is no policy.
+    pub policy: Result<Policy, String>,
+    /// The time it has left, for one set for a time.
+    pub ttl: Option<Duration>,
+}
+
 fn glob_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {

@@ -202,6 +202,30 @@ tollgate_testkit::on_every_server! {
         for (i, name) in limiters.iter().enumerate() {
             assert_eq!(limit(i).await, 50, "{name}");
         }
+
+        // `list_overrides` walks every master too: each key's override,
+        // and a limiter-wide one set for a time, with what it has left.
+        let hour = Duration::from_secs(3600);
+        fresh
+            .set_expiring_override(Scope::Limiter("l10"), &vip, hour)
+            .await
+            .unwrap();
+        let listed = fresh.list_overrides(None).await.unwrap();
+        let found: Vec<(String, Option<String>)> = listed
+            .iter()
+            .map(|o| (o.limiter.clone(), o.key.clone()))
+            .collect();
+        let mut want: Vec<(String, Option<String>)> = limiters
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (l.clone(), Some(format!("account-{i}"))))
+            .collect();
+        want.insert(0, ("l10".into(), None));
+        assert_eq!(found, want);
+        assert!(listed.iter().all(|o| o.policy == Ok(vip)), "{listed:?}");
+        assert!(listed[0].ttl.is_some_and(|t| t <= hour && t > hour / 2), "{listed:?}");
+        assert!(listed[1..].iter().all(|o| o.ttl.is_none()), "{listed:?}");
+        assert_eq!(fresh.list_overrides(Some("l11")).await.unwrap().len(), 1);
     }
 }
 
