@@ -373,8 +373,13 @@ async fn target(g: &Global, name: &str) -> Result<Target, Failure> {
 /// Whether `e` says a stored override is no policy (Redis answered, but
 /// what it holds does not decode).
 fn is_no_policy(e: &Error) -> bool {
-    matches!(e, Error::Backend(b)
-        if matches!(b.downcast_ref::<RedisError>(), Some(RedisError::Encoding(_))))
+    let Error::Backend(b) = e else { return false };
+    match b.downcast_ref::<RedisError>() {
+        Some(RedisError::Encoding(_)) => true,
+        // Not even a string (a hash, a list written there by hand).
+        Some(RedisError::Redis(r)) => r.code() == Some("WRONGTYPE"),
+        _ => false,
+    }
 }
 
 /// Maps a limiter error: a policy problem is the user's, anything else is

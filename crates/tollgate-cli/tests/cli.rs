@@ -1257,6 +1257,7 @@ tollgate_testkit::on_every_server! {
         expect(&run_cli(&ip), 0);
         let server_lock = RedisServer::shared_on(server).unwrap().lock().unwrap();
         assert_eq!(server_lock.cli(&["SET", "t-list:api:{bad}:override", "9:zz"]).trim(), "OK");
+        assert_eq!(server_lock.cli(&["HSET", "t-list:api:{hash}:override", "f", "v"]).trim(), "1");
         drop(server_lock);
         // State keys and markers of the prefix are no overrides.
         decide(&c.limiter(&url, "api"), &Key::new("10.0.0.1"), 1);
@@ -1264,15 +1265,16 @@ tollgate_testkit::on_every_server! {
 
         let out = expect(&run_cli(&["override", "list"]), 0);
         let lines: Vec<&str> = out.lines().filter(|l| !l.starts_with("on redis")).collect();
-        assert_eq!(lines.len(), 4, "{out}");
+        assert_eq!(lines.len(), 5, "{out}");
         assert!(lines[0].starts_with("api (every key)") && lines[0].contains("capacity = 3"), "{out}");
         assert!(lines[1].starts_with("api key acct") && lines[1].contains("; expires in "), "{out}");
         assert!(lines[2].starts_with("api key bad") && lines[2].contains("INVALID"), "{out}");
-        assert!(lines[3].starts_with("login_ip key 10.0.0.9") && lines[3].contains("limit = 100"), "{out}");
+        assert!(lines[3].starts_with("api key hash") && lines[3].contains("WRONGTYPE"), "{out}");
+        assert!(lines[4].starts_with("login_ip key 10.0.0.9") && lines[4].contains("limit = 100"), "{out}");
 
         let v = json(&run_cli(&["--json", "override", "list", "api"]));
         let listed = v["overrides"].as_array().unwrap_or_else(|| panic!("{v}"));
-        assert_eq!(listed.len(), 3, "{v}");
+        assert_eq!(listed.len(), 4, "{v}");
         assert_eq!(listed[0]["key"], serde_json::Value::Null);
         assert_eq!(listed[0]["policy"]["capacity"], 3);
         assert_eq!(listed[0]["expires_in_ms"], serde_json::Value::Null);
@@ -1283,7 +1285,7 @@ tollgate_testkit::on_every_server! {
 
         let out = expect(&run_cli(&["override", "list", "nope"]), 2);
         assert!(out.contains("nope"), "{out}");
-        for args in [&["override", "clear", "api"][..], &["override", "clear", "api", "--key", "acct"], &["override", "clear", "api", "--key", "bad"], &["override", "clear", "login_ip", "--ip", "10.0.0.9"]] {
+        for args in [&["override", "clear", "api"][..], &["override", "clear", "api", "--key", "acct"], &["override", "clear", "api", "--key", "bad"], &["override", "clear", "api", "--key", "hash"], &["override", "clear", "login_ip", "--ip", "10.0.0.9"]] {
             expect(&run_cli(args), 0);
         }
         let out = expect(&run_cli(&["override", "list"]), 0);

@@ -888,12 +888,29 @@ impl RedisBackend {
         let mut listed = Vec::with_capacity(found.len());
         for (limiter, key, at) in found {
             let mut pipe = redis::pipe();
-            pipe.cmd("GET").arg(&at).cmd("PTTL").arg(&at);
-            let (value, ttl): (Option<String>, i64) = self.inner.conn.pipeline(&pipe).await?;
-            // Gone since the scan: cleared or expired.
-            let Some(value) = value else { continue };
-            let policy = encoding::decode(&value).map_err(|e| format!("{value:?}: {e}"));
-            let ttl = u64::try_from(ttl).ok().map(Duration::from_millis);
+            pipe.cmd("GET")
+                .arg(&at)
+                .cmd("PTTL")
+                .arg(&at)
+                .ignore_errors();
+            let replies: Vec<redis::RedisResult<Value>> = self.inner.conn.pipeline(&pipe).await?;
+            let (value, ttl) = match &replies[..] {
+                [value, ttl] => (value, ttl),
+                _ => return Err(RedisError::Protocol(format!("GET and PTTL: {replies:?}"))),
+            };
+            // A value that is no string (`WRONGTYPE`) is listed, with why.
+            let policy = match value {
+                Ok(Value::Nil) => continue, // gone since the scan
+                Ok(v) => match redis::from_redis_value::<String>(v.clone()) {
+                    Ok(text) => encoding::decode(&text).map_err(|e| format!("{text:?}: {e}")),
+                    Err(e) => Err(e.to_string()),
+                },
+                Err(e) => Err(e.to_string()),
+            };
+            let ttl = match ttl {
+                Ok(Value::Int(ms)) => u64::try_from(*ms).ok().map(Duration::from_millis),
+                _ => None,
+            };
             listed.push(StoredOverride {
                 limiter,
                 key,
