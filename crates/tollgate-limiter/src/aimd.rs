@@ -33,11 +33,13 @@
 //!
 //! Gates and holds are atomic backend decisions, so "one cut per window"
 //! and "hold until Retry-After" hold across any number of workers. The rate
-//! itself is read and written as an override (last writer wins): a growth
-//! on one worker racing a cut on another within one round trip may undo
-//! it, which the next refusal corrects a window later; growth is vetoed
-//! for a window after a cut to keep that race rare, and a worker's own
-//! cut under way vetoes its growth at once. Every key expires by itself
+//! itself is an override changed by compare-and-set
+//! ([`Backend::replace_override`]): a step up is written only over the
+//! rate it read, so a cut written meanwhile by another worker stands; a
+//! cut is written over the rate in force (read again when a step landed
+//! between its read and its write), so a refusal never ends with a higher
+//! rate. Growth is also vetoed for a window after a cut, and a worker's
+//! own cut under way vetoes its growth at once. Every key expires by itself
 //! (a full bucket, an open gate, a lapsed hold), the override included:
 //! it is written with a TTL of `idle_expiry`, renewed by every cut and
 //! every step up (a step at `max_rate` rewrites it too), so it outlives
@@ -145,6 +147,23 @@ const MAX_RATE: f64 = 1_000_000.0;
 const SEEN_FREE: u64 = 1 << 50;
 /// The shortest hold: a `Retry-After: 0` still pauses the scope briefly.
 const MIN_HOLD: Duration = Duration::from_millis(1);
+/// How many times a cut reads the shared rate again when a write came
+/// between its read and its own.
+const CUT_ATTEMPTS: usize = 4;
+
+/// A scope's rate as read from the backend.
+#[derive(Debug)]
+struct StoredRate {
+    /// The override as stored (`None`: none): what a write made from this
+    /// read must still find ([`Backend::replace_override`]).
+    raw: Option<Policy>,
+    /// Its rate, within `[min_rate, max_rate]`.
+    rate: f64,
+    /// Whether the stored bucket is the one these settings write for the
+    /// rate (not so when written under others: a rate out of bounds,
+    /// another burst).
+    own: bool,
+}
 
 /// Settings of an [`AimdLimiter`].
 ///
@@ -1107,13 +1126,15 @@ impl<B: Backend> AimdLimiter<B> {
                 .ok()
                 .map(|()| self.inner.config.initial_rate),
             Ok(_) => match self.read_stored(scope).await {
-                Ok((rate, true)) => Some(rate),
+                Ok(stored) if stored.own => Some(stored.rate),
                 // Written under other settings (a `max_rate` lowered, a
                 // `burst` changed since): the shared bucket spends at the
-                // stored rate, so it is written back within bounds.
-                Ok((rate, false)) => {
-                    let _ = self.write_rate(scope, rate).await;
-                    Some(rate)
+                // stored rate, so it is written back within bounds (unless
+                // another worker wrote it since: the next refresh looks
+                // again).
+                Ok(stored) => {
+                    let _ = self.replace_rate(scope, &stored, stored.rate).await;
+                    Some(stored.rate)
                 }
                 Err(_) => None,
             },
@@ -1191,7 +1212,7 @@ impl<B: Backend> AimdLimiter<B> {
         // at most once per window (`cut_after` above), and the breaker
         // stops asking a failing backend.
         let stored = match self.ask_cut_gate(scope, Op::PEEK).await {
-            Some(true) => self.read_rate(scope).await.ok(),
+            Some(true) => self.read_stored(scope).await.ok(),
             Some(false) => return,
             None => None,
         };
@@ -1208,15 +1229,49 @@ impl<B: Backend> AimdLimiter<B> {
             },
             None => None,
         };
-        let shared = stored.is_some();
-        let current = stored.unwrap_or_else(|| self.rate(scope));
-        let rate = (current * self.inner.config.decrease).max(self.inner.config.min_rate);
-        if shared {
-            let _ = self.write_rate(scope, rate).await;
-        }
+        let config = &self.inner.config;
+        let cut = |from: f64| (from * config.decrease).max(config.min_rate);
+        let (current, rate, shared) = match stored {
+            Some(stored) => self.cut_shared(scope, stored, cut).await,
+            None => {
+                let current = self.rate(scope);
+                (current, cut(current), false)
+            }
+        };
         tracing::debug!(limiter = %names.rate, %scope, from = current, to = rate, shared, "aimd cut");
         self.changed(Change::Cut, current, rate);
         self.with_local(scope, |l| l.rate = rate);
+    }
+
+    /// Writes the cut of the shared rate `stored` (read before the gate
+    /// was taken) as a compare-and-set: a step up written since (another
+    /// worker's, which read the rate before this cut) is cut in turn, so
+    /// the cut is always from the rate in force, and a step that read the
+    /// rate before this cut never writes over it. Answers the rate cut,
+    /// the cut rate, and whether the cut was written.
+    async fn cut_shared(
+        &self,
+        scope: &Key,
+        mut stored: StoredRate,
+        cut: impl Fn(f64) -> f64,
+    ) -> (f64, f64, bool) {
+        for _ in 0..CUT_ATTEMPTS {
+            let rate = cut(stored.rate);
+            match self.replace_rate(scope, &stored, rate).await {
+                Ok(true) => return (stored.rate, rate, true),
+                Ok(false) => {}
+                Err(_) => return (stored.rate, rate, false),
+            }
+            stored = match self.read_stored(scope).await {
+                Ok(stored) => stored,
+                Err(_) => break,
+            };
+        }
+        // Written over between every read and its write (a step up per
+        // reaction window can do that once or twice, not every time), or
+        // unreadable: this worker's own cut; the next refusal cuts the
+        // fleet.
+        (stored.rate, cut(stored.rate), false)
     }
 
     /// Asks the cut gate (`op`: a look or the take): `Some(true)` when it
@@ -1278,17 +1333,20 @@ impl<B: Backend> AimdLimiter<B> {
             Ok(d) if d.is_allowed() => {}
             _ => return,
         }
-        let Ok(current) = self.read_rate(scope).await else {
+        let Ok(stored) = self.read_stored(scope).await else {
             return;
         };
+        let current = stored.rate;
         let rate = (current + self.inner.config.increase).min(self.inner.config.max_rate);
         // A cut of this worker's begun since the look at the gate may
         // have read the rate already: written now, the step would undo it.
         if self.with_local(scope, |l| after(l.cut_after, Instant::now())) {
             return;
         }
-        // Written even at max_rate: the write renews the override's TTL.
-        if self.write_rate(scope, rate).await.is_err() {
+        // Only over the rate it read: a cut written since on another
+        // worker stands. Written even at max_rate: the write renews the
+        // override's TTL.
+        if !matches!(self.replace_rate(scope, &stored, rate).await, Ok(true)) {
             return;
         }
         tracing::trace!(limiter = %names.rate, %scope, from = current, to = rate, "aimd step up");
@@ -1307,35 +1365,40 @@ impl<B: Backend> AimdLimiter<B> {
     }
 
     async fn read_rate(&self, scope: &Key) -> Result<f64, Error> {
-        Ok(self.read_stored(scope).await?.0)
+        Ok(self.read_stored(scope).await?.rate)
     }
 
-    /// The scope's stored rate within `[min_rate, max_rate]`, and whether
-    /// the stored bucket is the one these settings write for it (not so
-    /// when written under others: a rate out of bounds, another burst).
-    async fn read_stored(&self, scope: &Key) -> Result<(f64, bool), Error> {
+    /// The scope's stored rate (see [`StoredRate`]).
+    async fn read_stored(&self, scope: &Key) -> Result<StoredRate, Error> {
         let scope = Scope::Key(&self.inner.names.rate, scope);
         let config = &self.inner.config;
-        let stored = self
+        let raw = self
             .guard(scope, || self.inner.backend.get_override(scope))
             .await?;
-        Ok(match stored {
+        let (rate, own) = match raw {
             Some(Policy::TokenBucket(tb)) => {
                 let rate = rate_of(&tb).clamp(config.min_rate, config.max_rate);
                 (rate, stored_bucket(config, rate).is_ok_and(|own| own == tb))
             }
             _ => (config.initial_rate, true),
-        })
+        };
+        Ok(StoredRate { raw, rate, own })
     }
 
-    /// Stores the scope's rate, expiring `idle_expiry` after this write.
-    async fn write_rate(&self, scope: &Key, rate: f64) -> Result<(), Error> {
+    /// Stores the scope's rate, expiring `idle_expiry` after this write,
+    /// if the stored one is still `read` ([`Backend::replace_override`]):
+    /// `Ok(false)` when another write came in between, and this one is
+    /// not made.
+    async fn replace_rate(&self, scope: &Key, read: &StoredRate, rate: f64) -> Result<bool, Error> {
         let policy = Policy::from(stored_bucket(&self.inner.config, rate)?);
         let scope = Scope::Key(&self.inner.names.rate, scope);
         self.guard(scope, || {
-            self.inner
-                .backend
-                .set_expiring_override(scope, &policy, self.inner.config.idle_expiry)
+            self.inner.backend.replace_override(
+                scope,
+                read.raw.as_ref(),
+                &policy,
+                self.inner.config.idle_expiry,
+            )
         })
         .await
     }

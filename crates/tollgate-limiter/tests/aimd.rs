@@ -577,6 +577,19 @@ impl tollgate_limiter::Backend for FlakyReads {
         self.inner.set_expiring_override(scope, policy, ttl).await
     }
 
+    async fn replace_override(
+        &self,
+        scope: tollgate_limiter::Scope<'_>,
+        current: Option<&tollgate_limiter::Policy>,
+        policy: &tollgate_limiter::Policy,
+        ttl: Duration,
+    ) -> Result<bool, Self::Error> {
+        self.round_trip().await;
+        self.inner
+            .replace_override(scope, current, policy, ttl)
+            .await
+    }
+
     async fn get_override(
         &self,
         scope: tollgate_limiter::Scope<'_>,
@@ -931,6 +944,44 @@ async fn a_step_up_beside_a_cut_in_one_worker_does_not_undo_it() {
     step.await.unwrap();
     assert_eq!(worker.shared_rate(&scope).await.unwrap(), 12.0);
     assert_eq!(worker.rate(&scope), 12.0);
+}
+
+/// A step up on one worker never undoes a cut made on another. The step
+/// read the shared rate, the other worker's cut wrote its cut, and the
+/// step wrote its own over it: with every backend call a 10 ms round
+/// trip, a refusal took 16 req/s to 18 (and the cut gate, taken, kept the
+/// fleet from cutting again for the window). A step now applies only if
+/// the rate is still the one it read.
+#[tokio::test(start_paused = true)]
+async fn a_step_up_on_one_worker_does_not_undo_a_cut_on_another() {
+    let backend = FlakyReads::new();
+    let config = AimdConfig {
+        initial_rate: 16.0,
+        ..config()
+    };
+    let stepper = AimdLimiter::new("harvester", config.clone(), backend.clone()).unwrap();
+    let cutter = AimdLimiter::new("harvester", config, backend.clone()).unwrap();
+    let scope = Key::new("example.org");
+    stepper.acquire(&scope).await;
+    cutter.acquire(&scope).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    backend.set_delay(Duration::from_millis(10));
+    let report = |worker: &AimdLimiter<FlakyReads>, outcome| {
+        let (worker, scope) = (worker.clone(), scope.clone());
+        tokio::spawn(async move { worker.feedback(&scope, outcome).await })
+    };
+    // The cut looks at its gate (done at 10 ms), reads the rate (20 ms),
+    // takes the gate (30 ms) and writes 12 (40 ms); the step takes its
+    // gate (18 ms), finds the cut gate still open (28 ms), reads 16
+    // (38 ms) and writes after the cut (48 ms).
+    let cut = report(&cutter, Outcome::Refused { retry_after: None });
+    tokio::time::sleep(Duration::from_millis(8)).await;
+    let step = report(&stepper, Outcome::Success);
+    cut.await.unwrap();
+    step.await.unwrap();
+    backend.set_delay(Duration::ZERO);
+    assert_eq!(stepper.shared_rate(&scope).await.unwrap(), 12.0);
+    assert_eq!(cutter.rate(&scope), 12.0);
 }
 
 /// The rate stored for a scope obeys the settings in force. Lowering
