@@ -1046,9 +1046,29 @@ impl<B: Backend> AimdLimiter<B> {
     }
 
     /// Forgets everything adapted for `scope`: the next request starts from
-    /// the initial rate.
+    /// the initial rate. Requests of the scope waiting for their tokens in
+    /// this worker keep their places, and later ones queue behind them.
     pub async fn forget(&self, scope: &Key) -> Result<(), Error> {
-        self.scopes().map.remove(scope);
+        {
+            let mut scopes = self.scopes();
+            let queued = scopes.map.get_mut(scope).and_then(|local| {
+                let pacer = local.pacer.take()?;
+                Some((local, pacer)).filter(|(_, (_, _, queue))| !queue.is_closed())
+            });
+            match queued {
+                // Requests wait in the scope's queue: it stays, served by its
+                // pacer in turn, and the requests after this call queue
+                // behind them (dropped, a second pacer would serve them
+                // beside the first).
+                Some((local, pacer)) => {
+                    *local = Local::fresh(self.inner.config.initial_rate, Instant::now());
+                    local.pacer = Some(pacer);
+                }
+                None => {
+                    scopes.map.remove(scope);
+                }
+            }
+        }
         let scope = Scope::Key(&self.inner.names.rate, scope);
         self.guard(scope, || self.inner.backend.set_override(scope, None))
             .await

@@ -1189,6 +1189,45 @@ async fn waiters_are_served_in_turn_and_one_that_gives_up_is_passed_over() {
     assert_eq!(start.elapsed(), Duration::ZERO);
 }
 
+/// `forget` while requests of the scope wait in its queue keeps the
+/// queue: a request made after it waits behind them. It dropped the
+/// worker's record of the queue's pacer, so the next request started a
+/// second one beside it; with the backend down, that request was served
+/// at once from the fresh fallback bucket, before the two that had waited
+/// since (served: c, a, b).
+#[tokio::test(start_paused = true)]
+async fn forget_keeps_the_queue_of_waiting_requests() {
+    let backend = backend();
+    let settings = AimdConfig {
+        initial_rate: 1.0,
+        ..config()
+    };
+    let limiter = limiter(settings, backend.clone());
+    let scope = Key::new("example.org");
+    backend.set_failing(true);
+    // From the fallback bucket: the next token is a second away.
+    assert!(limiter.acquire(&scope).await.is_local());
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let waiter = |name: &'static str| {
+        let (limiter, scope, served) = (limiter.clone(), scope.clone(), Arc::clone(&served));
+        tokio::spawn(async move {
+            limiter.acquire(&scope).await;
+            served.lock().unwrap().push(name);
+        })
+    };
+    let a = waiter("a");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let b = waiter("b");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // The backend is down: only this worker's state is forgotten.
+    assert!(limiter.forget(&scope).await.is_err());
+    let c = waiter("c");
+    for waiter in [a, b, c] {
+        waiter.await.unwrap();
+    }
+    assert_eq!(*served.lock().unwrap(), ["a", "b", "c"]);
+}
+
 /// A request is never queued to a pacer that runs on another runtime,
 /// which may not be driven while it waits. Two threads, each with a
 /// current-thread runtime (a sync program calling `block_on` per request),
