@@ -7,8 +7,8 @@
 //! additively while requests succeed and is cut multiplicatively when the
 //! source refuses, within `[min_rate, max_rate]`:
 //!
-//! * [`acquire`](AimdLimiter::acquire) waits (asynchronously) until the scope
-//!   has a token;
+//! * [`acquire`](AimdLimiter::acquire) waits (asynchronously, on a tokio
+//!   runtime) until the scope has a token;
 //! * [`feedback`](AimdLimiter::feedback) reports what the source answered:
 //!   [`Outcome::Success`] ramps the rate up by `increase` (at most once per
 //!   reaction window), [`Outcome::Refused`] cuts it by the `decrease` factor
@@ -98,7 +98,7 @@
 //! let harvester = AimdLimiter::new("harvester", config, MemoryBackend::new())?;
 //! let site = Key::new("example.org");
 //!
-//! harvester.acquire(&site).await;
+//! harvester.acquire(&site).await?;
 //! // ... send the request; the source answered 429, Retry-After: 1
 //! harvester
 //!     .feedback(&site, Outcome::Refused { retry_after: Some(Duration::from_secs(1)) })
@@ -489,6 +489,19 @@ pub enum Outcome {
     Failed,
 }
 
+/// Why [`AimdLimiter::acquire`] gave no token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AcquireError {
+    /// Called outside a tokio runtime: waiting for a token needs tokio's
+    /// timers.
+    #[error(
+        "AimdLimiter::acquire was called outside a tokio runtime: waiting for a token needs \
+         tokio's timers"
+    )]
+    NoRuntime,
+}
+
 /// A token granted by [`AimdLimiter::acquire`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Grant {
@@ -759,12 +772,26 @@ impl<B: Backend> AimdLimiter<B> {
     /// request of the scope) holds up no one. (A worker that runs several
     /// runtimes queues the waiters of one runtime only: a request of
     /// another, whose pacer need not run while it waits, asks on its
-    /// own.) It never fails: when the backend does, the token comes from
-    /// the worker's fallback bucket (see [`Grant::is_local`]).
-    pub async fn acquire(&self, scope: &Key) -> Grant {
-        let Ok(runtime) = runtime::Handle::try_current() else {
-            return self.wait_alone(scope).await;
-        };
+    /// own.) A failing backend fails no request: the token then comes
+    /// from the worker's fallback bucket (see [`Grant::is_local`]).
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::NoRuntime`] when called outside a tokio runtime,
+    /// whether or not the request would have to wait: a wait runs on
+    /// tokio's timers (the runtime must have them enabled, as for
+    /// [`tokio::time::sleep`]). [`try_acquire`](Self::try_acquire) never
+    /// waits; with an in-process backend it answers outside a runtime too.
+    pub async fn acquire(&self, scope: &Key) -> Result<Grant, AcquireError> {
+        // Refused before any work, not at the first wait: a program
+        // driven by another executor learns it on its first request, not
+        // once a scope is busy.
+        let runtime = runtime::Handle::try_current().map_err(|_| AcquireError::NoRuntime)?;
+        Ok(self.acquire_on(scope, &runtime).await)
+    }
+
+    /// [`acquire`](Self::acquire) on `runtime`, the caller's.
+    async fn acquire_on(&self, scope: &Key, runtime: &runtime::Handle) -> Grant {
         let mut not_before = None;
         match self.queued(scope, runtime.id()) {
             // Nobody queued: asked at once, as most requests find a token.
@@ -777,7 +804,7 @@ impl<B: Backend> AimdLimiter<B> {
         }
         let (reply, grant) = oneshot::channel();
         if self
-            .enqueue(scope, Waiter { reply, not_before }, &runtime)
+            .enqueue(scope, Waiter { reply, not_before }, runtime)
             .is_err()
         {
             // A pacer of another runtime started meanwhile.
