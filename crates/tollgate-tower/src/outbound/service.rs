@@ -30,7 +30,13 @@ use crate::extract::KeyExtractor;
 /// gives the inner service back again and waits the hold out for a new
 /// token rather than go out inside the hold. Calls that waited for a
 /// busy inner service with their tokens do go out back to back as it
-/// frees up: the spacing of the tokens is then the inner service's.
+/// frees up: the spacing of the tokens is then the inner service's, and
+/// the source may see a burst above the rate (its refusal then cuts and
+/// holds the scope, and the calls still waiting wait the hold out). Keep
+/// the inner service's own limits (a `ConcurrencyLimit`, a `Buffer`)
+/// above what the scopes' rates need, as a pooled HTTP client is; see
+/// `docs/harvester.md` ("Limitations") for why tokens are not taken
+/// again.
 ///
 /// It waits on tokio's timers: driven outside a tokio runtime, a call
 /// goes out without waiting for its token (the limit fails open; an error
