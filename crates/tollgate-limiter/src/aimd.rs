@@ -1268,8 +1268,8 @@ impl<B: Backend> AimdLimiter<B> {
         // the rate of every worker. Unread, the cut is this worker's own,
         // as when the gate cannot be asked.
         let stored = match stored {
-            Some(rate) => match self.ask_cut_gate(scope, Op::Acquire(1)).await {
-                Some(true) => Some(rate),
+            Some(read) => match self.ask_cut_gate(scope, Op::Acquire(1)).await {
+                Some(true) => Some(read),
                 // Another refusal of this window took it since the look.
                 Some(false) => return,
                 None => None,
@@ -1316,8 +1316,8 @@ impl<B: Backend> AimdLimiter<B> {
         }
         // Written over between every read and its write (a step up per
         // reaction window can do that once or twice, not every time), or
-        // unreadable: this worker's own cut; the next refusal cuts the
-        // fleet.
+        // unreadable: this worker's own cut; a refusal of a later window
+        // cuts the fleet.
         (stored.rate, cut(stored.rate), false)
     }
 

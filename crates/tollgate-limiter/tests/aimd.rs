@@ -984,6 +984,43 @@ async fn a_step_up_on_one_worker_does_not_undo_a_cut_on_another() {
     assert_eq!(cutter.rate(&scope), 12.0);
 }
 
+/// A cut is made from the rate in force. A step up on another worker
+/// that read the rate before the cut and wrote it after the cut's read
+/// (16 -> 18 below) is cut in turn: the cut's write, made only over the
+/// rate it read, finds the step, reads again and cuts 18 to 13.5, where a
+/// plain write would have set 12 from a rate no longer in force.
+#[tokio::test(start_paused = true)]
+async fn a_cut_racing_a_step_up_on_another_worker_cuts_the_rate_in_force() {
+    let backend = FlakyReads::new();
+    let config = AimdConfig {
+        initial_rate: 16.0,
+        ..config()
+    };
+    let stepper = AimdLimiter::new("harvester", config.clone(), backend.clone()).unwrap();
+    let cutter = AimdLimiter::new("harvester", config, backend.clone()).unwrap();
+    let scope = Key::new("example.org");
+    stepper.acquire(&scope).await.unwrap();
+    cutter.acquire(&scope).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    backend.set_delay(Duration::from_millis(10));
+    let report = |worker: &AimdLimiter<FlakyReads>, outcome| {
+        let (worker, scope) = (worker.clone(), scope.clone());
+        tokio::spawn(async move { worker.feedback(&scope, outcome).await })
+    };
+    // The step takes its gate (10 ms), finds the cut gate open (20 ms),
+    // reads 16 (30 ms) and writes 18 (40 ms); the cut looks at its gate
+    // (15 ms), reads 16 (25 ms), takes the gate (35 ms), finds 18 in
+    // place of 16 (45 ms), reads it (55 ms) and writes its cut (65 ms).
+    let step = report(&stepper, Outcome::Success);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let cut = report(&cutter, Outcome::Refused { retry_after: None });
+    step.await.unwrap();
+    cut.await.unwrap();
+    backend.set_delay(Duration::ZERO);
+    assert_eq!(stepper.shared_rate(&scope).await.unwrap(), 13.5);
+    assert_eq!(cutter.rate(&scope), 13.5);
+}
+
 /// The rate stored for a scope obeys the settings in force. Lowering
 /// `max_rate` (a source complained; the crawler is redeployed) left each
 /// scope's stored rate where the old settings had taken it, and the
