@@ -7,8 +7,8 @@
 //! additively while requests succeed and is cut multiplicatively when the
 //! source refuses, within `[min_rate, max_rate]`:
 //!
-//! * [`acquire`](AimdLimiter::acquire) waits (asynchronously) until the scope
-//!   has a token;
+//! * [`acquire`](AimdLimiter::acquire) waits (asynchronously, on a tokio
+//!   runtime) until the scope has a token;
 //! * [`feedback`](AimdLimiter::feedback) reports what the source answered:
 //!   [`Outcome::Success`] ramps the rate up by `increase` (at most once per
 //!   reaction window), [`Outcome::Refused`] cuts it by the `decrease` factor
@@ -33,11 +33,13 @@
 //!
 //! Gates and holds are atomic backend decisions, so "one cut per window"
 //! and "hold until Retry-After" hold across any number of workers. The rate
-//! itself is read and written as an override (last writer wins): a growth
-//! on one worker racing a cut on another within one round trip may undo
-//! it, which the next refusal corrects a window later; growth is vetoed
-//! for a window after a cut to keep that race rare, and a worker's own
-//! cut under way vetoes its growth at once. Every key expires by itself
+//! itself is an override changed by compare-and-set
+//! ([`Backend::replace_override`]): a step up is written only over the
+//! rate it read, so a cut written meanwhile by another worker stands; a
+//! cut is written over the rate in force (read again when a step landed
+//! between its read and its write), so a refusal never ends with a higher
+//! rate. Growth is also vetoed for a window after a cut, and a worker's
+//! own cut under way vetoes its growth at once. Every key expires by itself
 //! (a full bucket, an open gate, a lapsed hold), the override included:
 //! it is written with a TTL of `idle_expiry`, renewed by every cut and
 //! every step up (a step at `max_rate` rewrites it too), so it outlives
@@ -96,7 +98,7 @@
 //! let harvester = AimdLimiter::new("harvester", config, MemoryBackend::new())?;
 //! let site = Key::new("example.org");
 //!
-//! harvester.acquire(&site).await;
+//! harvester.acquire(&site).await?;
 //! // ... send the request; the source answered 429, Retry-After: 1
 //! harvester
 //!     .feedback(&site, Outcome::Refused { retry_after: Some(Duration::from_secs(1)) })
@@ -145,6 +147,23 @@ const MAX_RATE: f64 = 1_000_000.0;
 const SEEN_FREE: u64 = 1 << 50;
 /// The shortest hold: a `Retry-After: 0` still pauses the scope briefly.
 const MIN_HOLD: Duration = Duration::from_millis(1);
+/// How many times a cut reads the shared rate again when a write came
+/// between its read and its own.
+const CUT_ATTEMPTS: usize = 4;
+
+/// A scope's rate as read from the backend.
+#[derive(Debug)]
+struct StoredRate {
+    /// The override as stored (`None`: none): what a write made from this
+    /// read must still find ([`Backend::replace_override`]).
+    raw: Option<Policy>,
+    /// Its rate, within `[min_rate, max_rate]`.
+    rate: f64,
+    /// Whether the stored bucket is the one these settings write for the
+    /// rate (not so when written under others: a rate out of bounds,
+    /// another burst).
+    own: bool,
+}
 
 /// Settings of an [`AimdLimiter`].
 ///
@@ -470,6 +489,19 @@ pub enum Outcome {
     Failed,
 }
 
+/// Why [`AimdLimiter::acquire`] gave no token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AcquireError {
+    /// Called outside a tokio runtime: waiting for a token needs tokio's
+    /// timers.
+    #[error(
+        "AimdLimiter::acquire was called outside a tokio runtime: waiting for a token needs \
+         tokio's timers"
+    )]
+    NoRuntime,
+}
+
 /// A token granted by [`AimdLimiter::acquire`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Grant {
@@ -740,12 +772,26 @@ impl<B: Backend> AimdLimiter<B> {
     /// request of the scope) holds up no one. (A worker that runs several
     /// runtimes queues the waiters of one runtime only: a request of
     /// another, whose pacer need not run while it waits, asks on its
-    /// own.) It never fails: when the backend does, the token comes from
-    /// the worker's fallback bucket (see [`Grant::is_local`]).
-    pub async fn acquire(&self, scope: &Key) -> Grant {
-        let Ok(runtime) = runtime::Handle::try_current() else {
-            return self.wait_alone(scope).await;
-        };
+    /// own.) A failing backend fails no request: the token then comes
+    /// from the worker's fallback bucket (see [`Grant::is_local`]).
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::NoRuntime`] when called outside a tokio runtime,
+    /// whether or not the request would have to wait: a wait runs on
+    /// tokio's timers (the runtime must have them enabled, as for
+    /// [`tokio::time::sleep`]). [`try_acquire`](Self::try_acquire) never
+    /// waits; with an in-process backend it answers outside a runtime too.
+    pub async fn acquire(&self, scope: &Key) -> Result<Grant, AcquireError> {
+        // Refused before any work, not at the first wait: a program
+        // driven by another executor learns it on its first request, not
+        // once a scope is busy.
+        let runtime = runtime::Handle::try_current().map_err(|_| AcquireError::NoRuntime)?;
+        Ok(self.acquire_on(scope, &runtime).await)
+    }
+
+    /// [`acquire`](Self::acquire) on `runtime`, the caller's.
+    async fn acquire_on(&self, scope: &Key, runtime: &runtime::Handle) -> Grant {
         let mut not_before = None;
         match self.queued(scope, runtime.id()) {
             // Nobody queued: asked at once, as most requests find a token.
@@ -758,7 +804,7 @@ impl<B: Backend> AimdLimiter<B> {
         }
         let (reply, grant) = oneshot::channel();
         if self
-            .enqueue(scope, Waiter { reply, not_before }, &runtime)
+            .enqueue(scope, Waiter { reply, not_before }, runtime)
             .is_err()
         {
             // A pacer of another runtime started meanwhile.
@@ -1027,9 +1073,29 @@ impl<B: Backend> AimdLimiter<B> {
     }
 
     /// Forgets everything adapted for `scope`: the next request starts from
-    /// the initial rate.
+    /// the initial rate. Requests of the scope waiting for their tokens in
+    /// this worker keep their places, and later ones queue behind them.
     pub async fn forget(&self, scope: &Key) -> Result<(), Error> {
-        self.scopes().map.remove(scope);
+        {
+            let mut scopes = self.scopes();
+            let queued = scopes.map.get_mut(scope).and_then(|local| {
+                let pacer = local.pacer.take()?;
+                Some((local, pacer)).filter(|(_, (_, _, queue))| !queue.is_closed())
+            });
+            match queued {
+                // Requests wait in the scope's queue: it stays, served by its
+                // pacer in turn, and the requests after this call queue
+                // behind them (dropped, a second pacer would serve them
+                // beside the first).
+                Some((local, pacer)) => {
+                    *local = Local::fresh(self.inner.config.initial_rate, Instant::now());
+                    local.pacer = Some(pacer);
+                }
+                None => {
+                    scopes.map.remove(scope);
+                }
+            }
+        }
         let scope = Scope::Key(&self.inner.names.rate, scope);
         self.guard(scope, || self.inner.backend.set_override(scope, None))
             .await
@@ -1107,13 +1173,15 @@ impl<B: Backend> AimdLimiter<B> {
                 .ok()
                 .map(|()| self.inner.config.initial_rate),
             Ok(_) => match self.read_stored(scope).await {
-                Ok((rate, true)) => Some(rate),
+                Ok(stored) if stored.own => Some(stored.rate),
                 // Written under other settings (a `max_rate` lowered, a
                 // `burst` changed since): the shared bucket spends at the
-                // stored rate, so it is written back within bounds.
-                Ok((rate, false)) => {
-                    let _ = self.write_rate(scope, rate).await;
-                    Some(rate)
+                // stored rate, so it is written back within bounds (unless
+                // another worker wrote it since: the next refresh looks
+                // again).
+                Ok(stored) => {
+                    let _ = self.replace_rate(scope, &stored, stored.rate).await;
+                    Some(stored.rate)
                 }
                 Err(_) => None,
             },
@@ -1191,7 +1259,7 @@ impl<B: Backend> AimdLimiter<B> {
         // at most once per window (`cut_after` above), and the breaker
         // stops asking a failing backend.
         let stored = match self.ask_cut_gate(scope, Op::PEEK).await {
-            Some(true) => self.read_rate(scope).await.ok(),
+            Some(true) => self.read_stored(scope).await.ok(),
             Some(false) => return,
             None => None,
         };
@@ -1200,23 +1268,57 @@ impl<B: Backend> AimdLimiter<B> {
         // the rate of every worker. Unread, the cut is this worker's own,
         // as when the gate cannot be asked.
         let stored = match stored {
-            Some(rate) => match self.ask_cut_gate(scope, Op::Acquire(1)).await {
-                Some(true) => Some(rate),
+            Some(read) => match self.ask_cut_gate(scope, Op::Acquire(1)).await {
+                Some(true) => Some(read),
                 // Another refusal of this window took it since the look.
                 Some(false) => return,
                 None => None,
             },
             None => None,
         };
-        let shared = stored.is_some();
-        let current = stored.unwrap_or_else(|| self.rate(scope));
-        let rate = (current * self.inner.config.decrease).max(self.inner.config.min_rate);
-        if shared {
-            let _ = self.write_rate(scope, rate).await;
-        }
+        let config = &self.inner.config;
+        let cut = |from: f64| (from * config.decrease).max(config.min_rate);
+        let (current, rate, shared) = match stored {
+            Some(stored) => self.cut_shared(scope, stored, cut).await,
+            None => {
+                let current = self.rate(scope);
+                (current, cut(current), false)
+            }
+        };
         tracing::debug!(limiter = %names.rate, %scope, from = current, to = rate, shared, "aimd cut");
         self.changed(Change::Cut, current, rate);
         self.with_local(scope, |l| l.rate = rate);
+    }
+
+    /// Writes the cut of the shared rate `stored` (read before the gate
+    /// was taken) as a compare-and-set: a step up written since (another
+    /// worker's, which read the rate before this cut) is cut in turn, so
+    /// the cut is always from the rate in force, and a step that read the
+    /// rate before this cut never writes over it. Answers the rate cut,
+    /// the cut rate, and whether the cut was written.
+    async fn cut_shared(
+        &self,
+        scope: &Key,
+        mut stored: StoredRate,
+        cut: impl Fn(f64) -> f64,
+    ) -> (f64, f64, bool) {
+        for _ in 0..CUT_ATTEMPTS {
+            let rate = cut(stored.rate);
+            match self.replace_rate(scope, &stored, rate).await {
+                Ok(true) => return (stored.rate, rate, true),
+                Ok(false) => {}
+                Err(_) => return (stored.rate, rate, false),
+            }
+            stored = match self.read_stored(scope).await {
+                Ok(stored) => stored,
+                Err(_) => break,
+            };
+        }
+        // Written over between every read and its write (a step up per
+        // reaction window can do that once or twice, not every time), or
+        // unreadable: this worker's own cut; a refusal of a later window
+        // cuts the fleet.
+        (stored.rate, cut(stored.rate), false)
     }
 
     /// Asks the cut gate (`op`: a look or the take): `Some(true)` when it
@@ -1278,17 +1380,20 @@ impl<B: Backend> AimdLimiter<B> {
             Ok(d) if d.is_allowed() => {}
             _ => return,
         }
-        let Ok(current) = self.read_rate(scope).await else {
+        let Ok(stored) = self.read_stored(scope).await else {
             return;
         };
+        let current = stored.rate;
         let rate = (current + self.inner.config.increase).min(self.inner.config.max_rate);
         // A cut of this worker's begun since the look at the gate may
         // have read the rate already: written now, the step would undo it.
         if self.with_local(scope, |l| after(l.cut_after, Instant::now())) {
             return;
         }
-        // Written even at max_rate: the write renews the override's TTL.
-        if self.write_rate(scope, rate).await.is_err() {
+        // Only over the rate it read: a cut written since on another
+        // worker stands. Written even at max_rate: the write renews the
+        // override's TTL.
+        if !matches!(self.replace_rate(scope, &stored, rate).await, Ok(true)) {
             return;
         }
         tracing::trace!(limiter = %names.rate, %scope, from = current, to = rate, "aimd step up");
@@ -1307,35 +1412,40 @@ impl<B: Backend> AimdLimiter<B> {
     }
 
     async fn read_rate(&self, scope: &Key) -> Result<f64, Error> {
-        Ok(self.read_stored(scope).await?.0)
+        Ok(self.read_stored(scope).await?.rate)
     }
 
-    /// The scope's stored rate within `[min_rate, max_rate]`, and whether
-    /// the stored bucket is the one these settings write for it (not so
-    /// when written under others: a rate out of bounds, another burst).
-    async fn read_stored(&self, scope: &Key) -> Result<(f64, bool), Error> {
+    /// The scope's stored rate (see [`StoredRate`]).
+    async fn read_stored(&self, scope: &Key) -> Result<StoredRate, Error> {
         let scope = Scope::Key(&self.inner.names.rate, scope);
         let config = &self.inner.config;
-        let stored = self
+        let raw = self
             .guard(scope, || self.inner.backend.get_override(scope))
             .await?;
-        Ok(match stored {
+        let (rate, own) = match raw {
             Some(Policy::TokenBucket(tb)) => {
                 let rate = rate_of(&tb).clamp(config.min_rate, config.max_rate);
                 (rate, stored_bucket(config, rate).is_ok_and(|own| own == tb))
             }
             _ => (config.initial_rate, true),
-        })
+        };
+        Ok(StoredRate { raw, rate, own })
     }
 
-    /// Stores the scope's rate, expiring `idle_expiry` after this write.
-    async fn write_rate(&self, scope: &Key, rate: f64) -> Result<(), Error> {
+    /// Stores the scope's rate, expiring `idle_expiry` after this write,
+    /// if the stored one is still `read` ([`Backend::replace_override`]):
+    /// `Ok(false)` when another write came in between, and this one is
+    /// not made.
+    async fn replace_rate(&self, scope: &Key, read: &StoredRate, rate: f64) -> Result<bool, Error> {
         let policy = Policy::from(stored_bucket(&self.inner.config, rate)?);
         let scope = Scope::Key(&self.inner.names.rate, scope);
         self.guard(scope, || {
-            self.inner
-                .backend
-                .set_expiring_override(scope, &policy, self.inner.config.idle_expiry)
+            self.inner.backend.replace_override(
+                scope,
+                read.raw.as_ref(),
+                &policy,
+                self.inner.config.idle_expiry,
+            )
         })
         .await
     }

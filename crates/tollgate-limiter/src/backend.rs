@@ -159,6 +159,35 @@ pub trait Backend: Send + Sync + 'static {
         self.set_override(scope, Some(policy))
     }
 
+    /// Sets the override of exactly `scope` to `policy`, forgotten `ttl`
+    /// after this call (as [`set_expiring_override`](Self::set_expiring_override)),
+    /// only if the override stored for it now is `current` (`None`: none
+    /// stored, or an expired one); answers whether it was set. A
+    /// compare-and-set: the comparison and the write are one atomic step,
+    /// so a change read, computed from and written back (the
+    /// [AIMD](crate::aimd) controller's step up) is never written over a
+    /// change another worker made in between.
+    ///
+    /// The default implementation reads, compares and writes in three
+    /// calls, which a concurrent write can fall between: backends that can
+    /// do it atomically (tollgate's memory and Redis backends do) override
+    /// it.
+    fn replace_override(
+        &self,
+        scope: Scope<'_>,
+        current: Option<&Policy>,
+        policy: &Policy,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, Self::Error>> + Send {
+        async move {
+            if self.get_override(scope).await?.as_ref() != current {
+                return Ok(false);
+            }
+            self.set_expiring_override(scope, policy, ttl).await?;
+            Ok(true)
+        }
+    }
+
     /// The override set for exactly `scope`, if any.
     fn get_override(
         &self,
@@ -247,6 +276,16 @@ impl<B: Backend> Backend for Arc<B> {
         ttl: Duration,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send {
         (**self).set_expiring_override(scope, policy, ttl)
+    }
+
+    fn replace_override(
+        &self,
+        scope: Scope<'_>,
+        current: Option<&Policy>,
+        policy: &Policy,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, Self::Error>> + Send {
+        (**self).replace_override(scope, current, policy, ttl)
     }
 
     fn get_override(

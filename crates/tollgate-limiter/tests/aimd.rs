@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tollgate_limiter::aimd::{AimdConfig, AimdLimiter, Outcome};
+use tollgate_limiter::aimd::{AcquireError, AimdConfig, AimdLimiter, Outcome};
 use tollgate_limiter::time::micros;
 use tollgate_limiter::{Clock, Key, Timestamp};
 use tollgate_memory::MemoryBackend;
@@ -113,7 +113,7 @@ fn crawl(
             let (limiter, remote, scope) = (limiter.clone(), Arc::clone(remote), scope.clone());
             tokio::spawn(async move {
                 while Instant::now() < until {
-                    limiter.acquire(&scope).await;
+                    limiter.acquire(&scope).await.unwrap();
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     let outcome = remote.hit();
                     limiter.feedback(&scope, outcome).await;
@@ -228,9 +228,9 @@ async fn two_workers_share_one_rate() {
     assert!(refused < served * 0.1, "served {served}, refused {refused}");
     // Each worker's view follows the shared rate.
     let shared = a.shared_rate(&scope).await.unwrap();
-    b.acquire(&scope).await;
+    b.acquire(&scope).await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    b.acquire(&scope).await;
+    b.acquire(&scope).await.unwrap();
     assert_eq!(b.rate(&scope), shared);
 }
 
@@ -252,7 +252,7 @@ async fn two_workers_spend_one_bucket() {
             let (scope, granted) = (scope.clone(), Arc::clone(&granted));
             tokio::spawn(async move {
                 while Instant::now() < until {
-                    assert!(!limiter.acquire(&scope).await.is_local());
+                    assert!(!limiter.acquire(&scope).await.unwrap().is_local());
                     granted.fetch_add(1, Ordering::SeqCst);
                 }
             })
@@ -350,8 +350,8 @@ async fn retry_after_holds_the_scope_for_every_worker() {
     let b = limiter(config, backend);
     let scope = Key::new("example.org");
     let other = Key::new("example.com");
-    a.acquire(&scope).await;
-    b.acquire(&scope).await;
+    a.acquire(&scope).await.unwrap();
+    b.acquire(&scope).await.unwrap();
 
     a.feedback(
         &scope,
@@ -361,13 +361,13 @@ async fn retry_after_holds_the_scope_for_every_worker() {
     )
     .await;
     let start = Instant::now();
-    b.acquire(&scope).await;
+    b.acquire(&scope).await.unwrap();
     let waited = start.elapsed();
     assert!(waited >= Duration::from_secs(5), "b waited {waited:?}");
     assert!(waited < Duration::from_secs(6), "b waited {waited:?}");
     // Other scopes are not held.
     let start = Instant::now();
-    b.acquire(&other).await;
+    b.acquire(&other).await.unwrap();
     assert!(start.elapsed() < Duration::from_secs(1));
 
     // An absurd Retry-After is capped at max_hold.
@@ -379,7 +379,7 @@ async fn retry_after_holds_the_scope_for_every_worker() {
     )
     .await;
     let start = Instant::now();
-    a.acquire(&scope).await;
+    a.acquire(&scope).await.unwrap();
     let waited = start.elapsed();
     assert!(waited >= Duration::from_secs(60), "a waited {waited:?}");
     assert!(waited < Duration::from_secs(61), "a waited {waited:?}");
@@ -397,7 +397,7 @@ async fn fails_open_at_the_last_known_rate() {
     let scope = Key::new("example.org");
     // Healthy: a few steps up.
     for _ in 0..5 {
-        assert!(!limiter.acquire(&scope).await.is_local());
+        assert!(!limiter.acquire(&scope).await.unwrap().is_local());
         limiter.feedback(&scope, Outcome::Success).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
@@ -410,7 +410,7 @@ async fn fails_open_at_the_last_known_rate() {
     let start = Instant::now();
     let mut granted = 0;
     while start.elapsed() < Duration::from_secs(10) {
-        let grant = limiter.acquire(&scope).await;
+        let grant = limiter.acquire(&scope).await.unwrap();
         if start.elapsed() > Duration::from_secs(1) {
             assert!(grant.is_local());
         }
@@ -434,22 +434,22 @@ async fn fails_open_at_the_last_known_rate() {
         .await;
     assert_eq!(limiter.rate(&scope), known * 0.75);
     let start = Instant::now();
-    limiter.acquire(&scope).await;
+    limiter.acquire(&scope).await.unwrap();
     assert!(start.elapsed() >= Duration::from_secs(3));
 
     // The backend comes back: after the breaker's back-off, the shared
     // bucket decides again.
     backend.set_failing(false);
     tokio::time::sleep(Duration::from_secs(60)).await;
-    limiter.acquire(&scope).await;
-    assert!(!limiter.acquire(&scope).await.is_local());
+    limiter.acquire(&scope).await.unwrap();
+    assert!(!limiter.acquire(&scope).await.unwrap().is_local());
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_idle_scope_forgets_its_rate() {
     let limiter = limiter(config(), backend());
     let scope = Key::new("example.org");
-    limiter.acquire(&scope).await;
+    limiter.acquire(&scope).await.unwrap();
     for _ in 0..3 {
         limiter.feedback(&scope, Outcome::Success).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -458,13 +458,13 @@ async fn an_idle_scope_forgets_its_rate() {
 
     // Still remembered after an hour of silence.
     tokio::time::sleep(Duration::from_secs(3600)).await;
-    limiter.acquire(&scope).await;
+    limiter.acquire(&scope).await.unwrap();
     assert_eq!(limiter.rate(&scope), 7.0);
     // Forgotten after idle_expiry (6 h) without a request, by a fresh
     // worker as well as by this one.
     tokio::time::sleep(Duration::from_secs(6 * 3600)).await;
     let fresh = limiter_on(&limiter);
-    fresh.acquire(&scope).await;
+    fresh.acquire(&scope).await.unwrap();
     assert_eq!(fresh.rate(&scope), 1.0);
     assert_eq!(limiter.shared_rate(&scope).await.unwrap(), 1.0);
 }
@@ -492,7 +492,7 @@ async fn the_stored_rate_expires_after_idle_expiry() {
                 .unwrap()
         }
     };
-    limiter.acquire(&scope).await;
+    limiter.acquire(&scope).await.unwrap();
     limiter.feedback(&scope, Outcome::Success).await;
     assert_eq!(limiter.shared_rate(&scope).await.unwrap(), 3.0);
     // At max_rate, further successes rewrite the override, renewing it.
@@ -577,6 +577,19 @@ impl tollgate_limiter::Backend for FlakyReads {
         self.inner.set_expiring_override(scope, policy, ttl).await
     }
 
+    async fn replace_override(
+        &self,
+        scope: tollgate_limiter::Scope<'_>,
+        current: Option<&tollgate_limiter::Policy>,
+        policy: &tollgate_limiter::Policy,
+        ttl: Duration,
+    ) -> Result<bool, Self::Error> {
+        self.round_trip().await;
+        self.inner
+            .replace_override(scope, current, policy, ttl)
+            .await
+    }
+
     async fn get_override(
         &self,
         scope: tollgate_limiter::Scope<'_>,
@@ -613,7 +626,7 @@ async fn a_cut_whose_rate_read_fails_never_raises_the_shared_rate() {
     let (backend, [a, b, _]) = flaky_workers();
     let scope = Key::new("example.org");
     // b learns the rate, then a cuts it three times: 8 -> 1.
-    b.acquire(&scope).await;
+    b.acquire(&scope).await.unwrap();
     assert_eq!(b.rate(&scope), 8.0);
     for _ in 0..3 {
         a.feedback(&scope, Outcome::Refused { retry_after: None })
@@ -639,8 +652,8 @@ async fn a_cut_whose_rate_read_fails_never_raises_the_shared_rate() {
 async fn a_cut_whose_rate_read_fails_leaves_the_gate_to_the_fleet() {
     let (backend, [a, b, c]) = flaky_workers();
     let scope = Key::new("example.org");
-    a.acquire(&scope).await;
-    b.acquire(&scope).await;
+    a.acquire(&scope).await.unwrap();
+    b.acquire(&scope).await.unwrap();
     // b is refused while the rate cannot be read: its own cut only.
     backend.fail_reads.store(true, Ordering::SeqCst);
     b.feedback(&scope, Outcome::Refused { retry_after: None })
@@ -859,12 +872,12 @@ async fn a_scope_waiting_for_the_remote_keeps_its_rate() {
 
     // Held for max_hold by an absurd Retry-After.
     let worker = limiter(held(Duration::from_secs(600) + window + just), backend());
-    worker.acquire(&scope).await;
+    worker.acquire(&scope).await.unwrap();
     for _ in 0..3 {
         worker.feedback(&scope, Outcome::Success).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    worker.acquire(&scope).await;
+    worker.acquire(&scope).await.unwrap();
     let forever = Some(Duration::from_secs(1_000_000_000_000));
     worker
         .feedback(
@@ -876,7 +889,7 @@ async fn a_scope_waiting_for_the_remote_keeps_its_rate() {
         .await;
     assert_eq!(worker.rate(&scope), 5.25);
     let start = Instant::now();
-    worker.acquire(&scope).await;
+    worker.acquire(&scope).await.unwrap();
     assert_eq!(start.elapsed(), Duration::from_secs(600));
     assert_eq!(worker.rate(&scope), 5.25);
     assert_eq!(worker.shared_rate(&scope).await.unwrap(), 5.25);
@@ -885,16 +898,16 @@ async fn a_scope_waiting_for_the_remote_keeps_its_rate() {
     // waiting a request's interval.
     let slow_worker = limiter(slow(Duration::from_secs(200) + window + just), backend());
     let refused = Outcome::Refused { retry_after: None };
-    slow_worker.acquire(&scope).await;
+    slow_worker.acquire(&scope).await.unwrap();
     for _ in 0..10 {
         slow_worker.feedback(&scope, refused).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     assert_eq!(slow_worker.rate(&scope), 0.005);
-    slow_worker.acquire(&scope).await;
+    slow_worker.acquire(&scope).await.unwrap();
     slow_worker.feedback(&scope, refused).await;
     let start = Instant::now();
-    slow_worker.acquire(&scope).await;
+    slow_worker.acquire(&scope).await.unwrap();
     assert_eq!(start.elapsed(), Duration::from_secs(200));
     assert_eq!(slow_worker.rate(&scope), 0.005);
     assert_eq!(slow_worker.shared_rate(&scope).await.unwrap(), 0.005);
@@ -916,7 +929,7 @@ async fn a_step_up_beside_a_cut_in_one_worker_does_not_undo_it() {
     };
     let worker = AimdLimiter::new("harvester", config, backend.clone()).unwrap();
     let scope = Key::new("example.org");
-    worker.acquire(&scope).await;
+    worker.acquire(&scope).await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
     backend.set_delay(Duration::from_millis(10));
     let report = |outcome| {
@@ -931,6 +944,81 @@ async fn a_step_up_beside_a_cut_in_one_worker_does_not_undo_it() {
     step.await.unwrap();
     assert_eq!(worker.shared_rate(&scope).await.unwrap(), 12.0);
     assert_eq!(worker.rate(&scope), 12.0);
+}
+
+/// A step up on one worker never undoes a cut made on another. The step
+/// read the shared rate, the other worker's cut wrote its cut, and the
+/// step wrote its own over it: with every backend call a 10 ms round
+/// trip, a refusal took 16 req/s to 18 (and the cut gate, taken, kept the
+/// fleet from cutting again for the window). A step now applies only if
+/// the rate is still the one it read.
+#[tokio::test(start_paused = true)]
+async fn a_step_up_on_one_worker_does_not_undo_a_cut_on_another() {
+    let backend = FlakyReads::new();
+    let config = AimdConfig {
+        initial_rate: 16.0,
+        ..config()
+    };
+    let stepper = AimdLimiter::new("harvester", config.clone(), backend.clone()).unwrap();
+    let cutter = AimdLimiter::new("harvester", config, backend.clone()).unwrap();
+    let scope = Key::new("example.org");
+    stepper.acquire(&scope).await.unwrap();
+    cutter.acquire(&scope).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    backend.set_delay(Duration::from_millis(10));
+    let report = |worker: &AimdLimiter<FlakyReads>, outcome| {
+        let (worker, scope) = (worker.clone(), scope.clone());
+        tokio::spawn(async move { worker.feedback(&scope, outcome).await })
+    };
+    // The cut looks at its gate (done at 10 ms), reads the rate (20 ms),
+    // takes the gate (30 ms) and writes 12 (40 ms); the step takes its
+    // gate (18 ms), finds the cut gate still open (28 ms), reads 16
+    // (38 ms) and writes after the cut (48 ms).
+    let cut = report(&cutter, Outcome::Refused { retry_after: None });
+    tokio::time::sleep(Duration::from_millis(8)).await;
+    let step = report(&stepper, Outcome::Success);
+    cut.await.unwrap();
+    step.await.unwrap();
+    backend.set_delay(Duration::ZERO);
+    assert_eq!(stepper.shared_rate(&scope).await.unwrap(), 12.0);
+    assert_eq!(cutter.rate(&scope), 12.0);
+}
+
+/// A cut is made from the rate in force. A step up on another worker
+/// that read the rate before the cut and wrote it after the cut's read
+/// (16 -> 18 below) is cut in turn: the cut's write, made only over the
+/// rate it read, finds the step, reads again and cuts 18 to 13.5, where a
+/// plain write would have set 12 from a rate no longer in force.
+#[tokio::test(start_paused = true)]
+async fn a_cut_racing_a_step_up_on_another_worker_cuts_the_rate_in_force() {
+    let backend = FlakyReads::new();
+    let config = AimdConfig {
+        initial_rate: 16.0,
+        ..config()
+    };
+    let stepper = AimdLimiter::new("harvester", config.clone(), backend.clone()).unwrap();
+    let cutter = AimdLimiter::new("harvester", config, backend.clone()).unwrap();
+    let scope = Key::new("example.org");
+    stepper.acquire(&scope).await.unwrap();
+    cutter.acquire(&scope).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    backend.set_delay(Duration::from_millis(10));
+    let report = |worker: &AimdLimiter<FlakyReads>, outcome| {
+        let (worker, scope) = (worker.clone(), scope.clone());
+        tokio::spawn(async move { worker.feedback(&scope, outcome).await })
+    };
+    // The step takes its gate (10 ms), finds the cut gate open (20 ms),
+    // reads 16 (30 ms) and writes 18 (40 ms); the cut looks at its gate
+    // (15 ms), reads 16 (25 ms), takes the gate (35 ms), finds 18 in
+    // place of 16 (45 ms), reads it (55 ms) and writes its cut (65 ms).
+    let step = report(&stepper, Outcome::Success);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let cut = report(&cutter, Outcome::Refused { retry_after: None });
+    step.await.unwrap();
+    cut.await.unwrap();
+    backend.set_delay(Duration::ZERO);
+    assert_eq!(stepper.shared_rate(&scope).await.unwrap(), 13.5);
+    assert_eq!(cutter.rate(&scope), 13.5);
 }
 
 /// The rate stored for a scope obeys the settings in force. Lowering
@@ -951,7 +1039,7 @@ async fn a_stored_rate_outside_the_settings_in_force_is_brought_within_them() {
     };
     let before = limiter(old, backend.clone());
     let scope = Key::new("example.org");
-    before.acquire(&scope).await;
+    before.acquire(&scope).await.unwrap();
     before.feedback(&scope, Outcome::Success).await;
     assert_eq!(before.shared_rate(&scope).await.unwrap(), 52.0);
 
@@ -965,7 +1053,7 @@ async fn a_stored_rate_outside_the_settings_in_force_is_brought_within_them() {
     let start = Instant::now();
     let mut granted = 0;
     while start.elapsed() < Duration::from_secs(2) {
-        after.acquire(&scope).await;
+        after.acquire(&scope).await.unwrap();
         granted += 1;
         // No signal: the source's answers are 5xx.
         after.feedback(&scope, Outcome::Failed).await;
@@ -1015,7 +1103,7 @@ async fn a_stored_rate_is_rounded_into_the_bounds() {
         ..config()
     };
     let worker = limiter(settings, backend());
-    worker.acquire(&scope).await;
+    worker.acquire(&scope).await.unwrap();
     worker.feedback(&scope, Outcome::Success).await;
     let stored = stored_rate(&worker, &scope).await;
     assert!(stored.is_some_and(|r| r <= 0.0015), "stored {stored:?}");
@@ -1028,7 +1116,7 @@ async fn a_stored_rate_is_rounded_into_the_bounds() {
         ..config()
     };
     let worker = limiter(settings, backend());
-    worker.acquire(&scope).await;
+    worker.acquire(&scope).await.unwrap();
     worker
         .feedback(&scope, Outcome::Refused { retry_after: None })
         .await;
@@ -1043,7 +1131,7 @@ async fn a_stored_rate_is_rounded_into_the_bounds() {
         ..config()
     };
     let worker = limiter(settings, backend());
-    worker.acquire(&scope).await;
+    worker.acquire(&scope).await.unwrap();
     worker
         .feedback(&scope, Outcome::Refused { retry_after: None })
         .await;
@@ -1067,7 +1155,7 @@ async fn a_parked_request_holds_up_no_other_of_its_scope() {
     let limiter = limiter(settings, backend());
     let scope = Key::new("example.org");
     // The token is spent: the next one is a second away.
-    limiter.acquire(&scope).await;
+    limiter.acquire(&scope).await.unwrap();
     let mut parked = Box::pin(limiter.acquire(&scope));
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     tick.tick().await;
@@ -1079,7 +1167,7 @@ async fn a_parked_request_holds_up_no_other_of_its_scope() {
                 _ = tick.tick() => {
                     // Another request of the scope, awaited in the branch:
                     // `parked` is not polled meanwhile.
-                    limiter.acquire(&scope).await;
+                    limiter.acquire(&scope).await.unwrap();
                     return start.elapsed();
                 }
             }
@@ -1093,7 +1181,8 @@ async fn a_parked_request_holds_up_no_other_of_its_scope() {
     // The parked request is served in turn once polled again.
     tokio::time::timeout(Duration::from_secs(5), parked)
         .await
-        .expect("the parked request is served");
+        .expect("the parked request is served")
+        .unwrap();
 }
 
 /// Waiters of a scope are served in the order they came; one that gives
@@ -1107,13 +1196,13 @@ async fn waiters_are_served_in_turn_and_one_that_gives_up_is_passed_over() {
     };
     let limiter = limiter(settings, backend());
     let scope = Key::new("example.org");
-    limiter.acquire(&scope).await;
+    limiter.acquire(&scope).await.unwrap();
     let start = Instant::now();
     let served = Arc::new(Mutex::new(Vec::new()));
     let waiter = |name: &'static str| {
         let (limiter, scope, served) = (limiter.clone(), scope.clone(), Arc::clone(&served));
         tokio::spawn(async move {
-            limiter.acquire(&scope).await;
+            limiter.acquire(&scope).await.unwrap();
             served.lock().unwrap().push((name, start.elapsed()));
         })
     };
@@ -1134,8 +1223,47 @@ async fn waiters_are_served_in_turn_and_one_that_gives_up_is_passed_over() {
     // The queue is gone: a request a while later is served at once.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let start = Instant::now();
-    limiter.acquire(&scope).await;
+    limiter.acquire(&scope).await.unwrap();
     assert_eq!(start.elapsed(), Duration::ZERO);
+}
+
+/// `forget` while requests of the scope wait in its queue keeps the
+/// queue: a request made after it waits behind them. It dropped the
+/// worker's record of the queue's pacer, so the next request started a
+/// second one beside it; with the backend down, that request was served
+/// at once from the fresh fallback bucket, before the two that had waited
+/// since (served: c, a, b).
+#[tokio::test(start_paused = true)]
+async fn forget_keeps_the_queue_of_waiting_requests() {
+    let backend = backend();
+    let settings = AimdConfig {
+        initial_rate: 1.0,
+        ..config()
+    };
+    let limiter = limiter(settings, backend.clone());
+    let scope = Key::new("example.org");
+    backend.set_failing(true);
+    // From the fallback bucket: the next token is a second away.
+    assert!(limiter.acquire(&scope).await.unwrap().is_local());
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let waiter = |name: &'static str| {
+        let (limiter, scope, served) = (limiter.clone(), scope.clone(), Arc::clone(&served));
+        tokio::spawn(async move {
+            limiter.acquire(&scope).await.unwrap();
+            served.lock().unwrap().push(name);
+        })
+    };
+    let a = waiter("a");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let b = waiter("b");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // The backend is down: only this worker's state is forgotten.
+    assert!(limiter.forget(&scope).await.is_err());
+    let c = waiter("c");
+    for waiter in [a, b, c] {
+        waiter.await.unwrap();
+    }
+    assert_eq!(*served.lock().unwrap(), ["a", "b", "c"]);
 }
 
 /// A request is never queued to a pacer that runs on another runtime,
@@ -1167,10 +1295,10 @@ fn a_request_is_served_while_another_runtime_sleeps() {
         std::thread::spawn(move || {
             let runtime = current();
             runtime.block_on(async {
-                limiter.acquire(&scope).await;
+                limiter.acquire(&scope).await.unwrap();
                 queued.send(()).unwrap();
                 // Waits for the next token, on a pacer of this runtime.
-                limiter.acquire(&scope).await;
+                limiter.acquire(&scope).await.unwrap();
             });
             // Other work, the runtime kept but not driven.
             std::thread::sleep(Duration::from_secs(4));
@@ -1180,10 +1308,61 @@ fn a_request_is_served_while_another_runtime_sleeps() {
     std::thread::sleep(Duration::from_millis(50));
     let start = std::time::Instant::now();
     let second = current().block_on(async {
-        tokio::time::timeout(Duration::from_secs(3), limiter.acquire(&scope)).await
+        tokio::time::timeout(Duration::from_secs(3), limiter.acquire(&scope))
+            .await
+            .unwrap()
     });
     let waited = start.elapsed();
     first.join().unwrap();
     assert!(second.is_ok(), "not served within 3 s");
     assert!(waited < Duration::from_secs(2), "waited {waited:?}");
+}
+
+/// Polls `future` to completion on this thread, outside any tokio runtime
+/// (as a program driven by another executor does).
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        std::thread::park();
+    }
+}
+
+/// Outside a tokio runtime, `acquire` cannot wait for a token (a wait
+/// runs on tokio's timers): it answers an error the caller can match, not
+/// a panic. It panicked ("there is no reactor running") as soon as a
+/// request had to wait: the second of a scope at 1 req/s.
+#[test]
+fn acquire_outside_a_runtime_is_an_error_not_a_panic() {
+    let settings = AimdConfig {
+        initial_rate: 1.0,
+        ..config()
+    };
+    let limiter = AimdLimiter::new("harvester", settings, MemoryBackend::new()).unwrap();
+    let scope = Key::new("example.org");
+    let answers = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        [
+            block_on(limiter.acquire(&scope)),
+            block_on(limiter.acquire(&scope)),
+        ]
+    }));
+    assert!(answers.is_ok(), "acquire panicked outside a runtime");
+    for answer in answers.unwrap() {
+        assert_eq!(answer, Err(AcquireError::NoRuntime));
+    }
+    // try_acquire never waits: with an in-process backend it answers here.
+    assert!(block_on(limiter.try_acquire(&scope)).is_ok());
+    assert!(block_on(limiter.try_acquire(&scope)).is_err());
+    let e = AcquireError::NoRuntime.to_string();
+    assert!(e.contains("outside a tokio runtime"), "{e}");
 }

@@ -695,12 +695,28 @@ impl<C: Clock> MemoryBackend<C> {
 
     /// Sets or clears the override of exactly `scope`.
     fn store_override(&self, scope: Scope<'_>, stored: Option<Stored>) {
+        self.store_override_if(scope, stored, |_| true);
+    }
+
+    /// Sets or clears the override of exactly `scope` if `expected`,
+    /// shown the limiter's overrides, holds; answers whether it did. Under
+    /// the map's write lock: nothing is stored between the look and the
+    /// write (a compare-and-set).
+    fn store_override_if(
+        &self,
+        scope: Scope<'_>,
+        stored: Option<Stored>,
+        expected: impl FnOnce(Option<&Overrides>) -> bool,
+    ) -> bool {
         let now = self.shared.clock.now();
         let mut overrides = self
             .shared
             .overrides
             .write()
             .unwrap_or_else(|e| e.into_inner());
+        if !expected(overrides.get(scope.limiter())) {
+            return false;
+        }
         let limiter = overrides.entry(scope.limiter().to_owned()).or_default();
         limiter.set(scope, stored, now);
         if limiter.is_empty() {
@@ -715,6 +731,7 @@ impl<C: Clock> MemoryBackend<C> {
         self.shared
             .has_overrides
             .store(!overrides.is_empty(), Ordering::Release);
+        true
     }
 
     /// Drops the expired overrides; decisions leave the override path if
@@ -1119,6 +1136,24 @@ impl<C: Clock> Backend for MemoryBackend<C> {
         };
         self.store_override(scope, Some(stored));
         Ok(())
+    }
+
+    async fn replace_override(
+        &self,
+        scope: Scope<'_>,
+        current: Option<&Policy>,
+        policy: &Policy,
+        ttl: Duration,
+    ) -> Result<bool, MemoryError> {
+        self.inject()?;
+        let now = self.shared.clock.now();
+        let stored = Stored {
+            policy: *policy,
+            until: Some(now.saturating_add(micros(ttl))),
+        };
+        Ok(self.store_override_if(scope, Some(stored), |o| {
+            o.and_then(|o| o.stored(scope)?.live(now)).as_ref() == current
+        }))
     }
 
     async fn get_override(&self, scope: Scope<'_>) -> Result<Option<Policy>, MemoryError> {

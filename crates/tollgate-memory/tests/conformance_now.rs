@@ -57,6 +57,16 @@ impl Backend for NowFirst {
         self.0.set_expiring_override(scope, policy, ttl)
     }
 
+    fn replace_override(
+        &self,
+        scope: Scope<'_>,
+        current: Option<&Policy>,
+        policy: &Policy,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, MemoryError>> + Send {
+        self.0.replace_override(scope, current, policy, ttl)
+    }
+
     fn get_override(
         &self,
         scope: Scope<'_>,

@@ -1782,30 +1782,43 @@ impl RedisBackend {
                 cmd.arg("PX").arg(ms);
             }
         }
-        // The marker, unless this client read it within the TTL (tollgate
-        // never removes it): an AIMD controller's stream of rate changes
-        // pays one round trip each.
-        if let (Scope::Key(l, _), Some(_)) = (scope, &encoded)
+        if encoded.is_some() {
+            self.mark_keyed(scope).await?;
+        }
+        let _: Value = self.inner.conn.query(&cmd).await?;
+        self.wrote_override(scope, encoded.as_deref());
+        Ok(())
+    }
+
+    /// Sets the marker that `scope`'s limiter has per-key overrides before
+    /// a key's override is stored, unless this client read it within the
+    /// TTL (tollgate never removes it): an AIMD controller's stream of
+    /// rate changes pays one round trip each.
+    async fn mark_keyed(&self, scope: Scope<'_>) -> Result<(), RedisError> {
+        if let Scope::Key(l, _) = scope
             && !self.cached_overrides(l).is_some_and(|o| o.keyed)
         {
             let mut mark = redis::cmd("SET");
             mark.arg(self.keyed_marker_key(l)).arg("1");
             let _: Value = self.inner.conn.query(&mark).await?;
         }
-        let _: Value = self.inner.conn.query(&cmd).await?;
-        // This worker sees its own change at once. The cached entry keeps
-        // the time it was read, so what other workers changed since is
-        // still read again within the TTL; without one, the next decision
-        // reads Redis.
+        Ok(())
+    }
+
+    /// Records in the cache that this client stored `encoded` (or cleared
+    /// it, `None`) as `scope`'s override: this worker sees its own change
+    /// at once. The cached entry keeps the time it was read, so what other
+    /// workers changed since is still read again within the TTL; without
+    /// one, the next decision reads Redis.
+    fn wrote_override(&self, scope: Scope<'_>, encoded: Option<&str>) {
         if let Some(Cached { overrides: o, .. }) =
             lock(&self.inner.override_cache).get_mut(scope.limiter())
         {
             match scope {
-                Scope::Limiter(_) => o.wide = encoded.as_deref().map(Wide::new),
+                Scope::Limiter(_) => o.wide = encoded.map(Wide::new),
                 Scope::Key(..) => o.keyed |= encoded.is_some(),
             }
         }
-        Ok(())
     }
 }
 
@@ -1871,6 +1884,41 @@ impl Backend for RedisBackend {
         ttl: Duration,
     ) -> Result<(), RedisError> {
         self.write_override(scope, Some(policy), Some(ttl)).await
+    }
+
+    /// One script (`lua/replace_override.lua`) compares the stored
+    /// override with `current`, encoded, and writes `policy` with its TTL
+    /// (`SET … PX`) only if they are equal.
+    async fn replace_override(
+        &self,
+        scope: Scope<'_>,
+        current: Option<&Policy>,
+        policy: &Policy,
+        ttl: Duration,
+    ) -> Result<bool, RedisError> {
+        let key = self.override_key(scope)?;
+        let current = current.map(encoding::encode).transpose()?;
+        let encoded = encoding::encode(policy)?;
+        // Rounded up, so at least 1 ms: PX 0 is an error.
+        let ms = u64::try_from(ttl.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
+        self.mark_keyed(scope).await?;
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(scripts::REPLACE_OVERRIDE.get_hash())
+            .arg(1)
+            .arg(&key)
+            .arg(if current.is_some() { "1" } else { "0" })
+            .arg(current.as_deref().unwrap_or(""))
+            .arg(&encoded)
+            .arg(ms.max(1));
+        let replaced: i64 = self
+            .inner
+            .conn
+            .eval(&cmd, scripts::REPLACE_OVERRIDE_CODE)
+            .await?;
+        if replaced == 1 {
+            self.wrote_override(scope, Some(&encoded));
+        }
+        Ok(replaced == 1)
     }
 
     async fn get_override(&self, scope: Scope<'_>) -> Result<Option<Policy>, RedisError> {

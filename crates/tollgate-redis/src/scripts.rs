@@ -40,12 +40,19 @@ pub(crate) const CALENDAR_CODE: &str = code!("common_calendar.lua", "calendar.lu
 /// The concurrency script's source.
 pub(crate) const CONCURRENCY_CODE: &str = code!("concurrency.lua");
 
+/// The compare-and-set of an override's source (one `GET`, one `SET`: no
+/// shared helpers).
+pub(crate) const REPLACE_OVERRIDE_CODE: &str = include_str!("../lua/replace_override.lua");
+
 static TOKEN_BUCKET: LazyLock<Script> = LazyLock::new(|| Script::new(TOKEN_BUCKET_CODE));
 static SLIDING_WINDOW: LazyLock<Script> = LazyLock::new(|| Script::new(SLIDING_WINDOW_CODE));
 static PROGRESSIVE_DELAY: LazyLock<Script> = LazyLock::new(|| Script::new(PROGRESSIVE_DELAY_CODE));
 static COMPOSITE: LazyLock<Script> = LazyLock::new(|| Script::new(COMPOSITE_CODE));
 static CALENDAR: LazyLock<Script> = LazyLock::new(|| Script::new(CALENDAR_CODE));
 static CONCURRENCY: LazyLock<Script> = LazyLock::new(|| Script::new(CONCURRENCY_CODE));
+/// [`REPLACE_OVERRIDE_CODE`] as a script.
+pub(crate) static REPLACE_OVERRIDE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(REPLACE_OVERRIDE_CODE));
 
 /// The script deciding for `strategy`.
 pub(crate) fn for_strategy(strategy: Strategy) -> &'static Script {
@@ -86,11 +93,12 @@ pub(crate) fn strategy_of(letter: &str) -> Option<Strategy> {
 }
 
 /// Every script's source, to preload.
-pub(crate) const ALL: [&str; 6] = [
+pub(crate) const ALL: [&str; 7] = [
     TOKEN_BUCKET_CODE,
     SLIDING_WINDOW_CODE,
     PROGRESSIVE_DELAY_CODE,
     COMPOSITE_CODE,
     CALENDAR_CODE,
     CONCURRENCY_CODE,
+    REPLACE_OVERRIDE_CODE,
 ];

@@ -630,7 +630,7 @@ tollgate_testkit::on_every_server! {
         };
         let aimd = AimdLimiter::new("harvester", config, b.clone()).unwrap();
         let scope = Key::new("example.org");
-        aimd.acquire(&scope).await;
+        aimd.acquire(&scope).await.unwrap();
         aimd.feedback(&scope, Outcome::Refused { retry_after: None })
             .await;
         assert_eq!(aimd.shared_rate(&scope).await.unwrap(), 0.75);

@@ -683,6 +683,64 @@ pub async fn overrides_reach_other_workers<B: Backend>(writer: B, reader: B, cac
     assert_eq!(peek(&r, &k2, 1).await.limit(), 1);
 }
 
+/// [`Backend::replace_override`] is a compare-and-set: it writes only
+/// over the override the caller read (none included), per key and
+/// limiter-wide; what it writes is the override in force; of many
+/// replacements made from one read, exactly one is written.
+pub async fn replace_override_compares_and_sets<B: Backend + Clone>(backend: B, _clock: MockClock) {
+    let hour = 3600 * S;
+    let bucket = |n| Policy::from(TokenBucket::new(n, 1, hour).unwrap());
+    let (one, two, three) = (bucket(1), bucket(2), bucket(3));
+    let l = limiter("cas", one, backend.clone());
+    let name = l.name().to_owned();
+    let key = Key::new("k");
+    for keyed in [true, false] {
+        // Owned, so that racing writers can be tasks of their own.
+        let replace = |current: Option<&Policy>, policy: &Policy| {
+            let (backend, name, key) = (backend.clone(), name.clone(), key.clone());
+            let (current, policy) = (current.copied(), *policy);
+            async move {
+                let scope = match keyed {
+                    true => Scope::Key(&name, &key),
+                    false => Scope::Limiter(&name),
+                };
+                backend
+                    .replace_override(scope, current.as_ref(), &policy, hour)
+                    .await
+                    .expect("replace_override")
+            }
+        };
+        let scope = match keyed {
+            true => Scope::Key(&name, &key),
+            false => Scope::Limiter(&name),
+        };
+        let stored = || async { backend.get_override(scope).await.expect("get_override") };
+        assert!(!replace(Some(&one), &two).await, "{scope:?}: none stored");
+        assert_eq!(stored().await, None);
+        assert!(replace(None, &two).await, "{scope:?}: none, as read");
+        assert_eq!(stored().await, Some(two));
+        assert!(!replace(None, &three).await, "{scope:?}: one stored since");
+        assert!(!replace(Some(&three), &three).await, "{scope:?}: another");
+        assert_eq!(stored().await, Some(two));
+        assert!(replace(Some(&two), &three).await, "{scope:?}: as read");
+        assert_eq!(stored().await, Some(three));
+        assert_eq!(peek(&l, &key, 1).await.limit(), 3, "{scope:?}: in force");
+        // Many writers from one read: one wins, the others find its write.
+        let racing: Vec<_> = (4..12)
+            .map(|n| tokio::spawn(replace(Some(&three), &bucket(n))))
+            .collect();
+        let mut won = Vec::new();
+        for (n, task) in (4..12).zip(racing) {
+            if task.await.expect("task panicked") {
+                won.push(n);
+            }
+        }
+        assert_eq!(won.len(), 1, "{scope:?}: written by {won:?}");
+        assert_eq!(stored().await, Some(bucket(won[0])));
+        backend.set_override(scope, None).await.expect("clear");
+    }
+}
+
 async fn hammer<B: Backend + Clone>(l: Limiter<B>, tasks: usize, tries: usize) -> u64 {
     let l = Arc::new(l);
     let handles: Vec<_> = (0..tasks)
@@ -2689,6 +2747,7 @@ macro_rules! conformance_tests {
                 a_clock_stepping_back_counts_the_slots_held,
                 a_look_forgets_what_expired_before_a_clock_steps_back,
                 an_override_across_the_concurrency_boundary_is_no_policy,
+                replace_override_compares_and_sets,
                 candidate_beside_enforced, extreme_values_agree_with_model);
 
             #[test]

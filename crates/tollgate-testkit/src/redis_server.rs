@@ -1159,6 +1159,13 @@ where
     );
     permit.expect("a slot").release().await.unwrap();
     assert!(exports.hold(k).await.0.is_allowed());
+    // A compare-and-set of a key's override (the AIMD controller's rate).
+    let rate = limiter("rate", TokenBucket::new(1, 1, minute).unwrap().into());
+    let scope = tollgate_limiter::Scope::Key(rate.name(), k);
+    let two = Policy::from(TokenBucket::new(2, 1, minute).unwrap());
+    let replaced = rate.backend().replace_override(scope, None, &two, minute);
+    assert!(replaced.await.unwrap());
+    assert_eq!(rate.backend().get_override(scope).await.unwrap(), Some(two));
 }
 
 /// What a Redis Cluster user needs besides [`ACL_RULES`] (docs/redis.md):

@@ -36,8 +36,8 @@ async fn two_workers_share_rate_gates_and_holds_through_redis() {
     let a = worker(&url, "aimd-shared").await;
     let b = worker(&url, "aimd-shared").await;
     let site = Key::new("source.test");
-    assert!(!a.acquire(&site).await.is_local());
-    assert!(!b.acquire(&site).await.is_local());
+    assert!(!a.acquire(&site).await.unwrap().is_local());
+    assert!(!b.acquire(&site).await.unwrap().is_local());
 
     // A burst of refusals seen by both workers is one cut.
     let mut burst = Vec::new();

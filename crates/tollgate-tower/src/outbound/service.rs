@@ -1,5 +1,6 @@
 use std::fmt;
 use std::mem;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
@@ -29,7 +30,17 @@ use crate::extract::KeyExtractor;
 /// gives the inner service back again and waits the hold out for a new
 /// token rather than go out inside the hold. Calls that waited for a
 /// busy inner service with their tokens do go out back to back as it
-/// frees up: the spacing of the tokens is then the inner service's.
+/// frees up: the spacing of the tokens is then the inner service's, and
+/// the source may see a burst above the rate (its refusal then cuts and
+/// holds the scope, and the calls still waiting wait the hold out). Keep
+/// the inner service's own limits (a `ConcurrencyLimit`, a `Buffer`)
+/// above what the scopes' rates need, as a pooled HTTP client is; see
+/// `docs/harvester.md` ("Limitations") for why tokens are not taken
+/// again.
+///
+/// It waits on tokio's timers: driven outside a tokio runtime, a call
+/// goes out without waiting for its token (the limit fails open; an error
+/// is logged once), and its answer is still reported.
 ///
 /// Bound it with a timeout layer if a caller cannot wait for a long
 /// `Retry-After`: the report of a response runs as a task of its own, so
@@ -130,6 +141,19 @@ where
     }
 }
 
+/// Logs, once per process, that calls go out unlimited: driven outside a
+/// tokio runtime, no call can wait for its token, and the adaptive limit
+/// fails open (as when its backend fails) rather than fail every call.
+fn no_runtime(e: &tollgate_limiter::aimd::AcquireError) {
+    static LOGGED: AtomicBool = AtomicBool::new(false);
+    if !LOGGED.swap(true, Ordering::Relaxed) {
+        tracing::error!(
+            error = %e,
+            "outbound adaptive layer outside a tokio runtime: calls go out unlimited"
+        );
+    }
+}
+
 /// A call's scope at an [`AimdLimiter`].
 struct ScopeGate<B> {
     limiter: AimdLimiter<B>,
@@ -140,7 +164,9 @@ impl<B: Backend> Gate for ScopeGate<B> {
     fn token(&self) -> BoxFuture<()> {
         let (limiter, scope) = (self.limiter.clone(), self.scope.clone());
         Box::pin(async move {
-            limiter.acquire(&scope).await;
+            if let Err(e) = limiter.acquire(&scope).await {
+                no_runtime(&e);
+            }
         })
     }
 

@@ -324,7 +324,7 @@ async fn a_call_ready_during_a_hold_waits_it_out() {
         tokio::spawn(svc.clone().oneshot(req))
     };
     // The host's token is spent: every call waits for its own, at 10/s.
-    limiter.acquire(&Key::new("held.test")).await;
+    limiter.acquire(&Key::new("held.test")).await.unwrap();
     let slow = call("/slow");
     // Ready at once (what a ready client reserved goes back while a call
     // waits for its token), granted their tokens, then waiting for the
@@ -358,7 +358,7 @@ async fn a_call_granted_before_a_hold_waits_it_out() {
     let limiter = limiter(1.0);
     let source = Source::new(100.0);
     let mut svc = AdaptiveLayer::new(limiter.clone()).layer(client(&source));
-    limiter.acquire(&Key::new("held.test")).await;
+    limiter.acquire(&Key::new("held.test")).await.unwrap();
     let req = Request::get("http://held.test/").body(()).unwrap();
     let mut call = Box::pin(svc.ready().await.unwrap().call(req));
     // Polled once: queued for the next token, a second away.
@@ -375,4 +375,51 @@ async fn a_call_granted_before_a_hold_waits_it_out() {
         "went out {:?} into the hold",
         start.elapsed()
     );
+}
+
+/// Polls `future` to completion on this thread, outside any tokio runtime.
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        std::thread::park();
+    }
+}
+
+/// Driven outside a tokio runtime (another executor), the layer cannot
+/// wait for a token: the call goes out unlimited, as the adaptive limit
+/// fails open, and its answer is still reported. It panicked ("there is
+/// no reactor running") at the first call that had to wait.
+#[test]
+fn outside_a_runtime_calls_go_out_unlimited() {
+    let config = AimdConfig {
+        initial_rate: 1.0,
+        ..AimdConfig::default()
+    };
+    let limiter = AimdLimiter::new("harvester", config, MemoryBackend::new()).unwrap();
+    let served = Arc::new(AtomicU64::new(0));
+    let count = Arc::clone(&served);
+    let svc = AdaptiveLayer::new(limiter).layer(service_fn(move |_req: Request<()>| {
+        count.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<_, Infallible>(Response::new("page")) }
+    }));
+    let calls = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        for _ in 0..3 {
+            let req = Request::get("http://source.test/").body(()).unwrap();
+            let res = block_on(svc.clone().oneshot(req)).unwrap();
+            assert_eq!(res.status(), StatusCode::OK);
+        }
+    }));
+    assert!(calls.is_ok(), "the layer panicked outside a runtime");
+    assert_eq!(served.load(Ordering::SeqCst), 3);
 }
