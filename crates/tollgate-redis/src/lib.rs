@@ -1626,13 +1626,19 @@ fn parse_reply(v: &[Value], strategy: Strategy) -> Result<Reply, RedisError> {
         }
     }
     let (limit, remaining, retry, reset) = (uint(1)?, uint(2)?, uint(3)?, uint(4)?);
+    // Only the verdicts a script answers: another is not read as a
+    // refusal (a 429 where the fail mode should answer).
     let decision = match int(0)? {
         2 => Decision::impossible(limit, remaining, reset),
-        verdict => Decision::from_micros(verdict == 1, limit, remaining, retry, reset),
+        verdict @ (0 | 1) => Decision::from_micros(verdict == 1, limit, remaining, retry, reset),
+        verdict => return Err(RedisError::Protocol(format!("verdict {verdict}"))),
     };
     let decision = decision.with_window(Duration::from_micros(uint(5)?));
     let decision = match strategy {
-        Strategy::Composite => decision.with_part(usize::try_from(uint(6)?).unwrap_or(usize::MAX)),
+        Strategy::Composite => match usize::try_from(uint(6)?) {
+            Ok(part) if part < tollgate_limiter::composite::MAX_PARTS => decision.with_part(part),
+            _ => return Err(RedisError::Protocol(format!("binding part {:?}", v.get(6)))),
+        },
         _ => decision,
     };
     Ok(Reply::Decision(decision, marks))
@@ -2231,5 +2237,55 @@ mod tests {
                 Err(RedisError::Protocol(_))
             ));
         }
+    }
+
+    /// A verdict no script of this release answers (another release's,
+    /// or a value that is not a reply of ours) is a protocol error, which
+    /// the limiter's fail mode answers, not a refusal: read as one, a
+    /// fail-open limiter refused, and a fail-closed one answered 429 for
+    /// a limit where it is an infrastructure failure (503). The same for a
+    /// composite's binding part beyond the parts a composite can have.
+    #[test]
+    fn an_unexpected_verdict_or_part_is_an_error() {
+        let reply = |verdict: i64| {
+            vec![
+                Value::Int(verdict),
+                Value::Int(5),
+                Value::Int(4),
+                Value::Int(0),
+                Value::Int(7),
+                Value::Int(9),
+            ]
+        };
+        for verdict in [3, -3, i64::MAX, i64::MIN] {
+            let r = parse_reply(&reply(verdict), Strategy::SlidingWindow);
+            assert!(
+                matches!(r, Err(RedisError::Protocol(_))),
+                "verdict {verdict}: {:?}",
+                r.map(|r| match r {
+                    Reply::Decision(d, _) => format!("{d:?}"),
+                    _ => "not a decision".into(),
+                })
+            );
+        }
+        let composite = |part: i64| {
+            let mut r = reply(1);
+            r.push(Value::Int(part));
+            r
+        };
+        let max = tollgate_limiter::composite::MAX_PARTS as i64;
+        assert!(matches!(
+            parse_reply(&composite(max - 1), Strategy::Composite),
+            Ok(Reply::Decision(d, _)) if d.part() == 3
+        ));
+        let r = parse_reply(&composite(max), Strategy::Composite);
+        assert!(
+            matches!(r, Err(RedisError::Protocol(_))),
+            "part {max}: {:?}",
+            r.map(|r| match r {
+                Reply::Decision(d, _) => format!("{d:?}"),
+                _ => "not a decision".into(),
+            })
+        );
     }
 }
