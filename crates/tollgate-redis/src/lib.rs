@@ -234,6 +234,23 @@ impl fmt::Debug for RedisBackend {
     }
 }
 
+/// The latest caller time ([`RedisBackendBuilder::caller_time`], µs since
+/// the epoch: 2092-09-21 UTC) a decision is made at; a later one fails with
+/// [`RedisError::CallerTimeOutOfRange`].
+///
+/// The scripts compute in Lua numbers, exact below 2^53
+/// ([`encoding::MAX_EXACT`]). The largest they derive from now is a
+/// token bucket's: its arrival time, up to two full refills ahead (each
+/// at most [`MAX_SPAN_MICROS`](tollgate_limiter::policy::MAX_SPAN_MICROS)),
+/// plus, in a reservation's mark and its settle, up to twice a life's
+/// refunds ([`MAX_REFUNDED`](tollgate_limiter::strategy::token_bucket::MAX_REFUNDED)).
+/// Past this time they would round, and the decisions differ from the
+/// model's (the memory backend's). The server's `TIME` (the default) is
+/// far below it.
+pub const MAX_CALLER_TIME: u64 = encoding::MAX_EXACT
+    - 2 * tollgate_limiter::policy::MAX_SPAN_MICROS
+    - 2 * tollgate_limiter::strategy::token_bucket::MAX_REFUNDED;
+
 /// Builds a [`RedisBackend`].
 #[must_use]
 pub struct RedisBackendBuilder {
@@ -1060,6 +1077,9 @@ impl RedisBackend {
         // Caller time is read once, so a redirected call decides at the
         // same instant.
         let now = self.inner.clock.as_ref().map(|c| c.now());
+        if let Some(t) = now.filter(|&t| t > MAX_CALLER_TIME) {
+            return Err(RedisError::CallerTimeOutOfRange(t));
+        }
         // Calendar quotas: the window bounds around this client's clock
         // (the script picks by its own; see lua/common.lua, ARGV[5]), for
         // the policy sent: a limiter-wide override's, not the configured
