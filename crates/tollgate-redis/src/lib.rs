@@ -448,7 +448,8 @@ impl RedisBackendBuilder {
     /// tests (a [`MockClock`](tollgate_limiter::MockClock)) and replays.
     ///
     /// Workers whose clocks disagree would then disagree on limits: keep the
-    /// server's time in production.
+    /// server's time in production. A decision at a time past
+    /// [`MAX_CALLER_TIME`] fails ([`RedisError::CallerTimeOutOfRange`]).
     pub fn caller_time(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
         self
