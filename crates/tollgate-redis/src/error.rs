@@ -38,6 +38,11 @@ pub enum RedisError {
     /// decoded.
     #[error("policy encoding")]
     Encoding(#[from] EncodingError),
+    /// A caller time ([`RedisBackendBuilder::caller_time`](crate::RedisBackendBuilder::caller_time),
+    /// µs since the epoch) past [`MAX_CALLER_TIME`](crate::MAX_CALLER_TIME):
+    /// the scripts' numbers derived from it would no longer be exact.
+    #[error("caller time {0} µs is past the scripts' exact range (MAX_CALLER_TIME)")]
+    CallerTimeOutOfRange(u64),
     /// A limiter name that would break the key layout (it holds `{` or
     /// `}`, which would move the Redis Cluster hash tag).
     #[error("invalid limiter name {0:?}: braces are reserved for the hash tag")]

@@ -234,6 +234,23 @@ impl fmt::Debug for RedisBackend {
     }
 }
 
+/// The latest caller time ([`RedisBackendBuilder::caller_time`], µs since
+/// the epoch: 2092-09-21 UTC) a decision is made at; a later one fails with
+/// [`RedisError::CallerTimeOutOfRange`].
+///
+/// The scripts compute in Lua numbers, exact below 2^53
+/// ([`encoding::MAX_EXACT`]). The largest they derive from now is a
+/// token bucket's: its arrival time, up to two full refills ahead (each
+/// at most [`MAX_SPAN_MICROS`](tollgate_limiter::policy::MAX_SPAN_MICROS)),
+/// plus, in a reservation's mark and its settle, up to twice a life's
+/// refunds ([`MAX_REFUNDED`](tollgate_limiter::strategy::token_bucket::MAX_REFUNDED)).
+/// Past this time they would round, and the decisions differ from the
+/// model's (the memory backend's). The server's `TIME` (the default) is
+/// far below it.
+pub const MAX_CALLER_TIME: u64 = encoding::MAX_EXACT
+    - 2 * tollgate_limiter::policy::MAX_SPAN_MICROS
+    - 2 * tollgate_limiter::strategy::token_bucket::MAX_REFUNDED;
+
 /// Builds a [`RedisBackend`].
 #[must_use]
 pub struct RedisBackendBuilder {
@@ -431,7 +448,8 @@ impl RedisBackendBuilder {
     /// tests (a [`MockClock`](tollgate_limiter::MockClock)) and replays.
     ///
     /// Workers whose clocks disagree would then disagree on limits: keep the
-    /// server's time in production.
+    /// server's time in production. A decision at a time past
+    /// [`MAX_CALLER_TIME`] fails ([`RedisError::CallerTimeOutOfRange`]).
     pub fn caller_time(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
         self
@@ -1152,6 +1170,9 @@ impl RedisBackend {
         // Caller time is read once, so a redirected call decides at the
         // same instant.
         let now = self.inner.clock.as_ref().map(|c| c.now());
+        if let Some(t) = now.filter(|&t| t > MAX_CALLER_TIME) {
+            return Err(RedisError::CallerTimeOutOfRange(t));
+        }
         // Calendar quotas: the window bounds around this client's clock
         // (the script picks by its own; see lua/common.lua, ARGV[5]), for
         // the policy sent: a limiter-wide override's, not the configured
@@ -1733,13 +1754,19 @@ fn parse_reply(v: &[Value], strategy: Strategy) -> Result<Reply, RedisError> {
         }
     }
     let (limit, remaining, retry, reset) = (uint(1)?, uint(2)?, uint(3)?, uint(4)?);
+    // Only the verdicts a script answers: another is not read as a
+    // refusal (a 429 where the fail mode should answer).
     let decision = match int(0)? {
         2 => Decision::impossible(limit, remaining, reset),
-        verdict => Decision::from_micros(verdict == 1, limit, remaining, retry, reset),
+        verdict @ (0 | 1) => Decision::from_micros(verdict == 1, limit, remaining, retry, reset),
+        verdict => return Err(RedisError::Protocol(format!("verdict {verdict}"))),
     };
     let decision = decision.with_window(Duration::from_micros(uint(5)?));
     let decision = match strategy {
-        Strategy::Composite => decision.with_part(usize::try_from(uint(6)?).unwrap_or(usize::MAX)),
+        Strategy::Composite => match usize::try_from(uint(6)?) {
+            Ok(part) if part < tollgate_limiter::composite::MAX_PARTS => decision.with_part(part),
+            _ => return Err(RedisError::Protocol(format!("binding part {:?}", v.get(6)))),
+        },
         _ => decision,
     };
     Ok(Reply::Decision(decision, marks))
@@ -2423,5 +2450,55 @@ mod tests {
                 Err(RedisError::Protocol(_))
             ));
         }
+    }
+
+    /// A verdict no script of this release answers (another release's,
+    /// or a value that is not a reply of ours) is a protocol error, which
+    /// the limiter's fail mode answers, not a refusal: read as one, a
+    /// fail-open limiter refused, and a fail-closed one answered 429 for
+    /// a limit where it is an infrastructure failure (503). The same for a
+    /// composite's binding part beyond the parts a composite can have.
+    #[test]
+    fn an_unexpected_verdict_or_part_is_an_error() {
+        let reply = |verdict: i64| {
+            vec![
+                Value::Int(verdict),
+                Value::Int(5),
+                Value::Int(4),
+                Value::Int(0),
+                Value::Int(7),
+                Value::Int(9),
+            ]
+        };
+        for verdict in [3, -3, i64::MAX, i64::MIN] {
+            let r = parse_reply(&reply(verdict), Strategy::SlidingWindow);
+            assert!(
+                matches!(r, Err(RedisError::Protocol(_))),
+                "verdict {verdict}: {:?}",
+                r.map(|r| match r {
+                    Reply::Decision(d, _) => format!("{d:?}"),
+                    _ => "not a decision".into(),
+                })
+            );
+        }
+        let composite = |part: i64| {
+            let mut r = reply(1);
+            r.push(Value::Int(part));
+            r
+        };
+        let max = tollgate_limiter::composite::MAX_PARTS as i64;
+        assert!(matches!(
+            parse_reply(&composite(max - 1), Strategy::Composite),
+            Ok(Reply::Decision(d, _)) if d.part() == 3
+        ));
+        let r = parse_reply(&composite(max), Strategy::Composite);
+        assert!(
+            matches!(r, Err(RedisError::Protocol(_))),
+            "part {max}: {:?}",
+            r.map(|r| match r {
+                Reply::Decision(d, _) => format!("{d:?}"),
+                _ => "not a decision".into(),
+            })
+        );
     }
 }

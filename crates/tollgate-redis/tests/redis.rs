@@ -101,6 +101,58 @@ tollgate_testkit::on_every_server! {
 }
 
 tollgate_testkit::on_every_server! {
+    /// The scripts compute in Lua numbers (doubles), exact below 2^53: a
+    /// caller time (`caller_time`) is accepted up to
+    /// `MAX_CALLER_TIME` (2092), where every number a script derives from
+    /// it (a bucket two full refills of 10 years ahead, the marks of its
+    /// refunds) is still exact and the decisions are the model's; a later
+    /// one fails the call. At 2^53 + 1 µs the time itself rounded, and
+    /// the decisions were not the model's (nor the memory backend's).
+    #[tokio::test]
+    async fn a_caller_time_beyond_the_scripts_exact_range_is_refused(server: Server) {
+        use tollgate_testkit::conformance::{Step, replay};
+        let Some(url) = shared_url(server) else { return };
+        let last = tollgate_redis::MAX_CALLER_TIME;
+        let clock = MockClock::starting_at(last);
+        let b = caller_time(&url, &unique_name("late"), &clock).await;
+        let decade = TokenBucket::new(1, 1, Duration::from_secs(10 * 365 * 86_400)).unwrap();
+        let steps = [
+            Step::Reserve { key: 0, cost: 1 },
+            Step::Settle { which: 0, actual: u64::MAX },
+            Step::Peek { key: 0, cost: 1 },
+            Step::Acquire { key: 1, cost: 1 },
+            Step::Advance(1),
+            Step::Peek { key: 1, cost: 1 },
+        ];
+        for policy in [
+            Policy::from(decade),
+            Policy::from(SlidingWindow::new(3, Duration::from_secs(10 * 365 * 86_400)).unwrap()),
+        ] {
+            clock.set(last - 1);
+            replay(&b, &clock, &policy, &steps)
+                .await
+                .unwrap_or_else(|e| panic!("{policy:?} at the last caller time: {e}"));
+        }
+        let policy = Policy::from(TokenBucket::new(2, 1, S).unwrap());
+        for now in [last + 1, (1 << 53) + 1, u64::MAX] {
+            clock.set(now);
+            let key = Key::new(format!("k{now}"));
+            let req = Request {
+                limiter: "late",
+                key: &key,
+                policy: &policy,
+                op: Op::Acquire(1),
+            };
+            let got = b.decide(req).await;
+            assert!(
+                matches!(got, Err(RedisError::CallerTimeOutOfRange(t)) if t == now),
+                "at {now}: {got:?}"
+            );
+        }
+    }
+}
+
+tollgate_testkit::on_every_server! {
     /// Server-time mode: a burst of `capacity` passes, then refusals.
     #[tokio::test]
     async fn server_time_token_bucket(server: Server) {

@@ -2375,6 +2375,19 @@ pub async fn extreme_values_agree_with_model<B: Backend>(backend: B, clock: Mock
     use tollgate_limiter::policy::MAX_COUNT;
     let max = MAX_COUNT;
     let ten_years = Duration::from_secs(10 * 365 * 86_400);
+    let ten_years_us = tollgate_limiter::policy::MAX_SPAN_MICROS;
+    // The largest capacity: a token a µs, a full refill in 10 years.
+    let bucket = || Policy::from(TokenBucket::new(ten_years_us, ten_years_us, ten_years).unwrap());
+    let four_parts = || -> Policy {
+        Composite::new([
+            bucket(),
+            Policy::from(SlidingWindow::new(max, 10 * S).unwrap()),
+            Policy::from(SlidingWindow::new(max, 10 * S).unwrap()),
+            Policy::from(Calendar::new(max, Period::Day, "UTC").unwrap()),
+        ])
+        .unwrap()
+        .into()
+    };
     // Key 0 reserves 5 and settles u64::MAX (an excess the Redis client
     // sends as at most 2^53); key 1 reserves the whole limit and settles 0.
     let overdrawn = || {
@@ -2518,6 +2531,86 @@ pub async fn extreme_values_agree_with_model<B: Backend>(backend: B, clock: Mock
                     actual: 1 << 53,
                 },
                 Step::Peek { key: 1, cost: 1 },
+            ],
+        ),
+        (
+            // Four parts (the most a composite has; the random traces
+            // make at most three) at the edges: a bucket refilling a
+            // token a µs for 10 years (the largest capacity), two windows
+            // of MAX_COUNT over one window, a calendar quota of
+            // MAX_COUNT. A cost that fits the windows and the quota but
+            // not the bucket's room charges none of them; the bucket
+            // emptied in one charge; an excess past 2^53 settled on
+            // every part; a replayed settle; an override that drops a
+            // part, then one that changes a part's strategy, mid-life.
+            "a composite of four parts at the edges",
+            four_parts(),
+            vec![
+                Step::Acquire {
+                    key: 0,
+                    cost: u64::MAX,
+                },
+                Step::Peek {
+                    key: 0,
+                    cost: ten_years_us,
+                },
+                Step::Reserve {
+                    key: 0,
+                    cost: ten_years_us,
+                },
+                Step::Acquire { key: 0, cost: 1 },
+                Step::Peek { key: 0, cost: 1 },
+                Step::Advance(1),
+                Step::Settle {
+                    which: 0,
+                    actual: 1 << 53,
+                },
+                Step::Peek { key: 0, cost: 1 },
+                Step::Settle {
+                    which: 0,
+                    actual: 0,
+                },
+                Step::Reserve { key: 1, cost: 7 },
+                Step::Settle {
+                    which: 1,
+                    actual: 2,
+                },
+                Step::Settle {
+                    which: 1,
+                    actual: 2,
+                },
+                Step::Peek { key: 1, cost: 1 },
+                Step::Override(
+                    Some(1),
+                    Some(
+                        Composite::new([
+                            bucket(),
+                            Policy::from(SlidingWindow::new(max, 10 * S).unwrap()),
+                            Policy::from(SlidingWindow::new(max, 10 * S).unwrap()),
+                        ])
+                        .unwrap()
+                        .into(),
+                    ),
+                ),
+                Step::Acquire { key: 1, cost: 3 },
+                Step::Override(
+                    Some(1),
+                    Some(
+                        Composite::new([
+                            bucket(),
+                            Policy::from(Calendar::new(max, Period::Day, "UTC").unwrap()),
+                            Policy::from(SlidingWindow::new(max, 10 * S).unwrap()),
+                        ])
+                        .unwrap()
+                        .into(),
+                    ),
+                ),
+                Step::Acquire { key: 1, cost: max },
+                Step::Override(Some(1), None),
+                Step::Peek { key: 1, cost: 1 },
+                Step::Advance(10_000_000),
+                Step::Peek { key: 1, cost: 1 },
+                Step::Acquire { key: 1, cost: 1 },
             ],
         ),
         (
