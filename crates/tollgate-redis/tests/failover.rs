@@ -17,6 +17,14 @@
 //! failover, on the second's answers within bounds derived from its
 //! timeouts.
 //!
+//! `sentinel_stale_sentinel_asked_first_does_not_name_the_master` lists
+//! first a sentinel cut off with an old master that still says `master`
+//! after a failover: decisions must reach the newest configuration's
+//! master. `sentinel_silent_sentinel_does_not_hold_up_a_lookup` silences
+//! one of three sentinels: the two others are a majority, and lookups do
+//! not wait on it. `sentinel_acl_user_of_the_sentinels` runs with the
+//! least grants a sentinels' user needs.
+//!
 //! `sentinel_master_check_is_one_per_backend` counts the backend's
 //! questions to the sentinels while it is idle;
 //! `sentinel_suspicion_is_not_held_up_by_a_stuck_master_check` has a
