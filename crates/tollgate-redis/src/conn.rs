@@ -46,11 +46,11 @@
 //! they name another that says it is one, it rings the keeper of every
 //! slot whose connection is to another master, which replaces it. One
 //! check per backend, not per slot: the answer is the same for every
-//! slot. It asks on sentinel clients and connections of its own, and runs
-//! beside the keepers, not in them: a keeper with a suspicion (a failed
-//! call, a replica's reply) never waits behind a check stuck on a silent
-//! sentinel, and its lookup of the master does not queue behind one (it
-//! may meet that sentinel's silence itself, as lookups do).
+//! slot. It runs beside the keepers, not in them: a keeper with a
+//! suspicion (a failed call, a replica's reply) never waits behind a check
+//! stuck on a silent sentinel, and lookups and checks take no turns (each
+//! asks every sentinel at once, and takes the newest configuration's
+//! master: see [`crate::sentinel`]).
 //! A cluster connection follows the cluster's own topology changes
 //! (redis-rs refreshes its slot map on `MOVED`, `READONLY` and a
 //! connection that drops); its check asks the masters for
@@ -131,7 +131,7 @@ pub(crate) const ANEW: Duration = Duration::from_secs(5);
 pub(crate) const MASTER_CHECK: Duration = Duration::from_secs(1);
 
 /// A Sentinel master's address (`host`, `port`).
-type Master = (String, u16);
+type Master = crate::sentinel::Master;
 
 /// The timeouts every connection is made with.
 #[derive(Debug, Clone, Copy)]
@@ -695,22 +695,26 @@ async fn moved(slot: &Slot, connector: &Connector) -> bool {
     let Some(at) = lock(&slot.master).clone() else {
         return false;
     };
-    match sentinel.master_addr().await {
-        Ok(named) if named != at => trusted(sentinel, &named).await,
+    match sentinel.named().await {
+        Ok(named) if !named.names(&at) => trusted(sentinel, &named).await.is_some(),
         _ => false,
     }
 }
 
-/// Whether `named`, which a sentinel names the master instead of a
-/// connection's, says it is one, as a lookup checks: a sentinel that names
-/// a replica (stale, misconfigured) does not take away a connection that
-/// no lookup would replace, and gives its place as the one asked first.
-async fn trusted(sentinel: &crate::sentinel::Sentinels, named: &Master) -> bool {
-    let master = sentinel.says_master(named.0.clone(), named.1).await;
-    if !master {
-        sentinel.pass_over_first();
+/// The first master of `named` (the newest configuration the sentinels
+/// know) that says it is one, as a lookup checks: a sentinel that names a
+/// replica (misconfigured) does not take away a connection that no lookup
+/// would replace.
+async fn trusted(
+    sentinel: &crate::sentinel::Sentinels,
+    named: &crate::sentinel::Named,
+) -> Option<Master> {
+    for m in &named.masters {
+        if sentinel.says_master(m.0.clone(), m.1).await {
+            return Some(m.clone());
+        }
     }
-    master
+    None
 }
 
 /// A Sentinel backend's master check (see the module docs): every
@@ -727,16 +731,19 @@ async fn check_master(slots: Box<[Arc<Slot>]>, sentinel: crate::sentinel::Sentin
         if masters.iter().all(Option::is_none) {
             continue;
         }
-        let Some(Ok(named)) = sentinel.check_master_addr().await else {
+        let Some(Ok(named)) = sentinel.check_named().await else {
             continue;
         };
-        let elsewhere = |m: &Option<Master>| m.as_ref().is_some_and(|m| *m != named);
-        if !masters.iter().any(elsewhere) || !trusted(&sentinel, &named).await {
+        let elsewhere = |m: &Option<Master>| m.as_ref().is_some_and(|m| !named.names(m));
+        if !masters.iter().any(elsewhere) {
             continue;
         }
-        for (slot, master) in slots.iter().zip(&masters) {
-            if elsewhere(master) {
-                *lock(&slot.named) = Some(named.clone());
+        let Some(master) = trusted(&sentinel, &named).await else {
+            continue;
+        };
+        for (slot, at) in slots.iter().zip(&masters) {
+            if elsewhere(at) {
+                *lock(&slot.named) = Some(master.clone());
                 slot.suspect.notify_one();
             }
         }

@@ -297,7 +297,8 @@ pub(crate) async fn on_all_masters(
 /// and the masters it has no connection to (frozen or unreachable when
 /// it connected: reported unknown) each over a connection of its own,
 /// made like `node`; a master it has a connection to that does not
-/// answer fails the check (timed out). Replicas that
+/// answer fails the check (timed out), and one listed without an address
+/// (`noaddr`) is reported unknown under its node id. Replicas that
 /// cannot be listed (`CLUSTER NODES` refused) are one `replicas` entry
 /// with unknown settings.
 #[cfg(feature = "cluster")]
@@ -350,20 +351,13 @@ pub(crate) async fn check_cluster(
     // still holds its slots' counters, and
     // serves them again when it answers: reported, unreachable, never
     // left out (strict mode must not start on what it could not show).
-    // The client names a node as `CLUSTER SLOTS` does: by its hostname
-    // where the cluster prefers them (`cluster-preferred-endpoint-type`),
-    // which `CLUSTER NODES` lists after the address.
     let reported: Vec<String> = nodes.iter().map(|n| n.node.clone()).collect();
-    let seen = |name: Option<&str>, port: u16| {
-        name.is_some_and(|name| reported.contains(&format!("{name}:{port}")))
-    };
-    let unseen = masters_in(&topology)
-        .into_iter()
-        .filter(|(host, hostname, port)| {
-            !seen(Some(host), *port) && !seen(hostname.as_deref(), *port)
-        })
-        .map(|(host, _, port)| (host, port));
-    for (host, port) in replicas_in(&topology).into_iter().chain(unseen) {
+    for listed in to_read(&topology, &reported) {
+        let Some((host, port)) = listed.at else {
+            let why = "listed without an address (noaddr): it cannot be asked".to_owned();
+            nodes.push(unknown_node(listed.id, NodeRole::Unknown, why));
+            continue;
+        };
         let Some(at) = crate::conn::node_at(node.clone(), host, port) else {
             continue;
         };
@@ -373,9 +367,70 @@ pub(crate) async fn check_cluster(
     Ok(DurabilityReport { nodes })
 }
 
+/// A server of a `CLUSTER NODES` reply that the check reads on a
+/// connection of its own.
+#[cfg(feature = "cluster")]
+#[derive(Debug, PartialEq, Eq)]
+struct Listed {
+    /// How the report names it: its address (`host:port`), or its node id
+    /// when it has none.
+    id: String,
+    /// Where it is asked; `None` for a master listed without an address
+    /// (`noaddr`), which cannot be asked and is reported unknown.
+    at: Option<(String, u16)>,
+}
+
+/// The servers of a `CLUSTER NODES` reply that the check reads on a
+/// connection of its own: the replicas, then the masters not `reported`
+/// (read through the cluster client). The client names a node as
+/// `CLUSTER SLOTS` does: by its hostname where the cluster prefers them
+/// (`cluster-preferred-endpoint-type`), which `CLUSTER NODES` lists after
+/// the address.
+#[cfg(feature = "cluster")]
+fn to_read(cluster_nodes: &str, reported: &[String]) -> Vec<Listed> {
+    let seen = |name: Option<&str>, port: u16| {
+        name.is_some_and(|name| reported.iter().any(|r| *r == format!("{name}:{port}")))
+    };
+    let at = |(host, port): (String, u16)| Listed {
+        id: format!("{host}:{port}"),
+        at: Some((host, port)),
+    };
+    let unseen = masters_in(cluster_nodes)
+        .into_iter()
+        .filter(|(host, hostname, port)| {
+            !seen(Some(host), *port) && !seen(hostname.as_deref(), *port)
+        })
+        .map(|(host, _, port)| at((host, port)));
+    let noaddr = masters_without_address(cluster_nodes)
+        .into_iter()
+        .map(|id| Listed { id, at: None });
+    replicas_in(cluster_nodes)
+        .into_iter()
+        .map(at)
+        .chain(unseen)
+        .chain(noaddr)
+        .collect()
+}
+
+/// The ids of the masters a `CLUSTER NODES` reply lists that own slots
+/// but have no address (`noaddr`): no other node serves their slots, and
+/// they cannot be asked.
+#[cfg(feature = "cluster")]
+fn masters_without_address(cluster_nodes: &str) -> Vec<String> {
+    cluster_nodes
+        .lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let flags: Vec<&str> = f.get(2)?.split(',').collect();
+            let listed = flags.contains(&"master") && flags.contains(&"noaddr") && f.len() > 8;
+            listed.then(|| f[0].to_owned())
+        })
+        .collect()
+}
+
 /// The masters (`host`, hostname, `port`) a `CLUSTER NODES` reply lists
 /// that own slots, failed or not (no other node serves their slots),
-/// except those without an address.
+/// except those without an address (see [`masters_without_address`]).
 #[cfg(feature = "cluster")]
 fn masters_in(cluster_nodes: &str) -> Vec<(String, Option<String>, u16)> {
     cluster_nodes
@@ -397,7 +452,12 @@ fn masters_in(cluster_nodes: &str) -> Vec<(String, Option<String>, u16)> {
 }
 
 /// The replicas (`host`, `port`) a `CLUSTER NODES` reply lists, except
-/// those marked failed or without an address.
+/// those the cluster agrees have failed (`fail`: down, it cannot be
+/// promoted; a later check reads it once it is back) or without an
+/// address. One marked `fail?` is read: only the node asked suspects it
+/// (a partition between those two), and the cluster may promote it, so
+/// its settings matter as any replica's; if the check cannot reach it
+/// either, it is reported unreachable (unknown).
 #[cfg(feature = "cluster")]
 fn replicas_in(cluster_nodes: &str) -> Vec<(String, u16)> {
     cluster_nodes
@@ -407,11 +467,9 @@ fn replicas_in(cluster_nodes: &str) -> Vec<(String, u16)> {
             let (addr, flags) = (f.nth(1)?, f.next()?);
             let flags: Vec<&str> = flags.split(',').collect();
             let replica = flags.contains(&"slave") || flags.contains(&"replica");
-            if !replica
-                || flags
-                    .iter()
-                    .any(|g| matches!(*g, "fail" | "fail?" | "noaddr"))
-            {
+            // Not `fail?`: only the node asked suspects it, and the
+            // cluster may still promote it.
+            if !replica || flags.iter().any(|g| matches!(*g, "fail" | "noaddr")) {
                 return None;
             }
             // `ip:port@cport[,hostname]`
@@ -457,6 +515,34 @@ mod tests {
             ..node("no", Setting::Known("noeviction".into()))
         };
         assert!(replica.problems()[0].starts_with("n (replica): appendonly"));
+    }
+
+    /// A master listed without an address (`noaddr`) still owns its
+    /// slots: it is reported (unknown: it cannot be asked), not left out.
+    /// A replica only the node asked suspects (`fail?`, not agreed failed)
+    /// can still be promoted: it is read; one agreed failed (`fail`) is
+    /// not.
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn reads_a_noaddr_master_and_a_suspected_replica() {
+        let nodes = "\
+a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
+e5 :0@0 master,noaddr - 0 0 2 disconnected 5461-10922
+f6 127.0.0.1:7002@17002 master - 0 0 3 connected 10923-16383
+b2 127.0.0.1:7003@17003 slave,fail? a1 0 1 4 connected
+c3 127.0.0.1:7004@17004 slave,fail f6 0 1 4 disconnected
+d4 127.0.0.1:7005@17005 slave f6 0 1 4 connected
+";
+        let reported = ["127.0.0.1:7000".to_owned(), "127.0.0.1:7002".to_owned()];
+        let at = |port: u16| Listed {
+            id: format!("127.0.0.1:{port}"),
+            at: Some(("127.0.0.1".to_owned(), port)),
+        };
+        let noaddr = Listed {
+            id: "e5".to_owned(),
+            at: None,
+        };
+        assert_eq!(to_read(nodes, &reported), [at(7003), at(7005), noaddr]);
     }
 
     #[cfg(feature = "cluster")]

@@ -618,14 +618,9 @@ impl RedisBackendBuilder {
         let url = self.urls.first().ok_or(RedisError::Unsupported("no URL"))?;
         if sentinel::is_sentinel_url(url) {
             let parsed = sentinel::parse(url)?;
-            // Each sentinel asked: a connection and its replies to it,
-            // then to the server it names.
-            let per_sentinel = self
-                .connect_timeout
-                .saturating_add(self.response_timeout)
-                .saturating_mul(2);
+            let t = self.timeouts();
             return Ok(conn::Connector::Sentinel {
-                sentinel: sentinel::Sentinels::new(&parsed, per_sentinel, self.tls.clone())?,
+                sentinel: sentinel::Sentinels::new(&parsed, t, self.tls.clone())?,
                 config: conn::manager_config(self.timeouts()),
             });
         }

@@ -31,25 +31,22 @@
 //!
 //! Every connection the backend makes (at start-up, and whenever a
 //! connection is replaced) first asks the sentinels for the master's
-//! address through the redis crate's [`SentinelClient`], which checks the
-//! `ROLE` of the server it returns. The sentinels are asked one at a time,
-//! each within a bound derived from the backend's timeouts; the one that
-//! answered is asked first next time (see [`Sentinels`]). The backend's
-//! periodic master check (see [`crate::conn`]) asks them on clients and
-//! connections of its own, so that no lookup waits behind it.
-
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+//! address, and checks the `ROLE` of the server they name. The sentinels
+//! are asked together, and the master of the newest configuration they
+//! know (the highest `config-epoch`) is taken, not the first answer: see
+//! [`Sentinels`]. The backend's periodic master check (see [`crate::conn`])
+//! asks them the same way.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis::aio::MultiplexedConnection;
-use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo, TlsMode};
+use redis::{ConnectionAddr, ErrorKind, IntoConnectionInfo, RedisConnectionInfo, ServerErrorKind};
 use tokio::sync::Mutex;
 
 use crate::RedisError;
+use crate::conn::Timeouts;
 use crate::tls::TlsSettings;
 
 /// The scheme of a Sentinel URL.
@@ -219,80 +216,115 @@ fn decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// The sentinels of one master, shared by every slot's keeper.
+/// The sentinels of one master, shared by every slot's keeper and the
+/// backend's master check.
 ///
-/// Each sentinel is a redis-rs [`SentinelClient`] of its own, asked alone
-/// under a bound of its own, so that one that does not answer (a network
-/// gone silent) costs a lookup that bound, not the whole lookup. One
-/// redis-rs client of several sentinels asks them with its own timeouts
-/// (1 s to connect, 500 ms for a reply), whatever the backend's, and takes
-/// their answers in list order: a silent first sentinel held every lookup
-/// about a second (1.5 s on a connection it had open), and made every
-/// lookup fail when the backend's timeouts bounded the lookup to less.
+/// Every question about the master goes to all the sentinels at once
+/// (`SENTINEL MASTER <name>`), each within one [`Timeouts::bound`]
+/// (connected, then answered), and the answer is the master of the newest
+/// configuration among those given: the highest `config-epoch`. A
+/// sentinel that has not heard of a failover (cut off from the others, or
+/// within the hello period, about 2 s, before it hears) names the old
+/// master with the epoch before; one that took part in it, or heard of
+/// it, names the new master with a higher one. The first answer was taken
+/// before, in the URL's order: a stale sentinel asked first sent new
+/// connections to an old master that still said `master` (one cut off
+/// from the sentinels, not dead), where decisions counted a second time.
 ///
-/// Lookups take turns (one lock); the periodic master check
-/// ([`check_master_addr`](Self::check_master_addr)) has clients and a lock
-/// of its own, so that a check waiting on a silent sentinel never holds up
-/// a lookup for a connection that failed. Both learn from each other which
-/// sentinel answered last.
+/// A question is over once more than half the sentinels of the URL have
+/// named a master, or every sentinel has answered or failed, or the bound
+/// has passed. More than half, because two majorities meet: while fewer
+/// than half are stale, the newest configuration is among the answers
+/// (list every sentinel of the deployment in the URL). So a silent
+/// sentinel, or one that cannot be reached, costs nothing while a
+/// majority answers without it, and at most the bound otherwise (where
+/// the answers are taken as they are: a lone sentinel's still finds the
+/// master). The sentinels asked late are not waited for; their questions
+/// run out on their own (the bound), keeping the connection for the next.
 ///
-/// A [`SentinelClient`] rather than a bare `Sentinel`: only its builder
-/// hands the CA to the connections to the servers the sentinels name (a
-/// bare `Sentinel` checks their `ROLE` against the default roots only).
+/// A lookup then checks the master's `ROLE`, within one more bound: so a
+/// lookup takes at most two.
 #[derive(Clone)]
 pub(crate) struct Sentinels {
-    /// The lookups' clients: [`master`](Self::master),
-    /// [`replicas`](Self::replicas), [`master_addr`](Self::master_addr).
-    lookups: Arc<Mutex<State>>,
-    /// The periodic master check's clients.
-    checks: Arc<Mutex<State>>,
-    /// The sentinel that answered last: the next lookup or check asks it
-    /// first, and then the others in the URL's order.
-    first: Arc<AtomicUsize>,
+    /// One per sentinel, in the URL's order.
+    asked: Arc<[Asked]>,
+    /// Held by the periodic master check while it asks: a check that
+    /// finds it held is skipped, not queued.
+    checking: Arc<Mutex<()>>,
     target: Arc<Target>,
-    /// Bounds one sentinel's part of a lookup (a connection and its
-    /// replies to the sentinel, then to the server it names).
-    per_sentinel: Duration,
+    timeouts: Timeouts,
 }
 
-/// The sentinels' clients.
-struct State {
-    /// One client per sentinel, in the URL's order (each caches its
-    /// connection).
-    clients: Vec<SentinelClient>,
-    /// Per sentinel, where `SENTINEL GET-MASTER-ADDR-BY-NAME` is asked
-    /// (the master check's question, every second).
-    asked: Vec<Asked>,
-}
-
-/// One sentinel, for `SENTINEL GET-MASTER-ADDR-BY-NAME`.
+/// One sentinel.
 struct Asked {
-    /// The sentinel alone: dialled directly, not through its
-    /// [`SentinelClient`], which would first check its `ROLE` on a
-    /// connection of its own.
+    /// The sentinel, with its credentials and TLS.
     sentinel: redis::Client,
-    /// Kept, not dialled for each question; dropped when it fails or runs
-    /// out of time.
-    conn: Option<MultiplexedConnection>,
+    /// Kept, not dialled for each question (every lookup and every check
+    /// asks every sentinel); dropped when it fails or runs out of time.
+    conn: std::sync::Mutex<Option<MultiplexedConnection>>,
+    /// `SENTINEL MASTER` was denied by the sentinel's ACL (a user set up
+    /// for an earlier release, which asked `SENTINEL MASTERS` and
+    /// `GET-MASTER-ADDR-BY-NAME`): it is asked `SENTINEL MASTERS` instead,
+    /// which says the same of every master, without a refusal in its
+    /// `ACL LOG` at every question.
+    every_master: AtomicBool,
 }
 
-impl State {
-    fn new(target: &Target) -> redis::RedisResult<Self> {
-        let n = target.url.sentinels.len();
-        Ok(Self {
-            clients: (0..n)
-                .map(|i| target.client(i))
-                .collect::<redis::RedisResult<_>>()?,
-            asked: (0..n)
-                .map(|i| {
-                    let sentinel = target.sentinel(i)?;
-                    Ok(Asked {
-                        sentinel,
-                        conn: None,
-                    })
-                })
-                .collect::<redis::RedisResult<_>>()?,
+/// What one sentinel says of the master.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Said {
+    master: Master,
+    /// The `config-epoch` of the sentinel's configuration of the master:
+    /// each failover raises it.
+    epoch: u64,
+}
+
+/// A Sentinel master's address (`host`, `port`).
+pub(crate) type Master = (String, u16);
+
+/// The master of the newest configuration the sentinels that answered
+/// know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Named {
+    /// The masters named with the highest epoch: one, unless sentinels
+    /// disagree within an epoch (a misconfigured sentinel, or two naming
+    /// one server differently), the most named first.
+    pub(crate) masters: Vec<Master>,
+    /// The sentinels that named the first one (asked for its replicas).
+    sentinels: Vec<usize>,
+}
+
+impl Named {
+    /// The newest of the sentinels' answers (`(sentinel, said)`); `None`
+    /// when there is none.
+    fn of(said: &[(usize, Said)]) -> Option<Self> {
+        let epoch = said.iter().map(|(_, s)| s.epoch).max()?;
+        // (master, how many named it, the first in the URL that did): a
+        // tie goes by the URL's order, not by which answered first.
+        let mut masters: Vec<(&Master, usize, usize)> = Vec::new();
+        for (i, s) in said.iter().filter(|(_, s)| s.epoch == epoch) {
+            match masters.iter_mut().find(|(m, ..)| **m == s.master) {
+                Some(m) => (m.1, m.2) = (m.1 + 1, m.2.min(*i)),
+                None => masters.push((&s.master, 1, *i)),
+            }
+        }
+        masters.sort_by(|a, b| b.1.cmp(&a.1).then(a.2.cmp(&b.2)));
+        let first = masters[0].0;
+        let mut sentinels: Vec<usize> = said
+            .iter()
+            .filter(|(_, s)| s.epoch == epoch && s.master == *first)
+            .map(|(i, _)| *i)
+            .collect();
+        sentinels.sort_unstable();
+        Some(Self {
+            masters: masters.into_iter().map(|(m, ..)| m.clone()).collect(),
+            sentinels,
         })
+    }
+
+    /// Whether `master` is one the newest configuration names.
+    pub(crate) fn names(&self, master: &Master) -> bool {
+        self.masters.contains(master)
     }
 }
 
@@ -310,12 +342,13 @@ struct Target {
 }
 
 impl Sentinels {
-    /// `tls`: the CA trusted (else the system and Mozilla roots) and the
-    /// client certificate presented with `rediss+sentinel://`; unused
-    /// without TLS.
+    /// `timeouts`: each question to a sentinel, and each check of a
+    /// server one names, is bounded by their sum. `tls`: the CA trusted
+    /// (else the system and Mozilla roots) and the client certificate
+    /// presented with `rediss+sentinel://`; unused without TLS.
     pub(crate) fn new(
         url: &SentinelUrl,
-        per_sentinel: Duration,
+        timeouts: Timeouts,
         tls: TlsSettings,
     ) -> Result<Self, RedisError> {
         #[cfg(not(feature = "tls"))]
@@ -326,135 +359,157 @@ impl Sentinels {
             url: url.clone(),
             tls,
         };
+        let asked = (0..url.sentinels.len())
+            .map(|i| {
+                Ok(Asked {
+                    sentinel: target.sentinel(i)?,
+                    conn: std::sync::Mutex::new(None),
+                    every_master: AtomicBool::new(false),
+                })
+            })
+            .collect::<redis::RedisResult<Arc<[Asked]>>>()?;
         Ok(Self {
-            lookups: Arc::new(Mutex::new(State::new(&target)?)),
-            checks: Arc::new(Mutex::new(State::new(&target)?)),
-            first: Arc::new(AtomicUsize::new(0)),
+            asked,
+            checking: Arc::new(Mutex::new(())),
             target: Arc::new(target),
-            per_sentinel,
+            timeouts,
         })
     }
 
-    /// Asks the sentinels one at a time through `state`'s clients, each
-    /// within `per_sentinel`, until one answers; that one is asked first
-    /// next time. A sentinel that ran out of time loses its client (and
-    /// the connection it holds, which may be the silent one): the next
-    /// time it is asked, it is connected afresh. Lookups take turns (the
-    /// caller holds `state`'s lock): one that waits for another starts
-    /// with the sentinel that answered it.
-    async fn ask<T>(
-        &self,
-        state: &mut State,
-        query: for<'a> fn(
-            &'a mut SentinelClient,
-            &'a mut Asked,
-            &'a Self,
-        ) -> redis::RedisFuture<'a, T>,
-    ) -> redis::RedisResult<T> {
-        let (first, n) = (self.first.load(Ordering::Relaxed), state.clients.len());
-        let order = std::iter::once(first).chain((0..n).filter(|&i| i != first));
-        let mut error = None;
-        for i in order {
-            let asked = query(&mut state.clients[i], &mut state.asked[i], self);
-            match tokio::time::timeout(self.per_sentinel, asked).await {
-                Ok(Ok(answer)) => {
-                    self.first.store(i, Ordering::Relaxed);
-                    return Ok(answer);
+    /// Asks every sentinel at once for the master (see [`Sentinels`]) and
+    /// answers the newest configuration's. Dropped, it leaves the
+    /// questions under way to run out on their own.
+    pub(crate) async fn named(&self) -> redis::RedisResult<Named> {
+        let n = self.asked.len();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(n.max(1));
+        for i in 0..n {
+            let (me, tx) = (self.clone(), tx.clone());
+            // Not aborted when this question is over: a late answer keeps
+            // its connection for the next (a dial abandoned at every
+            // question would be one at every question).
+            tokio::spawn(async move {
+                let said = tokio::time::timeout(me.timeouts.bound(), me.ask(i)).await;
+                if said.is_err() {
+                    // Perhaps the connection went silent: the next
+                    // question dials afresh.
+                    *lock(&me.asked[i].conn) = None;
                 }
-                Ok(Err(e)) => error = Some(e),
-                Err(_) => {
-                    state.clients[i] = self.target.client(i)?;
-                    state.asked[i].conn = None;
-                    // A sentinel's answer (a master not found, a server
-                    // that is not a master) says more than another's
-                    // silence.
-                    error.get_or_insert_with(timed_out);
-                }
+                let _ = tx
+                    .send((i, said.unwrap_or_else(|_| Err(timed_out()))))
+                    .await;
+            });
+        }
+        drop(tx);
+        let (mut said, mut error) = (Vec::new(), None::<redis::RedisError>);
+        while let Some((i, answer)) = rx.recv().await {
+            match answer {
+                Ok(s) => said.push((i, s)),
+                // A sentinel's reply (an ACL's refusal, a master it does
+                // not know) says more than another's silence.
+                Err(e) if error.is_none() || e.code().is_some() => error = Some(e),
+                Err(_) => {}
+            }
+            if said.len() > n / 2 {
+                break;
             }
         }
-        Err(error.unwrap_or_else(timed_out))
+        Named::of(&said).ok_or_else(|| error.unwrap_or_else(timed_out))
     }
 
-    /// A client for the master the sentinels name now (checked with
-    /// `ROLE`).
-    pub(crate) async fn master(&self) -> redis::RedisResult<redis::Client> {
-        let mut state = self.lookups.lock().await;
-        self.ask(&mut state, |s, _, _| Box::pin(s.async_get_client()))
-            .await
-    }
-
-    /// The master's address as the sentinels name it now
-    /// (`SENTINEL GET-MASTER-ADDR-BY-NAME`, no connection to the master):
-    /// a lookup, taking its turn with the others.
-    pub(crate) async fn master_addr(&self) -> redis::RedisResult<(String, u16)> {
-        let mut state = self.lookups.lock().await;
-        self.ask(&mut state, Self::named).await
-    }
-
-    /// [`master_addr`](Self::master_addr) for the periodic master check,
-    /// on its own clients: it never waits for a lookup, nor a lookup for
-    /// it. `None` when a check is already under way (skipped, not queued).
-    pub(crate) async fn check_master_addr(&self) -> Option<redis::RedisResult<(String, u16)>> {
-        let mut state = self.checks.try_lock().ok()?;
-        Some(self.ask(&mut state, Self::named).await)
-    }
-
-    /// Asks a sentinel for the master's address on its kept connection
-    /// (see [`Asked`]).
-    fn named<'a>(
-        _: &'a mut SentinelClient,
-        asked: &'a mut Asked,
-        me: &'a Self,
-    ) -> redis::RedisFuture<'a, (String, u16)> {
-        Box::pin(async move {
-            let mut conn = match asked.conn.take() {
-                Some(conn) => conn,
-                None => asked.sentinel.get_multiplexed_async_connection().await?,
-            };
-            let named = redis::cmd("SENTINEL")
-                .arg("GET-MASTER-ADDR-BY-NAME")
-                .arg(&me.target.url.master)
-                .query_async::<(String, u16)>(&mut conn)
-                .await;
-            // Kept unless the connection failed: a reply (an ACL's
-            // refusal too) leaves it usable.
-            if !named.as_ref().is_err_and(|e| {
-                e.is_io_error()
-                    || e.is_connection_dropped()
-                    || e.is_timeout()
-                    || e.is_unrecoverable_error()
-            }) {
-                asked.conn = Some(conn);
+    /// Asks sentinel `i` what it says of the master, on its kept
+    /// connection; on a new one, once, when the kept one has failed (the
+    /// sentinel restarted, an idle connection closed by a proxy).
+    async fn ask(&self, i: usize) -> redis::RedisResult<Said> {
+        let asked = &self.asked[i];
+        let kept = lock(&asked.conn).clone();
+        if let Some(conn) = kept {
+            match self.ask_on(asked, conn).await {
+                Err(e) if broken(&e) && !e.is_timeout() => {}
+                said => return said,
             }
-            named
-        })
+        }
+        let conn = asked
+            .sentinel
+            .get_multiplexed_async_connection_with_config(&self.config())
+            .await?;
+        *lock(&asked.conn) = Some(conn.clone());
+        self.ask_on(asked, conn).await
     }
 
-    /// A sentinel named a master that is none
-    /// ([`says_master`](Self::says_master)): the one asked first (the one
-    /// that answered last: that one) gives its place to the next in the
-    /// URL's order, so that a stale sentinel does not answer every check
-    /// while a right one answers.
-    pub(crate) fn pass_over_first(&self) {
-        let n = self.target.url.sentinels.len();
-        let next = |first| Some((first + 1) % n);
-        // Always `Ok`: `next` never refuses.
-        let _ = self
-            .first
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, next);
+    /// Asks `asked` what it says of the master on `conn`, and drops its
+    /// kept connection if that one failed.
+    async fn ask_on(
+        &self,
+        asked: &Asked,
+        mut conn: MultiplexedConnection,
+    ) -> redis::RedisResult<Said> {
+        let name = &self.target.url.master;
+        let said = if asked.every_master.load(Ordering::Relaxed) {
+            from_every_master(&mut conn, name).await
+        } else {
+            let one = redis::cmd("SENTINEL")
+                .arg("MASTER")
+                .arg(name)
+                .query_async::<HashMap<String, String>>(&mut conn)
+                .await;
+            match one {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) => {
+                    asked.every_master.store(true, Ordering::Relaxed);
+                    from_every_master(&mut conn, name).await
+                }
+                one => one.and_then(said_of),
+            }
+        };
+        // Kept unless the connection failed: a reply (an ACL's refusal
+        // too) leaves it usable.
+        if said.as_ref().is_err_and(broken) {
+            *lock(&asked.conn) = None;
+        }
+        said
+    }
+
+    /// The settings of every connection to a sentinel or to a server one
+    /// names.
+    fn config(&self) -> redis::AsyncConnectionConfig {
+        redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeouts.connect))
+            .set_response_timeout(Some(self.timeouts.response))
+    }
+
+    /// A client for the master the sentinels name now: the newest
+    /// configuration's, checked with `ROLE` (see
+    /// [`says_master`](Self::says_master)). A master of an older
+    /// configuration is never taken instead, even when the newest one does
+    /// not answer: that one may be an old master cut off from the
+    /// sentinels, still saying `master`.
+    pub(crate) async fn master(&self) -> redis::RedisResult<redis::Client> {
+        let named = self.named().await?;
+        for (host, port) in &named.masters {
+            if self.says_master(host.clone(), *port).await {
+                return self.target.server(host.clone(), *port);
+            }
+        }
+        let (host, port) = &named.masters[0];
+        Err(std::io::Error::other(format!(
+            "the master the sentinels name, {host}:{port}, does not say it is one"
+        ))
+        .into())
+    }
+
+    /// [`named`](Self::named) for the periodic master check: `None` when a
+    /// check is already under way (skipped, not queued).
+    pub(crate) async fn check_named(&self) -> Option<redis::RedisResult<Named>> {
+        let _checking = self.checking.try_lock().ok()?;
+        Some(self.named().await)
     }
 
     /// Whether the server at `host:port`, which a sentinel named the
-    /// master, says it is one (`ROLE`), as a lookup checks what a sentinel
-    /// names: not when it says another role or does not answer in time;
-    /// when it answers but may not be asked (`ROLE` denied by an ACL), the
-    /// sentinel is believed.
+    /// master, says it is one (`ROLE`), within one bound: not when it says
+    /// another role or does not answer in time; when it answers but may
+    /// not be asked (`ROLE` denied by an ACL), the sentinel is believed.
     pub(crate) async fn says_master(&self, host: String, port: u16) -> bool {
-        let bound = self.per_sentinel;
+        let config = self.config();
         let ask = async {
-            let config = redis::AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(bound))
-                .set_response_timeout(Some(bound));
             let mut conn = self
                 .target
                 .server(host, port)?
@@ -464,7 +519,7 @@ impl Sentinels {
                 .query_async::<redis::Value>(&mut conn)
                 .await
         };
-        match tokio::time::timeout(bound, ask).await {
+        match tokio::time::timeout(self.timeouts.bound(), ask).await {
             Ok(Ok(role)) => crate::conn::role_of(&role).as_deref() == Some("master"),
             Ok(Err(e)) => e.code().is_some(),
             Err(_) => false,
@@ -472,90 +527,113 @@ impl Sentinels {
     }
 
     /// Clients for the replicas the sentinels know and do not mark down
-    /// (`SENTINEL SLAVES`), reached as the master is (credentials, TLS):
-    /// the servers that can become the master. None is not an error (a
-    /// master without a replica, or right after a failover). Their `ROLE`
-    /// is not checked here: the durability check that asks for them
-    /// reports a replica it cannot reach.
+    /// (`SENTINEL SLAVES`, asked of a sentinel that named the newest
+    /// configuration's master), reached as the master is (credentials,
+    /// TLS): the servers that can become the master. None is not an error
+    /// (a master without a replica, or right after a failover). Their
+    /// `ROLE` is not checked here: the durability check that asks for
+    /// them reports a replica it cannot reach.
     pub(crate) async fn replicas(&self) -> redis::RedisResult<Vec<redis::Client>> {
-        let mut state = self.lookups.lock().await;
-        self.ask(&mut state, |s, _, me| {
-            Box::pin(async move {
-                let sentinel = s.async_get_sentinel_client().await?;
-                let mut conn = sentinel.get_multiplexed_async_connection().await?;
+        let named = self.named().await?;
+        let mut error = None;
+        for i in named.sentinels {
+            let ask = async {
+                let kept = lock(&self.asked[i].conn).clone();
+                let mut conn = match kept {
+                    Some(conn) => conn,
+                    None => {
+                        self.asked[i]
+                            .sentinel
+                            .get_multiplexed_async_connection_with_config(&self.config())
+                            .await?
+                    }
+                };
                 // SLAVES, as redis-rs asks: older servers, and ACL rules
                 // written for it, know no other name.
-                let replicas: Vec<HashMap<String, String>> = redis::cmd("SENTINEL")
+                redis::cmd("SENTINEL")
                     .arg("SLAVES")
-                    .arg(&me.target.url.master)
-                    .query_async(&mut conn)
-                    .await?;
-                replicas
-                    .into_iter()
-                    .filter_map(replica_addr)
-                    .map(|(host, port)| me.target.server(host, port))
-                    .collect()
-            })
-        })
-        .await
+                    .arg(&self.target.url.master)
+                    .query_async::<Vec<HashMap<String, String>>>(&mut conn)
+                    .await
+            };
+            match tokio::time::timeout(self.timeouts.bound(), ask).await {
+                Ok(Ok(replicas)) => {
+                    return replicas
+                        .into_iter()
+                        .filter_map(replica_addr)
+                        .map(|(host, port)| self.target.server(host, port))
+                        .collect();
+                }
+                Ok(Err(e)) => error = Some(e),
+                Err(_) => {
+                    error.get_or_insert_with(timed_out);
+                }
+            }
+        }
+        Err(error.unwrap_or_else(timed_out))
     }
 }
 
-impl Target {
-    /// A client for sentinel `i`: TLS to it and to the servers it names
-    /// with `rediss+sentinel://`, verified (never `TlsMode::Insecure`).
-    fn client(&self, i: usize) -> redis::RedisResult<SentinelClient> {
-        let url = &self.url;
-        let (host, port) = url.sentinels[i].clone();
-        let addr = if url.tls {
-            ConnectionAddr::TcpTls {
-                host,
-                port,
-                insecure: false,
-                tls_params: None,
-            }
-        } else {
-            ConnectionAddr::Tcp(host, port)
-        };
-        let mut b = SentinelClientBuilder::new([addr], &url.master, SentinelServerType::Master)?
-            .set_client_to_redis_db(url.db);
-        if let Some(u) = &url.username {
-            b = b.set_client_to_redis_username(u);
-        }
-        if let Some(p) = &url.password {
-            b = b.set_client_to_redis_password(p);
-        }
-        if let Some(u) = &url.sentinel_username {
-            b = b.set_client_to_sentinel_username(u);
-        }
-        if let Some(p) = &url.sentinel_password {
-            b = b.set_client_to_sentinel_password(p);
-        }
-        if url.tls {
-            b = b
-                .set_client_to_redis_tls_mode(TlsMode::Secure)
-                .set_client_to_sentinel_tls_mode(TlsMode::Secure);
-            #[cfg(feature = "tls")]
-            if let Some(certs) = self.tls.certificates() {
-                b = b
-                    .set_client_to_redis_certificates(certs.clone())
-                    .set_client_to_sentinel_certificates(certs);
-            }
-        }
-        b.build()
+/// What a sentinel says of the master `name` in its `SENTINEL MASTERS`
+/// (every master it monitors).
+async fn from_every_master(
+    conn: &mut MultiplexedConnection,
+    name: &str,
+) -> redis::RedisResult<Said> {
+    let every: Vec<HashMap<String, String>> = redis::cmd("SENTINEL")
+        .arg("MASTERS")
+        .query_async(conn)
+        .await?;
+    let one = every
+        .into_iter()
+        .find(|m| m.get("name").map(String::as_str) == Some(name));
+    match one {
+        Some(one) => said_of(one),
+        // As `SENTINEL MASTER` answers.
+        None => Err(redis::RedisError::from((
+            ErrorKind::MasterNameNotFoundBySentinel,
+            "No such master with that name",
+        ))),
     }
+}
 
-    /// A client for a server the sentinels name, as [`client`](Self::client)
-    /// reaches the master: the URL's credentials and database, and TLS
-    /// verified the same way.
+/// The master's address and configuration epoch in a sentinel's
+/// description of it (`SENTINEL MASTER`).
+fn said_of(mut m: HashMap<String, String>) -> redis::RedisResult<Said> {
+    let bad = |what: &'static str| redis::RedisError::from((ErrorKind::Parse, what));
+    let port = m.get("port").and_then(|p| p.parse().ok());
+    let port = port.ok_or_else(|| bad("a sentinel described the master without a port"))?;
+    let host = m.remove("ip");
+    let host = host.ok_or_else(|| bad("a sentinel described the master without an ip"))?;
+    // Every sentinel since 2.8 reports it; one that did not would count
+    // as the oldest configuration.
+    let epoch = m.get("config-epoch").and_then(|e| e.parse().ok());
+    Ok(Said {
+        master: (host, port),
+        epoch: epoch.unwrap_or(0),
+    })
+}
+
+/// Whether an error means the connection itself failed.
+fn broken(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_unrecoverable_error()
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Target {
+    /// A client for a server the sentinels name: the URL's credentials
+    /// and database, and TLS verified as for the sentinels.
     fn server(&self, host: String, port: u16) -> redis::RedisResult<redis::Client> {
         let url = &self.url;
         let redis = credentials(url.username.as_deref(), url.password.as_deref()).set_db(url.db);
         self.reach(host, port, redis)
     }
 
-    /// A client for sentinel `i` alone, as [`client`](Self::client) reaches
-    /// it: the sentinels' credentials, and TLS verified the same way.
+    /// A client for sentinel `i`: the sentinels' credentials, and TLS
+    /// verified (never `TlsMode::Insecure`) with `rediss+sentinel://`.
     fn sentinel(&self, i: usize) -> redis::RedisResult<redis::Client> {
         let url = &self.url;
         let (host, port) = url.sentinels[i].clone();
@@ -684,6 +762,66 @@ mod tests {
             assert!(!e.contains("s3cret"), "{e}");
             assert!(e.contains("redis+sentinel://"), "{bad}: {e}");
         }
+    }
+
+    fn said(port: u16, epoch: u64) -> Said {
+        Said {
+            master: ("10.0.0.1".to_owned(), port),
+            epoch,
+        }
+    }
+
+    /// The newest configuration wins, whatever the order of the answers:
+    /// a stale sentinel answering first does not name the master.
+    #[test]
+    fn the_newest_configuration_names_the_master() {
+        let stale_first = [(0, said(1, 3)), (1, said(2, 4)), (2, said(2, 4))];
+        let named = Named::of(&stale_first).unwrap();
+        assert_eq!(named.masters, [("10.0.0.1".to_owned(), 2)]);
+        assert_eq!(named.sentinels, [1, 2]);
+        assert!(named.names(&("10.0.0.1".to_owned(), 2)));
+        assert!(!named.names(&("10.0.0.1".to_owned(), 1)));
+        // One epoch, two masters (a misconfigured sentinel): both, the
+        // most named first, then in the URL's order.
+        let split = [(2, said(8, 0)), (0, said(7, 0)), (1, said(8, 0))];
+        let named = Named::of(&split).unwrap();
+        assert_eq!(
+            named.masters,
+            [("10.0.0.1".to_owned(), 8), ("10.0.0.1".to_owned(), 7)]
+        );
+        assert_eq!(named.sentinels, [1, 2]);
+        let tie = [(2, said(8, 0)), (1, said(7, 0))];
+        let named = Named::of(&tie).unwrap();
+        assert_eq!(named.masters[0], ("10.0.0.1".to_owned(), 7));
+        assert_eq!(Named::of(&[]), None);
+    }
+
+    #[test]
+    fn reads_a_sentinels_description_of_the_master() {
+        let m = |fields: &[(&str, &str)]| -> HashMap<String, String> {
+            fields
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let full = m(&[
+            ("name", "tollgate"),
+            ("ip", "127.0.0.1"),
+            ("port", "6380"),
+            ("flags", "master"),
+            ("config-epoch", "12"),
+        ]);
+        assert_eq!(
+            said_of(full).unwrap(),
+            Said {
+                master: ("127.0.0.1".to_owned(), 6380),
+                epoch: 12
+            }
+        );
+        let no_epoch = m(&[("ip", "h"), ("port", "1")]);
+        assert_eq!(said_of(no_epoch).unwrap().epoch, 0);
+        assert!(said_of(m(&[("ip", "h")])).is_err());
+        assert!(said_of(m(&[("port", "1")])).is_err());
     }
 
     /// `rediss+sentinel://` is TLS to the sentinels and the servers; a

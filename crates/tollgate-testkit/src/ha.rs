@@ -154,9 +154,10 @@ impl RedisSentinelBuilder {
             .collect();
         let ha = RedisSentinel {
             certs,
-            master_name: self.master_name,
+            master_name: self.master_name.clone(),
             servers: vec![master, replica],
             sentinels,
+            settings: self,
         };
         while !ha.settled() {
             assert!(
@@ -224,6 +225,8 @@ pub struct RedisSentinel {
     /// failover; the sentinels say which is the master now.
     servers: Vec<RedisServer>,
     sentinels: Vec<RedisServer>,
+    /// What it was started with, for [`start_sentinel`](Self::start_sentinel).
+    settings: RedisSentinelBuilder,
 }
 
 impl RedisSentinel {
@@ -279,6 +282,19 @@ impl RedisSentinel {
             let out = s.cli(&["sentinel", "get-master-addr-by-name", &self.master_name]);
             out.lines().nth(1)?.trim().parse().ok()
         })
+    }
+
+    /// Starts one more sentinel, apart from the topology's three and with
+    /// their settings, that monitors the server on `port` under the
+    /// master's name; it is killed when dropped. It meets the topology
+    /// only through that server (the replicas that server lists, the other
+    /// sentinels' hello messages on it). Given a server the topology no
+    /// longer knows (an old master cut off after a failover: see the
+    /// Sentinel tests of `tollgate-redis`), it is a sentinel cut off with
+    /// that server: it names it, with the configuration epoch a sentinel
+    /// starts with (0), whatever the topology has done since.
+    pub fn start_sentinel(&self, port: u16) -> RedisServer {
+        self.settings.sentinel(port, self.certs.as_deref())
     }
 
     /// Kills the current master (`SIGKILL`, a crash) and returns its port.
