@@ -137,7 +137,9 @@ impl DenyCache {
         )
     }
 
-    /// The remembered refusal for `key` and `cost`, aged to now.
+    /// The remembered refusal for `key` and `cost`, aged to now. (A peek
+    /// asks [`charge`](Self::charge), which carries what is pending.)
+    #[cfg(test)]
     pub(crate) fn get(&self, key: &Key, cost: u64) -> Option<Decision> {
         let now = Instant::now();
         let shard = self.map.shard(key);
@@ -160,6 +162,10 @@ impl DenyCache {
     /// rather than drop the flood's penalty (unless the key is reset or
     /// overridden through this limiter meanwhile, which drops them).
     /// Carried twice, they are recorded twice: stricter, never laxer.
+    ///
+    /// A peek asks too, with `pending` false: it adds nothing, and carries
+    /// what is pending, so that the backend answers it as it will answer
+    /// the key's next check.
     pub(crate) fn charge<'a>(&'a self, key: &'a Key, cost: u64, pending: bool) -> Charge<'a> {
         let now = Instant::now();
         let mut shard = self.map.shard(key);

@@ -891,20 +891,8 @@ impl<B: Backend> Limiter<B> {
         // A sliding window's local refusals are carried to the backend
         // (penalised windows must record them; see DenyCache).
         let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
-        match cache.map(|c| c.charge(key, cost, window)) {
-            Some(Charge::Refused(denied)) => {
-                self.inner.guard.meter().local_hit(Local::Denial);
-                return self.counted(Call::Check, Verdict::Decided(denied));
-            }
-            Some(Charge::Ask(carry)) if carry.units() > 0 => {
-                // Recorded before this request is decided, as they were
-                // refused before it. A failure here is the next call's to
-                // report; a drop gives them back (see `DenyCache::charge`).
-                let penalise = Op::Penalise(carry.units());
-                let _ = self.try_op(key, penalise, &deadline).await;
-                carry.done();
-            }
-            _ => {}
+        if let Some(denied) = self.local_refusal(cache, key, cost, window, &deadline).await {
+            return self.counted(Call::Check, Verdict::Decided(denied));
         }
         let result = match &self.inner.leases {
             Some(leases) => self.leased(leases, key, cost, &deadline).await,
@@ -987,6 +975,36 @@ impl<B: Backend> Limiter<B> {
     /// Renews or gives back a slot (for [`Permit`]).
     pub(crate) async fn slot_op(&self, key: &Key, op: Op) -> Result<Decision, Error> {
         self.try_op(key, op, &self.inner.guard.deadline()).await
+    }
+
+    /// `cache`'s answer to a request of `cost` for `key` before the backend
+    /// is asked: its cached refusal (the request's cost kept to carry when
+    /// `pending`), or `None` once the local refusals still to carry are
+    /// recorded (a sliding window's: see [`DenyCache`]).
+    async fn local_refusal(
+        &self,
+        cache: Option<&DenyCache>,
+        key: &Key,
+        cost: u64,
+        pending: bool,
+        deadline: &Deadline,
+    ) -> Option<Decision> {
+        match cache.map(|c| c.charge(key, cost, pending)) {
+            Some(Charge::Refused(denied)) => {
+                self.inner.guard.meter().local_hit(Local::Denial);
+                Some(denied)
+            }
+            Some(Charge::Ask(carry)) if carry.units() > 0 => {
+                // Recorded before this request is decided, as they were
+                // refused before it. A failure here is the next call's to
+                // report; a drop gives them back (see `DenyCache::charge`).
+                let penalise = Op::Penalise(carry.units());
+                let _ = self.try_op(key, penalise, deadline).await;
+                carry.done();
+                None
+            }
+            _ => None,
+        }
     }
 
     /// One request under lease mode: up to two backend calls, under one
@@ -1082,19 +1100,9 @@ impl<B: Backend> Limiter<B> {
         let cache = self.local_denials(Op::Acquire(cost));
         let asked = cache.map_or(0, |c| c.asking(key));
         let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
-        match cache.map(|c| c.charge(key, cost, window)) {
-            Some(Charge::Refused(denied)) => {
-                self.inner.guard.meter().local_hit(Local::Denial);
-                let verdict = Verdict::Decided(denied);
-                return (self.counted(Call::Check, verdict), Reservation::empty());
-            }
-            Some(Charge::Ask(carry)) if carry.units() > 0 => {
-                // As in check_cost: refusals answered locally first.
-                let penalise = Op::Penalise(carry.units());
-                let _ = self.try_op(key, penalise, &deadline).await;
-                carry.done();
-            }
-            _ => {}
+        if let Some(denied) = self.local_refusal(cache, key, cost, window, &deadline).await {
+            let verdict = Verdict::Decided(denied);
+            return (self.counted(Call::Check, verdict), Reservation::empty());
         }
         let result = self.try_reserve(key, cost, &deadline).await;
         let mut receipt = result.as_ref().map_or(Receipt::NONE, |(_, r)| *r);
@@ -1169,16 +1177,24 @@ impl<B: Backend> Limiter<B> {
     /// [minimum cost](LimiterBuilder::min_cost)) would pass now, consuming
     /// nothing. A cost that can never pass is refused as
     /// [`check_cost`](Self::check_cost) refuses it.
+    ///
+    /// It says what a check of `cost` would say next: a refusal this worker
+    /// cached answers it locally, and refusals of a sliding window answered
+    /// locally and not yet recorded (see
+    /// [`local_denials`](LimiterBuilder::local_denials)) are recorded first,
+    /// as the key's next check would record them (one more round trip).
     pub async fn peek_cost(&self, key: &Key, cost: u64) -> Verdict {
+        let deadline = self.inner.guard.deadline();
         let cost = cost.max(self.inner.min_cost);
         let op = Op::Peek(cost);
         let cache = self.local_denials(op);
-        if let Some(denied) = cache.and_then(|c| c.get(key, cost)) {
-            self.inner.guard.meter().local_hit(Local::Denial);
+        let asked = cache.map_or(0, |c| c.asking(key));
+        // A peek adds nothing to the flood, but carries it: asked without
+        // it, the backend would answer for a key it has not seen refused.
+        if let Some(denied) = self.local_refusal(cache, key, cost, false, &deadline).await {
             return self.counted(Call::Peek, Verdict::Decided(denied));
         }
-        let asked = cache.map_or(0, |c| c.asking(key));
-        let result = self.try_op(key, op, &self.inner.guard.deadline()).await;
+        let result = self.try_op(key, op, &deadline).await;
         self.counted(Call::Peek, self.finish(cache, asked, key, cost, result))
     }
 
