@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use crate::decision::Decision;
 use crate::key::Key;
-use crate::sharded::{Expiring, Sharded};
+use crate::sharded::{Expiring, Shard, Sharded};
 
 #[derive(Debug, Clone, Copy)]
 struct Lease {
@@ -97,6 +97,7 @@ impl Leases {
                 id,
                 // Read under the shard's lock, as in `keep`.
                 asked: self.forgotten.load(Ordering::SeqCst),
+                armed: true,
             })
         };
         if let Some(lease) = shard.get_mut(key) {
@@ -172,6 +173,9 @@ pub(crate) struct Fetch<'a> {
     id: u64,
     /// The forget count when the batch was asked for.
     asked: u64,
+    /// Whether dropping it still has to clear its mark (`keep` clears it
+    /// under the lock it takes).
+    armed: bool,
 }
 
 impl Fetch<'_> {
@@ -186,7 +190,8 @@ impl Fetch<'_> {
     /// would otherwise lose them on every batch. At most `batch - 1` are
     /// held, the bound [`LimiterBuilder::lease`](crate::LimiterBuilder::lease)
     /// documents.
-    pub(crate) fn keep(self, left: u64, decision: &Decision) {
+    pub(crate) fn keep(mut self, left: u64, decision: &Decision) {
+        self.armed = false;
         let leases = self.leases;
         let now = Instant::now();
         let mut shard = leases.map.shard(self.key);
@@ -205,20 +210,29 @@ impl Fetch<'_> {
         // read removes the lease once this lock is released.
         if leases.forgotten.load(Ordering::SeqCst) == self.asked {
             shard.insert(self.key, lease, now);
+        } else {
+            unmark(&mut shard, self.key, self.id);
+        }
+    }
+}
+
+/// Clears fetch `id`'s mark on `key`'s lease, dropping a lease left with
+/// nothing to spend.
+fn unmark(shard: &mut Shard<Lease>, key: &Key, id: u64) {
+    if let Some(lease) = shard.get_mut(key)
+        && lease.fetching == Some(id)
+    {
+        lease.fetching = None;
+        if lease.left == 0 {
+            shard.remove(key);
         }
     }
 }
 
 impl Drop for Fetch<'_> {
     fn drop(&mut self) {
-        let mut shard = self.leases.map.shard(self.key);
-        if let Some(lease) = shard.get_mut(self.key)
-            && lease.fetching == Some(self.id)
-        {
-            lease.fetching = None;
-            if lease.left == 0 {
-                shard.remove(self.key);
-            }
+        if self.armed {
+            unmark(&mut self.leases.map.shard(self.key), self.key, self.id);
         }
     }
 }
