@@ -19,6 +19,9 @@ struct Lease {
     /// The batch this worker is asking the backend for, for this key, if
     /// one is on its way (its [`Fetch`]'s id).
     fetching: Option<u64>,
+    /// The policy in force for the key (an override) can never grant a
+    /// batch: its requests ask for their own cost until `until`.
+    unbatched: bool,
 }
 
 impl Expiring for Lease {
@@ -115,8 +118,8 @@ impl Leases {
                     );
                 }
                 // A batch is worth taking only if it serves more than this
-                // request, and one at a time.
-                if self.batch <= cost || lease.fetching.is_some() {
+                // request, one at a time, and can be granted.
+                if self.batch <= cost || lease.fetching.is_some() || lease.unbatched {
                     return Take::Own;
                 }
                 let id = self.fetches.fetch_add(1, Ordering::Relaxed) + 1;
@@ -137,6 +140,7 @@ impl Leases {
             decision: Decision::allowed(0, 0, Duration::ZERO),
             at: now,
             fetching: Some(id),
+            unbatched: false,
         };
         if shard.insert(key, marker, now) {
             fetch(id)
@@ -173,8 +177,8 @@ pub(crate) struct Fetch<'a> {
     id: u64,
     /// The forget count when the batch was asked for.
     asked: u64,
-    /// Whether dropping it still has to clear its mark (`keep` clears it
-    /// under the lock it takes).
+    /// Whether dropping it still has to clear its mark (`keep` and
+    /// `impossible` clear it under the lock they take).
     armed: bool,
 }
 
@@ -205,6 +209,7 @@ impl Fetch<'_> {
             at: now,
             // Another fetch's mark (this one's was forgotten) stays.
             fetching: old.and_then(|old| old.fetching).filter(|&id| id != self.id),
+            unbatched: false,
         };
         // Read under the shard's lock: a `forget` that counts after this
         // read removes the lease once this lock is released.
@@ -214,16 +219,52 @@ impl Fetch<'_> {
             unmark(&mut shard, self.key, self.id);
         }
     }
+
+    /// The batch can never be granted under the policy in force for the
+    /// key (an override below the batch): its requests ask for their own
+    /// cost, one round trip each, until the key's lease would have expired
+    /// (at most `ttl`), rather than a batch refused and then their cost,
+    /// two round trips each. Not kept if leases were forgotten since the
+    /// batch was asked for (this worker's override may have lifted it).
+    pub(crate) fn impossible(mut self) {
+        self.armed = false;
+        let leases = self.leases;
+        let now = Instant::now();
+        let mut shard = leases.map.shard(self.key);
+        if leases.forgotten.load(Ordering::SeqCst) != self.asked {
+            unmark(&mut shard, self.key, self.id);
+            return;
+        }
+        match shard.get_mut(self.key).filter(|l| now < l.until) {
+            Some(lease) => {
+                lease.unbatched = true;
+                if lease.fetching == Some(self.id) {
+                    lease.fetching = None;
+                }
+            }
+            None => {
+                let lease = Lease {
+                    left: 0,
+                    until: now + leases.ttl,
+                    decision: Decision::allowed(0, 0, Duration::ZERO),
+                    at: now,
+                    fetching: None,
+                    unbatched: true,
+                };
+                shard.insert(self.key, lease, now);
+            }
+        }
+    }
 }
 
 /// Clears fetch `id`'s mark on `key`'s lease, dropping a lease left with
-/// nothing to spend.
+/// nothing to spend or to say.
 fn unmark(shard: &mut Shard<Lease>, key: &Key, id: u64) {
     if let Some(lease) = shard.get_mut(key)
         && lease.fetching == Some(id)
     {
         lease.fetching = None;
-        if lease.left == 0 {
+        if lease.left == 0 && !lease.unbatched {
             shard.remove(key);
         }
     }

@@ -308,7 +308,10 @@ impl<B> LimiterBuilder<B> {
     ///
     /// Near the limit, when a whole batch no longer fits, the request asks
     /// for its own cost only, so the backend never grants more than its
-    /// policy allows. But units are counted when leased and spent later:
+    /// policy allows. A key whose policy in force (an override) can never
+    /// grant a batch asks for its requests' own cost, one round trip each,
+    /// for `ttl` (then it tries a batch again; at once after this worker's
+    /// own override of the key). But units are counted when leased and spent later:
     /// each worker may hold up to `batch - 1` units leased earlier, and
     /// spend them while the backend grants its full limit again. The bound
     /// for one key across `W` workers sharing one backend:
@@ -891,7 +894,10 @@ impl<B: Backend> Limiter<B> {
         // A sliding window's local refusals are carried to the backend
         // (penalised windows must record them; see DenyCache).
         let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
-        if let Some(denied) = self.local_refusal(cache, key, cost, window, &deadline).await {
+        if let Some(denied) = self
+            .local_refusal(cache, key, cost, window, &deadline)
+            .await
+        {
             return self.counted(Call::Check, Verdict::Decided(denied));
         }
         let result = match &self.inner.leases {
@@ -1022,15 +1028,17 @@ impl<B: Backend> Limiter<B> {
                 return Ok(d);
             }
             Take::Batch(fetch) => {
-                // A batch above what the policy in force (an override) can
-                // grant is impossible, not an error of this request: ask
-                // for its cost.
                 match self.try_op(key, Op::Acquire(leases.batch), deadline).await {
                     Ok(d) if d.is_allowed() => {
                         fetch.keep(leases.batch - cost, &d);
                         return Ok(d);
                     }
-                    Ok(_) | Err(Error::Policy(_)) => {}
+                    Ok(_) => {}
+                    // A batch above what the policy in force (an override)
+                    // can grant is impossible, not an error of this
+                    // request: ask for its cost, and for the key's next
+                    // requests ask for theirs at once.
+                    Err(Error::Policy(_)) => fetch.impossible(),
                     Err(e) => return Err(e),
                 }
             }
@@ -1100,7 +1108,10 @@ impl<B: Backend> Limiter<B> {
         let cache = self.local_denials(Op::Acquire(cost));
         let asked = cache.map_or(0, |c| c.asking(key));
         let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
-        if let Some(denied) = self.local_refusal(cache, key, cost, window, &deadline).await {
+        if let Some(denied) = self
+            .local_refusal(cache, key, cost, window, &deadline)
+            .await
+        {
             let verdict = Verdict::Decided(denied);
             return (self.counted(Call::Check, verdict), Reservation::empty());
         }
@@ -1557,6 +1568,9 @@ mod tests {
     #[derive(Debug, Default)]
     struct Fixed {
         allow: bool,
+        /// A cost above it is impossible, as under an override of this
+        /// capacity (none with 0).
+        max_cost: u64,
         asked: Mutex<Vec<u64>>,
         peeked: Mutex<Vec<u64>>,
     }
@@ -1577,6 +1591,12 @@ mod tests {
                 _ => {}
             }
             let minute = Duration::from_secs(60);
+            if let Op::Acquire(cost) | Op::Peek(cost) = req.op
+                && self.max_cost > 0
+                && cost > self.max_cost
+            {
+                return Ok(Decision::impossible(self.max_cost, 0, 0));
+            }
             Ok(if self.allow {
                 Decision::allowed(100, 50, minute)
             } else {
@@ -1722,6 +1742,40 @@ mod tests {
             assert!(l.check(&k).await.is_allowed());
         }
         assert_eq!(*crate::lock(&l.backend().asked), [10, 10]);
+    }
+
+    /// A key whose policy in force (an override) is below the batch costs
+    /// one round trip a request, not two: each request asked for a batch,
+    /// refused as impossible, then for its own cost. The batch is tried
+    /// again once the lease's ttl has passed, and at once after this
+    /// worker's override of the key (either may have lifted it).
+    #[tokio::test(start_paused = true)]
+    async fn a_key_overridden_below_the_batch_asks_once_a_request() {
+        let policy = TokenBucket::new(100, 1, Duration::from_secs(1)).unwrap();
+        let backend = Fixed {
+            allow: true,
+            max_cost: 5,
+            ..Fixed::default()
+        };
+        let l = Limiter::builder("flood", policy, backend)
+            .lease(10, Duration::from_secs(60))
+            .build();
+        let k = Key::new("k");
+        let asked = || std::mem::take(&mut *crate::lock(&l.backend().asked));
+        for _ in 0..4 {
+            assert!(l.check(&k).await.is_allowed());
+        }
+        assert_eq!(asked(), [10, 1, 1, 1, 1]);
+        tokio::time::advance(Duration::from_secs(60)).await;
+        for _ in 0..2 {
+            assert!(l.check(&k).await.is_allowed());
+        }
+        assert_eq!(asked(), [10, 1, 1], "after the ttl");
+        l.set_override(Some(&k), None).await.unwrap();
+        for _ in 0..2 {
+            assert!(l.check(&k).await.is_allowed());
+        }
+        assert_eq!(asked(), [10, 1, 1], "after an override");
     }
 
     /// A unit spent from a lease reports the batch's figures aged to now,
