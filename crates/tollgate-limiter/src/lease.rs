@@ -7,10 +7,13 @@ use tokio::time::Instant;
 
 use crate::decision::Decision;
 use crate::key::Key;
-use crate::sharded::{Expiring, Shard, Sharded};
+use std::sync::Arc;
 
+use crate::sharded::{Expiring, Locals, Shard, Sharded};
+
+/// A key's leased units.
 #[derive(Debug, Clone, Copy)]
-struct Lease {
+pub(crate) struct Lease {
     left: u64,
     until: Instant,
     decision: Decision,
@@ -65,7 +68,8 @@ pub(crate) enum Take<'a> {
 pub(crate) struct Leases {
     pub(crate) batch: u64,
     ttl: Duration,
-    map: Sharded<Lease>,
+    /// Shared with the limiter's deny cache (see [`Locals`]).
+    map: Arc<Sharded<Locals>>,
     /// How many times leases were forgotten.
     forgotten: AtomicU64,
     /// The last [`Fetch`]'s id.
@@ -73,14 +77,15 @@ pub(crate) struct Leases {
 }
 
 impl Leases {
-    pub(crate) fn new(batch: u64, ttl: Duration, capacity: usize) -> Self {
+    /// Leases kept in `map`'s [`Locals::leases`].
+    pub(crate) fn new(batch: u64, ttl: Duration, map: Arc<Sharded<Locals>>) -> Self {
         Self {
             batch,
             // A longer ttl ("for ever", `Duration::MAX`) means the same, and
             // would overflow the lease's end (an `Instant`): a panic on
             // every batch.
             ttl: ttl.min(crate::guard::MAX_WAIT),
-            map: Sharded::new(capacity),
+            map,
             forgotten: AtomicU64::new(0),
             fetches: AtomicU64::new(0),
         }
@@ -91,8 +96,27 @@ impl Leases {
     /// key, the batch is above `cost` and the map has room for its rest)
     /// or for its own cost.
     pub(crate) fn take<'a>(&'a self, key: &'a Key, cost: u64) -> Take<'a> {
+        self.take_in(&mut self.map.shard(key).leases, key, cost)
+    }
+
+    /// `key`'s shard of the local maps, locked (for
+    /// [`take_in`](Self::take_in) and the deny cache's
+    /// [`charge_in`](crate::deny_cache::DenyCache::charge_in) under one
+    /// lock).
+    pub(crate) fn lock(&self, key: &Key) -> std::sync::MutexGuard<'_, Locals> {
+        self.map.shard(key)
+    }
+
+    /// [`take`](Self::take) under the lock of `key`'s shard, held by the
+    /// caller (`shard`: its leases). A returned [`Fetch`] must outlive
+    /// that lock: dropped, it takes it.
+    pub(crate) fn take_in<'a>(
+        &'a self,
+        shard: &mut Shard<Lease>,
+        key: &'a Key,
+        cost: u64,
+    ) -> Take<'a> {
         let now = Instant::now();
-        let mut shard = self.map.shard(key);
         let fetch = |id| {
             Take::Batch(Fetch {
                 leases: self,
@@ -151,18 +175,20 @@ impl Leases {
 
     pub(crate) fn forget(&self, key: &Key) {
         self.forgotten.fetch_add(1, Ordering::SeqCst);
-        self.map.forget(key);
+        self.map.shard(key).leases.remove(key);
     }
 
     /// The number of keys held.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.map.len()
+        let mut n = 0;
+        self.map.each(|local| n += local.leases.len());
+        n
     }
 
     pub(crate) fn clear(&self) {
         self.forgotten.fetch_add(1, Ordering::SeqCst);
-        self.map.clear();
+        self.map.each(|local| local.leases.clear());
     }
 }
 
@@ -198,7 +224,8 @@ impl Fetch<'_> {
         self.armed = false;
         let leases = self.leases;
         let now = Instant::now();
-        let mut shard = leases.map.shard(self.key);
+        let mut local = leases.map.shard(self.key);
+        let shard = &mut local.leases;
         let old = shard.get(self.key).filter(|old| now < old.until);
         let lease = Lease {
             left: left
@@ -216,7 +243,7 @@ impl Fetch<'_> {
         if leases.forgotten.load(Ordering::SeqCst) == self.asked {
             shard.insert(self.key, lease, now);
         } else {
-            unmark(&mut shard, self.key, self.id);
+            unmark(shard, self.key, self.id);
         }
     }
 
@@ -230,9 +257,10 @@ impl Fetch<'_> {
         self.armed = false;
         let leases = self.leases;
         let now = Instant::now();
-        let mut shard = leases.map.shard(self.key);
+        let mut local = leases.map.shard(self.key);
+        let shard = &mut local.leases;
         if leases.forgotten.load(Ordering::SeqCst) != self.asked {
-            unmark(&mut shard, self.key, self.id);
+            unmark(shard, self.key, self.id);
             return;
         }
         match shard.get_mut(self.key).filter(|l| now < l.until) {
@@ -273,7 +301,11 @@ fn unmark(shard: &mut Shard<Lease>, key: &Key, id: u64) {
 impl Drop for Fetch<'_> {
     fn drop(&mut self) {
         if self.armed {
-            unmark(&mut self.leases.map.shard(self.key), self.key, self.id);
+            unmark(
+                &mut self.leases.map.shard(self.key).leases,
+                self.key,
+                self.id,
+            );
         }
     }
 }

@@ -12,7 +12,7 @@ use crate::backend::{Backend, Request, Scope};
 use crate::breaker::BreakerConfig;
 use crate::config::{ConfigError, FieldError, check_name};
 use crate::decision::Decision;
-use crate::deny_cache::{Charge, DenyCache};
+use crate::deny_cache::{Carry, Charge, DenyCache};
 use crate::error::{BackendError, Error, ErrorReason};
 use crate::guard::{Admitted, Deadline, Guard, LogThrottle};
 use crate::key::Key;
@@ -484,20 +484,26 @@ impl<B: Backend> LimiterBuilder<B> {
             meter: CandidateMeter::new(&self.name),
             policy: c,
         });
+        // One map for both, so that a request looks at a key's refusal and
+        // lease under one lock (see `sharded::Locals`).
+        let maps = (self.local_denials.is_some() || self.lease.is_some())
+            .then(|| Arc::new(crate::sharded::Locals::maps(self.local_capacity)));
         let denials = self
             .local_denials
-            .map(|ttl| DenyCache::new(ttl, self.local_capacity));
+            .zip(maps.clone())
+            .map(|(ttl, maps)| DenyCache::new(ttl, maps));
         // Not where a batch that no longer fits would be recorded as the
         // client's refusal (see `lease`).
         let penalised = matches!(self.policy, Policy::SlidingWindow(w) if w.penalises_refused());
         let leases = self
             .lease
+            .zip(maps)
             .filter(|_| self.policy.max_cost().is_some() && !penalised)
-            .map(|(batch, ttl)| {
+            .map(|((batch, ttl), maps)| {
                 // A batch above what the policy can ever grant would never
                 // be granted.
                 let batch = batch.min(self.policy.max_cost().unwrap_or(batch));
-                Leases::new(batch, ttl, self.local_capacity)
+                Leases::new(batch, ttl, maps)
             });
         let plain =
             denials.is_none() && leases.is_none() && !matches!(self.policy, Policy::Concurrency(_));
@@ -894,14 +900,39 @@ impl<B: Backend> Limiter<B> {
         // A sliding window's local refusals are carried to the backend
         // (penalised windows must record them; see DenyCache).
         let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
-        if let Some(denied) = self
-            .local_refusal(cache, key, cost, window, &deadline)
-            .await
-        {
-            return self.counted(Call::Check, Verdict::Decided(denied));
+        let leases = self.inner.leases.as_ref();
+        // A key's cached refusal and its lease share a lock: a request
+        // that finds no refusal and none to carry takes from the lease
+        // under the same lock (a leased key's hot path: one lock).
+        let mut take = None;
+        let charge = cache.map(|c| match leases {
+            Some(l) => {
+                let mut local = l.lock(key);
+                let charge = c.charge_in(&mut local.denials, key, cost, window);
+                if matches!(&charge, Charge::Ask(carry) if carry.units() == 0) {
+                    take = Some(l.take_in(&mut local.leases, key, cost));
+                }
+                // Released here, before `charge` or `take` can be dropped
+                // (their drops may take it).
+                drop(local);
+                charge
+            }
+            None => c.charge(key, cost, window),
+        });
+        match self.local_first(charge) {
+            Err(denied) => return self.counted(Call::Check, Verdict::Decided(denied)),
+            Ok(Some(carry)) => self.carry(carry, key, &deadline).await,
+            Ok(None) => {}
         }
-        let result = match &self.inner.leases {
-            Some(leases) => self.leased(leases, key, cost, &deadline).await,
+        let result = match leases {
+            Some(l) => match take.unwrap_or_else(|| l.take(key, cost)) {
+                // The hot path, answered here: no future for the rest.
+                Take::Spent(d) => {
+                    self.inner.guard.meter().local_hit(Local::Lease);
+                    Ok(d)
+                }
+                take => self.leased(l, take, key, cost, &deadline).await,
+            },
             None => self.try_op(key, op, &deadline).await,
         };
         self.counted(Call::Check, self.finish(cache, asked, key, cost, result))
@@ -983,46 +1014,45 @@ impl<B: Backend> Limiter<B> {
         self.try_op(key, op, &self.inner.guard.deadline()).await
     }
 
-    /// `cache`'s answer to a request of `cost` for `key` before the backend
-    /// is asked: its cached refusal (the request's cost kept to carry when
-    /// `pending`), or `None` once the local refusals still to carry are
-    /// recorded (a sliding window's: see [`DenyCache`]).
-    async fn local_refusal(
-        &self,
-        cache: Option<&DenyCache>,
-        key: &Key,
-        cost: u64,
-        pending: bool,
-        deadline: &Deadline,
-    ) -> Option<Decision> {
-        match cache.map(|c| c.charge(key, cost, pending)) {
+    /// What the deny cache's [`charge`](DenyCache::charge) leaves a
+    /// request to do before it asks the backend: `Err`, its cached refusal
+    /// (counted as a local answer); `Ok`, the local refusals to
+    /// [carry](Self::carry) first, if any (a sliding window's: see
+    /// [`DenyCache`]).
+    #[inline(always)]
+    fn local_first<'a>(&self, charge: Option<Charge<'a>>) -> Result<Option<Carry<'a>>, Decision> {
+        match charge {
             Some(Charge::Refused(denied)) => {
                 self.inner.guard.meter().local_hit(Local::Denial);
-                Some(denied)
+                Err(denied)
             }
-            Some(Charge::Ask(carry)) if carry.units() > 0 => {
-                // Recorded before this request is decided, as they were
-                // refused before it. A failure here is the next call's to
-                // report; a drop gives them back (see `DenyCache::charge`).
-                let penalise = Op::Penalise(carry.units());
-                let _ = self.try_op(key, penalise, deadline).await;
-                carry.done();
-                None
-            }
-            _ => None,
+            Some(Charge::Ask(carry)) if carry.units() > 0 => Ok(Some(carry)),
+            _ => Ok(None),
         }
     }
 
-    /// One request under lease mode: up to two backend calls, under one
-    /// deadline.
+    /// Records local refusals on the backend ([`Op::Penalise`]), before
+    /// the request that carries them is decided, as they were refused
+    /// before it. A failure here is the next call's to report; a drop
+    /// gives them back (see [`DenyCache::charge`]).
+    async fn carry(&self, carry: Carry<'_>, key: &Key, deadline: &Deadline) {
+        let _ = self
+            .try_op(key, Op::Penalise(carry.units()), deadline)
+            .await;
+        carry.done();
+    }
+
+    /// One request under lease mode (`take`: its [take](Leases::take)): up
+    /// to two backend calls, under one deadline.
     async fn leased(
         &self,
         leases: &Leases,
+        take: Take<'_>,
         key: &Key,
         cost: u64,
         deadline: &Deadline,
     ) -> Result<Decision, Error> {
-        match leases.take(key, cost) {
+        match take {
             Take::Spent(d) => {
                 self.inner.guard.meter().local_hit(Local::Lease);
                 return Ok(d);
@@ -1108,12 +1138,13 @@ impl<B: Backend> Limiter<B> {
         let cache = self.local_denials(Op::Acquire(cost));
         let asked = cache.map_or(0, |c| c.asking(key));
         let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
-        if let Some(denied) = self
-            .local_refusal(cache, key, cost, window, &deadline)
-            .await
-        {
-            let verdict = Verdict::Decided(denied);
-            return (self.counted(Call::Check, verdict), Reservation::empty());
+        match self.local_first(cache.map(|c| c.charge(key, cost, window))) {
+            Err(denied) => {
+                let verdict = Verdict::Decided(denied);
+                return (self.counted(Call::Check, verdict), Reservation::empty());
+            }
+            Ok(Some(carry)) => self.carry(carry, key, &deadline).await,
+            Ok(None) => {}
         }
         let result = self.try_reserve(key, cost, &deadline).await;
         let mut receipt = result.as_ref().map_or(Receipt::NONE, |(_, r)| *r);
@@ -1202,8 +1233,10 @@ impl<B: Backend> Limiter<B> {
         let asked = cache.map_or(0, |c| c.asking(key));
         // A peek adds nothing to the flood, but carries it: asked without
         // it, the backend would answer for a key it has not seen refused.
-        if let Some(denied) = self.local_refusal(cache, key, cost, false, &deadline).await {
-            return self.counted(Call::Peek, Verdict::Decided(denied));
+        match self.local_first(cache.map(|c| c.charge(key, cost, false))) {
+            Err(denied) => return self.counted(Call::Peek, Verdict::Decided(denied)),
+            Ok(Some(carry)) => self.carry(carry, key, &deadline).await,
+            Ok(None) => {}
         }
         let result = self.try_op(key, op, &deadline).await;
         self.counted(Call::Peek, self.finish(cache, asked, key, cost, result))
