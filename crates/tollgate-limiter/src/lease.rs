@@ -27,6 +27,19 @@ pub(crate) struct Lease {
     unbatched: bool,
 }
 
+impl Lease {
+    /// The decision of a request spent from it, which left it `left`
+    /// units: the batch's figures aged to `now`, as a cached refusal's
+    /// are.
+    fn spent(&self, now: Instant) -> Decision {
+        let d = self.decision;
+        let reset_after = d.reset_after().saturating_sub(now - self.at);
+        Decision::allowed(d.limit(), d.remaining() + self.left, reset_after)
+            .with_window(d.window())
+            .with_part(d.part())
+    }
+}
+
 impl Expiring for Lease {
     fn until(&self) -> Instant {
         self.until
@@ -131,15 +144,7 @@ impl Leases {
             if now < lease.until {
                 if lease.left >= cost {
                     lease.left -= cost;
-                    // The batch's figures aged to now, as a cached
-                    // refusal's are.
-                    let d = lease.decision;
-                    let reset_after = d.reset_after().saturating_sub(now - lease.at);
-                    return Take::Spent(
-                        Decision::allowed(d.limit(), d.remaining() + lease.left, reset_after)
-                            .with_window(d.window())
-                            .with_part(d.part()),
-                    );
+                    return Take::Spent(lease.spent(now));
                 }
                 // A batch is worth taking only if it serves more than this
                 // request, one at a time, and can be granted.
@@ -171,6 +176,22 @@ impl Leases {
         } else {
             Take::Own
         }
+    }
+
+    /// What a request of `cost` would be answered from the key's lease,
+    /// spending nothing: allowed if the lease holds `cost` units (a peek
+    /// says what the next check would), else `None` (the backend answers).
+    pub(crate) fn peek(&self, key: &Key, cost: u64) -> Option<Decision> {
+        let now = Instant::now();
+        let local = self.map.shard(key);
+        let lease = local.leases.get(key)?;
+        (now < lease.until && lease.left >= cost).then(|| {
+            let after = Lease {
+                left: lease.left - cost,
+                ..*lease
+            };
+            after.spent(now)
+        })
     }
 
     pub(crate) fn forget(&self, key: &Key) {

@@ -1224,7 +1224,10 @@ impl<B: Backend> Limiter<B> {
     /// cached answers it locally, and refusals of a sliding window answered
     /// locally and not yet recorded (see
     /// [`local_denials`](LimiterBuilder::local_denials)) are recorded first,
-    /// as the key's next check would record them (one more round trip).
+    /// as the key's next check would record them (one more round trip);
+    /// units this worker [leased](LimiterBuilder::lease) for the key, if
+    /// they cover `cost`, answer it locally too (allowed: the next check
+    /// would spend them).
     pub async fn peek_cost(&self, key: &Key, cost: u64) -> Verdict {
         let deadline = self.inner.guard.deadline();
         let cost = cost.max(self.inner.min_cost);
@@ -1237,6 +1240,10 @@ impl<B: Backend> Limiter<B> {
             Err(denied) => return self.counted(Call::Peek, Verdict::Decided(denied)),
             Ok(Some(carry)) => self.carry(carry, key, &deadline).await,
             Ok(None) => {}
+        }
+        if let Some(d) = self.inner.leases.as_ref().and_then(|l| l.peek(key, cost)) {
+            self.inner.guard.meter().local_hit(Local::Lease);
+            return self.counted(Call::Peek, Verdict::Decided(d));
         }
         let result = self.try_op(key, op, &deadline).await;
         self.counted(Call::Peek, self.finish(cache, asked, key, cost, result))
