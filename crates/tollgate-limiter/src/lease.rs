@@ -1,5 +1,6 @@
 //! Leases: a batch of units taken in one round trip and spent locally.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -7,8 +8,6 @@ use tokio::time::Instant;
 
 use crate::decision::Decision;
 use crate::key::Key;
-use std::sync::Arc;
-
 use crate::sharded::{Expiring, Locals, Shard, Sharded};
 
 /// A key's leased units.
