@@ -1,6 +1,7 @@
 //! Local answers to a flood: keys known to be refused until an instant.
 
 use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -10,10 +11,11 @@ use crate::decision::Decision;
 use crate::key::Key;
 use crate::model::Op;
 use crate::policy::Policy;
-use crate::sharded::{Expiring, Sharded};
+use crate::sharded::{Expiring, Locals, Shard, Sharded};
 
+/// A key's cached refusal.
 #[derive(Debug, Clone, Copy)]
-struct Entry {
+pub(crate) struct Entry {
     until: Instant,
     at: Instant,
     cost: u64,
@@ -78,7 +80,8 @@ impl Expiring for Entry {
 #[derive(Debug)]
 pub(crate) struct DenyCache {
     max_ttl: Duration,
-    map: Sharded<Entry>,
+    /// Shared with the limiter's leases (see [`Locals`]).
+    map: Arc<Sharded<Locals>>,
     /// How many times entries were forgotten (a reset, an override, a
     /// refund made through this worker), by the keys' hash: a forget
     /// counts on its key's counter, a clear on all of them. Keys that
@@ -94,10 +97,11 @@ pub(crate) struct DenyCache {
 const FORGET_COUNTERS: usize = 64;
 
 impl DenyCache {
-    pub(crate) fn new(max_ttl: Duration, capacity: usize) -> Self {
+    /// A cache keeping its refusals in `map`'s [`Locals::denials`].
+    pub(crate) fn new(max_ttl: Duration, map: Arc<Sharded<Locals>>) -> Self {
         Self {
             max_ttl,
-            map: Sharded::new(capacity),
+            map,
             forgotten: (0..FORGET_COUNTERS).map(|_| AtomicU64::new(0)).collect(),
             hasher: RandomState::new(),
         }
@@ -137,11 +141,13 @@ impl DenyCache {
         )
     }
 
-    /// The remembered refusal for `key` and `cost`, aged to now.
+    /// The remembered refusal for `key` and `cost`, aged to now. (A peek
+    /// asks [`charge`](Self::charge), which carries what is pending.)
+    #[cfg(test)]
     pub(crate) fn get(&self, key: &Key, cost: u64) -> Option<Decision> {
         let now = Instant::now();
-        let shard = self.map.shard(key);
-        let e = shard.get(key)?;
+        let local = self.map.shard(key);
+        let e = local.denials.get(key)?;
         if now >= e.until || cost < e.cost {
             return None;
         }
@@ -160,9 +166,25 @@ impl DenyCache {
     /// rather than drop the flood's penalty (unless the key is reset or
     /// overridden through this limiter meanwhile, which drops them).
     /// Carried twice, they are recorded twice: stricter, never laxer.
+    ///
+    /// A peek asks too, with `pending` false: it adds nothing, and carries
+    /// what is pending, so that the backend answers it as it will answer
+    /// the key's next check.
     pub(crate) fn charge<'a>(&'a self, key: &'a Key, cost: u64, pending: bool) -> Charge<'a> {
+        self.charge_in(&mut self.map.shard(key).denials, key, cost, pending)
+    }
+
+    /// [`charge`](Self::charge) under the lock of `key`'s shard, held by
+    /// the caller (`shard`: its cached refusals). The returned [`Carry`]
+    /// must outlive that lock: dropped, it may take it.
+    pub(crate) fn charge_in<'a>(
+        &'a self,
+        shard: &mut Shard<Entry>,
+        key: &'a Key,
+        cost: u64,
+        pending: bool,
+    ) -> Charge<'a> {
         let now = Instant::now();
-        let mut shard = self.map.shard(key);
         let carry = |units, window| {
             Charge::Ask(Carry {
                 cache: self,
@@ -206,7 +228,8 @@ impl DenyCache {
     /// drops them, as it drops units still pending.
     fn restore(&self, key: &Key, units: u64, window: Duration, asked: u64) {
         let now = Instant::now();
-        let mut shard = self.map.shard(key);
+        let mut local = self.map.shard(key);
+        let shard = &mut local.denials;
         // Read under the shard's lock: a `forget` that counts after this
         // read removes the entry once this lock is released.
         if self.asking(key) != asked {
@@ -249,7 +272,8 @@ impl DenyCache {
             pending: 0,
             pending_at: at,
         };
-        let mut shard = self.map.shard(key);
+        let mut local = self.map.shard(key);
+        let shard = &mut local.denials;
         // Read under the shard's lock: a `forget` that counts after this
         // read removes the entry once this lock is released.
         if self.asking(key) != asked {
@@ -271,13 +295,15 @@ impl DenyCache {
 
     pub(crate) fn forget(&self, key: &Key) {
         self.forgotten(key).fetch_add(1, Ordering::SeqCst);
-        self.map.forget(key);
+        self.map.shard(key).denials.remove(key);
     }
 
     /// The number of keys held.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.map.len()
+        let mut n = 0;
+        self.map.each(|local| n += local.denials.len());
+        n
     }
 
     /// Forgets every key: each counter counts it before any shard is
@@ -286,7 +312,7 @@ impl DenyCache {
         for counter in &self.forgotten {
             counter.fetch_add(1, Ordering::SeqCst);
         }
-        self.map.clear();
+        self.map.each(|local| local.denials.clear());
     }
 }
 
@@ -345,7 +371,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn answers_until_the_retry_after_and_ages_the_numbers() {
-        let c = DenyCache::new(Duration::from_secs(10), 100);
+        let c = DenyCache::new(Duration::from_secs(10), Arc::new(Locals::maps(100)));
         let k = Key::new("k");
         let d = Decision::denied(5, 0, Duration::from_secs(2), Duration::from_secs(3));
         c.insert(&k, 2, &d, c.asking(&k));
@@ -360,7 +386,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn entries_live_at_most_max_ttl() {
-        let c = DenyCache::new(Duration::from_millis(100), 100);
+        let c = DenyCache::new(Duration::from_millis(100), Arc::new(Locals::maps(100)));
         let k = Key::new("k");
         c.insert(
             &k,
@@ -397,7 +423,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn local_refusals_are_carried_to_the_next_backend_call() {
-        let c = DenyCache::new(Duration::from_secs(60), 100);
+        let c = DenyCache::new(Duration::from_secs(60), Arc::new(Locals::maps(100)));
         let k = Key::new("k");
         let d = Decision::denied(3, 0, Duration::from_secs(2), Duration::from_secs(10))
             .with_window(Duration::from_secs(10));

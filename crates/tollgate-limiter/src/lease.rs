@@ -1,5 +1,6 @@
 //! Leases: a batch of units taken in one round trip and spent locally.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -7,10 +8,11 @@ use tokio::time::Instant;
 
 use crate::decision::Decision;
 use crate::key::Key;
-use crate::sharded::{Expiring, Sharded};
+use crate::sharded::{Expiring, Locals, Shard, Sharded};
 
+/// A key's leased units.
 #[derive(Debug, Clone, Copy)]
-struct Lease {
+pub(crate) struct Lease {
     left: u64,
     until: Instant,
     decision: Decision,
@@ -19,6 +21,22 @@ struct Lease {
     /// The batch this worker is asking the backend for, for this key, if
     /// one is on its way (its [`Fetch`]'s id).
     fetching: Option<u64>,
+    /// The policy in force for the key (an override) can never grant a
+    /// batch: its requests ask for their own cost until `until`.
+    unbatched: bool,
+}
+
+impl Lease {
+    /// The decision of a request spent from it, which left it `left`
+    /// units: the batch's figures aged to `now`, as a cached refusal's
+    /// are.
+    fn spent(&self, now: Instant) -> Decision {
+        let d = self.decision;
+        let reset_after = d.reset_after().saturating_sub(now - self.at);
+        Decision::allowed(d.limit(), d.remaining() + self.left, reset_after)
+            .with_window(d.window())
+            .with_part(d.part())
+    }
 }
 
 impl Expiring for Lease {
@@ -62,7 +80,8 @@ pub(crate) enum Take<'a> {
 pub(crate) struct Leases {
     pub(crate) batch: u64,
     ttl: Duration,
-    map: Sharded<Lease>,
+    /// Shared with the limiter's deny cache (see [`Locals`]).
+    map: Arc<Sharded<Locals>>,
     /// How many times leases were forgotten.
     forgotten: AtomicU64,
     /// The last [`Fetch`]'s id.
@@ -70,14 +89,15 @@ pub(crate) struct Leases {
 }
 
 impl Leases {
-    pub(crate) fn new(batch: u64, ttl: Duration, capacity: usize) -> Self {
+    /// Leases kept in `map`'s [`Locals::leases`].
+    pub(crate) fn new(batch: u64, ttl: Duration, map: Arc<Sharded<Locals>>) -> Self {
         Self {
             batch,
             // A longer ttl ("for ever", `Duration::MAX`) means the same, and
             // would overflow the lease's end (an `Instant`): a panic on
             // every batch.
             ttl: ttl.min(crate::guard::MAX_WAIT),
-            map: Sharded::new(capacity),
+            map,
             forgotten: AtomicU64::new(0),
             fetches: AtomicU64::new(0),
         }
@@ -88,8 +108,27 @@ impl Leases {
     /// key, the batch is above `cost` and the map has room for its rest)
     /// or for its own cost.
     pub(crate) fn take<'a>(&'a self, key: &'a Key, cost: u64) -> Take<'a> {
+        self.take_in(&mut self.map.shard(key).leases, key, cost)
+    }
+
+    /// `key`'s shard of the local maps, locked (for
+    /// [`take_in`](Self::take_in) and the deny cache's
+    /// [`charge_in`](crate::deny_cache::DenyCache::charge_in) under one
+    /// lock).
+    pub(crate) fn lock(&self, key: &Key) -> std::sync::MutexGuard<'_, Locals> {
+        self.map.shard(key)
+    }
+
+    /// [`take`](Self::take) under the lock of `key`'s shard, held by the
+    /// caller (`shard`: its leases). A returned [`Fetch`] must outlive
+    /// that lock: dropped, it takes it.
+    pub(crate) fn take_in<'a>(
+        &'a self,
+        shard: &mut Shard<Lease>,
+        key: &'a Key,
+        cost: u64,
+    ) -> Take<'a> {
         let now = Instant::now();
-        let mut shard = self.map.shard(key);
         let fetch = |id| {
             Take::Batch(Fetch {
                 leases: self,
@@ -97,25 +136,18 @@ impl Leases {
                 id,
                 // Read under the shard's lock, as in `keep`.
                 asked: self.forgotten.load(Ordering::SeqCst),
+                armed: true,
             })
         };
         if let Some(lease) = shard.get_mut(key) {
             if now < lease.until {
                 if lease.left >= cost {
                     lease.left -= cost;
-                    // The batch's figures aged to now, as a cached
-                    // refusal's are.
-                    let d = lease.decision;
-                    let reset_after = d.reset_after().saturating_sub(now - lease.at);
-                    return Take::Spent(
-                        Decision::allowed(d.limit(), d.remaining() + lease.left, reset_after)
-                            .with_window(d.window())
-                            .with_part(d.part()),
-                    );
+                    return Take::Spent(lease.spent(now));
                 }
                 // A batch is worth taking only if it serves more than this
-                // request, and one at a time.
-                if self.batch <= cost || lease.fetching.is_some() {
+                // request, one at a time, and can be granted.
+                if self.batch <= cost || lease.fetching.is_some() || lease.unbatched {
                     return Take::Own;
                 }
                 let id = self.fetches.fetch_add(1, Ordering::Relaxed) + 1;
@@ -136,6 +168,7 @@ impl Leases {
             decision: Decision::allowed(0, 0, Duration::ZERO),
             at: now,
             fetching: Some(id),
+            unbatched: false,
         };
         if shard.insert(key, marker, now) {
             fetch(id)
@@ -144,20 +177,38 @@ impl Leases {
         }
     }
 
+    /// What a request of `cost` would be answered from the key's lease,
+    /// spending nothing: allowed if the lease holds `cost` units (a peek
+    /// says what the next check would), else `None` (the backend answers).
+    pub(crate) fn peek(&self, key: &Key, cost: u64) -> Option<Decision> {
+        let now = Instant::now();
+        let local = self.map.shard(key);
+        let lease = local.leases.get(key)?;
+        (now < lease.until && lease.left >= cost).then(|| {
+            let after = Lease {
+                left: lease.left - cost,
+                ..*lease
+            };
+            after.spent(now)
+        })
+    }
+
     pub(crate) fn forget(&self, key: &Key) {
         self.forgotten.fetch_add(1, Ordering::SeqCst);
-        self.map.forget(key);
+        self.map.shard(key).leases.remove(key);
     }
 
     /// The number of keys held.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.map.len()
+        let mut n = 0;
+        self.map.each(|local| n += local.leases.len());
+        n
     }
 
     pub(crate) fn clear(&self) {
         self.forgotten.fetch_add(1, Ordering::SeqCst);
-        self.map.clear();
+        self.map.each(|local| local.leases.clear());
     }
 }
 
@@ -172,6 +223,9 @@ pub(crate) struct Fetch<'a> {
     id: u64,
     /// The forget count when the batch was asked for.
     asked: u64,
+    /// Whether dropping it still has to clear its mark (`keep` and
+    /// `impossible` clear it under the lock they take).
+    armed: bool,
 }
 
 impl Fetch<'_> {
@@ -186,10 +240,12 @@ impl Fetch<'_> {
     /// would otherwise lose them on every batch. At most `batch - 1` are
     /// held, the bound [`LimiterBuilder::lease`](crate::LimiterBuilder::lease)
     /// documents.
-    pub(crate) fn keep(self, left: u64, decision: &Decision) {
+    pub(crate) fn keep(mut self, left: u64, decision: &Decision) {
+        self.armed = false;
         let leases = self.leases;
         let now = Instant::now();
-        let mut shard = leases.map.shard(self.key);
+        let mut local = leases.map.shard(self.key);
+        let shard = &mut local.leases;
         let old = shard.get(self.key).filter(|old| now < old.until);
         let lease = Lease {
             left: left
@@ -200,25 +256,76 @@ impl Fetch<'_> {
             at: now,
             // Another fetch's mark (this one's was forgotten) stays.
             fetching: old.and_then(|old| old.fetching).filter(|&id| id != self.id),
+            unbatched: false,
         };
         // Read under the shard's lock: a `forget` that counts after this
         // read removes the lease once this lock is released.
         if leases.forgotten.load(Ordering::SeqCst) == self.asked {
             shard.insert(self.key, lease, now);
+        } else {
+            unmark(shard, self.key, self.id);
+        }
+    }
+
+    /// The batch can never be granted under the policy in force for the
+    /// key (an override below the batch): its requests ask for their own
+    /// cost, one round trip each, until the key's lease would have expired
+    /// (at most `ttl`), rather than a batch refused and then their cost,
+    /// two round trips each. Not kept if leases were forgotten since the
+    /// batch was asked for (this worker's override may have lifted it).
+    pub(crate) fn impossible(mut self) {
+        self.armed = false;
+        let leases = self.leases;
+        let now = Instant::now();
+        let mut local = leases.map.shard(self.key);
+        let shard = &mut local.leases;
+        if leases.forgotten.load(Ordering::SeqCst) != self.asked {
+            unmark(shard, self.key, self.id);
+            return;
+        }
+        match shard.get_mut(self.key).filter(|l| now < l.until) {
+            Some(lease) => {
+                lease.unbatched = true;
+                if lease.fetching == Some(self.id) {
+                    lease.fetching = None;
+                }
+            }
+            None => {
+                let lease = Lease {
+                    left: 0,
+                    until: now + leases.ttl,
+                    decision: Decision::allowed(0, 0, Duration::ZERO),
+                    at: now,
+                    fetching: None,
+                    unbatched: true,
+                };
+                shard.insert(self.key, lease, now);
+            }
+        }
+    }
+}
+
+/// Clears fetch `id`'s mark on `key`'s lease, dropping a lease left with
+/// nothing to spend or to say.
+fn unmark(shard: &mut Shard<Lease>, key: &Key, id: u64) {
+    if let Some(lease) = shard.get_mut(key)
+        && lease.fetching == Some(id)
+    {
+        lease.fetching = None;
+        if lease.left == 0 && !lease.unbatched {
+            shard.remove(key);
         }
     }
 }
 
 impl Drop for Fetch<'_> {
     fn drop(&mut self) {
-        let mut shard = self.leases.map.shard(self.key);
-        if let Some(lease) = shard.get_mut(self.key)
-            && lease.fetching == Some(self.id)
-        {
-            lease.fetching = None;
-            if lease.left == 0 {
-                shard.remove(self.key);
-            }
+        if self.armed {
+            unmark(
+                &mut self.leases.map.shard(self.key).leases,
+                self.key,
+                self.id,
+            );
         }
     }
 }

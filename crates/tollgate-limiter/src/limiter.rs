@@ -12,7 +12,7 @@ use crate::backend::{Backend, Request, Scope};
 use crate::breaker::BreakerConfig;
 use crate::config::{ConfigError, FieldError, check_name};
 use crate::decision::Decision;
-use crate::deny_cache::{Charge, DenyCache};
+use crate::deny_cache::{Carry, Charge, DenyCache};
 use crate::error::{BackendError, Error, ErrorReason};
 use crate::guard::{Admitted, Deadline, Guard, LogThrottle};
 use crate::key::Key;
@@ -309,7 +309,10 @@ impl<B> LimiterBuilder<B> {
     ///
     /// Near the limit, when a whole batch no longer fits, the request asks
     /// for its own cost only, so the backend never grants more than its
-    /// policy allows. But units are counted when leased and spent later:
+    /// policy allows. A key whose policy in force (an override) can never
+    /// grant a batch asks for its requests' own cost, one round trip each,
+    /// for `ttl` (then it tries a batch again; at once after this worker's
+    /// own override of the key). But units are counted when leased and spent later:
     /// each worker may hold up to `batch - 1` units leased earlier, and
     /// spend them while the backend grants its full limit again. The bound
     /// for one key across `W` workers sharing one backend:
@@ -482,20 +485,26 @@ impl<B: Backend> LimiterBuilder<B> {
             meter: CandidateMeter::new(&self.name),
             policy: c,
         });
+        // One map for both, so that a request looks at a key's refusal and
+        // lease under one lock (see `sharded::Locals`).
+        let maps = (self.local_denials.is_some() || self.lease.is_some())
+            .then(|| Arc::new(crate::sharded::Locals::maps(self.local_capacity)));
         let denials = self
             .local_denials
-            .map(|ttl| DenyCache::new(ttl, self.local_capacity));
+            .zip(maps.clone())
+            .map(|(ttl, maps)| DenyCache::new(ttl, maps));
         // Not where a batch that no longer fits would be recorded as the
         // client's refusal (see `lease`).
         let penalised = matches!(self.policy, Policy::SlidingWindow(w) if w.penalises_refused());
         let leases = self
             .lease
+            .zip(maps)
             .filter(|_| self.policy.max_cost().is_some() && !penalised)
-            .map(|(batch, ttl)| {
+            .map(|((batch, ttl), maps)| {
                 // A batch above what the policy can ever grant would never
                 // be granted.
                 let batch = batch.min(self.policy.max_cost().unwrap_or(batch));
-                Leases::new(batch, ttl, self.local_capacity)
+                Leases::new(batch, ttl, maps)
             });
         let plain =
             denials.is_none() && leases.is_none() && !matches!(self.policy, Policy::Concurrency(_));
@@ -892,23 +901,39 @@ impl<B: Backend> Limiter<B> {
         // A sliding window's local refusals are carried to the backend
         // (penalised windows must record them; see DenyCache).
         let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
-        match cache.map(|c| c.charge(key, cost, window)) {
-            Some(Charge::Refused(denied)) => {
-                self.inner.guard.meter().local_hit(Local::Denial);
-                return self.counted(Call::Check, Verdict::Decided(denied));
+        let leases = self.inner.leases.as_ref();
+        // A key's cached refusal and its lease share a lock: a request
+        // that finds no refusal and none to carry takes from the lease
+        // under the same lock (a leased key's hot path: one lock).
+        let mut take = None;
+        let charge = cache.map(|c| match leases {
+            Some(l) => {
+                let mut local = l.lock(key);
+                let charge = c.charge_in(&mut local.denials, key, cost, window);
+                if matches!(&charge, Charge::Ask(carry) if carry.units() == 0) {
+                    take = Some(l.take_in(&mut local.leases, key, cost));
+                }
+                // Released here, before `charge` or `take` can be dropped
+                // (their drops may take it).
+                drop(local);
+                charge
             }
-            Some(Charge::Ask(carry)) if carry.units() > 0 => {
-                // Recorded before this request is decided, as they were
-                // refused before it. A failure here is the next call's to
-                // report; a drop gives them back (see `DenyCache::charge`).
-                let penalise = Op::Penalise(carry.units());
-                let _ = self.try_op(key, penalise, &deadline).await;
-                carry.done();
-            }
-            _ => {}
+            None => c.charge(key, cost, window),
+        });
+        match self.local_first(charge) {
+            Err(denied) => return self.counted(Call::Check, Verdict::Decided(denied)),
+            Ok(Some(carry)) => self.carry(carry, key, &deadline).await,
+            Ok(None) => {}
         }
-        let result = match &self.inner.leases {
-            Some(leases) => self.leased(leases, key, cost, &deadline).await,
+        let result = match leases {
+            Some(l) => match take.unwrap_or_else(|| l.take(key, cost)) {
+                // The hot path, answered here: no future for the rest.
+                Take::Spent(d) => {
+                    self.inner.guard.meter().local_hit(Local::Lease);
+                    Ok(d)
+                }
+                take => self.leased(l, take, key, cost, &deadline).await,
+            },
             None => self.try_op(key, op, &deadline).await,
         };
         self.counted(Call::Check, self.finish(cache, asked, key, cost, result))
@@ -990,30 +1015,61 @@ impl<B: Backend> Limiter<B> {
         self.try_op(key, op, &self.inner.guard.deadline()).await
     }
 
-    /// One request under lease mode: up to two backend calls, under one
-    /// deadline.
+    /// What the deny cache's [`charge`](DenyCache::charge) leaves a
+    /// request to do before it asks the backend: `Err`, its cached refusal
+    /// (counted as a local answer); `Ok`, the local refusals to
+    /// [carry](Self::carry) first, if any (a sliding window's: see
+    /// [`DenyCache`]).
+    #[inline(always)]
+    fn local_first<'a>(&self, charge: Option<Charge<'a>>) -> Result<Option<Carry<'a>>, Decision> {
+        match charge {
+            Some(Charge::Refused(denied)) => {
+                self.inner.guard.meter().local_hit(Local::Denial);
+                Err(denied)
+            }
+            Some(Charge::Ask(carry)) if carry.units() > 0 => Ok(Some(carry)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Records local refusals on the backend ([`Op::Penalise`]), before
+    /// the request that carries them is decided, as they were refused
+    /// before it. A failure here is the next call's to report; a drop
+    /// gives them back (see [`DenyCache::charge`]).
+    async fn carry(&self, carry: Carry<'_>, key: &Key, deadline: &Deadline) {
+        let _ = self
+            .try_op(key, Op::Penalise(carry.units()), deadline)
+            .await;
+        carry.done();
+    }
+
+    /// One request under lease mode (`take`: its [take](Leases::take)): up
+    /// to two backend calls, under one deadline.
     async fn leased(
         &self,
         leases: &Leases,
+        take: Take<'_>,
         key: &Key,
         cost: u64,
         deadline: &Deadline,
     ) -> Result<Decision, Error> {
-        match leases.take(key, cost) {
+        match take {
             Take::Spent(d) => {
                 self.inner.guard.meter().local_hit(Local::Lease);
                 return Ok(d);
             }
             Take::Batch(fetch) => {
-                // A batch above what the policy in force (an override) can
-                // grant is impossible, not an error of this request: ask
-                // for its cost.
                 match self.try_op(key, Op::Acquire(leases.batch), deadline).await {
                     Ok(d) if d.is_allowed() => {
                         fetch.keep(leases.batch - cost, &d);
                         return Ok(d);
                     }
-                    Ok(_) | Err(Error::Policy(_)) => {}
+                    Ok(_) => {}
+                    // A batch above what the policy in force (an override)
+                    // can grant is impossible, not an error of this
+                    // request: ask for its cost, and for the key's next
+                    // requests ask for theirs at once.
+                    Err(Error::Policy(_)) => fetch.impossible(),
                     Err(e) => return Err(e),
                 }
             }
@@ -1083,19 +1139,13 @@ impl<B: Backend> Limiter<B> {
         let cache = self.local_denials(Op::Acquire(cost));
         let asked = cache.map_or(0, |c| c.asking(key));
         let window = matches!(self.inner.policy, Policy::SlidingWindow(_));
-        match cache.map(|c| c.charge(key, cost, window)) {
-            Some(Charge::Refused(denied)) => {
-                self.inner.guard.meter().local_hit(Local::Denial);
+        match self.local_first(cache.map(|c| c.charge(key, cost, window))) {
+            Err(denied) => {
                 let verdict = Verdict::Decided(denied);
                 return (self.counted(Call::Check, verdict), Reservation::empty());
             }
-            Some(Charge::Ask(carry)) if carry.units() > 0 => {
-                // As in check_cost: refusals answered locally first.
-                let penalise = Op::Penalise(carry.units());
-                let _ = self.try_op(key, penalise, &deadline).await;
-                carry.done();
-            }
-            _ => {}
+            Ok(Some(carry)) => self.carry(carry, key, &deadline).await,
+            Ok(None) => {}
         }
         let result = self.try_reserve(key, cost, &deadline).await;
         let mut receipt = result.as_ref().map_or(Receipt::NONE, |(_, r)| *r);
@@ -1170,16 +1220,33 @@ impl<B: Backend> Limiter<B> {
     /// [minimum cost](LimiterBuilder::min_cost)) would pass now, consuming
     /// nothing. A cost that can never pass is refused as
     /// [`check_cost`](Self::check_cost) refuses it.
+    ///
+    /// It says what a check of `cost` would say next: a refusal this worker
+    /// cached answers it locally, and refusals of a sliding window answered
+    /// locally and not yet recorded (see
+    /// [`local_denials`](LimiterBuilder::local_denials)) are recorded first,
+    /// as the key's next check would record them (one more round trip);
+    /// units this worker [leased](LimiterBuilder::lease) for the key, if
+    /// they cover `cost`, answer it locally too (allowed: the next check
+    /// would spend them).
     pub async fn peek_cost(&self, key: &Key, cost: u64) -> Verdict {
+        let deadline = self.inner.guard.deadline();
         let cost = cost.max(self.inner.min_cost);
         let op = Op::Peek(cost);
         let cache = self.local_denials(op);
-        if let Some(denied) = cache.and_then(|c| c.get(key, cost)) {
-            self.inner.guard.meter().local_hit(Local::Denial);
-            return self.counted(Call::Peek, Verdict::Decided(denied));
-        }
         let asked = cache.map_or(0, |c| c.asking(key));
-        let result = self.try_op(key, op, &self.inner.guard.deadline()).await;
+        // A peek adds nothing to the flood, but carries it: asked without
+        // it, the backend would answer for a key it has not seen refused.
+        match self.local_first(cache.map(|c| c.charge(key, cost, false))) {
+            Err(denied) => return self.counted(Call::Peek, Verdict::Decided(denied)),
+            Ok(Some(carry)) => self.carry(carry, key, &deadline).await,
+            Ok(None) => {}
+        }
+        if let Some(d) = self.inner.leases.as_ref().and_then(|l| l.peek(key, cost)) {
+            self.inner.guard.meter().local_hit(Local::Lease);
+            return self.counted(Call::Peek, Verdict::Decided(d));
+        }
+        let result = self.try_op(key, op, &deadline).await;
         self.counted(Call::Peek, self.finish(cache, asked, key, cost, result))
     }
 
@@ -1616,6 +1683,9 @@ mod tests {
     #[derive(Debug, Default)]
     struct Fixed {
         allow: bool,
+        /// A cost above it is impossible, as under an override of this
+        /// capacity (none with 0).
+        max_cost: u64,
         asked: Mutex<Vec<u64>>,
         peeked: Mutex<Vec<u64>>,
     }
@@ -1636,6 +1706,12 @@ mod tests {
                 _ => {}
             }
             let minute = Duration::from_secs(60);
+            if let Op::Acquire(cost) | Op::Peek(cost) = req.op
+                && self.max_cost > 0
+                && cost > self.max_cost
+            {
+                return Ok(Decision::impossible(self.max_cost, 0, 0));
+            }
             Ok(if self.allow {
                 Decision::allowed(100, 50, minute)
             } else {
@@ -1781,6 +1857,40 @@ mod tests {
             assert!(l.check(&k).await.is_allowed());
         }
         assert_eq!(*crate::lock(&l.backend().asked), [10, 10]);
+    }
+
+    /// A key whose policy in force (an override) is below the batch costs
+    /// one round trip a request, not two: each request asked for a batch,
+    /// refused as impossible, then for its own cost. The batch is tried
+    /// again once the lease's ttl has passed, and at once after this
+    /// worker's override of the key (either may have lifted it).
+    #[tokio::test(start_paused = true)]
+    async fn a_key_overridden_below_the_batch_asks_once_a_request() {
+        let policy = TokenBucket::new(100, 1, Duration::from_secs(1)).unwrap();
+        let backend = Fixed {
+            allow: true,
+            max_cost: 5,
+            ..Fixed::default()
+        };
+        let l = Limiter::builder("flood", policy, backend)
+            .lease(10, Duration::from_secs(60))
+            .build();
+        let k = Key::new("k");
+        let asked = || std::mem::take(&mut *crate::lock(&l.backend().asked));
+        for _ in 0..4 {
+            assert!(l.check(&k).await.is_allowed());
+        }
+        assert_eq!(asked(), [10, 1, 1, 1, 1]);
+        tokio::time::advance(Duration::from_secs(60)).await;
+        for _ in 0..2 {
+            assert!(l.check(&k).await.is_allowed());
+        }
+        assert_eq!(asked(), [10, 1, 1], "after the ttl");
+        l.set_override(Some(&k), None).await.unwrap();
+        for _ in 0..2 {
+            assert!(l.check(&k).await.is_allowed());
+        }
+        assert_eq!(asked(), [10, 1, 1], "after an override");
     }
 
     /// A unit spent from a lease reports the batch's figures aged to now,

@@ -1,4 +1,4 @@
-//! A bounded map of keys split over mutex-guarded shards, for the
+//! Bounded maps of keys split over mutex-guarded shards, for the
 //! `Limiter`'s local state (cached refusals, leases).
 
 use std::collections::HashMap;
@@ -7,7 +7,9 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use tokio::time::Instant;
 
+use crate::deny_cache::Entry;
 use crate::key::Key;
+use crate::lease::Lease;
 
 const SHARDS: usize = 16;
 
@@ -15,6 +17,32 @@ const SHARDS: usize = 16;
 pub(crate) trait Expiring {
     /// When the entry stops being of use.
     fn until(&self) -> Instant;
+}
+
+/// Keys split over mutex-guarded shards, each a `T` (one bounded
+/// [`Shard`] map, or a [`Locals`] pair of them).
+#[derive(Debug)]
+pub(crate) struct Sharded<T> {
+    shards: Box<[Mutex<T>]>,
+}
+
+/// The local maps of one limiter, in one shard: a key's cached refusal
+/// and its lease sit under one lock, so that a request looking at both
+/// takes it once. Each map keeps its own bound.
+#[derive(Debug)]
+pub(crate) struct Locals {
+    pub(crate) denials: Shard<Entry>,
+    pub(crate) leases: Shard<Lease>,
+}
+
+impl Locals {
+    /// A limiter's local maps, each of at most `capacity` keys.
+    pub(crate) fn maps(capacity: usize) -> Sharded<Locals> {
+        Sharded::new(capacity, |cap| Locals {
+            denials: Shard::new(cap),
+            leases: Shard::new(cap),
+        })
+    }
 }
 
 /// Keys mapped to expiring entries, never more than a capacity.
@@ -25,12 +53,6 @@ pub(crate) trait Expiring {
 /// an eighth of the shard delays the next one by an eighth of the shard's
 /// requests for room, which are turned down meanwhile: a sweep's work is
 /// bounded per request, however the entries expire.
-#[derive(Debug)]
-pub(crate) struct Sharded<V> {
-    shards: Box<[Mutex<Shard<V>>]>,
-}
-
-/// One shard, locked.
 #[derive(Debug)]
 pub(crate) struct Shard<V> {
     map: HashMap<Key, V>,
@@ -46,55 +68,58 @@ pub(crate) struct Shard<V> {
     visited: usize,
 }
 
-impl<V: Expiring> Sharded<V> {
-    /// A map of at most `capacity` keys (none with 0).
-    pub(crate) fn new(capacity: usize) -> Self {
+impl<T> Sharded<T> {
+    /// Shards for at most `capacity` keys (none with 0), each made by
+    /// `shard` from its part of the capacity.
+    pub(crate) fn new(capacity: usize, shard: impl Fn(usize) -> T) -> Self {
         // Fewer shards than keys so that the shards' caps sum to at most
         // the capacity.
         let shards = SHARDS.min(capacity.max(1));
         let cap = capacity / shards;
         Self {
-            shards: (0..shards)
-                .map(|_| {
-                    Mutex::new(Shard {
-                        map: HashMap::new(),
-                        cap,
-                        next_expiry: None,
-                        asks: usize::MAX,
-                        #[cfg(test)]
-                        visited: 0,
-                    })
-                })
-                .collect(),
+            shards: (0..shards).map(|_| Mutex::new(shard(cap))).collect(),
         }
     }
 
     /// The shard holding `key`, locked.
-    pub(crate) fn shard(&self, key: &Key) -> MutexGuard<'_, Shard<V>> {
+    pub(crate) fn shard(&self, key: &Key) -> MutexGuard<'_, T> {
         // One hasher for the process: only the spread matters.
         static HASHER: OnceLock<RandomState> = OnceLock::new();
         let h = HASHER.get_or_init(RandomState::new).hash_one(key);
         crate::lock(&self.shards[h as usize % self.shards.len()])
     }
 
-    pub(crate) fn forget(&self, key: &Key) {
-        self.shard(key).map.remove(key);
-    }
-
-    pub(crate) fn clear(&self) {
+    /// Calls `f` on every shard, locked in turn.
+    pub(crate) fn each(&self, mut f: impl FnMut(&mut T)) {
         for s in &*self.shards {
-            crate::lock(s).map.clear();
+            f(&mut crate::lock(s));
+        }
+    }
+}
+
+impl<V: Expiring> Shard<V> {
+    /// An empty map of at most `cap` keys.
+    fn new(cap: usize) -> Self {
+        Self {
+            map: HashMap::new(),
+            cap,
+            next_expiry: None,
+            asks: usize::MAX,
+            #[cfg(test)]
+            visited: 0,
         }
     }
 
     /// The number of keys held (expired or not).
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|s| crate::lock(s).map.len()).sum()
+        self.map.len()
     }
-}
 
-impl<V: Expiring> Shard<V> {
+    pub(crate) fn clear(&mut self) {
+        self.map.clear();
+    }
+
     pub(crate) fn get(&self, key: &Key) -> Option<&V> {
         self.map.get(key)
     }
@@ -170,18 +195,25 @@ mod tests {
         }
     }
 
+    /// The number of keys `m` holds (expired or not).
+    fn len(m: &Sharded<Shard<Instant>>) -> usize {
+        let mut n = 0;
+        m.each(|s| n += s.len());
+        n
+    }
+
     #[tokio::test(start_paused = true)]
     async fn holds_at_most_its_capacity_and_reuses_expired_places() {
         for capacity in [0, 1, 5, 16, 100, 1000] {
-            let m = Sharded::<Instant>::new(capacity);
+            let m = Sharded::new(capacity, Shard::<Instant>::new);
             let now = Instant::now();
             let mut kept = 0;
             for i in 0..capacity * 3 + 20 {
                 let k = Key::new(format!("k{i}"));
                 kept += usize::from(m.shard(&k).insert(&k, now + Duration::from_secs(1), now));
             }
-            assert!(m.len() <= capacity, "{capacity}: {}", m.len());
-            assert_eq!(kept, m.len());
+            assert!(len(&m) <= capacity, "{capacity}: {}", len(&m));
+            assert_eq!(kept, len(&m));
             // Once the entries have expired, new keys take their places.
             tokio::time::advance(Duration::from_secs(1)).await;
             let now = Instant::now();
@@ -193,8 +225,8 @@ mod tests {
             // Expired entries stay in a shard that never filled up (they
             // are swept only when room is needed), so the map may hold
             // more than the new keys; never more than its capacity.
-            assert!(m.len() <= capacity);
-            assert!(fresh <= m.len(), "{capacity}: {fresh} > {}", m.len());
+            assert!(len(&m) <= capacity);
+            assert!(fresh <= len(&m), "{capacity}: {fresh} > {}", len(&m));
             assert!(
                 capacity < SHARDS * 4 || fresh >= capacity / 2,
                 "{capacity}: {fresh}"
@@ -210,7 +242,7 @@ mod tests {
     /// a bounded number of entries each.
     #[tokio::test(start_paused = true)]
     async fn a_full_shard_is_not_swept_whole_for_every_new_key() {
-        let m = Sharded::<Instant>::new(1600);
+        let m = Sharded::new(1600, Shard::<Instant>::new);
         let mut s = crate::lock(&m.shards[0]);
         let cap = s.cap;
         let start = Instant::now();

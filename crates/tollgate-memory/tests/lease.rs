@@ -217,3 +217,34 @@ async fn concurrent_requests_of_one_key_take_one_batch() {
         assert!(v.decision().is_some_and(|d| d.is_allowed()), "{i}: {v:?}");
     }
 }
+
+/// A peek says what a check would say next: a worker holding enough
+/// leased units for the key would spend them, so its peek says allowed,
+/// even when the backend, whose units this worker and others have taken,
+/// has none left. It asked the backend only, and said refused while the
+/// key's next check was admitted.
+#[tokio::test(start_paused = true)]
+async fn a_peek_sees_the_units_a_check_would_spend() {
+    let clock = MockClock::new();
+    let backend = MemoryBackend::with_clock(clock.clone());
+    let a = worker(&backend, 5);
+    let b = worker(&backend, 5);
+    let k = Key::new("key-peek");
+    // `a` leases five units (four kept), `b` two: the backend has none.
+    assert!(a.check(&k).await.is_allowed());
+    assert!(b.check(&k).await.is_allowed());
+    assert!(b.check(&k).await.is_allowed());
+    assert!(!b.check(&k).await.is_allowed());
+    let peek = a.peek(&k).await;
+    assert!(peek.is_allowed(), "{peek:?}");
+    let check = a.check(&k).await;
+    assert!(check.is_allowed(), "{check:?}");
+    // What the peek reported is what the check then left.
+    assert_eq!(
+        peek.decision().unwrap().remaining(),
+        check.decision().unwrap().remaining()
+    );
+    // Beyond the units held, the backend answers: refused.
+    let peek = a.peek_cost(&k, 4).await;
+    assert!(!peek.is_allowed(), "{peek:?}");
+}

@@ -468,3 +468,31 @@ async fn refusals_given_back_after_a_reset_are_not_carried() {
     drop(check);
     assert_eq!(pair.request(1).await, (true, true));
 }
+
+/// A peek says what a check would say next. Right after a cached refusal
+/// of a penalised window expired, the flood it refused locally is still
+/// to be carried: the key's next check records it and is refused, so a
+/// peek must say refused too. It asked the backend, which had not seen
+/// the flood, and said allowed: a client polling with peeks was told to
+/// go ahead, then refused.
+#[tokio::test(start_paused = true)]
+async fn a_peek_after_a_cached_refusal_expires_says_what_a_check_would() {
+    let pair = Pair::new(penalised(1, 10 * S));
+    assert_eq!(pair.request(1).await, (true, true));
+    // t = 1 s: refused (and recorded) by the backend, cached until 11 s;
+    // t = 2..10 s: refused locally by the cached limiter.
+    for _ in 1..=10 {
+        pair.advance(S).await;
+        assert_eq!(pair.request(1).await, (false, false));
+    }
+    // t = 11 s: the cached refusal has expired.
+    pair.advance(S).await;
+    let k = Key::new("flooder");
+    let peeks = (
+        pair.cached.peek(&k).await.is_allowed(),
+        pair.plain.peek(&k).await.is_allowed(),
+    );
+    assert_eq!(peeks, (false, false), "peeks (cached, plain)");
+    // And the checks that follow say the same.
+    assert_eq!(pair.request(1).await, (false, false));
+}
