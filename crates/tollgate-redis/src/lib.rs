@@ -1268,7 +1268,6 @@ fn across_boundary_error() -> RedisError {
     ))
 }
 
-/// `s` with the glob characters of `SCAN … MATCH` escaped.
 /// An override as stored, listed by [`RedisBackend::list_overrides`].
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -1284,6 +1283,7 @@ pub struct StoredOverride {
     pub ttl: Option<Duration>,
 }
 
+/// `s` with the glob characters of `SCAN … MATCH` escaped.
 fn glob_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
