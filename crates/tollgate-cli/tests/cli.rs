@@ -689,6 +689,52 @@ tollgate_testkit::on_every_server! {
 }
 
 tollgate_testkit::on_every_server! {
+    /// `tollgate reset` resets the candidate's state of the key too, as
+    /// `Limiter::reset` does (the CHANGELOG's "the CLI's `reset`
+    /// follows"): the CLI built its limiter without the candidate, so a
+    /// user unblocked by hand stayed blocked under the candidate, whose
+    /// line and metrics then counted a disagreement where there is none.
+    #[test]
+    fn reset_resets_the_candidate_too(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let c = ConfigFile::new(
+            r#"
+            [defaults]
+            prefix = "t-cand-reset"
+            [limiters.api]
+            strategy = "token_bucket"
+            capacity = 5
+            refill = "1/h"
+            [limiters.api.candidate]
+            strategy = "sliding_window"
+            limit = 2
+            window = "1h"
+            "#,
+        );
+        let service = c.limiter(&url, "api");
+        let k = Key::new("acct-1");
+        for _ in 0..3 {
+            assert!(block_on(service.check(&k)).is_allowed());
+        }
+        let inspect = || {
+            json(&run(
+                &["-c", c.arg(), "--json", "inspect", "api", "--key", "acct-1"],
+                &[("REDIS_URL", &url)],
+            ))
+        };
+        assert_eq!(inspect()["candidate"]["decision"]["remaining"], 0);
+        let o = run(
+            &["-c", c.arg(), "reset", "api", "--key", "acct-1"],
+            &[("REDIS_URL", &url)],
+        );
+        expect(&o, 0);
+        let v = inspect();
+        assert_eq!(v["decision"]["remaining"], 5, "{v}");
+        assert_eq!(v["candidate"]["decision"]["remaining"], 2, "{v}");
+    }
+}
+
+tollgate_testkit::on_every_server! {
     /// The candidate's line answers for the request the limiter would
     /// charge (its cost, 4 here), as the enforced line does: asked about
     /// one unit, it said "would allow" with 1 of 5 left, where the
