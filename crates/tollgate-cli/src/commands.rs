@@ -862,11 +862,15 @@ fn prefix(g: &Global) -> Result<String, Failure> {
 }
 
 async fn override_list(g: &Global, limiter: Option<&str>) -> Result<(), Failure> {
-    // A limiter the configuration does not name is a typo, not "none".
+    // A limiter the configuration does not name is a typo, not "none";
+    // an adaptive limiter's rates are overrides of its name.
     if let Some(l) = limiter {
-        loaded(g)?
-            .limiter(l)
-            .map_err(|e| Failure::Input(e.to_string()))?;
+        let config = loaded(g)?;
+        if config.adaptive(l).is_err() {
+            config
+                .limiter(l)
+                .map_err(|e| Failure::Input(e.to_string()))?;
+        }
     }
     let prefix = prefix(g)?;
     let backend = connect(g, &prefix).await?;

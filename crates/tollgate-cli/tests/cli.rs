@@ -15,7 +15,9 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use tollgate_limiter::{Config, Decision, Key, KeyHasher, Limiter};
+use tollgate_limiter::{
+    Backend, Config, Decision, Key, KeyHasher, Limiter, Policy, Scope, TokenBucket,
+};
 use tollgate_redis::{Durability, RedisBackend};
 use tollgate_testkit::ha::RedisSentinel;
 use tollgate_testkit::redis_server::{RedisServer, Server, unused_port};
@@ -1336,6 +1338,48 @@ tollgate_testkit::on_every_server! {
         }
         let out = expect(&run_cli(&["override", "list"]), 0);
         assert!(out.contains("no override stored"), "{out}");
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// An adaptive limiter's rates are per-key overrides of its name
+    /// (`[adaptive.<name>]`): `override list` shows them, and
+    /// `override list <name>` lists them alone. It refused the name, as
+    /// one the configuration does not have (exit 2, "no limiter named
+    /// \"harvester\""), where the unfiltered list showed them under it.
+    #[test]
+    fn override_list_takes_an_adaptive_limiter(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let c = ConfigFile::new(&format!(
+            "[defaults]\nprefix = \"t-list-aimd\"\n[adaptive.harvester]\n{API}"
+        ));
+        let rate = Policy::from(TokenBucket::new(1, 2000, Duration::from_secs(1000)).unwrap());
+        let backend = block_on(
+            RedisBackend::builder(url.as_str())
+                .prefix("t-list-aimd")
+                .durability(Durability::Skip)
+                .build(),
+        )
+        .expect("connect");
+        let site = Key::new("example.org");
+        block_on(backend.set_expiring_override(
+            Scope::Key("harvester", &site),
+            &rate,
+            Duration::from_secs(3600),
+        ))
+        .expect("a rate stored");
+        let run_cli = |args: &[&str]| {
+            let mut full = vec!["-c", c.arg()];
+            full.extend(args);
+            run(&full, &[("REDIS_URL", &url)])
+        };
+        let all = expect(&run_cli(&["override", "list"]), 0);
+        assert!(all.contains("harvester key example.org"), "{all}");
+        let out = expect(&run_cli(&["override", "list", "harvester"]), 0);
+        let lines: Vec<&str> = out.lines().filter(|l| !l.starts_with("on redis")).collect();
+        assert_eq!(lines.len(), 1, "{out}");
+        assert!(lines[0].starts_with("harvester key example.org"), "{out}");
+        block_on(backend.set_override(Scope::Key("harvester", &site), None)).expect("cleared");
     }
 }
 
