@@ -201,7 +201,8 @@ Examples:
   tollgate -c tollgate.toml override list
   tollgate -c tollgate.toml --json override list api")]
     List {
-        /// Only this limiter's overrides.
+        /// Only this limiter's overrides (a `[limiters.<name>]`, or an
+        /// `[adaptive.<name>]`, whose adapted rates are listed).
         limiter: Option<String>,
     },
     /// Mark every limiter that has per-key overrides stored, once, when

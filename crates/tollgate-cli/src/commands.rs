@@ -355,12 +355,18 @@ async fn target(g: &Global, name: &str) -> Result<Target, Failure> {
     let backend = connect(g, &prefix).await?;
     let candidate = lc.candidate.map(|p| (format!("{}:candidate", lc.name), p));
     // Checked when the configuration loaded, and `--timeout` when parsed
-    // (above zero): a refusal here is a setting changed in between.
-    let limiter = Limiter::builder(lc.name, lc.policy, backend)
+    // (above zero): a refusal here is a setting changed in between. With
+    // the candidate, as the services' limiter: its `reset` resets the
+    // candidate's state too.
+    let mut limiter = Limiter::builder(lc.name, lc.policy, backend)
         .fail_mode(FailMode::Closed)
         .timeout(g.timeout)
         .cost(lc.cost)
-        .min_cost(lc.min_cost)
+        .min_cost(lc.min_cost);
+    if let Some((_, p)) = &candidate {
+        limiter = limiter.candidate(*p);
+    }
+    let limiter = limiter
         .try_build()
         .map_err(|e| Failure::Input(e.to_string()))?;
     Ok(Target {
@@ -856,11 +862,15 @@ fn prefix(g: &Global) -> Result<String, Failure> {
 }
 
 async fn override_list(g: &Global, limiter: Option<&str>) -> Result<(), Failure> {
-    // A limiter the configuration does not name is a typo, not "none".
+    // A limiter the configuration does not name is a typo, not "none";
+    // an adaptive limiter's rates are overrides of its name.
     if let Some(l) = limiter {
-        loaded(g)?
-            .limiter(l)
-            .map_err(|e| Failure::Input(e.to_string()))?;
+        let config = loaded(g)?;
+        if config.adaptive(l).is_err() {
+            config
+                .limiter(l)
+                .map_err(|e| Failure::Input(e.to_string()))?;
+        }
     }
     let prefix = prefix(g)?;
     let backend = connect(g, &prefix).await?;

@@ -15,7 +15,9 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use tollgate_limiter::{Config, Decision, Key, KeyHasher, Limiter};
+use tollgate_limiter::{
+    Backend, Config, Decision, Key, KeyHasher, Limiter, Policy, Scope, TokenBucket,
+};
 use tollgate_redis::{Durability, RedisBackend};
 use tollgate_testkit::ha::RedisSentinel;
 use tollgate_testkit::redis_server::{RedisServer, Server, unused_port};
@@ -689,6 +691,52 @@ tollgate_testkit::on_every_server! {
 }
 
 tollgate_testkit::on_every_server! {
+    /// `tollgate reset` resets the candidate's state of the key too, as
+    /// `Limiter::reset` does (the CHANGELOG's "the CLI's `reset`
+    /// follows"): the CLI built its limiter without the candidate, so a
+    /// user unblocked by hand stayed blocked under the candidate, whose
+    /// line and metrics then counted a disagreement where there is none.
+    #[test]
+    fn reset_resets_the_candidate_too(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let c = ConfigFile::new(
+            r#"
+            [defaults]
+            prefix = "t-cand-reset"
+            [limiters.api]
+            strategy = "token_bucket"
+            capacity = 5
+            refill = "1/h"
+            [limiters.api.candidate]
+            strategy = "sliding_window"
+            limit = 2
+            window = "1h"
+            "#,
+        );
+        let service = c.limiter(&url, "api");
+        let k = Key::new("acct-1");
+        for _ in 0..3 {
+            assert!(block_on(service.check(&k)).is_allowed());
+        }
+        let inspect = || {
+            json(&run(
+                &["-c", c.arg(), "--json", "inspect", "api", "--key", "acct-1"],
+                &[("REDIS_URL", &url)],
+            ))
+        };
+        assert_eq!(inspect()["candidate"]["decision"]["remaining"], 0);
+        let o = run(
+            &["-c", c.arg(), "reset", "api", "--key", "acct-1"],
+            &[("REDIS_URL", &url)],
+        );
+        expect(&o, 0);
+        let v = inspect();
+        assert_eq!(v["decision"]["remaining"], 5, "{v}");
+        assert_eq!(v["candidate"]["decision"]["remaining"], 2, "{v}");
+    }
+}
+
+tollgate_testkit::on_every_server! {
     /// The candidate's line answers for the request the limiter would
     /// charge (its cost, 4 here), as the enforced line does: asked about
     /// one unit, it said "would allow" with 1 of 5 left, where the
@@ -1290,6 +1338,48 @@ tollgate_testkit::on_every_server! {
         }
         let out = expect(&run_cli(&["override", "list"]), 0);
         assert!(out.contains("no override stored"), "{out}");
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// An adaptive limiter's rates are per-key overrides of its name
+    /// (`[adaptive.<name>]`): `override list` shows them, and
+    /// `override list <name>` lists them alone. It refused the name, as
+    /// one the configuration does not have (exit 2, "no limiter named
+    /// \"harvester\""), where the unfiltered list showed them under it.
+    #[test]
+    fn override_list_takes_an_adaptive_limiter(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let c = ConfigFile::new(&format!(
+            "[defaults]\nprefix = \"t-list-aimd\"\n[adaptive.harvester]\n{API}"
+        ));
+        let rate = Policy::from(TokenBucket::new(1, 2000, Duration::from_secs(1000)).unwrap());
+        let backend = block_on(
+            RedisBackend::builder(url.as_str())
+                .prefix("t-list-aimd")
+                .durability(Durability::Skip)
+                .build(),
+        )
+        .expect("connect");
+        let site = Key::new("example.org");
+        block_on(backend.set_expiring_override(
+            Scope::Key("harvester", &site),
+            &rate,
+            Duration::from_secs(3600),
+        ))
+        .expect("a rate stored");
+        let run_cli = |args: &[&str]| {
+            let mut full = vec!["-c", c.arg()];
+            full.extend(args);
+            run(&full, &[("REDIS_URL", &url)])
+        };
+        let all = expect(&run_cli(&["override", "list"]), 0);
+        assert!(all.contains("harvester key example.org"), "{all}");
+        let out = expect(&run_cli(&["override", "list", "harvester"]), 0);
+        let lines: Vec<&str> = out.lines().filter(|l| !l.starts_with("on redis")).collect();
+        assert_eq!(lines.len(), 1, "{out}");
+        assert!(lines[0].starts_with("harvester key example.org"), "{out}");
+        block_on(backend.set_override(Scope::Key("harvester", &site), None)).expect("cleared");
     }
 }
 

@@ -6,15 +6,21 @@
 -- ARGV[2]: the override it read, encoded as stored ('' with ARGV[1] '0').
 -- ARGV[3]: the new override, encoded.
 -- ARGV[4]: its TTL in milliseconds (at least 1).
--- Answers 1 when the new override was written, 0 when the stored one is
--- not the one read (changed, cleared or expired since): nothing written.
--- Compared as stored, byte for byte: tollgate writes one encoding per
--- policy (encoding.rs, version 1).
+-- Answers 1 when the new override was written, else nothing is written:
+-- 0 when none is stored (cleared or expired since) or one is stored where
+-- none was read; the stored value when it is not the one read, byte for
+-- byte. tollgate writes one encoding per policy (encoding.rs, version 1),
+-- but decode reads others (version 2, a number written with a leading
+-- zero): the caller decodes the value, and if it is the policy it read,
+-- compares again with this spelling.
 
 local stored = redis.call('GET', KEYS[1])
 if ARGV[1] == '1' then
-  if stored ~= ARGV[2] then
+  if not stored then
     return 0
+  end
+  if stored ~= ARGV[2] then
+    return stored
   end
 elseif stored then
   return 0

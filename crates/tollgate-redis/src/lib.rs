@@ -1263,7 +1263,6 @@ fn across_boundary_error() -> RedisError {
     ))
 }
 
-/// `s` with the glob characters of `SCAN … MATCH` escaped.
 /// An override as stored, listed by [`RedisBackend::list_overrides`].
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -1279,6 +1278,7 @@ pub struct StoredOverride {
     pub ttl: Option<Duration>,
 }
 
+/// `s` with the glob characters of `SCAN … MATCH` escaped.
 fn glob_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
@@ -1910,7 +1910,10 @@ impl Backend for RedisBackend {
 
     /// One script (`lua/replace_override.lua`) compares the stored
     /// override with `current`, encoded, and writes `policy` with its TTL
-    /// (`SET … PX`) only if they are equal.
+    /// (`SET … PX`) only if they are equal. A stored value that differs
+    /// only in its spelling (one [`encoding::decode`] reads as `current`:
+    /// a version 2, a leading zero) is compared again as spelled: the
+    /// override read is the one stored.
     async fn replace_override(
         &self,
         scope: Scope<'_>,
@@ -1919,28 +1922,46 @@ impl Backend for RedisBackend {
         ttl: Duration,
     ) -> Result<bool, RedisError> {
         let key = self.override_key(scope)?;
-        let current = current.map(encoding::encode).transpose()?;
+        let mut expected = current.map(encoding::encode).transpose()?;
         let encoded = encoding::encode(policy)?;
         // Rounded up, so at least 1 ms: PX 0 is an error.
         let ms = u64::try_from(ttl.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
         self.mark_keyed(scope).await?;
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(scripts::REPLACE_OVERRIDE.get_hash())
-            .arg(1)
-            .arg(&key)
-            .arg(if current.is_some() { "1" } else { "0" })
-            .arg(current.as_deref().unwrap_or(""))
-            .arg(&encoded)
-            .arg(ms.max(1));
-        let replaced: i64 = self
-            .inner
-            .conn
-            .eval(&cmd, scripts::REPLACE_OVERRIDE_CODE)
-            .await?;
-        if replaced == 1 {
-            self.wrote_override(scope, Some(&encoded));
+        for respelled in [false, true] {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(scripts::REPLACE_OVERRIDE.get_hash())
+                .arg(1)
+                .arg(&key)
+                .arg(if expected.is_some() { "1" } else { "0" })
+                .arg(expected.as_deref().unwrap_or(""))
+                .arg(&encoded)
+                .arg(ms.max(1));
+            let reply: Value = self
+                .inner
+                .conn
+                .eval(&cmd, scripts::REPLACE_OVERRIDE_CODE)
+                .await?;
+            match reply {
+                Value::Int(1) => {
+                    self.wrote_override(scope, Some(&encoded));
+                    return Ok(true);
+                }
+                Value::Int(_) => return Ok(false),
+                // The stored value, unlike `expected`: once, if it is
+                // another spelling of `current`, compared again as it is.
+                stored if !respelled => {
+                    let stored = redis::from_redis_value::<String>(stored).ok();
+                    match stored {
+                        Some(s) if encoding::decode(&s).ok().as_ref() == current => {
+                            expected = Some(s);
+                        }
+                        _ => return Ok(false),
+                    }
+                }
+                _ => return Ok(false),
+            }
         }
-        Ok(replaced == 1)
+        Ok(false)
     }
 
     async fn get_override(&self, scope: Scope<'_>) -> Result<Option<Policy>, RedisError> {

@@ -741,6 +741,57 @@ tollgate_testkit::on_every_server! {
 }
 
 tollgate_testkit::on_every_server! {
+    /// `replace_override` compares the override stored with the one the
+    /// caller read, not two spellings of it: a value `decode` reads as
+    /// that policy (the scripts' version 2 of a token bucket, copied from
+    /// `MONITOR`; a number written with a leading zero) is the override
+    /// read. Compared byte for byte with the re-encoded policy, it never
+    /// matched: every compare-and-set answered "changed since", and an
+    /// AIMD scope's shared rate stayed as written by hand, its cuts this
+    /// worker's own, for as long as the value lived.
+    #[tokio::test]
+    async fn a_compare_and_set_reads_any_spelling_of_the_override(server: Server) {
+        use tollgate_limiter::aimd::{AimdLimiter, Outcome};
+        use tollgate_redis::encoding::{decode, encode, script_arg};
+        let Some(url) = shared_url(server) else { return };
+        let prefix = unique_name("spelling");
+        let b = server_time(&url, &prefix).await;
+        let mut r = raw(&url).await;
+        let k = Key::new("k");
+        let scope = Scope::Key("l", &k);
+        let at = b.state_key("l", &k) + ":override";
+        let two = Policy::from(TokenBucket::new(2, 1, S).unwrap());
+        let three = Policy::from(TokenBucket::new(3, 1, S).unwrap());
+        let canonical = encode(&two).unwrap();
+        let spellings = [script_arg(&two).unwrap(), canonical.replacen("1:t:", "1:t:0", 1)];
+        for spelled in spellings {
+            let _: () = r.set(&at, &spelled).await.unwrap();
+            assert_eq!(decode(&spelled).unwrap(), two, "{spelled}");
+            assert_eq!(b.get_override(scope).await.unwrap(), Some(two));
+            let replaced = b.replace_override(scope, Some(&two), &three, S * 60).await;
+            assert!(replaced.unwrap(), "stored {spelled:?}, read as {two:?}");
+            assert_eq!(b.get_override(scope).await.unwrap(), Some(three));
+            // Another policy stored, in any spelling, is still no match.
+            let _: () = r.set(&at, &spelled).await.unwrap();
+            let replaced = b.replace_override(scope, Some(&three), &two, S * 60).await;
+            assert!(!replaced.unwrap(), "stored {spelled:?}, read as {three:?}");
+        }
+
+        // The AIMD controller's cut of a rate stored so reaches the fleet.
+        let aimd = AimdLimiter::new("harvester", Default::default(), b.clone()).unwrap();
+        let site = Key::new("example.org");
+        aimd.acquire(&site).await.unwrap();
+        let rate_two = Policy::from(TokenBucket::new(1, 2000, S * 1000).unwrap());
+        let at = b.state_key("harvester", &site) + ":override";
+        let _: () = r.set(&at, script_arg(&rate_two).unwrap()).await.unwrap();
+        assert_eq!(aimd.shared_rate(&site).await.unwrap(), 2.0);
+        aimd.feedback(&site, Outcome::Refused { retry_after: None })
+            .await;
+        assert_eq!(aimd.shared_rate(&site).await.unwrap(), 1.5);
+    }
+}
+
+tollgate_testkit::on_every_server! {
     /// Redis killed: decisions fail (within the limiter's timeout, answered by
     /// its fail mode); once Redis is back, the backend reconnects by itself.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
