@@ -898,40 +898,53 @@ impl RedisBackend {
             .collect();
         found.sort();
         found.dedup();
-        let mut listed = Vec::with_capacity(found.len());
-        for (limiter, key, at) in found {
-            let mut pipe = redis::pipe();
-            pipe.cmd("GET")
-                .arg(&at)
-                .cmd("PTTL")
-                .arg(&at)
-                .ignore_errors();
-            let replies: Vec<redis::RedisResult<Value>> = self.inner.conn.pipeline(&pipe).await?;
-            let (value, ttl) = match &replies[..] {
-                [value, ttl] => (value, ttl),
-                _ => return Err(RedisError::Protocol(format!("GET and PTTL: {replies:?}"))),
-            };
-            // A value that is no string (`WRONGTYPE`) is listed, with why.
-            let policy = match value {
-                Ok(Value::Nil) => continue, // gone since the scan
-                Ok(v) => match redis::from_redis_value::<String>(v.clone()) {
-                    Ok(text) => encoding::decode(&text).map_err(|e| format!("{text:?}: {e}")),
-                    Err(e) => Err(e.to_string()),
+        // Read 64 at a time: one after the other, thousands of overrides
+        // (an AIMD controller's scopes) took longer than a CLI's timeout.
+        use futures_util::{StreamExt, TryStreamExt};
+        let read = futures_util::stream::iter(found)
+            .map(
+                |(limiter, key, at): (String, Option<String>, String)| async move {
+                    let stored = self.read_stored_override(&at).await?;
+                    Ok::<_, RedisError>(stored.map(|(policy, ttl)| StoredOverride {
+                        limiter,
+                        key,
+                        policy,
+                        ttl,
+                    }))
                 },
+            )
+            .buffered(64);
+        let listed: Vec<Option<StoredOverride>> = read.try_collect().await?;
+        Ok(listed.into_iter().flatten().collect())
+    }
+
+    /// The override stored at Redis key `at` and its time left; `None`
+    /// when it is gone (cleared or expired since it was found). A value
+    /// that is no policy, or no string (`WRONGTYPE`), is answered with why.
+    async fn read_stored_override(
+        &self,
+        at: &str,
+    ) -> Result<Option<(Result<Policy, String>, Option<Duration>)>, RedisError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("GET").arg(at).cmd("PTTL").arg(at).ignore_errors();
+        let replies: Vec<redis::RedisResult<Value>> = self.inner.conn.pipeline(&pipe).await?;
+        let (value, ttl) = match &replies[..] {
+            [value, ttl] => (value, ttl),
+            _ => return Err(RedisError::Protocol(format!("GET and PTTL: {replies:?}"))),
+        };
+        let policy = match value {
+            Ok(Value::Nil) => return Ok(None),
+            Ok(v) => match redis::from_redis_value::<String>(v.clone()) {
+                Ok(text) => encoding::decode(&text).map_err(|e| format!("{text:?}: {e}")),
                 Err(e) => Err(e.to_string()),
-            };
-            let ttl = match ttl {
-                Ok(Value::Int(ms)) => u64::try_from(*ms).ok().map(Duration::from_millis),
-                _ => None,
-            };
-            listed.push(StoredOverride {
-                limiter,
-                key,
-                policy,
-                ttl,
-            });
-        }
-        Ok(listed)
+            },
+            Err(e) => Err(e.to_string()),
+        };
+        let ttl = match ttl {
+            Ok(Value::Int(ms)) => u64::try_from(*ms).ok().map(Duration::from_millis),
+            _ => None,
+        };
+        Ok(Some((policy, ttl)))
     }
 
     /// The limiter and key (`None`: limiter-wide) whose override is stored
