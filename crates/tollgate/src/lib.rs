@@ -76,6 +76,8 @@ pub mod tower {
 
 // The README's Rust blocks, compiled (and run) as doctests: they are the
 // first code a user copies, and markdown outside a crate is never compiled.
+// `README.md` is a link to the repository's, inside the crate so that it
+// ships in the package (a path outside the crate would not be there).
 #[cfg(all(doctest, feature = "axum", feature = "redis"))]
-#[doc = include_str!("../../../README.md")]
+#[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
