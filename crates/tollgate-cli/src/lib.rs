@@ -48,6 +48,9 @@
 //!
 //! See `docs/operations.md` for runbooks.
 
+// On docs.rs (`--cfg docsrs`, nightly): items behind a feature say which.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 /// `println!` that stops printing, instead of panicking, once standard
 /// output is closed (`| head -1`, a pager quit early): the command still
 /// ends with its own exit code (a `durability` gate's 3 is not lost).

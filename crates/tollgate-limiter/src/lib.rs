@@ -45,6 +45,9 @@
 //!
 //! [tollgate]: https://docs.rs/tollgate
 
+// On docs.rs (`--cfg docsrs`, nightly): items behind a feature say which.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod aimd;
 pub mod backend;
 mod breaker;

@@ -74,6 +74,9 @@
 //! (413 for a cost the policy can never grant), `failed_closed` a 503,
 //! `failed_open` a request let through.
 
+// On docs.rs (`--cfg docsrs`, nightly): items behind a feature say which.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod buffer_body;
 pub mod concurrency;
 pub mod extract;
