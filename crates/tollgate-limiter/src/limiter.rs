@@ -178,8 +178,21 @@ impl Verdict {
 
 /// A refusal, as an error value for internal consumers: the signal to slow
 /// down.
+///
+/// Made by the limiter ([`Verdict::into_result`]), never by its users: it
+/// may gain fields, so match it with `..`.
+///
+/// ```compile_fail
+/// # use std::time::Duration;
+/// let denied = tollgate_limiter::Denied {
+///     retry_after: Duration::from_secs(1),
+///     decision: None,
+///     error: None,
+/// };
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[error("rate limited; retry after {retry_after:?}")]
+#[non_exhaustive]
 pub struct Denied {
     /// How long to wait before trying again.
     pub retry_after: Duration,
