@@ -89,6 +89,12 @@ pub use reserve::Reservation;
 pub use shadow::Mode;
 pub use time::{Clock, MockClock, SystemClock, Timestamp};
 
+/// The time-zone crate of [calendar quotas](calendar): a
+/// [`Zone`]'s rules are its `TimeZone`
+/// ([`Zone::time_zone`]), so its major version
+/// (1) is part of this crate's API.
+pub use jiff;
+
 /// Locks a mutex whose data stays valid whatever a panicking holder did
 /// (plain counters and maps): a poisoned lock is used as it is.
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -131,6 +131,13 @@ use tollgate_limiter::{
 pub use durability::{Durability, DurabilityReport, NodeReport, NodeRole, Setting};
 pub use error::{RedisError, Refusal};
 
+/// The Redis client this backend is built on. Its error type is the source
+/// of [`RedisError::Redis`] and [`RedisError::Refused`] (and converts into
+/// [`RedisError`]), so its major version (1) is part of this crate's API;
+/// re-exported so that code matching on those errors names the same
+/// version.
+pub use redis;
+
 use conn::Conn;
 
 /// The default key prefix.
