@@ -425,7 +425,11 @@ impl ConfigBuilder {
 }
 
 /// Everything a limiter needs besides its backend.
+///
+/// Made by [`Config`] from the configuration's layers; it gains a field
+/// with each new per-limiter setting, so it is read, not built.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct LimiterConfig {
     /// The limiter's name.
     pub name: String,
