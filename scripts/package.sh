@@ -28,4 +28,28 @@ list=$(cargo package --list --allow-dirty -p tollgate-redis 2>/dev/null)
 for lua in crates/tollgate-redis/lua/*.lua; do
     grep -qx "lua/$(basename "$lua")" <<<"$list" || { echo "tollgate-redis lacks $lua" >&2; exit 1; }
 done
+# Every file a shipped source includes (`include_str!`, `include_bytes!`,
+# `#[path]`) is in its package: a path that climbs out of the crate
+# directory builds in the workspace and nowhere else (a doctest-only
+# include is not compiled by the verification above). And nothing ships
+# that is only this repository's: scripts, proptest regression files.
+for c in "${crates[@]}"; do
+    list=$(cargo package --list --allow-dirty -p "$c" 2>/dev/null)
+    dir=crates/$c
+    while IFS= read -r src; do
+        [[ $src == *.rs ]] || continue
+        while IFS= read -r inc; do
+            target=$(realpath -ms --relative-to="$dir" "$dir/$(dirname "$src")/$inc")
+            grep -qx "$target" <<<"$list" || {
+                echo "package $c: $src includes $inc, which is not in the package" >&2
+                exit 1
+            }
+        done < <(grep -oE '(include_str|include_bytes)!\("[^"]+"\)|#\[path = "[^"]+"\]' "$dir/$src" |
+            sed -E 's/.*"([^"]+)".*/\1/')
+    done <<<"$list"
+    if grep -E '\.sh$|proptest-regressions' <<<"$list"; then
+        echo "package $c ships repository-only files (above)" >&2
+        exit 1
+    fi
+done
 echo "packaged: ${crates[*]}"

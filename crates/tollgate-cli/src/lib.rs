@@ -46,7 +46,22 @@
 //! | 2 | invalid usage, configuration or override (the message names the limiter and the field) |
 //! | 3 | `durability`: the server is not durable |
 //!
+//! # Examples
+//!
+//! ```console
+//! $ cargo install tollgate-cli
+//! $ tollgate config validate tollgate.toml
+//! $ tollgate --config tollgate.toml --key-secret-file /run/secrets/tollgate \
+//!       inspect login --email alice@example.com
+//! $ tollgate --config tollgate.toml --key-secret-file /run/secrets/tollgate \
+//!       reset login --email alice@example.com
+//! $ tollgate durability --strict --redis-url redis://127.0.0.1:6379
+//! ```
+//!
 //! See `docs/operations.md` for runbooks.
+
+// On docs.rs (`--cfg docsrs`, nightly): items behind a feature say which.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 /// `println!` that stops printing, instead of panicking, once standard
 /// output is closed (`| head -1`, a pager quit early): the command still

@@ -251,7 +251,7 @@ impl AimdConfig {
     pub fn from_toml(toml: &str) -> Result<Self, ConfigError> {
         Figment::from(crate::config::Keys::file(Toml::string(toml)))
             .extract()
-            .map_err(|e| ConfigError::Parse(Box::new(e)))
+            .map_err(|e| ConfigError::Parse(crate::config::ParseError::new(e)))
     }
 
     /// Checks that every value can be enforced; the error names the field.

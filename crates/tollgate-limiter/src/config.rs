@@ -154,6 +154,44 @@ pub const NOT_CONFIGURATION: [&str; 6] = [
     "soak_cycles",
 ];
 
+/// Why a configuration layer could not be read or parsed
+/// ([`ConfigError::Parse`]): the message names the source (a file, an
+/// environment variable), the key path and the reason.
+///
+/// Opaque, so that the parser behind it (figment, a 0.x crate) is not part
+/// of this crate's API: its next version does not make a new major
+/// version of tollgate.
+///
+/// ```compile_fail
+/// // The parser's own error type is not reachable through `ConfigError`.
+/// fn parser_error(e: tollgate_limiter::ConfigError) -> Option<Box<figment::Error>> {
+///     match e {
+///         tollgate_limiter::ConfigError::Parse(inner) => Some(inner),
+///         _ => None,
+///     }
+/// }
+/// ```
+#[derive(Debug)]
+pub struct ParseError(Box<figment::Error>);
+
+impl std::fmt::Display for ParseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for ParseError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl ParseError {
+    pub(crate) fn new(e: figment::Error) -> Self {
+        Self(Box::new(e))
+    }
+}
+
 /// A configuration that cannot be used.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -161,7 +199,7 @@ pub enum ConfigError {
     /// A layer could not be read or parsed (unknown field, wrong type,
     /// unreadable file); the message names the key path.
     #[error("invalid tollgate configuration: {0}")]
-    Parse(#[from] Box<figment::Error>),
+    Parse(#[source] ParseError),
     /// A value is present but not acceptable.
     #[error("invalid tollgate configuration: {path}.{field}: {reason}")]
     Invalid {
@@ -378,13 +416,20 @@ impl ConfigBuilder {
 
     /// Merges the layers and validates every limiter.
     pub fn load(self) -> Result<Config, ConfigError> {
-        let raw: RawConfig = self.figment.extract().map_err(Box::new)?;
+        let raw: RawConfig = self
+            .figment
+            .extract()
+            .map_err(|e| ConfigError::Parse(ParseError::new(e)))?;
         Config::from_raw(raw)
     }
 }
 
 /// Everything a limiter needs besides its backend.
+///
+/// Made by [`Config`] from the configuration's layers; it gains a field
+/// with each new per-limiter setting, so it is read, not built.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct LimiterConfig {
     /// The limiter's name.
     pub name: String,

@@ -141,6 +141,7 @@ impl Decision {
     /// The same decision, stating the window of the policy that made it
     /// (kept in whole microseconds).
     #[inline]
+    #[must_use]
     pub fn with_window(mut self, window: Duration) -> Self {
         self.window_us = crate::time::micros(window);
         self
@@ -154,6 +155,7 @@ impl Decision {
     }
 
     /// The same decision, made by part `index` of a composite policy.
+    #[must_use]
     pub fn with_part(mut self, index: usize) -> Self {
         self.part = u32::from(u8::try_from(index).unwrap_or(u8::MAX));
         self

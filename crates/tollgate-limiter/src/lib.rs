@@ -45,6 +45,9 @@
 //!
 //! [tollgate]: https://docs.rs/tollgate
 
+// On docs.rs (`--cfg docsrs`, nightly): items behind a feature say which.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod aimd;
 pub mod backend;
 mod breaker;
@@ -85,6 +88,12 @@ pub use policy::{
 pub use reserve::Reservation;
 pub use shadow::Mode;
 pub use time::{Clock, MockClock, SystemClock, Timestamp};
+
+/// The time-zone crate of [calendar quotas](calendar): a
+/// [`Zone`]'s rules are its `TimeZone`
+/// ([`Zone::time_zone`]), so its major version
+/// (1) is part of this crate's API.
+pub use jiff;
 
 /// Locks a mutex whose data stays valid whatever a panicking holder did
 /// (plain counters and maps): a poisoned lock is used as it is.

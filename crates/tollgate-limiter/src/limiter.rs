@@ -178,8 +178,21 @@ impl Verdict {
 
 /// A refusal, as an error value for internal consumers: the signal to slow
 /// down.
+///
+/// Made by the limiter ([`Verdict::into_result`]), never by its users: it
+/// may gain fields, so match it with `..`.
+///
+/// ```compile_fail
+/// # use std::time::Duration;
+/// let denied = tollgate_limiter::Denied {
+///     retry_after: Duration::from_secs(1),
+///     decision: None,
+///     error: None,
+/// };
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[error("rate limited; retry after {retry_after:?}")]
+#[non_exhaustive]
 pub struct Denied {
     /// How long to wait before trying again.
     pub retry_after: Duration,
@@ -790,7 +803,23 @@ impl<B: Backend> Limiter<B> {
     /// the breaker's probe is due, which `check_cost` makes. A tower
     /// layer asks this first: an in-process decision then costs no future,
     /// and the inner service is called at once.
+    ///
+    /// `Some` has been charged: dropping it unread is a mistake the
+    /// compiler reports.
+    ///
+    /// ```compile_fail
+    /// #![deny(unused_must_use)]
+    /// # use std::time::Duration;
+    /// # use tollgate_limiter::{Key, Limiter, SlidingWindow};
+    /// # let limiter = Limiter::new(
+    /// #     "doc",
+    /// #     SlidingWindow::new(1, Duration::from_secs(1)).unwrap(),
+    /// #     tollgate_memory::MemoryBackend::new(),
+    /// # );
+    /// limiter.check_cost_now(&Key::new("k"), 1);
+    /// ```
     #[inline]
+    #[must_use = "`Some` is a verdict already charged"]
     pub fn check_cost_now(&self, key: &Key, cost: u64) -> Option<Verdict> {
         if !self.inner.plain {
             return None;

@@ -38,6 +38,7 @@ pub const MAX_COUNT: u64 = (1 << 53) - 1;
 /// A policy value that cannot be enforced.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {reason}")]
+#[non_exhaustive]
 pub struct PolicyError {
     /// The offending field, as it is spelled in configuration.
     pub field: &'static str,
@@ -46,7 +47,9 @@ pub struct PolicyError {
 }
 
 impl PolicyError {
-    pub(crate) fn new(field: &'static str, reason: impl Into<String>) -> Self {
+    /// An error naming `field` (as configuration spells it) and why its
+    /// value is refused.
+    pub fn new(field: &'static str, reason: impl Into<String>) -> Self {
         Self {
             field,
             reason: reason.into(),

@@ -105,6 +105,7 @@ impl NodeRole {
 
 /// The durability settings of one server.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct NodeReport {
     /// The server (`host:port`); `replicas` for a cluster's replicas when
     /// they could not be listed (`CLUSTER NODES` refused), whose settings
@@ -152,6 +153,7 @@ impl NodeReport {
 
 /// The result of the durability check: one entry per server.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct DurabilityReport {
     /// Every server checked, with its role: every node of a cluster; a
     /// Sentinel master and its replicas.

@@ -101,6 +101,9 @@
 //! # }
 //! ```
 
+// On docs.rs (`--cfg docsrs`, nightly): items behind a feature say which.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod config;
 mod conn;
 pub mod durability;
@@ -127,6 +130,13 @@ use tollgate_limiter::{
 
 pub use durability::{Durability, DurabilityReport, NodeReport, NodeRole, Setting};
 pub use error::{RedisError, Refusal};
+
+/// The Redis client this backend is built on. Its error type is the source
+/// of [`RedisError::Redis`] and [`RedisError::Refused`] (and converts into
+/// [`RedisError`]), so its major version (1) is part of this crate's API;
+/// re-exported so that code matching on those errors names the same
+/// version.
+pub use redis;
 
 use conn::Conn;
 
@@ -326,6 +336,7 @@ impl RedisBackendBuilder {
     /// with `rediss+sentinel://`, for the sentinels and every server they
     /// name), instead of the system and Mozilla roots (feature `tls`).
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls.root_cert = Some(pem.into());
         self
@@ -745,6 +756,7 @@ impl RedisBackend {
     /// Starts building a backend for a Redis Cluster, from one or more of
     /// its nodes (feature `cluster`).
     #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
     pub fn cluster_builder<I, S>(urls: I) -> RedisBackendBuilder
     where
         I: IntoIterator<Item = S>,

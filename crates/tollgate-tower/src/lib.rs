@@ -73,6 +73,29 @@
 //! What a refusal became follows from the decision: `refused` is a 429
 //! (413 for a cost the policy can never grant), `failed_closed` a 503,
 //! `failed_open` a request let through.
+//!
+//! # Dependencies in the public API
+//!
+//! The layers are written against the crates of the tower ecosystem, whose
+//! types appear in this crate's signatures and trait impls: `http` 1
+//! (requests, responses, header maps), `http-body` 1 and `bytes` 1
+//! ([`ResponseBody`]), `tower-service` / `tower-layer` 0.3 (every
+//! [`Service`](tower_service::Service) and [`Layer`](tower_layer::Layer)),
+//! `futures-core` 0.3 (the [`Stream`](futures_core::Stream) adapter) and
+//! `ipnet` 2 (re-exported as [`extract::IpNet`]). A new major version of
+//! one of them is a new major version of this crate; they are not
+//! re-exported, as in tower-http: an application names the versions its
+//! server (hyper, axum, tonic) already uses.
+//!
+//! The `axum` (0.8) and `tonic` (0.14) features add no type to the API:
+//! [`ClientIp`](extract::ClientIp) reads their connection info from the
+//! request's extensions, by type. Those of another major version of axum
+//! or tonic are other types, which it does not see: an application on one
+//! inserts a [`PeerAddr`](extract::PeerAddr) itself, or its requests have
+//! no client IP.
+
+// On docs.rs (`--cfg docsrs`, nightly): items behind a feature say which.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod buffer_body;
 pub mod concurrency;

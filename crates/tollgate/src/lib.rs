@@ -54,22 +54,28 @@
 //! # }
 //! ```
 
+// On docs.rs (`--cfg docsrs`, nightly): items behind a feature say which.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub use tollgate_limiter::*;
 
 /// The in-process backend (`memory` feature).
 #[cfg(feature = "memory")]
+#[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
 pub mod memory {
     pub use tollgate_memory::*;
 }
 
 /// The Redis backend (`redis` feature).
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis {
     pub use tollgate_redis::*;
 }
 
 /// Tower layers (`tower` feature).
 #[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower {
     pub use tollgate_tower::*;
 }

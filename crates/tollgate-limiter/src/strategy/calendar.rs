@@ -306,7 +306,7 @@ impl Zone {
         &self.0.name
     }
 
-    /// The zone's rules.
+    /// The zone's rules, as [`jiff`] (re-exported) reads them.
     pub fn time_zone(&self) -> &'static TimeZone {
         &self.0.tz
     }

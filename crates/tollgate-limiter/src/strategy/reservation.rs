@@ -253,6 +253,7 @@ impl Receipt {
     }
 
     /// The receipt of part `index` alone, as a single policy sees it.
+    #[must_use]
     pub fn part(&self, index: usize) -> Self {
         let mut marks = [None; MAX_PARTS];
         marks[0] = self.marks.get(index).copied().flatten();

@@ -52,6 +52,7 @@ pub const DEFAULT_MAX_CREDENTIAL_LEN: usize = 8 * 1024;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone)]
+#[must_use]
 pub struct ApiKey {
     header: Option<HeaderName>,
     bearer: bool,

@@ -92,6 +92,7 @@ pub enum ProxyHeader {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone)]
+#[must_use]
 pub struct ClientIp {
     trusted: Arc<[IpNet]>,
     header: ProxyHeader,

@@ -158,10 +158,10 @@ impl<B: Backend> LoginAttempts<B> {
             Some(key) => Ok(key),
             None if self.limiter.mode() == Mode::Shadow => Ok(self.hasher.email(email)),
             None => Err(Verdict::FailedClosed(
-                Error::from(PolicyError {
-                    field: "email",
-                    reason: "not an address in its canonical form: no account".into(),
-                }),
+                Error::from(PolicyError::new(
+                    "email",
+                    "not an address in its canonical form: no account",
+                )),
                 Duration::from_secs(1),
             )),
         }

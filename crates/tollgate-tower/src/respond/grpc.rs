@@ -28,6 +28,7 @@ const INVALID_ARGUMENT: u8 = 3;
 /// Allowed responses carry the `ratelimit-policy` and `ratelimit` metadata
 /// unless turned off.
 #[derive(Debug, Clone)]
+#[must_use]
 pub struct Grpc {
     headers_on_allowed: bool,
 }

@@ -46,6 +46,7 @@ type Hook = dyn Fn(&Refusal<'_>) -> http::Response<Bytes> + Send + Sync;
 /// });
 /// ```
 #[derive(Clone)]
+#[must_use]
 pub struct Http {
     headers_on_allowed: bool,
     hook: Option<Arc<Hook>>,

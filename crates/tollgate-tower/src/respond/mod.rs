@@ -40,6 +40,7 @@ pub const RATELIMIT: http::HeaderName = http::HeaderName::from_static("ratelimit
 /// One limiter's decision on a request, with what is needed to describe
 /// it to the client.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct Quota<'a> {
     /// The limiter's name: the policy's name in the header fields.
     pub name: &'a str,
@@ -512,6 +513,7 @@ pub trait Respond<Res> {
 /// tracing) can read what would have happened. The limiter's metrics count
 /// it as `outcome="shadow"` and its log says so, throttled.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ShadowRefusal {
     /// The limiter's name.
     pub limiter: String,
