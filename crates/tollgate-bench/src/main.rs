@@ -10,8 +10,9 @@
 //! * `bare`: the same script as the library (same KEYS, same ARGV) sent by
 //!   a bare redis client: what the library adds around its script;
 //! * `gcra`: a bare redis client sending the smallest correct token bucket
-//!   (`lua/minimal_gcra.lua`: server TIME, one GET, one SET with PX): what
-//!   the library's script costs over the least a token bucket needs.
+//!   (`lua/minimal_gcra.lua`: server TIME, one GET, one SET with PX, one
+//!   integer reply, as the library's script answers): what the library's
+//!   script costs over the least a token bucket needs.
 //!
 //! ```text
 //! cargo run --release -p tollgate-bench -- --backend redis --spawn-server \
@@ -442,7 +443,7 @@ async fn gcra(args: &Args, conn: MultiplexedConnection, duration: Duration) -> S
                 .key(key)
                 .arg(interval)
                 .arg(tau)
-                .invoke_async::<(i64, i64)>(&mut conn)
+                .invoke_async::<i64>(&mut conn)
                 .await
                 .is_ok()
         }

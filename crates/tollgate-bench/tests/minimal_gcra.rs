@@ -12,14 +12,16 @@ use tollgate_testkit::redis_server::RedisServer;
 
 const SCRIPT: &str = include_str!("../lua/minimal_gcra.lua");
 
-/// One decision: `(1, remaining)` admitted, `(0, retry_after_us)` refused.
+/// One decision: `(1, remaining)` admitted, `(0, retry_after_us)` refused,
+/// read from the script's one integer (remaining, or minus the retry-after).
 fn decide(con: &mut Connection, key: &str, interval_us: u64, capacity: u64) -> (i64, i64) {
-    Script::new(SCRIPT)
+    let reply: i64 = Script::new(SCRIPT)
         .key(key)
         .arg(interval_us)
         .arg(capacity * interval_us)
         .invoke(con)
-        .expect("the script runs")
+        .expect("the script runs");
+    if reply >= 0 { (1, reply) } else { (0, -reply) }
 }
 
 fn connect() -> Option<(RedisServer, Connection)> {
