@@ -23,7 +23,11 @@
 # redis-server CPU (INFO cpu read around every round), and the errors of
 # each path (for the library: verdicts without a decision, i.e. its default
 # 50 ms timeout or its breaker; pass e.g. TIMEOUT=1s to the environment to
-# give it longer on a loaded machine). Needs redis-server,
+# give it longer on a loaded machine). RLF_AUTOPIPELINING=1 in the
+# environment turns on ioredis's auto-pipelining for rlf (off by default,
+# as in rate-limiter-flexible's docs; the Rust paths' multiplexed
+# connection always batches concurrent calls: see docs/benchmarks.md,
+# "rate-limiter-flexible and pipelining"). Needs redis-server,
 # node >= 20 and npm (npm ci installs the pinned peer).
 set -euo pipefail
 
@@ -59,9 +63,11 @@ rust_paths() { # keys peers-first? -> result lines of library, bare, gcra
   "$BENCH" --backend redis --url "$URL" --concurrency "$CONC" --keys "$1" \
     --duration "${SECS}s" --rounds 1 ${TIMEOUT:+--timeout "$TIMEOUT"} "${order[@]}" | grep '^result '
 }
+RLF_FLAGS=() RLF_NOTE=
+if [ "${RLF_AUTOPIPELINING:-0}" = 1 ]; then RLF_FLAGS=(--autopipelining 1) RLF_NOTE=" (rlf auto-pipelined)"; fi
 rlf_path() { # keys -> result line of rlf
   node "$RLF/bench.js" --url "$URL" --concurrency "$CONC" --keys "$1" \
-    --duration "$SECS" | grep '^result '
+    --duration "$SECS" "${RLF_FLAGS[@]}" | grep '^result '
 }
 
 RESULTS=$DIR/results
@@ -80,7 +86,7 @@ for keys in 10000 1; do
   done
 done
 
-echo "## tollgate vs peers: $CONC tasks / loops, $ROUNDS rounds of ${SECS}s per path and run"
+echo "## tollgate vs peers: $CONC tasks / loops, $ROUNDS rounds of ${SECS}s per path and run$RLF_NOTE"
 echo "(load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores; redis $(redis-server --version | cut -d' ' -f3 | cut -d= -f2); $(date -u +%FT%RZ))"
 echo
 echo "| keys | run (order) | library/s | bare/s | gcra/s | rlf/s | lib/bare | lib/gcra | lib/rlf | per server-CPU s: lib/gcra | lib/rlf | per client-CPU s: lib/bare | errors lib, bare, gcra, rlf |"

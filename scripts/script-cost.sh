@@ -8,7 +8,9 @@
 # keys, the state and the key's override (absent here: the other keys'
 # overrides are what set the marker). And for the load tool's minimal GCRA
 # script (one key, two arguments); then both on one hot key whose
-# decisions are refusals. Unlike wall-clock figures it does not
+# decisions are refusals; and rate-limiter-flexible's script, as its
+# RateLimiterRedis sends it (when scripts/peers/rlf is installed). Unlike
+# wall-clock figures it does not
 # move with the machine's load, so a change to a script can be judged on a
 # shared machine.
 #
@@ -222,6 +224,27 @@ if [ "$only" = all ] || [ "$only" = tb ]; then
     cost "tollgate, one hot key refusing" bench "$work/tb.lua" \
         1 'tollgate:bench:{hot}' \
         1 '2:t:1:3600000000:1:3600000000'
+    # rate-limiter-flexible's script (RateLimiterRedis's incrTtlLuaScript,
+    # read from the version scripts/peers/rlf pins, when installed), sent as
+    # consume(key) sends it: KEYS the key; ARGV the points consumed (1), the
+    # window in seconds, the limiter's points and duration. A window of an
+    # hour, as the rows above keep their state through the count; its
+    # refusals (points 1) write too (INCRBY), as it always does.
+    rlf=scripts/peers/rlf
+    if [ -d "$rlf/node_modules/rate-limiter-flexible" ] && command -v node >/dev/null; then
+        node -e '
+            const fs = require("fs");
+            const src = fs.readFileSync(require.resolve("rate-limiter-flexible/lib/RateLimiterRedis.js", { paths: [process.argv[1]] }), "utf8");
+            // A template literal: a backslash before a newline continues the line.
+            process.stdout.write(src.match(/const incrTtlLuaScript = `([^`]*)`/)[1].replace(/\\\n/g, ""));
+        ' "$rlf" >"$work/rlf.lua"
+        cost "rate-limiter-flexible's script" bench "$work/rlf.lua" \
+            1 'rlf:{__rand_int__}' 1 3600 1000000000 3600
+        cost "rate-limiter-flexible, hot key refusing" bench "$work/rlf.lua" \
+            1 'rlf:{hot}' 1 3600 1 3600
+    else
+        echo "(rate-limiter-flexible rows skipped: cd $rlf && npm ci, and node)"
+    fi
 fi
 # A window of an hour, longer than any run: its events never leave it
 # during the count (a decision reads the log's ends, appends, writes the

@@ -9,7 +9,14 @@
 // the load tool; an Error is an error.
 //
 //   node bench.js --url redis://127.0.0.1:6379 --concurrency 50 \
-//       --keys 10000 --duration 4 [--rounds 1]
+//       --keys 10000 --duration 4 [--rounds 1] [--autopipelining 1]
+//
+// --autopipelining 1 turns on ioredis's enableAutoPipelining (off by
+// default, as in rate-limiter-flexible's docs): the commands issued in one
+// tick of the event loop go out in one write, as a redis-rs multiplexed
+// connection batches the Rust paths' concurrent calls. Without it every
+// decision is a write of its own, which costs redis-server more CPU a
+// decision (docs/benchmarks.md, "rate-limiter-flexible and pipelining").
 //
 // Concurrency: a loop awaits one decision at a time, like a task of the load
 // tool, so N loops keep at most N decisions in flight on the connection.
@@ -21,7 +28,14 @@ const Redis = require('ioredis');
 const { RateLimiterRedis, RateLimiterRes } = require('rate-limiter-flexible');
 
 function parseArgs(argv) {
-  const args = { url: 'redis://127.0.0.1:6379', concurrency: 50, keys: 10000, duration: 4, rounds: 1 };
+  const args = {
+    url: 'redis://127.0.0.1:6379',
+    concurrency: 50,
+    keys: 10000,
+    duration: 4,
+    rounds: 1,
+    autopipelining: 0,
+  };
   for (let i = 2; i < argv.length; i += 2) {
     const name = argv[i].replace(/^--/, '');
     if (!(name in args)) throw new Error(`unknown option ${argv[i]}`);
@@ -71,7 +85,10 @@ async function drive(limiter, names, concurrency, seconds) {
 
 async function main() {
   const args = parseArgs(process.argv);
-  const redis = new Redis(args.url, { enableOfflineQueue: true });
+  const redis = new Redis(args.url, {
+    enableOfflineQueue: true,
+    enableAutoPipelining: args.autopipelining === 1,
+  });
   const probe = new Redis(args.url);
   // The same bucket size as the load tool's token bucket (1000, 1000/s),
   // in rate-limiter-flexible's terms: 1000 points per 1 s window.
