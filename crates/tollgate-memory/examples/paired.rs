@@ -11,6 +11,11 @@
 //!
 //! PAIRS 100 and CHUNK 200,000 by default (about 4 s a case); FILTER, a
 //! substring of the case (`refuse/1-keys`), runs only the cases it matches.
+//! `GOVERNOR_HASHER=foldhash` in the environment gives governor's keyed
+//! limiter the hasher tollgate's memory backend uses (hashbrown's default,
+//! foldhash) instead of governor's default (std's SipHash), which
+//! `RateLimiter::keyed` and governor's docs use: the hasher is much of a
+//! keyed check, so the two runs tell its share of a ratio.
 //!
 //! Why pairs: on the shared 2-core VMs this project is measured on, the
 //! speed of both libraries moves together by up to 3x for seconds at a
@@ -34,6 +39,7 @@ fn main() {
     let pairs: usize = args.next().map_or(100, |a| a.parse().expect("PAIRS"));
     let chunk: u64 = args.next().map_or(200_000, |a| a.parse().expect("CHUNK"));
     let filter = args.next().unwrap_or_default();
+    println!("governor's hasher: {}", common::Governor::hasher());
     println!(
         "{:<28} {:>11} {:>11} {:>7}  quartiles of the pairs' ratios",
         "case", "tollgate ns", "governor ns", "ratio"

@@ -9,7 +9,11 @@ use std::sync::{Arc, Barrier, mpsc};
 use std::thread::Scope;
 use std::time::{Duration, Instant};
 
+use governor::clock::{DefaultClock, QuantaInstant};
+use governor::middleware::NoOpMiddleware;
+use governor::state::keyed::DashMapStateStore;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use hashbrown::DefaultHashBuilder;
 use tollgate_limiter::{Key, Limiter, Policy, TokenBucket};
 use tollgate_memory::MemoryBackend;
 
@@ -61,6 +65,74 @@ impl Workload {
     }
 }
 
+/// governor's keyed limiter (DashMap) over the hasher tollgate's memory
+/// backend uses, hashbrown's default (foldhash), instead of governor's own
+/// default (std's SipHash).
+type FoldhashGovernor = RateLimiter<
+    String,
+    DashMapStateStore<String, DefaultHashBuilder>,
+    DefaultClock,
+    NoOpMiddleware<QuantaInstant>,
+>;
+
+/// governor's keyed limiter as its docs build it (`RateLimiter::keyed`,
+/// std's SipHash), or, with `GOVERNOR_HASHER=foldhash` in the environment,
+/// over the hasher tollgate's memory backend uses: the hasher is a large
+/// part of a keyed check on both sides, so this tells the hasher's share
+/// of a ratio from the limiter's.
+pub(crate) enum Governor {
+    Default(DefaultKeyedRateLimiter<String>),
+    Foldhash(FoldhashGovernor),
+}
+
+impl Governor {
+    fn new(quota: Quota) -> Self {
+        match std::env::var("GOVERNOR_HASHER").as_deref() {
+            Ok("foldhash") => Self::Foldhash(RateLimiter::dashmap_with_clock_and_hasher(
+                quota,
+                DefaultClock::default(),
+                DefaultHashBuilder::default(),
+            )),
+            _ => Self::Default(RateLimiter::keyed(quota)),
+        }
+    }
+
+    /// The hasher of the limiter [`Governor::new`] builds here, for a
+    /// report's header.
+    pub(crate) fn hasher() -> &'static str {
+        match std::env::var("GOVERNOR_HASHER").as_deref() {
+            Ok("foldhash") => "foldhash (hashbrown's default, as tollgate's memory backend)",
+            _ => "std's SipHash (governor's default)",
+        }
+    }
+
+    // governor's keys here are `String`s, and its `check_key` takes `&K`.
+    #[allow(clippy::ptr_arg)]
+    fn check_key(&self, key: &String) -> bool {
+        match self {
+            Self::Default(g) => g.check_key(key).is_ok(),
+            Self::Foldhash(g) => g.check_key(key).is_ok(),
+        }
+    }
+}
+
+/// `n` checks by `check` over `names`, from after `i`: how long they took.
+/// Generic, so that each governor's loop is its own, with no dispatch in it.
+fn time_checks(
+    names: &[String],
+    mut i: usize,
+    n: u64,
+    check: impl Fn(&String) -> bool,
+) -> Duration {
+    let keys = names.len();
+    let begin = Instant::now();
+    for _ in 0..n {
+        i = (i + 1) % keys;
+        black_box(check(&names[i]));
+    }
+    begin.elapsed()
+}
+
 /// [`Case::run`]'s library: `Limiter::check` (default settings) over
 /// `MemoryBackend`.
 pub(crate) const TOLLGATE: usize = 0;
@@ -75,7 +147,7 @@ pub(crate) struct Case {
     names: Vec<Key>,
     gnames: Vec<String>,
     limiter: Limiter<MemoryBackend>,
-    governor: DefaultKeyedRateLimiter<String>,
+    governor: Governor,
 }
 
 impl Case {
@@ -84,7 +156,7 @@ impl Case {
         let gnames: Vec<String> = (0..keys).map(|i| format!("user-{i}")).collect();
         let case = Self {
             limiter: Limiter::new("bench", workload.policy(), MemoryBackend::new()),
-            governor: RateLimiter::keyed(workload.quota()),
+            governor: Governor::new(workload.quota()),
             workload,
             names,
             gnames,
@@ -95,7 +167,7 @@ impl Case {
             }
         });
         for name in case.gnames.iter().cycle().take(keys * 11) {
-            let _ = case.governor.check_key(name);
+            case.governor.check_key(name);
         }
         case.assert_still();
         case
@@ -112,7 +184,7 @@ impl Case {
             "tollgate {}",
             self.workload.name()
         );
-        let governor = self.governor.check_key(&self.gnames[0]).is_ok();
+        let governor = self.governor.check_key(&self.gnames[0]);
         assert_eq!(governor, expect, "governor {}", self.workload.name());
     }
 
@@ -139,12 +211,12 @@ impl Case {
                 begin.elapsed()
             })
         } else {
-            let begin = Instant::now();
-            for _ in 0..n {
-                i = (i + 1) % keys;
-                black_box(self.governor.check_key(&self.gnames[i]).is_ok());
+            match &self.governor {
+                Governor::Default(g) => time_checks(&self.gnames, i, n, |k| g.check_key(k).is_ok()),
+                Governor::Foldhash(g) => {
+                    time_checks(&self.gnames, i, n, |k| g.check_key(k).is_ok())
+                }
             }
-            begin.elapsed()
         }
     }
 }
