@@ -1368,16 +1368,12 @@ impl<B: Backend> Limiter<B> {
         if let Some(p) = &policy {
             self.check_override(p)?;
         }
-        let scope = self.scope(key);
-        let domain = self.inner.backend.failure_domain(scope);
         // Refusals and batches were decided under the old policy.
         let _forget = ForgetLocal(self, key);
-        self.inner
-            .guard
-            .run(domain, &self.inner.guard.deadline(), || {
-                self.inner.backend.set_override(scope, policy.as_ref())
-            })
-            .await
+        self.on_scope(key, |scope| {
+            self.inner.backend.set_override(scope, policy.as_ref())
+        })
+        .await
     }
 
     /// Sets a runtime override, as [`set_override`](Self::set_override)
@@ -1404,17 +1400,13 @@ impl<B: Backend> Limiter<B> {
                 format!("an override must last at least 1ms, not {ttl:?}"),
             )));
         }
-        let scope = self.scope(key);
-        let domain = self.inner.backend.failure_domain(scope);
         let _forget = ForgetLocal(self, key);
-        self.inner
-            .guard
-            .run(domain, &self.inner.guard.deadline(), || {
-                self.inner
-                    .backend
-                    .set_expiring_override(scope, &policy, ttl)
-            })
-            .await
+        self.on_scope(key, |scope| {
+            self.inner
+                .backend
+                .set_expiring_override(scope, &policy, ttl)
+        })
+        .await
     }
 
     /// An override must use the limiter's strategy and grant its costs, as
@@ -1441,13 +1433,7 @@ impl<B: Backend> Limiter<B> {
     /// The override in force for exactly this key (or, with `None`, the
     /// limiter-wide one).
     pub async fn get_override(&self, key: Option<&Key>) -> Result<Option<Policy>, Error> {
-        let scope = self.scope(key);
-        let domain = self.inner.backend.failure_domain(scope);
-        let guard = &self.inner.guard;
-        guard
-            .run(domain, &guard.deadline(), || {
-                self.inner.backend.get_override(scope)
-            })
+        self.on_scope(key, |scope| self.inner.backend.get_override(scope))
             .await
     }
 
@@ -1458,14 +1444,25 @@ impl<B: Backend> Limiter<B> {
         &self,
         key: Option<&Key>,
     ) -> Result<Option<(Policy, Option<Duration>)>, Error> {
+        self.on_scope(key, |scope| self.inner.backend.get_override_and_ttl(scope))
+            .await
+    }
+
+    /// `op` on the override scope of `key` (the limiter-wide one with
+    /// `None`), through the guard of the scope's failure domain.
+    async fn on_scope<'a, T, E, Fut>(
+        &'a self,
+        key: Option<&'a Key>,
+        op: impl FnOnce(Scope<'a>) -> Fut,
+    ) -> Result<T, Error>
+    where
+        E: BackendError,
+        Fut: Future<Output = Result<T, E>>,
+    {
         let scope = self.scope(key);
         let domain = self.inner.backend.failure_domain(scope);
         let guard = &self.inner.guard;
-        guard
-            .run(domain, &guard.deadline(), || {
-                self.inner.backend.get_override_and_ttl(scope)
-            })
-            .await
+        guard.run(domain, &guard.deadline(), || op(scope)).await
     }
 
     fn scope<'a>(&'a self, key: Option<&'a Key>) -> Scope<'a> {

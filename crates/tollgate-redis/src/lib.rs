@@ -937,26 +937,46 @@ impl RedisBackend {
         &self,
         at: &str,
     ) -> Result<Option<(Result<Policy, String>, Option<Duration>)>, RedisError> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("GET").arg(at).cmd("PTTL").arg(at).ignore_errors();
-        let replies: Vec<redis::RedisResult<Value>> = self.inner.conn.pipeline(&pipe).await?;
-        let (value, ttl) = match &replies[..] {
-            [value, ttl] => (value, ttl),
-            _ => return Err(RedisError::Protocol(format!("GET and PTTL: {replies:?}"))),
-        };
+        let (value, pttl) = self.get_with_pttl(at).await?;
         let policy = match value {
             Ok(Value::Nil) => return Ok(None),
-            Ok(v) => match redis::from_redis_value::<String>(v.clone()) {
+            Ok(v) => match redis::from_redis_value::<String>(v) {
                 Ok(text) => encoding::decode(&text).map_err(|e| format!("{text:?}: {e}")),
                 Err(e) => Err(e.to_string()),
             },
             Err(e) => Err(e.to_string()),
         };
-        let ttl = match ttl {
-            Ok(Value::Int(ms)) => u64::try_from(*ms).ok().map(Duration::from_millis),
-            _ => None,
-        };
+        let ttl = pttl
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map(Duration::from_millis);
         Ok(Some((policy, ttl)))
+    }
+
+    /// `GET` and `PTTL` of `at` in one round trip: the value's reply as it
+    /// came (an error of its own, `WRONGTYPE`, fails neither), and what
+    /// `PTTL` answered when it answered a number (a user not granted
+    /// `+pttl`, the documented ACL before it was added, gets none). Not in
+    /// a transaction (no `MULTI` to grant): a write between the two can
+    /// pair a value with its successor's time left, for an operator's look
+    /// only.
+    async fn get_with_pttl(
+        &self,
+        at: &str,
+    ) -> Result<(redis::RedisResult<Value>, Option<i64>), RedisError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("GET").arg(at).cmd("PTTL").arg(at).ignore_errors();
+        let replies: Vec<redis::RedisResult<Value>> = self.inner.conn.pipeline(&pipe).await?;
+        let mut replies = replies.into_iter();
+        match (replies.next(), replies.next(), replies.next()) {
+            (Some(value), Some(pttl), None) => {
+                let pttl = match pttl {
+                    Ok(Value::Int(ms)) => Some(ms),
+                    _ => None,
+                };
+                Ok((value, pttl))
+            }
+            _ => Err(RedisError::Protocol("GET and PTTL: not two replies".into())),
+        }
     }
 
     /// The limiter and key (`None`: limiter-wide) whose override is stored
@@ -1301,6 +1321,13 @@ pub struct StoredOverride {
     pub policy: Result<Policy, String>,
     /// The time it has left, for one set for a time.
     pub ttl: Option<Duration>,
+}
+
+/// An expiry for `SET … PX`, in milliseconds rounded up: a part of a
+/// millisecond is a whole one, so a ttl above zero is never `PX 0`,
+/// which Redis refuses.
+fn px_millis(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
 }
 
 /// `s` with the glob characters of `SCAN … MATCH` escaped.
@@ -1824,9 +1851,7 @@ impl RedisBackend {
         if let Some(enc) = &encoded {
             cmd.arg(enc);
             if let Some(ttl) = ttl {
-                // Rounded up, so at least 1 ms: PX 0 is an error.
-                let ms = u64::try_from(ttl.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
-                cmd.arg("PX").arg(ms);
+                cmd.arg("PX").arg(px_millis(ttl));
             }
         }
         if encoded.is_some() {
@@ -1949,8 +1974,7 @@ impl Backend for RedisBackend {
         let key = self.override_key(scope)?;
         let mut expected = current.map(encoding::encode).transpose()?;
         let encoded = encoding::encode(policy)?;
-        // Rounded up, so at least 1 ms: PX 0 is an error.
-        let ms = u64::try_from(ttl.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
+        let ms = px_millis(ttl);
         self.mark_keyed(scope).await?;
         for respelled in [false, true] {
             let mut cmd = redis::cmd("EVALSHA");
@@ -1995,35 +2019,22 @@ impl Backend for RedisBackend {
         Ok(v.as_deref().map(encoding::decode).transpose()?)
     }
 
-    /// `GET` and `PTTL` in one round trip. Not in a transaction (no
-    /// `MULTI` to grant): a write between the two can pair a value with
-    /// its successor's time left, for an operator's look only. A user
-    /// not granted `+pttl` (the documented ACL before it was added) gets
-    /// the override without its time.
+    /// `GET` and `PTTL` in one round trip (see `get_with_pttl`).
     async fn get_override_and_ttl(
         &self,
         scope: Scope<'_>,
     ) -> Result<Option<(Policy, Option<Duration>)>, RedisError> {
         let key = self.override_key(scope)?;
-        let mut pipe = redis::pipe();
-        pipe.cmd("GET")
-            .arg(&key)
-            .cmd("PTTL")
-            .arg(&key)
-            .ignore_errors();
-        let replies: Vec<redis::RedisResult<Value>> = self.inner.conn.pipeline(&pipe).await?;
-        let mut replies = replies.into_iter();
-        let value: Option<String> = match replies.next() {
-            Some(v) => redis::from_redis_value(v?).map_err(redis::RedisError::from)?,
-            None => None,
-        };
+        let (value, pttl) = self.get_with_pttl(&key).await?;
+        let value: Option<String> =
+            redis::from_redis_value(value?).map_err(redis::RedisError::from)?;
         let Some(policy) = value.as_deref().map(encoding::decode).transpose()? else {
             return Ok(None);
         };
-        match replies.next() {
+        match pttl {
             // -2: gone (expired or cleared) since the GET.
-            Some(Ok(Value::Int(-2))) => Ok(None),
-            Some(Ok(Value::Int(ms))) if ms >= 0 => Ok(Some((
+            Some(-2) => Ok(None),
+            Some(ms) if ms >= 0 => Ok(Some((
                 policy,
                 Some(Duration::from_millis(ms.unsigned_abs())),
             ))),
