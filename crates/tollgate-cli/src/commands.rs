@@ -226,8 +226,8 @@ fn urls(g: &Global) -> String {
 /// Where a command that changes state acted: the Redis URLs (passwords
 /// hidden) and the prefix. An operator whose shell still holds another
 /// `REDIS_URL` sees it before trusting the answer.
-fn acted_on(g: &Global, t: &Target) -> String {
-    format!("{} (prefix {})", urls(g), t.limiter.backend().prefix())
+fn acted_on(g: &Global, prefix: &str) -> String {
+    format!("{} (prefix {prefix})", urls(g))
 }
 
 /// Runs `fut` under the command's timeout.
@@ -705,7 +705,7 @@ async fn reset(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
             "limiter": t.limiter.name(),
             "key": key_json(Some(&key)),
             "reset": true,
-            "redis": acted_on(g, &t),
+            "redis": acted_on(g, t.limiter.backend().prefix()),
             "decision": decision_json(&d),
             "key_override_kept": o.key.as_ref().map_or(Value::Null, policy_json),
         }));
@@ -718,7 +718,7 @@ async fn reset(g: &Global, a: &KeyedArgs) -> Result<(), Failure> {
         d.remaining(),
         d.limit()
     );
-    out!("on redis     {}", acted_on(g, &t));
+    out!("on redis     {}", acted_on(g, t.limiter.backend().prefix()));
     if o.key.is_some() {
         out!(
             "note: the key's override is kept; `tollgate override clear {} --{} ...` removes it",
@@ -766,7 +766,7 @@ async fn override_set(
             "key": key_json(key.as_ref()),
             "set": policy_json(&policy),
             "set_for_ms": millis_json(ttl),
-            "redis": acted_on(g, &t),
+            "redis": acted_on(g, t.limiter.backend().prefix()),
             "policy": o.json(),
         }));
         return Ok(());
@@ -780,7 +780,7 @@ async fn override_set(
         scope_name(&t, key.as_ref()),
         describe(&policy)
     );
-    out!("on redis     {}", acted_on(g, &t));
+    out!("on redis     {}", acted_on(g, t.limiter.backend().prefix()));
     o.print(key.as_ref());
     Ok(())
 }
@@ -813,7 +813,7 @@ async fn override_clear(g: &Global, s: &ScopeArgs) -> Result<(), Failure> {
             "limiter": t.limiter.name(),
             "key": key_json(key.as_ref()),
             "cleared": cleared,
-            "redis": acted_on(g, &t),
+            "redis": acted_on(g, t.limiter.backend().prefix()),
             "policy": o.json(),
         }));
         return Ok(());
@@ -830,7 +830,7 @@ async fn override_clear(g: &Global, s: &ScopeArgs) -> Result<(), Failure> {
         ),
         Ok(None) => out!("no override was set for {}", scope_name(&t, key.as_ref())),
     }
-    out!("on redis     {}", acted_on(g, &t));
+    out!("on redis     {}", acted_on(g, t.limiter.backend().prefix()));
     o.print(key.as_ref());
     Ok(())
 }
@@ -881,7 +881,7 @@ async fn override_list(g: &Global, limiter: Option<&str>) -> Result<(), Failure>
             .map_err(|e| Failure::backend("override list", &e))
     };
     let listed = timed(g, "override list", work).await?;
-    let on = format!("{} (prefix {prefix})", urls(g));
+    let on = acted_on(g, &prefix);
     if g.json {
         let overrides: Vec<Value> = listed
             .iter()

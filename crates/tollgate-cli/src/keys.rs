@@ -3,7 +3,7 @@
 use std::io::BufRead;
 use std::net::IpAddr;
 
-use tollgate_limiter::key::DEFAULT_IPV6_PREFIX;
+use tollgate_limiter::key::{DEFAULT_IPV6_PREFIX, NotAnEmail, email_shape};
 use tollgate_limiter::{Key, KeyHasher};
 
 use crate::args::{Global, OptionalKey, RequiredKey};
@@ -130,33 +130,21 @@ impl Raw<'_> {
     }
 }
 
-/// The longest address the services key (`Email`, `LoginAttempts`).
-const MAX_EMAIL_LEN: usize = 254;
-
 /// `email` as the services key it: trimmed, and only if their account
-/// rule accepts it (an `@`, at most 254 bytes, no control character), so
-/// that a typo is an error, never the key of an account no service counts.
+/// rule accepts it ([`email_shape`]), so that a typo is an error, never
+/// the key of an account no service counts.
 fn account(email: &str) -> Result<String, Failure> {
-    let email = email.trim();
     // The address itself is not echoed: it may have come from standard
     // input to stay out of the terminal.
-    let bad = |why: &str| Failure::Input(format!("--email: {why}"));
-    if !email.contains('@') {
-        return Err(bad(
-            "not an email address (no '@'): the services key no such account (another identifier is --key)",
-        ));
-    }
-    if email.len() > MAX_EMAIL_LEN {
-        return Err(bad(
-            "longer than 254 bytes: the services key no such account",
-        ));
-    }
-    if email.chars().any(char::is_control) {
-        return Err(bad(
-            "holds a control character: the services key no such account",
-        ));
-    }
-    Ok(email.to_owned())
+    let why = match email_shape(email) {
+        Ok(email) => return Ok(email.to_owned()),
+        Err(NotAnEmail::NoAt) => "not an email address (no '@'): the services key no such account \
+             (another identifier is --key)"
+            .to_owned(),
+        // "longer than 254 bytes", "holds a control character".
+        Err(other) => format!("{other}: the services key no such account"),
+    };
+    Err(Failure::Input(format!("--email: {why}")))
 }
 
 /// `secret` as `ApiKey` keys it: the header value or bearer token with its

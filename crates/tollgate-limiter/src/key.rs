@@ -163,6 +163,50 @@ fn is_plain(id: &str) -> bool {
         && !id.chars().any(|c| c == '{' || c == '}' || c.is_control())
 }
 
+/// The longest email address a service keys (RFC 5321's path limit).
+pub const MAX_EMAIL_LEN: usize = 254;
+
+/// Why a value is no email address a service keys ([`email_shape`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NotAnEmail {
+    /// It has no `@` (or is empty).
+    #[error("no '@'")]
+    NoAt,
+    /// It is longer than [`MAX_EMAIL_LEN`] bytes.
+    #[error("longer than 254 bytes")]
+    TooLong,
+    /// It holds a control character.
+    #[error("holds a control character")]
+    Control,
+}
+
+/// `email` trimmed, if it has the shape of an address the services key
+/// (an `@`, at most [`MAX_EMAIL_LEN`] bytes, no control character): the one
+/// rule of `tollgate-tower`'s `Email` and `LoginAttempts` (which also
+/// require the address's canonical Unicode form) and of the `tollgate`
+/// CLI, so that a value one of them refuses is never counted under
+/// another's key.
+///
+/// ```
+/// use tollgate_limiter::key::{email_shape, NotAnEmail};
+///
+/// assert_eq!(email_shape(" bob@example.com "), Ok("bob@example.com"));
+/// assert_eq!(email_shape("bob.example.com"), Err(NotAnEmail::NoAt));
+/// ```
+pub fn email_shape(email: &str) -> Result<&str, NotAnEmail> {
+    let email = email.trim();
+    if !email.contains('@') {
+        Err(NotAnEmail::NoAt)
+    } else if email.len() > MAX_EMAIL_LEN {
+        Err(NotAnEmail::TooLong)
+    } else if email.chars().any(char::is_control) {
+        Err(NotAnEmail::Control)
+    } else {
+        Ok(email)
+    }
+}
+
 /// The environment variable [`KeyHasher::from_env`] reads.
 pub const KEY_SECRET_ENV: &str = "TOLLGATE_KEY_SECRET";
 

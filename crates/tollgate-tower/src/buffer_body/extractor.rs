@@ -12,9 +12,6 @@ use tollgate_limiter::{Key, KeyHasher};
 
 use crate::extract::KeyExtractor;
 
-/// The longest address accepted (RFC 5321 path limit).
-const MAX_EMAIL_LEN: usize = 254;
-
 /// Finds a key in a buffered request body.
 ///
 /// Implemented for every closure `Fn(&Parts, &[u8]) -> Option<Key>`.
@@ -206,13 +203,8 @@ impl BodyExtractor for Email {
 /// value that is no address in its one canonical form (see [`Email`]).
 /// The one rule of [`Email`] and [`LoginAttempts`](crate::login::LoginAttempts).
 pub(crate) fn account_key(hasher: &KeyHasher, email: &str) -> Option<Key> {
-    let email = email.trim();
-    let ok = !email.is_empty()
-        && email.len() <= MAX_EMAIL_LEN
-        && email.contains('@')
-        && !email.chars().any(char::is_control)
-        && is_canonical(email);
-    ok.then(|| hasher.email(email))
+    let email = tollgate_limiter::key::email_shape(email).ok()?;
+    is_canonical(email).then(|| hasher.email(email))
 }
 
 /// The key [`BufferBodyLayer`](crate::BufferBodyLayer) found in the body,
@@ -233,6 +225,7 @@ impl<B> KeyExtractor<http::Request<B>> for FromBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tollgate_limiter::key::MAX_EMAIL_LEN;
 
     fn hasher() -> KeyHasher {
         KeyHasher::new("a test secret, 16 bytes or more").unwrap()
