@@ -150,6 +150,14 @@ struct Stored {
 }
 
 impl Stored {
+    /// `policy`, forgotten `ttl` after `now`.
+    fn expiring(policy: Policy, now: Timestamp, ttl: Duration) -> Self {
+        Self {
+            policy,
+            until: Some(now.saturating_add(micros(ttl))),
+        }
+    }
+
     fn live(&self, now: Timestamp) -> Option<Policy> {
         self.until.is_none_or(|t| now < t).then_some(self.policy)
     }
@@ -1129,11 +1137,7 @@ impl<C: Clock> Backend for MemoryBackend<C> {
         ttl: Duration,
     ) -> Result<(), MemoryError> {
         self.inject()?;
-        let until = self.shared.clock.now().saturating_add(micros(ttl));
-        let stored = Stored {
-            policy: *policy,
-            until: Some(until),
-        };
+        let stored = Stored::expiring(*policy, self.shared.clock.now(), ttl);
         self.store_override(scope, Some(stored));
         Ok(())
     }
@@ -1147,10 +1151,7 @@ impl<C: Clock> Backend for MemoryBackend<C> {
     ) -> Result<bool, MemoryError> {
         self.inject()?;
         let now = self.shared.clock.now();
-        let stored = Stored {
-            policy: *policy,
-            until: Some(now.saturating_add(micros(ttl))),
-        };
+        let stored = Stored::expiring(*policy, now, ttl);
         Ok(self.store_override_if(scope, Some(stored), |o| {
             o.and_then(|o| o.stored(scope)?.live(now)).as_ref() == current
         }))
