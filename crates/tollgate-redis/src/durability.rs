@@ -397,15 +397,17 @@ fn to_read(cluster_nodes: &str, reported: &[String]) -> Vec<Listed> {
         id: format!("{host}:{port}"),
         at: Some((host, port)),
     };
-    let unseen = masters_in(cluster_nodes)
-        .into_iter()
-        .filter(|(host, hostname, port)| {
-            !seen(Some(host), *port) && !seen(hostname.as_deref(), *port)
-        })
-        .map(|(host, _, port)| at((host, port)));
-    let noaddr = masters_without_address(cluster_nodes)
-        .into_iter()
-        .map(|id| Listed { id, at: None });
+    let (mut unseen, mut noaddr) = (Vec::new(), Vec::new());
+    for master in masters_listed(cluster_nodes) {
+        match master {
+            Ok((host, hostname, port)) => {
+                if !seen(Some(&host), port) && !seen(hostname.as_deref(), port) {
+                    unseen.push(at((host, port)));
+                }
+            }
+            Err(id) => noaddr.push(Listed { id, at: None }),
+        }
+    }
     replicas_in(cluster_nodes)
         .into_iter()
         .map(at)
@@ -414,41 +416,34 @@ fn to_read(cluster_nodes: &str, reported: &[String]) -> Vec<Listed> {
         .collect()
 }
 
-/// The ids of the masters a `CLUSTER NODES` reply lists that own slots
-/// but have no address (`noaddr`): no other node serves their slots, and
-/// they cannot be asked.
+/// A master's address as `CLUSTER NODES` lists it: `host`, its hostname
+/// if the cluster names one, `port`.
 #[cfg(feature = "cluster")]
-fn masters_without_address(cluster_nodes: &str) -> Vec<String> {
-    cluster_nodes
-        .lines()
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let flags: Vec<&str> = f.get(2)?.split(',').collect();
-            let listed = flags.contains(&"master") && flags.contains(&"noaddr") && f.len() > 8;
-            listed.then(|| f[0].to_owned())
-        })
-        .collect()
-}
+type MasterAt = (String, Option<String>, u16);
 
-/// The masters (`host`, hostname, `port`) a `CLUSTER NODES` reply lists
-/// that own slots, failed or not (no other node serves their slots),
-/// except those without an address (see [`masters_without_address`]).
+/// The masters a `CLUSTER NODES` reply lists that own slots, failed or not
+/// (no other node serves their slots): `Ok((host, hostname, port))`, or
+/// `Err(node id)` for one listed without an address (`noaddr`), which
+/// cannot be asked.
 #[cfg(feature = "cluster")]
-fn masters_in(cluster_nodes: &str) -> Vec<(String, Option<String>, u16)> {
+fn masters_listed(cluster_nodes: &str) -> Vec<Result<MasterAt, String>> {
     cluster_nodes
         .lines()
         .filter_map(|line| {
             let f: Vec<&str> = line.split_whitespace().collect();
             let (addr, flags) = (f.get(1)?, f.get(2)?.split(',').collect::<Vec<_>>());
-            if !flags.contains(&"master") || flags.contains(&"noaddr") || f.len() <= 8 {
+            if !flags.contains(&"master") || f.len() <= 8 {
                 return None;
+            }
+            if flags.contains(&"noaddr") {
+                return Some(Err(f[0].to_owned()));
             }
             // `ip:port@cport[,hostname]`
             let ip_port = addr.split(['@', ',']).next()?;
             let hostname = addr.split_once(',').map(|(_, h)| h.to_owned());
             let hostname = hostname.filter(|h| !h.is_empty());
             let (host, port) = ip_port.rsplit_once(':')?;
-            Some((host.to_owned(), hostname, port.parse().ok()?))
+            Some(Ok((host.to_owned(), hostname, port.parse().ok()?)))
         })
         .collect()
 }
@@ -571,10 +566,10 @@ b2 127.0.0.1:7003@17003 slave a1 0 1 4 connected
 ";
         // Failed or not, a master with slots; not one without.
         assert_eq!(
-            masters_in(nodes),
+            masters_listed(nodes),
             [
-                ("127.0.0.1".to_owned(), None, 7000),
-                ("127.0.0.1".to_owned(), Some("db-1".to_owned()), 7001)
+                Ok(("127.0.0.1".to_owned(), None, 7000)),
+                Ok(("127.0.0.1".to_owned(), Some("db-1".to_owned()), 7001))
             ]
         );
     }
