@@ -395,6 +395,10 @@ async fn bare(args: &Args, conn: MultiplexedConnection, duration: Duration) -> S
     let encoded = Arc::new(encoding::script_arg(&policy).unwrap());
     let names = key_names(args.keys);
     let window = policy.strategy() == Strategy::SlidingWindow;
+    let bucket = match &policy {
+        Policy::TokenBucket(b) => Some(encoding::bucket_args(b)),
+        _ => None,
+    };
     drive(args.concurrency, args.keys, duration, move |k| {
         let (script, encoded, names) = (
             Arc::clone(&script),
@@ -406,14 +410,19 @@ async fn bare(args: &Args, conn: MultiplexedConnection, duration: Duration) -> S
             // The keys and arguments of `lua/common.lua`: state (no key
             // override: a limiter without per-key overrides, as here),
             // then a sliding window's log; operation, policy (the others
-            // at their defaults are not sent).
+            // at their defaults are not sent). The token bucket's script
+            // takes its own: the bucket's interval and tau, alone (see
+            // `lua/token_bucket.lua`).
             let state = format!("bench-bare:bench:{{{}}}", names[k as usize].as_str());
             let mut inv = script.prepare_invoke();
             inv.key(&state);
             if window {
                 inv.key(format!("{state}:log"));
             }
-            inv.arg(1).arg(encoded.as_str());
+            match bucket {
+                Some([interval, tau]) => inv.arg(interval).arg(tau),
+                None => inv.arg(1).arg(encoded.as_str()),
+            };
             inv.invoke_async::<redis::Value>(&mut conn).await.is_ok()
         }
     })

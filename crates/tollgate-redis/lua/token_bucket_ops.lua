@@ -3,7 +3,7 @@
 -- policy in force of another strategy, a HASH at KEYS[1] (see
 -- token_bucket.lua). Runs after token_bucket.lua, common.lua and
 -- common_bucket.lua (src/scripts.rs), with their locals: now, state, enc,
--- tat, i.
+-- keyed, tat, i, and ARGV in common.lua's order.
 
 -- The decision (TokenBucketState::acquire, or peek unless `charge`) of
 -- `cost` units (at least 1) on a bucket of `capacity` units refilling one
@@ -42,8 +42,10 @@ local function decide(capacity, t, tat, born, refunds, cost, charge, reserve)
 end
 
 -- born as a number, and the refunds after it (absent when none; the
--- acquire path left where born's digits begin).
-local born, refunds = 0, { n = 0 }
+-- acquire path left where born's digits begin, in the second form). A life
+-- in the first form is born now as far as a reservation can tell: none of
+-- an earlier life was (see token_bucket.lua).
+local born, refunds = now, { n = 0 }
 if i then
   local b, r = string.match(state, '^(%d+):?(.*)$', i + 1)
   born, refunds = tonumber(b) or 0, parse_refunds(r)

@@ -14,11 +14,13 @@
 //! | concurrency | `1:n:<max_in_flight>:<lease_us>` |
 //!
 //! What a script is sent (`ARGV[2]`, [`script_arg`]) is the same, except a
-//! token bucket's, which puts the two numbers the script's common path
-//! reads right after its tag, in version 2:
-//! `2:t:<capacity>:<interval_us>:<refill>:<period_us>`. The script's pattern
-//! then stops after them instead of scanning the whole value (~950 of a
-//! refusal's ~40,000 instructions on the server, `scripts/script-cost.sh`).
+//! token bucket's, in version 2:
+//! `2:t:<capacity>:<interval_us>:<refill>:<period_us>`. The token bucket's
+//! own script is sent neither: it takes the two numbers it computes with,
+//! the interval and tau ([`bucket_args`]), as its first two arguments, so
+//! that a check sends nothing else, as a hand-written GCRA script is sent
+//! (reading them out of an encoding cost the server ~1,500 of a decision's
+//! ~41,000 instructions, `scripts/script-cost.sh`).
 //! Stored overrides stay version 1, which every release's scripts and
 //! [`decode`] read, so workers of two releases share them during a rolling
 //! upgrade; [`decode`] reads both versions.
@@ -168,6 +170,26 @@ pub fn script_arg(policy: &Policy) -> Result<String, EncodingError> {
         }
         other => encode(other),
     }
+}
+
+/// What the token bucket's script is sent for `p` where the other scripts
+/// take [`script_arg`]: its first two arguments, the interval and tau
+/// (capacity × interval), both in µs (see `lua/token_bucket.lua`). Both
+/// are at most 10 years of µs (`TokenBucket::new`), exact in a Lua number.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_limiter::TokenBucket;
+/// use tollgate_redis::encoding::bucket_args;
+///
+/// // 10 tokens, one every 100 ms.
+/// let p = TokenBucket::new(10, 10, Duration::from_secs(1))?;
+/// assert_eq!(bucket_args(&p), [100_000, 1_000_000]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn bucket_args(p: &TokenBucket) -> [u64; 2] {
+    let interval = p.interval_micros();
+    [interval, p.capacity() * interval]
 }
 
 /// A token bucket's fields, checked for the scripts' exact arithmetic:

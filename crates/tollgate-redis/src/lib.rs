@@ -1497,8 +1497,13 @@ impl Call {
         self.each_key(strategy, |k| {
             inv.key(k);
         });
-        self.each_arg(|a| {
-            inv.arg(a);
+        self.each_arg(strategy, |a| match a {
+            Arg::Text(a) => {
+                inv.arg(a);
+            }
+            Arg::Number(n) => {
+                inv.arg(n);
+            }
         });
         inv
     }
@@ -1512,21 +1517,23 @@ impl Call {
     /// `Conn::eval`).
     fn command(&self, strategy: Strategy) -> Cmd {
         let script = scripts::for_strategy(strategy);
-        let (keys, args) = (
-            self.key_suffixes(strategy).count(),
-            2 + self.optional_args(),
-        );
+        let keys = self.key_suffixes(strategy).count();
         // Room for what a production call sends (the further keys are the
         // state's and a suffix; the optional arguments are rare): no
         // growing on the way.
         let bytes = 64 + keys * (self.state.len() + 8) + self.op.len() + self.policy.len();
-        let mut cmd = Cmd::with_capacity(3 + keys + args, bytes);
+        let mut cmd = Cmd::with_capacity(3 + keys + 6, bytes);
         cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
         self.each_key(strategy, |k| {
             cmd.arg(k);
         });
-        self.each_arg(|a| {
-            cmd.arg(a);
+        self.each_arg(strategy, |a| match a {
+            Arg::Text(a) => {
+                cmd.arg(a);
+            }
+            Arg::Number(n) => {
+                cmd.arg(n);
+            }
         });
         cmd
     }
@@ -1578,21 +1585,63 @@ impl Call {
         }
     }
 
-    /// The script's arguments, in order.
-    fn each_arg(&self, mut arg: impl FnMut(&str)) {
-        arg(&self.op);
-        arg(&self.policy);
+    /// `strategy`'s script's arguments, in order: `lua/common.lua`'s, or
+    /// the token bucket's own (see `lua/token_bucket.lua`): the bucket's
+    /// interval and tau where the others take the policy's encoding, which
+    /// is sent last, only when the policy sent is no token bucket (a key's
+    /// override redirected the call); then the operation, now and the TTL
+    /// floor, those at their defaults left off from the end (in production
+    /// all: a check sends the two numbers alone).
+    fn each_arg(&self, strategy: Strategy, mut arg: impl FnMut(Arg<'_>)) {
+        let now = || self.now.map(|n| n.to_string()).unwrap_or_default();
+        if strategy == Strategy::TokenBucket {
+            let bucket = self.bucket.as_ref().map(encoding::bucket_args);
+            let [interval, tau] = bucket.unwrap_or([0, 0]);
+            arg(Arg::Number(interval));
+            arg(Arg::Number(tau));
+            let sent = if bucket.is_none() {
+                4
+            } else if self.min_ttl_ms != 0 {
+                3
+            } else if self.now.is_some() {
+                2
+            } else {
+                usize::from(self.op != "1")
+            };
+            if sent >= 1 {
+                arg(Arg::Text(&self.op));
+            }
+            if sent >= 2 {
+                arg(Arg::Text(&now()));
+            }
+            if sent >= 3 {
+                arg(Arg::Number(self.min_ttl_ms));
+            }
+            if sent >= 4 {
+                arg(Arg::Text(&self.policy));
+            }
+            return;
+        }
+        arg(Arg::Text(&self.op));
+        arg(Arg::Text(&self.policy));
         let sent = self.optional_args();
         if sent >= 1 {
-            arg(&self.now.map(|n| n.to_string()).unwrap_or_default());
+            arg(Arg::Text(&now()));
         }
         if sent >= 2 {
-            arg(&self.min_ttl_ms.to_string());
+            arg(Arg::Number(self.min_ttl_ms));
         }
         if sent >= 3 {
-            arg(&self.calendars.arg());
+            arg(Arg::Text(&self.calendars.arg()));
         }
     }
+}
+
+/// A script's argument: sent as written, or a number redis formats into
+/// the command (no string of its own).
+enum Arg<'a> {
+    Text(&'a str),
+    Number(u64),
 }
 
 fn token_bucket(p: &Policy) -> Option<TokenBucket> {

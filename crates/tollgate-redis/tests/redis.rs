@@ -170,6 +170,36 @@ tollgate_testkit::on_every_server! {
             d.retry_after() > 3599 * S && d.retry_after() <= 3600 * S,
             "{d:?}"
         );
+
+        // The key expires when the bucket is full again: at tat, rounded up
+        // to a millisecond, on the server's clock (PXAT): its digits but the
+        // last three, tat + 999 being stored.
+        let mut r = raw(&url).await;
+        let state = l.backend().state_key("api", &k);
+        let v: u64 = r.get::<_, String>(&state).await.unwrap().parse().unwrap();
+        let at: u64 = redis::cmd("PEXPIRETIME")
+            .arg(&state)
+            .query_async(&mut r)
+            .await
+            .unwrap();
+        assert_eq!(at, v / 1000);
+        assert_eq!(at, (v - 999).div_ceil(1000));
+        let time: (u64, u64) = redis::cmd("TIME").query_async(&mut r).await.unwrap();
+        let server_now = time.0 * 1_000_000 + time.1;
+        let debt = v - 999 - server_now;
+        assert!(debt > 3 * 3599 * 1_000_000 && debt <= 3 * 3600 * 1_000_000, "{debt}");
+
+        // A life in the second form (as a reservation, or a release before
+        // this one, leaves it): charged in that form, born kept.
+        let k = Key::new("second-form");
+        let state = l.backend().state_key("api", &k);
+        let tat = server_now + 3600 * 1_000_000;
+        let _: () = r.set(&state, format!("t:{tat}:17")).await.unwrap();
+        assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+        let v: String = r.get(&state).await.unwrap();
+        assert_eq!(v, format!("t:{}:17", tat + 3600 * 1_000_000));
+        let pttl: i64 = r.pttl(&state).await.unwrap();
+        assert!(pttl > 7_190_000 && pttl <= 7_200_000, "pttl {pttl}");
     }
 }
 
@@ -230,11 +260,12 @@ tollgate_testkit::on_every_server! {
 }
 
 tollgate_testkit::on_every_server! {
-    /// A token bucket's state is a STRING `t:<tat>:<born>` with its TTL. A
-    /// HASH left by an earlier version of the script (`s = t`, `x` = tat,
-    /// `b` = born) is read as that state, never as a full bucket, and
-    /// rewritten as a STRING by the next charge; another strategy's HASH is
-    /// a fresh bucket.
+    /// A token bucket's state is a STRING with its TTL: `<tat + 999>` for a
+    /// life with no reservation, `t:<tat>:<born>` once reserved. A HASH
+    /// left by an earlier version of the script (`s = t`, `x` = tat, `b` =
+    /// born) is read as that state, never as a full bucket, and rewritten
+    /// as a STRING by the next charge; another strategy's HASH is a fresh
+    /// bucket.
     #[tokio::test]
     async fn token_bucket_string_state_and_the_old_hash(server: Server) {
         let Some(url) = shared_url(server) else { return };
@@ -250,9 +281,27 @@ tollgate_testkit::on_every_server! {
         let state = b.state_key("tb", &k);
         assert!(tb.try_acquire(&k, 3).await.unwrap().is_allowed());
         let v: String = r.get(&state).await.unwrap();
-        assert_eq!(v, format!("t:{}:{now}", now + 300_000));
+        assert_eq!(v, format!("{}", now + 300_000 + 999));
         let pttl: i64 = r.pttl(&state).await.unwrap();
         assert!(pttl > 200 && pttl <= 300, "pttl {pttl}");
+        // A reservation: the life takes the second form, born now (nothing
+        // of an earlier life can name it), and keeps it.
+        let (d, _) = tb
+            .backend()
+            .reserve(Request {
+                limiter: "tb",
+                key: &k,
+                policy: tb.policy(),
+                op: Op::Acquire(1),
+            })
+            .await
+            .unwrap();
+        assert_eq!(d.remaining(), 6);
+        let v: String = r.get(&state).await.unwrap();
+        assert_eq!(v, format!("t:{}:{now}", now + 400_000));
+        assert!(tb.try_acquire(&k, 1).await.unwrap().is_allowed());
+        let v: String = r.get(&state).await.unwrap();
+        assert_eq!(v, format!("t:{}:{now}", now + 500_000));
 
         // The old HASH, 8 units in debt: 2 left, whatever operation comes
         // first (peek, acquire, reserve).
@@ -313,6 +362,8 @@ tollgate_testkit::on_every_server! {
         let state = b.state_key("tb", &k);
         let d = tb.try_acquire(&k, 1).await.unwrap();
         assert_eq!((d.is_allowed(), d.remaining()), (true, 9));
+        // Replaced by the full path (the HASH made the acquire path's SET
+        // fail), which writes the second form.
         let v: String = r.get(&state).await.unwrap();
         assert!(v.starts_with("t:"), "{v}");
         // And back: the window reads the STRING as fresh.
@@ -385,20 +436,25 @@ tollgate_testkit::on_every_server! {
 }
 
 tollgate_testkit::on_every_server! {
-    /// A token bucket in either form of its encoding, version 2 (what the
-    /// client sends, read by the script's common path) and version 1 (how
-    /// overrides are stored, read by its full path), decides alike: the
-    /// same verdicts, the same stored state.
+    /// A token bucket sent as its two numbers (what a check sends, read by
+    /// the script's acquire path) and as either form of its encoding
+    /// (version 2, what the other scripts are sent, and version 1, how
+    /// overrides are stored; both read by its full path, which a policy
+    /// of another strategy sent takes) decides alike: the same verdicts,
+    /// the same tat stored, in the first form of the state and the second.
     #[tokio::test]
-    async fn both_forms_of_a_token_bucket_decide_alike(server: Server) {
+    async fn every_form_of_a_token_bucket_decides_alike(server: Server) {
         let Some(url) = shared_url(server) else { return };
         let mut r = raw(&url).await;
-        let p = Policy::from(TokenBucket::new(3, 1, 3600 * S).unwrap());
+        let bucket = TokenBucket::new(3, 1, 3600 * S).unwrap();
+        let p = Policy::from(bucket);
+        let [interval, tau] = tollgate_redis::encoding::bucket_args(&bucket);
         let forms = [
-            tollgate_redis::encoding::script_arg(&p).unwrap(),
-            tollgate_redis::encoding::encode(&p).unwrap(),
+            None,
+            Some(tollgate_redis::encoding::script_arg(&p).unwrap()),
+            Some(tollgate_redis::encoding::encode(&p).unwrap()),
         ];
-        assert_ne!(forms[0], forms[1]);
+        assert_ne!(forms[1], forms[2]);
         let script = redis::Script::new(tollgate_redis::scripts::source(Strategy::TokenBucket));
         let base = unique_name("forms");
         let now = 1_000_000_000_000_u64;
@@ -407,29 +463,43 @@ tollgate_testkit::on_every_server! {
             let state = format!("{base}:{i}:{{k}}");
             let mut allowed = Vec::new();
             for step in 0..5 {
-                let reply: redis::Value = script
-                    .key(&state)
-                    .arg("1")
-                    .arg(form)
-                    .arg(now + step)
-                    .arg(0)
-                    .invoke_async(&mut r)
-                    .await
-                    .unwrap();
-                // One integer (the debt) from the common path, which only
-                // version 2 takes; the table of common.lua from the full
-                // one.
-                allowed.push(match (i, reply) {
-                    (0, redis::Value::Int(debt)) => debt >= 0,
-                    (1, redis::Value::Array(v)) => v[0] == redis::Value::Int(1),
+                let mut inv = script.key(&state);
+                match form {
+                    // lua/token_bucket.lua's order: interval, tau, op, now,
+                    // floor, then the policy when it is sent encoded.
+                    None => inv.arg(interval).arg(tau),
+                    Some(_) => inv.arg(0).arg(0),
+                };
+                inv.arg("1").arg(now + step).arg(0);
+                if let Some(form) = form {
+                    inv.arg(form);
+                }
+                let reply: redis::Value = inv.invoke_async(&mut r).await.unwrap();
+                // One integer (the debt) from the acquire path; the table of
+                // common.lua from the full one.
+                allowed.push(match (form, reply) {
+                    (None, redis::Value::Int(debt)) => debt >= 0,
+                    (Some(_), redis::Value::Array(v)) => v[0] == redis::Value::Int(1),
                     other => panic!("{other:?}"),
                 });
             }
             let stored: String = r.get(&state).await.unwrap();
-            seen.push((allowed, stored));
+            // The first form: tat + 999 in digits; the second: t:<tat>:<born>.
+            let tat = match stored.strip_prefix("t:") {
+                None => stored.parse::<u64>().unwrap() - 999,
+                Some(rest) => rest.split(':').next().unwrap().parse().unwrap(),
+            };
+            seen.push((allowed, tat, stored.starts_with("t:")));
         }
-        assert_eq!(seen[0].0, [true, true, true, false, false]);
-        assert_eq!(seen[0], seen[1]);
+        // Three tokens, one an hour: three admitted, the bucket 3 hours in
+        // debt from now.
+        assert_eq!(
+            seen[0],
+            (vec![true, true, true, false, false], now + 3 * 3_600_000_000, false)
+        );
+        for full in &seen[1..] {
+            assert_eq!((&full.0, full.1, full.2), (&seen[0].0, seen[0].1, true));
+        }
     }
 }
 
