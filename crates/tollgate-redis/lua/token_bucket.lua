@@ -146,12 +146,14 @@ if n and not keyed then
   -- n > capacity is n * t > tau: refused here too.
   local new_debt = debt + n * t
   if new_debt > tau then
-    if state then
-      if debt == 0 then
-        -- Stored but fresh (expired): a fresh key is deleted.
-        redis.call('DEL', K[1])
-      end
+    -- A life in debt (the hot key refused) answers first.
+    if debt > 0 then
       return -debt - 1
+    end
+    if state then
+      -- Stored but fresh (expired): a fresh key is deleted.
+      redis.call('DEL', K[1])
+      return -1
     end
   else
     -- A full bucket starts a new life, in the first form; else the life
