@@ -193,6 +193,17 @@ impl State {
         }
     }
 
+    /// A reservation was just charged at `now`: a token bucket's life (each
+    /// token-bucket part's, in a composite) is named by its first one (see
+    /// [`TokenBucketState::born`]).
+    pub(crate) fn reserved(&mut self, now: Timestamp) {
+        match self {
+            Self::TokenBucket(s) => s.reserved(now),
+            Self::Composite(c) => c.parts.iter_mut().for_each(|p| p.reserved(now)),
+            _ => {}
+        }
+    }
+
     /// Where the last charge of a single policy, made under `policy`, sits.
     pub(crate) fn mark(&self, policy: &Policy) -> Option<Mark> {
         match self {
@@ -419,6 +430,7 @@ impl Slot {
         if !decision.is_allowed() {
             return (decision, Receipt::NONE);
         }
+        self.state.reserved(now);
         let receipt = Receipt {
             units: units.max(1),
             marks: self.state.marks(policy),

@@ -262,13 +262,14 @@ impl Bucket {
                 }
                 continue;
             }
-            // A new life: `born` changes with the arrival time.
+            // A new life: `born` changes with the arrival time (unnamed
+            // until its first reservation, see TokenBucketState::born).
             match self
                 .tat
                 .compare_exchange(tat, BUSY, Ordering::Acquire, Ordering::Acquire)
             {
                 Ok(_) => {
-                    self.born.store(now, Ordering::Relaxed);
+                    self.born.store(0, Ordering::Relaxed);
                     self.tat.store(next, Ordering::Release);
                     return Some(decision);
                 }

@@ -89,8 +89,9 @@ local function bucket_settle(p, tat, born, refunds, now, units, actual, m)
       if amount > 0 then
         refunds.n = refunds.n + amount
         if refunds.n > MAX_REFUNDED then
-          -- A new life: what is outstanding refunds nothing.
-          born, refunds = now, { n = 0 }
+          -- A new life (unnamed until its first reservation): what is
+          -- outstanding refunds nothing.
+          born, refunds = 0, { n = 0 }
         else
           -- Remembered while a reservation below it may still refund.
           local kept = { n = refunds.n }
@@ -121,7 +122,7 @@ local function bucket_settle(p, tat, born, refunds, now, units, actual, m)
       excess = p.capacity
     end
     if tat <= now then
-      born, refunds = now, { n = 0 }
+      born, refunds = 0, { n = 0 }
     end
     local nt = tat
     if nt < now then

@@ -7,8 +7,10 @@
 -- State, KEYS[1]: HASH { s = 'c', x = expiry, and per part i (from 1)
 -- k<i> = 't' | 'w' | 'q', v<i> = tat (token bucket), total cost in log<i>
 -- (sliding window) or units used (calendar quota, whose window is
--- a<i> = start, e<i> = end), b<i> = born, when the part's life began
--- (absent counts as 0; for a calendar quota, when its count began), and for
+-- a<i> = start, e<i> = end), b<i> = born, the part's life: a token
+-- bucket's first reservation (0 until then; TokenBucketState::born), a
+-- window's first event, a calendar quota's when its count began (absent
+-- counts as 0), and for
 -- a token bucket r<i> = its life's refunds, as token_bucket.lua stores
 -- them after born (absent, or '0', for none), for a sliding window t<i> =
 -- when the newest event its bounded log dropped leaves the window (absent
@@ -483,11 +485,15 @@ for i = 1, n do
     local tau = q.capacity * t
     local new_tat = now + s.new_debt
     if s.v <= now then
-      -- A full bucket: a new life.
-      s.born = now
+      -- A full bucket: a new life, unnamed until its first reservation.
+      s.born = 0
       if s.rf then
         s.rf = '0'
       end
+    end
+    if RESERVE and s.born == 0 then
+      -- The life's first reservation names it (TokenBucketState::reserved).
+      s.born = now
     end
     s.v = new_tat
     s.mark, s.per = new_tat, t

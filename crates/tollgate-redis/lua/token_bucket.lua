@@ -30,16 +30,17 @@
 --       last three are that expiry in ms rounded up: the SET's PXAT, cut
 --       from the value, where a TTL formatted costs ~1,000 instructions
 --   't:<tat>:<born>' or 't:<tat>:<born>:<refunds>'  a life with a
---       reservation: born when it began (the life's identity, which a
---       settle's mark names), refunds (absent when none) how far this
+--       reservation: born when its first reservation was made (the life's
+--       name, which a settle's mark carries; TokenBucketState::born), or 0
+--       (a life the full path charged and nothing reserved yet), refunds
+--       (absent when none) how far this
 --       life's refunds moved tat back (µs), then the refunds a settle must
 --       tell apart (common_bucket.lua's parse_refunds). A reserve appends
 --       its mark: born, then the tat after the charge plus the life's
 --       refunds.
 -- A life begins with the first charge of a full bucket: digits alone; a
--- reserve turns it into the second form, born then (no reservation of an
--- earlier life can name it: each of those was born before), and the
--- life keeps it to its end. (A release before this one wrote the second
+-- reserve turns it into the second form, named then, and the life keeps
+-- it to its end. (A release before this one wrote the second
 -- form only; it reads the first as a full bucket, so during a rolling
 -- upgrade each new life a new worker begins can admit one charge more on
 -- an old worker: see CHANGELOG.md.)

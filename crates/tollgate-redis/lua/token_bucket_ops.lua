@@ -14,8 +14,9 @@
 local function decide(capacity, t, tat, born, refunds, cost, charge, reserve)
   local tau = capacity * t
   if tat <= now then
-    -- A full bucket: a charge starts a new life.
-    born, refunds = now, { n = 0 }
+    -- A full bucket: a charge starts a new life, unnamed until its first
+    -- reservation (TokenBucketState::born).
+    born, refunds = 0, { n = 0 }
     tat = now
   end
   local debt = tat - now
@@ -36,6 +37,10 @@ local function decide(capacity, t, tat, born, refunds, cost, charge, reserve)
   local new_tat = now + new_debt
   local reply = { 1, capacity, idiv(tau - new_debt, t), 0, new_debt, tau }
   if reserve then
+    -- The life's first reservation names it (TokenBucketState::reserved).
+    if born == 0 then
+      born = now
+    end
     reply[7], reply[8], reply[9] = born, new_tat + refunds.n, t
   end
   return reply, new_tat, born, refunds
@@ -43,9 +48,8 @@ end
 
 -- born as a number, and the refunds after it (absent when none; the
 -- acquire path left where born's digits begin, in the second form). A life
--- in the first form is born now as far as a reservation can tell: none of
--- an earlier life was (see token_bucket.lua).
-local born, refunds = now, { n = 0 }
+-- in the first form has no reservation: unnamed, 0 (see token_bucket.lua).
+local born, refunds = 0, { n = 0 }
 if i then
   local b, r = string.match(state, '^(%d+):?(.*)$', i + 1)
   born, refunds = tonumber(b) or 0, parse_refunds(r)

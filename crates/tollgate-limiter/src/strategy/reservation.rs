@@ -94,10 +94,12 @@
 //!   reservation keeps its failure: a client that drops the connection
 //!   mid-attempt is counted one failure, so dropping on purpose earns no
 //!   refund. (See [`ProgressiveDelayState::settle`].)
-//! * **One life.** Each key's state records when it was created
-//!   ([`Mark::born`]): the first charge on a fresh key (an empty log, a full
-//!   bucket; for a calendar quota, its window and when its count began,
-//!   [`Mark::at`]). A refund applies only to the life its reservation was
+//! * **One life.** Each key's state names its current life
+//!   ([`Mark::born`]): the first charge on a fresh key (an empty log; for a
+//!   calendar quota, its window and when its count began, [`Mark::at`]); a
+//!   token bucket's life (begun by a charge of a full bucket) is named by
+//!   its first reservation, so that a life no reservation touches stores
+//!   nothing but its arrival time. A refund applies only to the life its reservation was
 //!   made in: after a reset, an expiry, or (composites) an override that
 //!   changed a part's strategy, the state is another life and nothing is refunded,
 //!   so a refund never mints budget the reset already gave back. (Two lives
@@ -192,7 +194,8 @@ use crate::time::Timestamp;
 /// composite).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Mark {
-    /// When the state's current life began (see the [module docs](self)).
+    /// The state's current life (see the [module docs](self)): when it
+    /// began, or for a token bucket when its first reservation was made.
     pub born: Timestamp,
     /// Token bucket: the theoretical arrival time right after the charge,
     /// plus how far the refunds of this life had moved it back then

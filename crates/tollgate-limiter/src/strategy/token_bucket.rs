@@ -112,8 +112,11 @@ impl TokenBucket {
 pub struct TokenBucketState {
     /// When the bucket will be full again; 0 for a fresh key.
     pub tat: Timestamp,
-    /// When this life of the key began: the first charge of a full bucket
-    /// (see [reservations](crate::strategy::reservation)).
+    /// This life of the key, as a reservation names it: when its first
+    /// reservation was made (see [reservations](crate::strategy::reservation));
+    /// 0 until then. Named by the first reservation, not the first charge,
+    /// so that a life no reservation touches keeps nothing but `tat` (the
+    /// Redis script stores such a life as one number).
     pub born: Timestamp,
     /// How far the refunds of this life have moved the arrival time back,
     /// in microseconds (see [reservations](crate::strategy::reservation)).
@@ -158,24 +161,34 @@ impl TokenBucketState {
         let (decision, tat) = Self::charge(self.tat, now, p, cost);
         if let Some(tat) = tat {
             if self.tat <= now {
-                self.renew(now);
+                self.renew();
             }
             self.tat = tat;
         }
         decision
     }
 
-    /// A new life begins at `now` (a charge or an excess on a full bucket).
+    /// A new life begins (a charge or an excess on a full bucket, or
+    /// refunds past [`MAX_REFUNDED`]): unnamed until its first reservation.
     #[inline]
-    fn renew(&mut self, now: Timestamp) {
-        self.born = now;
+    fn renew(&mut self) {
+        self.born = 0;
         self.refunded = 0;
         self.recent.clear();
     }
 
+    /// A reservation was just charged at `now`: the life is named by the
+    /// first one (at least 1: 0 is "unnamed", which no mark matches).
+    #[inline]
+    pub fn reserved(&mut self, now: Timestamp) {
+        if self.born == 0 {
+            self.born = now.max(1);
+        }
+    }
+
     /// [`acquire`](Self::acquire) on the arrival time alone: the decision,
     /// and the new arrival time when `cost` tokens are taken (`born`
-    /// becomes `now` when `tat <= now`: a new life begins). For a backend
+    /// becomes 0 when `tat <= now`: a new life begins). For a backend
     /// that keeps `tat` in one atomic word and swaps it.
     #[inline]
     pub fn charge(
@@ -296,7 +309,7 @@ impl TokenBucketState {
             let excess = (actual - units).min(p.capacity());
             let tau = p.capacity() * t;
             if self.tat <= now {
-                self.renew(now);
+                self.renew();
             }
             // Never lowers an arrival time already beyond the bound (an
             // override shrank the bucket).
@@ -314,7 +327,7 @@ impl TokenBucketState {
     fn remember(&mut self, now: Timestamp, at: Timestamp, amount: u64, top: Timestamp) {
         self.refunded += amount;
         if self.refunded > MAX_REFUNDED {
-            self.renew(now);
+            self.renew();
             return;
         }
         self.recent.retain(|r| r.top > now);
