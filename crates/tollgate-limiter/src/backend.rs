@@ -80,23 +80,6 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
-    /// [`decide_now`](Self::decide_now), and what the backend still holds
-    /// of the decision (the key's lock, for one decided under it), for the
-    /// caller to drop once it has written out its answer. The limiter's
-    /// short path returns its verdict before dropping it: a verdict
-    /// written before a lock is released (an atomic read-modify-write, on
-    /// x86 a barrier that waits for earlier stores) has reached the cache
-    /// when the caller reads it, where one written after it waited in the
-    /// store buffer and stalled the caller's wider loads of it.
-    ///
-    /// The caller must drop the second value before it asks this backend
-    /// anything else: it may hold a lock that the next call takes. The
-    /// default holds nothing.
-    #[inline]
-    fn decide_now_held(&self, req: &Request<'_>) -> (Option<Decision>, impl Sized) {
-        (self.decide_now(req), ())
-    }
-
     /// Reserves an estimate atomically: `req.op` is the
     /// [`Op::Acquire`] of the estimate, decided exactly as
     /// [`decide`](Self::decide) would, and the answer carries the
@@ -261,11 +244,6 @@ impl<B: Backend> Backend for Arc<B> {
     #[inline]
     fn decide_now(&self, req: &Request<'_>) -> Option<Decision> {
         (**self).decide_now(req)
-    }
-
-    #[inline]
-    fn decide_now_held(&self, req: &Request<'_>) -> (Option<Decision>, impl Sized) {
-        (**self).decide_now_held(req)
     }
 
     fn reserve(

@@ -631,7 +631,7 @@ impl<C: Clock> MemoryBackend<C> {
     fn locate<T>(
         &self,
         req: &Request<'_>,
-        f: impl FnOnce(Located<'_, '_>, &Policy) -> T,
+        f: impl FnOnce(Located<'_>, &Policy) -> T,
     ) -> Result<T, MemoryError> {
         let now = self.shared.clock.now();
         // The configured policy by reference: an override is the only
@@ -643,12 +643,12 @@ impl<C: Clock> MemoryBackend<C> {
 
     /// [`locate`](Self::locate) under `policy`, at `now`.
     #[inline(always)]
-    fn locate_at<'s, T>(
-        &'s self,
+    fn locate_at<T>(
+        &self,
         req: &Request<'_>,
         now: Timestamp,
         policy: &Policy,
-        f: impl FnOnce(Located<'_, 's>, &Policy) -> T,
+        f: impl FnOnce(Located<'_>, &Policy) -> T,
     ) -> T {
         let lookup = Lookup {
             limiter: req.limiter,
@@ -955,7 +955,6 @@ impl Future for Decide {
 // A panic while a shard is held cannot leave an entry half-updated in a
 // way that breaks the model's invariants worse than losing the key, so
 // both keep serving a poisoned lock.
-#[inline(always)]
 fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     m.read().unwrap_or_else(|e| e.into_inner())
 }
@@ -967,60 +966,41 @@ fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 /// Where and when a request is decided: the clock's now, the key, its
 /// hash and its shard (small: the fast path passes it in registers).
 #[derive(Clone, Copy)]
-struct Located<'a, 's> {
+struct Located<'a> {
     now: Timestamp,
     lookup: &'a Lookup<'a>,
     hash: u64,
-    shard: &'s RwLock<Shard>,
+    shard: &'a RwLock<Shard>,
     /// For a table that grows: stored keys are hashed again.
-    hasher: &'s DefaultHashBuilder,
+    hasher: &'a DefaultHashBuilder,
 }
 
-impl<'s> Located<'_, 's> {
+impl Located<'_> {
     /// A token bucket's charge under the shard's shared lock, if the key
     /// is held as a [`Bucket`]. Always inline: called out of line, its
     /// decision comes back through memory and is moved again, in loads
     /// that wait for the stores just made (0.6x-0.7x of governor, against
     /// 1.0x, when an unrelated change tipped the compiler's choice).
-    /// The decision comes with the shard's lock, still held (see
-    /// [`Backend::decide_now_held`]).
     #[inline(always)]
-    fn charge_shared(
-        &self,
-        p: &tollgate_limiter::TokenBucket,
-        cost: u64,
-    ) -> Option<(Decision, RwLockReadGuard<'s, Shard>)> {
+    fn charge_shared(&self, p: &tollgate_limiter::TokenBucket, cost: u64) -> Option<Decision> {
         let shard = read(self.shard);
         let bucket = shard
             .buckets
             .find(self.hash, |b| self.lookup.matches(&b.key))?;
-        let decision = bucket.charge(self.now, p, cost)?;
-        Some((decision, shard))
+        bucket.charge(self.now, p, cost)
     }
 
     /// `op` under `policy`: a token bucket's acquire under the shared
     /// lock when it can be, anything else in its slot.
     #[inline(always)]
     fn decide(self, policy: &Policy, op: &Op) -> Decision {
-        self.decide_held(policy, op).0
-    }
-
-    /// [`decide`](Self::decide), and the shard's shared lock when the
-    /// decision was made under it, still held.
-    #[inline(always)]
-    fn decide_held(
-        self,
-        policy: &Policy,
-        op: &Op,
-    ) -> (Decision, Option<RwLockReadGuard<'s, Shard>>) {
         // Matched by reference: an `Op` is large (a settle's receipt).
         if let (Policy::TokenBucket(p), &Op::Acquire(cost)) = (policy, op)
-            && let Some((d, held)) = self.charge_shared(p, cost)
+            && let Some(d) = self.charge_shared(p, cost)
         {
-            return (d, Some(held));
+            return d;
         }
-        let d = self.with_slot(policy, |slot, now, policy| slot.apply(now, policy, *op));
-        (d, None)
+        self.with_slot(policy, |slot, now, policy| slot.apply(now, policy, *op))
     }
 
     /// Runs `f` on the key's slot (a fresh one if the key is not held)
@@ -1093,20 +1073,13 @@ impl<C: Clock> Backend for MemoryBackend<C> {
 
     #[inline]
     fn decide_now(&self, req: &Request<'_>) -> Option<Decision> {
-        self.decide_now_held(req).0
-    }
-
-    /// The shard's shared lock when a token bucket's charge was decided
-    /// under it (the common case), else nothing.
-    #[inline]
-    fn decide_now_held(&self, req: &Request<'_>) -> (Option<Decision>, impl Sized) {
         // With a fault set, `decide` injects it (and counts the call).
         if self.shared.faults.armed.load(Ordering::Relaxed) {
-            return (None, None);
+            return None;
         }
         if self.shared.has_overrides.load(Ordering::Acquire) {
             // An override that is no policy is answered by `decide`.
-            return (self.decide_at_once(req).ok(), None);
+            return self.decide_at_once(req).ok();
         }
         // No override anywhere: the configured policy rules, and the
         // decision is built where the caller reads it. Through
@@ -1114,10 +1087,9 @@ impl<C: Clock> Backend for MemoryBackend<C> {
         // that straddle the stores just made (see `Decision::copied`):
         // 0.6x-0.7x of governor, against 1.0x.
         let now = self.shared.clock.now();
-        let (decision, held) = self.locate_at(req, now, req.policy, |at, policy| {
-            at.decide_held(policy, &req.op)
-        });
-        (Some(decision), held)
+        Some(self.locate_at(req, now, req.policy, |at, policy| {
+            at.decide(policy, &req.op)
+        }))
     }
 
     fn decide(
