@@ -20,8 +20,13 @@ def rows(text):
     """[(label, run 1 ratio, run 2 ratio)] of the section's table: the
     row's subject and its peer ("same" repeats the row above's)."""
     body = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
-    out, peer = [], ""
+    out, peer, seen = [], "", False
     for line in body.splitlines():
+        # The section's first table only: the tables of its subsections
+        # (a branch's before and after) are not the Summary's rows.
+        if seen and not line.startswith("|"):
+            break
+        seen = seen or line.startswith("|")
         m = ROW.match(line)
         if not m:
             continue
