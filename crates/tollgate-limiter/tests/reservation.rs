@@ -667,3 +667,52 @@ async fn a_settle_given_up_by_its_caller_still_charges_the_excess() {
     let left = llm.try_peek(&key, 1).await.unwrap().remaining();
     assert_eq!(left, 40);
 }
+
+#[test]
+fn a_token_buckets_life_is_named_by_its_first_reservation() {
+    // 10 tokens, one a second.
+    let policy = tb(10, 1);
+    let mut key = Slot::fresh(&policy);
+    // Charged, never reserved: unnamed.
+    assert!(key.apply(START, &policy, Op::Acquire(4)).is_allowed());
+    // A receipt naming no life (0, as a release before this rule could
+    // write) refunds nothing in it.
+    let unnamed = Receipt {
+        units: 4,
+        marks: [
+            Some(tollgate_limiter::strategy::reservation::Mark {
+                born: 0,
+                at: START + 4_000_000,
+                per: 1_000_000,
+            }),
+            None,
+            None,
+            None,
+        ],
+        id: 0,
+    };
+    let d = key.apply(
+        START,
+        &policy,
+        Op::Settle {
+            receipt: unnamed,
+            actual: 0,
+        },
+    );
+    assert_eq!(d.remaining(), 6);
+    // The first reservation names the life, later, when it is made.
+    let (_, first) = key.reserve(START + 7, &policy, 2);
+    assert_eq!(first.marks[0].unwrap().born, START + 7);
+    let (_, second) = key.reserve(START + 9, &policy, 1);
+    assert_eq!(second.marks[0].unwrap().born, START + 7);
+    // Its receipts refund in it.
+    let d = key.apply(
+        START + 10,
+        &policy,
+        Op::Settle {
+            receipt: first,
+            actual: 0,
+        },
+    );
+    assert_eq!(d.remaining(), 5);
+}

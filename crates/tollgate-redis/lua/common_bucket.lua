@@ -58,7 +58,10 @@ local function bucket_settle(p, tat, born, refunds, now, units, actual, m)
   local t = p.interval
   local tau = p.capacity * t
   if actual < units then
-    if m and m.born == born and tat > now then
+    -- An unnamed life (born 0) has no reservation: no mark names it (a
+    -- release before lives were named by their first reservation marked
+    -- some 0; TokenBucketState::settle).
+    if m and born ~= 0 and m.born == born and tat > now then
       local above = 0
       for k = 1, #refunds do
         if refunds[k].at > m.at then

@@ -1776,3 +1776,51 @@ tollgate_testkit::on_every_server! {
         permit.unwrap().release().await.unwrap();
     }
 }
+
+tollgate_testkit::on_every_server! {
+    /// A token bucket's life the full path charged with no reservation is
+    /// stored unnamed (`t:<tat>:0`); a receipt naming no life (born 0, as a
+    /// release before lives were named by their first reservation could
+    /// write) refunds nothing in it, and the life's first reservation names
+    /// it.
+    #[tokio::test]
+    async fn an_unnamed_life_refunds_no_receipt(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let clock = MockClock::new();
+        let b = caller_time(&url, &unique_name("unnamed"), &clock).await;
+        let mut r = raw(&url).await;
+        // 10 per second: a unit every 100 ms.
+        let tb = patient("tb", TokenBucket::new(10, 10, S).unwrap(), b.clone());
+        let now = clock.now();
+        let k = Key::new("k");
+        let state = b.state_key("tb", &k);
+        let _: () = r.set(&state, format!("t:{}:0", now + 400_000)).await.unwrap();
+        let _: () = r.pexpire(&state, 400).await.unwrap();
+        let mark = tollgate_limiter::strategy::reservation::Mark {
+            born: 0,
+            at: now + 400_000,
+            per: 100_000,
+        };
+        let receipt = tollgate_limiter::model::Receipt {
+            units: 4,
+            marks: [Some(mark), None, None, None],
+            id: 0,
+        };
+        let req = |op| Request {
+            limiter: "tb",
+            key: &k,
+            policy: tb.policy(),
+            op,
+        };
+        let d = tb
+            .backend()
+            .decide(req(Op::Settle { receipt, actual: 0 }))
+            .await
+            .unwrap();
+        assert_eq!(d.remaining(), 6, "refunded in an unnamed life");
+        let (_, named) = tb.backend().reserve(req(Op::Acquire(1))).await.unwrap();
+        assert_eq!(named.marks[0].unwrap().born, now);
+        let v: String = r.get(&state).await.unwrap();
+        assert_eq!(v, format!("t:{}:{now}", now + 500_000));
+    }
+}

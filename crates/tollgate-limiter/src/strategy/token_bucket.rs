@@ -276,6 +276,10 @@ impl TokenBucketState {
         let t = p.interval_micros();
         if actual < units {
             if let Some(m) = mark
+                // An unnamed life (0) has no reservation: no mark names
+                // it (a release before lives were named by their first
+                // reservation marked some 0).
+                && self.born != 0
                 && m.born == self.born
                 && self.tat > now
             {
