@@ -1522,6 +1522,7 @@ impl Call {
         // state's and a suffix; the optional arguments are rare): no
         // growing on the way.
         let bytes = 64 + keys * (self.state.len() + 8) + self.op.len() + self.policy.len();
+        // At most six arguments (see `each_arg`).
         let mut cmd = Cmd::with_capacity(3 + keys + 6, bytes);
         cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
         self.each_key(strategy, |k| {
@@ -1572,73 +1573,52 @@ impl Call {
         }
     }
 
-    /// How many of ARGV[3..5] are sent: now, the TTL floor, the calendar
-    /// bounds; those at their defaults ('', 0, '') are left off from the
-    /// end (in production all three, so nothing is formatted).
-    fn optional_args(&self) -> usize {
-        if !self.calendars.is_empty() {
-            3
-        } else if self.min_ttl_ms != 0 {
-            2
-        } else {
-            usize::from(self.now.is_some())
-        }
-    }
-
     /// `strategy`'s script's arguments, in order: `lua/common.lua`'s, or
     /// the token bucket's own (see `lua/token_bucket.lua`): the bucket's
     /// interval and tau where the others take the policy's encoding, which
     /// is sent last, only when the policy sent is no token bucket (a key's
-    /// override redirected the call); then the operation, now and the TTL
-    /// floor, those at their defaults left off from the end (in production
-    /// all: a check sends the two numbers alone).
+    /// override redirected the call). Those at their defaults are left off
+    /// from the end (in production all: a check sends the token bucket's
+    /// two numbers alone, another script the operation and the policy).
     fn each_arg(&self, strategy: Strategy, mut arg: impl FnMut(Arg<'_>)) {
-        let now = || self.now.map(|n| n.to_string()).unwrap_or_default();
-        if strategy == Strategy::TokenBucket {
+        let now = self.now.map(|n| n.to_string()).unwrap_or_default();
+        let calendars;
+        // Each argument, and whether it is at its default.
+        let args: [(Arg<'_>, bool); 6] = if strategy == Strategy::TokenBucket {
             let bucket = self.bucket.as_ref().map(encoding::bucket_args);
             let [interval, tau] = bucket.unwrap_or([0, 0]);
-            arg(Arg::Number(interval));
-            arg(Arg::Number(tau));
-            let sent = if bucket.is_none() {
-                4
-            } else if self.min_ttl_ms != 0 {
-                3
-            } else if self.now.is_some() {
-                2
-            } else {
-                usize::from(self.op != "1")
-            };
-            if sent >= 1 {
-                arg(Arg::Text(&self.op));
-            }
-            if sent >= 2 {
-                arg(Arg::Text(&now()));
-            }
-            if sent >= 3 {
-                arg(Arg::Number(self.min_ttl_ms));
-            }
-            if sent >= 4 {
-                arg(Arg::Text(&self.policy));
-            }
-            return;
-        }
-        arg(Arg::Text(&self.op));
-        arg(Arg::Text(&self.policy));
-        let sent = self.optional_args();
-        if sent >= 1 {
-            arg(Arg::Text(&now()));
-        }
-        if sent >= 2 {
-            arg(Arg::Number(self.min_ttl_ms));
-        }
-        if sent >= 3 {
-            arg(Arg::Text(&self.calendars.arg()));
+            [
+                (Arg::Number(interval), false),
+                (Arg::Number(tau), false),
+                (Arg::Text(&self.op), self.op == "1"),
+                (Arg::Text(&now), self.now.is_none()),
+                (Arg::Number(self.min_ttl_ms), self.min_ttl_ms == 0),
+                (Arg::Text(&self.policy), bucket.is_some()),
+            ]
+        } else {
+            calendars = self.calendars.arg();
+            [
+                (Arg::Text(&self.op), false),
+                (Arg::Text(&self.policy), false),
+                (Arg::Text(&now), self.now.is_none()),
+                (Arg::Number(self.min_ttl_ms), self.min_ttl_ms == 0),
+                (Arg::Text(&calendars), self.calendars.is_empty()),
+                (Arg::Text(""), true),
+            ]
+        };
+        let sent = args
+            .iter()
+            .rposition(|&(_, default)| !default)
+            .map_or(0, |i| i + 1);
+        for &(a, _) in &args[..sent] {
+            arg(a);
         }
     }
 }
 
 /// A script's argument: sent as written, or a number redis formats into
 /// the command (no string of its own).
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum Arg<'a> {
     Text(&'a str),
     Number(u64),
@@ -2363,6 +2343,65 @@ mod tests {
                 assert_eq!(keys, named, "{strategy:?}, keyed {keyed}");
             }
         }
+    }
+
+    #[test]
+    fn the_arguments_at_their_defaults_are_left_off_from_the_end() {
+        let sent = |call: &Call, strategy| {
+            let mut out = Vec::new();
+            call.each_arg(strategy, |a| {
+                out.push(match a {
+                    Arg::Text(t) => t.to_owned(),
+                    Arg::Number(n) => n.to_string(),
+                })
+            });
+            out
+        };
+        // 10 tokens, one every 100 ms: interval 100,000 µs, tau 1 s.
+        let bucket = Policy::from(TokenBucket::new(10, 10, Duration::from_secs(1)).unwrap());
+        let encoded = encoding::script_arg(&bucket).unwrap();
+        let mut check = call_of(&bucket, Op::Acquire(1));
+        // A check: the token bucket's two numbers alone.
+        assert_eq!(sent(&check, Strategy::TokenBucket), ["100000", "1000000"]);
+        // Redirected to another strategy's script: the operation and the
+        // encoding.
+        assert_eq!(
+            sent(&check, Strategy::SlidingWindow),
+            ["1", encoded.as_str()]
+        );
+        // A caller's clock: the operation, then now.
+        check.now = Some(7);
+        assert_eq!(
+            sent(&check, Strategy::TokenBucket),
+            ["100000", "1000000", "1", "7"]
+        );
+        // A TTL floor without a caller's clock: now sent empty.
+        check.now = None;
+        check.min_ttl_ms = 5;
+        assert_eq!(
+            sent(&check, Strategy::TokenBucket),
+            ["100000", "1000000", "1", "", "5"]
+        );
+        assert_eq!(
+            sent(&check, Strategy::SlidingWindow),
+            ["1", encoded.as_str(), "", "5"]
+        );
+        // Another operation: sent after the numbers.
+        let peek = call_of(&bucket, Op::Peek(2));
+        assert_eq!(
+            sent(&peek, Strategy::TokenBucket),
+            ["100000", "1000000", "?2"]
+        );
+        // No token bucket sent (a key's override redirected a window's call
+        // here): zeros, then everything up to the encoding.
+        let window =
+            Policy::from(tollgate_limiter::SlidingWindow::new(5, Duration::from_secs(1)).unwrap());
+        let redirected = call_of(&window, Op::Acquire(1));
+        let window_encoded = encoding::script_arg(&window).unwrap();
+        assert_eq!(
+            sent(&redirected, Strategy::TokenBucket),
+            ["0", "0", "1", "", "0", window_encoded.as_str()]
+        );
     }
 
     #[test]
