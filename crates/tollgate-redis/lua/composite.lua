@@ -492,8 +492,9 @@ for i = 1, n do
       end
     end
     if RESERVE and s.born == 0 then
-      -- The life's first reservation names it (TokenBucketState::reserved).
-      s.born = now
+      -- The life's first reservation names it, at least 1: 0 is unnamed
+      -- (TokenBucketState::reserved).
+      s.born = now > 0 and now or 1
     end
     s.v = new_tat
     s.mark, s.per = new_tat, t

@@ -167,8 +167,8 @@ if n and not keyed then
       v = string.format('%d', now + new_debt + 999)
     end
     if i or caller then
-      -- A caller's clock is not the server's: a TTL, not a time. int.lua's
-      -- ttl_ms, written out (a closure), at least ARGV[5].
+      -- A caller's clock is not the server's: a TTL, not a time.
+      -- common.lua's ttl_ms, written out (a closure), at least ARGV[5].
       local ms = math.floor((new_debt + 999) / 1000)
       if A[5] and ms < A[5] + 0 then
         ms = A[5] + 0

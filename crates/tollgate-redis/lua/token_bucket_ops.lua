@@ -37,9 +37,10 @@ local function decide(capacity, t, tat, born, refunds, cost, charge, reserve)
   local new_tat = now + new_debt
   local reply = { 1, capacity, idiv(tau - new_debt, t), 0, new_debt, tau }
   if reserve then
-    -- The life's first reservation names it (TokenBucketState::reserved).
+    -- The life's first reservation names it, at least 1: 0 is unnamed
+    -- (TokenBucketState::reserved).
     if born == 0 then
-      born = now
+      born = now > 0 and now or 1
     end
     reply[7], reply[8], reply[9] = born, new_tat + refunds.n, t
   end

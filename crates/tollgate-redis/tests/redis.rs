@@ -1824,3 +1824,37 @@ tollgate_testkit::on_every_server! {
         assert_eq!(v, format!("t:{}:{now}", now + 500_000));
     }
 }
+
+tollgate_testkit::on_every_server! {
+    /// A life reserved at a caller's time 0 is named 1 (0 is unnamed), as
+    /// in the model, so that its receipt refunds in it: alone and as a
+    /// composite's token-bucket part.
+    #[tokio::test]
+    async fn a_life_reserved_at_time_zero_is_named(server: Server) {
+        let Some(url) = shared_url(server) else { return };
+        let clock = MockClock::starting_at(0);
+        let b = caller_time(&url, &unique_name("zero"), &clock).await;
+        let bucket = Policy::from(TokenBucket::new(10, 10, S).unwrap());
+        let composite = Policy::from(
+            Composite::new([bucket, SlidingWindow::new(100, 10 * S).unwrap().into()]).unwrap(),
+        );
+        for (name, policy) in [("tb", bucket), ("c", composite)] {
+            let mut model = Model::new();
+            let k = Key::new("k");
+            let req = |op| Request {
+                limiter: name,
+                key: &k,
+                policy: &policy,
+                op,
+            };
+            let (_, receipt) = b.reserve(req(Op::Acquire(4))).await.unwrap();
+            let (_, want) = model.reserve(name, "k", 0, &policy, 4).unwrap();
+            assert_eq!(receipt, want, "{name}");
+            assert_eq!(receipt.marks[0].unwrap().born, 1, "{name}");
+            let settle = Op::Settle { receipt, actual: 0 };
+            let d = b.decide(req(settle)).await.unwrap();
+            assert_eq!(Some(d), model.apply(name, "k", 0, &policy, settle), "{name}");
+            assert_eq!(d.remaining(), 10, "{name}: refunded");
+        }
+    }
+}
