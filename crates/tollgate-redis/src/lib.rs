@@ -220,17 +220,28 @@ struct Wide {
     policy: Result<Policy, encoding::EncodingError>,
     /// Its script form, when it has one (`encoding::script_arg`).
     arg: Option<Arc<str>>,
+    /// When an override set for a time expires (by this client's clock,
+    /// from the time it had left when read, counted from before the read):
+    /// from then on the entry holds none, even while its refreshes fail,
+    /// so an expired override is never enforced for longer than it was
+    /// set, whatever the override's master does.
+    until: Option<Instant>,
 }
 
 impl Wide {
-    fn new(stored: &str) -> Self {
+    fn new(stored: &str, until: Option<Instant>) -> Self {
         let policy = encoding::decode(stored);
         let arg = policy
             .as_ref()
             .ok()
             .and_then(|p| encoding::script_arg(p).ok())
             .map(Arc::from);
-        Self { policy, arg }
+        Self { policy, arg, until }
+    }
+
+    /// Whether it is still in force (see `until`).
+    fn live(&self) -> bool {
+        self.until.is_none_or(|until| Instant::now() < until)
     }
 }
 
@@ -1059,7 +1070,9 @@ impl RedisBackend {
     /// next caller; one that fails leaves the entry as it was, read again a
     /// TTL later: in a cluster the override's master may be silent while
     /// the key's answers, and nobody can change an override its master does
-    /// not take (the entry is what it last said).
+    /// not take (the entry is what it last said). Time does change it: a
+    /// limiter-wide override set for a time ends when its time is up
+    /// (`Wide::until`), read again or not.
     async fn limiter_overrides(
         &self,
         limiter: &str,
@@ -1175,8 +1188,9 @@ impl RedisBackend {
         // and cached, see `limiter_overrides`), else the configured one.
         // A per-key override is read by the script.
         let (overrides, configured) = self.limiter_overrides(req.limiter, req.policy).await?;
-        let wide = overrides.wide.is_some();
-        let (policy, sent) = match overrides.wide {
+        let in_force = overrides.wide.filter(Wide::live);
+        let wide = in_force.is_some();
+        let (policy, sent) = match in_force {
             // Stored in version 1, sent in the script's form.
             Some(w) => match (w.policy?, w.arg) {
                 (p, Some(a)) => (a, Some(p)),
@@ -1392,16 +1406,43 @@ impl Refresh {
         let limiter = self.limiter.as_str();
         // Read before the query: the entry is no younger than what it holds.
         let now = Instant::now();
+        let wide_key = backend.limiter_override_key(limiter);
+        // With the time the limiter-wide override has left, in one round
+        // trip (both keys share a slot). Not in a transaction (no `MULTI`
+        // to grant): a write between the two pairs an override with its
+        // successor's time left, until the next read. A user not granted
+        // `+pttl` reads no time left, so its override ends when a refresh
+        // reads it gone, as it did before.
+        let mut pipe = redis::pipe();
+        pipe.cmd("MGET")
+            .arg(&wide_key)
+            .arg(backend.keyed_marker_key(limiter))
+            .cmd("PTTL")
+            .arg(&wide_key)
+            .ignore_errors();
         let read = backend
             .inner
             .conn
-            .query(
-                redis::cmd("MGET")
-                    .arg(backend.limiter_override_key(limiter))
-                    .arg(backend.keyed_marker_key(limiter)),
-            )
-            .await;
-        let (wide, marker): (Option<String>, Option<String>) = match (read, stale) {
+            .pipeline::<Vec<redis::RedisResult<Value>>>(&pipe)
+            .await
+            .and_then(|replies| {
+                let mut replies = replies.into_iter();
+                let read = replies.next().ok_or_else(|| {
+                    RedisError::Protocol("no reply to the overrides' MGET".into())
+                })??;
+                let values: (Option<String>, Option<String>) =
+                    redis::from_redis_value(read).map_err(redis::RedisError::from)?;
+                let until = match replies.next() {
+                    Some(Ok(Value::Int(ms))) if ms >= 0 => {
+                        Some(now + Duration::from_millis(ms.unsigned_abs()))
+                    }
+                    // Gone since the MGET: it ends now.
+                    Some(Ok(Value::Int(-2))) => Some(now),
+                    _ => None,
+                };
+                Ok((values, until))
+            });
+        let ((wide, marker), until) = match (read, stale) {
             (Ok(read), _) => read,
             (Err(_), Some(stale)) => {
                 if let Some(c) = lock(&backend.inner.override_cache).get_mut(limiter) {
@@ -1412,7 +1453,7 @@ impl Refresh {
             (Err(e), None) => return Err(e),
         };
         let v = LimiterOverrides {
-            wide: wide.as_deref().map(Wide::new),
+            wide: wide.as_deref().map(|w| Wide::new(w, until)),
             keyed: marker.is_some(),
         };
         let fresh = Cached {
@@ -1886,8 +1927,9 @@ impl RedisBackend {
         if encoded.is_some() {
             self.mark_keyed(scope).await?;
         }
+        let sent = Instant::now();
         let _: Value = self.inner.conn.query(&cmd).await?;
-        self.wrote_override(scope, encoded.as_deref());
+        self.wrote_override(scope, encoded.as_deref(), ttl.map(|t| sent + t));
         Ok(())
     }
 
@@ -1911,12 +1953,12 @@ impl RedisBackend {
     /// at once. The cached entry keeps the time it was read, so what other
     /// workers changed since is still read again within the TTL; without
     /// one, the next decision reads Redis.
-    fn wrote_override(&self, scope: Scope<'_>, encoded: Option<&str>) {
+    fn wrote_override(&self, scope: Scope<'_>, encoded: Option<&str>, until: Option<Instant>) {
         if let Some(Cached { overrides: o, .. }) =
             lock(&self.inner.override_cache).get_mut(scope.limiter())
         {
             match scope {
-                Scope::Limiter(_) => o.wide = encoded.map(Wide::new),
+                Scope::Limiter(_) => o.wide = encoded.map(|e| Wide::new(e, until)),
                 Scope::Key(..) => o.keyed |= encoded.is_some(),
             }
         }
@@ -2014,6 +2056,7 @@ impl Backend for RedisBackend {
                 .arg(expected.as_deref().unwrap_or(""))
                 .arg(&encoded)
                 .arg(ms.max(1));
+            let sent = Instant::now();
             let reply: Value = self
                 .inner
                 .conn
@@ -2021,7 +2064,7 @@ impl Backend for RedisBackend {
                 .await?;
             match reply {
                 Value::Int(1) => {
-                    self.wrote_override(scope, Some(&encoded));
+                    self.wrote_override(scope, Some(&encoded), Some(sent + ttl));
                     return Ok(true);
                 }
                 Value::Int(_) => return Ok(false),

@@ -5,7 +5,7 @@
 //! install has no TLS).
 
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use tollgate_limiter::concurrency::Concurrency;
@@ -733,6 +733,78 @@ tollgate_testkit::on_every_server! {
         let _: () = r.del(marker("api")).await.unwrap();
         tokio::time::sleep(ttl + Duration::from_millis(50)).await;
         assert_eq!(l.peek(&k).await.decision().unwrap().limit(), 1);
+    }
+}
+
+tollgate_testkit::on_every_server! {
+    /// A limiter-wide override set for a time stops applying when it
+    /// expires, on a worker that read it and on the worker that wrote it,
+    /// even while neither can read the overrides again: in a cluster the
+    /// override's master can be silent while the key's answers. Here an
+    /// ACL change makes the workers' refreshes fail (`NOPERM` on `MGET`)
+    /// while their decisions go on. Before, each kept the expired override
+    /// for as long as its refreshes failed: a raised limit outlived the
+    /// time it was raised for.
+    #[tokio::test]
+    async fn an_expired_wide_override_ends_while_refreshes_fail(server: Server) {
+        let Some(server) = RedisServer::builder().server(server).start() else {
+            return;
+        };
+        let mut acl = vec!["ACL", "SETUSER", "worker", "on", ">s3cret"];
+        acl.extend(ACL_RULES);
+        assert_eq!(server.cli(&acl).trim(), "OK");
+        let url = format!("redis://worker:s3cret@127.0.0.1:{}", server.port());
+        // The ACL's keys are `tollgate:*`: the default prefix, on a server
+        // of the test's own.
+        let prefix = "tollgate";
+        let cache = Duration::from_millis(100);
+        let (reader, writer) = (
+            worker(&url, prefix, cache).await,
+            worker(&url, prefix, cache).await,
+        );
+        let admin = worker(&server.url(), prefix, cache).await;
+        let configured = TokenBucket::new(2, 1, 60 * S).unwrap();
+        let raised = Policy::from(TokenBucket::new(20, 1, 60 * S).unwrap());
+        let (read, wrote) = (
+            patient("read", configured, reader),
+            patient("wrote", configured, writer),
+        );
+        let limit = async |l: &Limiter<RedisBackend>, k: &str| {
+            let v = l.peek(&Key::new(k)).await;
+            v.decision().unwrap_or_else(|| panic!("{v:?}")).limit()
+        };
+        // Each worker has an entry for its limiter before the override.
+        assert_eq!(limit(&read, "k0").await, 2);
+        assert_eq!(limit(&wrote, "k0").await, 2);
+        let set_for = Duration::from_millis(1500);
+        let set_at = Instant::now();
+        admin
+            .set_expiring_override(Scope::Limiter("read"), &raised, set_for)
+            .await
+            .unwrap();
+        wrote.set_override_for(None, raised, set_for).await.unwrap();
+        tokio::time::sleep(cache + cache / 2).await;
+        assert_eq!(limit(&read, "k1").await, 20, "the override read");
+        assert_eq!(limit(&wrote, "k1").await, 20, "the override written");
+
+        assert_eq!(
+            server.cli(&["ACL", "SETUSER", "worker", "-mget"]).trim(),
+            "OK"
+        );
+        tokio::time::sleep((set_at + set_for + cache).saturating_duration_since(Instant::now()))
+            .await;
+        for (l, what) in [(&read, "read"), (&wrote, "written")] {
+            assert_eq!(limit(l, "k2").await, 2, "the expired override {what}");
+            let k = Key::new("k3");
+            let mut allowed = 0;
+            for _ in 0..5 {
+                allowed += usize::from(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+            }
+            assert_eq!(allowed, 2, "after the override {what} expired");
+        }
+        // The refreshes did fail meanwhile: the ACL log has the denied MGETs.
+        let log = server.cli(&["ACL", "LOG"]);
+        assert!(log.contains("mget"), "no refresh was denied: {log}");
     }
 }
 
