@@ -47,7 +47,11 @@ RLF=$ROOT/scripts/peers/rlf
 
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 DIR=$(mktemp -d)
-redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no \
+# In a session of its own (setsid), as a production server runs apart from
+# its clients: with the scheduler's autogroups, a server in the clients'
+# session shares their group's CPU (docs/benchmarks.md, "Where the server
+# runs").
+setsid redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no \
   --dir "$DIR" --logfile "$DIR/redis.log" &
 REDIS_PID=$!
 trap 'kill $REDIS_PID 2>/dev/null || true; rm -rf "$DIR"' EXIT

@@ -196,6 +196,7 @@ impl RedisSentinelBuilder {
             config: Some(conf),
             args: Vec::new(),
             process: None,
+            own_session: false,
         };
         let started = s.spawn_on_free_port(false, |s, port| {
             let mut args = vec!["--sentinel".to_owned()];

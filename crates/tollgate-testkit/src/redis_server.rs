@@ -173,6 +173,7 @@ pub struct RedisServerBuilder {
     appendonly: bool,
     maxmemory_policy: String,
     extra: Vec<String>,
+    own_session: bool,
 }
 
 impl Default for RedisServerBuilder {
@@ -186,6 +187,7 @@ impl Default for RedisServerBuilder {
             appendonly: false,
             maxmemory_policy: "noeviction".into(),
             extra: Vec::new(),
+            own_session: false,
         }
     }
 }
@@ -251,6 +253,18 @@ impl RedisServerBuilder {
         self
     }
 
+    /// Starts the server in a session of its own (`setsid`), as a
+    /// production server runs apart from its clients (a service of its
+    /// own, on a host of its own). With the scheduler's autogroups (Linux's
+    /// default), a server in its clients' session shares their group's
+    /// CPU: a benchmark that runs both on one machine then measures the
+    /// two competing inside one group, and a client that spends more CPU
+    /// takes it from the server. The load tool's `--spawn-server` uses it.
+    pub fn own_session(mut self, yes: bool) -> Self {
+        self.own_session = yes;
+        self
+    }
+
     /// Adds raw command-line words, e.g. `["--rename-command", "CONFIG", ""]`.
     pub fn raw_args<I, S>(mut self, words: I) -> Self
     where
@@ -285,6 +299,7 @@ impl RedisServerBuilder {
             config: None,
             args: Vec::new(),
             process: None,
+            own_session: self.own_session,
         };
         let started = server.spawn_on_free_port(false, |s, port| {
             let mut args = self.args();
@@ -350,6 +365,8 @@ pub struct RedisServer {
     pub(crate) config: Option<PathBuf>,
     pub(crate) args: Vec<String>,
     pub(crate) process: Option<Process>,
+    /// Started with `setsid` (see [`RedisServerBuilder::own_session`]).
+    pub(crate) own_session: bool,
 }
 
 impl std::fmt::Debug for RedisServer {
@@ -529,7 +546,13 @@ impl RedisServer {
         // On end of input (the test process is gone) it also removes the
         // data directory; `kill` says "keep" first, for a restart.
         let script = r#"dir="$1"; bin="$2"; shift 2; "$bin" "$@" & pid=$!; echo "$pid"; read line; kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; [ "$line" = keep ] || rm -rf "$dir""#;
-        let mut cmd = Command::new("sh");
+        let mut cmd = if self.own_session {
+            let mut cmd = Command::new("setsid");
+            cmd.arg("sh");
+            cmd
+        } else {
+            Command::new("sh")
+        };
         cmd.arg("-c")
             .arg(script)
             .arg("sh")
@@ -866,6 +889,7 @@ impl RedisClusterBuilder {
             config: None,
             args: Vec::new(),
             process: None,
+            own_session: false,
         };
         let started = node.spawn_on_free_port(true, |node, port| {
             let mut builder = RedisServerBuilder::default()
@@ -1473,6 +1497,36 @@ mod tests {
         assert_eq!(distinct.len(), ports.len(), "a port handed out twice");
     }
 
+    /// A server started in a session of its own is in another session
+    /// than the process that started it (the `setsid` in `/proc`), and
+    /// still answers and stops with its handle; one started plainly is in
+    /// ours.
+    #[test]
+    fn a_server_of_its_own_session() {
+        if !Server::Redis.available() {
+            return;
+        }
+        // Field 6 of /proc/<pid>/stat, after the parenthesised name.
+        let session = |pid: &str| -> String {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+            let after = &stat[stat.rfind(')').unwrap() + 2..];
+            after.split(' ').nth(3).unwrap().to_owned()
+        };
+        let ours = session("self");
+        let apart = RedisServer::builder().own_session(true).start().unwrap();
+        let plain = RedisServer::builder().start().unwrap();
+        assert_eq!(apart.cli(&["ping"]).trim(), "PONG");
+        let apart_pid = apart.pid().unwrap().to_string();
+        assert_ne!(session(&apart_pid), ours);
+        assert_eq!(session(&plain.pid().unwrap().to_string()), ours);
+        drop(apart);
+        let gone = (0..100).any(|_| {
+            std::thread::sleep(Duration::from_millis(20));
+            !Path::new(&format!("/proc/{apart_pid}")).exists()
+        });
+        assert!(gone, "the server of its own session outlived its handle");
+    }
+
     /// A failed attempt leaves the server's directory to the next one: the
     /// retries used to drop the failed attempt's `RedisServer`, whose drop
     /// removed the shared directory, so every later attempt died at start
@@ -1493,6 +1547,7 @@ mod tests {
             config: None,
             args: Vec::new(),
             process: None,
+            own_session: false,
         };
         let mut server = bare();
         let mut attempts = 0;
