@@ -64,6 +64,21 @@ pub trait Backend: Send + Sync + 'static {
         req: Request<'_>,
     ) -> impl Future<Output = Result<Decision, Self::Error>> + Send;
 
+    /// [`decide`](Self::decide) for a caller that gives up on the answer
+    /// at most `within` after it first polls the future (it drops it then),
+    /// as a [`Limiter`](crate::Limiter) does at its timeout. A backend whose
+    /// calls carry a timeout of their own, at least `within` long, may leave
+    /// it out here: it could never end the call first, and every decision
+    /// would arm two timers where one does. The default is `decide`.
+    fn decide_within(
+        &self,
+        req: Request<'_>,
+        within: Duration,
+    ) -> impl Future<Output = Result<Decision, Self::Error>> + Send {
+        let _ = within;
+        self.decide(req)
+    }
+
     /// Decides `req` now, without waiting, if this backend can (an
     /// in-process one): `Some` is exactly the decision
     /// [`decide`](Self::decide) would answer, `None` means ask `decide`,
@@ -239,6 +254,14 @@ impl<B: Backend> Backend for Arc<B> {
         req: Request<'_>,
     ) -> impl Future<Output = Result<Decision, Self::Error>> + Send {
         (**self).decide(req)
+    }
+
+    fn decide_within(
+        &self,
+        req: Request<'_>,
+        within: Duration,
+    ) -> impl Future<Output = Result<Decision, Self::Error>> + Send {
+        (**self).decide_within(req, within)
     }
 
     #[inline]

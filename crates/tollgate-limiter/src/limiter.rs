@@ -1538,7 +1538,13 @@ impl<B: Backend> Limiter<B> {
                 c.meter.record(Agreement::of(&d, cd.as_ref()));
                 Ok(d)
             }
-            _ => self.inner.backend.decide(req).await,
+            // Always under the limiter's timeout (a decision's calls share
+            // one deadline, at most the timeout away): the backend may leave
+            // a timeout of its own out.
+            _ => {
+                let within = self.inner.guard.timeout();
+                self.inner.backend.decide_within(req, within).await
+            }
         }
     }
 

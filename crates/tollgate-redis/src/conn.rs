@@ -185,13 +185,13 @@ impl Connector {
     /// A connection that may not have connected yet (a manager connects on
     /// first use); the keeper's `PING` tells. With Sentinel, the master's
     /// address too.
-    async fn connect(&self) -> RedisResult<(Link, Option<Master>)> {
+    async fn connect(&self, t: Timeouts) -> RedisResult<(Link, Option<Master>)> {
         match self {
             Self::Single { client, config } => Ok((
-                Link::Single(ConnectionManager::new_lazy_with_config(
-                    client.clone(),
-                    config.clone(),
-                )?),
+                Link::single(
+                    ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?,
+                    t,
+                ),
                 None,
             )),
             Self::Sentinel { sentinel, config } => {
@@ -207,7 +207,7 @@ impl Connector {
                     _ => None,
                 };
                 let link = ConnectionManager::new_lazy_with_config(client, config.clone())?;
-                Ok((Link::Single(link), master))
+                Ok((Link::single(link, t), master))
             }
             #[cfg(feature = "cluster")]
             Self::Cluster {
@@ -235,7 +235,9 @@ impl Connector {
 pub(crate) fn manager_config(t: Timeouts) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         .set_connection_timeout(Some(t.connect))
-        .set_response_timeout(Some(t.response))
+        // The response timeout is the link's (`Link::Single`): left out of
+        // a call whose caller gives up sooner, one timer instead of two.
+        .set_response_timeout(None)
         // One attempt per (re)connection: the keeper paces the retries,
         // and a caller never waits behind a chain of back-offs.
         .set_number_of_retries(0)
@@ -244,15 +246,78 @@ pub(crate) fn manager_config(t: Timeouts) -> ConnectionManagerConfig {
 /// One shared connection.
 #[derive(Clone)]
 pub(crate) enum Link {
-    Single(ConnectionManager),
+    /// One server (or Sentinel's master): see [`Single`].
+    Single(Single),
     #[cfg(feature = "cluster")]
     Cluster(redis::cluster_async::ClusterConnection),
+}
+
+/// A one-server connection manager, made with no response timeout: its
+/// calls wait under the link's own (`tokio::time::timeout`, a timeout error
+/// as redis-rs's own), unless the caller bounds the wait itself
+/// (`caller_bound`, see [`Conn::eval`]). Under a limiter, whose timeout
+/// (50 ms by default) ends the wait long before the response timeout
+/// (500 ms), the response timeout was a second timer armed and cancelled
+/// on every decision for nothing: ~5 % of the client's CPU a decision.
+#[derive(Clone)]
+pub(crate) struct Single {
+    pub(crate) manager: ConnectionManager,
+    /// How long a call waits for its reply: the builder's response timeout.
+    response: Duration,
+    /// The caller gives up on this call no later than `response` after it
+    /// is sent: the link arms no timer of its own.
+    caller_bound: bool,
+}
+
+impl Single {
+    /// The timeout this link's calls wait under: none when the caller
+    /// bounds them.
+    fn wait(&self) -> Option<Duration> {
+        (!self.caller_bound).then_some(self.response)
+    }
+}
+
+/// `call` under `wait` (a timeout error as redis-rs's own), or as it is.
+fn timed<'a, T: Send + 'a>(wait: Option<Duration>, call: RedisFuture<'a, T>) -> RedisFuture<'a, T> {
+    let Some(t) = wait else {
+        return call;
+    };
+    Box::pin(async move {
+        tokio::time::timeout(t, call)
+            .await
+            .unwrap_or_else(|_| Err(timed_out()))
+    })
+}
+
+impl Link {
+    fn single(manager: ConnectionManager, t: Timeouts) -> Self {
+        Self::Single(Single {
+            manager,
+            response: t.response,
+            caller_bound: false,
+        })
+    }
+
+    /// This link for a call whose caller gives up on it no later than the
+    /// response timeout would: no timer of the link's own. A cluster's
+    /// client keeps its own.
+    fn caller_bound(mut self) -> Self {
+        match &mut self {
+            Self::Single(s) => s.caller_bound = true,
+            #[cfg(feature = "cluster")]
+            Self::Cluster(_) => {}
+        }
+        self
+    }
 }
 
 impl ConnectionLike for Link {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Single(s) => {
+                let wait = s.wait();
+                timed(wait, s.manager.req_packed_command(cmd))
+            }
             #[cfg(feature = "cluster")]
             Self::Cluster(c) => c.req_packed_command(cmd),
         }
@@ -265,7 +330,10 @@ impl ConnectionLike for Link {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Single(s) => {
+                let wait = s.wait();
+                timed(wait, s.manager.req_packed_commands(pipeline, offset, count))
+            }
             #[cfg(feature = "cluster")]
             Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
@@ -273,7 +341,7 @@ impl ConnectionLike for Link {
 
     fn get_db(&self) -> i64 {
         match self {
-            Self::Single(c) => c.get_db(),
+            Self::Single(s) => s.manager.get_db(),
             #[cfg(feature = "cluster")]
             Self::Cluster(c) => c.get_db(),
         }
@@ -369,8 +437,8 @@ fn timed_out() -> redis::RedisError {
 async fn answers(link: &mut Link, t: Timeouts, replica: bool) -> Result<(), redis::RedisError> {
     let check = async {
         match link {
-            Link::Single(c) => {
-                let role = match redis::cmd("ROLE").query_async::<Value>(c).await {
+            Link::Single(_) => {
+                let role = match redis::cmd("ROLE").query_async::<Value>(&mut *link).await {
                     Ok(role) => role,
                     Err(e) if replica && !breaks(&e) => {
                         return Err(std::io::Error::other(format!(
@@ -671,7 +739,13 @@ fn pin(link: &Link, code: &'static str) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
+    // Under the link's own timeout: not the caller's, gone by then.
     let mut link = link.clone();
+    match &mut link {
+        Link::Single(s) => s.caller_bound = false,
+        #[cfg(feature = "cluster")]
+        Link::Cluster(_) => {}
+    }
     runtime.spawn(async move {
         let mut load = redis::cmd("SCRIPT");
         let _: RedisResult<()> = load.arg("LOAD").arg(code).exec_async(&mut link).await;
@@ -681,7 +755,7 @@ fn pin(link: &Link, code: &'static str) {
 /// A new connection that answers (with Sentinel, and the master's
 /// address).
 async fn open(connector: &Connector, t: Timeouts) -> RedisResult<(Link, Option<Master>)> {
-    let (mut link, master) = connector.connect().await?;
+    let (mut link, master) = connector.connect(t).await?;
     answers(&mut link, t, false).await?;
     Ok((link, master))
 }
@@ -1148,7 +1222,26 @@ impl Conn {
         cmd: &Cmd,
         code: &'static str,
     ) -> Result<T, RedisError> {
-        let (mut link, watch) = self.checkout().await?;
+        self.eval_within(cmd, code, false).await
+    }
+
+    /// [`eval`](Self::eval) for a caller that gives up on it no later than
+    /// the response timeout would (`caller_bound`, as a limiter at its
+    /// timeout: see `Backend::decide_within`): then no response timer is
+    /// armed for it. The caller's giving up is a dropped call, which rings
+    /// the keeper as a timed-out one does.
+    pub(crate) async fn eval_within<T: FromRedisValue>(
+        &self,
+        cmd: &Cmd,
+        code: &'static str,
+        caller_bound: bool,
+    ) -> Result<T, RedisError> {
+        let (link, watch) = self.checkout().await?;
+        let mut link = if caller_bound {
+            link.caller_bound()
+        } else {
+            link
+        };
         let r = match cmd.query_async(&mut link).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 match eval_of(cmd, code).query_async(&mut link).await {

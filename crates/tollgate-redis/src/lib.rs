@@ -458,7 +458,11 @@ impl RedisBackendBuilder {
     /// the caller waited. Keep it well above the slowest healthy reply (a
     /// busy server, an `fsync`), or healthy connections are replaced under
     /// load. It also bounds every call: a limiter whose timeout is longer
-    /// than this waits at most this long for a reply.
+    /// than this waits at most this long for a reply. A limiter whose
+    /// timeout is shorter (the default) ends the call first; its decisions
+    /// then arm no response timer (see `Backend::decide_within`), one timer
+    /// a decision instead of two (a one-server or Sentinel backend; a
+    /// cluster's client keeps its own).
     ///
     /// [`Limiter`]: tollgate_limiter::Limiter
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
@@ -844,8 +848,10 @@ impl RedisBackend {
             return Ok(DurabilityReport { nodes });
         }
         match self.inner.conn.link()? {
-            conn::Link::Single(mut c) => Ok(DurabilityReport {
-                nodes: vec![durability::check_node("redis".into(), &mut c).await],
+            // The link, not its manager: each call under the response
+            // timeout.
+            mut link @ conn::Link::Single(_) => Ok(DurabilityReport {
+                nodes: vec![durability::check_node("redis".into(), &mut link).await],
             }),
             #[cfg(feature = "cluster")]
             conn::Link::Cluster(mut c) => {
@@ -1012,9 +1018,9 @@ impl RedisBackend {
     /// cluster (a key may be answered twice; callers dedupe).
     async fn scan_masters(&self, pattern: &str) -> Result<Vec<String>, RedisError> {
         let keys = match self.inner.conn.link()? {
-            conn::Link::Single(c) => {
+            link @ conn::Link::Single(_) => {
                 scan(pattern, |cmd| {
-                    let mut c = c.clone();
+                    let mut c = link.clone();
                     async move { cmd.query_async(&mut c).await }
                 })
                 .await?
@@ -1138,12 +1144,21 @@ impl RedisBackend {
     }
 
     async fn decide_inner(&self, req: Request<'_>) -> Result<Decision, RedisError> {
-        Ok(self.run(req, false).await?.0)
+        Ok(self.run(req, false, false).await?.0)
     }
 
     /// Runs the script of the policy in force; `reserve` makes an acquire
     /// a reservation, whose reply carries the marks.
-    async fn run(&self, req: Request<'_>, reserve: bool) -> Result<(Decision, Marks), RedisError> {
+    ///
+    /// `caller_bound`: the caller gives up on the decision no later than
+    /// the response timeout (see `Backend::decide_within`), so the scripts'
+    /// calls arm no response timer.
+    async fn run(
+        &self,
+        req: Request<'_>,
+        reserve: bool,
+        caller_bound: bool,
+    ) -> Result<(Decision, Marks), RedisError> {
         let mut call = self.call(req, reserve).await?;
         let mut strategy = call.strategy;
         // The policy in force may be an override of another strategy: the
@@ -1156,7 +1171,7 @@ impl RedisBackend {
             let reply: Value = self
                 .inner
                 .conn
-                .eval(&cmd, scripts::source(strategy))
+                .eval_within(&cmd, scripts::source(strategy), caller_bound)
                 .await?;
             match call.reply(reply, strategy)? {
                 Reply::Decision(d, marks) => return Ok((d, marks)),
@@ -1979,12 +1994,26 @@ impl Backend for RedisBackend {
         Box::pin(self.decide_inner(req))
     }
 
+    /// A caller that gives up no later than the response timeout (a
+    /// limiter, 50 ms against 500 ms by default) is left to bound the
+    /// script's call: no response timer of the connection's own, one timer
+    /// a decision instead of two (a cluster's client keeps its own).
+    fn decide_within(
+        &self,
+        req: Request<'_>,
+        within: Duration,
+    ) -> impl Future<Output = Result<Decision, RedisError>> + Send {
+        let caller_bound = within <= self.inner.conn.timeouts().response;
+        // Boxed, as `decide`.
+        Box::pin(async move { Ok(self.run(req, false, caller_bound).await?.0) })
+    }
+
     async fn reserve(&self, req: Request<'_>) -> Result<(Decision, Receipt), RedisError> {
         let Op::Acquire(units) = req.op else {
             // Not a reservation: decided as asked, nothing to refund.
             return Ok((self.decide_inner(req).await?, Receipt::NONE));
         };
-        let (d, marks) = self.run(req, true).await?;
+        let (d, marks) = self.run(req, true, false).await?;
         // The units asked for, as the model's receipt has them: a cost
         // above 2^53 travels as 2^53 (`op_arg`), and its settle sends the
         // units the same way, so only what `Reservation::units` reports

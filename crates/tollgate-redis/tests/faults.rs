@@ -107,6 +107,53 @@ tollgate_testkit::on_every_server! {
 }
 
 tollgate_testkit::on_every_server! {
+    /// Which timeout ends a decision on a path gone silent. A limiter whose
+    /// timeout is shorter than the connection's response timeout (the
+    /// default: 50 ms against 500 ms) is the decision's only timer
+    /// (`Backend::decide_within`): its own timeout ends it. One whose
+    /// timeout is longer still has the response timeout end the call
+    /// first, the backend's timeout error, as when every call armed both.
+    /// Each limiter has a backend of its own: one keeper taking a silent
+    /// connection out would fail the other's call at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_shorter_timeout_ends_a_decision_on_a_silent_path(server: Server) {
+        let Some(s) = RedisServer::builder().server(server).start() else {
+            return;
+        };
+        let relay = Relay::start(s.addr());
+        let response = Duration::from_millis(300);
+        let with = async |timeout| {
+            let b = RedisBackend::builder(relay.url())
+                .prefix(unique_name("timeouts"))
+                .durability(Durability::Skip)
+                .response_timeout(response)
+                .build()
+                .await
+                .expect("connect");
+            let policy = TokenBucket::new(100, 1, 3600 * S).unwrap();
+            Limiter::builder("api", policy, b).timeout(timeout).build()
+        };
+        let quick = with(Duration::from_millis(100)).await;
+        let patient = with(10 * S).await;
+        let k = Key::new("k");
+        for l in [&quick, &patient] {
+            assert!(l.try_acquire(&k, 1).await.unwrap().is_allowed());
+        }
+        relay.silence();
+        let (q, p) = tokio::join!(quick.try_acquire(&k, 1), patient.try_acquire(&k, 1));
+        assert!(
+            matches!(q, Err(tollgate_limiter::Error::Timeout(t)) if t == Duration::from_millis(100)),
+            "the quick limiter's own timeout: {q:?}"
+        );
+        let e = p.expect_err("decided on a silent path");
+        assert!(
+            matches!(&e, tollgate_limiter::Error::Backend(b) if format!("{b:?}").contains("timed out")),
+            "the response timeout, not the limiter's 10 s: {e:?}"
+        );
+    }
+}
+
+tollgate_testkit::on_every_server! {
     /// The backend, not its callers, replaces a connection that stopped
     /// answering: one call given up after 20 ms (its future dropped, its reply
     /// never seen) and no caller since; once new connections reach a second
