@@ -259,10 +259,14 @@ pub(crate) enum Link {
 /// (50 ms by default) ends the wait long before the response timeout
 /// (500 ms), the response timeout was a second timer armed and cancelled
 /// on every decision for nothing: ~5 % of the client's CPU a decision.
+/// A call that finds the manager reconnecting waits for the connection
+/// within its timeout; a new connection's first check is given the connect
+/// timeout besides (see [`open`]).
 #[derive(Clone)]
 pub(crate) struct Single {
     pub(crate) manager: ConnectionManager,
-    /// How long a call waits for its reply: the builder's response timeout.
+    /// How long a call waits for its reply: the builder's response timeout
+    /// (and the connect timeout besides for a new connection's first check).
     response: Duration,
     /// The caller gives up on this call no later than `response` after it
     /// is sent: the link arms no timer of its own.
@@ -296,6 +300,17 @@ impl Link {
             response: t.response,
             caller_bound: false,
         })
+    }
+
+    /// This link with its calls waiting `wait` at most (a one-server
+    /// link's; a cluster's client keeps its own timeouts).
+    fn waiting(mut self, wait: Duration) -> Self {
+        match &mut self {
+            Self::Single(s) => s.response = wait,
+            #[cfg(feature = "cluster")]
+            Self::Cluster(_) => {}
+        }
+        self
     }
 
     /// This link for a call whose caller gives up on it no later than the
@@ -786,8 +801,10 @@ async fn reload<T: FromRedisValue>(
 /// A new connection that answers (with Sentinel, and the master's
 /// address).
 async fn open(connector: &Connector, t: Timeouts) -> RedisResult<(Link, Option<Master>)> {
-    let (mut link, master) = connector.connect(t).await?;
-    answers(&mut link, t, false).await?;
+    let (link, master) = connector.connect(t).await?;
+    // Its first call connects, then asks: the connect and the response
+    // timeouts, as when the manager held the response timeout.
+    answers(&mut link.clone().waiting(t.bound()), t, false).await?;
     Ok((link, master))
 }
 
