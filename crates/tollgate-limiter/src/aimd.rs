@@ -1457,13 +1457,19 @@ impl<B: Backend> AimdLimiter<B> {
         policy: &Policy,
         op: Op,
     ) -> Result<Decision, Error> {
+        // Under the guard's timeout: the backend may leave a timeout of
+        // its own out (`Backend::decide_within`).
+        let within = self.inner.guard.timeout();
         self.guard(Scope::Key(limiter, key), || {
-            self.inner.backend.decide(Request {
-                limiter,
-                key,
-                policy,
-                op,
-            })
+            self.inner.backend.decide_within(
+                Request {
+                    limiter,
+                    key,
+                    policy,
+                    op,
+                },
+                within,
+            )
         })
         .await
     }
