@@ -302,27 +302,26 @@ impl Link {
         })
     }
 
-    /// This link with its calls waiting `wait` at most (a one-server
-    /// link's; a cluster's client keeps its own timeouts).
-    fn waiting(mut self, wait: Duration) -> Self {
+    /// This link with `f` applied to a one-server link's timeouts (a
+    /// cluster's client keeps its own).
+    fn with_timeouts(mut self, f: impl FnOnce(&mut Single)) -> Self {
         match &mut self {
-            Self::Single(s) => s.response = wait,
+            Self::Single(s) => f(s),
             #[cfg(feature = "cluster")]
             Self::Cluster(_) => {}
         }
         self
     }
 
-    /// This link for a call whose caller gives up on it no later than the
-    /// response timeout would: no timer of the link's own. A cluster's
-    /// client keeps its own.
-    fn caller_bound(mut self) -> Self {
-        match &mut self {
-            Self::Single(s) => s.caller_bound = true,
-            #[cfg(feature = "cluster")]
-            Self::Cluster(_) => {}
-        }
-        self
+    /// This link with its calls waiting `wait` at most.
+    fn waiting(self, wait: Duration) -> Self {
+        self.with_timeouts(|s| s.response = wait)
+    }
+
+    /// This link for calls whose caller gives up on them no later than the
+    /// response timeout would (`yes`: no timer of the link's own), or not.
+    fn caller_bound(self, yes: bool) -> Self {
+        self.with_timeouts(|s| s.caller_bound = yes)
     }
 }
 
@@ -755,12 +754,7 @@ fn pin(link: &Link, code: &'static str) {
         return;
     };
     // Under the link's own timeout: not the caller's, gone by then.
-    let mut link = link.clone();
-    match &mut link {
-        Link::Single(s) => s.caller_bound = false,
-        #[cfg(feature = "cluster")]
-        Link::Cluster(_) => {}
-    }
+    let mut link = link.clone().caller_bound(false);
     runtime.spawn(async move {
         let mut load = redis::cmd("SCRIPT");
         let _: RedisResult<()> = load.arg("LOAD").arg(code).exec_async(&mut link).await;
@@ -1297,11 +1291,7 @@ impl Conn {
         caller_bound: bool,
     ) -> Result<T, RedisError> {
         let (link, watch) = self.checkout().await?;
-        let mut link = if caller_bound {
-            link.caller_bound()
-        } else {
-            link
-        };
+        let mut link = link.caller_bound(caller_bound);
         let r = match cmd.query_async(&mut link).await {
             // Boxed: a server without the script is rare.
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
