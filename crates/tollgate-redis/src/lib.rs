@@ -1552,13 +1552,8 @@ impl Call {
         self.each_key(strategy, |k| {
             inv.key(k);
         });
-        self.each_arg(strategy, |a| match a {
-            Arg::Text(a) => {
-                inv.arg(a);
-            }
-            Arg::Number(n) => {
-                inv.arg(n);
-            }
+        self.each_arg(strategy, |a| {
+            inv.arg(a);
         });
         inv
     }
@@ -1583,13 +1578,8 @@ impl Call {
         self.each_key(strategy, |k| {
             cmd.arg(k);
         });
-        self.each_arg(strategy, |a| match a {
-            Arg::Text(a) => {
-                cmd.arg(a);
-            }
-            Arg::Number(n) => {
-                cmd.arg(n);
-            }
+        self.each_arg(strategy, |a| {
+            cmd.arg(a);
         });
         cmd
     }
@@ -1677,6 +1667,18 @@ impl Call {
 enum Arg<'a> {
     Text(&'a str),
     Number(u64),
+}
+
+impl redis::ToRedisArgs for Arg<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        match self {
+            Self::Text(a) => a.write_redis_args(out),
+            Self::Number(n) => n.write_redis_args(out),
+        }
+    }
 }
 
 fn token_bucket(p: &Policy) -> Option<TokenBucket> {
