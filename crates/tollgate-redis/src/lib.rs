@@ -969,19 +969,30 @@ impl RedisBackend {
         Ok(Some((policy, ttl)))
     }
 
-    /// `GET` and `PTTL` of `at` in one round trip: the value's reply as it
-    /// came (an error of its own, `WRONGTYPE`, fails neither), and what
-    /// `PTTL` answered when it answered a number (a user not granted
-    /// `+pttl`, the documented ACL before it was added, gets none). Not in
-    /// a transaction (no `MULTI` to grant): a write between the two can
-    /// pair a value with its successor's time left, for an operator's look
-    /// only.
+    /// `GET` and `PTTL` of `at` in one round trip (see
+    /// [`read_with_pttl`](Self::read_with_pttl)), for an operator's look.
     async fn get_with_pttl(
         &self,
         at: &str,
     ) -> Result<(redis::RedisResult<Value>, Option<i64>), RedisError> {
+        let mut get = redis::cmd("GET");
+        get.arg(at);
+        self.read_with_pttl(get, at).await
+    }
+
+    /// `read` and the `PTTL` of `at` in one round trip (the keys in one
+    /// slot): `read`'s reply as it came (an error of its own, `WRONGTYPE`,
+    /// fails neither), and what `PTTL` answered when it answered a number
+    /// (a user not granted `+pttl`, the documented ACL before it was added,
+    /// gets none). Not in a transaction (no `MULTI` to grant): a write
+    /// between the two can pair a value with its successor's time left.
+    async fn read_with_pttl(
+        &self,
+        read: redis::Cmd,
+        at: &str,
+    ) -> Result<(redis::RedisResult<Value>, Option<i64>), RedisError> {
         let mut pipe = redis::pipe();
-        pipe.cmd("GET").arg(at).cmd("PTTL").arg(at).ignore_errors();
+        pipe.add_command(read).cmd("PTTL").arg(at).ignore_errors();
         let replies: Vec<redis::RedisResult<Value>> = self.inner.conn.pipeline(&pipe).await?;
         let mut replies = replies.into_iter();
         match (replies.next(), replies.next(), replies.next()) {
@@ -992,7 +1003,9 @@ impl RedisBackend {
                 };
                 Ok((value, pttl))
             }
-            _ => Err(RedisError::Protocol("GET and PTTL: not two replies".into())),
+            _ => Err(RedisError::Protocol(
+                "a read and PTTL: not two replies".into(),
+            )),
         }
     }
 
@@ -1421,37 +1434,23 @@ impl Refresh {
         // Read before the query: the entry is no younger than what it holds.
         let now = Instant::now();
         let wide_key = backend.limiter_override_key(limiter);
-        // With the time the limiter-wide override has left, in one round
-        // trip (both keys share a slot). Not in a transaction (no `MULTI`
-        // to grant): a write between the two pairs an override with its
+        // With the time the limiter-wide override has left (both keys share
+        // a slot). A write between the two pairs an override with its
         // successor's time left, until the next read. A user not granted
         // `+pttl` reads no time left, so its override ends when a refresh
         // reads it gone, as it did before.
-        let mut pipe = redis::pipe();
-        pipe.cmd("MGET")
-            .arg(&wide_key)
-            .arg(backend.keyed_marker_key(limiter))
-            .cmd("PTTL")
-            .arg(&wide_key)
-            .ignore_errors();
+        let mut mget = redis::cmd("MGET");
+        mget.arg(&wide_key).arg(backend.keyed_marker_key(limiter));
         let read = backend
-            .inner
-            .conn
-            .pipeline::<Vec<redis::RedisResult<Value>>>(&pipe)
+            .read_with_pttl(mget, &wide_key)
             .await
-            .and_then(|replies| {
-                let mut replies = replies.into_iter();
-                let read = replies.next().ok_or_else(|| {
-                    RedisError::Protocol("no reply to the overrides' MGET".into())
-                })??;
+            .and_then(|(values, pttl)| {
                 let values: (Option<String>, Option<String>) =
-                    redis::from_redis_value(read).map_err(redis::RedisError::from)?;
-                let until = match replies.next() {
-                    Some(Ok(Value::Int(ms))) if ms >= 0 => {
-                        Some(now + Duration::from_millis(ms.unsigned_abs()))
-                    }
+                    redis::from_redis_value(values?).map_err(redis::RedisError::from)?;
+                let until = match pttl {
+                    Some(ms) if ms >= 0 => Some(now + Duration::from_millis(ms.unsigned_abs())),
                     // Gone since the MGET: it ends now.
-                    Some(Ok(Value::Int(-2))) => Some(now),
+                    Some(-2) => Some(now),
                     _ => None,
                 };
                 Ok((values, until))
