@@ -409,9 +409,8 @@ tollgate_testkit::on_every_server! {
             return;
         };
         for s in [&old, &new] {
-            let mut acl = vec!["ACL", "SETUSER", "limiter", "on", ">s3cret"];
-            acl.extend(ACL_RULES.iter().filter(|r| **r != "+role"));
-            assert_eq!(s.cli(&acl).trim(), "OK");
+            // Its URL is the relay's.
+            s.acl_user("limiter", ACL_RULES.into_iter().filter(|r| *r != "+role"));
         }
         let relay = Relay::start(old.addr());
         let url = format!("redis://limiter:s3cret@{}", relay.addr());

@@ -589,10 +589,7 @@ tollgate_testkit::on_every_server! {
         let Some(server) = RedisServer::builder().server(server).start() else {
             return;
         };
-        let mut acl = vec!["ACL", "SETUSER", "limiter", "on", ">s3cret"];
-        acl.extend(ACL_RULES.iter().filter(|r| **r != "+eval"));
-        assert_eq!(server.cli(&acl).trim(), "OK");
-        let url = format!("redis://limiter:s3cret@127.0.0.1:{}", server.port());
+        let url = server.acl_user("limiter", ACL_RULES.into_iter().filter(|r| *r != "+eval"));
         let b = RedisBackend::builder(&url)
             .durability(Durability::Skip)
             .build()
@@ -750,10 +747,7 @@ tollgate_testkit::on_every_server! {
         let Some(server) = RedisServer::builder().server(server).start() else {
             return;
         };
-        let mut acl = vec!["ACL", "SETUSER", "worker", "on", ">s3cret"];
-        acl.extend(ACL_RULES);
-        assert_eq!(server.cli(&acl).trim(), "OK");
-        let url = format!("redis://worker:s3cret@127.0.0.1:{}", server.port());
+        let url = server.acl_user("worker", ACL_RULES);
         // The ACL's keys are `tollgate:*`: the default prefix, on a server
         // of the test's own.
         let prefix = "tollgate";
@@ -1120,10 +1114,7 @@ tollgate_testkit::on_every_server! {
         };
         // Exactly the list docs/redis.md gives: what the client sends, and
         // what the scripts call.
-        let mut acl = vec!["ACL", "SETUSER", "limiter", "on", ">s3cret"];
-        acl.extend(ACL_RULES);
-        assert_eq!(server.cli(&acl).trim(), "OK");
-        let url = format!("redis://limiter:s3cret@127.0.0.1:{}", server.port());
+        let url = server.acl_user("limiter", ACL_RULES);
         let b = RedisBackend::builder(&url)
             .build()
             .await
@@ -1151,10 +1142,7 @@ tollgate_testkit::on_every_server! {
         let (p, left) = l.get_override_and_ttl(Some(&k)).await.unwrap().unwrap();
         assert_eq!(p, five);
         assert!(left.is_some_and(|t| t <= hour && t > hour / 2), "{left:?}");
-        let mut older = vec!["ACL", "SETUSER", "older", "on", ">s3cret"];
-        older.extend(ACL_RULES.iter().filter(|r| **r != "+pttl"));
-        assert_eq!(server.cli(&older).trim(), "OK");
-        let url = format!("redis://older:s3cret@127.0.0.1:{}", server.port());
+        let url = server.acl_user("older", ACL_RULES.into_iter().filter(|r| *r != "+pttl"));
         let older = RedisBackend::builder(&url)
             .durability(Durability::Skip)
             .build()
@@ -1204,10 +1192,7 @@ tollgate_testkit::on_every_server! {
         ];
         for (i, (denied, policy)) in cases.into_iter().enumerate() {
             let user = format!("without{i}");
-            let mut acl = vec!["ACL", "SETUSER", &user, "on", ">s3cret"];
-            acl.extend(ACL_RULES.iter().filter(|r| **r != denied));
-            assert_eq!(server.cli(&acl).trim(), "OK");
-            let url = format!("redis://{user}:s3cret@127.0.0.1:{}", server.port());
+            let url = server.acl_user(&user, ACL_RULES.into_iter().filter(|r| *r != denied));
             let b = RedisBackend::builder(&url)
                 .durability(Durability::Skip)
                 .build()

@@ -664,6 +664,16 @@ impl RedisServer {
         panic!("could not restart {}: {last}", self.server);
     }
 
+    /// Adds the ACL user `name` (password `s3cret`) granted `rules` (such
+    /// as [`ACL_RULES`], or all of them but one), and answers a URL that
+    /// logs in as it.
+    pub fn acl_user<'a>(&self, name: &'a str, rules: impl IntoIterator<Item = &'a str>) -> String {
+        let mut acl = vec!["ACL", "SETUSER", name, "on", ">s3cret"];
+        acl.extend(rules);
+        assert_eq!(self.cli(&acl).trim(), "OK", "ACL SETUSER {name}");
+        self.url().replacen("://", &format!("://{name}:s3cret@"), 1)
+    }
+
     /// Runs `redis-cli` against this server and returns its output.
     pub fn cli(&self, args: &[&str]) -> String {
         let tls = self.cli_tls_args();
